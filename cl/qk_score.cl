@@ -1,0 +1,80 @@
+/*
+ * qk_score — the staged path's first stage: scaled, biased, masked scores
+ * for a chunk of query rows.
+ *
+ *   scores[g][r][j] = scale * <q_i, k_j> + bias_ij   if key j is allowed for row i
+ *                   = -INFINITY                       otherwise
+ * with i = i0 + r and (b, h) = divmod(bh0 + g, q_heads). Disallowed keys are
+ * replaced whatever they hold, so NaN or Inf there never reaches a score.
+ *
+ * NDRange: (keys rounded up to SCORE_TN, rows rounded up to SCORE_TM, heads in
+ * the chunk); work-group (SCORE_TN, SCORE_TM, 1). The group stages a
+ * SCORE_TM x SCORE_TK block of Q and a SCORE_TK x SCORE_TN block of K in
+ * local memory per step over the head dimension.
+ *
+ * -D SCORE_TM, SCORE_TN, SCORE_TK: tile sizes (defaults below).
+ */
+#ifndef SCORE_TM
+#define SCORE_TM 8
+#endif
+#ifndef SCORE_TN
+#define SCORE_TN 16
+#endif
+#ifndef SCORE_TK
+#define SCORE_TK 16
+#endif
+
+__kernel __attribute__((reqd_work_group_size(SCORE_TN, SCORE_TM, 1)))
+void qk_score(__global const float *q, ulong q_off, ulong4 q_st,
+              __global const float *k, ulong k_off, ulong4 k_st,
+              __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
+              __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
+              __global const int *kv_lens, int has_kv_lens,
+              int q_heads, int group, int q_len, int kv_len, int head_dim,
+              float scale, int window_left, int window_right,
+              int bh0, int i0, int rows,
+              __global float *scores) {
+  __local float q_tile[SCORE_TM][SCORE_TK];
+  __local float k_tile[SCORE_TK][SCORE_TN];
+
+  const int lx = get_local_id(0), ly = get_local_id(1);
+  const int j = get_global_id(0);
+  const int r = get_global_id(1);
+  const int g = get_global_id(2);
+  const int bh = bh0 + g;
+  const int b = bh / q_heads, h = bh % q_heads, hk = h / group;
+  const int row0 = i0 + get_group_id(1) * SCORE_TM; /* first query row of this tile */
+  const int key0 = get_group_id(0) * SCORE_TN;      /* first key of this tile */
+  const int row_end = min(i0 + rows, q_len);
+  const int lid = ly * SCORE_TN + lx;
+
+  float acc = 0.0f;
+  for (int d0 = 0; d0 < head_dim; d0 += SCORE_TK) {
+    for (int t = lid; t < SCORE_TM * SCORE_TK; t += SCORE_TM * SCORE_TN) {
+      int rr = t / SCORE_TK, dd = t % SCORE_TK;
+      int qi = row0 + rr, d = d0 + dd;
+      q_tile[rr][dd] = (qi < row_end && d < head_dim) ? q[ca_at(q_off, q_st, b, h, qi, d)] : 0.0f;
+    }
+    for (int t = lid; t < SCORE_TK * SCORE_TN; t += SCORE_TM * SCORE_TN) {
+      int jj = t % SCORE_TN, dd = t / SCORE_TN;
+      int kj = key0 + jj, d = d0 + dd;
+      k_tile[dd][jj] = (kj < kv_len && d < head_dim) ? k[ca_at(k_off, k_st, b, hk, kj, d)] : 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int dd = 0; dd < SCORE_TK; dd++) acc += q_tile[ly][dd] * k_tile[dd][lx];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+
+  const int i = i0 + r;
+  if (r < rows && i < q_len && j < kv_len) {
+    bool allowed = j < ca_valid_keys(kv_lens, has_kv_lens, b, kv_len) &&
+                   ca_in_window(i, j, q_len, kv_len, window_left, window_right);
+    if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+    float s = -INFINITY;
+    if (allowed) {
+      s = scale * acc;
+      if (has_bias) s += bias[ca_at(bias_off, bias_st, b, h, i, j)];
+    }
+    scores[((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j] = s;
+  }
+}

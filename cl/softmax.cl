@@ -1,0 +1,70 @@
+/*
+ * softmax — the staged path's second stage: the masked row softmax.
+ *
+ * For each row of the score chunk (disallowed keys hold -INFINITY):
+ *   m = max_j s_j,  l = sum_j exp(s_j - m),  a_j = exp(s_j - m) / l,
+ *   lse = m + log(l) (natural log).
+ * The probabilities overwrite the scores in place; lse and the routing matrix
+ * (weights) are written to their views when asked for. A row whose maximum is
+ * -INFINITY has no allowed key: it gets a = 0, lse = -INFINITY, and sets
+ * *empty_flag so the host can apply the EMPTY_ERROR policy.
+ *
+ * NDRange: (SOFTMAX_WG, rows * heads in the chunk); work-group (SOFTMAX_WG, 1).
+ * Each work-item strides over the row, then a fixed tree in local memory
+ * combines the partials, so the summation order and the result are fixed.
+ *
+ * -D SOFTMAX_WG: work-items per row, a power of two (default below).
+ */
+#ifndef SOFTMAX_WG
+#define SOFTMAX_WG 16
+#endif
+
+__kernel __attribute__((reqd_work_group_size(SOFTMAX_WG, 1, 1)))
+void softmax_rows(__global float *scores, int kv_len,
+                  int q_heads, int q_len, int bh0, int i0, int rows,
+                  __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
+                  __global float *weights, ulong w_off, ulong4 w_st, int want_weights,
+                  __global int *empty_flag) {
+  __local float part[SOFTMAX_WG];
+  const int lid = get_local_id(0);
+  const int row = get_group_id(1); /* g * rows + r */
+  const int g = row / rows, r = row % rows;
+  const int bh = bh0 + g;
+  const int b = bh / q_heads, h = bh % q_heads;
+  const int i = i0 + r;
+  __global float *s = scores + (ulong)row * (ulong)kv_len;
+
+  float m = -INFINITY;
+  for (int j = lid; j < kv_len; j += SOFTMAX_WG) m = ca_max_nan(m, s[j]);
+  part[lid] = m;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int step = SOFTMAX_WG / 2; step > 0; step /= 2) {
+    if (lid < step) part[lid] = ca_max_nan(part[lid], part[lid + step]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  m = part[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+
+  const bool empty = (m == -INFINITY);
+  float l = 0.0f;
+  if (!empty)
+    for (int j = lid; j < kv_len; j += SOFTMAX_WG) l += exp(s[j] - m);
+  part[lid] = l;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int step = SOFTMAX_WG / 2; step > 0; step /= 2) {
+    if (lid < step) part[lid] += part[lid + step];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  l = part[0];
+
+  const bool in_range = i < q_len;
+  for (int j = lid; j < kv_len; j += SOFTMAX_WG) {
+    float a = empty ? 0.0f : exp(s[j] - m) / l;
+    s[j] = a;
+    if (want_weights && in_range) weights[ca_at(w_off, w_st, b, h, i, j)] = a;
+  }
+  if (lid == 0 && in_range) {
+    if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = empty ? -INFINITY : m + log(l);
+    if (empty) atomic_or(empty_flag, 1);
+  }
+}

@@ -1,0 +1,135 @@
+/*
+ * clattn — vendor-neutral scaled dot-product attention on OpenCL 1.2 devices.
+ *
+ *   A = softmax(scale · Q Kᵀ + bias, restricted to the allowed keys)    O = A V
+ *
+ * Queries and keys decide the route (A); values decide what travels along it.
+ * The library embeds in a caller's OpenCL context and queue or creates its own.
+ * Every function returns a status; nothing aborts or exits the host program.
+ */
+#ifndef CLATTN_H
+#define CLATTN_H
+
+#define CL_TARGET_OPENCL_VERSION 120
+#ifdef __APPLE__
+#include <OpenCL/cl.h>
+#else
+#include <CL/cl.h>
+#endif
+#include <stddef.h>
+
+#if defined(_WIN32)
+#define CLATTN_EXPORT __declspec(dllexport)
+#elif defined(__GNUC__)
+#define CLATTN_EXPORT __attribute__((visibility("default")))
+#else
+#define CLATTN_EXPORT
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CLATTN_VERSION_MAJOR 0
+#define CLATTN_VERSION_MINOR 1
+#define CLATTN_VERSION_PATCH 0
+#define CLATTN_VERSION_STRING "0.1.0"
+
+typedef enum {
+  CLATTN_OK = 0,
+  CLATTN_ERR_INVALID_ARGUMENT,  /* bad shape, stride, null, inconsistent fields */
+  CLATTN_ERR_UNSUPPORTED,       /* valid request this device/build cannot run */
+  CLATTN_ERR_BUFFER_TOO_SMALL,  /* a cl_mem is smaller than shape+strides need */
+  CLATTN_ERR_EMPTY_ROW,         /* a row had no allowed key, policy ERROR */
+  CLATTN_ERR_OUT_OF_MEMORY,
+  CLATTN_ERR_BUILD,             /* kernel build failed; the log is in the message */
+  CLATTN_ERR_NO_DEVICE,
+  CLATTN_ERR_OPENCL             /* any other OpenCL failure; code in the message */
+} clattn_status;
+
+typedef struct clattn_context clattn_context;
+
+typedef struct {
+  cl_context context;       /* optional: all three given = embed in the caller's objects */
+  cl_device_id device;
+  cl_command_queue queue;
+  const char *device_match; /* NULL: env CLATTN_DEVICE, else first GPU, else first device */
+  const char *cache_dir;    /* NULL: env CLATTN_CACHE_DIR, else XDG cache; "" = no disk cache */
+} clattn_options;
+
+/* Creates a context and compiles the kernel programs for its device (load
+ * time). In embedded mode clattn retains the caller's context, device and
+ * queue and releases only those references on destroy. */
+CLATTN_EXPORT clattn_status clattn_create(const clattn_options *opt /* NULL = defaults */,
+                                          clattn_context **out);
+CLATTN_EXPORT void clattn_destroy(clattn_context *ctx);
+CLATTN_EXPORT cl_context clattn_cl_context(const clattn_context *ctx);
+CLATTN_EXPORT cl_command_queue clattn_cl_queue(const clattn_context *ctx);
+CLATTN_EXPORT cl_device_id clattn_cl_device(const clattn_context *ctx);
+CLATTN_EXPORT const char *clattn_status_string(clattn_status s);
+/* Detail of the last failure in this thread: what failed, the OpenCL error's
+ * name, the head of the build log. ctx may be NULL (e.g. after a failed create). */
+CLATTN_EXPORT const char *clattn_last_error(const clattn_context *ctx);
+
+typedef enum { CLATTN_F32, CLATTN_F16, CLATTN_BF16 } clattn_dtype;  /* storage; math is f32 */
+typedef enum { CLATTN_ALGO_AUTO, CLATTN_ALGO_STAGED, CLATTN_ALGO_FUSED, CLATTN_ALGO_GEMM } clattn_algo;
+typedef enum { CLATTN_EMPTY_ZERO, CLATTN_EMPTY_ERROR } clattn_empty_rows;
+
+typedef struct {            /* a strided view of a cl_mem; buf NULL = absent */
+  cl_mem buf;
+  size_t offset;            /* in elements */
+  size_t stride[4];         /* in elements: batch, head, row, column; 0 broadcasts */
+} clattn_tensor;
+
+typedef struct {
+  int batch, q_heads, kv_heads;   /* q_heads % kv_heads == 0 (MHA, GQA, MQA) */
+  int q_len, kv_len;              /* M queries, N candidates; M != N allowed */
+  int head_dim, value_dim;        /* dk for Q,K; dv for V,O; dk != dv allowed */
+  clattn_dtype dtype;
+  clattn_tensor q, k, v, out;     /* [B,Hq,M,dk] [B,Hkv,N,dk] [B,Hkv,N,dv] [B,Hq,M,dv] */
+  float scale;                    /* NAN = 1/sqrt(head_dim); any finite value as given (0 = uniform) */
+  int causal;                     /* bottom-right aligned, see Semantics */
+  int window_left, window_right;  /* -1 = unbounded */
+  cl_mem kv_lens;                 /* int32 [B]: valid keys per batch row (padding); NULL = all */
+  clattn_tensor mask;             /* uchar, nonzero = allowed, [B,H,M,N] with broadcast strides */
+  clattn_tensor bias;             /* f32 additive score bias, same indexing */
+  clattn_empty_rows empty_rows;
+  clattn_tensor lse;              /* optional out, f32 [B,Hq,M]: natural-log sum of exp of scores */
+  clattn_tensor weights;          /* optional out, f32 [B,Hq,M,N]: the routing matrix A */
+  clattn_algo algo;
+} clattn_params;
+
+/* Everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO. */
+CLATTN_EXPORT clattn_params clattn_params_default(void);
+
+/* Enqueues one attention call on the context's queue after the n_wait events;
+ * *done (when non-NULL) receives an event that completes with it. Every check
+ * that needs no device work happens first, so a rejected call enqueues nothing
+ * and leaves every buffer as it was.
+ *
+ * Semantics (DESIGN.md): s_ij = scale·<q_i,k_j> + bias_ij for allowed (i,j):
+ * j < kv_lens[b], mask_ij != 0, and with p_i = i + (kv_len - q_len) the
+ * bottom-right aligned position, p_i - window_left <= j <= p_i + window_right
+ * (causal = window_right 0). Q head h reads KV head h / (q_heads / kv_heads).
+ * A row with no allowed key (or whose allowed scores are all -inf) is empty:
+ * EMPTY_ZERO writes O = 0, lse = -inf, weights 0. EMPTY_ERROR waits for the
+ * device and returns CLATTN_ERR_EMPTY_ROW when any row was empty; the outputs
+ * then hold the EMPTY_ZERO result. Disallowed keys and values never reach an
+ * output, whatever they hold (NaN, Inf).
+ *
+ * lse is the natural-log sum of exp of the allowed scores. */
+CLATTN_EXPORT clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p,
+                                           cl_uint n_wait, const cl_event *wait, cl_event *done);
+
+/* A human-readable account of the context: platform, device, the tiles in use
+ * and where each came from, program build time. Valid until the context is
+ * destroyed. */
+CLATTN_EXPORT const char *clattn_describe(const clattn_context *ctx);
+
+/* Name of an algorithm ("auto", "staged", "fused", "gemm"). */
+CLATTN_EXPORT const char *clattn_algo_name(clattn_algo a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CLATTN_H */

@@ -1,0 +1,167 @@
+/* Context life: device choice or embedding, tile choice, load-time builds. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "embedded_cl.h"
+#include "internal.h"
+
+enum { DEFAULT_SCRATCH_BYTES = 64 << 20 };
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The warp/wavefront width, which OpenCL 1.2 reports only per kernel: ask
+ * a one-line kernel. */
+static clattn_status probe_preferred_multiple(clattn_context *ctx, size_t *out) {
+  static const char *src[] = {"__kernel void ca_probe(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n"};
+  cl_program program = NULL;
+  cl_kernel kernel = NULL;
+  clattn_status st = ca_build_program(ctx, "probe", src, 1, "", &program);
+  if (st != CLATTN_OK) goto fail;
+  st = ca_create_kernel(program, "ca_probe", &kernel);
+  if (st != CLATTN_OK) goto fail;
+  CA_CHECK_CL(st, clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE,
+                                           sizeof *out, out, NULL),
+              "clGetKernelWorkGroupInfo(CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE)");
+fail:
+  if (kernel) clReleaseKernel(kernel);
+  if (program) clReleaseProgram(program);
+  return st;
+}
+
+static size_t scratch_budget(const clattn_context *ctx) {
+  size_t budget = DEFAULT_SCRATCH_BYTES;
+  const char *env = getenv("CLATTN_SCRATCH_BYTES");
+  if (env && *env) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(env, &end, 10);
+    if (errno == 0 && end && *end == '\0' && v > 0) budget = (size_t)v;
+  }
+  if (ctx->max_alloc && budget > ctx->max_alloc) budget = (size_t)ctx->max_alloc;
+  return budget;
+}
+
+static clattn_status build_staged(clattn_context *ctx) {
+  const char *sources[] = {clattn_src_common, clattn_src_qk_score, clattn_src_softmax, clattn_src_mix};
+  char options[512] = "-cl-std=CL1.2";
+  tl_build_options(&ctx->tiles, options, sizeof options);
+  return ca_build_program(ctx, "staged", sources, 4, options, &ctx->staged);
+}
+
+static void describe(clattn_context *ctx) {
+  char platform[256], device[256], driver[128];
+  ca_platform_string(ctx->platform, CL_PLATFORM_NAME, platform, sizeof platform);
+  ca_device_string(ctx->device, CL_DEVICE_NAME, device, sizeof device);
+  ca_device_string(ctx->device, CL_DRIVER_VERSION, driver, sizeof driver);
+  const tl_device *c = &ctx->caps;
+  const tl_tiles *t = &ctx->tiles;
+  snprintf(ctx->description, sizeof ctx->description,
+           "platform: %s\n"
+           "device: %s (%s, driver %s)\n"
+           "compute units: %u, max work-group: %zu, preferred multiple: %zu, local memory: %llu bytes\n"
+           "tiles (from %s):\n"
+           "  qk_score: %d rows x %d keys, head-dim chunk %d\n"
+           "  softmax: %d work-items per row\n"
+           "  mix: %d rows x %d value columns, key chunk %d\n"
+           "staged scratch budget: %zu bytes\n"
+           "program build at creation: %.1f ms\n",
+           platform, device, (c->type & CL_DEVICE_TYPE_GPU) ? "GPU" : (c->type & CL_DEVICE_TYPE_CPU) ? "CPU" : "other",
+           driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem,
+           ctx->tiles_origin, t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv,
+           t->mix_tj, ctx->scratch_budget, ctx->build_ms);
+}
+
+static clattn_status attach(clattn_context *ctx, const clattn_options *opt) {
+  clattn_status st = CLATTN_OK;
+  cl_int err = CL_SUCCESS;
+  int given = (opt->context != NULL) + (opt->device != NULL) + (opt->queue != NULL);
+  if (given != 0 && given != 3)
+    return ca_fail(CLATTN_ERR_INVALID_ARGUMENT,
+                   "options: context, device and queue must be given together (embedded mode) or not at all");
+  if (given == 3) {
+    cl_context queue_ctx = NULL;
+    cl_device_id queue_dev = NULL;
+    CA_CHECK_CL(st, clGetCommandQueueInfo(opt->queue, CL_QUEUE_CONTEXT, sizeof queue_ctx, &queue_ctx, NULL),
+                "options.queue: clGetCommandQueueInfo(CL_QUEUE_CONTEXT)");
+    CA_CHECK_CL(st, clGetCommandQueueInfo(opt->queue, CL_QUEUE_DEVICE, sizeof queue_dev, &queue_dev, NULL),
+                "options.queue: clGetCommandQueueInfo(CL_QUEUE_DEVICE)");
+    if (queue_ctx != opt->context || queue_dev != opt->device)
+      return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "options.queue does not belong to options.context and options.device");
+    CA_CHECK_CL(st, clGetDeviceInfo(opt->device, CL_DEVICE_PLATFORM, sizeof ctx->platform, &ctx->platform, NULL),
+                "options.device: clGetDeviceInfo(CL_DEVICE_PLATFORM)");
+    CA_CHECK_CL(st, clRetainContext(opt->context), "clRetainContext(options.context)");
+    ctx->context = opt->context;
+    CA_CHECK_CL(st, clRetainCommandQueue(opt->queue), "clRetainCommandQueue(options.queue)");
+    ctx->queue = opt->queue;
+    CA_CHECK_CL(st, clRetainDevice(opt->device), "clRetainDevice(options.device)");
+    ctx->device = opt->device;
+    ctx->retained_device = 1;
+    return CLATTN_OK;
+  }
+  const char *match = opt->device_match ? opt->device_match : getenv("CLATTN_DEVICE");
+  if (match && !*match) match = NULL;
+  st = ca_pick_device(match, &ctx->platform, &ctx->device);
+  if (st != CLATTN_OK) return st;
+  cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)ctx->platform, 0};
+  ctx->context = clCreateContext(props, 1, &ctx->device, NULL, NULL, &err);
+  CA_CHECK_CL(st, err, "clCreateContext");
+  ctx->queue = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
+  CA_CHECK_CL(st, err, "clCreateCommandQueue");
+fail:
+  return st;
+}
+
+clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
+  clattn_options defaults = {0};
+  clattn_status st = CLATTN_OK;
+  if (!out) return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_create: out is NULL");
+  *out = NULL;
+  clattn_context *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "clattn_create: out of host memory");
+  st = attach(ctx, opt ? opt : &defaults);
+  if (st != CLATTN_OK) goto fail;
+  st = ca_query_device(ctx->device, &ctx->caps, &ctx->max_alloc);
+  if (st != CLATTN_OK) goto fail;
+
+  double t0 = now_ms();
+  st = probe_preferred_multiple(ctx, &ctx->caps.pref_multiple);
+  if (st != CLATTN_OK) goto fail;
+  ctx->tiles = tl_choose(&ctx->caps);
+  ctx->tiles_origin = "device query";
+  if (tl_clamp(&ctx->tiles, &ctx->caps) != 0) {
+    st = ca_fail(CLATTN_ERR_UNSUPPORTED, "device limits (work-group %zu, local memory %llu bytes) fit no tile shape",
+                 ctx->caps.max_wg, (unsigned long long)ctx->caps.local_mem);
+    goto fail;
+  }
+  st = build_staged(ctx);
+  if (st != CLATTN_OK) goto fail;
+  ctx->build_ms = now_ms() - t0;
+  ctx->scratch_budget = scratch_budget(ctx);
+  describe(ctx);
+  *out = ctx;
+  return CLATTN_OK;
+fail:
+  clattn_destroy(ctx);
+  return st;
+}
+
+void clattn_destroy(clattn_context *ctx) {
+  if (!ctx) return;
+  if (ctx->staged) clReleaseProgram(ctx->staged);
+  if (ctx->queue) clReleaseCommandQueue(ctx->queue);
+  if (ctx->context) clReleaseContext(ctx->context);
+  if (ctx->retained_device) clReleaseDevice(ctx->device);
+  free(ctx);
+}
+
+cl_context clattn_cl_context(const clattn_context *ctx) { return ctx ? ctx->context : NULL; }
+cl_command_queue clattn_cl_queue(const clattn_context *ctx) { return ctx ? ctx->queue : NULL; }
+cl_device_id clattn_cl_device(const clattn_context *ctx) { return ctx ? ctx->device : NULL; }
+const char *clattn_describe(const clattn_context *ctx) { return ctx ? ctx->description : ""; }

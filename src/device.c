@@ -1,0 +1,90 @@
+/* Device discovery and the device queries that tile choice depends on. */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#ifndef CL_PLATFORM_NOT_FOUND_KHR
+#define CL_PLATFORM_NOT_FOUND_KHR -1001 /* cl_khr_icd: the loader found no platform */
+#endif
+
+void ca_device_string(cl_device_id device, cl_device_info what, char *buf, size_t size) {
+  if (clGetDeviceInfo(device, what, size, buf, NULL) != CL_SUCCESS) snprintf(buf, size, "?");
+  buf[size - 1] = '\0';
+}
+
+void ca_platform_string(cl_platform_id platform, cl_platform_info what, char *buf, size_t size) {
+  if (clGetPlatformInfo(platform, what, size, buf, NULL) != CL_SUCCESS) snprintf(buf, size, "?");
+  buf[size - 1] = '\0';
+}
+
+static int contains_nocase(const char *hay, const char *needle) {
+  size_t n = strlen(needle);
+  for (; *hay; hay++) {
+    size_t i = 0;
+    while (i < n && hay[i] && tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i])) i++;
+    if (i == n) return 1;
+  }
+  return n == 0;
+}
+
+clattn_status ca_pick_device(const char *match, cl_platform_id *platform, cl_device_id *device) {
+  cl_platform_id platforms[16];
+  cl_uint n_platforms = 0;
+  cl_int err = clGetPlatformIDs(16, platforms, &n_platforms);
+  if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && n_platforms == 0))
+    return ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL platform found (is an ICD such as pocl-opencl-icd installed?)");
+  if (err != CL_SUCCESS) return ca_cl_fail(err, "clGetPlatformIDs");
+  if (n_platforms > 16) n_platforms = 16;
+
+  int found = 0;
+  for (int want_gpu = 1; want_gpu >= 0 && !found; want_gpu--) {
+    for (cl_uint p = 0; p < n_platforms && !found; p++) {
+      cl_device_id devices[16];
+      cl_uint n = 0;
+      if (clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, 16, devices, &n) != CL_SUCCESS) continue;
+      if (n > 16) n = 16;
+      char pname[256];
+      ca_platform_string(platforms[p], CL_PLATFORM_NAME, pname, sizeof pname);
+      for (cl_uint d = 0; d < n && !found; d++) {
+        char dname[256];
+        cl_device_type type = 0;
+        ca_device_string(devices[d], CL_DEVICE_NAME, dname, sizeof dname);
+        clGetDeviceInfo(devices[d], CL_DEVICE_TYPE, sizeof type, &type, NULL);
+        int ok = match ? (contains_nocase(pname, match) || contains_nocase(dname, match))
+                       : (!want_gpu || (type & CL_DEVICE_TYPE_GPU));
+        if (ok) {
+          *platform = platforms[p];
+          *device = devices[d];
+          found = 1;
+        }
+      }
+    }
+    if (match) break; /* a match is searched once, over every device */
+  }
+  if (!found)
+    return match ? ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL device matches \"%s\" (CLATTN_DEVICE or device_match)", match)
+                 : ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL device found");
+  return CLATTN_OK;
+}
+
+clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *max_alloc) {
+  clattn_status st = CLATTN_OK;
+  memset(caps, 0, sizeof *caps);
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof caps->type, &caps->type, NULL),
+              "clGetDeviceInfo(CL_DEVICE_TYPE)");
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof caps->local_mem, &caps->local_mem, NULL),
+              "clGetDeviceInfo(CL_DEVICE_LOCAL_MEM_SIZE)");
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof caps->max_wg, &caps->max_wg, NULL),
+              "clGetDeviceInfo(CL_DEVICE_MAX_WORK_GROUP_SIZE)");
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof caps->max_item, caps->max_item, NULL),
+              "clGetDeviceInfo(CL_DEVICE_MAX_WORK_ITEM_SIZES)");
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof caps->compute_units, &caps->compute_units, NULL),
+              "clGetDeviceInfo(CL_DEVICE_MAX_COMPUTE_UNITS)");
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof *max_alloc, max_alloc, NULL),
+              "clGetDeviceInfo(CL_DEVICE_MAX_MEM_ALLOC_SIZE)");
+fail:
+  return st;
+}

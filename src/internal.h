@@ -1,0 +1,102 @@
+/* Internal declarations shared by the host runtime's files (prefix ca_). */
+#ifndef CLATTN_INTERNAL_H
+#define CLATTN_INTERNAL_H
+
+#include <stddef.h>
+#include "clattn.h"
+#include "tiles.h"
+
+struct clattn_context {
+  cl_platform_id platform;
+  cl_device_id device;
+  cl_context context;
+  cl_command_queue queue;
+  int retained_device;        /* clRetainDevice was called (embedded mode, OpenCL 1.2) */
+  tl_device caps;             /* what the device reports */
+  tl_tiles tiles;             /* staged path's work-group shapes */
+  const char *tiles_origin;   /* where the tile values came from */
+  cl_program staged;          /* qk_score + softmax + mix */
+  double build_ms;            /* time to build the programs at creation */
+  cl_ulong max_alloc;         /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+  size_t scratch_budget;      /* bytes of score scratch the staged path may hold */
+  char description[4096];
+};
+
+/* ---- errors (error.c) ---- */
+
+/* Records a message for clattn_last_error() in this thread and returns s. */
+clattn_status ca_fail(clattn_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* Maps an OpenCL error to a status and records "what: CL_NAME (code)". */
+clattn_status ca_cl_fail(cl_int err, const char *what);
+const char *ca_cl_error_name(cl_int err);
+
+/* Runs an OpenCL call; on failure records it into `status` and jumps to `fail`. */
+#define CA_CHECK_CL(status, call, what)                 \
+  do {                                                  \
+    cl_int ca_err_ = (call);                            \
+    if (ca_err_ != CL_SUCCESS) {                        \
+      (status) = ca_cl_fail(ca_err_, (what));           \
+      goto fail;                                        \
+    }                                                   \
+  } while (0)
+
+/* ---- devices (device.c) ---- */
+
+/* Picks a device: match (substring of platform or device name, any case),
+ * else the first GPU, else the first device. */
+clattn_status ca_pick_device(const char *match, cl_platform_id *platform, cl_device_id *device);
+/* Fills what tile choice needs (pref_multiple is left for the caller). */
+clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *max_alloc);
+/* A device info string into buf (never fails: "?" when unknown). */
+void ca_device_string(cl_device_id device, cl_device_info what, char *buf, size_t size);
+void ca_platform_string(cl_platform_id platform, cl_platform_info what, char *buf, size_t size);
+
+/* ---- programs (program.c) ---- */
+
+/* Builds a program from the embedded sources (concatenated in order) with
+ * options; on failure the message carries the head of the build log. */
+clattn_status ca_build_program(clattn_context *ctx, const char *name, const char *const *sources,
+                               cl_uint n_sources, const char *options, cl_program *out);
+/* A fresh kernel object: kernels are per call so threads never share state. */
+clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);
+
+/* ---- kernel arguments (kernel_args.c) ---- */
+
+/* Sets a kernel's arguments in order; the first failure is kept for
+ * ca_args_done, so a call site reads as the kernel's signature. */
+typedef struct {
+  cl_kernel kernel;
+  const char *name;
+  cl_uint index, failed_index;
+  cl_int err;
+} ca_args;
+void ca_arg(ca_args *a, size_t size, const void *value);
+void ca_arg_mem(ca_args *a, cl_mem m);
+void ca_arg_int(ca_args *a, int v);
+void ca_arg_float(ca_args *a, float v);
+void ca_arg_view(ca_args *a, const clattn_tensor *t); /* buffer, offset, stride */
+clattn_status ca_args_done(const ca_args *a);
+
+/* ---- validation (validate.c) ---- */
+
+/* A validated call, resolved into what the kernels take. */
+typedef struct {
+  float scale;                     /* effective scale */
+  int window_left, window_right;   /* -1 = unbounded; causal folded in */
+  int group;                       /* q_heads / kv_heads */
+  int has_mask, has_bias, has_kv_lens, want_lse, want_weights;
+  clattn_algo algo;                /* AUTO resolved */
+} ca_plan;
+
+/* Every check that needs no device work; fills plan. */
+clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
+
+/* ---- paths ---- */
+clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
+                                cl_uint n_wait, const cl_event *wait, cl_event *done);
+
+#endif

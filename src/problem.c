@@ -1,0 +1,757 @@
+/*
+ * The problem kit (see problem.h): random attention problems, upload,
+ * forward, read back and comparison against the fp64 reference.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "problem.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------- small helpers ---------- */
+
+static void set_err(char *err, size_t n, const char *fmt, ...)
+{
+  if (!err || n == 0)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, n, fmt, ap);
+  va_end(ap);
+}
+
+#define PB_ERR(pb, ...) set_err((pb)->err, sizeof (pb)->err, __VA_ARGS__)
+
+double cp_now_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+size_t cp_index(const clattn_tensor *t, int b, int h, int row, int col)
+{
+  return t->offset + (size_t)b * t->stride[0] + (size_t)h * t->stride[1] +
+         (size_t)row * t->stride[2] + (size_t)col * t->stride[3];
+}
+
+const char *cp_cl_error_name(cl_int code)
+{
+  switch (code) {
+#define N(c) case c: return #c;
+    N(CL_SUCCESS) N(CL_DEVICE_NOT_FOUND) N(CL_DEVICE_NOT_AVAILABLE)
+    N(CL_COMPILER_NOT_AVAILABLE) N(CL_MEM_OBJECT_ALLOCATION_FAILURE)
+    N(CL_OUT_OF_RESOURCES) N(CL_OUT_OF_HOST_MEMORY) N(CL_BUILD_PROGRAM_FAILURE)
+    N(CL_MISALIGNED_SUB_BUFFER_OFFSET) N(CL_INVALID_VALUE) N(CL_INVALID_DEVICE)
+    N(CL_INVALID_CONTEXT) N(CL_INVALID_COMMAND_QUEUE) N(CL_INVALID_HOST_PTR)
+    N(CL_INVALID_MEM_OBJECT) N(CL_INVALID_BUFFER_SIZE) N(CL_INVALID_EVENT_WAIT_LIST)
+    N(CL_INVALID_OPERATION) N(CL_INVALID_EVENT)
+    N(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
+#undef N
+  default:
+    return "CL_ERROR";
+  }
+}
+
+/* splitmix64: small, seedable, the same everywhere. */
+typedef struct { uint64_t s; } rng;
+
+static uint64_t rng_next(rng *r)
+{
+  uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static double rng_unit(rng *r)           /* [0, 1) */
+{
+  return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static float rng_sym(rng *r, double amp)  /* [-amp, amp] */
+{
+  return (float)((2.0 * rng_unit(r) - 1.0) * amp);
+}
+
+/* ---------- shapes ---------- */
+
+cp_shape cp_shape_default(void)
+{
+  cp_shape s;
+  memset(&s, 0, sizeof s);
+  s.batch = 1;
+  s.q_heads = 1;
+  s.kv_heads = 1;
+  s.q_len = 16;
+  s.kv_len = 16;
+  s.head_dim = 32;
+  s.value_dim = 32;
+  s.scale = NAN;
+  s.window_left = -1;
+  s.window_right = -1;
+  s.layout = CP_BHSD;
+  s.mask = CP_MASK_NONE;
+  s.mask_density = 0.7;
+  s.mask_blocks = 2;
+  s.bias = CP_BIAS_NONE;
+  s.bias_amp = 1.0;
+  s.qk_amp = 1.0;
+  s.v_amp = 1.0;
+  s.empty_rows = CLATTN_EMPTY_ZERO;
+  s.algo = CLATTN_ALGO_AUTO;
+  s.seed = 1;
+  return s;
+}
+
+static const char *mask_name(cp_mask_kind k)
+{
+  switch (k) {
+  case CP_MASK_NONE: return "none";
+  case CP_MASK_ONES: return "ones";
+  case CP_MASK_ZEROS: return "zeros";
+  case CP_MASK_RANDOM: return "random";
+  case CP_MASK_BLOCK_DIAG: return "blockdiag";
+  }
+  return "?";
+}
+
+static const char *bias_name(cp_bias_kind k)
+{
+  switch (k) {
+  case CP_BIAS_NONE: return "none";
+  case CP_BIAS_RANDOM: return "random";
+  case CP_BIAS_CONST: return "const";
+  }
+  return "?";
+}
+
+char *cp_describe(const cp_shape *s, char *buf, size_t n)
+{
+  char sc[32];
+  if (isnan(s->scale))
+    snprintf(sc, sizeof sc, "default");
+  else
+    snprintf(sc, sizeof sc, "%g", (double)s->scale);
+  snprintf(buf, n,
+           "B=%d Hq=%d Hkv=%d M=%d N=%d dk=%d dv=%d scale=%s causal=%d win=[%d,%d] "
+           "%s pad=%zu gap=%zu kv_lens=%d mask=%s/%u bias=%s(%g)/%u lse=%d weights=%d "
+           "empty=%s algo=%s seed=%llu",
+           s->batch, s->q_heads, s->kv_heads, s->q_len, s->kv_len, s->head_dim,
+           s->value_dim, sc, s->causal, s->window_left, s->window_right,
+           s->layout == CP_BSHD ? "bshd" : "bhsd", s->pad, s->row_gap, s->kv_lens,
+           mask_name(s->mask), s->mask_bcast, bias_name(s->bias), s->bias_amp,
+           s->bias_bcast, s->want_lse, s->want_weights,
+           s->empty_rows == CLATTN_EMPTY_ERROR ? "error" : "zero",
+           clattn_algo_name(s->algo), (unsigned long long)s->seed);
+  return buf;
+}
+
+/* ---------- views ---------- */
+
+/* A [B,H,R,C] view in the shape's layout with a row gap; returns the buffer
+ * size in elements (pad + extent + pad). */
+static size_t make_view(clattn_tensor *t, cp_layout layout, size_t pad, size_t gap,
+                        int B, int H, int R, int C)
+{
+  size_t row = (size_t)C + gap;
+  memset(t, 0, sizeof *t);
+  t->offset = pad;
+  t->stride[3] = 1;
+  if (layout == CP_BHSD) {
+    t->stride[2] = row;
+    t->stride[1] = row * (size_t)R;
+    t->stride[0] = t->stride[1] * (size_t)H;
+  } else {
+    t->stride[1] = row;
+    t->stride[2] = row * (size_t)H;
+    t->stride[0] = t->stride[2] * (size_t)R;
+  }
+  return pad + t->stride[0] * (size_t)B + pad;
+}
+
+/* A dense [B,H,M,N] view in that order with broadcast dims (stride 0). */
+static size_t make_bcast_view(clattn_tensor *t, size_t pad, unsigned bcast, int B, int H,
+                              int M, int N)
+{
+  size_t rows = (bcast & CP_BCAST_ROW) ? 1 : (size_t)M;
+  size_t heads = (bcast & CP_BCAST_HEAD) ? 1 : (size_t)H;
+  size_t batches = (bcast & CP_BCAST_BATCH) ? 1 : (size_t)B;
+  memset(t, 0, sizeof *t);
+  t->offset = pad;
+  t->stride[3] = 1;
+  t->stride[2] = (bcast & CP_BCAST_ROW) ? 0 : (size_t)N;
+  t->stride[1] = (bcast & CP_BCAST_HEAD) ? 0 : rows * (size_t)N;
+  t->stride[0] = (bcast & CP_BCAST_BATCH) ? 0 : heads * rows * (size_t)N;
+  return pad + batches * heads * rows * (size_t)N + pad;
+}
+
+/* Fills the logical [B,H,R,C] elements of view t in buf with random values. */
+static void fill_view(float *buf, const clattn_tensor *t, int B, int H, int R, int C, rng *g,
+                      double amp)
+{
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+          buf[cp_index(t, b, h, r, c)] = rng_sym(g, amp);
+}
+
+static void *xcalloc(size_t n, size_t size)
+{
+  if (n == 0)
+    n = 1;
+  return calloc(n, size);
+}
+
+/* ---------- build ---------- */
+
+cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
+{
+  if (!s) {
+    set_err(err, errlen, "cp_build: NULL shape");
+    return NULL;
+  }
+  if (s->batch <= 0 || s->q_heads <= 0 || s->kv_heads <= 0 || s->q_len <= 0 ||
+      s->kv_len <= 0 || s->head_dim <= 0 || s->value_dim <= 0) {
+    set_err(err, errlen, "cp_build: every dimension must be positive");
+    return NULL;
+  }
+  if (s->q_heads % s->kv_heads != 0) {
+    set_err(err, errlen, "cp_build: kv_heads (%d) must divide q_heads (%d)", s->kv_heads,
+            s->q_heads);
+    return NULL;
+  }
+  if (s->window_left < -1 || s->window_right < -1) {
+    set_err(err, errlen, "cp_build: windows must be >= -1");
+    return NULL;
+  }
+
+  cp_problem *pb = calloc(1, sizeof *pb);
+  if (!pb) {
+    set_err(err, errlen, "cp_build: out of memory");
+    return NULL;
+  }
+  pb->shape = *s;
+  const int B = s->batch, Hq = s->q_heads, Hk = s->kv_heads, M = s->q_len, N = s->kv_len;
+  const int dk = s->head_dim, dv = s->value_dim;
+  clattn_params *p = &pb->params;
+  *p = clattn_params_default();
+  p->batch = B;
+  p->q_heads = Hq;
+  p->kv_heads = Hk;
+  p->q_len = M;
+  p->kv_len = N;
+  p->head_dim = dk;
+  p->value_dim = dv;
+  p->dtype = CLATTN_F32;
+  p->scale = s->scale;
+  p->causal = s->causal;
+  p->window_left = s->window_left;
+  p->window_right = s->window_right;
+  p->empty_rows = s->empty_rows;
+  p->algo = s->algo;
+
+  pb->q_elems = make_view(&p->q, s->layout, s->pad, s->row_gap, B, Hq, M, dk);
+  pb->k_elems = make_view(&p->k, s->layout, s->pad, s->row_gap, B, Hk, N, dk);
+  pb->v_elems = make_view(&p->v, s->layout, s->pad, s->row_gap, B, Hk, N, dv);
+  pb->out_elems = make_view(&p->out, s->layout, s->pad, s->row_gap, B, Hq, M, dv);
+  if (s->want_lse)
+    pb->lse_elems = make_view(&p->lse, s->layout, s->pad, 0, B, Hq, M, 1);
+  if (s->want_weights)
+    pb->weights_elems = make_view(&p->weights, s->layout, s->pad, s->row_gap, B, Hq, M, N);
+  if (s->mask != CP_MASK_NONE)
+    pb->mask_elems = make_bcast_view(&p->mask, s->pad, s->mask_bcast, B, Hq, M, N);
+  if (s->bias != CP_BIAS_NONE)
+    pb->bias_elems = make_bcast_view(&p->bias, s->pad, s->bias_bcast, B, Hq, M, N);
+
+  pb->out_count = (size_t)B * Hq * M * dv;
+  pb->lse_count = s->want_lse ? (size_t)B * Hq * M : 0;
+  pb->weights_count = s->want_weights ? (size_t)B * Hq * M * N : 0;
+
+  int ok = 1;
+  ok &= !!(pb->q = xcalloc(pb->q_elems, sizeof(float)));
+  ok &= !!(pb->k = xcalloc(pb->k_elems, sizeof(float)));
+  ok &= !!(pb->v = xcalloc(pb->v_elems, sizeof(float)));
+  ok &= !!(pb->out_raw = xcalloc(pb->out_elems, sizeof(float)));
+  ok &= !!(pb->out = xcalloc(pb->out_count, sizeof(float)));
+  ok &= !!(pb->ref_out = xcalloc(pb->out_count, sizeof(double)));
+  if (s->want_lse) {
+    ok &= !!(pb->lse_raw = xcalloc(pb->lse_elems, sizeof(float)));
+    ok &= !!(pb->lse = xcalloc(pb->lse_count, sizeof(float)));
+    ok &= !!(pb->ref_lse = xcalloc(pb->lse_count, sizeof(double)));
+  }
+  if (s->want_weights) {
+    ok &= !!(pb->weights_raw = xcalloc(pb->weights_elems, sizeof(float)));
+    ok &= !!(pb->weights = xcalloc(pb->weights_count, sizeof(float)));
+    ok &= !!(pb->ref_weights = xcalloc(pb->weights_count, sizeof(double)));
+  }
+  if (s->mask != CP_MASK_NONE)
+    ok &= !!(pb->mask = xcalloc(pb->mask_elems, 1));
+  if (s->bias != CP_BIAS_NONE)
+    ok &= !!(pb->bias = xcalloc(pb->bias_elems, sizeof(float)));
+  if (s->kv_lens)
+    ok &= !!(pb->kv_lens = xcalloc((size_t)B, sizeof(int32_t)));
+  if (!ok) {
+    set_err(err, errlen, "cp_build: out of memory");
+    cp_free(pb);
+    return NULL;
+  }
+
+  rng g = { s->seed * 0x2545F4914F6CDD1Dull + 0x1234567ull };
+  if (s->poison_gaps) {
+    for (size_t i = 0; i < pb->q_elems; i++) pb->q[i] = NAN;
+    for (size_t i = 0; i < pb->k_elems; i++) pb->k[i] = NAN;
+    for (size_t i = 0; i < pb->v_elems; i++) pb->v[i] = NAN;
+    for (size_t i = 0; i < pb->bias_elems; i++) pb->bias[i] = NAN;
+  }
+  fill_view(pb->q, &p->q, B, Hq, M, dk, &g, s->qk_amp);
+  fill_view(pb->k, &p->k, B, Hk, N, dk, &g, s->qk_amp);
+  fill_view(pb->v, &p->v, B, Hk, N, dv, &g, s->v_amp);
+
+  if (pb->mask) {
+    /* gaps: a recognisable value that is "allowed" if ever wrongly read */
+    memset(pb->mask, s->poison_gaps ? 0x5A : 0, pb->mask_elems);
+    int Bm = (s->mask_bcast & CP_BCAST_BATCH) ? 1 : B;
+    int Hm = (s->mask_bcast & CP_BCAST_HEAD) ? 1 : Hq;
+    int Mm = (s->mask_bcast & CP_BCAST_ROW) ? 1 : M;
+    int blocks = s->mask_blocks > 0 ? s->mask_blocks : 1;
+    for (int b = 0; b < Bm; b++)
+      for (int h = 0; h < Hm; h++)
+        for (int i = 0; i < Mm; i++)
+          for (int j = 0; j < N; j++) {
+            unsigned char a = 1;
+            switch (s->mask) {
+            case CP_MASK_NONE:
+            case CP_MASK_ONES: a = 1; break;
+            case CP_MASK_ZEROS: a = 0; break;
+            case CP_MASK_RANDOM: a = rng_unit(&g) < s->mask_density; break;
+            case CP_MASK_BLOCK_DIAG:
+              a = (long)i * blocks / M == (long)j * blocks / N;
+              break;
+            }
+            /* any nonzero byte means allowed: use a few different ones */
+            pb->mask[cp_index(&p->mask, b, h, i, j)] = a ? (unsigned char)(1 + (j % 3) * 100) : 0;
+          }
+  }
+  if (pb->bias) {
+    int Bm = (s->bias_bcast & CP_BCAST_BATCH) ? 1 : B;
+    int Hm = (s->bias_bcast & CP_BCAST_HEAD) ? 1 : Hq;
+    int Mm = (s->bias_bcast & CP_BCAST_ROW) ? 1 : M;
+    for (int b = 0; b < Bm; b++)
+      for (int h = 0; h < Hm; h++)
+        for (int i = 0; i < Mm; i++)
+          for (int j = 0; j < N; j++)
+            pb->bias[cp_index(&p->bias, b, h, i, j)] =
+                s->bias == CP_BIAS_CONST ? (float)s->bias_amp : rng_sym(&g, s->bias_amp);
+  }
+  if (pb->kv_lens)
+    for (int b = 0; b < B; b++)
+      pb->kv_lens[b] = 1 + (int32_t)(rng_next(&g) % (uint64_t)N);
+
+  if (s->poison_disallowed)
+    cp_poison_disallowed(pb);
+  return pb;
+}
+
+static void release_mem(cl_mem *m)
+{
+  if (*m)
+    clReleaseMemObject(*m);
+  *m = NULL;
+}
+
+void cp_free(cp_problem *pb)
+{
+  if (!pb)
+    return;
+  release_mem(&pb->q_buf);
+  release_mem(&pb->k_buf);
+  release_mem(&pb->v_buf);
+  release_mem(&pb->out_buf);
+  release_mem(&pb->mask_buf);
+  release_mem(&pb->bias_buf);
+  release_mem(&pb->lse_buf);
+  release_mem(&pb->weights_buf);
+  release_mem(&pb->kv_lens_buf);
+  free(pb->q);
+  free(pb->k);
+  free(pb->v);
+  free(pb->bias);
+  free(pb->mask);
+  free(pb->kv_lens);
+  free(pb->out_raw);
+  free(pb->lse_raw);
+  free(pb->weights_raw);
+  free(pb->out);
+  free(pb->lse);
+  free(pb->weights);
+  free(pb->ref_out);
+  free(pb->ref_lse);
+  free(pb->ref_weights);
+  free(pb);
+}
+
+ref_inputs cp_ref_inputs(const cp_problem *pb)
+{
+  ref_inputs in;
+  in.q = pb->q;
+  in.k = pb->k;
+  in.v = pb->v;
+  in.mask = pb->mask;
+  in.bias = pb->bias;
+  in.kv_lens = pb->kv_lens;
+  return in;
+}
+
+long cp_poison_disallowed(cp_problem *pb)
+{
+  const clattn_params *p = &pb->params;
+  const int group = p->q_heads / p->kv_heads;
+  ref_inputs in = cp_ref_inputs(pb);
+  long count = 0;
+  for (int b = 0; b < p->batch; b++)
+    for (int g = 0; g < p->kv_heads; g++)
+      for (int j = 0; j < p->kv_len; j++) {
+        int reachable = 0;
+        for (int h = g * group; h < (g + 1) * group && !reachable; h++)
+          for (int i = 0; i < p->q_len && !reachable; i++)
+            reachable = ref_allowed(p, &in, b, h, i, j);
+        if (reachable)
+          continue;
+        /* vary the poison: NaN and +-Inf in keys and values */
+        float kp = (j % 3 == 0) ? NAN : (j % 3 == 1) ? INFINITY : -INFINITY;
+        float vp = (j % 2 == 0) ? INFINITY : NAN;
+        for (int d = 0; d < p->head_dim; d++)
+          pb->k[cp_index(&p->k, b, g, j, d)] = kp;
+        for (int d = 0; d < p->value_dim; d++)
+          pb->v[cp_index(&p->v, b, g, j, d)] = vp;
+        count++;
+      }
+  pb->ref_valid = 0;
+  return count;
+}
+
+/* ---------- device ---------- */
+
+static int create_buf(cp_problem *pb, cl_mem *m, cl_mem_flags flags, size_t bytes, void *host,
+                      const char *what)
+{
+  cl_int e = CL_SUCCESS;
+  if (host)
+    flags |= CL_MEM_COPY_HOST_PTR;
+  *m = clCreateBuffer(pb->cl_ctx, flags, bytes, host, &e);
+  if (e != CL_SUCCESS || !*m) {
+    PB_ERR(pb, "clCreateBuffer(%s, %zu bytes): %s (%d)", what, bytes, cp_cl_error_name(e), e);
+    *m = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+static int write_buf(cp_problem *pb, cl_mem m, size_t bytes, const void *host, const char *what)
+{
+  if (!m)
+    return 0;
+  cl_int e = clEnqueueWriteBuffer(pb->queue, m, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
+  if (e != CL_SUCCESS) {
+    PB_ERR(pb, "clEnqueueWriteBuffer(%s): %s (%d)", what, cp_cl_error_name(e), e);
+    return -1;
+  }
+  return 0;
+}
+
+static int read_buf(cp_problem *pb, cl_mem m, size_t bytes, void *host, const char *what)
+{
+  if (!m)
+    return 0;
+  cl_int e = clEnqueueReadBuffer(pb->queue, m, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
+  if (e != CL_SUCCESS) {
+    PB_ERR(pb, "clEnqueueReadBuffer(%s): %s (%d)", what, cp_cl_error_name(e), e);
+    return -1;
+  }
+  return 0;
+}
+
+int cp_write_inputs(cp_problem *pb)
+{
+  if (!pb->queue) {
+    PB_ERR(pb, "cp_write_inputs: not uploaded");
+    return -1;
+  }
+  pb->ref_valid = 0;
+  if (write_buf(pb, pb->q_buf, pb->q_elems * sizeof(float), pb->q, "q") ||
+      write_buf(pb, pb->k_buf, pb->k_elems * sizeof(float), pb->k, "k") ||
+      write_buf(pb, pb->v_buf, pb->v_elems * sizeof(float), pb->v, "v") ||
+      write_buf(pb, pb->mask_buf, pb->mask_elems, pb->mask, "mask") ||
+      write_buf(pb, pb->bias_buf, pb->bias_elems * sizeof(float), pb->bias, "bias") ||
+      write_buf(pb, pb->kv_lens_buf, (size_t)pb->params.batch * sizeof(int32_t), pb->kv_lens,
+                "kv_lens"))
+    return -1;
+  return 0;
+}
+
+int cp_upload(cp_problem *pb, clattn_context *ctx)
+{
+  if (!ctx) {
+    PB_ERR(pb, "cp_upload: NULL context");
+    return -1;
+  }
+  if (pb->q_buf)
+    return cp_write_inputs(pb);
+  pb->cl_ctx = clattn_cl_context(ctx);
+  pb->queue = clattn_cl_queue(ctx);
+  pb->ref_valid = 0;
+  if (!pb->cl_ctx || !pb->queue) {
+    PB_ERR(pb, "cp_upload: the clattn context has no cl_context/queue");
+    return -1;
+  }
+  const cl_mem_flags ro = CL_MEM_READ_ONLY, rw = CL_MEM_READ_WRITE;
+  if (create_buf(pb, &pb->q_buf, ro, pb->q_elems * sizeof(float), pb->q, "q") ||
+      create_buf(pb, &pb->k_buf, ro, pb->k_elems * sizeof(float), pb->k, "k") ||
+      create_buf(pb, &pb->v_buf, ro, pb->v_elems * sizeof(float), pb->v, "v") ||
+      create_buf(pb, &pb->out_buf, rw, pb->out_elems * sizeof(float), NULL, "out"))
+    goto fail;
+  if (pb->mask && create_buf(pb, &pb->mask_buf, ro, pb->mask_elems, pb->mask, "mask"))
+    goto fail;
+  if (pb->bias && create_buf(pb, &pb->bias_buf, ro, pb->bias_elems * sizeof(float), pb->bias, "bias"))
+    goto fail;
+  if (pb->kv_lens && create_buf(pb, &pb->kv_lens_buf, ro, (size_t)pb->params.batch * sizeof(int32_t),
+                                pb->kv_lens, "kv_lens"))
+    goto fail;
+  if (pb->lse_elems && create_buf(pb, &pb->lse_buf, rw, pb->lse_elems * sizeof(float), NULL, "lse"))
+    goto fail;
+  if (pb->weights_elems &&
+      create_buf(pb, &pb->weights_buf, rw, pb->weights_elems * sizeof(float), NULL, "weights"))
+    goto fail;
+
+  clattn_params *p = &pb->params;
+  p->q.buf = pb->q_buf;
+  p->k.buf = pb->k_buf;
+  p->v.buf = pb->v_buf;
+  p->out.buf = pb->out_buf;
+  p->mask.buf = pb->mask_buf;
+  p->bias.buf = pb->bias_buf;
+  p->kv_lens = pb->kv_lens_buf;
+  p->lse.buf = pb->lse_buf;
+  p->weights.buf = pb->weights_buf;
+  return 0;
+
+fail:
+  release_mem(&pb->q_buf);
+  release_mem(&pb->k_buf);
+  release_mem(&pb->v_buf);
+  release_mem(&pb->out_buf);
+  release_mem(&pb->mask_buf);
+  release_mem(&pb->bias_buf);
+  release_mem(&pb->lse_buf);
+  release_mem(&pb->weights_buf);
+  release_mem(&pb->kv_lens_buf);
+  pb->queue = NULL;
+  pb->cl_ctx = NULL;
+  return -1;
+}
+
+static int fill_buf(cp_problem *pb, cl_mem m, size_t elems, float value, const char *what)
+{
+  if (!m)
+    return 0;
+  cl_int e = clEnqueueFillBuffer(pb->queue, m, &value, sizeof value, 0, elems * sizeof(float), 0,
+                                 NULL, NULL);
+  if (e != CL_SUCCESS) {
+    PB_ERR(pb, "clEnqueueFillBuffer(%s): %s (%d)", what, cp_cl_error_name(e), e);
+    return -1;
+  }
+  return 0;
+}
+
+int cp_fill_outputs(cp_problem *pb, float value)
+{
+  if (!pb->queue) {
+    PB_ERR(pb, "cp_fill_outputs: not uploaded");
+    return -1;
+  }
+  if (fill_buf(pb, pb->out_buf, pb->out_elems, value, "out") ||
+      fill_buf(pb, pb->lse_buf, pb->lse_elems, value, "lse") ||
+      fill_buf(pb, pb->weights_buf, pb->weights_elems, value, "weights"))
+    return -1;
+  cl_int e = clFinish(pb->queue);
+  if (e != CL_SUCCESS) {
+    PB_ERR(pb, "clFinish after fill: %s (%d)", cp_cl_error_name(e), e);
+    return -1;
+  }
+  return 0;
+}
+
+int cp_read_outputs(cp_problem *pb)
+{
+  if (!pb->queue) {
+    PB_ERR(pb, "cp_read_outputs: not uploaded");
+    return -1;
+  }
+  if (read_buf(pb, pb->out_buf, pb->out_elems * sizeof(float), pb->out_raw, "out") ||
+      read_buf(pb, pb->lse_buf, pb->lse_elems * sizeof(float), pb->lse_raw, "lse") ||
+      read_buf(pb, pb->weights_buf, pb->weights_elems * sizeof(float), pb->weights_raw, "weights"))
+    return -1;
+  const clattn_params *p = &pb->params;
+  const int B = p->batch, H = p->q_heads, M = p->q_len, N = p->kv_len, dv = p->value_dim;
+  size_t n = 0;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < M; i++)
+        for (int c = 0; c < dv; c++)
+          pb->out[n++] = pb->out_raw[cp_index(&p->out, b, h, i, c)];
+  if (pb->lse) {
+    n = 0;
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < M; i++)
+          pb->lse[n++] = pb->lse_raw[cp_index(&p->lse, b, h, i, 0)];
+  }
+  if (pb->weights) {
+    n = 0;
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < M; i++)
+          for (int j = 0; j < N; j++)
+            pb->weights[n++] = pb->weights_raw[cp_index(&p->weights, b, h, i, j)];
+  }
+  return 0;
+}
+
+/* ---------- reference and comparison ---------- */
+
+int cp_reference(cp_problem *pb)
+{
+  if (pb->ref_valid)
+    return 0;
+  ref_inputs in = cp_ref_inputs(pb);
+  ref_outputs o;
+  o.out = pb->ref_out;
+  o.lse = pb->ref_lse;
+  o.weights = pb->ref_weights;
+  o.empty_rows = 0;
+  if (ref_forward(&pb->params, &in, &o) != 0) {
+    PB_ERR(pb, "ref_forward rejected the params");
+    return -1;
+  }
+  pb->ref_empty_rows = o.empty_rows;
+  pb->ref_valid = 1;
+  return 0;
+}
+
+double cp_rel_err(const float *x, const double *ref, size_t n)
+{
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    double a = (double)x[i], r = ref[i];
+    if (!isfinite(a) || !isfinite(r))
+      continue;
+    num += (a - r) * (a - r);
+    den += r * r;
+  }
+  return sqrt(num) / fmax(sqrt(den), 1e-300);
+}
+
+static void compare_one(const float *x, const double *ref, size_t n, double *err, long *nans,
+                        long *mismatch)
+{
+  *err = 0.0;
+  *nans = 0;
+  *mismatch = 0;
+  if (!x || !ref)
+    return;
+  for (size_t i = 0; i < n; i++) {
+    double a = (double)x[i], r = ref[i];
+    if (isnan(a))
+      (*nans)++;
+    if (isnan(a) != isnan(r))
+      (*mismatch)++;
+    else if (!isnan(a) && (!isfinite(a) || !isfinite(r)) && a != r)
+      (*mismatch)++;
+  }
+  *err = cp_rel_err(x, ref, n);
+}
+
+int cp_compare(cp_problem *pb, cp_result *r)
+{
+  if (cp_reference(pb) != 0)
+    return -1;
+  compare_one(pb->out, pb->ref_out, pb->out_count, &r->err_out, &r->nan_out, &r->mismatch_out);
+  compare_one(pb->lse, pb->ref_lse, pb->lse_count, &r->err_lse, &r->nan_lse, &r->mismatch_lse);
+  compare_one(pb->weights, pb->ref_weights, pb->weights_count, &r->err_weights, &r->nan_weights,
+              &r->mismatch_weights);
+  r->empty_rows = pb->ref_empty_rows;
+  return 0;
+}
+
+int cp_run(cp_problem *pb, clattn_context *ctx, cp_result *r)
+{
+  memset(r, 0, sizeof *r);
+  r->status = CLATTN_ERR_OPENCL;
+  if (!pb->q_buf && cp_upload(pb, ctx) != 0)
+    return -1;
+  if (cp_fill_outputs(pb, NAN) != 0)
+    return -1;
+  double t0 = cp_now_ms();
+  r->status = clattn_forward(ctx, &pb->params, 0, NULL, NULL);
+  cl_int e = clFinish(pb->queue);
+  r->ms = cp_now_ms() - t0;
+  if (e != CL_SUCCESS) {
+    PB_ERR(pb, "clFinish after clattn_forward: %s (%d)", cp_cl_error_name(e), e);
+    return -1;
+  }
+  if (cp_read_outputs(pb) != 0)
+    return -1;
+  return cp_compare(pb, r);
+}
+
+int cp_time_forward(cp_problem *pb, clattn_context *ctx, int reps, double *ms, clattn_status *st)
+{
+  *ms = 0.0;
+  *st = CLATTN_ERR_OPENCL;
+  if (!pb->q_buf && cp_upload(pb, ctx) != 0)
+    return -1;
+  if (reps < 1)
+    reps = 1;
+  *st = clattn_forward(ctx, &pb->params, 0, NULL, NULL);   /* warm-up */
+  cl_int e = clFinish(pb->queue);
+  if (e != CL_SUCCESS) {
+    PB_ERR(pb, "clFinish: %s (%d)", cp_cl_error_name(e), e);
+    return -1;
+  }
+  if (*st != CLATTN_OK)
+    return 0;
+  double t0 = cp_now_ms();
+  for (int i = 0; i < reps && *st == CLATTN_OK; i++)
+    *st = clattn_forward(ctx, &pb->params, 0, NULL, NULL);
+  e = clFinish(pb->queue);
+  *ms = (cp_now_ms() - t0) / reps;
+  if (e != CL_SUCCESS) {
+    PB_ERR(pb, "clFinish: %s (%d)", cp_cl_error_name(e), e);
+    return -1;
+  }
+  return 0;
+}
+
+int cp_result_ok(const cp_result *r, double tol)
+{
+  return r->status == CLATTN_OK && r->mismatch_out == 0 && r->mismatch_lse == 0 &&
+         r->mismatch_weights == 0 && r->err_out <= tol && r->err_lse <= tol &&
+         r->err_weights <= tol;
+}
+
+char *cp_result_format(const cp_result *r, char *buf, size_t n)
+{
+  snprintf(buf, n,
+           "status=%s err out=%.3g lse=%.3g weights=%.3g nan out/lse/w=%ld/%ld/%ld "
+           "mismatch out/lse/w=%ld/%ld/%ld empty_rows=%ld %.2f ms",
+           clattn_status_string(r->status), r->err_out, r->err_lse, r->err_weights, r->nan_out,
+           r->nan_lse, r->nan_weights, r->mismatch_out, r->mismatch_lse, r->mismatch_weights,
+           r->empty_rows, r->ms);
+  return buf;
+}

@@ -1,0 +1,54 @@
+/* Building kernel programs from the embedded sources, with the build log in
+ * the error message when the compiler refuses. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+enum { LOG_HEAD = 2000 };
+
+clattn_status ca_build_program(clattn_context *ctx, const char *name, const char *const *sources,
+                               cl_uint n_sources, const char *options, cl_program *out) {
+  clattn_status st = CLATTN_OK;
+  cl_int err = CL_SUCCESS;
+  *out = NULL;
+  cl_program program = clCreateProgramWithSource(ctx->context, n_sources, (const char **)sources, NULL, &err);
+  CA_CHECK_CL(st, err, "clCreateProgramWithSource");
+  err = clBuildProgram(program, 1, &ctx->device, options, NULL, NULL);
+  if (err != CL_SUCCESS) {
+    char log[LOG_HEAD + 1] = "";
+    size_t len = 0;
+    clGetProgramBuildInfo(program, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &len);
+    if (len > 0) {
+      char *full = malloc(len + 1);
+      if (full && clGetProgramBuildInfo(program, ctx->device, CL_PROGRAM_BUILD_LOG, len, full, NULL) == CL_SUCCESS) {
+        full[len] = '\0';
+        strncpy(log, full, LOG_HEAD);
+        log[LOG_HEAD] = '\0';
+      }
+      free(full);
+    }
+    st = ca_fail(err == CL_BUILD_PROGRAM_FAILURE ? CLATTN_ERR_BUILD : CLATTN_ERR_OPENCL,
+                 "clBuildProgram(%s) failed: %s (%d); options: %s; build log:\n%s", name,
+                 ca_cl_error_name(err), (int)err, options, log);
+    goto fail;
+  }
+  *out = program;
+  return CLATTN_OK;
+fail:
+  if (program) clReleaseProgram(program);
+  return st;
+}
+
+clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out) {
+  cl_int err = CL_SUCCESS;
+  *out = clCreateKernel(program, name, &err);
+  if (err != CL_SUCCESS) {
+    *out = NULL;
+    char what[128];
+    snprintf(what, sizeof what, "clCreateKernel(%s)", name);
+    return ca_cl_fail(err, what);
+  }
+  return CLATTN_OK;
+}

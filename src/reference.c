@@ -1,0 +1,168 @@
+/*
+ * The fp64 host reference of DESIGN.md's semantics (see reference.h).
+ *
+ * Written for clarity, not speed: one query row at a time, scores in a
+ * scratch array of N doubles. A disallowed candidate's key and value are
+ * never read, so NaN or Inf stored there cannot reach an output.
+ */
+#include "reference.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static size_t view_index(const clattn_tensor *t, int b, int h, int row, int col)
+{
+  return t->offset + (size_t)b * t->stride[0] + (size_t)h * t->stride[1] +
+         (size_t)row * t->stride[2] + (size_t)col * t->stride[3];
+}
+
+double ref_scale(const clattn_params *p)
+{
+  if (isnan(p->scale))
+    return 1.0 / sqrt((double)p->head_dim);
+  return (double)p->scale;
+}
+
+/* The effective right window bound: causal is window_right = 0, combined
+ * with an explicit window_right by taking the tighter of the two, which is
+ * always 0 (min(window_right, 0) for window_right >= 0; 0 when unbounded). */
+static int effective_right(const clattn_params *p)
+{
+  return p->causal ? 0 : p->window_right;
+}
+
+int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j)
+{
+  if (j < 0 || j >= p->kv_len || i < 0 || i >= p->q_len)
+    return 0;
+  if (in->kv_lens) {
+    long len = in->kv_lens[b];
+    if (len < 0)
+      len = 0;
+    if (len > p->kv_len)
+      len = p->kv_len;
+    if (j >= len)
+      return 0;
+  }
+  if (in->mask && in->mask[view_index(&p->mask, b, h, i, j)] == 0)
+    return 0;
+  long pos = (long)i + ((long)p->kv_len - (long)p->q_len);
+  if (p->window_left >= 0 && (long)j < pos - p->window_left)
+    return 0;
+  int right = effective_right(p);
+  if (right >= 0 && (long)j > pos + right)
+    return 0;
+  return 1;
+}
+
+int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
+{
+  if (!p || !in || !o || !in->q || !in->k || !in->v || !o->out)
+    return -1;
+  if (p->dtype != CLATTN_F32)
+    return -1;
+  if (p->batch <= 0 || p->q_heads <= 0 || p->kv_heads <= 0 || p->q_len <= 0 ||
+      p->kv_len <= 0 || p->head_dim <= 0 || p->value_dim <= 0)
+    return -1;
+  if (p->q_heads % p->kv_heads != 0)
+    return -1;
+  if (p->window_left < -1 || p->window_right < -1)
+    return -1;
+
+  const int B = p->batch, Hq = p->q_heads, M = p->q_len, N = p->kv_len;
+  const int dk = p->head_dim, dv = p->value_dim;
+  const int group = Hq / p->kv_heads;
+  const double scale = ref_scale(p);
+
+  double *s = malloc((size_t)N * sizeof *s);        /* scores of allowed keys */
+  unsigned char *use = malloc((size_t)N);           /* allowed and score > -inf */
+  if (!s || !use) {
+    free(s);
+    free(use);
+    return -1;
+  }
+
+  long empty = 0;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < Hq; h++) {
+      const int g = h / group;
+      for (int i = 0; i < M; i++) {
+        const size_t row = ((size_t)b * Hq + h) * M + i;
+        double mx = -INFINITY;
+        int has_nan = 0, any = 0;
+        for (int j = 0; j < N; j++) {
+          use[j] = 0;
+          if (!ref_allowed(p, in, b, h, i, j))
+            continue;
+          double dot = 0.0;
+          for (int d = 0; d < dk; d++)
+            dot += (double)in->q[view_index(&p->q, b, h, i, d)] *
+                   (double)in->k[view_index(&p->k, b, g, j, d)];
+          double sc = scale * dot;
+          if (in->bias)
+            sc += (double)in->bias[view_index(&p->bias, b, h, i, j)];
+          s[j] = sc;
+          if (isnan(sc)) {
+            has_nan = 1;
+            use[j] = 1;
+          } else if (sc != -INFINITY) {
+            use[j] = 1;
+            any = 1;
+            if (sc > mx)
+              mx = sc;
+          }
+        }
+
+        double *orow = o->out + row * (size_t)dv;
+        double *wrow = o->weights ? o->weights + row * (size_t)N : NULL;
+        if (wrow)
+          for (int j = 0; j < N; j++)
+            wrow[j] = 0.0;
+
+        if (has_nan) {                    /* NaN in an allowed score: the row is NaN */
+          for (int c = 0; c < dv; c++)
+            orow[c] = NAN;
+          if (o->lse)
+            o->lse[row] = NAN;
+          if (wrow)
+            for (int j = 0; j < N; j++)
+              if (use[j])
+                wrow[j] = NAN;
+          continue;
+        }
+        if (!any) {                       /* empty row */
+          empty++;
+          for (int c = 0; c < dv; c++)
+            orow[c] = 0.0;
+          if (o->lse)
+            o->lse[row] = -INFINITY;
+          continue;
+        }
+
+        double sum = 0.0;
+        for (int j = 0; j < N; j++)
+          if (use[j]) {
+            s[j] = exp(s[j] - mx);        /* NaN when mx is +inf and s[j] too */
+            sum += s[j];
+          }
+        for (int c = 0; c < dv; c++)
+          orow[c] = 0.0;
+        for (int j = 0; j < N; j++) {
+          if (!use[j])
+            continue;
+          const double w = s[j] / sum;
+          if (wrow)
+            wrow[j] = w;
+          for (int c = 0; c < dv; c++)
+            orow[c] += w * (double)in->v[view_index(&p->v, b, g, j, c)];
+        }
+        if (o->lse)
+          o->lse[row] = mx + log(sum);
+      }
+    }
+
+  o->empty_rows = empty;
+  free(s);
+  free(use);
+  return 0;
+}

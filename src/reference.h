@@ -1,0 +1,41 @@
+/*
+ * The fp64 host reference: DESIGN.md's semantics, written once, used by the
+ * tests and the `clattn` tool to check every device path.
+ *
+ * Inputs are host copies of the whole cl_mem buffers that the params' views
+ * index (the same offsets and strides as on the device, in elements); the
+ * cl_mem handles in the params are ignored. Outputs are dense, row-major:
+ * out [B,Hq,M,dv], lse [B,Hq,M], weights [B,Hq,M,N].
+ */
+#ifndef CLATTN_REFERENCE_H
+#define CLATTN_REFERENCE_H
+
+#include <stdint.h>
+#include "clattn.h"
+
+typedef struct {
+  const float *q, *k, *v;         /* required */
+  const unsigned char *mask;      /* NULL unless p->mask.buf is set */
+  const float *bias;              /* NULL unless p->bias.buf is set */
+  const int32_t *kv_lens;         /* NULL unless p->kv_lens is set: [B] */
+} ref_inputs;
+
+typedef struct {
+  double *out;                    /* required: B*Hq*M*dv */
+  double *lse;                    /* optional: B*Hq*M */
+  double *weights;                /* optional: B*Hq*M*N */
+  long empty_rows;                /* set: rows with no allowed key (or all scores -inf) */
+} ref_outputs;
+
+/* The effective scale: p->scale, or 1/sqrt(head_dim) when it is NaN. */
+double ref_scale(const clattn_params *p);
+
+/* Whether key j is allowed for query row i of batch b, head h (kv_lens,
+ * mask, window/causal); the bias is not consulted. */
+int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j);
+
+/* Computes the outputs in fp64. Returns 0, or -1 when the params are not
+ * usable by the reference (non-positive dims, kv_heads not dividing q_heads). */
+int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o);
+
+#endif

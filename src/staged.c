@@ -1,0 +1,168 @@
+/*
+ * The staged path: qk_score -> softmax_rows -> mix, over chunks of query
+ * rows so the score scratch stays under the context's budget whatever M and
+ * N are. A chunk is a run of `rows` query rows in each of `heads`
+ * consecutive (batch, head) pairs; the scratch holds heads x rows x N floats.
+ */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+typedef struct {
+  int heads, rows; /* chunk shape */
+} chunk_shape;
+
+static chunk_shape plan_chunks(const clattn_params *p, size_t budget) {
+  size_t row_bytes = (size_t)p->kv_len * sizeof(float);
+  size_t fit = budget / row_bytes;
+  size_t pairs = (size_t)p->batch * (size_t)p->q_heads;
+  chunk_shape c;
+  if (fit < 1) fit = 1;
+  if (fit >= (size_t)p->q_len) {
+    c.rows = p->q_len;
+    size_t heads = fit / (size_t)p->q_len;
+    c.heads = (int)(heads < pairs ? heads : pairs);
+  } else {
+    c.rows = (int)fit;
+    c.heads = 1;
+  }
+  /* Keep the softmax's rows x heads grid dimension inside int range. */
+  while ((long long)c.heads * c.rows > INT32_MAX / 2 && c.heads > 1) c.heads /= 2;
+  return c;
+}
+
+static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+/* Enqueues one kernel after *prev (or the caller's wait list for the first)
+ * and makes its event the new *prev. */
+static clattn_status enqueue(clattn_context *ctx, cl_kernel k, const char *name, const size_t *global,
+                             const size_t *local, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
+  cl_event ev = NULL;
+  cl_int err = *prev ? clEnqueueNDRangeKernel(ctx->queue, k, 3, NULL, global, local, 1, prev, &ev)
+                     : clEnqueueNDRangeKernel(ctx->queue, k, 3, NULL, global, local, n_wait, n_wait ? wait : NULL, &ev);
+  if (err != CL_SUCCESS) {
+    char what[96];
+    snprintf(what, sizeof what, "clEnqueueNDRangeKernel(%s)", name);
+    return ca_cl_fail(err, what);
+  }
+  if (*prev) clReleaseEvent(*prev);
+  *prev = ev;
+  return CLATTN_OK;
+}
+
+clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
+                                cl_uint n_wait, const cl_event *wait, cl_event *done) {
+  clattn_status st = CLATTN_OK;
+  cl_int err = CL_SUCCESS;
+  cl_kernel score = NULL, softmax = NULL, mix = NULL;
+  cl_mem scratch = NULL, empty_flag = NULL;
+  cl_event prev = NULL;
+  const tl_tiles *t = &ctx->tiles;
+  const int pairs = p->batch * p->q_heads;
+  const chunk_shape chunk = plan_chunks(p, ctx->scratch_budget);
+  cl_int zero = 0;
+
+  if (done) *done = NULL;
+  if ((st = ca_create_kernel(ctx->staged, "qk_score", &score)) ||
+      (st = ca_create_kernel(ctx->staged, "softmax_rows", &softmax)) ||
+      (st = ca_create_kernel(ctx->staged, "mix_values", &mix)))
+    goto fail;
+
+  size_t scratch_bytes = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len * sizeof(float);
+  scratch = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, scratch_bytes, NULL, &err);
+  CA_CHECK_CL(st, err, "clCreateBuffer(staged score scratch)");
+  empty_flag = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zero, &zero, &err);
+  CA_CHECK_CL(st, err, "clCreateBuffer(empty-row flag)");
+
+  for (int bh0 = 0; bh0 < pairs; bh0 += chunk.heads) {
+    const int heads = chunk.heads < pairs - bh0 ? chunk.heads : pairs - bh0;
+    for (int i0 = 0; i0 < p->q_len; i0 += chunk.rows) {
+      const int rows = chunk.rows < p->q_len - i0 ? chunk.rows : p->q_len - i0;
+
+      ca_args a = {score, "qk_score", 0, 0, CL_SUCCESS};
+      ca_arg_view(&a, &p->q);
+      ca_arg_view(&a, &p->k);
+      ca_arg_view(&a, &p->mask);
+      ca_arg_int(&a, plan->has_mask);
+      ca_arg_view(&a, &p->bias);
+      ca_arg_int(&a, plan->has_bias);
+      ca_arg_mem(&a, p->kv_lens);
+      ca_arg_int(&a, plan->has_kv_lens);
+      ca_arg_int(&a, p->q_heads);
+      ca_arg_int(&a, plan->group);
+      ca_arg_int(&a, p->q_len);
+      ca_arg_int(&a, p->kv_len);
+      ca_arg_int(&a, p->head_dim);
+      ca_arg_float(&a, plan->scale);
+      ca_arg_int(&a, plan->window_left);
+      ca_arg_int(&a, plan->window_right);
+      ca_arg_int(&a, bh0);
+      ca_arg_int(&a, i0);
+      ca_arg_int(&a, rows);
+      ca_arg_mem(&a, scratch);
+      if ((st = ca_args_done(&a))) goto fail;
+      const size_t score_local[3] = {(size_t)t->score_tn, (size_t)t->score_tm, 1};
+      const size_t score_global[3] = {round_up((size_t)p->kv_len, t->score_tn), round_up((size_t)rows, t->score_tm),
+                                      (size_t)heads};
+      if ((st = enqueue(ctx, score, "qk_score", score_global, score_local, n_wait, wait, &prev))) goto fail;
+
+      ca_args s = {softmax, "softmax_rows", 0, 0, CL_SUCCESS};
+      ca_arg_mem(&s, scratch);
+      ca_arg_int(&s, p->kv_len);
+      ca_arg_int(&s, p->q_heads);
+      ca_arg_int(&s, p->q_len);
+      ca_arg_int(&s, bh0);
+      ca_arg_int(&s, i0);
+      ca_arg_int(&s, rows);
+      ca_arg_view(&s, &p->lse);
+      ca_arg_int(&s, plan->want_lse);
+      ca_arg_view(&s, &p->weights);
+      ca_arg_int(&s, plan->want_weights);
+      ca_arg_mem(&s, empty_flag);
+      if ((st = ca_args_done(&s))) goto fail;
+      const size_t softmax_local[3] = {(size_t)t->softmax_wg, 1, 1};
+      const size_t softmax_global[3] = {(size_t)t->softmax_wg, (size_t)heads * (size_t)rows, 1};
+      if ((st = enqueue(ctx, softmax, "softmax_rows", softmax_global, softmax_local, n_wait, wait, &prev))) goto fail;
+
+      ca_args m = {mix, "mix_values", 0, 0, CL_SUCCESS};
+      ca_arg_mem(&m, scratch);
+      ca_arg_view(&m, &p->v);
+      ca_arg_mem(&m, p->kv_lens);
+      ca_arg_int(&m, plan->has_kv_lens);
+      ca_arg_int(&m, p->q_heads);
+      ca_arg_int(&m, plan->group);
+      ca_arg_int(&m, p->q_len);
+      ca_arg_int(&m, p->kv_len);
+      ca_arg_int(&m, p->value_dim);
+      ca_arg_int(&m, bh0);
+      ca_arg_int(&m, i0);
+      ca_arg_int(&m, rows);
+      ca_arg_view(&m, &p->out);
+      if ((st = ca_args_done(&m))) goto fail;
+      const size_t mix_local[3] = {(size_t)t->mix_tv, (size_t)t->mix_tm, 1};
+      const size_t mix_global[3] = {round_up((size_t)p->value_dim, t->mix_tv), round_up((size_t)rows, t->mix_tm),
+                                    (size_t)heads};
+      if ((st = enqueue(ctx, mix, "mix_values", mix_global, mix_local, n_wait, wait, &prev))) goto fail;
+    }
+  }
+
+  if (p->empty_rows == CLATTN_EMPTY_ERROR) {
+    cl_int flag = 0;
+    CA_CHECK_CL(st, clEnqueueReadBuffer(ctx->queue, empty_flag, CL_TRUE, 0, sizeof flag, &flag, 1, &prev, NULL),
+                "clEnqueueReadBuffer(empty-row flag)");
+    if (flag) st = ca_fail(CLATTN_ERR_EMPTY_ROW, "a query row had no allowed key (empty_rows = CLATTN_EMPTY_ERROR)");
+  }
+  if (st == CLATTN_OK && done) {
+    *done = prev;
+    prev = NULL;
+  }
+fail:
+  if (prev) clReleaseEvent(prev);
+  if (scratch) clReleaseMemObject(scratch);
+  if (empty_flag) clReleaseMemObject(empty_flag);
+  if (score) clReleaseKernel(score);
+  if (softmax) clReleaseKernel(softmax);
+  if (mix) clReleaseKernel(mix);
+  return st;
+}

@@ -1,0 +1,81 @@
+/* Tile choice: device description -> work-group shapes (see tiles.h). */
+#include "tiles.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int floor_pow2(size_t x) {
+  int p = 1;
+  while ((size_t)p * 2 <= x && p < (1 << 20)) p *= 2;
+  return p;
+}
+
+static int is_cpu(const tl_device *dev) { return (dev->type & CL_DEVICE_TYPE_CPU) != 0; }
+
+tl_tiles tl_choose(const tl_device *dev) {
+  tl_tiles t;
+  if (is_cpu(dev)) {
+    /* POCL runs a work-group as loops vectorised along dimension 0: wide,
+     * short groups keep the vector lanes busy and local memory is ordinary
+     * cache, so the chunks only need to stay cache-resident. */
+    t.score_tm = 8;  t.score_tn = 16; t.score_tk = 32;
+    t.softmax_wg = 16;
+    t.mix_tm = 8;    t.mix_tv = 16;   t.mix_tj = 32;
+  } else {
+    /* GPUs: 256 work-items per group in 16-wide rows (a half warp, a quarter
+     * wavefront), so global reads of a row coalesce and local reads broadcast. */
+    int simd = dev->pref_multiple ? floor_pow2(dev->pref_multiple) : 32;
+    t.score_tn = 16;  t.score_tm = 16; t.score_tk = 16;
+    t.softmax_wg = simd * 4 > 256 ? simd * 4 : 256;
+    t.mix_tv = 16;    t.mix_tm = 16;   t.mix_tj = 16;
+    if (dev->value_dim > 0 && dev->value_dim <= 8) t.mix_tv = 8, t.mix_tm = 32;
+  }
+  tl_clamp(&t, dev);
+  return t;
+}
+
+size_t tl_score_local_bytes(const tl_tiles *t) {
+  return (size_t)(t->score_tm + t->score_tn) * (size_t)t->score_tk * sizeof(float);
+}
+
+size_t tl_mix_local_bytes(const tl_tiles *t) {
+  return (size_t)(t->mix_tm + t->mix_tv) * (size_t)t->mix_tj * sizeof(float);
+}
+
+size_t tl_softmax_local_bytes(const tl_tiles *t) { return (size_t)t->softmax_wg * sizeof(float); }
+
+/* Halve the larger of a 2-D tile until it fits the group-size limits. */
+static void fit_2d(int *x, int *y, const tl_device *dev) {
+  size_t max_wg = dev->max_wg ? dev->max_wg : 1;
+  while ((size_t)*x > (dev->max_item[0] ? dev->max_item[0] : 1) && *x > 1) *x /= 2;
+  while ((size_t)*y > (dev->max_item[1] ? dev->max_item[1] : 1) && *y > 1) *y /= 2;
+  while ((size_t)*x * (size_t)*y > max_wg && (*x > 1 || *y > 1)) {
+    if (*y >= *x && *y > 1) *y /= 2; else *x /= 2;
+  }
+}
+
+int tl_clamp(tl_tiles *t, const tl_device *dev) {
+  cl_ulong local = dev->local_mem;
+  fit_2d(&t->score_tn, &t->score_tm, dev);
+  fit_2d(&t->mix_tv, &t->mix_tm, dev);
+  t->softmax_wg = floor_pow2((size_t)(t->softmax_wg > 0 ? t->softmax_wg : 1));
+  while ((size_t)t->softmax_wg > dev->max_wg || (size_t)t->softmax_wg > dev->max_item[0]) {
+    if (t->softmax_wg == 1) break;
+    t->softmax_wg /= 2;
+  }
+  while (tl_score_local_bytes(t) > local && t->score_tk > 1) t->score_tk /= 2;
+  while (tl_mix_local_bytes(t) > local && t->mix_tj > 1) t->mix_tj /= 2;
+  if ((size_t)t->score_tm * t->score_tn > dev->max_wg || (size_t)t->mix_tm * t->mix_tv > dev->max_wg ||
+      (size_t)t->softmax_wg > dev->max_wg || tl_score_local_bytes(t) > local ||
+      tl_mix_local_bytes(t) > local || tl_softmax_local_bytes(t) > local)
+    return -1;
+  return 0;
+}
+
+void tl_build_options(const tl_tiles *t, char *buf, size_t size) {
+  size_t len = strlen(buf);
+  snprintf(buf + len, size > len ? size - len : 0,
+           " -D SCORE_TM=%d -D SCORE_TN=%d -D SCORE_TK=%d -D SOFTMAX_WG=%d"
+           " -D MIX_TM=%d -D MIX_TV=%d -D MIX_TJ=%d",
+           t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv, t->mix_tj);
+}

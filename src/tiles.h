@@ -1,0 +1,44 @@
+/*
+ * Tile sizes: a pure function from what a device reports to the work-group
+ * shapes of each kernel, so it can be tested with made-up devices.
+ */
+#ifndef CLATTN_TILES_H
+#define CLATTN_TILES_H
+
+#include <stddef.h>
+#include "clattn.h"
+
+/* What a device reports that tile choice depends on. */
+typedef struct {
+  cl_device_type type;
+  cl_ulong local_mem;       /* CL_DEVICE_LOCAL_MEM_SIZE */
+  size_t max_wg;            /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+  size_t max_item[3];       /* CL_DEVICE_MAX_WORK_ITEM_SIZES */
+  size_t pref_multiple;     /* CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE */
+  cl_uint compute_units;    /* CL_DEVICE_MAX_COMPUTE_UNITS */
+  int head_dim, value_dim;  /* 0 = not known yet */
+} tl_device;
+
+/* The staged path's work-group shapes; every value is a power of two. */
+typedef struct {
+  int score_tm, score_tn, score_tk; /* qk_score: rows x keys per group, head-dim chunk in local memory */
+  int softmax_wg;                   /* softmax: work-items per row */
+  int mix_tm, mix_tv, mix_tj;       /* mix: rows x value columns per group, key chunk in local memory */
+} tl_tiles;
+
+/* Defaults from the device description, clamped to its limits. */
+tl_tiles tl_choose(const tl_device *dev);
+
+/* Shrinks each value until it fits the device's work-group and local memory
+ * limits; returns 0, or -1 when even the smallest tiles do not fit. */
+int tl_clamp(tl_tiles *t, const tl_device *dev);
+
+/* Local memory (bytes) each kernel needs with these tiles. */
+size_t tl_score_local_bytes(const tl_tiles *t);
+size_t tl_mix_local_bytes(const tl_tiles *t);
+size_t tl_softmax_local_bytes(const tl_tiles *t);
+
+/* Appends the -D options that carry the tiles to buf. */
+void tl_build_options(const tl_tiles *t, char *buf, size_t size);
+
+#endif

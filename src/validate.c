@@ -1,0 +1,141 @@
+/* Every check on a call that needs no device work (see ca_validate). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+#define BAD(...) ca_fail(CLATTN_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+
+/* a * b into *out; 0 on overflow. */
+static int mul_ok(size_t a, size_t b, size_t *out) {
+  if (a != 0 && b > SIZE_MAX / a) return 0;
+  *out = a * b;
+  return 1;
+}
+
+static int add_ok(size_t a, size_t b, size_t *out) {
+  if (b > SIZE_MAX - a) return 0;
+  *out = a + b;
+  return 1;
+}
+
+/* Checks that a view of dims[0..rank) fits its cl_mem: the last element it
+ * addresses, offset + sum (dim-1)*stride, must lie inside CL_MEM_SIZE. An
+ * output view may not broadcast (a zero stride over a dimension longer than
+ * one would make several results share an element). */
+static clattn_status check_view(const char *name, const clattn_tensor *t, const int *dims, int rank,
+                                size_t elem_size, int is_output) {
+  size_t last = t->offset;
+  for (int d = 0; d < rank; d++) {
+    size_t step;
+    if (is_output && dims[d] > 1 && t->stride[d] == 0)
+      return BAD("%s.stride[%d] is 0: an output view cannot broadcast", name, d);
+    if (!mul_ok((size_t)(dims[d] - 1), t->stride[d], &step) || !add_ok(last, step, &last))
+      return BAD("%s: offset and strides overflow the address range", name);
+  }
+  size_t need;
+  if (!add_ok(last, 1, &need) || !mul_ok(need, elem_size, &need))
+    return BAD("%s: offset and strides overflow the address range", name);
+  size_t have = 0;
+  cl_int err = clGetMemObjectInfo(t->buf, CL_MEM_SIZE, sizeof have, &have, NULL);
+  if (err != CL_SUCCESS) {
+    char what[96];
+    snprintf(what, sizeof what, "%s.buf: clGetMemObjectInfo(CL_MEM_SIZE)", name);
+    clattn_status s = ca_cl_fail(err, what);
+    return s == CLATTN_ERR_OPENCL ? ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "%s.buf is not a valid cl_mem: %s (%d)",
+                                            name, ca_cl_error_name(err), (int)err)
+                                  : s;
+  }
+  if (need > have)
+    return ca_fail(CLATTN_ERR_BUFFER_TOO_SMALL, "%s: the view addresses %zu bytes but the buffer holds %zu", name,
+                   need, have);
+  return CLATTN_OK;
+}
+
+static clattn_status check_dims(const clattn_params *p) {
+  const struct { const char *name; int value; } dims[] = {
+      {"batch", p->batch},       {"q_heads", p->q_heads},     {"kv_heads", p->kv_heads},
+      {"q_len", p->q_len},       {"kv_len", p->kv_len},       {"head_dim", p->head_dim},
+      {"value_dim", p->value_dim},
+  };
+  for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+    if (dims[i].value <= 0) return BAD("%s must be positive (got %d)", dims[i].name, dims[i].value);
+  if (p->q_heads % p->kv_heads != 0)
+    return BAD("kv_heads (%d) must divide q_heads (%d)", p->kv_heads, p->q_heads);
+  /* Flattened (batch, head) and row indices are int in the kernels. */
+  if ((long long)p->batch * p->q_heads > INT32_MAX)
+    return BAD("batch * q_heads (%lld) exceeds 2^31 - 1", (long long)p->batch * p->q_heads);
+  return CLATTN_OK;
+}
+
+static clattn_status check_enums(const clattn_params *p) {
+  if (p->dtype != CLATTN_F32 && p->dtype != CLATTN_F16 && p->dtype != CLATTN_BF16)
+    return BAD("dtype %d is not a clattn_dtype", (int)p->dtype);
+  if (p->dtype != CLATTN_F32)
+    return ca_fail(CLATTN_ERR_UNSUPPORTED, "dtype %s: only CLATTN_F32 storage is supported in this build",
+                   p->dtype == CLATTN_F16 ? "CLATTN_F16" : "CLATTN_BF16");
+  if (p->empty_rows != CLATTN_EMPTY_ZERO && p->empty_rows != CLATTN_EMPTY_ERROR)
+    return BAD("empty_rows %d is not a clattn_empty_rows", (int)p->empty_rows);
+  if (p->algo < CLATTN_ALGO_AUTO || p->algo > CLATTN_ALGO_GEMM)
+    return BAD("algo %d is not a clattn_algo", (int)p->algo);
+  if (p->window_left < -1) return BAD("window_left must be -1 (unbounded) or >= 0 (got %d)", p->window_left);
+  if (p->window_right < -1) return BAD("window_right must be -1 (unbounded) or >= 0 (got %d)", p->window_right);
+  if (isinf(p->scale)) return BAD("scale must be finite or NAN (got %g)", (double)p->scale);
+  return CLATTN_OK;
+}
+
+static clattn_status check_views(const clattn_params *p) {
+  clattn_status st;
+  const int q_dims[] = {p->batch, p->q_heads, p->q_len, p->head_dim};
+  const int k_dims[] = {p->batch, p->kv_heads, p->kv_len, p->head_dim};
+  const int v_dims[] = {p->batch, p->kv_heads, p->kv_len, p->value_dim};
+  const int o_dims[] = {p->batch, p->q_heads, p->q_len, p->value_dim};
+  const int s_dims[] = {p->batch, p->q_heads, p->q_len, p->kv_len};
+  const int lse_dims[] = {p->batch, p->q_heads, p->q_len};
+  const struct { const char *name; const clattn_tensor *t; } required[] = {
+      {"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}};
+  for (size_t i = 0; i < 4; i++)
+    if (!required[i].t->buf) return BAD("%s.buf is NULL (q, k, v and out are required)", required[i].name);
+  if ((st = check_view("q", &p->q, q_dims, 4, sizeof(float), 0))) return st;
+  if ((st = check_view("k", &p->k, k_dims, 4, sizeof(float), 0))) return st;
+  if ((st = check_view("v", &p->v, v_dims, 4, sizeof(float), 0))) return st;
+  if ((st = check_view("out", &p->out, o_dims, 4, sizeof(float), 1))) return st;
+  if (p->mask.buf && (st = check_view("mask", &p->mask, s_dims, 4, 1, 0))) return st;
+  if (p->bias.buf && (st = check_view("bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
+  if (p->lse.buf && (st = check_view("lse", &p->lse, lse_dims, 3, sizeof(float), 1))) return st;
+  if (p->weights.buf && (st = check_view("weights", &p->weights, s_dims, 4, sizeof(float), 1))) return st;
+  if (p->kv_lens) {
+    clattn_tensor lens = {p->kv_lens, 0, {1, 0, 0, 0}};
+    const int b_dims[] = {p->batch};
+    if ((st = check_view("kv_lens", &lens, b_dims, 1, sizeof(int32_t), 0))) return st;
+  }
+  return CLATTN_OK;
+}
+
+clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan) {
+  clattn_status st;
+  if (!ctx) return BAD("clattn_forward: ctx is NULL");
+  if (!p) return BAD("clattn_forward: params is NULL");
+  if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_views(p))) return st;
+
+  plan->algo = p->algo == CLATTN_ALGO_AUTO ? CLATTN_ALGO_STAGED : p->algo;
+  if (plan->algo == CLATTN_ALGO_FUSED || plan->algo == CLATTN_ALGO_GEMM)
+    return ca_fail(CLATTN_ERR_UNSUPPORTED, "algo %s is not implemented in this build; use CLATTN_ALGO_STAGED or AUTO",
+                   clattn_algo_name(plan->algo));
+  if ((size_t)p->kv_len * sizeof(float) > ctx->scratch_budget && (cl_ulong)p->kv_len * sizeof(float) > ctx->max_alloc)
+    return ca_fail(CLATTN_ERR_UNSUPPORTED, "kv_len %d: one row of scores exceeds the device's largest allocation",
+                   p->kv_len);
+
+  plan->scale = isnan(p->scale) ? (float)(1.0 / sqrt((double)p->head_dim)) : p->scale;
+  plan->window_left = p->window_left;
+  plan->window_right = p->window_right;
+  if (p->causal) plan->window_right = 0; /* causal: no key after the aligned position */
+  plan->group = p->q_heads / p->kv_heads;
+  plan->has_mask = p->mask.buf != NULL;
+  plan->has_bias = p->bias.buf != NULL;
+  plan->has_kv_lens = p->kv_lens != NULL;
+  plan->want_lse = p->lse.buf != NULL;
+  plan->want_weights = p->weights.buf != NULL;
+  return CLATTN_OK;
+}
