@@ -55,6 +55,44 @@ static clattn_status build_staged(clattn_context *ctx) {
   return ca_build_program(ctx, "staged", sources, 4, options, &ctx->staged);
 }
 
+/* The largest group each staged kernel can run with, as built: a GPU
+ * compiler may allow fewer work-items than the device maximum (registers). */
+static clattn_status staged_kernel_limit(clattn_context *ctx, size_t *limit) {
+  static const char *names[] = {"qk_score", "softmax_rows", "mix_values"};
+  clattn_status st = CLATTN_OK;
+  *limit = ctx->caps.max_wg;
+  for (int i = 0; i < 3 && st == CLATTN_OK; i++) {
+    cl_kernel k = NULL;
+    size_t wg = 0;
+    if ((st = ca_create_kernel(ctx->staged, names[i], &k))) break;
+    cl_int err = clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
+    clReleaseKernel(k);
+    if (err != CL_SUCCESS) st = ca_cl_fail(err, "clGetKernelWorkGroupInfo(CL_KERNEL_WORK_GROUP_SIZE)");
+    else if (wg < *limit) *limit = wg;
+  }
+  return st;
+}
+
+/* Builds the staged program; when a kernel cannot run the chosen group size,
+ * lowers the work-group limit, chooses again and rebuilds. */
+static clattn_status build_staged_fitting(clattn_context *ctx) {
+  for (int attempt = 0; attempt < 4; attempt++) {
+    size_t limit = 0;
+    clattn_status st = build_staged(ctx);
+    if (st == CLATTN_OK) st = staged_kernel_limit(ctx, &limit);
+    if (st != CLATTN_OK) return st;
+    const tl_tiles *t = &ctx->tiles;
+    if ((size_t)t->score_tm * t->score_tn <= limit && (size_t)t->mix_tm * t->mix_tv <= limit &&
+        (size_t)t->softmax_wg <= limit)
+      return CLATTN_OK;
+    clReleaseProgram(ctx->staged);
+    ctx->staged = NULL;
+    ctx->caps.max_wg = limit;
+    if (tl_clamp(&ctx->tiles, &ctx->caps) != 0) break;
+  }
+  return ca_fail(CLATTN_ERR_UNSUPPORTED, "the staged kernels cannot run any tile shape on this device");
+}
+
 static void describe(clattn_context *ctx) {
   char platform[256], device[256], driver[128];
   ca_platform_string(ctx->platform, CL_PLATFORM_NAME, platform, sizeof platform);
@@ -140,7 +178,7 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
                  ctx->caps.max_wg, (unsigned long long)ctx->caps.local_mem);
     goto fail;
   }
-  st = build_staged(ctx);
+  st = build_staged_fitting(ctx);
   if (st != CLATTN_OK) goto fail;
   ctx->build_ms = now_ms() - t0;
   ctx->scratch_budget = scratch_budget(ctx);

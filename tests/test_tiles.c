@@ -1,0 +1,104 @@
+/* Tile choice from made-up device descriptions: every result fits the
+ * device's limits, and each class of device gets a sensible shape. */
+#include "check.h"
+#include "tiles.h"
+
+static tl_device nvidia_like(void) {
+  tl_device d = {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 128, 128};
+  return d;
+}
+static tl_device amd_like(void) {
+  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 256, {1024, 1024, 1024}, 64, 96, 64, 64};
+  return d;
+}
+static tl_device intel_like(void) {
+  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 16, 96, 128, 128};
+  return d;
+}
+static tl_device cpu_like(void) {
+  tl_device d = {CL_DEVICE_TYPE_CPU, 1024 * 1024, 4096, {4096, 4096, 4096}, 8, 2, 0, 0};
+  return d;
+}
+
+static int is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+/* Checks that t fits dev: group sizes, per-dimension sizes, local memory. */
+static void check_fits(const tl_tiles *t, const tl_device *dev, const char *name) {
+  CHECKF((size_t)t->score_tm * t->score_tn <= dev->max_wg, "%s: qk_score group %dx%d > max_wg %zu", name,
+         t->score_tm, t->score_tn, dev->max_wg);
+  CHECKF((size_t)t->mix_tm * t->mix_tv <= dev->max_wg, "%s: mix group too large", name);
+  CHECKF((size_t)t->softmax_wg <= dev->max_wg, "%s: softmax group too large", name);
+  CHECKF((size_t)t->score_tn <= dev->max_item[0] && (size_t)t->score_tm <= dev->max_item[1],
+         "%s: qk_score exceeds max work-item sizes", name);
+  CHECKF((size_t)t->mix_tv <= dev->max_item[0] && (size_t)t->mix_tm <= dev->max_item[1],
+         "%s: mix exceeds max work-item sizes", name);
+  CHECKF(tl_score_local_bytes(t) <= dev->local_mem, "%s: qk_score local memory %zu > %llu", name,
+         tl_score_local_bytes(t), (unsigned long long)dev->local_mem);
+  CHECKF(tl_mix_local_bytes(t) <= dev->local_mem, "%s: mix local memory too large", name);
+  const int all[] = {t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv, t->mix_tj};
+  for (int i = 0; i < 7; i++) CHECKF(is_pow2(all[i]), "%s: tile value %d is not a power of two", name, all[i]);
+}
+
+static void gpu_tiles_fit_and_fill_a_warp(void) {
+  const tl_device devs[] = {nvidia_like(), amd_like(), intel_like()};
+  const char *names[] = {"nvidia-like", "amd-like", "intel-like"};
+  for (int i = 0; i < 3; i++) {
+    tl_tiles t = tl_choose(&devs[i]);
+    check_fits(&t, &devs[i], names[i]);
+    size_t group = (size_t)t.score_tm * t.score_tn;
+    CHECKF(group % devs[i].pref_multiple == 0, "%s: qk_score group %zu is not a multiple of the SIMD width %zu",
+           names[i], group, devs[i].pref_multiple);
+    CHECKF(group >= 128, "%s: qk_score group %zu is too small to hide latency", names[i], group);
+    CHECK(tl_clamp(&t, &devs[i]) == 0);
+  }
+}
+
+static void cpu_tiles_are_wide_and_short(void) {
+  tl_device d = cpu_like();
+  tl_tiles t = tl_choose(&d);
+  check_fits(&t, &d, "cpu");
+  CHECK(t.score_tn >= t.score_tm);
+  CHECK(t.mix_tv >= t.mix_tm);
+}
+
+static void small_device_is_clamped_to_its_limits(void) {
+  tl_device d = {CL_DEVICE_TYPE_GPU, 2048, 64, {64, 8, 1}, 32, 4, 256, 256};
+  tl_tiles t = tl_choose(&d);
+  check_fits(&t, &d, "small");
+  CHECK(tl_clamp(&t, &d) == 0);
+}
+
+static void oversized_tiles_shrink_to_fit(void) {
+  tl_device d = amd_like();
+  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256};
+  CHECK(tl_clamp(&t, &d) == 0);
+  check_fits(&t, &d, "clamped");
+}
+
+static void device_that_fits_nothing_is_refused(void) {
+  tl_device d = {CL_DEVICE_TYPE_GPU, 0, 64, {64, 64, 64}, 32, 4, 64, 64};
+  tl_tiles t = tl_choose(&d);
+  CHECK(tl_clamp(&t, &d) == -1);
+}
+
+static void build_options_carry_every_tile(void) {
+  tl_device d = nvidia_like();
+  tl_tiles t = tl_choose(&d);
+  char opts[512] = "-cl-std=CL1.2";
+  tl_build_options(&t, opts, sizeof opts);
+  const char *names[] = {"SCORE_TM=", "SCORE_TN=", "SCORE_TK=", "SOFTMAX_WG=", "MIX_TM=", "MIX_TV=", "MIX_TJ="};
+  for (int i = 0; i < 7; i++) CHECKF(strstr(opts, names[i]) != NULL, "options lack %s: %s", names[i], opts);
+  CHECK(strncmp(opts, "-cl-std=CL1.2 ", 14) == 0);
+}
+
+int main(int argc, char **argv) {
+  static const ct_test tests[] = {
+      CT_TEST(gpu_tiles_fit_and_fill_a_warp),
+      CT_TEST(cpu_tiles_are_wide_and_short),
+      CT_TEST(small_device_is_clamped_to_its_limits),
+      CT_TEST(oversized_tiles_shrink_to_fit),
+      CT_TEST(device_that_fits_nothing_is_refused),
+      CT_TEST(build_options_carry_every_tile),
+  };
+  return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
+}
