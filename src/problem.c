@@ -2,7 +2,9 @@
  * The problem kit (see problem.h): random attention problems, upload,
  * forward, read back and comparison against the fp64 reference.
  */
+#ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
+#endif
 #include "problem.h"
 
 #include <math.h>
@@ -411,15 +413,18 @@ ref_inputs cp_ref_inputs(const cp_problem *pb)
 long cp_poison_disallowed(cp_problem *pb)
 {
   const clattn_params *p = &pb->params;
-  const int group = p->q_heads / p->kv_heads;
+  const int B = p->batch, Hq = p->q_heads, M = p->q_len, N = p->kv_len;
+  const int group = Hq / p->kv_heads;
   ref_inputs in = cp_ref_inputs(pb);
   long count = 0;
-  for (int b = 0; b < p->batch; b++)
+
+  /* keys and values no query row of the group may read */
+  for (int b = 0; b < B; b++)
     for (int g = 0; g < p->kv_heads; g++)
-      for (int j = 0; j < p->kv_len; j++) {
+      for (int j = 0; j < N; j++) {
         int reachable = 0;
         for (int h = g * group; h < (g + 1) * group && !reachable; h++)
-          for (int i = 0; i < p->q_len && !reachable; i++)
+          for (int i = 0; i < M && !reachable; i++)
             reachable = ref_allowed(p, &in, b, h, i, j);
         if (reachable)
           continue;
@@ -432,6 +437,41 @@ long cp_poison_disallowed(cp_problem *pb)
           pb->v[cp_index(&p->v, b, g, j, d)] = vp;
         count++;
       }
+
+  /* query rows with no allowed key at all */
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < Hq; h++)
+      for (int i = 0; i < M; i++) {
+        int any = 0;
+        for (int j = 0; j < N && !any; j++)
+          any = ref_allowed(p, &in, b, h, i, j);
+        if (!any)
+          for (int d = 0; d < p->head_dim; d++)
+            pb->q[cp_index(&p->q, b, h, i, d)] = NAN;
+      }
+
+  /* bias elements that only disallowed (b, h, i, j) read (broadcast strides
+   * can share one element among several positions) */
+  if (pb->bias) {
+    unsigned char *reach = calloc(pb->bias_elems ? pb->bias_elems : 1, 1);
+    if (reach) {
+      for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+          for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++)
+              if (ref_allowed(p, &in, b, h, i, j))
+                reach[cp_index(&p->bias, b, h, i, j)] = 1;
+      for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+          for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+              size_t x = cp_index(&p->bias, b, h, i, j);
+              if (!reach[x])
+                pb->bias[x] = (j % 2) ? NAN : INFINITY;
+            }
+      free(reach);
+    }
+  }
   pb->ref_valid = 0;
   return count;
 }

@@ -79,7 +79,7 @@ typedef struct {
   clattn_empty_rows empty_rows;
   clattn_algo algo;
   int poison_gaps;                /* NaN in every input element no view reads */
-  int poison_disallowed;          /* NaN/Inf in keys and values no query may read (cp_poison_disallowed) */
+  int poison_disallowed;          /* NaN/Inf wherever nothing allowed reads (cp_poison_disallowed) */
   uint64_t seed;
 } cp_shape;
 
@@ -143,10 +143,12 @@ void cp_free(cp_problem *pb);
 /* The reference's view of the host inputs. */
 ref_inputs cp_ref_inputs(const cp_problem *pb);
 
-/* Writes NaN/Inf into every key and value row that no query row may read
- * (kv_lens, mask, window; checked with ref_allowed over every head of the
- * group and every row). Host side only: call cp_write_inputs afterwards when
- * already uploaded. Returns the number of poisoned (b, kv head, j) rows. */
+/* Writes NaN/Inf wherever no allowed (b, h, i, j) reads (kv_lens, mask,
+ * window; ref_allowed over every head of the group and every row): key and
+ * value rows no query may read, query rows with no allowed key, and bias
+ * elements only disallowed positions use. The reference is unchanged by it.
+ * Host side only: call cp_write_inputs afterwards when already uploaded.
+ * Returns the number of poisoned (b, kv head, j) key/value rows. */
 long cp_poison_disallowed(cp_problem *pb);
 
 /* Creates the device buffers in ctx's cl_context from the host arrays and

@@ -144,7 +144,6 @@ static int run_verified(clattn_context *ctx, const cp_shape *s, int reps, double
     fprintf(stderr, "clattn: %s\n", err);
     return 1;
   }
-  if (s->poison_disallowed) cp_poison_disallowed(pb);
   cp_result r;
   int rc = 1;
   if (cp_run(pb, ctx, &r) != 0) {

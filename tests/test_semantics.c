@@ -1,0 +1,752 @@
+/*
+ * DESIGN.md's Semantics on the device: the seeds' worked examples with their
+ * exact numbers, paired permutation, inertness of disallowed candidates
+ * (NaN/Inf in masked keys and values), packed-sequence isolation, empty
+ * rows, huge logits, determinism and event ordering. Every run is also
+ * checked against the fp64 reference.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "kit_checks.h"
+
+/* ---------- the seeds' worked examples ---------- */
+
+/* One query row over n keys with dk = dq, dv: a problem whose host arrays
+ * are then written from the example's numbers. */
+static cp_problem *example(int n, int dk, int dv, const float *q, const float *k,
+                           const float *v, const unsigned char *mask, float scale)
+{
+  cp_shape s = cp_shape_default();
+  s.q_len = 1;
+  s.kv_len = n;
+  s.head_dim = dk;
+  s.value_dim = dv;
+  s.scale = scale;
+  s.want_lse = 1;
+  s.want_weights = 1;
+  s.mask = mask ? CP_MASK_ONES : CP_MASK_NONE;
+  s.pad = 2;
+  s.poison_gaps = 1;
+  char err[256];
+  cp_problem *pb = cp_build(&s, err, sizeof err);
+  if (!pb) {
+    CHECKF(0, "cp_build: %s", err);
+    return NULL;
+  }
+  const clattn_params *p = &pb->params;
+  for (int d = 0; d < dk; d++)
+    pb->q[cp_index(&p->q, 0, 0, 0, d)] = q[d];
+  for (int j = 0; j < n; j++) {
+    for (int d = 0; d < dk; d++)
+      pb->k[cp_index(&p->k, 0, 0, j, d)] = k[j * dk + d];
+    for (int d = 0; d < dv; d++)
+      pb->v[cp_index(&p->v, 0, 0, j, d)] = v[j * dv + d];
+    if (mask)
+      pb->mask[cp_index(&p->mask, 0, 0, 0, j)] = mask[j];
+  }
+  return pb;
+}
+
+/* Runs the example with STAGED and AUTO; checks out and weights against
+ * the given numbers within tol (absolute) and against the reference. */
+static void check_example(cp_problem *pb, const double *want_out, const double *want_w,
+                          double tol)
+{
+  if (!pb)
+    return;
+  const clattn_algo algos[] = { CLATTN_ALGO_STAGED, CLATTN_ALGO_AUTO };
+  for (int a = 0; a < 2; a++) {
+    if (KC_RUN_OK(pb, algos[a], 1e-5) < 0)
+      continue;
+    for (int c = 0; c < pb->params.value_dim; c++)
+      CHECKF(fabs(pb->out[c] - want_out[c]) <= tol, "%s: out[%d] = %.9g, expected %.9g",
+             clattn_algo_name(algos[a]), c, pb->out[c], want_out[c]);
+    if (want_w)
+      for (int j = 0; j < pb->params.kv_len; j++)
+        CHECKF(fabs(pb->weights[j] - want_w[j]) <= tol, "%s: weights[%d] = %.9g, expected %.9g",
+               clattn_algo_name(algos[a]), j, pb->weights[j], want_w[j]);
+  }
+  cp_free(pb);
+}
+
+static const float pos_q[] = { 2, 0 }, pos_k[] = { 2, 0, 0, 2, 1.2f, 0.8f },
+                   pos_v[] = { 10, 0, 0, 10, 6, 4 };
+
+static void positive_read_gives_worked_example_output(void)
+{
+  const double out[] = { 8.638325843083024, 1.3616741569169766 };
+  check_example(example(3, 2, 2, pos_q, pos_k, pos_v, NULL, NAN), out, NULL, 1e-5);
+  /* the example's rounded weights */
+  const double w[] = { 0.724, 0.043, 0.233 };
+  check_example(example(3, 2, 2, pos_q, pos_k, pos_v, NULL, NAN), out, w, 5e-4);
+}
+
+static void structural_mask_gives_worked_example_output(void)
+{
+  const unsigned char mask[] = { 0, 1, 1 };
+  const double out[] = { 5.071, 4.929 }, w[] = { 0.0, 0.155, 0.845 };
+  check_example(example(3, 2, 2, pos_q, pos_k, pos_v, mask, NAN), out, w, 5e-4);
+}
+
+static void key_collision_gives_even_split(void)
+{
+  const float q[] = { 1, 0 }, k[] = { 1, 0, 1, 0 }, v[] = { 0, 100 };
+  const double out[] = { 50.0 }, w[] = { 0.5, 0.5 };
+  check_example(example(2, 2, 1, q, k, v, NULL, NAN), out, w, 1e-5);
+}
+
+static void zero_scale_gives_uniform_mean(void)
+{
+  const float q[] = { 3, -1 }, k[] = { 1, 0, 0, 1, -5, 2 }, v[] = { 2, 8, 14 };
+  const double out[] = { 8.0 }, w[] = { 1.0 / 3, 1.0 / 3, 1.0 / 3 };
+  check_example(example(3, 2, 1, q, k, v, NULL, 0.0f), out, w, 1e-5);
+}
+
+static void three_key_scalar_read_gives_17_04(void)
+{
+  const float q[] = { 1, 0 }, k[] = { 1, 0, 0, 1, -1, 0 }, v[] = { 10, 20, 40 };
+  const double s = 1.0 / sqrt(2.0), z = exp(s) + 1.0 + exp(-s);
+  const double w[] = { exp(s) / z, 1.0 / z, exp(-s) / z };
+  const double out[] = { 10 * w[0] + 20 * w[1] + 40 * w[2] };
+  check_example(example(3, 2, 1, q, k, v, NULL, NAN), out, w, 1e-5);
+  CHECKF(fabs(out[0] - 17.04) < 5e-3, "the exact mixture %.6f rounds to 17.04", out[0]);
+  const double rounded[] = { 17.04 };
+  check_example(example(3, 2, 1, q, k, v, NULL, NAN), rounded, NULL, 5e-3);
+}
+
+static void two_key_mixture_gives_1_34_1_32(void)
+{
+  const float q[] = { 1, 0 }, k[] = { 1, 0, 0, 1 }, v[] = { 2, 0, 0, 4 };
+  const double out[] = { 1.34, 1.32 };
+  check_example(example(2, 2, 2, q, k, v, NULL, NAN), out, NULL, 5e-3);
+}
+
+/* ---------- permutation ---------- */
+
+static void paired_permutation_leaves_output(void)
+{
+  cp_shape s = cp_shape_default();
+  s.batch = 2;
+  s.q_heads = 4;
+  s.kv_heads = 2;
+  s.q_len = 37;
+  s.kv_len = 53;
+  s.head_dim = 40;
+  s.value_dim = 24;
+  s.want_lse = 1;
+  s.want_weights = 1;
+  s.seed = 11;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  const clattn_params *p = &pb->params;
+  const int N = s.kv_len;
+  int perm[53];
+  for (int j = 0; j < N; j++)
+    perm[j] = (j * 17 + 5) % N;       /* 17 is coprime to 53: a permutation */
+
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    cp_problem *pp;
+    KC_BUILD(pp, &s);
+    cp_result r;
+    if (kc_run_ok(pb, kc_algos[a], 1e-5, __FILE__, __LINE__) <= 0) {
+      cp_free(pp);
+      continue;
+    }
+    /* key/value j of pb moves to perm[j] in pp */
+    for (int b = 0; b < s.batch; b++)
+      for (int g = 0; g < s.kv_heads; g++)
+        for (int j = 0; j < N; j++) {
+          for (int d = 0; d < s.head_dim; d++)
+            pp->k[cp_index(&p->k, b, g, perm[j], d)] = pb->k[cp_index(&p->k, b, g, j, d)];
+          for (int d = 0; d < s.value_dim; d++)
+            pp->v[cp_index(&p->v, b, g, perm[j], d)] = pb->v[cp_index(&p->v, b, g, j, d)];
+        }
+    if (kc_run(pp, kc_algos[a], &r, __FILE__, __LINE__) > 0) {
+      CHECK_STATUS(r.status, CLATTN_OK);
+      double worst = 0, worst_w = 0;
+      for (size_t x = 0; x < pb->out_count; x++)
+        worst = fmax(worst, fabs((double)pp->out[x] - pb->out[x]));
+      for (size_t row = 0; row < (size_t)s.batch * s.q_heads * s.q_len; row++)
+        for (int j = 0; j < N; j++)
+          worst_w = fmax(worst_w, fabs((double)pp->weights[row * N + perm[j]] -
+                                       pb->weights[row * N + j]));
+      CHECKF(worst <= 1e-6, "%s: permuted output differs by %.3g", clattn_algo_name(kc_algos[a]),
+             worst);
+      CHECKF(worst_w <= 1e-6, "%s: permuted weights differ by %.3g",
+             clattn_algo_name(kc_algos[a]), worst_w);
+      for (size_t x = 0; x < pb->lse_count; x++)
+        if (!kc_close(pp->lse[x], pb->lse[x], 1e-6)) {
+          CHECKF(0, "lse[%zu] %.9g vs %.9g", x, pp->lse[x], pb->lse[x]);
+          break;
+        }
+    }
+    cp_free(pp);
+  }
+  cp_free(pb);
+}
+
+/* ---------- disallowed candidates are inert ---------- */
+
+static int raw_equal(const float *a, const float *b, size_t n)
+{
+  return n == 0 || memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+/* Runs s, then writes NaN/Inf into every key/value row no query may read,
+ * reruns, and checks every output buffer is bitwise unchanged. */
+static void check_poison_inert(cp_shape s, const char *what)
+{
+  s.want_lse = 1;
+  s.want_weights = (long)s.q_len * s.kv_len <= 200000;
+  s.poison_disallowed = 0;
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    cp_problem *pb;
+    KC_BUILD(pb, &s);
+    float *out0 = malloc(pb->out_elems * sizeof(float));
+    float *lse0 = malloc((pb->lse_elems + 1) * sizeof(float));
+    float *w0 = malloc((pb->weights_elems + 1) * sizeof(float));
+    if (!CHECK(out0 && lse0 && w0) || KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0)
+      goto next;
+    memcpy(out0, pb->out_raw, pb->out_elems * sizeof(float));
+    memcpy(lse0, pb->lse_raw, pb->lse_elems * sizeof(float));
+    memcpy(w0, pb->weights_raw, pb->weights_elems * sizeof(float));
+    long poisoned = cp_poison_disallowed(pb);
+    CHECKF(poisoned > 0, "%s: the shape leaves no key unreachable; the test is vacuous", what);
+    if (!CHECKF(cp_write_inputs(pb) == 0, "%s", pb->err) ||
+        KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0)
+      goto next;
+    CHECKF(raw_equal(out0, pb->out_raw, pb->out_elems),
+           "%s, %s: out changed after poisoning %ld unreachable key rows", what,
+           clattn_algo_name(kc_algos[a]), poisoned);
+    CHECKF(raw_equal(lse0, pb->lse_raw, pb->lse_elems), "%s, %s: lse changed", what,
+           clattn_algo_name(kc_algos[a]));
+    CHECKF(raw_equal(w0, pb->weights_raw, pb->weights_elems), "%s, %s: weights changed", what,
+           clattn_algo_name(kc_algos[a]));
+  next:
+    free(out0);
+    free(lse0);
+    free(w0);
+    cp_free(pb);
+  }
+}
+
+static void masked_candidates_nan_changes_nothing(void)
+{
+  /* a key-padding mask (broadcast over heads and rows): masked keys are
+   * masked for every query */
+  cp_shape s = cp_shape_default();
+  s.batch = 2;
+  s.q_heads = 3;
+  s.kv_heads = 1;
+  s.q_len = 37;
+  s.kv_len = 53;
+  s.head_dim = 64;
+  s.value_dim = 64;
+  s.mask = CP_MASK_RANDOM;
+  s.mask_density = 0.6;
+  s.mask_bcast = CP_BCAST_HEAD | CP_BCAST_ROW;
+  s.seed = 21;
+  check_poison_inert(s, "key-padding mask");
+}
+
+static void keys_past_kv_lens_nan_changes_nothing(void)
+{
+  cp_shape s = cp_shape_default();
+  s.batch = 3;
+  s.q_heads = 4;
+  s.kv_heads = 2;
+  s.q_len = 7;
+  s.kv_len = 128;
+  s.head_dim = 40;
+  s.value_dim = 40;
+  s.kv_lens = 1;
+  s.layout = CP_BSHD;
+  s.seed = 22;
+  check_poison_inert(s, "kv_lens");
+}
+
+static void keys_outside_window_nan_changes_nothing(void)
+{
+  cp_shape s = cp_shape_default();
+  s.batch = 1;
+  s.q_heads = 2;
+  s.kv_heads = 2;
+  s.q_len = 8;
+  s.kv_len = 64;
+  s.head_dim = 32;
+  s.value_dim = 16;
+  s.causal = 1;
+  s.window_left = 8;                   /* keys j < 64 - 8 - 8 are out of every window */
+  s.seed = 23;
+  check_poison_inert(s, "causal + window_left");
+  s.causal = 0;
+  s.q_len = 8;
+  s.kv_len = 32;
+  s.window_left = 4;
+  s.window_right = 2;                  /* rows see [i+24-4, i+24+2]: keys j < 20 never */
+  s.layout = CP_BSHD;
+  check_poison_inert(s, "window band");
+}
+
+static void masks_combined_nan_changes_nothing(void)
+{
+  cp_shape s = cp_shape_default();
+  s.batch = 2;
+  s.q_heads = 6;
+  s.kv_heads = 2;
+  s.q_len = 37;
+  s.kv_len = 128;
+  s.head_dim = 111;
+  s.value_dim = 40;
+  s.causal = 1;
+  s.window_left = 64;
+  s.kv_lens = 1;
+  s.mask = CP_MASK_RANDOM;
+  s.mask_density = 0.8;
+  s.mask_bcast = CP_BCAST_ROW;
+  s.bias = CP_BIAS_RANDOM;
+  s.pad = 5;
+  s.row_gap = 3;
+  s.poison_gaps = 1;
+  s.seed = 24;
+  check_poison_inert(s, "causal + window + kv_lens + mask + bias");
+}
+
+/* Causal: a NaN key/value at the last position reaches only the last row
+ * (the one query allowed to see it), which becomes NaN; every other row is
+ * bitwise unchanged. */
+static void nan_in_allowed_key_poisons_only_its_row(void)
+{
+  cp_shape s = cp_shape_default();
+  s.q_len = 16;
+  s.kv_len = 16;
+  s.head_dim = 8;
+  s.value_dim = 8;
+  s.causal = 1;
+  s.want_lse = 1;
+  s.seed = 25;
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    cp_problem *pb;
+    KC_BUILD(pb, &s);
+    if (KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0) {
+      cp_free(pb);
+      continue;
+    }
+    float out0[16 * 8], lse0[16];
+    memcpy(out0, pb->out, sizeof out0);
+    memcpy(lse0, pb->lse, sizeof lse0);
+    for (int d = 0; d < 8; d++) {
+      pb->k[cp_index(&pb->params.k, 0, 0, 15, d)] = NAN;
+      pb->v[cp_index(&pb->params.v, 0, 0, 15, d)] = NAN;
+    }
+    cp_result r;
+    if (cp_write_inputs(pb) == 0 && kc_run(pb, kc_algos[a], &r, __FILE__, __LINE__) > 0) {
+      CHECK_STATUS(r.status, CLATTN_OK);
+      CHECKF(memcmp(out0, pb->out, 15 * 8 * sizeof(float)) == 0,
+             "%s: rows before the NaN key changed", clattn_algo_name(kc_algos[a]));
+      CHECK(memcmp(lse0, pb->lse, 15 * sizeof(float)) == 0);
+      int all_nan = isnan(pb->lse[15]);
+      for (int c = 0; c < 8; c++)
+        all_nan &= isnan(pb->out[15 * 8 + c]);
+      CHECKF(all_nan, "%s: the last row should be NaN (NaN in an allowed score propagates)",
+             clattn_algo_name(kc_algos[a]));
+      CHECK(r.mismatch_out == 0 && r.mismatch_lse == 0);
+    }
+    cp_free(pb);
+  }
+}
+
+/* kv_lens outside [0, N] clamp: negative = no key, past N = every key. */
+static void kv_lens_out_of_range_clamp(void)
+{
+  cp_shape s = cp_shape_default();
+  s.batch = 4;
+  s.q_heads = 2;
+  s.kv_heads = 1;
+  s.q_len = 7;
+  s.kv_len = 37;
+  s.kv_lens = 1;
+  s.want_lse = 1;
+  s.seed = 27;
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    cp_problem *pb;
+    KC_BUILD(pb, &s);
+    pb->kv_lens[0] = -5;
+    pb->kv_lens[1] = 37 + 100;
+    pb->kv_lens[2] = INT32_MAX;
+    pb->kv_lens[3] = INT32_MIN;
+    if (KC_RUN_OK(pb, kc_algos[a], 1e-5) > 0)
+      CHECKF(pb->ref_empty_rows == 2 * 2 * 7, "reference empty rows %ld", pb->ref_empty_rows);
+    cp_free(pb);
+  }
+}
+
+/* ---------- packed sequences ---------- */
+
+static void packed_sequences_isolated_by_block_mask(void)
+{
+  enum { L1 = 23, L2 = 30, L = L1 + L2, D = 40 };
+  cp_shape s = cp_shape_default();
+  s.q_heads = 2;
+  s.kv_heads = 2;
+  s.q_len = L;
+  s.kv_len = L;
+  s.head_dim = D;
+  s.value_dim = D;
+  s.causal = 1;
+  s.mask = CP_MASK_ONES;
+  s.want_lse = 1;
+  s.seed = 31;
+  cp_shape s1 = s, s2 = s;
+  s1.q_len = s1.kv_len = L1;
+  s2.q_len = s2.kv_len = L2;
+  s1.mask = s2.mask = CP_MASK_NONE;
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    cp_problem *pk = NULL, *p1 = NULL, *p2 = NULL;
+    char err[256];
+    pk = cp_build(&s, err, sizeof err);
+    p1 = cp_build(&s1, err, sizeof err);
+    p2 = cp_build(&s2, err, sizeof err);
+    if (!CHECKF(pk && p1 && p2, "cp_build: %s", err))
+      goto next;
+    const clattn_params *P = &pk->params;
+    /* block-diagonal mask: row i in sequence (i >= L1), key j likewise */
+    for (int h = 0; h < 2; h++)
+      for (int i = 0; i < L; i++)
+        for (int j = 0; j < L; j++)
+          pk->mask[cp_index(&P->mask, 0, h, i, j)] = (i >= L1) == (j >= L1);
+    /* the packed rows are the two sequences' rows */
+    for (int h = 0; h < 2; h++) {
+      for (int i = 0; i < L; i++) {
+        cp_problem *src = i < L1 ? p1 : p2;
+        int r = i < L1 ? i : i - L1;
+        for (int d = 0; d < D; d++) {
+          pk->q[cp_index(&P->q, 0, h, i, d)] = src->q[cp_index(&src->params.q, 0, h, r, d)];
+          pk->k[cp_index(&P->k, 0, h, i, d)] = src->k[cp_index(&src->params.k, 0, h, r, d)];
+          pk->v[cp_index(&P->v, 0, h, i, d)] = src->v[cp_index(&src->params.v, 0, h, r, d)];
+        }
+      }
+    }
+    if (KC_RUN_OK(pk, kc_algos[a], 1e-5) <= 0 || KC_RUN_OK(p1, kc_algos[a], 1e-5) <= 0 ||
+        KC_RUN_OK(p2, kc_algos[a], 1e-5) <= 0)
+      goto next;
+    double worst = 0;
+    for (int h = 0; h < 2; h++)
+      for (int i = 0; i < L; i++) {
+        cp_problem *src = i < L1 ? p1 : p2;
+        int r = i < L1 ? i : i - L1, Ls = i < L1 ? L1 : L2;
+        for (int d = 0; d < D; d++)
+          worst = fmax(worst, fabs((double)pk->out[((size_t)h * L + i) * D + d] -
+                                   src->out[((size_t)h * Ls + r) * D + d]));
+      }
+    CHECKF(worst <= 1e-6, "%s: packed vs separate outputs differ by %.3g",
+           clattn_algo_name(kc_algos[a]), worst);
+
+    /* changing sequence 2 (even to NaN) leaves sequence 1's rows bitwise */
+    float *o1 = malloc(pk->out_count * sizeof(float));
+    if (!CHECK(o1))
+      goto next;
+    memcpy(o1, pk->out, pk->out_count * sizeof(float));
+    for (int h = 0; h < 2; h++)
+      for (int j = L1; j < L; j++)
+        for (int d = 0; d < D; d++) {
+          pk->k[cp_index(&P->k, 0, h, j, d)] = (j % 2) ? NAN : 1e30f;
+          pk->v[cp_index(&P->v, 0, h, j, d)] = (j % 2) ? INFINITY : NAN;
+        }
+    cp_result r;
+    if (cp_write_inputs(pk) == 0 && kc_run(pk, kc_algos[a], &r, __FILE__, __LINE__) > 0) {
+      CHECK_STATUS(r.status, CLATTN_OK);
+      int same = 1;
+      for (int h = 0; h < 2; h++)
+        same &= memcmp(o1 + (size_t)h * L * D, pk->out + (size_t)h * L * D,
+                       (size_t)L1 * D * sizeof(float)) == 0;
+      CHECKF(same, "%s: sequence 1 changed when sequence 2 did", clattn_algo_name(kc_algos[a]));
+    }
+    free(o1);
+  next:
+    cp_free(pk);
+    cp_free(p1);
+    cp_free(p2);
+  }
+}
+
+/* ---------- empty rows ---------- */
+
+/* B=2, H=2, M=12, N=8, causal (so with M > N the first 4 rows are empty),
+ * batch 1 has kv_lens 0 (all its rows empty), row 6 of head 0, batch 0 is
+ * fully masked and row 7 has an all -inf bias. */
+static cp_problem *empty_rows_problem(clattn_empty_rows policy)
+{
+  cp_shape s = cp_shape_default();
+  s.batch = 2;
+  s.q_heads = 2;
+  s.kv_heads = 1;
+  s.q_len = 12;
+  s.kv_len = 8;
+  s.head_dim = 16;
+  s.value_dim = 8;
+  s.causal = 1;
+  s.kv_lens = 1;
+  s.mask = CP_MASK_ONES;
+  s.bias = CP_BIAS_RANDOM;
+  s.want_lse = 1;
+  s.want_weights = 1;
+  s.empty_rows = policy;
+  s.seed = 41;
+  char err[256];
+  cp_problem *pb = cp_build(&s, err, sizeof err);
+  if (!pb) {
+    CHECKF(0, "cp_build: %s", err);
+    return NULL;
+  }
+  pb->kv_lens[0] = 8;
+  pb->kv_lens[1] = 0;
+  for (int j = 0; j < 8; j++) {
+    pb->mask[cp_index(&pb->params.mask, 0, 0, 6, j)] = 0;
+    pb->bias[cp_index(&pb->params.bias, 0, 0, 7, j)] = -INFINITY;
+  }
+  return pb;
+}
+
+static void empty_rows_zero_policy_writes_zero_and_minus_inf(void)
+{
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    cp_problem *pb = empty_rows_problem(CLATTN_EMPTY_ZERO);
+    if (!pb)
+      return;
+    if (KC_RUN_OK(pb, kc_algos[a], 1e-5) > 0) {
+      /* 4 causal-empty rows x 2 heads in batch 0, 24 rows of batch 1, rows 6 and 7 of head 0 */
+      CHECKF(pb->ref_empty_rows == 8 + 24 + 2, "reference empty rows %ld", pb->ref_empty_rows);
+      long bad = 0, nans = 0;
+      for (size_t row = 0; row < pb->lse_count; row++) {
+        int b = (int)(row / 24), h = (int)(row / 12 % 2), i = (int)(row % 12);
+        int empty = b == 1 || i < 4 || (h == 0 && (i == 6 || i == 7));
+        for (int c = 0; c < 8; c++)
+          nans += isnan(pb->out[row * 8 + c]);
+        for (int j = 0; j < 8; j++)
+          nans += isnan(pb->weights[row * 8 + j]);
+        if (!empty)
+          continue;
+        bad += pb->lse[row] != -INFINITY;
+        for (int c = 0; c < 8; c++)
+          bad += pb->out[row * 8 + c] != 0.0f;
+        for (int j = 0; j < 8; j++)
+          bad += pb->weights[row * 8 + j] != 0.0f;
+      }
+      CHECKF(bad == 0, "%s: %ld entries of empty rows are not 0 / -inf",
+             clattn_algo_name(kc_algos[a]), bad);
+      CHECKF(nans == 0, "%s: %ld NaN in out/weights", clattn_algo_name(kc_algos[a]), nans);
+    }
+    cp_free(pb);
+  }
+}
+
+static void empty_rows_error_policy_returns_empty_row(void)
+{
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    cp_problem *pb = empty_rows_problem(CLATTN_EMPTY_ERROR);
+    if (!pb)
+      return;
+    cp_result r;
+    if (kc_run(pb, kc_algos[a], &r, __FILE__, __LINE__) > 0) {
+      CHECK_STATUS(r.status, CLATTN_ERR_EMPTY_ROW);
+      /* the outputs then hold the EMPTY_ZERO result */
+      CHECKF(r.mismatch_out == 0 && r.mismatch_lse == 0 && r.mismatch_weights == 0 &&
+                 r.err_out <= 1e-5 && r.err_lse <= 1e-5 && r.err_weights <= 1e-5,
+             "%s: outputs after EMPTY_ROW differ from the EMPTY_ZERO result",
+             clattn_algo_name(kc_algos[a]));
+    }
+    cp_free(pb);
+  }
+  /* no empty row: EMPTY_ERROR succeeds */
+  cp_shape s = cp_shape_default();
+  s.q_len = 9;
+  s.kv_len = 9;
+  s.causal = 1;
+  s.empty_rows = CLATTN_EMPTY_ERROR;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  for (size_t a = 0; a < KC_NALGOS; a++)
+    KC_RUN_OK(pb, kc_algos[a], 1e-5);
+  cp_free(pb);
+}
+
+/* ---------- huge logits ---------- */
+
+static void huge_logits_give_finite_outputs(void)
+{
+  struct {
+    const char *what;
+    cp_bias_kind bias;
+    double amp;
+    float scale;
+    double tol;
+  } cases[] = {
+    /* one dominant key per row: exact to f32 */
+    { "random bias +-1e4", CP_BIAS_RANDOM, 1e4, NAN, 1e-5 },
+    /* every score shifted by +-1e4: f32 keeps ~1e-3 of the small part */
+    { "bias +1e4", CP_BIAS_CONST, 1e4, NAN, 5e-3 },
+    { "bias -1e4", CP_BIAS_CONST, -1e4, NAN, 5e-3 },
+    /* scores themselves around +-1e4 */
+    { "scale 3000", CP_BIAS_NONE, 0, 3000.0f, 1e-2 },
+    { "scale -3000", CP_BIAS_NONE, 0, -3000.0f, 1e-2 },
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    cp_shape s = cp_shape_default();
+    s.batch = 2;
+    s.q_heads = 2;
+    s.kv_heads = 2;
+    s.q_len = 37;
+    s.kv_len = 53;
+    s.head_dim = 8;
+    s.value_dim = 16;
+    s.bias = cases[c].bias;
+    s.bias_amp = cases[c].amp;
+    s.scale = cases[c].scale;
+    s.want_lse = 1;
+    s.want_weights = 1;
+    s.seed = 51 + c;
+    cp_problem *pb;
+    KC_BUILD(pb, &s);
+    for (size_t a = 0; a < KC_NALGOS; a++) {
+      cp_result r;
+      if (kc_run(pb, kc_algos[a], &r, __FILE__, __LINE__) <= 0)
+        continue;
+      char f[512];
+      long nonfinite = 0;
+      for (size_t x = 0; x < pb->out_count; x++)
+        nonfinite += !isfinite(pb->out[x]);
+      for (size_t x = 0; x < pb->lse_count; x++)
+        nonfinite += !isfinite(pb->lse[x]);
+      CHECKF(nonfinite == 0, "%s, %s: %ld non-finite outputs", cases[c].what,
+             clattn_algo_name(kc_algos[a]), nonfinite);
+      CHECKF(cp_result_ok(&r, cases[c].tol), "%s, %s: %s", cases[c].what,
+             clattn_algo_name(kc_algos[a]), cp_result_format(&r, f, sizeof f));
+    }
+    cp_free(pb);
+  }
+}
+
+/* ---------- determinism ---------- */
+
+static void repeated_runs_are_bitwise_identical(void)
+{
+  cp_shape s = cp_shape_default();
+  s.batch = 2;
+  s.q_heads = 4;
+  s.kv_heads = 1;
+  s.q_len = 53;
+  s.kv_len = 128;
+  s.head_dim = 64;
+  s.value_dim = 64;
+  s.causal = 1;
+  s.bias = CP_BIAS_RANDOM;
+  s.kv_lens = 1;
+  s.want_lse = 1;
+  s.want_weights = 1;
+  s.seed = 61;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  float *o = malloc(pb->out_elems * sizeof(float)), *l = malloc(pb->lse_elems * sizeof(float)),
+        *w = malloc(pb->weights_elems * sizeof(float));
+  REQUIRE(o && l && w);
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    if (KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0)
+      continue;
+    memcpy(o, pb->out_raw, pb->out_elems * sizeof(float));
+    memcpy(l, pb->lse_raw, pb->lse_elems * sizeof(float));
+    memcpy(w, pb->weights_raw, pb->weights_elems * sizeof(float));
+    for (int rep = 0; rep < 2; rep++) {
+      if (KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0)
+        break;
+      CHECKF(raw_equal(o, pb->out_raw, pb->out_elems) && raw_equal(l, pb->lse_raw, pb->lse_elems) &&
+                 raw_equal(w, pb->weights_raw, pb->weights_elems),
+             "%s: run %d differs bitwise from the first", clattn_algo_name(kc_algos[a]), rep + 2);
+    }
+  }
+  free(o);
+  free(l);
+  free(w);
+  cp_free(pb);
+}
+
+/* ---------- events ---------- */
+
+static void forward_waits_for_caller_events(void)
+{
+  cp_shape s = cp_shape_default();
+  s.q_len = 7;
+  s.kv_len = 37;
+  s.want_lse = 1;
+  s.seed = 71;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  clattn_context *ctx = ct_context();
+  if (!CHECKF(cp_upload(pb, ctx) == 0 && cp_fill_outputs(pb, NAN) == 0, "%s", pb->err))
+    goto done;
+  cl_int e;
+  cl_event gate = clCreateUserEvent(clattn_cl_context(ctx), &e);
+  if (!CHECKF(e == CL_SUCCESS, "clCreateUserEvent: %d", e))
+    goto done;
+  cl_event fin = NULL;
+  pb->params.algo = CLATTN_ALGO_AUTO;
+  clattn_status st = clattn_forward(ctx, &pb->params, 1, &gate, &fin);
+  CHECK_STATUS(st, CLATTN_OK);
+  if (st == CLATTN_OK) {
+    CHECK(fin != NULL);
+    cl_int state = CL_COMPLETE;
+    if (fin) {
+      clFlush(clattn_cl_queue(ctx));
+      CHECK(clGetEventInfo(fin, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof state, &state, NULL) ==
+            CL_SUCCESS);
+      CHECKF(state != CL_COMPLETE, "the call completed before its wait event");
+    }
+    CHECK(clSetUserEventStatus(gate, CL_COMPLETE) == CL_SUCCESS);
+    if (fin) {
+      CHECK(clWaitForEvents(1, &fin) == CL_SUCCESS);
+      CHECK(clGetEventInfo(fin, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof state, &state, NULL) ==
+            CL_SUCCESS && state == CL_COMPLETE);
+      clReleaseEvent(fin);
+    }
+    cp_result r;
+    memset(&r, 0, sizeof r);
+    r.status = st;
+    if (CHECKF(cp_read_outputs(pb) == 0 && cp_compare(pb, &r) == 0, "%s", pb->err)) {
+      char f[512];
+      CHECKF(cp_result_ok(&r, 1e-5), "%s", cp_result_format(&r, f, sizeof f));
+    }
+  } else {
+    clSetUserEventStatus(gate, CL_COMPLETE);
+  }
+  clReleaseEvent(gate);
+done:
+  cp_free(pb);
+}
+
+int main(int argc, char **argv)
+{
+  static const ct_test tests[] = {
+    CT_TEST(positive_read_gives_worked_example_output),
+    CT_TEST(structural_mask_gives_worked_example_output),
+    CT_TEST(key_collision_gives_even_split),
+    CT_TEST(zero_scale_gives_uniform_mean),
+    CT_TEST(three_key_scalar_read_gives_17_04),
+    CT_TEST(two_key_mixture_gives_1_34_1_32),
+    CT_TEST(paired_permutation_leaves_output),
+    CT_TEST(masked_candidates_nan_changes_nothing),
+    CT_TEST(keys_past_kv_lens_nan_changes_nothing),
+    CT_TEST(keys_outside_window_nan_changes_nothing),
+    CT_TEST(masks_combined_nan_changes_nothing),
+    CT_TEST(nan_in_allowed_key_poisons_only_its_row),
+    CT_TEST(kv_lens_out_of_range_clamp),
+    CT_TEST(packed_sequences_isolated_by_block_mask),
+    CT_TEST(empty_rows_zero_policy_writes_zero_and_minus_inf),
+    CT_TEST(empty_rows_error_policy_returns_empty_row),
+    CT_TEST(huge_logits_give_finite_outputs),
+    CT_TEST(repeated_runs_are_bitwise_identical),
+    CT_TEST(forward_waits_for_caller_events),
+  };
+  ct_context();
+  return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
+}

@@ -1,0 +1,355 @@
+/*
+ * Every rejected call returns its status, names the offending field in
+ * clattn_last_error, and leaves every output buffer as it was (nothing is
+ * enqueued). A valid call afterwards still works.
+ */
+#include <ctype.h>
+#include <limits.h>
+#include <stdint.h>
+
+#include "kit_checks.h"
+
+#define PATTERN 12345.0f
+
+static cp_problem *g_pb;      /* B=3, Hq=4, Hkv=2, M=8, N=8, dk=16, dv=8, all outputs, mask, bias, kv_lens */
+
+static cp_problem *base(void)
+{
+  if (g_pb)
+    return g_pb;
+  cp_shape s = cp_shape_default();
+  s.batch = 3;
+  s.q_heads = 4;
+  s.kv_heads = 2;
+  s.q_len = 8;
+  s.kv_len = 8;
+  s.head_dim = 16;
+  s.value_dim = 8;
+  s.mask = CP_MASK_RANDOM;
+  s.bias = CP_BIAS_RANDOM;
+  s.kv_lens = 1;
+  s.want_lse = 1;
+  s.want_weights = 1;
+  s.algo = CLATTN_ALGO_STAGED;
+  char err[256];
+  g_pb = cp_build(&s, err, sizeof err);
+  if (!g_pb) {
+    CHECKF(0, "cp_build: %s", err);
+    return NULL;
+  }
+  if (cp_upload(g_pb, ct_context()) != 0) {
+    CHECKF(0, "cp_upload: %s", g_pb->err);
+    cp_free(g_pb);
+    g_pb = NULL;
+  }
+  return g_pb;
+}
+
+static void free_base(void)
+{
+  cp_free(g_pb);
+  g_pb = NULL;
+}
+
+/* Whether msg contains field as a whole identifier (not inside a longer name). */
+static int names_field(const char *msg, const char *field)
+{
+  size_t n = strlen(field);
+  for (const char *p = msg; (p = strstr(p, field)) != NULL; p++) {
+    int before = p == msg || !(isalnum((unsigned char)p[-1]) || p[-1] == '_');
+    int after = !(isalnum((unsigned char)p[n]) || p[n] == '_');
+    if (before && after)
+      return 1;
+  }
+  return 0;
+}
+
+/* Every element of every output buffer still holds PATTERN. */
+static long untouched_violations(cp_problem *pb)
+{
+  if (cp_read_outputs(pb) != 0) {
+    CHECKF(0, "%s", pb->err);
+    return -1;
+  }
+  long bad = 0;
+  for (size_t i = 0; i < pb->out_elems; i++)
+    bad += pb->out_raw[i] != PATTERN;
+  for (size_t i = 0; i < pb->lse_elems; i++)
+    bad += pb->lse_raw[i] != PATTERN;
+  for (size_t i = 0; i < pb->weights_elems; i++)
+    bad += pb->weights_raw[i] != PATTERN;
+  return bad;
+}
+
+/* Calls forward with p; checks the status (want, or want2 when not -1), that the
+ * last error names field (when non-NULL) and that the outputs are untouched. */
+static void expect_reject(const clattn_params *p, clattn_status want, int want2, const char *field,
+                          const char *what, const char *file, int line)
+{
+  cp_problem *pb = base();
+  if (!pb)
+    return;
+  clattn_context *ctx = ct_context();
+  if (cp_fill_outputs(pb, PATTERN) != 0) {
+    ct_check(0, file, line, "%s", pb->err);
+    return;
+  }
+  cl_event done = NULL;
+  clattn_status st = clattn_forward(ctx, p, 0, NULL, &done);
+  clFinish(clattn_cl_queue(ctx));
+  const char *msg = clattn_last_error(ctx);
+  if (!msg)
+    msg = "";
+  int status_ok = st == want || (want2 >= 0 && st == (clattn_status)want2);
+  ct_check(status_ok, file, line, "%s: status %s, expected %s%s%s (last error: %s)", what,
+           clattn_status_string(st), clattn_status_string(want), want2 >= 0 ? " or " : "",
+           want2 >= 0 ? clattn_status_string((clattn_status)want2) : "", msg);
+  if (st == CLATTN_OK) {
+    if (done)
+      clReleaseEvent(done);
+    return;
+  }
+  ct_check(done == NULL, file, line, "%s: a rejected call returned an event", what);
+  if (field)
+    ct_check(names_field(msg, field), file, line, "%s: last error does not name '%s': \"%s\"",
+             what, field, msg);
+  long bad = untouched_violations(pb);
+  ct_check(bad == 0, file, line, "%s: %ld output elements changed by a rejected call", what, bad);
+}
+
+#define REJECT(p, want, field, what) expect_reject((p), (want), -1, (field), (what), __FILE__, __LINE__)
+#define REJECT2(p, want, want2, field, what)                                                \
+  expect_reject((p), (want), (want2), (field), (what), __FILE__, __LINE__)
+
+static void non_positive_dims_are_invalid(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  struct { const char *name; int *field; int value; } cases[8];
+  clattn_params p = pb->params;
+  int n = 0;
+  const int bad_values[] = { 0, -1 };
+  for (int v = 0; v < 2; v++) {
+    n = 0;
+    p = pb->params;
+    cases[n].name = "batch"; cases[n].field = &p.batch; n++;
+    cases[n].name = "q_heads"; cases[n].field = &p.q_heads; n++;
+    cases[n].name = "kv_heads"; cases[n].field = &p.kv_heads; n++;
+    cases[n].name = "q_len"; cases[n].field = &p.q_len; n++;
+    cases[n].name = "kv_len"; cases[n].field = &p.kv_len; n++;
+    cases[n].name = "head_dim"; cases[n].field = &p.head_dim; n++;
+    cases[n].name = "value_dim"; cases[n].field = &p.value_dim; n++;
+    for (int c = 0; c < n; c++) {
+      p = pb->params;
+      *cases[c].field = bad_values[v];
+      char what[64];
+      snprintf(what, sizeof what, "%s = %d", cases[c].name, bad_values[v]);
+      REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, cases[c].name, what);
+    }
+  }
+}
+
+static void kv_heads_not_dividing_q_heads_is_invalid(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_params p = pb->params;
+  p.kv_heads = 3;        /* 4 % 3 != 0 */
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "kv_heads", "q_heads 4, kv_heads 3");
+  p = pb->params;
+  p.q_heads = 2;
+  p.kv_heads = 4;        /* more kv heads than q heads */
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "kv_heads", "q_heads 2, kv_heads 4");
+}
+
+static void null_required_buffers_are_invalid(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_params p = pb->params;
+  p.q.buf = NULL;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "q", "q.buf NULL");
+  p = pb->params;
+  p.k.buf = NULL;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "k", "k.buf NULL");
+  p = pb->params;
+  p.v.buf = NULL;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "v", "v.buf NULL");
+  p = pb->params;
+  p.out.buf = NULL;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "out", "out.buf NULL");
+}
+
+static void window_below_minus_one_is_invalid(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_params p = pb->params;
+  p.window_left = -2;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "window_left", "window_left -2");
+  p = pb->params;
+  p.window_right = INT_MIN;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "window_right", "window_right INT_MIN");
+}
+
+static void views_past_the_buffer_are_too_small(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_params p;
+#define TOO_SMALL(field, edit)                                                                \
+  do {                                                                                        \
+    p = pb->params;                                                                           \
+    edit;                                                                                     \
+    REJECT(&p, CLATTN_ERR_BUFFER_TOO_SMALL, field, #edit);                                    \
+  } while (0)
+  TOO_SMALL("q", p.q.offset += 1);
+  TOO_SMALL("k", p.k.stride[2] += 1);
+  TOO_SMALL("v", p.v.stride[0] *= 2);
+  TOO_SMALL("out", p.out.offset = pb->out_elems);
+  TOO_SMALL("mask", p.mask.offset += 1);
+  TOO_SMALL("bias", p.bias.stride[3] = 2);
+  TOO_SMALL("lse", p.lse.stride[2] += 1);
+  TOO_SMALL("weights", p.weights.offset += 3);
+  TOO_SMALL("q", p.q.stride[3] = 1000);
+#undef TOO_SMALL
+  /* kv_lens holds one int32 for a batch of 3 */
+  cl_int e;
+  cl_mem small = clCreateBuffer(clattn_cl_context(ct_context()), CL_MEM_READ_ONLY, sizeof(int32_t),
+                                NULL, &e);
+  REQUIRE(e == CL_SUCCESS);
+  p = pb->params;
+  p.kv_lens = small;
+  REJECT(&p, CLATTN_ERR_BUFFER_TOO_SMALL, "kv_lens", "kv_lens of 1 element, batch 3");
+  clReleaseMemObject(small);
+}
+
+static void size_overflow_is_rejected_without_crash(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_params p;
+  const clattn_status inv = CLATTN_ERR_INVALID_ARGUMENT, small = CLATTN_ERR_BUFFER_TOO_SMALL;
+  /* (B-1) * stride wraps to 0 in size_t arithmetic */
+  p = pb->params;
+  p.q.stride[0] = (SIZE_MAX >> 1) + 1;
+  REJECT2(&p, inv, small, "q", "q.stride[0] = 2^63 with batch 3 (wraps)");
+  p = pb->params;
+  p.k.offset = SIZE_MAX;
+  REJECT2(&p, inv, small, "k", "k.offset = SIZE_MAX");
+  p = pb->params;
+  p.out.stride[2] = SIZE_MAX / 4;
+  REJECT2(&p, inv, small, "out", "out.stride[2] = SIZE_MAX/4");
+  p = pb->params;
+  p.v.stride[3] = SIZE_MAX;
+  REJECT2(&p, inv, small, "v", "v.stride[3] = SIZE_MAX");
+  /* huge dimensions: every view overflows or exceeds its buffer */
+  p = pb->params;
+  p.q_len = INT_MAX;
+  p.kv_len = INT_MAX;
+  REJECT2(&p, inv, small, NULL, "q_len = kv_len = INT_MAX");
+  p = pb->params;
+  p.head_dim = INT_MAX;
+  p.value_dim = INT_MAX;
+  REJECT2(&p, inv, small, NULL, "head_dim = value_dim = INT_MAX");
+  p = pb->params;
+  p.batch = INT_MAX;
+  p.q_heads = INT_MAX;
+  p.kv_heads = 1;
+  REJECT2(&p, inv, small, NULL, "batch = q_heads = INT_MAX");
+}
+
+static void weights_with_fused_or_gemm_are_unsupported(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_params p = pb->params;
+  p.algo = CLATTN_ALGO_FUSED;
+  REJECT(&p, CLATTN_ERR_UNSUPPORTED, NULL, "weights with FUSED");
+  p.algo = CLATTN_ALGO_GEMM;
+  REJECT(&p, CLATTN_ERR_UNSUPPORTED, NULL, "weights with GEMM");
+}
+
+static void null_context_or_params_are_invalid(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  CHECK_STATUS(clattn_forward(NULL, &pb->params, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
+  clattn_status st = clattn_forward(ct_context(), NULL, 0, NULL, NULL);
+  CHECK_STATUS(st, CLATTN_ERR_INVALID_ARGUMENT);
+  CHECK(clattn_last_error(NULL) != NULL);
+  CHECK(clattn_create(NULL, NULL) == CLATTN_ERR_INVALID_ARGUMENT);
+  clattn_destroy(NULL);                 /* harmless */
+}
+
+static void half_precision_dtypes_are_unsupported(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_params p = pb->params;
+  p.dtype = CLATTN_F16;
+  REJECT(&p, CLATTN_ERR_UNSUPPORTED, NULL, "dtype F16");
+  p.dtype = CLATTN_BF16;
+  REJECT(&p, CLATTN_ERR_UNSUPPORTED, NULL, "dtype BF16");
+}
+
+static void out_of_range_enums_are_invalid(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_params p = pb->params;
+  p.algo = (clattn_algo)99;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "algo", "algo 99");
+  p = pb->params;
+  p.empty_rows = (clattn_empty_rows)7;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "empty_rows", "empty_rows 7");
+  p = pb->params;
+  p.dtype = (clattn_dtype)42;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "dtype", "dtype 42");
+}
+
+static void broadcast_output_view_is_invalid(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_params p = pb->params;
+  p.out.stride[2] = 0;  /* every row would write the same elements */
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "out", "out.stride[2] = 0");
+}
+
+static void valid_call_after_rejections_still_works(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    if (kc_algo_optional(kc_algos[a]))
+      continue;                          /* weights requested: staged paths only */
+    KC_RUN_OK(pb, kc_algos[a], 1e-5);
+  }
+  /* the default params alone (no buffers) are rejected, not crashed on */
+  clattn_params d = clattn_params_default();
+  CHECK(isnan(d.scale) && d.window_left == -1 && d.window_right == -1 &&
+        d.algo == CLATTN_ALGO_AUTO && d.empty_rows == CLATTN_EMPTY_ZERO && !d.q.buf);
+  CHECK(clattn_forward(ct_context(), &d, 0, NULL, NULL) == CLATTN_ERR_INVALID_ARGUMENT);
+}
+
+int main(int argc, char **argv)
+{
+  static const ct_test tests[] = {
+    CT_TEST(non_positive_dims_are_invalid),
+    CT_TEST(kv_heads_not_dividing_q_heads_is_invalid),
+    CT_TEST(null_required_buffers_are_invalid),
+    CT_TEST(window_below_minus_one_is_invalid),
+    CT_TEST(views_past_the_buffer_are_too_small),
+    CT_TEST(size_overflow_is_rejected_without_crash),
+    CT_TEST(weights_with_fused_or_gemm_are_unsupported),
+    CT_TEST(null_context_or_params_are_invalid),
+    CT_TEST(half_precision_dtypes_are_unsupported),
+    CT_TEST(out_of_range_enums_are_invalid),
+    CT_TEST(broadcast_output_view_is_invalid),
+    CT_TEST(valid_call_after_rejections_still_works),
+  };
+  ct_context();
+  ct_cleanup = free_base;
+  return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
+}
