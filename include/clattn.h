@@ -10,7 +10,9 @@
 #ifndef CLATTN_H
 #define CLATTN_H
 
+#ifndef CL_TARGET_OPENCL_VERSION
 #define CL_TARGET_OPENCL_VERSION 120
+#endif
 #ifdef __APPLE__
 #include <OpenCL/cl.h>
 #else
