@@ -123,6 +123,33 @@ CLATTN_EXPORT clattn_params clattn_params_default(void);
 CLATTN_EXPORT clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p,
                                            cl_uint n_wait, const cl_event *wait, cl_event *done);
 
+/* Partial attention states of the same query rows, to be combined into one:
+ * S states computed elsewhere (over different key ranges, on another device,
+ * over a shared prefix, by another rank). State s of row (b, h, i) is O_s, the
+ * output normalised over its own keys, and lse_s, the NATURAL-log sum of exp
+ * of its scores (clattn's lse output; not base 2 as in FlashInfer): -inf when
+ * the state saw no allowed key. The states lie in one buffer each for O and
+ * lse, state s at s * o_state_stride / s * lse_state_stride elements after
+ * state 0's views.
+ *   m = max_s lse_s,  lse = m + log(sum_s exp(lse_s - m)),
+ *   O = sum_s exp(lse_s - lse) O_s
+ * A state with lse_s = -inf adds nothing (whatever its O holds); a row whose
+ * states are all -inf is empty (see clattn_forward's empty-row policy). */
+typedef struct {
+  int n_states;
+  int batch, heads, q_len, value_dim;
+  clattn_tensor o;                /* f32 [B,H,M,dv]: state 0 */
+  clattn_tensor lse;              /* f32 [B,H,M] (stride[0..2]): state 0 */
+  size_t o_state_stride, lse_state_stride;
+  clattn_tensor out;              /* f32 [B,H,M,dv] */
+  clattn_tensor out_lse;          /* optional f32 [B,H,M] */
+  clattn_empty_rows empty_rows;
+} clattn_merge_params;
+
+/* Enqueues the combination of mp's states (validated first, like forward). */
+CLATTN_EXPORT clattn_status clattn_merge_states(clattn_context *ctx, const clattn_merge_params *mp,
+                                                cl_uint n_wait, const cl_event *wait, cl_event *done);
+
 /* A human-readable account of the context: platform, device, the tiles in use
  * and where each came from, program build time. Valid until the context is
  * destroyed. */

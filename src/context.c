@@ -48,23 +48,24 @@ static size_t scratch_budget(const clattn_context *ctx) {
   return budget;
 }
 
-static clattn_status build_staged(clattn_context *ctx) {
-  const char *sources[] = {clattn_src_common, clattn_src_qk_score, clattn_src_softmax, clattn_src_mix};
+static clattn_status build_core(clattn_context *ctx) {
+  const char *sources[] = {clattn_src_common, clattn_src_qk_score, clattn_src_softmax, clattn_src_mix,
+                           clattn_src_merge};
   char options[512] = "-cl-std=CL1.2";
   tl_build_options(&ctx->tiles, options, sizeof options);
-  return ca_build_program(ctx, "staged", sources, 4, options, &ctx->staged);
+  return ca_build_program(ctx, "core", sources, 5, options, &ctx->core);
 }
 
-/* The largest group each staged kernel can run with, as built: a GPU
+/* The largest group each core kernel can run with, as built: a GPU
  * compiler may allow fewer work-items than the device maximum (registers). */
-static clattn_status staged_kernel_limit(clattn_context *ctx, size_t *limit) {
+static clattn_status core_kernel_limit(clattn_context *ctx, size_t *limit) {
   static const char *names[] = {"qk_score", "softmax_rows", "mix_values"};
   clattn_status st = CLATTN_OK;
   *limit = ctx->caps.max_wg;
   for (int i = 0; i < 3 && st == CLATTN_OK; i++) {
     cl_kernel k = NULL;
     size_t wg = 0;
-    if ((st = ca_create_kernel(ctx->staged, names[i], &k))) break;
+    if ((st = ca_create_kernel(ctx->core, names[i], &k))) break;
     cl_int err = clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
     clReleaseKernel(k);
     if (err != CL_SUCCESS) st = ca_cl_fail(err, "clGetKernelWorkGroupInfo(CL_KERNEL_WORK_GROUP_SIZE)");
@@ -73,20 +74,20 @@ static clattn_status staged_kernel_limit(clattn_context *ctx, size_t *limit) {
   return st;
 }
 
-/* Builds the staged program; when a kernel cannot run the chosen group size,
+/* Builds the core program; when a kernel cannot run the chosen group size,
  * lowers the work-group limit, chooses again and rebuilds. */
-static clattn_status build_staged_fitting(clattn_context *ctx) {
+static clattn_status build_core_fitting(clattn_context *ctx) {
   for (int attempt = 0; attempt < 4; attempt++) {
     size_t limit = 0;
-    clattn_status st = build_staged(ctx);
-    if (st == CLATTN_OK) st = staged_kernel_limit(ctx, &limit);
+    clattn_status st = build_core(ctx);
+    if (st == CLATTN_OK) st = core_kernel_limit(ctx, &limit);
     if (st != CLATTN_OK) return st;
     const tl_tiles *t = &ctx->tiles;
     if ((size_t)t->score_tm * t->score_tn <= limit && (size_t)t->mix_tm * t->mix_tv <= limit &&
         (size_t)t->softmax_wg <= limit)
       return CLATTN_OK;
-    clReleaseProgram(ctx->staged);
-    ctx->staged = NULL;
+    clReleaseProgram(ctx->core);
+    ctx->core = NULL;
     ctx->caps.max_wg = limit;
     if (tl_clamp(&ctx->tiles, &ctx->caps) != 0) break;
   }
@@ -163,6 +164,7 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
   *out = NULL;
   clattn_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "clattn_create: out of host memory");
+  pthread_mutex_init(&ctx->programs_lock, NULL);
   st = attach(ctx, opt ? opt : &defaults);
   if (st != CLATTN_OK) goto fail;
   st = ca_query_device(ctx->device, &ctx->caps, &ctx->max_alloc);
@@ -178,7 +180,7 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
                  ctx->caps.max_wg, (unsigned long long)ctx->caps.local_mem);
     goto fail;
   }
-  st = build_staged_fitting(ctx);
+  st = build_core_fitting(ctx);
   if (st != CLATTN_OK) goto fail;
   ctx->build_ms = now_ms() - t0;
   ctx->scratch_budget = scratch_budget(ctx);
@@ -192,7 +194,10 @@ fail:
 
 void clattn_destroy(clattn_context *ctx) {
   if (!ctx) return;
-  if (ctx->staged) clReleaseProgram(ctx->staged);
+  if (ctx->core) clReleaseProgram(ctx->core);
+  for (int i = 0; i < ctx->n_fused; i++) clReleaseProgram(ctx->fused[i].program);
+  free(ctx->fused);
+  pthread_mutex_destroy(&ctx->programs_lock);
   if (ctx->queue) clReleaseCommandQueue(ctx->queue);
   if (ctx->context) clReleaseContext(ctx->context);
   if (ctx->retained_device) clReleaseDevice(ctx->device);

@@ -2,6 +2,7 @@
 #ifndef CLATTN_INTERNAL_H
 #define CLATTN_INTERNAL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include "clattn.h"
 #include "tiles.h"
@@ -15,7 +16,10 @@ struct clattn_context {
   tl_device caps;             /* what the device reports */
   tl_tiles tiles;             /* staged path's work-group shapes */
   const char *tiles_origin;   /* where the tile values came from */
-  cl_program staged;          /* qk_score + softmax + mix */
+  cl_program core;            /* built at creation: qk_score, softmax_rows, mix_values, merge_states */
+  pthread_mutex_t programs_lock; /* guards the fused programs below */
+  struct ca_fused_program { int head_dim, value_dim; cl_program program; } *fused;
+  int n_fused, cap_fused;     /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   double build_ms;            /* time to build the programs at creation */
   cl_ulong max_alloc;         /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
   size_t scratch_budget;      /* bytes of score scratch the staged path may hold */
@@ -64,7 +68,7 @@ clattn_status ca_build_program(clattn_context *ctx, const char *name, const char
 /* A fresh kernel object: kernels are per call so threads never share state. */
 clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);
 
-/* ---- kernel arguments (kernel_args.c) ---- */
+/* ---- launching (launch.c) ---- */
 
 /* Sets a kernel's arguments in order; the first failure is kept for
  * ca_args_done, so a call site reads as the kernel's signature. */
@@ -81,6 +85,18 @@ void ca_arg_float(ca_args *a, float v);
 void ca_arg_view(ca_args *a, const clattn_tensor *t); /* buffer, offset, stride */
 clattn_status ca_args_done(const ca_args *a);
 
+/* Enqueues a kernel after *prev (or, when *prev is NULL, after the caller's
+ * wait list) and makes its event the new *prev: the chain orders a call's
+ * kernels on in-order and out-of-order queues alike. */
+clattn_status ca_enqueue(clattn_context *ctx, cl_kernel kernel, const char *name, cl_uint dims, const size_t *global,
+                         const size_t *local, cl_uint n_wait, const cl_event *wait, cl_event *prev);
+/* A device int, zero, that kernels raise when a row had no allowed key. */
+clattn_status ca_empty_flag_create(clattn_context *ctx, cl_mem *flag);
+/* Ends a call: under EMPTY_ERROR waits for *last and reads the flag; hands
+ * *last to *done (when asked for) on success. */
+clattn_status ca_finish_call(clattn_context *ctx, clattn_empty_rows policy, cl_mem flag, cl_event *last,
+                             cl_event *done);
+
 /* ---- validation (validate.c) ---- */
 
 /* A validated call, resolved into what the kernels take. */
@@ -95,7 +111,15 @@ typedef struct {
 /* Every check that needs no device work; fills plan. */
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
 
+/* Checks a merge call like ca_validate checks a forward call. */
+clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp);
+
 /* ---- paths ---- */
+/* Enqueues merge_states for validated params after *prev (see ca_enqueue). */
+clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem empty_flag,
+                               cl_uint n_wait, const cl_event *wait, cl_event *prev);
+clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
+                               cl_uint n_wait, const cl_event *wait, cl_event *done);
 clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                 cl_uint n_wait, const cl_event *wait, cl_event *done);
 

@@ -1,4 +1,5 @@
-/* Setting kernel arguments in order, remembering the first failure. */
+/* Launch helpers shared by the paths: kernel arguments in order, chained
+ * enqueues, and the empty-row flag. */
 #include <stdio.h>
 
 #include "internal.h"
@@ -31,4 +32,46 @@ clattn_status ca_args_done(const ca_args *a) {
   char what[128];
   snprintf(what, sizeof what, "clSetKernelArg(%s, argument %u)", a->name, a->failed_index);
   return ca_cl_fail(a->err, what);
+}
+
+clattn_status ca_enqueue(clattn_context *ctx, cl_kernel kernel, const char *name, cl_uint dims, const size_t *global,
+                         const size_t *local, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
+  cl_event ev = NULL;
+  cl_int err = *prev ? clEnqueueNDRangeKernel(ctx->queue, kernel, dims, NULL, global, local, 1, prev, &ev)
+                     : clEnqueueNDRangeKernel(ctx->queue, kernel, dims, NULL, global, local, n_wait,
+                                              n_wait ? wait : NULL, &ev);
+  if (err != CL_SUCCESS) {
+    char what[96];
+    snprintf(what, sizeof what, "clEnqueueNDRangeKernel(%s)", name);
+    return ca_cl_fail(err, what);
+  }
+  if (*prev) clReleaseEvent(*prev);
+  *prev = ev;
+  return CLATTN_OK;
+}
+
+clattn_status ca_empty_flag_create(clattn_context *ctx, cl_mem *flag) {
+  cl_int zero = 0, err = CL_SUCCESS;
+  *flag = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zero, &zero, &err);
+  if (err != CL_SUCCESS) {
+    *flag = NULL;
+    return ca_cl_fail(err, "clCreateBuffer(empty-row flag)");
+  }
+  return CLATTN_OK;
+}
+
+clattn_status ca_finish_call(clattn_context *ctx, clattn_empty_rows policy, cl_mem flag, cl_event *last,
+                             cl_event *done) {
+  if (policy == CLATTN_EMPTY_ERROR) {
+    cl_int raised = 0;
+    cl_int err = clEnqueueReadBuffer(ctx->queue, flag, CL_TRUE, 0, sizeof raised, &raised, 1, last, NULL);
+    if (err != CL_SUCCESS) return ca_cl_fail(err, "clEnqueueReadBuffer(empty-row flag)");
+    if (raised)
+      return ca_fail(CLATTN_ERR_EMPTY_ROW, "a query row had no allowed key (empty_rows = CLATTN_EMPTY_ERROR)");
+  }
+  if (done) {
+    *done = *last;
+    *last = NULL;
+  }
+  return CLATTN_OK;
 }

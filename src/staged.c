@@ -34,23 +34,6 @@ static chunk_shape plan_chunks(const clattn_params *p, size_t budget) {
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-/* Enqueues one kernel after *prev (or the caller's wait list for the first)
- * and makes its event the new *prev. */
-static clattn_status enqueue(clattn_context *ctx, cl_kernel k, const char *name, const size_t *global,
-                             const size_t *local, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
-  cl_event ev = NULL;
-  cl_int err = *prev ? clEnqueueNDRangeKernel(ctx->queue, k, 3, NULL, global, local, 1, prev, &ev)
-                     : clEnqueueNDRangeKernel(ctx->queue, k, 3, NULL, global, local, n_wait, n_wait ? wait : NULL, &ev);
-  if (err != CL_SUCCESS) {
-    char what[96];
-    snprintf(what, sizeof what, "clEnqueueNDRangeKernel(%s)", name);
-    return ca_cl_fail(err, what);
-  }
-  if (*prev) clReleaseEvent(*prev);
-  *prev = ev;
-  return CLATTN_OK;
-}
-
 clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                 cl_uint n_wait, const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
@@ -61,19 +44,17 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
   const tl_tiles *t = &ctx->tiles;
   const int pairs = p->batch * p->q_heads;
   const chunk_shape chunk = plan_chunks(p, ctx->scratch_budget);
-  cl_int zero = 0;
 
   if (done) *done = NULL;
-  if ((st = ca_create_kernel(ctx->staged, "qk_score", &score)) ||
-      (st = ca_create_kernel(ctx->staged, "softmax_rows", &softmax)) ||
-      (st = ca_create_kernel(ctx->staged, "mix_values", &mix)))
+  if ((st = ca_create_kernel(ctx->core, "qk_score", &score)) ||
+      (st = ca_create_kernel(ctx->core, "softmax_rows", &softmax)) ||
+      (st = ca_create_kernel(ctx->core, "mix_values", &mix)))
     goto fail;
 
   size_t scratch_bytes = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len * sizeof(float);
   scratch = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, scratch_bytes, NULL, &err);
   CA_CHECK_CL(st, err, "clCreateBuffer(staged score scratch)");
-  empty_flag = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zero, &zero, &err);
-  CA_CHECK_CL(st, err, "clCreateBuffer(empty-row flag)");
+  if ((st = ca_empty_flag_create(ctx, &empty_flag))) goto fail;
 
   for (int bh0 = 0; bh0 < pairs; bh0 += chunk.heads) {
     const int heads = chunk.heads < pairs - bh0 ? chunk.heads : pairs - bh0;
@@ -105,7 +86,7 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
       const size_t score_local[3] = {(size_t)t->score_tn, (size_t)t->score_tm, 1};
       const size_t score_global[3] = {round_up((size_t)p->kv_len, t->score_tn), round_up((size_t)rows, t->score_tm),
                                       (size_t)heads};
-      if ((st = enqueue(ctx, score, "qk_score", score_global, score_local, n_wait, wait, &prev))) goto fail;
+      if ((st = ca_enqueue(ctx, score, "qk_score", 3, score_global, score_local, n_wait, wait, &prev))) goto fail;
 
       ca_args s = {softmax, "softmax_rows", 0, 0, CL_SUCCESS};
       ca_arg_mem(&s, scratch);
@@ -123,7 +104,7 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
       if ((st = ca_args_done(&s))) goto fail;
       const size_t softmax_local[3] = {(size_t)t->softmax_wg, 1, 1};
       const size_t softmax_global[3] = {(size_t)t->softmax_wg, (size_t)heads * (size_t)rows, 1};
-      if ((st = enqueue(ctx, softmax, "softmax_rows", softmax_global, softmax_local, n_wait, wait, &prev))) goto fail;
+      if ((st = ca_enqueue(ctx, softmax, "softmax_rows", 3, softmax_global, softmax_local, n_wait, wait, &prev))) goto fail;
 
       ca_args m = {mix, "mix_values", 0, 0, CL_SUCCESS};
       ca_arg_mem(&m, scratch);
@@ -143,20 +124,11 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
       const size_t mix_local[3] = {(size_t)t->mix_tv, (size_t)t->mix_tm, 1};
       const size_t mix_global[3] = {round_up((size_t)p->value_dim, t->mix_tv), round_up((size_t)rows, t->mix_tm),
                                     (size_t)heads};
-      if ((st = enqueue(ctx, mix, "mix_values", mix_global, mix_local, n_wait, wait, &prev))) goto fail;
+      if ((st = ca_enqueue(ctx, mix, "mix_values", 3, mix_global, mix_local, n_wait, wait, &prev))) goto fail;
     }
   }
 
-  if (p->empty_rows == CLATTN_EMPTY_ERROR) {
-    cl_int flag = 0;
-    CA_CHECK_CL(st, clEnqueueReadBuffer(ctx->queue, empty_flag, CL_TRUE, 0, sizeof flag, &flag, 1, &prev, NULL),
-                "clEnqueueReadBuffer(empty-row flag)");
-    if (flag) st = ca_fail(CLATTN_ERR_EMPTY_ROW, "a query row had no allowed key (empty_rows = CLATTN_EMPTY_ERROR)");
-  }
-  if (st == CLATTN_OK && done) {
-    *done = prev;
-    prev = NULL;
-  }
+  st = ca_finish_call(ctx, p->empty_rows, empty_flag, &prev, done);
 fail:
   if (prev) clReleaseEvent(prev);
   if (scratch) clReleaseMemObject(scratch);

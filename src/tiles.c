@@ -21,6 +21,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.score_tm = 8;  t.score_tn = 16; t.score_tk = 32;
     t.softmax_wg = 16;
     t.mix_tm = 8;    t.mix_tv = 16;   t.mix_tj = 32;
+    t.flash_bm = 4;
   } else {
     /* GPUs: 256 work-items per group in 16-wide rows (a half warp, a quarter
      * wavefront), so global reads of a row coalesce and local reads broadcast. */
@@ -29,6 +30,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.softmax_wg = simd * 4 > 256 ? simd * 4 : 256;
     t.mix_tv = 16;    t.mix_tm = 16;   t.mix_tj = 16;
     if (dev->value_dim > 0 && dev->value_dim <= 8) t.mix_tv = 8, t.mix_tm = 32;
+    t.flash_bm = 4;
   }
   tl_clamp(&t, dev);
   return t;
@@ -59,6 +61,7 @@ int tl_clamp(tl_tiles *t, const tl_device *dev) {
   fit_2d(&t->score_tn, &t->score_tm, dev);
   fit_2d(&t->mix_tv, &t->mix_tm, dev);
   t->softmax_wg = floor_pow2((size_t)(t->softmax_wg > 0 ? t->softmax_wg : 1));
+  t->flash_bm = t->flash_bm < 1 ? 1 : t->flash_bm > 16 ? 16 : t->flash_bm;
   while ((size_t)t->softmax_wg > dev->max_wg || (size_t)t->softmax_wg > dev->max_item[0]) {
     if (t->softmax_wg == 1) break;
     t->softmax_wg /= 2;
@@ -76,6 +79,6 @@ void tl_build_options(const tl_tiles *t, char *buf, size_t size) {
   size_t len = strlen(buf);
   snprintf(buf + len, size > len ? size - len : 0,
            " -D SCORE_TM=%d -D SCORE_TN=%d -D SCORE_TK=%d -D SOFTMAX_WG=%d"
-           " -D MIX_TM=%d -D MIX_TV=%d -D MIX_TJ=%d",
-           t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv, t->mix_tj);
+           " -D MIX_TM=%d -D MIX_TV=%d -D MIX_TJ=%d -D FLASH_BM=%d",
+           t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv, t->mix_tj, t->flash_bm);
 }

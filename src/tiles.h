@@ -24,6 +24,7 @@ typedef struct {
   int score_tm, score_tn, score_tk; /* qk_score: rows x keys per group, head-dim chunk in local memory */
   int softmax_wg;                   /* softmax: work-items per row */
   int mix_tm, mix_tv, mix_tj;       /* mix: rows x value columns per group, key chunk in local memory */
+  int flash_bm;                     /* fused: query rows per work-item */
 } tl_tiles;
 
 /* Defaults from the device description, clamped to its limits. */

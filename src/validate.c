@@ -119,11 +119,15 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   if (!p) return BAD("clattn_forward: params is NULL");
   if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_views(p))) return st;
 
-  plan->algo = p->algo == CLATTN_ALGO_AUTO ? CLATTN_ALGO_STAGED : p->algo;
-  if (plan->algo == CLATTN_ALGO_FUSED || plan->algo == CLATTN_ALGO_GEMM)
-    return ca_fail(CLATTN_ERR_UNSUPPORTED, "algo %s is not implemented in this build; use CLATTN_ALGO_STAGED or AUTO",
-                   clattn_algo_name(plan->algo));
-  if ((size_t)p->kv_len * sizeof(float) > ctx->scratch_budget && (cl_ulong)p->kv_len * sizeof(float) > ctx->max_alloc)
+  const int want_weights = p->weights.buf != NULL;
+  /* AUTO: the fused kernel, unless the routing matrix is asked for. */
+  plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo : want_weights ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED;
+  if (plan->algo == CLATTN_ALGO_GEMM)
+    return ca_fail(CLATTN_ERR_UNSUPPORTED, "algo gemm is not implemented in this build; use STAGED, FUSED or AUTO");
+  if (plan->algo == CLATTN_ALGO_FUSED && want_weights)
+    return ca_fail(CLATTN_ERR_UNSUPPORTED,
+                   "weights: the fused kernel never forms the routing matrix; use CLATTN_ALGO_STAGED or AUTO");
+  if (plan->algo == CLATTN_ALGO_STAGED && (cl_ulong)p->kv_len * sizeof(float) > ctx->max_alloc)
     return ca_fail(CLATTN_ERR_UNSUPPORTED, "kv_len %d: one row of scores exceeds the device's largest allocation",
                    p->kv_len);
 
@@ -136,6 +140,37 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   plan->has_bias = p->bias.buf != NULL;
   plan->has_kv_lens = p->kv_lens != NULL;
   plan->want_lse = p->lse.buf != NULL;
-  plan->want_weights = p->weights.buf != NULL;
+  plan->want_weights = want_weights;
+  return CLATTN_OK;
+}
+
+clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp) {
+  clattn_status st;
+  if (!ctx) return BAD("clattn_merge_states: ctx is NULL");
+  if (!mp) return BAD("clattn_merge_states: params is NULL");
+  const struct { const char *name; int value; } dims[] = {
+      {"n_states", mp->n_states}, {"batch", mp->batch}, {"heads", mp->heads},
+      {"q_len", mp->q_len},       {"value_dim", mp->value_dim},
+  };
+  for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+    if (dims[i].value <= 0) return BAD("%s must be positive (got %d)", dims[i].name, dims[i].value);
+  if (mp->empty_rows != CLATTN_EMPTY_ZERO && mp->empty_rows != CLATTN_EMPTY_ERROR)
+    return BAD("empty_rows %d is not a clattn_empty_rows", (int)mp->empty_rows);
+  if (!mp->o.buf) return BAD("o.buf is NULL");
+  if (!mp->lse.buf) return BAD("lse.buf is NULL");
+  if (!mp->out.buf) return BAD("out.buf is NULL");
+  const int o_dims[] = {mp->batch, mp->heads, mp->q_len, mp->value_dim};
+  /* The last state's views reach furthest: checking them covers every state. */
+  clattn_tensor o_last = mp->o, lse_last = mp->lse;
+  size_t shift;
+  if (!mul_ok((size_t)(mp->n_states - 1), mp->o_state_stride, &shift) || !add_ok(o_last.offset, shift, &o_last.offset))
+    return BAD("o: o_state_stride overflows the address range");
+  if (!mul_ok((size_t)(mp->n_states - 1), mp->lse_state_stride, &shift) ||
+      !add_ok(lse_last.offset, shift, &lse_last.offset))
+    return BAD("lse: lse_state_stride overflows the address range");
+  if ((st = check_view("o", &o_last, o_dims, 4, sizeof(float), 0))) return st;
+  if ((st = check_view("lse", &lse_last, o_dims, 3, sizeof(float), 0))) return st;
+  if ((st = check_view("out", &mp->out, o_dims, 4, sizeof(float), 1))) return st;
+  if (mp->out_lse.buf && (st = check_view("out_lse", &mp->out_lse, o_dims, 3, sizeof(float), 1))) return st;
   return CLATTN_OK;
 }

@@ -322,7 +322,7 @@ static void valid_call_after_rejections_still_works(void)
   cp_problem *pb = base();
   REQUIRE(pb);
   for (size_t a = 0; a < KC_NALGOS; a++) {
-    if (kc_algo_optional(kc_algos[a]))
+    if (kc_algo_optional(kc_algos[a], &pb->params))
       continue;                          /* weights requested: staged paths only */
     KC_RUN_OK(pb, kc_algos[a], 1e-5);
   }

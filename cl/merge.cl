@@ -1,0 +1,40 @@
+/*
+ * merge_states — combines S partial attention states of the same rows into
+ * one. State s of row (b, h, i) holds O_s (normalised over its own keys) and
+ * lse_s (natural-log sum of exp of its scores; -INFINITY when it saw no
+ * allowed key). With m = max_s lse_s:
+ *   w_s = exp(lse_s - m),  lse = m + log(sum_s w_s),  O = sum_s w_s O_s / sum_s w_s.
+ * A row whose states are all -INFINITY is empty: O = 0, lse = -INFINITY,
+ * *empty_flag set. States are combined in index order, so the result is fixed.
+ *
+ * Views: o and lse address state 0; state s is s * o_state / s * lse_state
+ * elements further. NDRange: (q_len, heads, batch); any work-group shape.
+ */
+__kernel void merge_states(__global const float *o, ulong o_off, ulong4 o_st, ulong o_state,
+                           __global const float *lse, ulong lse_off, ulong4 lse_st, ulong lse_state,
+                           int n_states, int value_dim,
+                           __global float *out, ulong out_off, ulong4 out_st,
+                           __global float *lse_out, ulong lse_out_off, ulong4 lse_out_st, int want_lse,
+                           __global int *empty_flag) {
+  const int i = get_global_id(0), h = get_global_id(1), b = get_global_id(2);
+  const ulong lse_at = ca_at(lse_off, lse_st, b, h, i, 0);
+  float m = -INFINITY;
+  for (int s = 0; s < n_states; s++) m = ca_max_nan(m, lse[lse_at + (ulong)s * lse_state]);
+  const bool empty = m == -INFINITY;
+  float total = 0.0f;
+  if (!empty)
+    for (int s = 0; s < n_states; s++) total += exp(lse[lse_at + (ulong)s * lse_state] - m);
+  const float inv = empty ? 0.0f : 1.0f / total;
+  for (int c = 0; c < value_dim; c++) {
+    float acc = 0.0f;
+    const ulong o_at = ca_at(o_off, o_st, b, h, i, c);
+    for (int s = 0; s < n_states && !empty; s++) {
+      float w = exp(lse[lse_at + (ulong)s * lse_state] - m);
+      /* a state with weight 0 (lse -inf) adds nothing, whatever its O holds */
+      if (w != 0.0f) acc += w * o[o_at + (ulong)s * o_state];
+    }
+    out[ca_at(out_off, out_st, b, h, i, c)] = acc * inv;
+  }
+  if (want_lse) lse_out[ca_at(lse_out_off, lse_out_st, b, h, i, 0)] = empty ? -INFINITY : m + log(total);
+  if (empty) atomic_or(empty_flag, 1);
+}

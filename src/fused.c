@@ -1,0 +1,182 @@
+/*
+ * The fused path: flash_pack (K transposed, V packed, padding zeroed), then
+ * flash_rows (one pass over key blocks with the online softmax), then, when
+ * the keys were split across work-items, merge_states. Scratch is O(N d):
+ * nothing proportional to M x N is ever allocated.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "embedded_cl.h"
+#include "internal.h"
+
+enum { FLASH_BN = 16 };          /* keys per block; cl/flash.cl's FLASH_BN */
+enum { MIN_SPLIT_KEYS = 256 };   /* a split smaller than this costs more than it hides */
+
+static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+/* The fused program for (head_dim, value_dim): built on first use, then kept
+ * for the context's life. */
+static clattn_status fused_program(clattn_context *ctx, int head_dim, int value_dim, cl_program *out) {
+  clattn_status st = CLATTN_OK;
+  pthread_mutex_lock(&ctx->programs_lock);
+  for (int i = 0; i < ctx->n_fused; i++)
+    if (ctx->fused[i].head_dim == head_dim && ctx->fused[i].value_dim == value_dim) {
+      *out = ctx->fused[i].program;
+      goto done;
+    }
+  if (ctx->n_fused == ctx->cap_fused) {
+    int cap = ctx->cap_fused ? ctx->cap_fused * 2 : 4;
+    void *grown = realloc(ctx->fused, (size_t)cap * sizeof *ctx->fused);
+    if (!grown) {
+      st = ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "fused program table: out of host memory");
+      goto done;
+    }
+    ctx->fused = grown;
+    ctx->cap_fused = cap;
+  }
+  const char *sources[] = {clattn_src_common, clattn_src_flash};
+  char options[512];
+  snprintf(options, sizeof options, "-cl-std=CL1.2 -D DK=%d -D DV=%d", head_dim, value_dim);
+  tl_build_options(&ctx->tiles, options, sizeof options);
+  char name[64];
+  snprintf(name, sizeof name, "flash dk=%d dv=%d", head_dim, value_dim);
+  cl_program program = NULL;
+  if ((st = ca_build_program(ctx, name, sources, 2, options, &program)) == CLATTN_OK) {
+    ctx->fused[ctx->n_fused].head_dim = head_dim;
+    ctx->fused[ctx->n_fused].value_dim = value_dim;
+    ctx->fused[ctx->n_fused].program = program;
+    ctx->n_fused++;
+    *out = program;
+  }
+done:
+  pthread_mutex_unlock(&ctx->programs_lock);
+  return st;
+}
+
+/* Splits the keys when the row blocks alone would leave compute units idle
+ * (decode: few query rows, many keys); the split is a fixed function of the
+ * shape and the device, so results stay bitwise repeatable. */
+static int split_keys_for(const clattn_context *ctx, size_t items, int kv_len) {
+  size_t target = 4 * (size_t)(ctx->caps.compute_units ? ctx->caps.compute_units : 1);
+  if (items >= target || kv_len < 2 * MIN_SPLIT_KEYS) return kv_len;
+  size_t splits = (target + items - 1) / items;
+  size_t max_splits = (size_t)kv_len / MIN_SPLIT_KEYS;
+  if (splits > max_splits) splits = max_splits;
+  return (int)round_up(((size_t)kv_len + splits - 1) / splits, FLASH_BN);
+}
+
+clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
+                               cl_uint n_wait, const cl_event *wait, cl_event *done) {
+  clattn_status st = CLATTN_OK;
+  cl_int err = CL_SUCCESS;
+  cl_program program = NULL;
+  cl_kernel pack = NULL, rows = NULL;
+  cl_mem kt = NULL, vp = NULL, part_o = NULL, part_lse = NULL, empty_flag = NULL;
+  cl_event prev = NULL;
+  const int bm = ctx->tiles.flash_bm;
+  const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
+  const size_t n_pad = round_up((size_t)p->kv_len, FLASH_BN);
+  const size_t dvp = round_up((size_t)p->value_dim, 16);
+  const size_t rows_per_kv = (size_t)plan->group * (size_t)p->q_len;
+  const size_t row_blocks = (rows_per_kv + (size_t)bm - 1) / (size_t)bm;
+  const int split_keys = split_keys_for(ctx, row_blocks * kv_pairs, p->kv_len);
+  const size_t n_splits = ((size_t)p->kv_len + (size_t)split_keys - 1) / (size_t)split_keys;
+  const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
+
+  if (done) *done = NULL;
+  /* Dimensions are positive ints, so these products of at most three fit in 64 bits. */
+  const cl_ulong kt_bytes = (cl_ulong)kv_pairs * (cl_ulong)p->head_dim * n_pad * sizeof(float);
+  const cl_ulong vp_bytes = (cl_ulong)kv_pairs * n_pad * dvp * sizeof(float);
+  if (kt_bytes > ctx->max_alloc || vp_bytes > ctx->max_alloc || kt_bytes > SIZE_MAX || vp_bytes > SIZE_MAX)
+    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY,
+                   "fused: packed keys (%llu bytes) or values (%llu bytes) exceed the device's largest allocation "
+                   "(%llu bytes)", (unsigned long long)kt_bytes, (unsigned long long)vp_bytes,
+                   (unsigned long long)ctx->max_alloc);
+
+  if ((st = fused_program(ctx, p->head_dim, p->value_dim, &program)) ||
+      (st = ca_create_kernel(program, "flash_pack", &pack)) || (st = ca_create_kernel(program, "flash_rows", &rows)) ||
+      (st = ca_empty_flag_create(ctx, &empty_flag)))
+    goto fail;
+  kt = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)kt_bytes, NULL, &err);
+  CA_CHECK_CL(st, err, "clCreateBuffer(fused packed keys)");
+  vp = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)vp_bytes, NULL, &err);
+  CA_CHECK_CL(st, err, "clCreateBuffer(fused packed values)");
+  if (n_splits > 1) {
+    part_o = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE,
+                            n_splits * rows_total * (size_t)p->value_dim * sizeof(float), NULL, &err);
+    CA_CHECK_CL(st, err, "clCreateBuffer(split-KV partial outputs)");
+    part_lse = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, n_splits * rows_total * sizeof(float), NULL, &err);
+    CA_CHECK_CL(st, err, "clCreateBuffer(split-KV partial lse)");
+  }
+
+  ca_args a = {pack, "flash_pack", 0, 0, CL_SUCCESS};
+  ca_arg_view(&a, &p->k);
+  ca_arg_view(&a, &p->v);
+  ca_arg_mem(&a, p->kv_lens);
+  ca_arg_int(&a, plan->has_kv_lens);
+  ca_arg_int(&a, p->kv_heads);
+  ca_arg_int(&a, p->kv_len);
+  ca_arg_int(&a, (int)n_pad);
+  ca_arg_mem(&a, kt);
+  ca_arg_mem(&a, vp);
+  if ((st = ca_args_done(&a))) goto fail;
+  const size_t pack_global[2] = {n_pad, kv_pairs};
+  if ((st = ca_enqueue(ctx, pack, "flash_pack", 2, pack_global, NULL, n_wait, wait, &prev))) goto fail;
+
+  ca_args r = {rows, "flash_rows", 0, 0, CL_SUCCESS};
+  ca_arg_view(&r, &p->q);
+  ca_arg_mem(&r, kt);
+  ca_arg_mem(&r, vp);
+  ca_arg_int(&r, (int)n_pad);
+  ca_arg_view(&r, &p->mask);
+  ca_arg_int(&r, plan->has_mask);
+  ca_arg_view(&r, &p->bias);
+  ca_arg_int(&r, plan->has_bias);
+  ca_arg_mem(&r, p->kv_lens);
+  ca_arg_int(&r, plan->has_kv_lens);
+  ca_arg_int(&r, p->q_heads);
+  ca_arg_int(&r, p->kv_heads);
+  ca_arg_int(&r, plan->group);
+  ca_arg_int(&r, p->q_len);
+  ca_arg_int(&r, p->kv_len);
+  ca_arg_float(&r, plan->scale);
+  ca_arg_int(&r, plan->window_left);
+  ca_arg_int(&r, plan->window_right);
+  ca_arg_int(&r, split_keys);
+  ca_arg_view(&r, &p->out);
+  ca_arg_view(&r, &p->lse);
+  ca_arg_int(&r, plan->want_lse);
+  ca_arg_mem(&r, part_o);
+  ca_arg_mem(&r, part_lse);
+  ca_arg_mem(&r, empty_flag);
+  if ((st = ca_args_done(&r))) goto fail;
+  const size_t rows_global[3] = {row_blocks, kv_pairs, n_splits};
+  const size_t rows_local[3] = {1, 1, 1};
+  if ((st = ca_enqueue(ctx, rows, "flash_rows", 3, rows_global, rows_local, n_wait, wait, &prev))) goto fail;
+
+  if (n_splits > 1) {
+    const size_t m = (size_t)p->q_len, h = (size_t)p->q_heads, dv = (size_t)p->value_dim;
+    clattn_merge_params mp = {
+        .n_states = (int)n_splits, .batch = p->batch, .heads = p->q_heads, .q_len = p->q_len,
+        .value_dim = p->value_dim,
+        .o = {part_o, 0, {h * m * dv, m * dv, dv, 1}},
+        .lse = {part_lse, 0, {h * m, m, 1, 0}},
+        .o_state_stride = rows_total * dv, .lse_state_stride = rows_total,
+        .out = p->out, .out_lse = p->lse, .empty_rows = p->empty_rows,
+    };
+    if ((st = ca_enqueue_merge(ctx, &mp, empty_flag, n_wait, wait, &prev))) goto fail;
+  }
+  st = ca_finish_call(ctx, p->empty_rows, empty_flag, &prev, done);
+fail:
+  if (prev) clReleaseEvent(prev);
+  if (pack) clReleaseKernel(pack);
+  if (rows) clReleaseKernel(rows);
+  if (kt) clReleaseMemObject(kt);
+  if (vp) clReleaseMemObject(vp);
+  if (part_o) clReleaseMemObject(part_o);
+  if (part_lse) clReleaseMemObject(part_lse);
+  if (empty_flag) clReleaseMemObject(empty_flag);
+  return st;
+}
