@@ -155,6 +155,11 @@ CLATTN_EXPORT clattn_status clattn_merge_states(clattn_context *ctx, const clatt
  * destroyed. */
 CLATTN_EXPORT const char *clattn_describe(const clattn_context *ctx);
 
+/* The most device scratch memory (bytes) that one call on this context has
+ * allocated since creation or the last reset: what clattn adds to the
+ * caller's own buffers. reset != 0 zeroes it after reading. */
+CLATTN_EXPORT size_t clattn_peak_scratch_bytes(clattn_context *ctx, int reset);
+
 /* Name of an algorithm ("auto", "staged", "fused", "gemm"). */
 CLATTN_EXPORT const char *clattn_algo_name(clattn_algo a);
 

@@ -208,3 +208,18 @@ cl_context clattn_cl_context(const clattn_context *ctx) { return ctx ? ctx->cont
 cl_command_queue clattn_cl_queue(const clattn_context *ctx) { return ctx ? ctx->queue : NULL; }
 cl_device_id clattn_cl_device(const clattn_context *ctx) { return ctx ? ctx->device : NULL; }
 const char *clattn_describe(const clattn_context *ctx) { return ctx ? ctx->description : ""; }
+
+void ca_note_scratch(clattn_context *ctx, size_t bytes) {
+  pthread_mutex_lock(&ctx->programs_lock);
+  if (bytes > ctx->peak_scratch) ctx->peak_scratch = bytes;
+  pthread_mutex_unlock(&ctx->programs_lock);
+}
+
+size_t clattn_peak_scratch_bytes(clattn_context *ctx, int reset) {
+  if (!ctx) return 0;
+  pthread_mutex_lock(&ctx->programs_lock);
+  size_t peak = ctx->peak_scratch;
+  if (reset) ctx->peak_scratch = 0;
+  pthread_mutex_unlock(&ctx->programs_lock);
+  return peak;
+}

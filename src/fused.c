@@ -110,6 +110,8 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
     part_lse = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, n_splits * rows_total * sizeof(float), NULL, &err);
     CA_CHECK_CL(st, err, "clCreateBuffer(split-KV partial lse)");
   }
+  ca_note_scratch(ctx, (size_t)(kt_bytes + vp_bytes) + sizeof(cl_int) +
+                           (n_splits > 1 ? n_splits * rows_total * ((size_t)p->value_dim + 1) * sizeof(float) : 0));
 
   ca_args a = {pack, "flash_pack", 0, 0, CL_SUCCESS};
   ca_arg_view(&a, &p->k);

@@ -17,14 +17,18 @@ struct clattn_context {
   tl_tiles tiles;             /* staged path's work-group shapes */
   const char *tiles_origin;   /* where the tile values came from */
   cl_program core;            /* built at creation: qk_score, softmax_rows, mix_values, merge_states */
-  pthread_mutex_t programs_lock; /* guards the fused programs below */
+  pthread_mutex_t programs_lock; /* guards the fused programs and peak_scratch */
   struct ca_fused_program { int head_dim, value_dim; cl_program program; } *fused;
   int n_fused, cap_fused;     /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   double build_ms;            /* time to build the programs at creation */
   cl_ulong max_alloc;         /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
   size_t scratch_budget;      /* bytes of score scratch the staged path may hold */
+  size_t peak_scratch;        /* largest scratch of one call; guarded by programs_lock */
   char description[4096];
 };
+
+/* Records that one call holds `bytes` of scratch (for clattn_peak_scratch_bytes). */
+void ca_note_scratch(clattn_context *ctx, size_t bytes);
 
 /* ---- errors (error.c) ---- */
 

@@ -55,6 +55,7 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
   scratch = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, scratch_bytes, NULL, &err);
   CA_CHECK_CL(st, err, "clCreateBuffer(staged score scratch)");
   if ((st = ca_empty_flag_create(ctx, &empty_flag))) goto fail;
+  ca_note_scratch(ctx, scratch_bytes + sizeof(cl_int));
 
   for (int bh0 = 0; bh0 < pairs; bh0 += chunk.heads) {
     const int heads = chunk.heads < pairs - bh0 ? chunk.heads : pairs - bh0;
