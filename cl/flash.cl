@@ -33,6 +33,9 @@
 #define FLASH_BM 4
 #endif
 #define FLASH_BN 16
+/* Row-block capacity of the private arrays: the packed kernel's FLASH_BM
+ * and the direct kernels' 1, 2, 4, 8 (the host clamps FLASH_BM to 16). */
+#define FLASH_BM_MAX 16
 /* Value rows are packed to a multiple of the vector width. */
 #define DVP (((DV) + 15) / 16 * 16)
 
@@ -85,41 +88,69 @@ inline float flash_hsum(float16 x) {
   return c.x + c.y;
 }
 
+/* Finishes one row: O = acc / l and lse = m + log(l) to the outputs, or to
+ * split `split`'s partial state when the keys were split. l = 0 means no
+ * allowed key: O = 0, lse = -INFINITY, and the empty-row flag is raised. */
+inline void flash_store_row(const float *acc, float m, float l, int b, int h, int i, int q_heads, int kv_heads,
+                            int q_len, int split, int n_splits, __global float *out, ulong out_off, ulong4 out_st,
+                            __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
+                            __global float *part_o, __global float *part_lse, __global int *empty_flag) {
+  const bool empty = l == 0.0f;
+  const float inv = empty ? 0.0f : 1.0f / l;
+  const float row_lse = empty ? -INFINITY : m + log(l);
+  if (n_splits > 1) {
+    const ulong rows_total = (ulong)(get_global_size(1) / kv_heads) * (ulong)q_heads * (ulong)q_len;
+    const ulong part = (ulong)split * rows_total + ((ulong)b * q_heads + h) * (ulong)q_len + i;
+    for (int c = 0; c < DV; c++) part_o[part * DV + c] = acc[c] * inv;
+    part_lse[part] = row_lse;
+  } else {
+    for (int c = 0; c < DV; c++) out[ca_at(out_off, out_st, b, h, i, c)] = acc[c] * inv;
+    if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = row_lse;
+    if (empty) atomic_or(empty_flag, 1);
+  }
+}
+
+/* Value row j of KV head (b, hk): packed (DVP floats per row) or in place. */
+inline __global const float *flash_value_row(__global const float *vp, ulong vp_head, __global const float *v,
+                                             ulong v_off, ulong4 v_st, int direct, int b, int hk, int j) {
+  return direct ? v + ca_at(v_off, v_st, b, hk, j, 0) : vp + vp_head + (ulong)j * DVP;
+}
+
 /*
- * flash_rows — the fused kernel for CPUs (and any device): each work-item
- * keeps FLASH_BM query rows, their running (m, l) and their DVP-wide
- * accumulators in private memory and walks the key blocks with 16-wide
- * vector arithmetic: scores as outer products over the packed K^T, values
- * as broadcast multiply-adds over the packed V rows.
- * NDRange: (ceil(group * q_len / FLASH_BM), batch * kv_heads, n_splits);
- * work-group (1, 1, 1) — each work-item is an independent task.
+ * The fused kernel's body, shared by flash_rows (packed K^T / V) and
+ * flash_rows_direct* (K and V read in place). Each work-item keeps bm
+ * query rows, their running (m, l) and their DVP-wide accumulators in
+ * private memory and walks the key blocks with 16-wide vector arithmetic.
+ * `direct` and `bm` are constants at each call, so each kernel compiles to
+ * one branch with its row loops unrolled and its accumulators in registers.
  */
-__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void flash_rows(__global const float *q, ulong q_off, ulong4 q_st,
-                __global const float *kt, __global const float *vp, int n_pad,
-                __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
-                __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
-                __global const int *kv_lens, int has_kv_lens,
-                int q_heads, int kv_heads, int group, int q_len, int kv_len,
-                float scale, int window_left, int window_right, int split_keys,
-                __global float *out, ulong out_off, ulong4 out_st,
-                __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
-                __global float *part_o, __global float *part_lse,
-                __global int *empty_flag) {
+inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
+                       __global const float *kt, __global const float *vp, int n_pad,
+                       __global const float *k, ulong k_off, ulong4 k_st,
+                       __global const float *v, ulong v_off, ulong4 v_st, const int direct, const int bm,
+                       __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
+                       __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
+                       __global const int *kv_lens, int has_kv_lens,
+                       int q_heads, int kv_heads, int group, int q_len, int kv_len,
+                       float scale, int window_left, int window_right, int split_keys,
+                       __global float *out, ulong out_off, ulong4 out_st,
+                       __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
+                       __global float *part_o, __global float *part_lse,
+                       __global int *empty_flag) {
   const int rows_per_kv = group * q_len;
-  const int t0 = get_global_id(0) * FLASH_BM;
+  const int t0 = get_global_id(0) * bm;
   const int bhk = get_global_id(1);
   const int split = get_global_id(2), n_splits = get_global_size(2);
   const int b = bhk / kv_heads, hk = bhk % kv_heads;
   const int n_valid = ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
   if (t0 >= rows_per_kv) return;
 
-  float qr[FLASH_BM][DK];
-  float acc[FLASH_BM][DVP];
-  float m[FLASH_BM], l[FLASH_BM];
-  int hs[FLASH_BM], is[FLASH_BM];
+  float qr[FLASH_BM_MAX][DK];  /* direct mode needs DK % 16 == 0 */
+  float acc[FLASH_BM_MAX][DVP];
+  float m[FLASH_BM_MAX], l[FLASH_BM_MAX];
+  int hs[FLASH_BM_MAX], is[FLASH_BM_MAX];
   int lo_min = INT_MAX, lo_max = 0, hi_min = INT_MAX, hi_max = -1;
-  for (int r = 0; r < FLASH_BM; r++) {
+  for (int r = 0; r < bm; r++) {
     int t = min(t0 + r, rows_per_kv - 1); /* padding rows repeat the last row, never written */
     hs[r] = hk * group + t / q_len;
     is[r] = t % q_len;
@@ -142,69 +173,234 @@ void flash_rows(__global const float *q, ulong q_off, ulong4 q_st,
   const ulong vp_head = (ulong)bhk * (ulong)n_pad * DVP;
 
   for (int j0 = j_begin; j0 < j_end; j0 += FLASH_BN) {
-    float s[FLASH_BM][FLASH_BN];
-    float16 sv[FLASH_BM];
-    for (int r = 0; r < FLASH_BM; r++) sv[r] = (float16)(0.0f);
-    for (int d = 0; d < DK; d++) {
-      float16 kd = vload16(0, kt + kt_head + (ulong)d * (ulong)n_pad + j0);
-      for (int r = 0; r < FLASH_BM; r++) sv[r] = fma((float16)(qr[r][d]), kd, sv[r]);
+    float16 sv[FLASH_BM_MAX];
+    if (!direct) {
+      /* Scores: BM x 16 outer products over the head dimension, the BM
+       * accumulators held in registers (the loops over r unroll). */
+#pragma unroll
+      for (int r = 0; r < bm; r++) sv[r] = (float16)(0.0f);
+      __global const float *kt_block = kt + kt_head + j0;
+      for (int d = 0; d < DK; d++) {
+        const float16 kd = vload16(0, kt_block + (ulong)d * (ulong)n_pad);
+#pragma unroll
+        for (int r = 0; r < bm; r++) sv[r] = fma((float16)(qr[r][d]), kd, sv[r]);
+      }
+    } else {
+      /* Scores as dot products with each key row read in place (DK % 16 == 0,
+       * unit column stride); keys past kv_len are not read. */
+      float e[FLASH_BM_MAX][FLASH_BN];
+      for (int jj = 0; jj < FLASH_BN; jj++) {
+        const int j = j0 + jj;
+        __global const float *krow = k + ca_at(k_off, k_st, b, hk, min(j, kv_len - 1), 0);
+#pragma unroll
+        for (int r = 0; r < bm; r++) {
+          float16 dot = (float16)(0.0f);
+          for (int d = 0; d < DK; d += 16) dot = fma(vload16(0, qr[r] + d), vload16(0, krow + d), dot);
+          e[r][jj] = flash_hsum(dot);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < bm; r++) sv[r] = vload16(0, e[r]);
     }
     /* Every key of the block allowed for every row, inside this split? */
     const bool full = !has_mask && j0 >= lo_max && j0 + FLASH_BN - 1 <= hi_min &&
                       j0 >= split_begin && j0 + FLASH_BN <= split_end;
-    for (int r = 0; r < FLASH_BM; r++) {
-      sv[r] *= scale;
+    float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
+    for (int r = 0; r < bm; r++) {
+      float16 x = sv[r] * scale;
       if (!full || has_bias) {
-        vstore16(sv[r], 0, s[r]);
-        int2 keys = flash_row_keys(is[r], q_len, kv_len, n_valid, window_left, window_right);
+        float e[FLASH_BN];
+        vstore16(x, 0, e);
+        const int2 keys = flash_row_keys(is[r], q_len, kv_len, n_valid, window_left, window_right);
         for (int jj = 0; jj < FLASH_BN; jj++) {
-          int j = j0 + jj;
+          const int j = j0 + jj;
           bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
-          float x = s[r][jj];
-          if (allowed && has_bias) x += bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)];
-          s[r][jj] = allowed ? x : -INFINITY;
+          if (allowed && has_bias) e[jj] += bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)];
+          e[jj] = allowed ? e[jj] : -INFINITY;
         }
-        sv[r] = vload16(0, s[r]);
+        x = vload16(0, e);
       }
-      const float m_new = fmax(m[r], flash_hmax(sv[r]));
+      const float m_new = fmax(m[r], flash_hmax(x));
       const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
-      const float16 p = exp(sv[r] - m_safe);
-      const float alpha = exp(m[r] - m_safe);
-      l[r] = l[r] * alpha + flash_hsum(p);
+      const float16 pr = exp(x - m_safe);
+      alpha[r] = exp(m[r] - m_safe);
+      l[r] = l[r] * alpha[r] + flash_hsum(pr);
       m[r] = m_new;
-      vstore16(p, 0, s[r]);
-      for (int c = 0; c < DVP; c += 16) vstore16(vload16(0, acc[r] + c) * alpha, 0, acc[r] + c);
+      vstore16(pr, 0, p[r]);
     }
-    for (int jj = 0; jj < FLASH_BN; jj++) {
-      __global const float *vrow = vp + vp_head + (ulong)(j0 + jj) * DVP;
-      for (int c = 0; c < DVP; c += 16) {
-        float16 vv = vload16(0, vrow + c);
-        for (int r = 0; r < FLASH_BM; r++) {
-          float pj = s[r][jj];
-          float16 a = vload16(0, acc[r] + c);
+    /* Values: per 16-column slice, rescale the BM accumulators once, then
+     * add the block's weighted value rows (only keys below kv_len are read). */
+    const int n_block = min(FLASH_BN, kv_len - j0);
+    for (int c = 0; c < DVP; c += 16) {
+      float16 a[FLASH_BM_MAX];
+#pragma unroll
+      for (int r = 0; r < bm; r++) a[r] = vload16(0, acc[r] + c) * alpha[r];
+      if (full) {
+        for (int jj = 0; jj < FLASH_BN; jj++) {
+          const float16 vv = vload16(0, flash_value_row(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj) + c);
+#pragma unroll
+          for (int r = 0; r < bm; r++) a[r] = fma((float16)(p[r][jj]), vv, a[r]);
+        }
+      } else {
+        for (int jj = 0; jj < n_block; jj++) {
+          const float16 vv = vload16(0, flash_value_row(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj) + c);
           /* a zero weight mixes nothing in, even a NaN value */
-          a = full ? fma((float16)(pj), vv, a) : (pj != 0.0f ? fma((float16)(pj), vv, a) : a);
-          vstore16(a, 0, acc[r] + c);
+#pragma unroll
+          for (int r = 0; r < bm; r++)
+            a[r] = p[r][jj] != 0.0f ? fma((float16)(p[r][jj]), vv, a[r]) : a[r];
         }
       }
+#pragma unroll
+      for (int r = 0; r < bm; r++) vstore16(a[r], 0, acc[r] + c);
     }
   }
 
-  for (int r = 0; r < FLASH_BM; r++) {
-    if (t0 + r >= rows_per_kv) break;
-    const bool empty = l[r] == 0.0f;
-    const float inv = empty ? 0.0f : 1.0f / l[r];
-    const float row_lse = empty ? -INFINITY : m[r] + log(l[r]);
-    if (n_splits > 1) {
-      const ulong rows_total = (ulong)(get_global_size(1) / kv_heads) * (ulong)q_heads * (ulong)q_len;
-      const ulong part = (ulong)split * rows_total + ((ulong)b * q_heads + hs[r]) * (ulong)q_len + is[r];
-      for (int c = 0; c < DV; c++) part_o[part * DV + c] = acc[r][c] * inv;
-      part_lse[part] = row_lse;
-    } else {
-      for (int c = 0; c < DV; c++) out[ca_at(out_off, out_st, b, hs[r], is[r], c)] = acc[r][c] * inv;
-      if (want_lse) lse[ca_at(lse_off, lse_st, b, hs[r], is[r], 0)] = row_lse;
-      if (empty) atomic_or(empty_flag, 1);
-    }
+  for (int r = 0; r < bm && t0 + r < rows_per_kv; r++)
+    flash_store_row(acc[r], m[r], l[r], b, hs[r], is[r], q_heads, kv_heads, q_len, split, n_splits, out, out_off,
+                    out_st, lse, lse_off, lse_st, want_lse, part_o, part_lse, empty_flag);
+}
+
+/*
+ * flash_rows — the fused kernel over packed K^T / V (flash_pack): scores as
+ * outer products, 16 keys per vector; any head dims and strides.
+ * flash_rows_direct{1,2,4,8} — the same over K and V read in place with 1,
+ * 2, 4 or 8 rows per work-item, for calls with few rows per KV head
+ * (decode), where packing would cost more than it saves; they need DK and
+ * DV multiples of 16 and unit column strides.
+ * NDRange: (ceil(group * q_len / rows per work-item), batch * kv_heads, n_splits);
+ * work-group (1, 1, 1) — each work-item is an independent task.
+ */
+#define FLASH_KERNEL_ARGS                                                                          \
+  __global const float *q, ulong q_off, ulong4 q_st, __global const float *kt,                    \
+      __global const float *vp, int n_pad, __global const float *k, ulong k_off, ulong4 k_st,      \
+      __global const float *v, ulong v_off, ulong4 v_st, __global const uchar *mask, ulong mask_off, \
+      ulong4 mask_st, int has_mask, __global const float *bias, ulong bias_off, ulong4 bias_st,     \
+      int has_bias, __global const int *kv_lens, int has_kv_lens, int q_heads, int kv_heads,        \
+      int group, int q_len, int kv_len, float scale, int window_left, int window_right,             \
+      int split_keys, __global float *out, ulong out_off, ulong4 out_st, __global float *lse,       \
+      ulong lse_off, ulong4 lse_st, int want_lse, __global float *part_o, __global float *part_lse, \
+      __global int *empty_flag
+#define FLASH_BODY_ARGS(direct, bm)                                                                   \
+  q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, direct, bm, mask, mask_off, mask_st,  \
+      has_mask, bias, bias_off, bias_st, has_bias, kv_lens, has_kv_lens, q_heads, kv_heads, group, \
+      q_len, kv_len, scale, window_left, window_right, split_keys, out, out_off, out_st, lse,       \
+      lse_off, lse_st, want_lse, part_o, part_lse, empty_flag
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows(FLASH_KERNEL_ARGS) {
+  flash_body(FLASH_BODY_ARGS(0, FLASH_BM));
+}
+
+#define FLASH_DIRECT_KERNEL(bm)                                                                   \
+  __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows_direct##bm(FLASH_KERNEL_ARGS) { \
+    flash_body(FLASH_BODY_ARGS(1, bm));                                                           \
   }
+FLASH_DIRECT_KERNEL(1)
+FLASH_DIRECT_KERNEL(2)
+FLASH_DIRECT_KERNEL(4)
+FLASH_DIRECT_KERNEL(8)
+
+/*
+ * flash_tiled — the fused kernel for GPUs: a work-group of FLASH_WG
+ * work-items takes FLASH_WG consecutive rows of one KV head (one row each)
+ * and walks the keys in tiles of FLASH_TILE, each tile of K and V staged in
+ * local memory once for the whole group (coalesced reads; every row then
+ * reads the tile as a broadcast). Per row: scores of the tile in private
+ * memory, the tile's maximum, one rescale of the accumulator per tile.
+ * NDRange: (ceil(group * q_len / FLASH_WG) * FLASH_WG, batch * kv_heads,
+ * n_splits); work-group (FLASH_WG, 1, 1). Same arguments as flash_rows.
+ * -D FLASH_WG, FLASH_TILE (keys per tile; local memory is
+ * FLASH_TILE * (DK + DV) floats).
+ */
+#ifndef FLASH_WG
+#define FLASH_WG 64
+#endif
+#ifndef FLASH_TILE
+#define FLASH_TILE 32
+#endif
+
+__kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(FLASH_KERNEL_ARGS) {
+  __local float k_tile[FLASH_TILE][DK];
+  __local float v_tile[FLASH_TILE][DV];
+  __local int range[2];
+  (void)kt; (void)vp; (void)n_pad;
+  const int lid = get_local_id(0);
+  const int rows_per_kv = group * q_len;
+  const int t = get_global_id(0);
+  const int bhk = get_global_id(1);
+  const int split = get_global_id(2), n_splits = get_global_size(2);
+  const int b = bhk / kv_heads, hk = bhk % kv_heads;
+  const int n_valid = ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
+  const bool live = t < rows_per_kv;        /* padding items join the loads and barriers only */
+  const int tr = min(t, rows_per_kv - 1);
+  const int h = hk * group + tr / q_len, i = tr % q_len;
+
+  float qr[DK], acc[DV];
+  for (int d = 0; d < DK; d++) qr[d] = q[ca_at(q_off, q_st, b, h, i, d)];
+  for (int c = 0; c < DV; c++) acc[c] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  const int2 keys = flash_row_keys(i, q_len, kv_len, n_valid, window_left, window_right);
+
+  /* The group's key range: the union of its rows' ranges. */
+  if (lid == 0) {
+    range[0] = INT_MAX;
+    range[1] = -1;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (live && keys.x <= keys.y) {
+    atomic_min(&range[0], keys.x);
+    atomic_max(&range[1], keys.y);
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const int split_begin = split * split_keys;
+  const int split_end = min(kv_len, split_begin + split_keys);
+  const int j_begin = max(split_begin, range[0]) / FLASH_TILE * FLASH_TILE;
+  const int j_end = min(split_end, range[1] + 1);
+
+  for (int j0 = j_begin; j0 < j_end; j0 += FLASH_TILE) {
+    barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is consumed */
+    for (int e = lid; e < FLASH_TILE * DK; e += FLASH_WG) {
+      const int jj = e / DK, d = e % DK, j = j0 + jj;
+      k_tile[jj][d] = j < n_valid ? k[ca_at(k_off, k_st, b, hk, j, d)] : 0.0f;
+    }
+    for (int e = lid; e < FLASH_TILE * DV; e += FLASH_WG) {
+      const int jj = e / DV, c = e % DV, j = j0 + jj;
+      v_tile[jj][c] = j < n_valid ? v[ca_at(v_off, v_st, b, hk, j, c)] : 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    float s[FLASH_TILE];
+    float tile_max = -INFINITY;
+    for (int jj = 0; jj < FLASH_TILE; jj++) {
+      const int j = j0 + jj;
+      bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
+      if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+      float x = -INFINITY;
+      if (allowed) {
+        float dot = 0.0f;
+        for (int d = 0; d < DK; d++) dot += qr[d] * k_tile[jj][d];
+        x = scale * dot;
+        if (has_bias) x += bias[ca_at(bias_off, bias_st, b, h, i, j)];
+      }
+      s[jj] = x;
+      tile_max = fmax(tile_max, x);
+    }
+    const float m_new = fmax(m, tile_max);
+    const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
+    const float alpha = exp(m - m_safe);
+    float tile_sum = 0.0f;
+    for (int c = 0; c < DV; c++) acc[c] *= alpha;
+    for (int jj = 0; jj < FLASH_TILE; jj++) {
+      const float p = exp(s[jj] - m_safe);
+      tile_sum += p;
+      /* a zero weight mixes nothing in */
+      if (p != 0.0f)
+        for (int c = 0; c < DV; c++) acc[c] += p * v_tile[jj][c];
+    }
+    l = l * alpha + tile_sum;
+    m = m_new;
+  }
+  if (live)
+    flash_store_row(acc, m, l, b, h, i, q_heads, kv_heads, q_len, split, n_splits, out, out_off, out_st, lse,
+                    lse_off, lse_st, want_lse, part_o, part_lse, empty_flag);
 }

@@ -35,6 +35,16 @@ fail:
   return st;
 }
 
+/* CLATTN_FLASH_WG=n forces the work-group fused kernel (flash_tiled) with
+ * n rows per group, CLATTN_FLASH_WG=0 the register-blocked one (flash_rows):
+ * how the tests run both on one device. */
+static const char *override_flash_variant(tl_tiles *t) {
+  const char *env = getenv("CLATTN_FLASH_WG");
+  if (!env || !*env) return "device query";
+  t->flash_wg = atoi(env);
+  return "device query; fused variant from CLATTN_FLASH_WG";
+}
+
 static size_t scratch_budget(const clattn_context *ctx) {
   size_t budget = DEFAULT_SCRATCH_BYTES;
   const char *env = getenv("CLATTN_SCRATCH_BYTES");
@@ -101,6 +111,12 @@ static void describe(clattn_context *ctx) {
   ca_device_string(ctx->device, CL_DRIVER_VERSION, driver, sizeof driver);
   const tl_device *c = &ctx->caps;
   const tl_tiles *t = &ctx->tiles;
+  char fused[160];
+  if (t->flash_wg > 0)
+    snprintf(fused, sizeof fused, "flash_tiled, %d rows per work-group, K/V tiles in local memory", t->flash_wg);
+  else
+    snprintf(fused, sizeof fused, "flash_rows, %d rows per work-item, 16-wide vectors; decode reads K/V in place",
+             t->flash_bm);
   snprintf(ctx->description, sizeof ctx->description,
            "platform: %s\n"
            "device: %s (%s, driver %s)\n"
@@ -109,12 +125,13 @@ static void describe(clattn_context *ctx) {
            "  qk_score: %d rows x %d keys, head-dim chunk %d\n"
            "  softmax: %d work-items per row\n"
            "  mix: %d rows x %d value columns, key chunk %d\n"
+           "  fused: %s\n"
            "staged scratch budget: %zu bytes\n"
            "program build at creation: %.1f ms\n",
            platform, device, (c->type & CL_DEVICE_TYPE_GPU) ? "GPU" : (c->type & CL_DEVICE_TYPE_CPU) ? "CPU" : "other",
            driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem,
            ctx->tiles_origin, t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv,
-           t->mix_tj, ctx->scratch_budget, ctx->build_ms);
+           t->mix_tj, fused, ctx->scratch_budget, ctx->build_ms);
 }
 
 static clattn_status attach(clattn_context *ctx, const clattn_options *opt) {
@@ -174,7 +191,7 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
   st = probe_preferred_multiple(ctx, &ctx->caps.pref_multiple);
   if (st != CLATTN_OK) goto fail;
   ctx->tiles = tl_choose(&ctx->caps);
-  ctx->tiles_origin = "device query";
+  ctx->tiles_origin = override_flash_variant(&ctx->tiles);
   if (tl_clamp(&ctx->tiles, &ctx->caps) != 0) {
     st = ca_fail(CLATTN_ERR_UNSUPPORTED, "device limits (work-group %zu, local memory %llu bytes) fit no tile shape",
                  ctx->caps.max_wg, (unsigned long long)ctx->caps.local_mem);

@@ -1,8 +1,11 @@
 /*
  * The fused path: flash_pack (K transposed, V packed, padding zeroed), then
  * flash_rows (one pass over key blocks with the online softmax), then, when
- * the keys were split across work-items, merge_states. Scratch is O(N d):
- * nothing proportional to M x N is ever allocated.
+ * the keys were split across work-items, merge_states. Calls with few rows
+ * per KV head (decode) skip the pack and read K and V in place
+ * (flash_rows_direct): there the pack would triple the memory traffic of a
+ * bandwidth-bound call. Scratch is O(N d): nothing proportional to M x N is
+ * ever allocated.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -38,7 +41,8 @@ static clattn_status fused_program(clattn_context *ctx, int head_dim, int value_
   }
   const char *sources[] = {clattn_src_common, clattn_src_flash};
   char options[512];
-  snprintf(options, sizeof options, "-cl-std=CL1.2 -D DK=%d -D DV=%d", head_dim, value_dim);
+  snprintf(options, sizeof options, "-cl-std=CL1.2 -D DK=%d -D DV=%d -D FLASH_TILE=%d", head_dim, value_dim,
+           tl_flash_tile(&ctx->caps, head_dim, value_dim));
   tl_build_options(&ctx->tiles, options, sizeof options);
   char name[64];
   snprintf(name, sizeof name, "flash dk=%d dv=%d", head_dim, value_dim);
@@ -73,13 +77,18 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   cl_int err = CL_SUCCESS;
   cl_program program = NULL;
   cl_kernel pack = NULL, rows = NULL;
+  char rows_name[32];
   cl_mem kt = NULL, vp = NULL, part_o = NULL, part_lse = NULL, empty_flag = NULL;
   cl_event prev = NULL;
-  const int bm = ctx->tiles.flash_bm;
+  const size_t rows_per_kv = (size_t)plan->group * (size_t)p->q_len;
+  const int wg = ctx->tiles.flash_wg; /* > 0: flash_tiled (GPUs) */
+  /* Few rows per KV head (decode): read K and V in place, 1-8 rows per item. */
+  const int direct = !wg && rows_per_kv <= 8 && p->head_dim % 16 == 0 && p->value_dim % 16 == 0 && p->k.stride[3] == 1 &&
+                     p->v.stride[3] == 1;
+  const int bm = wg ? wg : !direct ? ctx->tiles.flash_bm : rows_per_kv <= 1 ? 1 : rows_per_kv <= 2 ? 2 : rows_per_kv <= 4 ? 4 : 8;
   const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
   const size_t n_pad = round_up((size_t)p->kv_len, FLASH_BN);
   const size_t dvp = round_up((size_t)p->value_dim, 16);
-  const size_t rows_per_kv = (size_t)plan->group * (size_t)p->q_len;
   const size_t row_blocks = (rows_per_kv + (size_t)bm - 1) / (size_t)bm;
   const int split_keys = split_keys_for(ctx, row_blocks * kv_pairs, p->kv_len);
   const size_t n_splits = ((size_t)p->kv_len + (size_t)split_keys - 1) / (size_t)split_keys;
@@ -89,20 +98,24 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   /* Dimensions are positive ints, so these products of at most three fit in 64 bits. */
   const cl_ulong kt_bytes = (cl_ulong)kv_pairs * (cl_ulong)p->head_dim * n_pad * sizeof(float);
   const cl_ulong vp_bytes = (cl_ulong)kv_pairs * n_pad * dvp * sizeof(float);
-  if (kt_bytes > ctx->max_alloc || vp_bytes > ctx->max_alloc || kt_bytes > SIZE_MAX || vp_bytes > SIZE_MAX)
+  const int packed = !wg && !direct;
+  if (packed && (kt_bytes > ctx->max_alloc || vp_bytes > ctx->max_alloc || kt_bytes > SIZE_MAX || vp_bytes > SIZE_MAX))
     return ca_fail(CLATTN_ERR_OUT_OF_MEMORY,
                    "fused: packed keys (%llu bytes) or values (%llu bytes) exceed the device's largest allocation "
                    "(%llu bytes)", (unsigned long long)kt_bytes, (unsigned long long)vp_bytes,
                    (unsigned long long)ctx->max_alloc);
 
+  snprintf(rows_name, sizeof rows_name, wg ? "flash_tiled" : direct ? "flash_rows_direct%d" : "flash_rows", bm);
   if ((st = fused_program(ctx, p->head_dim, p->value_dim, &program)) ||
-      (st = ca_create_kernel(program, "flash_pack", &pack)) || (st = ca_create_kernel(program, "flash_rows", &rows)) ||
-      (st = ca_empty_flag_create(ctx, &empty_flag)))
+      (st = ca_create_kernel(program, rows_name, &rows)) || (st = ca_empty_flag_create(ctx, &empty_flag)))
     goto fail;
-  kt = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)kt_bytes, NULL, &err);
-  CA_CHECK_CL(st, err, "clCreateBuffer(fused packed keys)");
-  vp = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)vp_bytes, NULL, &err);
-  CA_CHECK_CL(st, err, "clCreateBuffer(fused packed values)");
+  if (packed) {
+    if ((st = ca_create_kernel(program, "flash_pack", &pack))) goto fail;
+    kt = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)kt_bytes, NULL, &err);
+    CA_CHECK_CL(st, err, "clCreateBuffer(fused packed keys)");
+    vp = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)vp_bytes, NULL, &err);
+    CA_CHECK_CL(st, err, "clCreateBuffer(fused packed values)");
+  }
   if (n_splits > 1) {
     part_o = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE,
                             n_splits * rows_total * (size_t)p->value_dim * sizeof(float), NULL, &err);
@@ -110,28 +123,32 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
     part_lse = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, n_splits * rows_total * sizeof(float), NULL, &err);
     CA_CHECK_CL(st, err, "clCreateBuffer(split-KV partial lse)");
   }
-  ca_note_scratch(ctx, (size_t)(kt_bytes + vp_bytes) + sizeof(cl_int) +
+  ca_note_scratch(ctx, (packed ? (size_t)(kt_bytes + vp_bytes) : 0) + sizeof(cl_int) +
                            (n_splits > 1 ? n_splits * rows_total * ((size_t)p->value_dim + 1) * sizeof(float) : 0));
 
-  ca_args a = {pack, "flash_pack", 0, 0, CL_SUCCESS};
-  ca_arg_view(&a, &p->k);
-  ca_arg_view(&a, &p->v);
-  ca_arg_mem(&a, p->kv_lens);
-  ca_arg_int(&a, plan->has_kv_lens);
-  ca_arg_int(&a, p->kv_heads);
-  ca_arg_int(&a, p->kv_len);
-  ca_arg_int(&a, (int)n_pad);
-  ca_arg_mem(&a, kt);
-  ca_arg_mem(&a, vp);
-  if ((st = ca_args_done(&a))) goto fail;
-  const size_t pack_global[2] = {n_pad, kv_pairs};
-  if ((st = ca_enqueue(ctx, pack, "flash_pack", 2, pack_global, NULL, n_wait, wait, &prev))) goto fail;
+  if (packed) {
+    ca_args a = {pack, "flash_pack", 0, 0, CL_SUCCESS};
+    ca_arg_view(&a, &p->k);
+    ca_arg_view(&a, &p->v);
+    ca_arg_mem(&a, p->kv_lens);
+    ca_arg_int(&a, plan->has_kv_lens);
+    ca_arg_int(&a, p->kv_heads);
+    ca_arg_int(&a, p->kv_len);
+    ca_arg_int(&a, (int)n_pad);
+    ca_arg_mem(&a, kt);
+    ca_arg_mem(&a, vp);
+    if ((st = ca_args_done(&a))) goto fail;
+    const size_t pack_global[2] = {n_pad, kv_pairs};
+    if ((st = ca_enqueue(ctx, pack, "flash_pack", 2, pack_global, NULL, n_wait, wait, &prev))) goto fail;
+  }
 
-  ca_args r = {rows, "flash_rows", 0, 0, CL_SUCCESS};
+  ca_args r = {rows, rows_name, 0, 0, CL_SUCCESS};
   ca_arg_view(&r, &p->q);
   ca_arg_mem(&r, kt);
   ca_arg_mem(&r, vp);
   ca_arg_int(&r, (int)n_pad);
+  ca_arg_view(&r, &p->k);
+  ca_arg_view(&r, &p->v);
   ca_arg_view(&r, &p->mask);
   ca_arg_int(&r, plan->has_mask);
   ca_arg_view(&r, &p->bias);
@@ -154,9 +171,9 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_mem(&r, part_lse);
   ca_arg_mem(&r, empty_flag);
   if ((st = ca_args_done(&r))) goto fail;
-  const size_t rows_global[3] = {row_blocks, kv_pairs, n_splits};
-  const size_t rows_local[3] = {1, 1, 1};
-  if ((st = ca_enqueue(ctx, rows, "flash_rows", 3, rows_global, rows_local, n_wait, wait, &prev))) goto fail;
+  const size_t rows_global[3] = {wg ? row_blocks * (size_t)wg : row_blocks, kv_pairs, n_splits};
+  const size_t rows_local[3] = {wg ? (size_t)wg : 1, 1, 1};
+  if ((st = ca_enqueue(ctx, rows, rows_name, 3, rows_global, rows_local, n_wait, wait, &prev))) goto fail;
 
   if (n_splits > 1) {
     const size_t m = (size_t)p->q_len, h = (size_t)p->q_heads, dv = (size_t)p->value_dim;

@@ -21,7 +21,8 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.score_tm = 8;  t.score_tn = 16; t.score_tk = 32;
     t.softmax_wg = 16;
     t.mix_tm = 8;    t.mix_tv = 16;   t.mix_tj = 32;
-    t.flash_bm = 4;
+    t.flash_bm = 8;
+    t.flash_wg = 0; /* register-blocked rows with 16-wide vectors: see cl/flash.cl */
   } else {
     /* GPUs: 256 work-items per group in 16-wide rows (a half warp, a quarter
      * wavefront), so global reads of a row coalesce and local reads broadcast. */
@@ -31,6 +32,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.mix_tv = 16;    t.mix_tm = 16;   t.mix_tj = 16;
     if (dev->value_dim > 0 && dev->value_dim <= 8) t.mix_tv = 8, t.mix_tm = 32;
     t.flash_bm = 4;
+    t.flash_wg = simd >= 64 ? simd : 64; /* one row per work-item, K/V tiles in local memory */
   }
   tl_clamp(&t, dev);
   return t;
@@ -62,6 +64,10 @@ int tl_clamp(tl_tiles *t, const tl_device *dev) {
   fit_2d(&t->mix_tv, &t->mix_tm, dev);
   t->softmax_wg = floor_pow2((size_t)(t->softmax_wg > 0 ? t->softmax_wg : 1));
   t->flash_bm = t->flash_bm < 1 ? 1 : t->flash_bm > 16 ? 16 : t->flash_bm;
+  if (t->flash_wg > 0) {
+    t->flash_wg = floor_pow2((size_t)t->flash_wg);
+    while ((size_t)t->flash_wg > dev->max_wg || (size_t)t->flash_wg > dev->max_item[0]) t->flash_wg /= 2;
+  }
   while ((size_t)t->softmax_wg > dev->max_wg || (size_t)t->softmax_wg > dev->max_item[0]) {
     if (t->softmax_wg == 1) break;
     t->softmax_wg /= 2;
@@ -75,10 +81,18 @@ int tl_clamp(tl_tiles *t, const tl_device *dev) {
   return 0;
 }
 
+int tl_flash_tile(const tl_device *dev, int head_dim, int value_dim) {
+  int tile = 32;
+  size_t row_bytes = ((size_t)head_dim + (size_t)value_dim) * sizeof(float);
+  while (tile > 1 && (size_t)tile * row_bytes + 64 > dev->local_mem) tile /= 2;
+  return tile;
+}
+
 void tl_build_options(const tl_tiles *t, char *buf, size_t size) {
   size_t len = strlen(buf);
   snprintf(buf + len, size > len ? size - len : 0,
            " -D SCORE_TM=%d -D SCORE_TN=%d -D SCORE_TK=%d -D SOFTMAX_WG=%d"
-           " -D MIX_TM=%d -D MIX_TV=%d -D MIX_TJ=%d -D FLASH_BM=%d",
-           t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv, t->mix_tj, t->flash_bm);
+           " -D MIX_TM=%d -D MIX_TV=%d -D MIX_TJ=%d -D FLASH_BM=%d -D FLASH_WG=%d",
+           t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv, t->mix_tj, t->flash_bm,
+           t->flash_wg > 0 ? t->flash_wg : 1);
 }

@@ -24,7 +24,8 @@ typedef struct {
   int score_tm, score_tn, score_tk; /* qk_score: rows x keys per group, head-dim chunk in local memory */
   int softmax_wg;                   /* softmax: work-items per row */
   int mix_tm, mix_tv, mix_tj;       /* mix: rows x value columns per group, key chunk in local memory */
-  int flash_bm;                     /* fused: query rows per work-item */
+  int flash_bm;                     /* fused, flash_rows: query rows per work-item */
+  int flash_wg;                     /* fused, flash_tiled: rows (work-items) per group; 0 = use flash_rows */
 } tl_tiles;
 
 /* Defaults from the device description, clamped to its limits. */
@@ -38,6 +39,10 @@ int tl_clamp(tl_tiles *t, const tl_device *dev);
 size_t tl_score_local_bytes(const tl_tiles *t);
 size_t tl_mix_local_bytes(const tl_tiles *t);
 size_t tl_softmax_local_bytes(const tl_tiles *t);
+
+/* Keys per local-memory tile of flash_tiled for these head dims: the
+ * largest power of two up to 32 whose K and V tiles fit local memory. */
+int tl_flash_tile(const tl_device *dev, int head_dim, int value_dim);
 
 /* Appends the -D options that carry the tiles to buf. */
 void tl_build_options(const tl_tiles *t, char *buf, size_t size);

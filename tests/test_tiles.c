@@ -50,6 +50,13 @@ static void gpu_tiles_fit_and_fill_a_warp(void) {
            names[i], group, devs[i].pref_multiple);
     CHECKF(group >= 128, "%s: qk_score group %zu is too small to hide latency", names[i], group);
     CHECK(tl_clamp(&t, &devs[i]) == 0);
+    CHECKF(t.flash_wg > 0 && t.flash_wg % (int)devs[i].pref_multiple == 0 && (size_t)t.flash_wg <= devs[i].max_wg,
+           "%s: fused group %d does not fill whole SIMD groups", names[i], t.flash_wg);
+    for (int dk = 1; dk <= 256; dk = dk * 2 + 1) {
+      int tile = tl_flash_tile(&devs[i], dk, dk);
+      CHECKF(tile >= 1 && (size_t)tile * 2 * dk * sizeof(float) <= devs[i].local_mem,
+             "%s: fused tile of %d keys at d=%d overflows local memory", names[i], tile, dk);
+    }
   }
 }
 
@@ -59,6 +66,7 @@ static void cpu_tiles_are_wide_and_short(void) {
   check_fits(&t, &d, "cpu");
   CHECK(t.score_tn >= t.score_tm);
   CHECK(t.mix_tv >= t.mix_tm);
+  CHECK(t.flash_wg == 0 && t.flash_bm >= 4); /* register-blocked rows, not work-groups */
 }
 
 static void small_device_is_clamped_to_its_limits(void) {
@@ -70,9 +78,10 @@ static void small_device_is_clamped_to_its_limits(void) {
 
 static void oversized_tiles_shrink_to_fit(void) {
   tl_device d = amd_like();
-  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64};
+  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096};
   CHECK(tl_clamp(&t, &d) == 0);
   check_fits(&t, &d, "clamped");
+  CHECK(t.flash_bm <= 16 && (size_t)t.flash_wg <= d.max_wg);
 }
 
 static void device_that_fits_nothing_is_refused(void) {
