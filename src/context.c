@@ -60,10 +60,10 @@ static size_t scratch_budget(const clattn_context *ctx) {
 
 static clattn_status build_core(clattn_context *ctx) {
   const char *sources[] = {clattn_src_common, clattn_src_qk_score, clattn_src_softmax, clattn_src_mix,
-                           clattn_src_merge};
+                           clattn_src_merge, clattn_src_gemm};
   char options[512] = "-cl-std=CL1.2";
   tl_build_options(&ctx->tiles, options, sizeof options);
-  return ca_build_program(ctx, "core", sources, 5, options, &ctx->core);
+  return ca_build_program(ctx, "core", sources, 6, options, &ctx->core);
 }
 
 /* The largest group each core kernel can run with, as built: a GPU
@@ -127,11 +127,13 @@ static void describe(clattn_context *ctx) {
            "  mix: %d rows x %d value columns, key chunk %d\n"
            "  fused: %s\n"
            "staged scratch budget: %zu bytes\n"
-           "program build at creation: %.1f ms\n",
+           "program build at creation: %.1f ms\n"
+           "program cache: %s (at creation: %d built from source, %d loaded from cache)\n",
            platform, device, (c->type & CL_DEVICE_TYPE_GPU) ? "GPU" : (c->type & CL_DEVICE_TYPE_CPU) ? "CPU" : "other",
            driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem,
            ctx->tiles_origin, t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv,
-           t->mix_tj, fused, ctx->scratch_budget, ctx->build_ms);
+           t->mix_tj, fused, ctx->scratch_budget, ctx->build_ms,
+           ctx->cache_dir ? ctx->cache_dir : "off", ctx->builds_from_source, ctx->builds_from_cache);
 }
 
 static clattn_status attach(clattn_context *ctx, const clattn_options *opt) {
@@ -186,6 +188,7 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
   if (st != CLATTN_OK) goto fail;
   st = ca_query_device(ctx->device, &ctx->caps, &ctx->max_alloc);
   if (st != CLATTN_OK) goto fail;
+  ctx->cache_dir = ca_cache_dir_resolve((opt ? opt : &defaults)->cache_dir); /* NULL: no disk cache */
 
   double t0 = now_ms();
   st = probe_preferred_multiple(ctx, &ctx->caps.pref_multiple);
@@ -214,6 +217,7 @@ void clattn_destroy(clattn_context *ctx) {
   if (ctx->core) clReleaseProgram(ctx->core);
   for (int i = 0; i < ctx->n_fused; i++) clReleaseProgram(ctx->fused[i].program);
   free(ctx->fused);
+  free(ctx->cache_dir);
   pthread_mutex_destroy(&ctx->programs_lock);
   if (ctx->queue) clReleaseCommandQueue(ctx->queue);
   if (ctx->context) clReleaseContext(ctx->context);

@@ -21,6 +21,9 @@ struct clattn_context {
   struct ca_fused_program { int head_dim, value_dim; cl_program program; } *fused;
   int n_fused, cap_fused;     /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   double build_ms;            /* time to build the programs at creation */
+  char *cache_dir;            /* the program cache's directory; NULL = no disk cache */
+  int builds_from_source;     /* programs compiled from source; creation or under programs_lock */
+  int builds_from_cache;      /* programs loaded from the disk cache; likewise */
   cl_ulong max_alloc;         /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
   size_t scratch_budget;      /* bytes of score scratch the staged path may hold */
   size_t peak_scratch;        /* largest scratch of one call; guarded by programs_lock */
@@ -72,6 +75,25 @@ clattn_status ca_build_program(clattn_context *ctx, const char *name, const char
 /* A fresh kernel object: kernels are per call so threads never share state. */
 clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);
 
+/* ---- program cache (cache.c) ---- */
+
+/* 128 bits over library version, platform, device, driver, sources, options. */
+typedef struct { unsigned char bytes[16]; } ca_cache_key;
+void ca_cache_key_of(const clattn_context *ctx, const char *const *sources, cl_uint n_sources, const char *options,
+                     ca_cache_key *key);
+/* The built program from a validated entry of ctx->cache_dir, or NULL (miss;
+ * an entry that does not validate or build is deleted). Never fails a call. */
+cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const char *options);
+/* Writes program's binary for ctx->device atomically (temp file + rename);
+ * best effort, silent on failure. */
+void ca_cache_store(clattn_context *ctx, const ca_cache_key *key, cl_program program);
+/* The cache directory: opt when non-NULL, else env CLATTN_CACHE_DIR, else
+ * $XDG_CACHE_HOME/clattn, else $HOME/.cache/clattn, created when missing.
+ * NULL (no cache) for "" or when it cannot be created or written. malloc'd. */
+char *ca_cache_dir_resolve(const char *opt);
+/* Programs built from source and loaded from the cache so far (for tests). */
+void ca_cache_counts(const clattn_context *ctx, int *from_source, int *from_cache);
+
 /* ---- launching (launch.c) ---- */
 
 /* Sets a kernel's arguments in order; the first failure is kept for
@@ -94,6 +116,14 @@ clattn_status ca_args_done(const ca_args *a);
  * kernels on in-order and out-of-order queues alike. */
 clattn_status ca_enqueue(clattn_context *ctx, cl_kernel kernel, const char *name, cl_uint dims, const size_t *global,
                          const size_t *local, cl_uint n_wait, const cl_event *wait, cl_event *prev);
+/* A chunk of query rows: `rows` rows in each of `heads` consecutive
+ * (batch, head) pairs. The staged and GEMM paths hold heads x rows x N
+ * scores at a time; ca_plan_chunks keeps that under budget bytes. */
+typedef struct {
+  int heads, rows;
+} ca_chunk;
+ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget);
+
 /* A device int, zero, that kernels raise when a row had no allowed key. */
 clattn_status ca_empty_flag_create(clattn_context *ctx, cl_mem *flag);
 /* Ends a call: under EMPTY_ERROR waits for *last and reads the flag; hands
@@ -124,6 +154,8 @@ clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *m
                                cl_uint n_wait, const cl_event *wait, cl_event *prev);
 clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                cl_uint n_wait, const cl_event *wait, cl_event *done);
+clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
+                              cl_uint n_wait, const cl_event *wait, cl_event *done);
 clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                 cl_uint n_wait, const cl_event *wait, cl_event *done);
 

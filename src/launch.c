@@ -1,5 +1,6 @@
 /* Launch helpers shared by the paths: kernel arguments in order, chained
  * enqueues, and the empty-row flag. */
+#include <stdint.h>
 #include <stdio.h>
 
 #include "internal.h"
@@ -74,4 +75,23 @@ clattn_status ca_finish_call(clattn_context *ctx, clattn_empty_rows policy, cl_m
     *last = NULL;
   }
   return CLATTN_OK;
+}
+
+ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget) {
+  size_t row_bytes = (size_t)p->kv_len * sizeof(float);
+  size_t fit = budget / row_bytes;
+  size_t pairs = (size_t)p->batch * (size_t)p->q_heads;
+  ca_chunk c;
+  if (fit < 1) fit = 1;
+  if (fit >= (size_t)p->q_len) {
+    c.rows = p->q_len;
+    size_t heads = fit / (size_t)p->q_len;
+    c.heads = (int)(heads < pairs ? heads : pairs);
+  } else {
+    c.rows = (int)fit;
+    c.heads = 1;
+  }
+  /* Keep the softmax's rows x heads grid dimension inside int range. */
+  while ((long long)c.heads * c.rows > INT32_MAX / 2 && c.heads > 1) c.heads /= 2;
+  return c;
 }

@@ -1,5 +1,6 @@
 /* Building kernel programs from the embedded sources, with the build log in
- * the error message when the compiler refuses. */
+ * the error message when the compiler refuses; through the on-disk binary
+ * cache (cache.c) when the context has one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,16 @@ clattn_status ca_build_program(clattn_context *ctx, const char *name, const char
   clattn_status st = CLATTN_OK;
   cl_int err = CL_SUCCESS;
   *out = NULL;
+  ca_cache_key key = {{0}};
+  if (ctx->cache_dir) {
+    ca_cache_key_of(ctx, sources, n_sources, options, &key);
+    cl_program cached = ca_cache_load(ctx, &key, options);
+    if (cached) {
+      ctx->builds_from_cache++;
+      *out = cached;
+      return CLATTN_OK;
+    }
+  }
   cl_program program = clCreateProgramWithSource(ctx->context, n_sources, (const char **)sources, NULL, &err);
   CA_CHECK_CL(st, err, "clCreateProgramWithSource");
   err = clBuildProgram(program, 1, &ctx->device, options, NULL, NULL);
@@ -34,6 +45,8 @@ clattn_status ca_build_program(clattn_context *ctx, const char *name, const char
                  ca_cl_error_name(err), (int)err, options, log);
     goto fail;
   }
+  ctx->builds_from_source++;
+  if (ctx->cache_dir) ca_cache_store(ctx, &key, program);
   *out = program;
   return CLATTN_OK;
 fail:

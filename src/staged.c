@@ -1,36 +1,12 @@
 /*
  * The staged path: qk_score -> softmax_rows -> mix, over chunks of query
- * rows so the score scratch stays under the context's budget whatever M and
- * N are. A chunk is a run of `rows` query rows in each of `heads`
- * consecutive (batch, head) pairs; the scratch holds heads x rows x N floats.
+ * rows (ca_plan_chunks) so the score scratch stays under the context's
+ * budget whatever M and N are.
  */
 #include <stdint.h>
 #include <stdio.h>
 
 #include "internal.h"
-
-typedef struct {
-  int heads, rows; /* chunk shape */
-} chunk_shape;
-
-static chunk_shape plan_chunks(const clattn_params *p, size_t budget) {
-  size_t row_bytes = (size_t)p->kv_len * sizeof(float);
-  size_t fit = budget / row_bytes;
-  size_t pairs = (size_t)p->batch * (size_t)p->q_heads;
-  chunk_shape c;
-  if (fit < 1) fit = 1;
-  if (fit >= (size_t)p->q_len) {
-    c.rows = p->q_len;
-    size_t heads = fit / (size_t)p->q_len;
-    c.heads = (int)(heads < pairs ? heads : pairs);
-  } else {
-    c.rows = (int)fit;
-    c.heads = 1;
-  }
-  /* Keep the softmax's rows x heads grid dimension inside int range. */
-  while ((long long)c.heads * c.rows > INT32_MAX / 2 && c.heads > 1) c.heads /= 2;
-  return c;
-}
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
@@ -43,7 +19,7 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
   cl_event prev = NULL;
   const tl_tiles *t = &ctx->tiles;
   const int pairs = p->batch * p->q_heads;
-  const chunk_shape chunk = plan_chunks(p, ctx->scratch_budget);
+  const ca_chunk chunk = ca_plan_chunks(p, ctx->scratch_budget);
 
   if (done) *done = NULL;
   if ((st = ca_create_kernel(ctx->core, "qk_score", &score)) ||

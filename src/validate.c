@@ -122,12 +122,10 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   const int want_weights = p->weights.buf != NULL;
   /* AUTO: the fused kernel, unless the routing matrix is asked for. */
   plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo : want_weights ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED;
-  if (plan->algo == CLATTN_ALGO_GEMM)
-    return ca_fail(CLATTN_ERR_UNSUPPORTED, "algo gemm is not implemented in this build; use STAGED, FUSED or AUTO");
   if (plan->algo == CLATTN_ALGO_FUSED && want_weights)
     return ca_fail(CLATTN_ERR_UNSUPPORTED,
                    "weights: the fused kernel never forms the routing matrix; use CLATTN_ALGO_STAGED or AUTO");
-  if (plan->algo == CLATTN_ALGO_STAGED && (cl_ulong)p->kv_len * sizeof(float) > ctx->max_alloc)
+  if (plan->algo != CLATTN_ALGO_FUSED && (cl_ulong)p->kv_len * sizeof(float) > ctx->max_alloc)
     return ca_fail(CLATTN_ERR_UNSUPPORTED, "kv_len %d: one row of scores exceeds the device's largest allocation",
                    p->kv_len);
 

@@ -7,9 +7,8 @@
 #include "check.h"
 #include "problem.h"
 
-/* The algorithms every device test runs. STAGED and AUTO must run, FUSED
- * too unless the routing matrix (weights) is asked for; GEMM may answer
- * CLATTN_ERR_UNSUPPORTED until its path exists. */
+/* The algorithms every device test runs. STAGED, GEMM and AUTO must run,
+ * FUSED too unless the routing matrix (weights) is asked for. */
 static const clattn_algo kc_algos[] = {
   CLATTN_ALGO_STAGED, CLATTN_ALGO_AUTO, CLATTN_ALGO_FUSED, CLATTN_ALGO_GEMM,
 };
@@ -17,7 +16,7 @@ static const clattn_algo kc_algos[] = {
 
 static inline int kc_algo_optional(clattn_algo a, const clattn_params *p)
 {
-  return a == CLATTN_ALGO_GEMM || (a == CLATTN_ALGO_FUSED && p->weights.buf != NULL);
+  return a == CLATTN_ALGO_FUSED && p->weights.buf != NULL;
 }
 
 /* Builds a problem; records a failure (with the kit's message) on error. */
@@ -28,11 +27,22 @@ static inline int kc_algo_optional(clattn_algo a, const clattn_params *p)
     REQUIREF((pb) != NULL, "cp_build: %s", kc_err_);                                        \
   } while (0)
 
-/* Runs pb with algo: 1 ran (r filled), 0 skipped (optional algo unsupported),
- * -1 harness failure (recorded). */
+/* Whether the environment restricts this run to other algorithms:
+ * CLATTN_TEST_ALGOS="fused,gemm" runs only those (meson uses it to rerun
+ * the fused tests with the other fused kernel without redoing the rest). */
+static inline int kc_algo_filtered_out(clattn_algo algo)
+{
+  const char *only = getenv("CLATTN_TEST_ALGOS");
+  return only && *only && !strstr(only, clattn_algo_name(algo));
+}
+
+/* Runs pb with algo: 1 ran (r filled), 0 skipped (optional algo unsupported,
+ * or filtered out), -1 harness failure (recorded). */
 static inline int kc_run(cp_problem *pb, clattn_algo algo, cp_result *r, const char *file,
                          int line)
 {
+  if (kc_algo_filtered_out(algo))
+    return 0;
   pb->params.algo = algo;
   if (cp_run(pb, ct_context(), r) != 0) {
     ct_check(0, file, line, "harness: %s", pb->err);

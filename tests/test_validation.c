@@ -259,15 +259,13 @@ static void size_overflow_is_rejected_without_crash(void)
   REJECT2(&p, inv, small, NULL, "batch = q_heads = INT_MAX");
 }
 
-static void weights_with_fused_or_gemm_are_unsupported(void)
+static void weights_with_fused_are_unsupported(void)
 {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_params p = pb->params;
   p.algo = CLATTN_ALGO_FUSED;
   REJECT(&p, CLATTN_ERR_UNSUPPORTED, NULL, "weights with FUSED");
-  p.algo = CLATTN_ALGO_GEMM;
-  REJECT(&p, CLATTN_ERR_UNSUPPORTED, NULL, "weights with GEMM");
 }
 
 static void null_context_or_params_are_invalid(void)
@@ -342,7 +340,7 @@ int main(int argc, char **argv)
     CT_TEST(window_below_minus_one_is_invalid),
     CT_TEST(views_past_the_buffer_are_too_small),
     CT_TEST(size_overflow_is_rejected_without_crash),
-    CT_TEST(weights_with_fused_or_gemm_are_unsupported),
+    CT_TEST(weights_with_fused_are_unsupported),
     CT_TEST(null_context_or_params_are_invalid),
     CT_TEST(half_precision_dtypes_are_unsupported),
     CT_TEST(out_of_range_enums_are_invalid),

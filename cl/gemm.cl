@@ -1,0 +1,75 @@
+/*
+ * gemm — the GEMM path's own kernels around CLBlast's batched SGEMMs
+ * (S = Q K^T and O = A V run in CLBlast; softmax_rows is softmax.cl's).
+ *
+ * gemm_dense_copy: copies a [B, H, S, D] view into a dense row-major
+ *   scratch, zeroing rows s >= kv_lens[b] when zero_past_kv_lens is set, so
+ *   padding (often uninitialised cache memory) never reaches a GEMM.
+ *   NDRange: (D, S, B * H); any work-group shape.
+ * gemm_mask_scores: turns raw dot products into scores in place:
+ *   s = scale * s + bias for allowed keys, -INFINITY otherwise (whatever the
+ *   dot product was: NaN from a disallowed key stays out).
+ *   NDRange: (N, rows, heads in the chunk); any work-group shape.
+ * gemm_store_rows: copies a chunk of O rows from scratch to the out view.
+ *   A row the GEMM made non-finite is recomputed as sum over nonzero a_j of
+ *   a_j v_j: a GEMM multiplies a zero weight by a NaN value and gets NaN,
+ *   which a disallowed candidate must never cause. A row that is NaN for a
+ *   real reason (an allowed NaN) comes out NaN again.
+ *   NDRange: (rows, heads in the chunk); any work-group shape.
+ */
+
+__kernel void gemm_dense_copy(__global const float *src, ulong src_off, ulong4 src_st,
+                              int heads, int len, int width,
+                              __global const int *kv_lens, int zero_past_kv_lens,
+                              __global float *dst) {
+  const int c = get_global_id(0), s = get_global_id(1), bh = get_global_id(2);
+  if (c >= width || s >= len) return;
+  const int b = bh / heads, h = bh % heads;
+  const bool keep = !zero_past_kv_lens || s < ca_valid_keys(kv_lens, 1, b, len);
+  dst[((ulong)bh * (ulong)len + (ulong)s) * (ulong)width + (ulong)c] = keep ? src[ca_at(src_off, src_st, b, h, s, c)] : 0.0f;
+}
+
+__kernel void gemm_mask_scores(__global float *scores,
+                               __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
+                               __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
+                               __global const int *kv_lens, int has_kv_lens,
+                               int q_heads, int q_len, int kv_len, float scale, int window_left, int window_right,
+                               int bh0, int i0, int rows) {
+  const int j = get_global_id(0), r = get_global_id(1), g = get_global_id(2);
+  if (j >= kv_len || r >= rows) return;
+  const int bh = bh0 + g, b = bh / q_heads, h = bh % q_heads, i = i0 + r;
+  bool allowed = j < ca_valid_keys(kv_lens, has_kv_lens, b, kv_len) &&
+                 ca_in_window(i, j, q_len, kv_len, window_left, window_right);
+  if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+  const ulong at = ((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j;
+  float s = -INFINITY;
+  if (allowed) {
+    s = scale * scores[at];
+    if (has_bias) s += bias[ca_at(bias_off, bias_st, b, h, i, j)];
+  }
+  scores[at] = s;
+}
+
+__kernel void gemm_store_rows(__global const float *o_rows, __global const float *probs,
+                              __global const float *v, ulong v_off, ulong4 v_st,
+                              int q_heads, int group, int kv_len, int value_dim, int bh0, int i0, int rows,
+                              __global float *out, ulong out_off, ulong4 out_st) {
+  const int r = get_global_id(0), g = get_global_id(1);
+  if (r >= rows) return;
+  const int bh = bh0 + g, b = bh / q_heads, h = bh % q_heads, hk = h / group, i = i0 + r;
+  const ulong row = (ulong)g * (ulong)rows + (ulong)r;
+  __global const float *o = o_rows + row * (ulong)value_dim;
+  bool finite = true;
+  for (int c = 0; c < value_dim; c++) finite = finite && isfinite(o[c]);
+  if (finite) {
+    for (int c = 0; c < value_dim; c++) out[ca_at(out_off, out_st, b, h, i, c)] = o[c];
+    return;
+  }
+  __global const float *a = probs + row * (ulong)kv_len;
+  for (int c = 0; c < value_dim; c++) {
+    float acc = 0.0f;
+    for (int j = 0; j < kv_len; j++)
+      if (a[j] != 0.0f) acc += a[j] * v[ca_at(v_off, v_st, b, hk, j, c)];
+    out[ca_at(out_off, out_st, b, h, i, c)] = acc;
+  }
+}

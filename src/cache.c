@@ -1,0 +1,346 @@
+/*
+ * The on-disk program cache: compiled program binaries keyed by a 128-bit
+ * hash of everything that shapes them (library version, platform, device,
+ * driver, kernel sources, build options).
+ *
+ * One file per program, named by the hex of the key plus ".bin":
+ *
+ *   offset  size  field
+ *        0     8  magic "CLATTNPB"
+ *        8     4  format version (little-endian u32)
+ *       12     4  reserved, 0
+ *       16    16  key
+ *       32     8  payload length (little-endian u64)
+ *       40     8  payload checksum, FNV-1a 64 (little-endian u64)
+ *       48     -  payload: the device's CL_PROGRAM_BINARIES entry
+ *
+ * Writes go to a temp file in the same directory (mkstemp) and are renamed
+ * into place, so readers see a whole file or none; concurrent writers of one
+ * key each rename a complete file and the last one wins. A file that does
+ * not validate, or whose binary the driver refuses, is deleted and rebuilt:
+ * never trusted. Nothing here fails a caller: every failure is a miss.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define CACHE_MAGIC "CLATTNPB"
+enum { CACHE_FORMAT = 1, HEADER_BYTES = 48 };
+#define MAX_PAYLOAD ((uint64_t)1 << 30) /* larger is not a program binary we wrote */
+
+/* ---- hashing ---- */
+
+/* Two 64-bit lanes of different construction (FNV-1a, and a multiply-add
+ * lane finished with the splitmix64 mixer) make the 128-bit key. */
+typedef struct {
+  uint64_t a, b;
+} hash128;
+
+static void hash_init(hash128 *h) {
+  h->a = 0xcbf29ce484222325ull;
+  h->b = 0x6a09e667f3bcc909ull;
+}
+
+static void hash_bytes(hash128 *h, const void *data, size_t n) {
+  const unsigned char *p = data;
+  uint64_t a = h->a, b = h->b;
+  for (size_t i = 0; i < n; i++) {
+    a = (a ^ p[i]) * 0x100000001b3ull;
+    b = (b + p[i] + 1) * 0x9e3779b97f4a7c15ull;
+    b ^= b >> 29;
+  }
+  h->a = a;
+  h->b = b;
+}
+
+static void put_u64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint64_t get_u64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+static void put_u32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get_u32(const unsigned char *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+
+/* A field: its length first, so neighbouring fields cannot run together. */
+static void hash_field(hash128 *h, const void *data, size_t n) {
+  unsigned char len[8];
+  put_u64(len, (uint64_t)n);
+  hash_bytes(h, len, sizeof len);
+  hash_bytes(h, data, n);
+}
+
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static uint64_t checksum(const unsigned char *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* A device or platform string of any length into the hash ("?" when the
+ * driver does not answer). */
+static void hash_info(hash128 *h, cl_platform_id platform, cl_device_id device, cl_uint what) {
+  size_t len = 0;
+  cl_int err = platform ? clGetPlatformInfo(platform, what, 0, NULL, &len) : clGetDeviceInfo(device, what, 0, NULL, &len);
+  char *buf = (err == CL_SUCCESS && len > 0) ? malloc(len) : NULL;
+  if (buf) {
+    err = platform ? clGetPlatformInfo(platform, what, len, buf, NULL) : clGetDeviceInfo(device, what, len, buf, NULL);
+    if (err == CL_SUCCESS) {
+      hash_field(h, buf, strnlen(buf, len));
+      free(buf);
+      return;
+    }
+    free(buf);
+  }
+  hash_field(h, "?", 1);
+}
+
+void ca_cache_key_of(const clattn_context *ctx, const char *const *sources, cl_uint n_sources, const char *options,
+                     ca_cache_key *key) {
+  hash128 h;
+  hash_init(&h);
+  hash_field(&h, CLATTN_VERSION_STRING, strlen(CLATTN_VERSION_STRING));
+  hash_info(&h, ctx->platform, NULL, CL_PLATFORM_NAME);
+  hash_info(&h, ctx->platform, NULL, CL_PLATFORM_VERSION);
+  hash_info(&h, NULL, ctx->device, CL_DEVICE_NAME);
+  hash_info(&h, NULL, ctx->device, CL_DEVICE_VERSION);
+  hash_info(&h, NULL, ctx->device, CL_DRIVER_VERSION);
+  /* The sources as the compiler sees them: concatenated, in order. */
+  size_t total = 0;
+  for (cl_uint i = 0; i < n_sources; i++) total += strlen(sources[i]);
+  unsigned char len[8];
+  put_u64(len, (uint64_t)total);
+  hash_bytes(&h, len, sizeof len);
+  for (cl_uint i = 0; i < n_sources; i++) hash_bytes(&h, sources[i], strlen(sources[i]));
+  const char *opt = options ? options : "";
+  hash_field(&h, opt, strlen(opt));
+  put_u64(key->bytes, mix64(h.a));
+  put_u64(key->bytes + 8, mix64(h.b ^ 0x243f6a8885a308d3ull));
+}
+
+/* ---- files ---- */
+
+/* "<dir>/<32 hex digits>.bin" into a fresh string, or NULL. */
+static char *entry_path(const char *dir, const ca_cache_key *key) {
+  size_t n = strlen(dir) + 1 + 32 + 4 + 1;
+  char *path = malloc(n);
+  if (!path) return NULL;
+  int at = snprintf(path, n, "%s/", dir);
+  for (int i = 0; i < 16; i++) at += snprintf(path + at, n - (size_t)at, "%02x", key->bytes[i]);
+  snprintf(path + at, n - (size_t)at, ".bin");
+  return path;
+}
+
+static int read_all(int fd, unsigned char *buf, size_t n) {
+  while (n > 0) {
+    ssize_t got = read(fd, buf, n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return -1;
+    buf += got;
+    n -= (size_t)got;
+  }
+  return 0;
+}
+
+static int write_all(int fd, const unsigned char *buf, size_t n) {
+  while (n > 0) {
+    ssize_t put = write(fd, buf, n);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return -1;
+    buf += put;
+    n -= (size_t)put;
+  }
+  return 0;
+}
+
+/* The validated payload of path (malloc'd, *len bytes). 0: loaded; 1: no
+ * such file (a plain miss); -1: the file is there but not to be trusted. */
+static int read_entry(const char *path, const ca_cache_key *key, unsigned char **payload, size_t *len) {
+  *payload = NULL;
+  *len = 0;
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return errno == ENOENT ? 1 : -1;
+  int rc = -1;
+  unsigned char head[HEADER_BYTES];
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < HEADER_BYTES) goto done;
+  if (read_all(fd, head, sizeof head) != 0) goto done;
+  if (memcmp(head, CACHE_MAGIC, 8) != 0 || get_u32(head + 8) != CACHE_FORMAT || get_u32(head + 12) != 0 ||
+      memcmp(head + 16, key->bytes, 16) != 0)
+    goto done;
+  uint64_t n = get_u64(head + 32), sum = get_u64(head + 40);
+  if (n == 0 || n > MAX_PAYLOAD || (uint64_t)sb.st_size != HEADER_BYTES + n) goto done;
+  unsigned char *buf = malloc((size_t)n);
+  if (!buf) goto done;
+  if (read_all(fd, buf, (size_t)n) != 0 || checksum(buf, (size_t)n) != sum) {
+    free(buf);
+    goto done;
+  }
+  *payload = buf;
+  *len = (size_t)n;
+  rc = 0;
+done:
+  close(fd);
+  return rc;
+}
+
+cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const char *options) {
+  if (!ctx->cache_dir) return NULL;
+  char *path = entry_path(ctx->cache_dir, key);
+  if (!path) return NULL;
+  unsigned char *payload = NULL;
+  size_t len = 0;
+  cl_program program = NULL;
+  int rc = read_entry(path, key, &payload, &len);
+  if (rc == 0) {
+    cl_int err = CL_SUCCESS, binary_status = CL_INVALID_BINARY;
+    const unsigned char *bins[1] = {payload};
+    program = clCreateProgramWithBinary(ctx->context, 1, &ctx->device, &len, bins, &binary_status, &err);
+    if (err != CL_SUCCESS || binary_status != CL_SUCCESS) {
+      if (program) clReleaseProgram(program);
+      program = NULL;
+    } else if (clBuildProgram(program, 1, &ctx->device, options, NULL, NULL) != CL_SUCCESS) {
+      clReleaseProgram(program);
+      program = NULL;
+    }
+    if (!program) rc = -1;
+  }
+  /* Not to be trusted: remove it (a store after the source build replaces it). */
+  if (rc < 0) unlink(path);
+  free(payload);
+  free(path);
+  return program;
+}
+
+void ca_cache_store(clattn_context *ctx, const ca_cache_key *key, cl_program program) {
+  if (!ctx->cache_dir) return;
+  cl_uint n_dev = 0;
+  cl_device_id *devices = NULL;
+  size_t *sizes = NULL;
+  unsigned char *file = NULL;
+  char *path = NULL, *tmp = NULL;
+  int fd = -1;
+  if (clGetProgramInfo(program, CL_PROGRAM_NUM_DEVICES, sizeof n_dev, &n_dev, NULL) != CL_SUCCESS || n_dev == 0)
+    goto done;
+  devices = calloc(n_dev, sizeof *devices);
+  sizes = calloc(n_dev, sizeof *sizes);
+  if (!devices || !sizes) goto done;
+  if (clGetProgramInfo(program, CL_PROGRAM_DEVICES, n_dev * sizeof *devices, devices, NULL) != CL_SUCCESS) goto done;
+  cl_uint mine = n_dev;
+  for (cl_uint i = 0; i < n_dev; i++)
+    if (devices[i] == ctx->device) mine = i;
+  if (mine == n_dev) goto done;
+  if (clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, n_dev * sizeof *sizes, sizes, NULL) != CL_SUCCESS) goto done;
+  size_t len = sizes[mine];
+  if (len == 0 || (uint64_t)len > MAX_PAYLOAD) goto done;
+  file = malloc(HEADER_BYTES + len);
+  unsigned char **bins = calloc(n_dev, sizeof *bins);
+  if (!file || !bins) {
+    free(bins);
+    goto done;
+  }
+  bins[mine] = file + HEADER_BYTES; /* NULL entries: the driver skips those devices */
+  cl_int err = clGetProgramInfo(program, CL_PROGRAM_BINARIES, n_dev * sizeof *bins, bins, NULL);
+  free(bins);
+  if (err != CL_SUCCESS) goto done;
+  memcpy(file, CACHE_MAGIC, 8);
+  put_u32(file + 8, CACHE_FORMAT);
+  put_u32(file + 12, 0);
+  memcpy(file + 16, key->bytes, 16);
+  put_u64(file + 32, (uint64_t)len);
+  put_u64(file + 40, checksum(file + HEADER_BYTES, len));
+
+  path = entry_path(ctx->cache_dir, key);
+  size_t n = strlen(ctx->cache_dir) + 32;
+  tmp = malloc(n);
+  if (!path || !tmp) goto done;
+  snprintf(tmp, n, "%s/.tmp-XXXXXX", ctx->cache_dir);
+  fd = mkstemp(tmp);
+  if (fd < 0) goto done;
+  int ok = write_all(fd, file, HEADER_BYTES + len) == 0;
+  ok = (close(fd) == 0) && ok;
+  fd = -1;
+  if (!ok || rename(tmp, path) != 0) unlink(tmp);
+done:
+  if (fd >= 0) close(fd);
+  free(tmp);
+  free(path);
+  free(file);
+  free(sizes);
+  free(devices);
+}
+
+/* ---- the directory ---- */
+
+/* mkdir -p: 0 when path is (now) a directory. */
+static int make_dirs(char *path) {
+  for (char *p = path + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    int r = mkdir(path, 0755);
+    int e = errno;
+    *p = '/';
+    if (r != 0 && e != EEXIST) return -1;
+  }
+  if (mkdir(path, 0755) != 0 && errno != EEXIST) return -1;
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) ? 0 : -1;
+}
+
+char *ca_cache_dir_resolve(const char *opt) {
+  const char *dir = opt ? opt : getenv("CLATTN_CACHE_DIR");
+  const char *suffix = "";
+  if (!dir) {
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    if (xdg && xdg[0] == '/') { /* the XDG spec ignores relative values */
+      dir = xdg;
+      suffix = "/clattn";
+    } else if (home && *home) {
+      dir = home;
+      suffix = "/.cache/clattn";
+    } else {
+      return NULL;
+    }
+  }
+  if (!*dir) return NULL; /* "" turns the cache off */
+  size_t n = strlen(dir) + strlen(suffix) + 1;
+  char *path = malloc(n);
+  if (!path) return NULL;
+  snprintf(path, n, "%s%s", dir, suffix);
+  /* Trailing slashes would double up in entry names. */
+  for (size_t end = strlen(path); end > 1 && path[end - 1] == '/'; end--) path[end - 1] = '\0';
+  if (make_dirs(path) != 0 || access(path, W_OK | X_OK) != 0) {
+    free(path);
+    return NULL;
+  }
+  return path;
+}
+
+void ca_cache_counts(const clattn_context *ctx, int *from_source, int *from_cache) {
+  clattn_context *c = (clattn_context *)ctx; /* the lock, not the counts, is written */
+  pthread_mutex_lock(&c->programs_lock);
+  if (from_source) *from_source = ctx->builds_from_source;
+  if (from_cache) *from_cache = ctx->builds_from_cache;
+  pthread_mutex_unlock(&c->programs_lock);
+}

@@ -1,0 +1,262 @@
+/*
+ * The GEMM path: per chunk of query rows (ca_plan_chunks),
+ *   S = Q K^T             CLBlast batched SGEMM, one matrix per (batch, head)
+ *   gemm_mask_scores      scale, bias, mask, window, kv_lens -> -inf
+ *   softmax_rows          softmax.cl's row softmax (A, lse, weights)
+ *   O = A V               CLBlast batched SGEMM into scratch
+ *   gemm_store_rows       O to the out view, recomputing any row a 0 x NaN
+ *                         product poisoned
+ * Views with a column stride other than 1 (or rows shorter than a row) are
+ * copied dense first; with kv_lens, V is copied with the padding rows zeroed
+ * so uninitialised cache memory never meets the GEMM.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <clblast_c.h>
+
+#include "internal.h"
+
+static clattn_status blast_fail(CLBlastStatusCode code, const char *what) {
+  if (code == CLBlastOpenCLOutOfResources || code == CLBlastTempBufferAllocFailure || code == CLBlastOpenCLOutOfHostMemory)
+    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "%s failed: CLBlast status %d", what, (int)code);
+  return ca_fail(CLATTN_ERR_OPENCL, "%s failed: CLBlast status %d%s%s", what, (int)code,
+                 code > -100 ? ", " : "", code > -100 ? ca_cl_error_name((cl_int)code) : "");
+}
+
+/* A matrix operand as CLBlast takes it: buffer, element offset of (b, h) =
+ * (0, 0), per-(b, h) strides, and the leading dimension of row-major rows. */
+typedef struct {
+  cl_mem buf;
+  size_t offset, stride_b, stride_h, ld;
+} operand;
+
+/* Whether a [B, H, S, D] view is a row-major matrix per (b, h) as it is. */
+static int gemm_ready(const clattn_tensor *t, int width) {
+  return t->stride[3] == 1 && t->stride[2] >= (size_t)width;
+}
+
+/* Enqueues gemm_dense_copy of view t ([batch, heads, len, width]) into a new
+ * dense buffer, zeroing rows past kv_lens when asked. */
+static clattn_status dense_copy(clattn_context *ctx, const clattn_tensor *t, int batch, int heads, int len,
+                                int width, cl_mem kv_lens, int zero_past, cl_uint n_wait, const cl_event *wait,
+                                cl_event *prev, operand *out) {
+  clattn_status st = CLATTN_OK;
+  cl_int err = CL_SUCCESS;
+  cl_kernel kernel = NULL;
+  size_t bytes = (size_t)batch * heads * (size_t)len * (size_t)width * sizeof(float);
+  out->buf = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+  CA_CHECK_CL(st, err, "clCreateBuffer(GEMM dense copy)");
+  out->offset = 0;
+  out->ld = (size_t)width;
+  out->stride_h = (size_t)len * (size_t)width;
+  out->stride_b = (size_t)heads * out->stride_h;
+  if ((st = ca_create_kernel(ctx->core, "gemm_dense_copy", &kernel))) goto fail;
+  ca_args a = {kernel, "gemm_dense_copy", 0, 0, CL_SUCCESS};
+  ca_arg_view(&a, t);
+  ca_arg_int(&a, heads);
+  ca_arg_int(&a, len);
+  ca_arg_int(&a, width);
+  ca_arg_mem(&a, kv_lens);
+  ca_arg_int(&a, zero_past);
+  ca_arg_mem(&a, out->buf);
+  if ((st = ca_args_done(&a))) goto fail;
+  const size_t global[3] = {(size_t)width, (size_t)len, (size_t)batch * (size_t)heads};
+  st = ca_enqueue(ctx, kernel, "gemm_dense_copy", 3, global, NULL, n_wait, wait, prev);
+fail:
+  if (kernel) clReleaseKernel(kernel);
+  return st;
+}
+
+static operand view_operand(const clattn_tensor *t) {
+  operand o = {t->buf, t->offset, t->stride[0], t->stride[1], t->stride[2]};
+  return o;
+}
+
+/* CLBlast takes no wait list: a barrier after *prev orders it on any queue. */
+static clattn_status order_after(clattn_context *ctx, cl_uint n_wait, const cl_event *wait, const cl_event *prev) {
+  cl_uint n = *prev ? 1 : n_wait;
+  const cl_event *list = *prev ? prev : (n_wait ? wait : NULL);
+  if (n == 0) return CLATTN_OK;
+  cl_int err = clEnqueueBarrierWithWaitList(ctx->queue, n, list, NULL);
+  return err == CL_SUCCESS ? CLATTN_OK : ca_cl_fail(err, "clEnqueueBarrierWithWaitList(before CLBlast)");
+}
+
+/* Element offsets of the chunk's matrices, one per (batch, head) pair
+ * g = 0 .. heads-1: in a view (rows from row0; KV heads for K and V), or in
+ * a scratch holding the pairs `scratch_stride` elements apart. */
+static void view_offsets(const operand *o, const clattn_params *p, int group, int per_kv_head, int bh0, int heads,
+                         size_t row0, size_t *out) {
+  for (int g = 0; g < heads; g++) {
+    const int bh = bh0 + g, b = bh / p->q_heads, h = bh % p->q_heads;
+    out[g] = o->offset + (size_t)b * o->stride_b + (size_t)(per_kv_head ? h / group : h) * o->stride_h + row0 * o->ld;
+  }
+}
+
+static void scratch_offsets(size_t scratch_stride, int heads, size_t *out) {
+  for (int g = 0; g < heads; g++) out[g] = (size_t)g * scratch_stride;
+}
+
+/* C[g] = A[g] op(B[g]) for g = 0 .. heads-1 (offsets: A's, B's, C's in a row). */
+static clattn_status batched_gemm(clattn_context *ctx, int b_transposed, size_t m, size_t n, size_t k,
+                                  cl_mem a, size_t a_ld, cl_mem b, size_t b_ld, cl_mem c, size_t c_ld,
+                                  const size_t *offsets, int heads, const char *what, cl_uint n_wait,
+                                  const cl_event *wait, cl_event *prev) {
+  clattn_status st = order_after(ctx, n_wait, wait, prev);
+  if (st != CLATTN_OK) return st;
+  float *scalars = malloc((size_t)heads * 2 * sizeof(float));
+  if (!scalars) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+  for (int g = 0; g < heads; g++) scalars[g] = 1.0f, scalars[heads + g] = 0.0f;
+  cl_event ev = NULL;
+  CLBlastStatusCode code = CLBlastSgemmBatched(CLBlastLayoutRowMajor, CLBlastTransposeNo,
+                                               b_transposed ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k,
+                                               scalars, a, offsets, a_ld, b, offsets + heads, b_ld, scalars + heads,
+                                               c, offsets + 2 * heads, c_ld, (size_t)heads, &ctx->queue, &ev);
+  free(scalars);
+  if (code != CLBlastSuccess) return blast_fail(code, what);
+  if (*prev) clReleaseEvent(*prev);
+  *prev = ev;
+  return CLATTN_OK;
+}
+
+clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
+                              const cl_event *wait, cl_event *done) {
+  clattn_status st = CLATTN_OK;
+  cl_int err = CL_SUCCESS;
+  cl_kernel mask = NULL, softmax = NULL, store = NULL;
+  cl_mem scores = NULL, o_rows = NULL, empty_flag = NULL, q_copy = NULL, k_copy = NULL, v_copy = NULL;
+  cl_event prev = NULL;
+  size_t *offsets = NULL;
+  const int pairs = p->batch * p->q_heads;
+  const ca_chunk chunk = ca_plan_chunks(p, ctx->scratch_budget);
+  operand q = view_operand(&p->q), k = view_operand(&p->k), v = view_operand(&p->v);
+
+  if (done) *done = NULL;
+  if ((st = ca_create_kernel(ctx->core, "gemm_mask_scores", &mask)) ||
+      (st = ca_create_kernel(ctx->core, "softmax_rows", &softmax)) ||
+      (st = ca_create_kernel(ctx->core, "gemm_store_rows", &store)) || (st = ca_empty_flag_create(ctx, &empty_flag)))
+    goto fail;
+  size_t score_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len;
+  size_t o_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->value_dim;
+  scores = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, score_floats * sizeof(float), NULL, &err);
+  CA_CHECK_CL(st, err, "clCreateBuffer(GEMM score scratch)");
+  o_rows = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, o_floats * sizeof(float), NULL, &err);
+  CA_CHECK_CL(st, err, "clCreateBuffer(GEMM output rows)");
+  offsets = malloc((size_t)chunk.heads * 3 * sizeof(size_t));
+  if (!offsets) {
+    st = ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "GEMM path: out of host memory");
+    goto fail;
+  }
+  size_t copies = 0;
+  if (!gemm_ready(&p->q, p->head_dim)) {
+    if ((st = dense_copy(ctx, &p->q, p->batch, p->q_heads, p->q_len, p->head_dim, NULL, 0, n_wait, wait, &prev, &q)))
+      goto fail;
+    q_copy = q.buf;
+    copies += (size_t)pairs * p->q_len * p->head_dim;
+  }
+  if (!gemm_ready(&p->k, p->head_dim)) {
+    if ((st = dense_copy(ctx, &p->k, p->batch, p->kv_heads, p->kv_len, p->head_dim, NULL, 0, n_wait, wait, &prev,
+                         &k)))
+      goto fail;
+    k_copy = k.buf;
+    copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
+  }
+  if (!gemm_ready(&p->v, p->value_dim) || plan->has_kv_lens) {
+    if ((st = dense_copy(ctx, &p->v, p->batch, p->kv_heads, p->kv_len, p->value_dim, p->kv_lens, plan->has_kv_lens,
+                         n_wait, wait, &prev, &v)))
+      goto fail;
+    v_copy = v.buf;
+    copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->value_dim;
+  }
+  ca_note_scratch(ctx, (score_floats + o_floats + copies) * sizeof(float) + sizeof(cl_int));
+
+  for (int bh0 = 0; bh0 < pairs; bh0 += chunk.heads) {
+    const int heads = chunk.heads < pairs - bh0 ? chunk.heads : pairs - bh0;
+    for (int i0 = 0; i0 < p->q_len; i0 += chunk.rows) {
+      const int rows = chunk.rows < p->q_len - i0 ? chunk.rows : p->q_len - i0;
+      const size_t score_stride = (size_t)rows * (size_t)p->kv_len;
+      view_offsets(&q, p, plan->group, 0, bh0, heads, (size_t)i0, offsets);
+      view_offsets(&k, p, plan->group, 1, bh0, heads, 0, offsets + heads);
+      scratch_offsets(score_stride, heads, offsets + 2 * heads);
+      if ((st = batched_gemm(ctx, 1, (size_t)rows, (size_t)p->kv_len, (size_t)p->head_dim, q.buf, q.ld, k.buf, k.ld,
+                             scores, (size_t)p->kv_len, offsets, heads, "CLBlastSgemmBatched(Q K^T)", n_wait, wait,
+                             &prev)))
+        goto fail;
+
+      ca_args a = {mask, "gemm_mask_scores", 0, 0, CL_SUCCESS};
+      ca_arg_mem(&a, scores);
+      ca_arg_view(&a, &p->mask);
+      ca_arg_int(&a, plan->has_mask);
+      ca_arg_view(&a, &p->bias);
+      ca_arg_int(&a, plan->has_bias);
+      ca_arg_mem(&a, p->kv_lens);
+      ca_arg_int(&a, plan->has_kv_lens);
+      ca_arg_int(&a, p->q_heads);
+      ca_arg_int(&a, p->q_len);
+      ca_arg_int(&a, p->kv_len);
+      ca_arg_float(&a, plan->scale);
+      ca_arg_int(&a, plan->window_left);
+      ca_arg_int(&a, plan->window_right);
+      ca_arg_int(&a, bh0);
+      ca_arg_int(&a, i0);
+      ca_arg_int(&a, rows);
+      if ((st = ca_args_done(&a))) goto fail;
+      const size_t mask_global[3] = {(size_t)p->kv_len, (size_t)rows, (size_t)heads};
+      if ((st = ca_enqueue(ctx, mask, "gemm_mask_scores", 3, mask_global, NULL, n_wait, wait, &prev))) goto fail;
+
+      ca_args s = {softmax, "softmax_rows", 0, 0, CL_SUCCESS};
+      ca_arg_mem(&s, scores);
+      ca_arg_int(&s, p->kv_len);
+      ca_arg_int(&s, p->q_heads);
+      ca_arg_int(&s, p->q_len);
+      ca_arg_int(&s, bh0);
+      ca_arg_int(&s, i0);
+      ca_arg_int(&s, rows);
+      ca_arg_view(&s, &p->lse);
+      ca_arg_int(&s, plan->want_lse);
+      ca_arg_view(&s, &p->weights);
+      ca_arg_int(&s, plan->want_weights);
+      ca_arg_mem(&s, empty_flag);
+      if ((st = ca_args_done(&s))) goto fail;
+      const size_t softmax_local[3] = {(size_t)ctx->tiles.softmax_wg, 1, 1};
+      const size_t softmax_global[3] = {(size_t)ctx->tiles.softmax_wg, (size_t)heads * (size_t)rows, 1};
+      if ((st = ca_enqueue(ctx, softmax, "softmax_rows", 3, softmax_global, softmax_local, n_wait, wait, &prev)))
+        goto fail;
+
+      scratch_offsets(score_stride, heads, offsets);
+      view_offsets(&v, p, plan->group, 1, bh0, heads, 0, offsets + heads);
+      scratch_offsets((size_t)rows * (size_t)p->value_dim, heads, offsets + 2 * heads);
+      if ((st = batched_gemm(ctx, 0, (size_t)rows, (size_t)p->value_dim, (size_t)p->kv_len, scores,
+                             (size_t)p->kv_len, v.buf, v.ld, o_rows, (size_t)p->value_dim, offsets, heads,
+                             "CLBlastSgemmBatched(A V)", n_wait, wait, &prev)))
+        goto fail;
+
+      ca_args o = {store, "gemm_store_rows", 0, 0, CL_SUCCESS};
+      ca_arg_mem(&o, o_rows);
+      ca_arg_mem(&o, scores);
+      ca_arg_view(&o, &p->v);
+      ca_arg_int(&o, p->q_heads);
+      ca_arg_int(&o, plan->group);
+      ca_arg_int(&o, p->kv_len);
+      ca_arg_int(&o, p->value_dim);
+      ca_arg_int(&o, bh0);
+      ca_arg_int(&o, i0);
+      ca_arg_int(&o, rows);
+      ca_arg_view(&o, &p->out);
+      if ((st = ca_args_done(&o))) goto fail;
+      const size_t store_global[2] = {(size_t)rows, (size_t)heads};
+      if ((st = ca_enqueue(ctx, store, "gemm_store_rows", 2, store_global, NULL, n_wait, wait, &prev))) goto fail;
+    }
+  }
+  st = ca_finish_call(ctx, p->empty_rows, empty_flag, &prev, done);
+fail:
+  if (prev) clReleaseEvent(prev);
+  if (mask) clReleaseKernel(mask);
+  if (softmax) clReleaseKernel(softmax);
+  if (store) clReleaseKernel(store);
+  free(offsets);
+  cl_mem owned[] = {scores, o_rows, empty_flag, q_copy, k_copy, v_copy};
+  for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++)
+    if (owned[i]) clReleaseMemObject(owned[i]);
+  return st;
+}

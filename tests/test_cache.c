@@ -1,0 +1,663 @@
+/*
+ * The on-disk program cache (src/cache.c): a miss compiles and stores, a hit
+ * loads and computes bitwise the same; corrupted, truncated, foreign and
+ * driver-refused entries are rebuilt and overwritten; an unusable or empty
+ * cache_dir only turns the cache off; concurrent processes filling one
+ * directory leave only valid entries and no temp files.
+ *
+ * Every test makes its own contexts (not ct_context): the cache is read at
+ * program build time. POCL's own kernel cache is turned off so that it
+ * cannot hide what clattn's does. One seed directory is filled once (cold
+ * builds take seconds on POCL) and copied where a test needs a warm cache.
+ * The concurrency test runs this executable again as child processes
+ * ("--child DIR"): a forked process must not reuse its parent's OpenCL.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "internal.h"
+#include "problem.h"
+
+#define TOL 1e-5
+#define HEADER 48   /* cache.c's header: magic, version, reserved, key, length, checksum */
+#define MAX_FILES 16
+
+static char g_root[256];  /* this run's temp directory */
+static char g_seed[300];  /* a filled cache: probe, core and one fused program */
+static int g_seeded;
+/* The seed's entries by role (file names) and the seeded outputs. */
+static char g_probe[256], g_core[256], g_fused[256];
+static float *g_out_fused, *g_out_staged;
+static size_t g_out_n;
+
+/* ---------- files ---------- */
+
+typedef struct {
+  int n;
+  char name[MAX_FILES][256];
+  long size[MAX_FILES];
+} listing;
+
+/* Every entry of dir but . and .. (n = -1 when dir cannot be opened). */
+static listing list_dir(const char *dir)
+{
+  listing l;
+  memset(&l, 0, sizeof l);
+  DIR *d = opendir(dir);
+  if (!d) {
+    l.n = -1;
+    return l;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || l.n == MAX_FILES)
+      continue;
+    snprintf(l.name[l.n], sizeof l.name[l.n], "%s", e->d_name);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    struct stat sb;
+    l.size[l.n] = stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+    l.n++;
+  }
+  closedir(d);
+  return l;
+}
+
+static int is_entry_name(const char *name)
+{
+  size_t n = strlen(name);
+  if (n != 36 || strcmp(name + 32, ".bin") != 0)
+    return 0;
+  for (size_t i = 0; i < 32; i++)
+    if (!strchr("0123456789abcdef", name[i]))
+      return 0;
+  return 1;
+}
+
+static int has_name(const listing *l, const char *name)
+{
+  for (int i = 0; i < l->n; i++)
+    if (!strcmp(l->name[i], name))
+      return 1;
+  return 0;
+}
+
+static unsigned char *read_file(const char *path, size_t *n)
+{
+  *n = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  unsigned char *buf = NULL;
+  if (fseek(f, 0, SEEK_END) == 0) {
+    long len = ftell(f);
+    if (len >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)len + 1)) != NULL) {
+      if (fread(buf, 1, (size_t)len, f) == (size_t)len) {
+        *n = (size_t)len;
+      } else {
+        free(buf);
+        buf = NULL;
+      }
+    }
+  }
+  fclose(f);
+  return buf;
+}
+
+static int write_file(const char *path, const void *data, size_t n)
+{
+  FILE *f = fopen(path, "wb");
+  if (!f)
+    return -1;
+  int ok = fwrite(data, 1, n, f) == n;
+  ok = (fclose(f) == 0) && ok;
+  return ok ? 0 : -1;
+}
+
+static int copy_dir(const char *from, const char *to)
+{
+  if (mkdir(to, 0755) != 0 && errno != EEXIST)
+    return -1;
+  listing l = list_dir(from);
+  for (int i = 0; i < l.n; i++) {
+    char src[1024], dst[1024];
+    snprintf(src, sizeof src, "%s/%s", from, l.name[i]);
+    snprintf(dst, sizeof dst, "%s/%s", to, l.name[i]);
+    size_t n = 0;
+    unsigned char *data = read_file(src, &n);
+    int rc = data ? write_file(dst, data, n) : -1;
+    free(data);
+    if (rc != 0)
+      return -1;
+  }
+  return 0;
+}
+
+static uint64_t le64(const unsigned char *p)
+{
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+/* Whether a file is a whole entry: header with the magic, its name's key
+ * and a length that matches the file (the checksum is the library's job:
+ * the next context's from_cache count shows it). */
+static int entry_looks_whole(const char *dir, const char *name)
+{
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  size_t n = 0;
+  unsigned char *data = read_file(path, &n);
+  int ok = data && n > HEADER && !memcmp(data, "CLATTNPB", 8) && le64(data + 32) == n - HEADER;
+  for (int i = 0; ok && i < 16; i++) {
+    char hex[3];
+    snprintf(hex, sizeof hex, "%02x", data[16 + i]);
+    ok = !memcmp(hex, name + 2 * i, 2);
+  }
+  free(data);
+  return ok;
+}
+
+static void make_dir(char *out, size_t n, const char *leaf)
+{
+  snprintf(out, n, "%s/%s", g_root, leaf);
+}
+
+/* ---------- contexts and problems ---------- */
+
+/* A context on cache_dir (NULL: the environment decides). */
+static clattn_context *create_on(const char *cache_dir)
+{
+  clattn_options opt;
+  memset(&opt, 0, sizeof opt);
+  opt.cache_dir = cache_dir;
+  clattn_context *ctx = NULL;
+  clattn_status st = clattn_create(&opt, &ctx);
+  if (st == CLATTN_ERR_NO_DEVICE) {
+    printf("skipped: no OpenCL device (%s)\n", clattn_last_error(NULL));
+    exit(CT_SKIP);
+  }
+  CHECKF(st == CLATTN_OK, "clattn_create: %s: %s", clattn_status_string(st), clattn_last_error(NULL));
+  return st == CLATTN_OK ? ctx : NULL;
+}
+
+static cp_shape small_shape(void)
+{
+  cp_shape s = cp_shape_default();
+  s.q_len = 19;
+  s.kv_len = 37;
+  s.head_dim = 16;   /* a small fused program: cold builds are the cost here */
+  s.value_dim = 16;
+  s.causal = 1;
+  s.seed = 7;
+  return s;
+}
+
+/* Runs the small problem with algo; checks it against the reference and
+ * returns a copy of the raw output (NULL on failure, recorded). */
+static float *run_small(clattn_context *ctx, clattn_algo algo, size_t *n)
+{
+  cp_shape s = small_shape();
+  char err[256] = "";
+  cp_problem *pb = cp_build(&s, err, sizeof err);
+  if (!CHECKF(pb != NULL, "cp_build: %s", err))
+    return NULL;
+  pb->params.algo = algo;
+  cp_result r;
+  float *copy = NULL;
+  if (CHECKF(cp_run(pb, ctx, &r) == 0, "harness: %s", pb->err)) {
+    char f[512];
+    if (CHECKF(cp_result_ok(&r, TOL), "%s: %s (%s)", clattn_algo_name(algo), cp_result_format(&r, f, sizeof f),
+               clattn_last_error(ctx))) {
+      copy = malloc(pb->out_elems * sizeof(float));
+      if (copy) {
+        memcpy(copy, pb->out_raw, pb->out_elems * sizeof(float));
+        *n = pb->out_elems;
+      }
+    }
+  }
+  cp_free(pb);
+  return copy;
+}
+
+/* Runs FUSED and STAGED on ctx and checks both bitwise against the seed's. */
+static void run_and_compare(clattn_context *ctx, const char *what)
+{
+  size_t n1 = 0, n2 = 0;
+  float *f = run_small(ctx, CLATTN_ALGO_FUSED, &n1);
+  float *s = run_small(ctx, CLATTN_ALGO_STAGED, &n2);
+  if (f && g_out_fused)
+    CHECKF(n1 == g_out_n && !memcmp(f, g_out_fused, n1 * sizeof(float)), "%s: FUSED output differs bitwise", what);
+  if (s && g_out_staged)
+    CHECKF(n2 == g_out_n && !memcmp(s, g_out_staged, n2 * sizeof(float)), "%s: STAGED output differs bitwise", what);
+  free(f);
+  free(s);
+}
+
+static void counts(clattn_context *ctx, int *src, int *cache)
+{
+  ca_cache_counts(ctx, src, cache);
+}
+
+/* Fills g_seed once: a cold context (every program from source, stored),
+ * FUSED and STAGED outputs kept for bitwise comparisons, entries named by
+ * role. Returns 0 when the seed is usable. */
+static int seed(void)
+{
+  if (g_seeded)
+    return g_seeded > 0 ? 0 : -1;
+  g_seeded = -1;
+  make_dir(g_seed, sizeof g_seed, "seed");
+  clattn_context *ctx = create_on(g_seed);
+  if (!ctx)
+    return -1;
+  int src = 0, cache = 0;
+  counts(ctx, &src, &cache);
+  CHECKF(src == 2 && cache == 0, "cold creation: %d from source (want 2: probe, core), %d from cache", src, cache);
+  listing before = list_dir(g_seed);
+  int ok = CHECKF(before.n == 2, "after a cold creation the cache holds %d files, want 2", before.n);
+  if (ok) {
+    int small = before.size[0] <= before.size[1] ? 0 : 1;
+    snprintf(g_probe, sizeof g_probe, "%s", before.name[small]);
+    snprintf(g_core, sizeof g_core, "%s", before.name[1 - small]);
+  }
+  g_out_fused = run_small(ctx, CLATTN_ALGO_FUSED, &g_out_n);
+  g_out_staged = run_small(ctx, CLATTN_ALGO_STAGED, &g_out_n);
+  counts(ctx, &src, &cache);
+  CHECKF(src == 3 && cache == 0, "after a FUSED call: %d from source (want 3), %d from cache", src, cache);
+  listing after = list_dir(g_seed);
+  ok = CHECKF(after.n == 3, "after a FUSED call the cache holds %d files, want 3", after.n) && ok;
+  for (int i = 0; ok && i < after.n; i++) {
+    CHECKF(is_entry_name(after.name[i]), "unexpected file in the cache: %s", after.name[i]);
+    if (!has_name(&before, after.name[i]))
+      snprintf(g_fused, sizeof g_fused, "%s", after.name[i]);
+  }
+  clattn_destroy(ctx);
+  if (ok && g_out_fused && g_out_staged && g_fused[0])
+    g_seeded = 1;
+  return g_seeded > 0 ? 0 : -1;
+}
+
+/* A context on dir that must load every program from the cache. */
+static void check_all_from_cache(const char *dir, const char *what)
+{
+  clattn_context *ctx = create_on(dir);
+  if (!ctx)
+    return;
+  int src = -1, cache = -1;
+  counts(ctx, &src, &cache);
+  CHECKF(src == 0 && cache == 2, "%s: creation built %d from source, loaded %d from cache (want 0, 2)", what, src,
+         cache);
+  run_and_compare(ctx, what);
+  counts(ctx, &src, &cache);
+  CHECKF(src == 0 && cache == 3, "%s: after the calls %d from source, %d from cache (want 0, 3)", what, src, cache);
+  clattn_destroy(ctx);
+}
+
+/* ---------- tests ---------- */
+
+static void miss_then_store_then_hit(void)
+{
+  REQUIRE(seed() == 0);
+  /* The seed was the miss (checked in seed()); now the hit on the same
+   * directory, through the environment. */
+  const char *dir = g_seed;
+  REQUIRE(setenv("CLATTN_CACHE_DIR", dir, 1) == 0);
+  clattn_context *ctx = create_on(NULL);
+  unsetenv("CLATTN_CACHE_DIR");
+  REQUIRE(ctx != NULL);
+  int src = -1, cache = -1;
+  counts(ctx, &src, &cache);
+  CHECKF(src == 0 && cache == 2, "warm creation: %d from source, %d from cache (want 0, 2)", src, cache);
+  char want[400];
+  snprintf(want, sizeof want, "program cache: %s (at creation: 0 built from source, 2 loaded from cache)", dir);
+  CHECKF(strstr(clattn_describe(ctx), want) != NULL, "describe lacks \"%s\":\n%s", want, clattn_describe(ctx));
+  run_and_compare(ctx, "warm context");
+  counts(ctx, &src, &cache);
+  CHECKF(src == 0 && cache == 3, "warm calls: %d from source, %d from cache (want 0, 3)", src, cache);
+  clattn_destroy(ctx);
+  listing l = list_dir(dir);
+  CHECKF(l.n == 3, "a warm run changed the number of entries: %d", l.n);
+}
+
+/* Rewrites dir/name with a corruption applied: 0 flips a payload byte,
+ * 1 truncates, 2 garbles the header, 3 replaces it with another entry
+ * (valid file, foreign key), 4 keeps the header (checksum fixed up) over a
+ * payload the driver cannot load. */
+static int corrupt(const char *dir, const char *name, int how, const char *other)
+{
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  size_t n = 0;
+  unsigned char *data = read_file(path, &n);
+  if (!data || n <= HEADER + 16) {
+    free(data);
+    return -1;
+  }
+  int rc = 0;
+  switch (how) {
+  case 0:
+    data[HEADER + (n - HEADER) / 2] ^= 0x5a;
+    rc = write_file(path, data, n);
+    break;
+  case 1:
+    rc = write_file(path, data, HEADER + (n - HEADER) / 3);
+    break;
+  case 2:
+    memcpy(data, "GARBAGE!", 8);
+    for (int i = 16; i < 32; i++)
+      data[i] ^= 0xff;
+    rc = write_file(path, data, n);
+    break;
+  case 3: {
+    char opath[1024];
+    snprintf(opath, sizeof opath, "%s/%s", dir, other);
+    size_t on = 0;
+    unsigned char *odata = read_file(opath, &on);
+    rc = odata ? write_file(path, odata, on) : -1;
+    free(odata);
+    break;
+  }
+  case 4: {
+    uint64_t h = 0xcbf29ce484222325ull;   /* FNV-1a 64, cache.c's checksum */
+    for (size_t i = HEADER; i < n; i++) {
+      data[i] = (unsigned char)(i * 131u + 7u);
+      h = (h ^ data[i]) * 0x100000001b3ull;
+    }
+    for (int i = 0; i < 8; i++)
+      data[40 + i] = (unsigned char)(h >> (8 * i));
+    rc = write_file(path, data, n);
+    break;
+  }
+  default:
+    rc = -1;
+  }
+  free(data);
+  return rc;
+}
+
+static void corrupted_entry_is_rebuilt(void)
+{
+  REQUIRE(seed() == 0);
+  char dir[300];
+  make_dir(dir, sizeof dir, "corrupt");
+  REQUIRE(copy_dir(g_seed, dir) == 0);
+
+  /* Round 1: every entry broken a different way: all three rebuilt. */
+  REQUIRE(corrupt(dir, g_probe, 0, NULL) == 0);   /* a payload byte flipped */
+  REQUIRE(corrupt(dir, g_core, 1, NULL) == 0);    /* truncated */
+  REQUIRE(corrupt(dir, g_fused, 2, NULL) == 0);   /* garbage header */
+  clattn_context *ctx = create_on(dir);
+  REQUIRE(ctx != NULL);
+  int src = -1, cache = -1;
+  counts(ctx, &src, &cache);
+  CHECKF(src == 2 && cache == 0, "broken probe and core: %d from source, %d from cache (want 2, 0)", src, cache);
+  run_and_compare(ctx, "rebuilt context");
+  counts(ctx, &src, &cache);
+  CHECKF(src == 3 && cache == 0, "broken fused entry: %d from source, %d from cache (want 3, 0)", src, cache);
+  clattn_destroy(ctx);
+  listing l = list_dir(dir);
+  CHECKF(l.n == 3, "after the rebuild the cache holds %d files, want 3", l.n);
+  CHECK(entry_looks_whole(dir, g_probe));
+  CHECK(entry_looks_whole(dir, g_core));
+  CHECK(entry_looks_whole(dir, g_fused));
+  check_all_from_cache(dir, "after the rebuild");
+
+  /* Round 2 (on the cheap probe): a valid entry under a foreign key, then a
+   * checksummed payload the driver refuses. */
+  for (int how = 3; how <= 4; how++) {
+    REQUIRE(corrupt(dir, g_probe, how, g_core) == 0);
+    ctx = create_on(dir);
+    REQUIRE(ctx != NULL);
+    counts(ctx, &src, &cache);
+    CHECKF(src == 1 && cache == 1, "%s probe entry: %d from source, %d from cache (want 1, 1)",
+           how == 3 ? "foreign" : "unloadable", src, cache);
+    clattn_destroy(ctx);
+    CHECK(entry_looks_whole(dir, g_probe));
+  }
+  check_all_from_cache(dir, "after round 2");
+}
+
+static void unwritable_cache_dir_still_works(void)
+{
+  /* A path through a regular file: no directory can be made there (root included). */
+  char file[300], dir[400];
+  make_dir(file, sizeof file, "a-file");
+  REQUIRE(write_file(file, "not a directory\n", 16) == 0);
+  snprintf(dir, sizeof dir, "%s/cache", file);
+  const char *dirs[3] = {dir, file, NULL};
+  /* A read-only directory (not read-only to root: then a path under /proc). */
+  char ro[300], under_ro[400];
+  make_dir(ro, sizeof ro, "read-only");
+  REQUIRE(mkdir(ro, 0555) == 0 || errno == EEXIST);
+  REQUIRE(chmod(ro, 0555) == 0);
+  snprintf(under_ro, sizeof under_ro, "%s/cache", ro);
+  dirs[2] = geteuid() != 0 ? under_ro : "/proc/self/clattn-cache";
+  for (int i = 0; i < 3; i++) {
+    clattn_context *ctx = create_on(dirs[i]);
+    if (!CHECKF(ctx != NULL, "cache_dir %s: creation failed", dirs[i]))
+      continue;
+    CHECKF(strstr(clattn_describe(ctx), "program cache: off") != NULL, "cache_dir %s: describe says\n%s", dirs[i],
+           clattn_describe(ctx));
+    size_t n = 0;
+    free(run_small(ctx, i == 0 ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED, &n));
+    int src = -1, cache = -1;
+    counts(ctx, &src, &cache);
+    int want = i == 0 ? 2 : 3;   /* STAGED needs no fused program */
+    CHECKF(src == want && cache == 0, "cache_dir %s: %d from source, %d from cache (want %d, 0)", dirs[i], src,
+           cache, want);
+    clattn_destroy(ctx);
+  }
+  struct stat sb;
+  CHECK(stat(file, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size == 16);
+  listing l = list_dir(ro);
+  CHECKF(l.n == 0, "the read-only directory holds %d entries", l.n);
+  chmod(ro, 0755);
+}
+
+static void empty_cache_dir_disables(void)
+{
+  /* options.cache_dir = "" wins over the environment. */
+  char env_dir[300];
+  make_dir(env_dir, sizeof env_dir, "env-but-off");
+  REQUIRE(setenv("CLATTN_CACHE_DIR", env_dir, 1) == 0);
+  clattn_context *ctx = create_on("");
+  unsetenv("CLATTN_CACHE_DIR");
+  REQUIRE(ctx != NULL);
+  CHECKF(strstr(clattn_describe(ctx), "program cache: off") != NULL, "describe says\n%s", clattn_describe(ctx));
+  size_t n = 0;
+  free(run_small(ctx, CLATTN_ALGO_FUSED, &n));
+  clattn_destroy(ctx);
+  listing l = list_dir(env_dir);
+  CHECKF(l.n <= 0, "options.cache_dir = \"\": %d files in CLATTN_CACHE_DIR", l.n);
+
+  /* CLATTN_CACHE_DIR = "" wins over XDG_CACHE_HOME (options.cache_dir NULL). */
+  char xdg[300], xdg_clattn[400];
+  make_dir(xdg, sizeof xdg, "xdg-but-off");
+  REQUIRE(mkdir(xdg, 0755) == 0 || errno == EEXIST);
+  snprintf(xdg_clattn, sizeof xdg_clattn, "%s/clattn", xdg);
+  const char *old_xdg = getenv("XDG_CACHE_HOME");
+  char *saved = old_xdg ? strdup(old_xdg) : NULL;
+  setenv("XDG_CACHE_HOME", xdg, 1);
+  setenv("CLATTN_CACHE_DIR", "", 1);
+  ctx = create_on(NULL);
+  unsetenv("CLATTN_CACHE_DIR");
+  if (saved)
+    setenv("XDG_CACHE_HOME", saved, 1);
+  else
+    unsetenv("XDG_CACHE_HOME");
+  free(saved);
+  REQUIRE(ctx != NULL);
+  CHECKF(strstr(clattn_describe(ctx), "program cache: off") != NULL, "describe says\n%s", clattn_describe(ctx));
+  clattn_destroy(ctx);
+  l = list_dir(xdg_clattn);
+  CHECKF(l.n <= 0, "CLATTN_CACHE_DIR = \"\": %d files under XDG_CACHE_HOME/clattn", l.n);
+}
+
+/* The directory each source of the setting leads to (no device needed). */
+static void dir_resolution_order(void)
+{
+  char a[300], x[300], h[300], want[400];
+  make_dir(a, sizeof a, "res-option/deep/er");
+  make_dir(x, sizeof x, "res-xdg");
+  make_dir(h, sizeof h, "res-home");
+  const char *names[] = {"CLATTN_CACHE_DIR", "XDG_CACHE_HOME", "HOME"};
+  char *saved[3];
+  for (int i = 0; i < 3; i++) {
+    const char *v = getenv(names[i]);
+    saved[i] = v ? strdup(v) : NULL;
+  }
+  setenv("CLATTN_CACHE_DIR", a, 1);
+  setenv("XDG_CACHE_HOME", x, 1);
+  setenv("HOME", h, 1);
+
+  char *d = ca_cache_dir_resolve(NULL);   /* the environment's, created mkdir -p style */
+  CHECKF(d && !strcmp(d, a), "env: got %s, want %s", d ? d : "(off)", a);
+  free(d);
+  d = ca_cache_dir_resolve(x);             /* the option wins */
+  CHECKF(d && !strcmp(d, x), "option: got %s, want %s", d ? d : "(off)", x);
+  free(d);
+  unsetenv("CLATTN_CACHE_DIR");
+  d = ca_cache_dir_resolve(NULL);
+  snprintf(want, sizeof want, "%s/clattn", x);
+  CHECKF(d && !strcmp(d, want), "XDG: got %s, want %s", d ? d : "(off)", want);
+  free(d);
+  setenv("XDG_CACHE_HOME", "relative/ignored", 1);
+  d = ca_cache_dir_resolve(NULL);
+  snprintf(want, sizeof want, "%s/.cache/clattn", h);
+  CHECKF(d && !strcmp(d, want), "HOME: got %s, want %s", d ? d : "(off)", want);
+  free(d);
+  d = ca_cache_dir_resolve("");
+  CHECKF(d == NULL, "\"\": got %s, want off", d ? d : "(off)");
+  free(d);
+  setenv("CLATTN_CACHE_DIR", "", 1);
+  d = ca_cache_dir_resolve(NULL);
+  CHECKF(d == NULL, "CLATTN_CACHE_DIR=\"\": got %s, want off", d ? d : "(off)");
+  free(d);
+
+  for (int i = 0; i < 3; i++) {
+    if (saved[i])
+      setenv(names[i], saved[i], 1);
+    else
+      unsetenv(names[i]);
+    free(saved[i]);
+  }
+}
+
+/* The child process of concurrent_processes_fill_cache: waits for the
+ * parent's go (a byte on stdin), then creates a context on dir and runs
+ * the small problem with FUSED and STAGED. Exit 0 when all was right. */
+static int child_main(const char *dir)
+{
+  char go;
+  if (read(0, &go, 1) != 1)
+    return 3;
+  clattn_options opt;
+  memset(&opt, 0, sizeof opt);
+  opt.cache_dir = dir;
+  clattn_context *ctx = NULL;
+  if (clattn_create(&opt, &ctx) != CLATTN_OK) {
+    printf("child: clattn_create: %s\n", clattn_last_error(NULL));
+    return 2;
+  }
+  size_t n = 0;
+  float *f = run_small(ctx, CLATTN_ALGO_FUSED, &n);
+  float *s = run_small(ctx, CLATTN_ALGO_STAGED, &n);
+  clattn_destroy(ctx);
+  int ok = f && s && ct_current_failures == 0;
+  free(f);
+  free(s);
+  return ok ? 0 : 1;
+}
+
+static void concurrent_processes_fill_cache(void)
+{
+  enum { CHILDREN = 3 };
+  char dir[300];
+  make_dir(dir, sizeof dir, "concurrent");
+  REQUIRE(mkdir(dir, 0755) == 0);
+  pid_t pids[CHILDREN];
+  int go[2];
+  REQUIRE(pipe(go) == 0);
+  int started = 0;
+  for (int i = 0; i < CHILDREN; i++) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      dup2(go[0], 0);
+      close(go[0]);
+      close(go[1]);
+      execl("/proc/self/exe", "test_cache", "--child", dir, (char *)NULL);
+      _exit(4);
+    }
+    if (!CHECKF(pid > 0, "fork failed"))
+      break;
+    pids[started++] = pid;
+  }
+  close(go[0]);
+  /* Every child starts its cold builds at once. */
+  for (int i = 0; i < started; i++)
+    CHECK(write(go[1], "g", 1) == 1);
+  close(go[1]);
+  for (int i = 0; i < started; i++) {
+    int status = 0;
+    CHECK(waitpid(pids[i], &status, 0) == pids[i]);
+    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %d: %s %d", i,
+           WIFEXITED(status) ? "exit status" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+  }
+  REQUIRE(started == CHILDREN);
+  listing l = list_dir(dir);
+  CHECKF(l.n == 3, "the shared cache holds %d files, want 3 (probe, core, fused)", l.n);
+  for (int i = 0; i < l.n; i++) {
+    CHECKF(is_entry_name(l.name[i]), "left behind: %s", l.name[i]);
+    if (is_entry_name(l.name[i]))
+      CHECKF(entry_looks_whole(dir, l.name[i]), "not a whole entry: %s", l.name[i]);
+  }
+  /* The seed's outputs, when there is one, must match bitwise too. */
+  check_all_from_cache(dir, "after concurrent fills");
+}
+
+static void cleanup_root(void)
+{
+  free(g_out_fused);
+  free(g_out_staged);
+  if (g_root[0] && getenv("CLATTN_TEST_KEEP") == NULL) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
+    if (system(cmd) != 0)
+      printf("could not remove %s\n", g_root);
+  }
+}
+
+int main(int argc, char **argv)
+{
+  /* POCL's own kernel cache would hide whether clattn's works. */
+  setenv("POCL_KERNEL_CACHE", "0", 1);
+  if (argc == 3 && !strcmp(argv[1], "--child"))
+    return child_main(argv[2]);
+  const char *tmp = getenv("TMPDIR");
+  snprintf(g_root, sizeof g_root, "%s/clattn-cache-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(g_root)) {
+    printf("mkdtemp(%s) failed\n0 passed, 1 failed\n", g_root);
+    return 1;
+  }
+  atexit(cleanup_root);   /* also on exit(77): no device */
+  signal(SIGPIPE, SIG_IGN); /* a child that died early must not kill the test */
+  static const ct_test tests[] = {
+    CT_TEST(dir_resolution_order),
+    CT_TEST(miss_then_store_then_hit),
+    CT_TEST(corrupted_entry_is_rebuilt),
+    CT_TEST(unwritable_cache_dir_still_works),
+    CT_TEST(empty_cache_dir_disables),
+    CT_TEST(concurrent_processes_fill_cache),
+  };
+  return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
+}
