@@ -6,6 +6,8 @@
  *                            masks and algorithm): error against fp64 and time
  *   clattn demo              the main job: device summary, the seeds' worked
  *                            examples on the device, one larger verified run
+ *   clattn bench [options]   clattn against CLBlast staged attention and host
+ *                            OpenBLAS attention (bench.c)
  *
  * The device is CLATTN_DEVICE's match, else the first GPU, else the first
  * device (POCL's CPU device where there is no GPU).
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench.h"
 #include "clattn.h"
 #include "problem.h"
 
@@ -26,7 +29,9 @@ static int usage(FILE *f) {
           "                  [--head-dim DK] [--value-dim DV] [--causal] [--window L,R]\n"
           "                  [--kv-lens] [--mask random|block|none] [--bias] [--layout bhsd|bshd]\n"
           "                  [--scale S] [--algo auto|staged|fused|gemm] [--weights] [--lse]\n"
-          "                  [--empty zero|error] [--poison] [--reps R] [--seed S] [--tol T]\n");
+          "                  [--empty zero|error] [--poison] [--reps R] [--seed S] [--tol T]\n"
+          "%s",
+          bench_usage);
   return 2;
 }
 
@@ -291,6 +296,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "info") == 0) return cmd_info();
   if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
   if (strcmp(argv[1], "demo") == 0) return cmd_demo();
+  if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
   if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) return usage(stdout), 0;
   return usage(stderr);
 }
