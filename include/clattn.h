@@ -57,6 +57,8 @@ typedef struct {
   cl_command_queue queue;
   const char *device_match; /* NULL: env CLATTN_DEVICE, else first GPU, else first device */
   const char *cache_dir;    /* NULL: env CLATTN_CACHE_DIR, else XDG cache; "" = no disk cache */
+  const char *tuning_file;  /* NULL: env CLATTN_TUNING_FILE, else the one `clattn tune` wrote for
+                               this device in the cache directory, when there; "" = none */
 } clattn_options;
 
 /* Creates a context and compiles the kernel programs for its device (load

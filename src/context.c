@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "embedded_cl.h"
 #include "internal.h"
@@ -37,25 +38,127 @@ fail:
 
 /* CLATTN_FLASH_WG=n forces the work-group fused kernel (flash_tiled) with
  * n rows per group, CLATTN_FLASH_WG=0 the register-blocked one (flash_rows):
- * how the tests run both on one device. */
-static const char *override_flash_variant(tl_tiles *t) {
+ * how the tests run both on one device. CLATTN_SCRATCH_BYTES sets the
+ * staged and GEMM paths' scratch budget. */
+static void apply_environment(clattn_context *ctx) {
   const char *env = getenv("CLATTN_FLASH_WG");
-  if (!env || !*env) return "device query";
-  t->flash_wg = atoi(env);
-  return "device query; fused variant from CLATTN_FLASH_WG";
-}
-
-static size_t scratch_budget(const clattn_context *ctx) {
-  size_t budget = DEFAULT_SCRATCH_BYTES;
-  const char *env = getenv("CLATTN_SCRATCH_BYTES");
+  if (env && *env) {
+    ctx->tiles.flash_wg = atoi(env);
+    ctx->origin[CA_T_FLASH_WG] = CA_FROM_ENV;
+  }
+  env = getenv("CLATTN_SCRATCH_BYTES");
   if (env && *env) {
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(env, &end, 10);
-    if (errno == 0 && end && *end == '\0' && v > 0) budget = (size_t)v;
+    if (errno == 0 && end && *end == '\0' && v > 0) {
+      ctx->scratch_budget = (size_t)v;
+      ctx->origin[CA_T_SCRATCH_BYTES] = CA_FROM_ENV;
+    }
   }
-  if (ctx->max_alloc && budget > ctx->max_alloc) budget = (size_t)ctx->max_alloc;
-  return budget;
+}
+
+char *ca_tuning_default_path(const clattn_context *ctx) {
+  if (!ctx->cache_dir) return NULL;
+  const char *what[] = {"tuning file"};
+  ca_cache_key key;
+  ca_cache_key_of(ctx, what, 1, "", &key);
+  size_t n = strlen(ctx->cache_dir) + 64;
+  char *path = malloc(n);
+  if (!path) return NULL;
+  int at = snprintf(path, n, "%s/tuning-", ctx->cache_dir);
+  for (int i = 0; i < 8; i++) at += snprintf(path + at, n - (size_t)at, "%02x", key.bytes[i]);
+  snprintf(path + at, n - (size_t)at, ".txt");
+  return path;
+}
+
+/* The tuning file to look for: the option, else CLATTN_TUNING_FILE, else
+ * the cache directory's file for this device. *explicit: named by the caller. */
+static char *tuning_path(const clattn_context *ctx, const char *opt, int *explicit) {
+  const char *named = opt ? opt : getenv("CLATTN_TUNING_FILE");
+  *explicit = named != NULL;
+  if (named) return *named ? strdup(named) : NULL;
+  return ca_tuning_default_path(ctx);
+}
+
+/* Applies a tuning file's values when it is for this device and every value
+ * fits the device's limits; otherwise leaves the tiles as they were and says
+ * why in ctx->tuning_note. */
+static void apply_tuning_file(clattn_context *ctx, const char *opt) {
+  int explicit = 0;
+  ctx->tuning_path = tuning_path(ctx, opt, &explicit);
+  const char *path = ctx->tuning_path;
+  if (!path) {
+    snprintf(ctx->tuning_note, sizeof ctx->tuning_note, "none (turned off)");
+    return;
+  }
+  if (!explicit && access(path, F_OK) != 0) {
+    snprintf(ctx->tuning_note, sizeof ctx->tuning_note, "none (no %s; `clattn tune` writes it)", path);
+    return;
+  }
+  ca_tuning file;
+  char err[512];
+  if (ca_tuning_read(path, &file, err, sizeof err) != 0) {
+    snprintf(ctx->tuning_note, sizeof ctx->tuning_note, "rejected, defaults used: %s", err);
+    return;
+  }
+  char platform[256], device[256], driver[256];
+  ca_platform_string(ctx->platform, CL_PLATFORM_NAME, platform, sizeof platform);
+  ca_device_string(ctx->device, CL_DEVICE_NAME, device, sizeof device);
+  ca_device_string(ctx->device, CL_DRIVER_VERSION, driver, sizeof driver);
+  if (strcmp(platform, file.platform) || strcmp(device, file.device) || strcmp(driver, file.driver)) {
+    snprintf(ctx->tuning_note, sizeof ctx->tuning_note, "ignored: %s is for %s / %s / driver %s", path,
+             file.platform, file.device, file.driver);
+    return;
+  }
+  tl_tiles tiles = ctx->tiles;
+  size_t scratch = ctx->scratch_budget;
+  for (int t = 0; t < CA_T_COUNT; t++)
+    if (file.has[t]) ca_tunable_set(&tiles, &scratch, (ca_tunable)t, file.value[t]);
+  /* Values the device cannot run would be changed by the clamp: refuse them. */
+  tl_tiles clamped = tiles;
+  int fits = tl_clamp(&clamped, &ctx->caps) == 0;
+  for (int t = 0; t < CA_T_SCRATCH_BYTES && fits; t++)
+    if (file.has[t] && ca_tunable_get(&clamped, 0, (ca_tunable)t) != file.value[t]) {
+      snprintf(ctx->tuning_note, sizeof ctx->tuning_note,
+               "rejected, defaults used: %s: %s = %lld does not fit this device (work-group %zu, local memory %llu)",
+               path, ca_tunable_name((ca_tunable)t), file.value[t], ctx->caps.max_wg,
+               (unsigned long long)ctx->caps.local_mem);
+      return;
+    }
+  if (!fits) {
+    snprintf(ctx->tuning_note, sizeof ctx->tuning_note,
+             "rejected, defaults used: %s: its tiles together do not fit this device", path);
+    return;
+  }
+  if (file.has[CA_T_SCRATCH_BYTES] && ctx->max_alloc && scratch > ctx->max_alloc) {
+    snprintf(ctx->tuning_note, sizeof ctx->tuning_note,
+             "rejected, defaults used: %s: scratch_bytes = %zu exceeds the device's largest allocation", path,
+             scratch);
+    return;
+  }
+  ctx->tiles = tiles;
+  ctx->scratch_budget = scratch;
+  for (int t = 0; t < CA_T_COUNT; t++)
+    if (file.has[t]) ctx->origin[t] = CA_FROM_FILE;
+  memcpy(ctx->auto_algo, file.auto_algo, sizeof ctx->auto_algo);
+  snprintf(ctx->tuning_note, sizeof ctx->tuning_note, "applied: %s", path);
+}
+
+/* Tiles and scratch budget: device-query defaults, then the built-in table,
+ * the tuning file and the environment, each over the one before. */
+static void choose_tiles(clattn_context *ctx, const clattn_options *opt) {
+  ctx->tiles = tl_choose(&ctx->caps);
+  ctx->scratch_budget = DEFAULT_SCRATCH_BYTES;
+  for (int t = 0; t < CA_T_COUNT; t++) ctx->origin[t] = CA_FROM_QUERY;
+  for (int c = 0; c < CA_CLASS_COUNT; c++) ctx->auto_algo[c] = CLATTN_ALGO_AUTO;
+  char platform[256], device[256];
+  ca_platform_string(ctx->platform, CL_PLATFORM_NAME, platform, sizeof platform);
+  ca_device_string(ctx->device, CL_DEVICE_NAME, device, sizeof device);
+  ca_tuning_builtin(platform, device, ctx->caps.type, &ctx->tiles, ctx->origin);
+  apply_tuning_file(ctx, opt->tuning_file);
+  apply_environment(ctx);
+  if (ctx->max_alloc && ctx->scratch_budget > ctx->max_alloc) ctx->scratch_budget = (size_t)ctx->max_alloc;
 }
 
 static clattn_status build_core(clattn_context *ctx) {
@@ -117,23 +220,28 @@ static void describe(clattn_context *ctx) {
   else
     snprintf(fused, sizeof fused, "flash_rows, %d rows per work-item, 16-wide vectors; decode reads K/V in place",
              t->flash_bm);
+  char values[1024] = "", autos[256] = "";
+  for (int i = 0, at = 0; i < CA_T_COUNT; i++)
+    at += snprintf(values + at, sizeof values - (size_t)at, "  %-14s %-10lld (%s)\n", ca_tunable_name((ca_tunable)i),
+                   ca_tunable_get(t, ctx->scratch_budget, (ca_tunable)i), ca_origin_name(ctx->origin[i]));
+  for (int i = 0, at = 0; i < CA_CLASS_COUNT; i++)
+    at += snprintf(autos + at, sizeof autos - (size_t)at, "%s%s: %s", i ? ", " : "", ca_class_name((ca_shape_class)i),
+                   ctx->auto_algo[i] != CLATTN_ALGO_AUTO ? clattn_algo_name(ctx->auto_algo[i])
+                   : i == CA_CLASS_WEIGHTS ? "staged" : "fused");
   snprintf(ctx->description, sizeof ctx->description,
            "platform: %s\n"
            "device: %s (%s, driver %s)\n"
            "compute units: %u, max work-group: %zu, preferred multiple: %zu, local memory: %llu bytes\n"
-           "tiles (from %s):\n"
-           "  qk_score: %d rows x %d keys, head-dim chunk %d\n"
-           "  softmax: %d work-items per row\n"
-           "  mix: %d rows x %d value columns, key chunk %d\n"
-           "  fused: %s\n"
-           "staged scratch budget: %zu bytes\n"
+           "tiles and budgets (value, origin):\n%s"
+           "fused kernel: %s\n"
+           "tuning file: %s\n"
+           "AUTO picks: %s\n"
            "program build at creation: %.1f ms\n"
            "program cache: %s (at creation: %d built from source, %d loaded from cache)\n",
            platform, device, (c->type & CL_DEVICE_TYPE_GPU) ? "GPU" : (c->type & CL_DEVICE_TYPE_CPU) ? "CPU" : "other",
-           driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem,
-           ctx->tiles_origin, t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv,
-           t->mix_tj, fused, ctx->scratch_budget, ctx->build_ms,
-           ctx->cache_dir ? ctx->cache_dir : "off", ctx->builds_from_source, ctx->builds_from_cache);
+           driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem, values, fused,
+           ctx->tuning_note, autos, ctx->build_ms, ctx->cache_dir ? ctx->cache_dir : "off", ctx->builds_from_source,
+           ctx->builds_from_cache);
 }
 
 static clattn_status attach(clattn_context *ctx, const clattn_options *opt) {
@@ -193,8 +301,7 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
   double t0 = now_ms();
   st = probe_preferred_multiple(ctx, &ctx->caps.pref_multiple);
   if (st != CLATTN_OK) goto fail;
-  ctx->tiles = tl_choose(&ctx->caps);
-  ctx->tiles_origin = override_flash_variant(&ctx->tiles);
+  choose_tiles(ctx, opt ? opt : &defaults);
   if (tl_clamp(&ctx->tiles, &ctx->caps) != 0) {
     st = ca_fail(CLATTN_ERR_UNSUPPORTED, "device limits (work-group %zu, local memory %llu bytes) fit no tile shape",
                  ctx->caps.max_wg, (unsigned long long)ctx->caps.local_mem);
@@ -203,7 +310,6 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
   st = build_core_fitting(ctx);
   if (st != CLATTN_OK) goto fail;
   ctx->build_ms = now_ms() - t0;
-  ctx->scratch_budget = scratch_budget(ctx);
   describe(ctx);
   *out = ctx;
   return CLATTN_OK;
@@ -218,6 +324,7 @@ void clattn_destroy(clattn_context *ctx) {
   for (int i = 0; i < ctx->n_fused; i++) clReleaseProgram(ctx->fused[i].program);
   free(ctx->fused);
   free(ctx->cache_dir);
+  free(ctx->tuning_path);
   pthread_mutex_destroy(&ctx->programs_lock);
   if (ctx->queue) clReleaseCommandQueue(ctx->queue);
   if (ctx->context) clReleaseContext(ctx->context);

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include "clattn.h"
 #include "tiles.h"
+#include "tuning.h"
 
 struct clattn_context {
   cl_platform_id platform;
@@ -15,7 +16,10 @@ struct clattn_context {
   int retained_device;        /* clRetainDevice was called (embedded mode, OpenCL 1.2) */
   tl_device caps;             /* what the device reports */
   tl_tiles tiles;             /* staged path's work-group shapes */
-  const char *tiles_origin;   /* where the tile values came from */
+  ca_origin origin[CA_T_COUNT]; /* where each tile value (and the scratch budget) came from */
+  clattn_algo auto_algo[CA_CLASS_COUNT]; /* AUTO's choice per shape class; AUTO = built-in rule */
+  char *tuning_path;          /* the tuning file looked for; NULL = none */
+  char tuning_note[1280];      /* what became of it: applied, absent, ignored or rejected (and why) */
   cl_program core;            /* built at creation: qk_score, softmax_rows, mix_values, merge_states */
   pthread_mutex_t programs_lock; /* guards the fused programs and peak_scratch */
   struct ca_fused_program { int head_dim, value_dim; cl_program program; } *fused;
@@ -27,7 +31,7 @@ struct clattn_context {
   cl_ulong max_alloc;         /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
   size_t scratch_budget;      /* bytes of score scratch the staged path may hold */
   size_t peak_scratch;        /* largest scratch of one call; guarded by programs_lock */
-  char description[4096];
+  char description[6144];
 };
 
 /* Records that one call holds `bytes` of scratch (for clattn_peak_scratch_bytes). */
@@ -93,6 +97,12 @@ void ca_cache_store(clattn_context *ctx, const ca_cache_key *key, cl_program pro
 char *ca_cache_dir_resolve(const char *opt);
 /* Programs built from source and loaded from the cache so far (for tests). */
 void ca_cache_counts(const clattn_context *ctx, int *from_source, int *from_cache);
+
+/* ---- tuning (context.c) ---- */
+
+/* Where `clattn tune` writes this device's tuning file by default (in the
+ * cache directory), malloc'd; NULL without a cache directory. */
+char *ca_tuning_default_path(const clattn_context *ctx);
 
 /* ---- launching (launch.c) ---- */
 

@@ -120,8 +120,13 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_views(p))) return st;
 
   const int want_weights = p->weights.buf != NULL;
-  /* AUTO: the fused kernel, unless the routing matrix is asked for. */
-  plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo : want_weights ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED;
+  /* AUTO: the tuning file's choice for the shape class, else the fused
+   * kernel unless the routing matrix is asked for. */
+  const ca_shape_class cls = want_weights ? CA_CLASS_WEIGHTS : p->q_len <= CA_DECODE_ROWS ? CA_CLASS_DECODE
+                                                                                          : CA_CLASS_PREFILL;
+  plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo
+               : ctx->auto_algo[cls] != CLATTN_ALGO_AUTO ? ctx->auto_algo[cls]
+               : want_weights ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED;
   if (plan->algo == CLATTN_ALGO_FUSED && want_weights)
     return ca_fail(CLATTN_ERR_UNSUPPORTED,
                    "weights: the fused kernel never forms the routing matrix; use CLATTN_ALGO_STAGED or AUTO");

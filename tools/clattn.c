@@ -8,6 +8,7 @@
  *                            examples on the device, one larger verified run
  *   clattn bench [options]   clattn against CLBlast staged attention and host
  *                            OpenBLAS attention (bench.c)
+ *   clattn tune [options]    times candidate tiles, writes a tuning file (tune.c)
  *
  * The device is CLATTN_DEVICE's match, else the first GPU, else the first
  * device (POCL's CPU device where there is no GPU).
@@ -20,6 +21,7 @@
 #include "bench.h"
 #include "clattn.h"
 #include "problem.h"
+#include "tune.h"
 
 static int usage(FILE *f) {
   fprintf(f,
@@ -30,8 +32,8 @@ static int usage(FILE *f) {
           "                  [--kv-lens] [--mask random|block|none] [--bias] [--layout bhsd|bshd]\n"
           "                  [--scale S] [--algo auto|staged|fused|gemm] [--weights] [--lse]\n"
           "                  [--empty zero|error] [--poison] [--reps R] [--seed S] [--tol T]\n"
-          "%s",
-          bench_usage);
+          "%s%s",
+          bench_usage, tune_usage);
   return 2;
 }
 
@@ -297,6 +299,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
   if (strcmp(argv[1], "demo") == 0) return cmd_demo();
   if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
+  if (strcmp(argv[1], "tune") == 0) return tune_main(argc, argv);
   if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) return usage(stdout), 0;
   return usage(stderr);
 }

@@ -1,0 +1,223 @@
+/* Tuning files and the built-in table (see tuning.h). */
+#include "tuning.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { TUNING_FORMAT = 1 };
+
+static const char *const tunable_names[CA_T_COUNT] = {
+  "score_tm", "score_tn", "score_tk", "softmax_wg", "mix_tm", "mix_tv", "mix_tj",
+  "flash_bm", "flash_wg", "scratch_bytes",
+};
+static const char *const class_keys[CA_CLASS_COUNT] = {"auto_prefill", "auto_decode", "auto_weights"};
+
+const char *ca_tunable_name(ca_tunable t) { return t < CA_T_COUNT ? tunable_names[t] : "?"; }
+
+const char *ca_origin_name(ca_origin o) {
+  switch (o) {
+    case CA_FROM_QUERY: return "default from device query";
+    case CA_FROM_TABLE: return "built-in table";
+    case CA_FROM_FILE: return "tuning file";
+    case CA_FROM_ENV: return "environment";
+  }
+  return "?";
+}
+
+const char *ca_class_name(ca_shape_class c) { return c < CA_CLASS_COUNT ? class_keys[c] + 5 : "?"; }
+
+static int *tile_field(tl_tiles *t, ca_tunable k) {
+  switch (k) {
+    case CA_T_SCORE_TM: return &t->score_tm;
+    case CA_T_SCORE_TN: return &t->score_tn;
+    case CA_T_SCORE_TK: return &t->score_tk;
+    case CA_T_SOFTMAX_WG: return &t->softmax_wg;
+    case CA_T_MIX_TM: return &t->mix_tm;
+    case CA_T_MIX_TV: return &t->mix_tv;
+    case CA_T_MIX_TJ: return &t->mix_tj;
+    case CA_T_FLASH_BM: return &t->flash_bm;
+    case CA_T_FLASH_WG: return &t->flash_wg;
+    default: return NULL;
+  }
+}
+
+long long ca_tunable_get(const tl_tiles *tiles, size_t scratch, ca_tunable t) {
+  int *f = tile_field((tl_tiles *)tiles, t);
+  return f ? *f : t == CA_T_SCRATCH_BYTES ? (long long)scratch : 0;
+}
+
+void ca_tunable_set(tl_tiles *tiles, size_t *scratch, ca_tunable t, long long v) {
+  int *f = tile_field(tiles, t);
+  if (f) *f = (int)v;
+  else if (t == CA_T_SCRATCH_BYTES) *scratch = (size_t)v;
+}
+
+static int is_pow2(long long v) { return v > 0 && (v & (v - 1)) == 0; }
+
+/* The absolute range of each value (the device's limits are checked when a
+ * context applies the file). NULL when v is fine, else what it must be. */
+static const char *out_of_range(ca_tunable t, long long v) {
+  switch (t) {
+    case CA_T_FLASH_BM: return is_pow2(v) && v <= 16 ? NULL : "a power of two from 1 to 16";
+    case CA_T_FLASH_WG: return v == 0 || (is_pow2(v) && v <= 1024) ? NULL : "0 or a power of two up to 1024";
+    case CA_T_SCRATCH_BYTES: return v >= (1 << 20) && v <= (1LL << 40) ? NULL : "from 1048576 to 2^40 bytes";
+    default: return is_pow2(v) && v <= 1024 ? NULL : "a power of two from 1 to 1024";
+  }
+}
+
+static clattn_algo algo_from_name(const char *s) {
+  if (!strcmp(s, "staged")) return CLATTN_ALGO_STAGED;
+  if (!strcmp(s, "fused")) return CLATTN_ALGO_FUSED;
+  if (!strcmp(s, "gemm")) return CLATTN_ALGO_GEMM;
+  return CLATTN_ALGO_AUTO;
+}
+
+static char *trim(char *s) {
+  while (isspace((unsigned char)*s)) s++;
+  size_t n = strlen(s);
+  while (n && isspace((unsigned char)s[n - 1])) s[--n] = '\0';
+  return s;
+}
+
+/* One `key = value` line into out; NULL, or what is wrong with it. */
+static const char *parse_line(char *key, char *value, ca_tuning *out, int *format, char *why, size_t n) {
+  if (!strcmp(key, "format")) {
+    *format = atoi(value);
+    return *format == TUNING_FORMAT ? NULL : "format: this library reads format 1";
+  }
+  char *strings[] = {out->platform, out->device, out->driver};
+  const char *string_keys[] = {"platform", "device", "driver"};
+  for (int i = 0; i < 3; i++)
+    if (!strcmp(key, string_keys[i])) {
+      snprintf(strings[i], sizeof out->platform, "%s", value);
+      return NULL;
+    }
+  for (int c = 0; c < CA_CLASS_COUNT; c++)
+    if (!strcmp(key, class_keys[c])) {
+      clattn_algo a = algo_from_name(value);
+      if (a == CLATTN_ALGO_AUTO || (c == CA_CLASS_WEIGHTS && a == CLATTN_ALGO_FUSED)) {
+        snprintf(why, n, "%s = %s: must be %s", key, value, c == CA_CLASS_WEIGHTS ? "staged or gemm" : "staged, fused or gemm");
+        return why;
+      }
+      out->auto_algo[c] = a;
+      return NULL;
+    }
+  for (int t = 0; t < CA_T_COUNT; t++)
+    if (!strcmp(key, tunable_names[t])) {
+      char *end = NULL;
+      errno = 0;
+      long long v = strtoll(value, &end, 10);
+      const char *range = (errno || !end || end == value || *end) ? "an integer" : out_of_range((ca_tunable)t, v);
+      if (range) {
+        snprintf(why, n, "%s = %s: must be %s", key, value, range);
+        return why;
+      }
+      out->has[t] = 1;
+      out->value[t] = v;
+      return NULL;
+    }
+  snprintf(why, n, "unknown key '%s'", key);
+  return why;
+}
+
+int ca_tuning_read(const char *path, ca_tuning *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+    return -1;
+  }
+  char line[1024], why[320];
+  int lineno = 0, format = 0, rc = 0;
+  while (rc == 0 && fgets(line, sizeof line, f)) {
+    lineno++;
+    char *hash = strchr(line, '#');
+    if (hash) *hash = '\0';
+    char *s = trim(line);
+    if (!*s) continue;
+    char *eq = strchr(s, '=');
+    const char *bad = "expected 'key = value'";
+    if (eq) {
+      *eq = '\0';
+      bad = parse_line(trim(s), trim(eq + 1), out, &format, why, sizeof why);
+    }
+    if (bad) {
+      snprintf(err, errlen, "%s:%d: %s", path, lineno, bad);
+      rc = -1;
+    }
+  }
+  if (rc == 0 && ferror(f)) snprintf(err, errlen, "cannot read %s", path), rc = -1;
+  fclose(f);
+  if (rc == 0 && format != TUNING_FORMAT) snprintf(err, errlen, "%s: no 'format = 1' line", path), rc = -1;
+  if (rc == 0 && (!out->platform[0] || !out->device[0] || !out->driver[0]))
+    snprintf(err, errlen, "%s: needs platform, device and driver lines", path), rc = -1;
+  return rc;
+}
+
+int ca_tuning_write(const char *path, const ca_tuning *t, char *err, size_t errlen) {
+  size_t n = strlen(path) + 16;
+  char *tmp = malloc(n);
+  if (!tmp) return snprintf(err, errlen, "out of memory"), -1;
+  snprintf(tmp, n, "%s.XXXXXX", path);
+  int fd = mkstemp(tmp);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (!f) {
+    snprintf(err, errlen, "cannot create a file beside %s: %s", path, strerror(errno));
+    if (fd >= 0) close(fd), unlink(tmp);
+    free(tmp);
+    return -1;
+  }
+  fprintf(f, "# clattn tuning file, written by `clattn tune`; read by clattn_create for this device only\n");
+  fprintf(f, "format = %d\nplatform = %s\ndevice = %s\ndriver = %s\n", TUNING_FORMAT, t->platform, t->device,
+          t->driver);
+  for (int i = 0; i < CA_T_COUNT; i++)
+    if (t->has[i]) fprintf(f, "%s = %lld\n", tunable_names[i], t->value[i]);
+  for (int c = 0; c < CA_CLASS_COUNT; c++)
+    if (t->auto_algo[c] != CLATTN_ALGO_AUTO) fprintf(f, "%s = %s\n", class_keys[c], clattn_algo_name(t->auto_algo[c]));
+  int bad = ferror(f);
+  bad = (fclose(f) != 0) || bad;
+  if (bad || rename(tmp, path) != 0) {
+    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    unlink(tmp);
+    free(tmp);
+    return -1;
+  }
+  free(tmp);
+  return 0;
+}
+
+/* ---- the built-in table ---- */
+
+/* Values measured with `clattn tune` on known devices (matched by substrings
+ * of the platform and device names, and the device type). */
+typedef struct {
+  const char *platform, *device;
+  cl_device_type type;
+  ca_tunable key;
+  int value;
+} builtin_entry;
+
+static const builtin_entry builtin[] = {
+  /* POCL's CPU device (measured on 2-core AMD EPYC, AVX-512, README's
+   * "Tuning"): register-blocked flash_rows with 8 rows per work-item. */
+  {"Portable Computing Language", "", CL_DEVICE_TYPE_CPU, CA_T_FLASH_BM, 8},
+  {"Portable Computing Language", "", CL_DEVICE_TYPE_CPU, CA_T_FLASH_WG, 0},
+};
+
+int ca_tuning_builtin(const char *platform, const char *device, cl_device_type type, tl_tiles *tiles,
+                      ca_origin origin[CA_T_COUNT]) {
+  int set = 0;
+  for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++) {
+    const builtin_entry *e = &builtin[i];
+    int *field = tile_field(tiles, e->key);
+    if (!field || !(type & e->type) || !strstr(platform, e->platform) || !strstr(device, e->device)) continue;
+    *field = e->value;
+    origin[e->key] = CA_FROM_TABLE;
+    set++;
+  }
+  return set;
+}

@@ -1,0 +1,68 @@
+/*
+ * Tuning: where each tile value comes from (the device-query default, the
+ * built-in table of measured devices, a tuning file written by `clattn
+ * tune`, or an environment override) and the tuning file's format.
+ *
+ * A tuning file is text, one `key = value` per line, `#` starts a comment:
+ *
+ *   format = 1
+ *   platform = <CL_PLATFORM_NAME>     the file applies only to the device
+ *   device = <CL_DEVICE_NAME>         whose three strings match exactly
+ *   driver = <CL_DRIVER_VERSION>
+ *   score_tm = 8   (and any other tile value below; absent = not tuned)
+ *   scratch_bytes = 67108864          staged / GEMM score scratch per call
+ *   auto_prefill = fused              AUTO's choice per shape class:
+ *   auto_decode = fused                 staged, fused or gemm (weights
+ *   auto_weights = staged               requested: staged or gemm)
+ *
+ * Decode means q_len <= CA_DECODE_ROWS. A file with an unknown key, a
+ * malformed line or a value out of range is rejected as a whole.
+ */
+#ifndef CLATTN_TUNING_H
+#define CLATTN_TUNING_H
+
+#include <stddef.h>
+
+#include "clattn.h"
+#include "tiles.h"
+
+enum { CA_DECODE_ROWS = 16 };
+
+/* The tunable values: the tile struct's fields, then the scratch budget. */
+typedef enum {
+  CA_T_SCORE_TM, CA_T_SCORE_TN, CA_T_SCORE_TK, CA_T_SOFTMAX_WG, CA_T_MIX_TM, CA_T_MIX_TV, CA_T_MIX_TJ,
+  CA_T_FLASH_BM, CA_T_FLASH_WG, CA_T_SCRATCH_BYTES, CA_T_COUNT
+} ca_tunable;
+
+typedef enum { CA_FROM_QUERY, CA_FROM_TABLE, CA_FROM_FILE, CA_FROM_ENV } ca_origin;
+
+/* AUTO's choice per shape class; CLATTN_ALGO_AUTO = not tuned. */
+typedef enum { CA_CLASS_PREFILL, CA_CLASS_DECODE, CA_CLASS_WEIGHTS, CA_CLASS_COUNT } ca_shape_class;
+
+typedef struct {
+  char platform[256], device[256], driver[256];
+  int has[CA_T_COUNT];
+  long long value[CA_T_COUNT];
+  clattn_algo auto_algo[CA_CLASS_COUNT];
+} ca_tuning;
+
+const char *ca_tunable_name(ca_tunable t);
+const char *ca_origin_name(ca_origin o);
+const char *ca_class_name(ca_shape_class c);
+
+/* The value of t in tiles (scratch: *scratch), and setting it. */
+long long ca_tunable_get(const tl_tiles *tiles, size_t scratch, ca_tunable t);
+void ca_tunable_set(tl_tiles *tiles, size_t *scratch, ca_tunable t, long long v);
+
+/* Reads and checks a tuning file (syntax and each value's absolute range).
+ * 0, or -1 with a message naming the line and the value. */
+int ca_tuning_read(const char *path, ca_tuning *out, char *err, size_t errlen);
+/* Writes it atomically (temp file + rename). 0, or -1 with a message. */
+int ca_tuning_write(const char *path, const ca_tuning *t, char *err, size_t errlen);
+
+/* The built-in table: values measured on known devices, applied over the
+ * device-query defaults (origin CA_FROM_TABLE). Returns how many it set. */
+int ca_tuning_builtin(const char *platform, const char *device, cl_device_type type, tl_tiles *tiles,
+                      ca_origin origin[CA_T_COUNT]);
+
+#endif

@@ -1,0 +1,259 @@
+/*
+ * Tuning files (src/tuning.c, applied in context.c): the format's checks,
+ * a matching file's values and AUTO choices applied with their origin
+ * shown, results still exact; a file for another device ignored; a file
+ * with a bad or device-unfit value rejected whole, with a message, and the
+ * defaults used. Contexts are embedded in ct_context()'s OpenCL objects.
+ */
+#include <unistd.h>
+
+#include "check.h"
+#include "internal.h"
+#include "kit_checks.h"
+
+static char g_dir[] = "/tmp/clattn-tuning-XXXXXX";
+static char g_path[300];
+
+/* A file for ct_context()'s device with extra lines appended. */
+static int write_for_device(const char *extra)
+{
+  clattn_context *c = ct_context();
+  char platform[256], device[256], driver[256];
+  ca_platform_string(c->platform, CL_PLATFORM_NAME, platform, sizeof platform);
+  ca_device_string(c->device, CL_DEVICE_NAME, device, sizeof device);
+  ca_device_string(c->device, CL_DRIVER_VERSION, driver, sizeof driver);
+  FILE *f = fopen(g_path, "w");
+  if (!CHECKF(f != NULL, "cannot write %s", g_path))
+    return -1;
+  fprintf(f, "# test\nformat = 1\nplatform = %s\ndevice = %s\ndriver = %s\n%s", platform, device, driver, extra);
+  return CHECK(fclose(f) == 0) ? 0 : -1;
+}
+
+static clattn_context *open_with(const char *tuning_file)
+{
+  clattn_options o = { 0 };
+  o.context = clattn_cl_context(ct_context());
+  o.device = clattn_cl_device(ct_context());
+  o.queue = clattn_cl_queue(ct_context());
+  o.tuning_file = tuning_file;
+  clattn_context *ctx = NULL;
+  clattn_status st = clattn_create(&o, &ctx);
+  CHECKF(st == CLATTN_OK, "clattn_create: %s", clattn_last_error(NULL));
+  return ctx;
+}
+
+/* Reads text as a tuning file: 0 accepted, -1 rejected (message in err). */
+static int read_text(const char *text, char *err, size_t n)
+{
+  FILE *f = fopen(g_path, "w");
+  if (!f)
+    return -2;
+  fputs(text, f);
+  fclose(f);
+  ca_tuning t;
+  return ca_tuning_read(g_path, &t, err, n);
+}
+
+static void format_errors_name_the_line_and_value(void)
+{
+  static const char head[] = "format = 1\nplatform = P\ndevice = D\ndriver = 1\n";
+  static const struct { const char *line, *says; } bad[] = {
+    { "flash_bm = 3\n", "flash_bm = 3: must be a power of two from 1 to 16" },
+    { "score_tm = 2048\n", "score_tm = 2048: must be a power of two from 1 to 1024" },
+    { "mix_tj = 12x\n", "mix_tj = 12x: must be an integer" },
+    { "scratch_bytes = 1000\n", "scratch_bytes = 1000: must be from" },
+    { "auto_weights = fused\n", "auto_weights = fused: must be staged or gemm" },
+    { "auto_prefill = fast\n", "auto_prefill = fast: must be staged, fused or gemm" },
+    { "tile = 4\n", "unknown key 'tile'" },
+    { "flash_bm 4\n", "expected 'key = value'" },
+  };
+  char text[512], err[512];
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(text, sizeof text, "%s%s", head, bad[i].line);
+    int rc = read_text(text, err, sizeof err);
+    CHECKF(rc == -1 && strstr(err, bad[i].says) && strstr(err, ":5:"), "%s: rc %d, '%s'", bad[i].line, rc, err);
+  }
+  CHECK(read_text("platform = P\ndevice = D\ndriver = 1\n", err, sizeof err) == -1 && strstr(err, "format"));
+  CHECK(read_text("format = 1\nplatform = P\n", err, sizeof err) == -1 && strstr(err, "platform, device and driver"));
+  snprintf(text, sizeof text, "%s  # comment\nflash_bm = 16  # trailing\n\nauto_decode = gemm\n", head);
+  CHECKF(read_text(text, err, sizeof err) == 0, "good file rejected: %s", err);
+}
+
+static void write_then_read_round_trips(void)
+{
+  ca_tuning t, back;
+  memset(&t, 0, sizeof t);
+  snprintf(t.platform, sizeof t.platform, "Some Platform");
+  snprintf(t.device, sizeof t.device, "Some Device");
+  snprintf(t.driver, sizeof t.driver, "1.2.3");
+  t.has[CA_T_MIX_TM] = 1, t.value[CA_T_MIX_TM] = 32;
+  t.has[CA_T_SCRATCH_BYTES] = 1, t.value[CA_T_SCRATCH_BYTES] = 16 << 20;
+  t.auto_algo[CA_CLASS_WEIGHTS] = CLATTN_ALGO_GEMM;
+  char err[512];
+  REQUIREF(ca_tuning_write(g_path, &t, err, sizeof err) == 0, "%s", err);
+  REQUIREF(ca_tuning_read(g_path, &back, err, sizeof err) == 0, "%s", err);
+  CHECK(!strcmp(back.device, t.device) && !strcmp(back.driver, t.driver));
+  CHECK(back.has[CA_T_MIX_TM] && back.value[CA_T_MIX_TM] == 32 && !back.has[CA_T_MIX_TV]);
+  CHECK(back.value[CA_T_SCRATCH_BYTES] == 16 << 20);
+  CHECK(back.auto_algo[CA_CLASS_WEIGHTS] == CLATTN_ALGO_GEMM && back.auto_algo[CA_CLASS_PREFILL] == CLATTN_ALGO_AUTO);
+}
+
+static cp_problem *small_problem(int want_weights)
+{
+  cp_shape s = cp_shape_default();
+  s.q_heads = 4; s.kv_heads = 2; s.q_len = 37; s.kv_len = 53; s.head_dim = 40; s.value_dim = 24;
+  s.causal = 1; s.want_lse = 1; s.want_weights = want_weights; s.poison_disallowed = 1;
+  char err[256];
+  cp_problem *pb = cp_build(&s, err, sizeof err);
+  CHECKF(pb != NULL, "cp_build: %s", err);
+  return pb;
+}
+
+/* What AUTO resolves to for pb in ctx. */
+static clattn_algo auto_choice(clattn_context *ctx, cp_problem *pb)
+{
+  pb->params.algo = CLATTN_ALGO_AUTO;
+  ca_plan plan;
+  if (cp_upload(pb, ct_context()) != 0 || ca_validate(ctx, &pb->params, &plan) != CLATTN_OK)
+    return (clattn_algo)-1;
+  return plan.algo;
+}
+
+/* Runs pb with every algorithm in ctx against the reference. */
+static void exact_in(clattn_context *ctx, cp_problem *pb)
+{
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    pb->params.algo = kc_algos[a];
+    cp_result r;
+    if (!CHECKF(cp_run(pb, ctx, &r) == 0, "%s", pb->err))
+      continue;
+    char line[512];
+    if (r.status == CLATTN_ERR_UNSUPPORTED && kc_algo_optional(kc_algos[a], &pb->params))
+      continue;
+    CHECKF(cp_result_ok(&r, 1e-5), "%s: %s", clattn_algo_name(kc_algos[a]), cp_result_format(&r, line, sizeof line));
+  }
+}
+
+static void matching_file_is_applied_with_origins(void)
+{
+  REQUIRE(write_for_device("score_tm = 4\nmix_tj = 8\nflash_bm = 2\nscratch_bytes = 2097152\n"
+                           "auto_prefill = gemm\nauto_decode = staged\nauto_weights = gemm\n") == 0);
+  clattn_context *ctx = open_with(g_path);
+  REQUIRE(ctx);
+  CHECKF(!strncmp(ctx->tuning_note, "applied", 7), "note: %s", ctx->tuning_note);
+  CHECK(ctx->tiles.score_tm == 4 && ctx->tiles.mix_tj == 8 && ctx->tiles.flash_bm == 2);
+  CHECK(ctx->scratch_budget == 2097152);
+  CHECK(ctx->origin[CA_T_SCORE_TM] == CA_FROM_FILE && ctx->origin[CA_T_SCRATCH_BYTES] == CA_FROM_FILE);
+  CHECK(ctx->origin[CA_T_SCORE_TN] != CA_FROM_FILE && ctx->origin[CA_T_SOFTMAX_WG] == CA_FROM_QUERY);
+  const char *d = clattn_describe(ctx);
+  CHECKF(strstr(d, "score_tm       4          (tuning file)") && strstr(d, "(default from device query)") &&
+         strstr(d, "prefill: gemm, decode: staged, weights: gemm"), "describe:\n%s", d);
+
+  cp_problem *pb = small_problem(0);
+  if (pb) {
+    CHECK(auto_choice(ctx, pb) == CLATTN_ALGO_GEMM);      /* 37 rows: prefill */
+    exact_in(ctx, pb);
+    cp_free(pb);
+  }
+  pb = small_problem(1);
+  if (pb) {
+    CHECK(auto_choice(ctx, pb) == CLATTN_ALGO_GEMM);      /* weights */
+    exact_in(ctx, pb);
+    cp_free(pb);
+  }
+  clattn_destroy(ctx);
+}
+
+static void decode_class_uses_its_choice(void)
+{
+  REQUIRE(write_for_device("auto_decode = staged\n") == 0);
+  clattn_context *ctx = open_with(g_path);
+  REQUIRE(ctx);
+  cp_shape s = cp_shape_default();
+  s.q_len = 1; s.kv_len = 300;
+  char err[256];
+  cp_problem *pb = cp_build(&s, err, sizeof err);
+  if (CHECKF(pb != NULL, "%s", err)) {
+    CHECK(auto_choice(ctx, pb) == CLATTN_ALGO_STAGED);
+    CHECK(auto_choice(ct_context(), pb) == ct_context()->auto_algo[CA_CLASS_DECODE] ||
+          ct_context()->auto_algo[CA_CLASS_DECODE] == CLATTN_ALGO_AUTO);
+    cp_free(pb);
+  }
+  clattn_destroy(ctx);
+}
+
+/* The defaults a context without any tuning file gets. */
+static void expect_defaults(clattn_context *ctx, clattn_context *plain, const char *note_start)
+{
+  CHECKF(!strncmp(ctx->tuning_note, note_start, strlen(note_start)), "note: %s", ctx->tuning_note);
+  CHECK(!memcmp(&ctx->tiles, &plain->tiles, sizeof ctx->tiles));
+  CHECK(ctx->scratch_budget == plain->scratch_budget);
+  for (int c = 0; c < CA_CLASS_COUNT; c++)
+    CHECK(ctx->auto_algo[c] == CLATTN_ALGO_AUTO);
+  for (int t = 0; t < CA_T_COUNT; t++)
+    CHECK(ctx->origin[t] != CA_FROM_FILE);
+}
+
+static void other_device_bad_value_or_misfit_use_defaults(void)
+{
+  clattn_context *plain = open_with("");
+  REQUIRE(plain);
+  CHECK(!strncmp(plain->tuning_note, "none", 4));
+
+  FILE *f = fopen(g_path, "w");
+  REQUIRE(f);
+  fprintf(f, "format = 1\nplatform = Other\ndevice = Other GPU\ndriver = 9\nscore_tm = 4\n");
+  fclose(f);
+  clattn_context *ctx = open_with(g_path);
+  if (ctx)
+    expect_defaults(ctx, plain, "ignored:"), clattn_destroy(ctx);
+
+  REQUIRE(write_for_device("score_tm = 4\nflash_bm = 5\n") == 0);
+  ctx = open_with(g_path);
+  if (ctx) {
+    expect_defaults(ctx, plain, "rejected, defaults used:");
+    CHECKF(strstr(ctx->tuning_note, "flash_bm = 5") != NULL, "note: %s", ctx->tuning_note);
+    CHECK(strstr(clattn_describe(ctx), "rejected, defaults used") != NULL);
+    clattn_destroy(ctx);
+  }
+
+  /* 1024 x 1024 work-items in one group: no device runs that */
+  REQUIRE(write_for_device("score_tm = 1024\nscore_tn = 1024\n") == 0);
+  ctx = open_with(g_path);
+  if (ctx) {
+    expect_defaults(ctx, plain, "rejected, defaults used:");
+    CHECKF(strstr(ctx->tuning_note, "does not fit this device") != NULL, "note: %s", ctx->tuning_note);
+    cp_problem *pb = small_problem(0);
+    if (pb)
+      exact_in(ctx, pb), cp_free(pb);
+    clattn_destroy(ctx);
+  }
+
+  ctx = open_with("/nonexistent/clattn-tuning.txt");
+  if (ctx)
+    expect_defaults(ctx, plain, "rejected, defaults used: cannot open"), clattn_destroy(ctx);
+  clattn_destroy(plain);
+}
+
+static void cleanup(void)
+{
+  unlink(g_path);
+  rmdir(g_dir);
+}
+
+int main(int argc, char **argv)
+{
+  static const ct_test tests[] = {
+    CT_TEST(format_errors_name_the_line_and_value),
+    CT_TEST(write_then_read_round_trips),
+    CT_TEST(matching_file_is_applied_with_origins),
+    CT_TEST(decode_class_uses_its_choice),
+    CT_TEST(other_device_bad_value_or_misfit_use_defaults),
+  };
+  if (!mkdtemp(g_dir))
+    return fprintf(stderr, "mkdtemp failed\n"), 1;
+  snprintf(g_path, sizeof g_path, "%s/tuning.txt", g_dir);
+  ct_context();
+  ct_cleanup = cleanup;
+  return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
+}

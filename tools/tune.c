@@ -1,0 +1,293 @@
+/*
+ * `clattn tune`: times candidate tile values on the chosen device and writes
+ * a tuning file (format in src/tuning.h) that clattn_create then loads.
+ *
+ * Each candidate is a whole configuration written to a scratch tuning file
+ * and loaded by a fresh clattn context embedded in one shared OpenCL context,
+ * so the library's own loading path is what gets measured. Groups of values
+ * are tuned one after another, each with the winners so far (coordinate
+ * descent):
+ *
+ *   fused:   flash_wg = 0 with flash_bm 2..16, and flash_wg 32..128, timed
+ *            on a prefill and a decode shape (time relative to the start)
+ *   staged:  qk_score tiles, head-dim chunk, softmax width, mix tiles, key
+ *            chunk, on a staged prefill shape
+ *   gemm:    the scratch budget (query rows per chunk), on a GEMM prefill
+ *   AUTO:    per shape class (prefill, decode, weights), the fastest path
+ *
+ * Every candidate's output is compared with the starting configuration's,
+ * which is first checked against the fp64 reference: a candidate that
+ * disagrees is discarded. A candidate the device cannot run (the context
+ * rejects the file) is skipped.
+ */
+#include "tune.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "problem.h"
+
+const char tune_usage[] = "       clattn tune [--quick] [--output FILE] [--reps R]\n";
+
+enum { W_PREFILL, W_DECODE, W_STAGED, W_GEMM, W_WEIGHTS, W_COUNT };
+
+typedef struct {
+  clattn_context *base;          /* untuned defaults; its OpenCL objects are shared */
+  cp_problem *work[W_COUNT];
+  float *expected[W_COUNT];      /* the starting configuration's output */
+  ca_tuning best;                /* the winners so far */
+  char scratch_file[4096];
+  int reps, step, steps, tty;
+  const char *what;
+} tuner;
+
+static void progress(tuner *t, const char *what) {
+  t->step++;
+  if (!t->tty) return;
+  const int width = 30, done = t->steps ? t->step * width / t->steps : width;
+  fprintf(stderr, "\r[%.*s%*s] %3d/%d %-44.44s", done, "##############################", width - done, "", t->step,
+          t->steps, what);
+  fflush(stderr);
+}
+
+static cp_problem *workload(clattn_context *ctx, int which, int quick, char *err, size_t n) {
+  cp_shape s = cp_shape_default();
+  const int big = quick ? 512 : 1024;
+  s.q_heads = s.kv_heads = 8;
+  s.head_dim = s.value_dim = 64;
+  s.q_len = s.kv_len = big;
+  switch (which) {
+    case W_DECODE:
+      s.q_heads = 32, s.kv_heads = 8, s.q_len = 1, s.kv_len = quick ? 4096 : 8192;
+      s.head_dim = s.value_dim = 128;
+      break;
+    case W_STAGED: s.q_len = s.kv_len = big / 2; break;
+    case W_GEMM: s.q_len = s.kv_len = big * 2; break;
+    case W_WEIGHTS: s.q_len = s.kv_len = big / 2, s.want_weights = 1; break;
+  }
+  s.algo = which == W_STAGED || which == W_WEIGHTS ? CLATTN_ALGO_STAGED
+           : which == W_GEMM                      ? CLATTN_ALGO_GEMM
+                                                  : CLATTN_ALGO_FUSED;
+  s.seed = 77 + (uint64_t)which;
+  cp_problem *pb = cp_build(&s, err, n);
+  if (pb && cp_upload(pb, ctx) != 0) {
+    snprintf(err, n, "%s", pb->err);
+    cp_free(pb);
+    pb = NULL;
+  }
+  return pb;
+}
+
+/* The starting configuration's outputs, checked against the fp64 reference. */
+static int prepare(tuner *t, int quick) {
+  char err[512];
+  for (int w = 0; w < W_COUNT; w++) {
+    t->work[w] = workload(t->base, w, quick, err, sizeof err);
+    if (!t->work[w]) return fprintf(stderr, "clattn tune: %s\n", err), -1;
+    cp_result r;
+    if (cp_run(t->work[w], t->base, &r) != 0) return fprintf(stderr, "clattn tune: %s\n", t->work[w]->err), -1;
+    char line[512];
+    if (!cp_result_ok(&r, 1e-5))
+      return fprintf(stderr, "clattn tune: the defaults disagree with the reference: %s\n",
+                     cp_result_format(&r, line, sizeof line)), -1;
+    size_t bytes = t->work[w]->out_count * sizeof(float);
+    t->expected[w] = malloc(bytes);
+    if (!t->expected[w]) return fprintf(stderr, "clattn tune: out of memory\n"), -1;
+    memcpy(t->expected[w], t->work[w]->out, bytes);
+  }
+  return 0;
+}
+
+/* A context with configuration c, or NULL when the device cannot run it. */
+static clattn_context *open_config(tuner *t, const ca_tuning *c) {
+  char err[512];
+  if (ca_tuning_write(t->scratch_file, c, err, sizeof err) != 0) {
+    fprintf(stderr, "\nclattn tune: %s\n", err);
+    return NULL;
+  }
+  clattn_options o = {0};
+  o.context = clattn_cl_context(t->base);
+  o.device = clattn_cl_device(t->base);
+  o.queue = clattn_cl_queue(t->base);
+  o.tuning_file = t->scratch_file;
+  clattn_context *ctx = NULL;
+  if (clattn_create(&o, &ctx) != CLATTN_OK) return NULL;
+  if (strncmp(ctx->tuning_note, "applied", 7) != 0) {   /* does not fit this device */
+    clattn_destroy(ctx);
+    return NULL;
+  }
+  return ctx;
+}
+
+/* Best of three means of t->reps calls of workload w with algo, in ms;
+ * INFINITY when it fails or disagrees with the expected output. */
+static double time_workload(tuner *t, clattn_context *ctx, int w, clattn_algo algo) {
+  cp_problem *pb = t->work[w];
+  pb->params.algo = algo;
+  double best = INFINITY;
+  for (int trial = 0; trial < 3; trial++) {
+    double ms = 0;
+    clattn_status st;
+    if (cp_time_forward(pb, ctx, t->reps, &ms, &st) != 0 || st != CLATTN_OK) return INFINITY;
+    if (ms < best) best = ms;
+  }
+  if (cp_read_outputs(pb) != 0) return INFINITY;
+  for (size_t i = 0; i < pb->out_count; i++)
+    if (!(fabsf(pb->out[i] - t->expected[w][i]) <= 1e-4f)) return INFINITY;
+  return best;
+}
+
+/* Time of configuration c on the workloads in ws (relative to ref[] when
+ * given, summed); INFINITY when it cannot run. */
+static double score(tuner *t, const ca_tuning *c, const int *ws, int nw, clattn_algo algo, const double *ref,
+                    double *abs_ms) {
+  clattn_context *ctx = open_config(t, c);
+  if (!ctx) return INFINITY;
+  double total = 0;
+  for (int i = 0; i < nw; i++) {
+    double ms = time_workload(t, ctx, ws[i], algo == CLATTN_ALGO_AUTO ? t->work[ws[i]]->shape.algo : algo);
+    if (abs_ms) abs_ms[i] = ms;
+    total += ref ? ms / ref[i] : ms;
+  }
+  clattn_destroy(ctx);
+  return total;
+}
+
+typedef struct {
+  const char *name;
+  ca_tunable keys[2];
+  int nkeys;
+  int values[8][2];
+  int nvalues;
+  int workloads[2], nworkloads;
+} group;
+
+static const group groups[] = {
+  {"fused rows per work-item", {CA_T_FLASH_WG, CA_T_FLASH_BM}, 2,
+   {{0, 2}, {0, 4}, {0, 8}, {0, 16}, {32, 4}, {64, 4}, {128, 4}}, 7, {W_PREFILL, W_DECODE}, 2},
+  {"qk_score tile", {CA_T_SCORE_TM, CA_T_SCORE_TN}, 2, {{4, 16}, {8, 16}, {16, 16}, {8, 32}}, 4, {W_STAGED}, 1},
+  {"qk_score head-dim chunk", {CA_T_SCORE_TK}, 1, {{16}, {32}, {64}}, 3, {W_STAGED}, 1},
+  {"softmax width", {CA_T_SOFTMAX_WG}, 1, {{16}, {64}, {256}}, 3, {W_STAGED}, 1},
+  {"mix tile", {CA_T_MIX_TM, CA_T_MIX_TV}, 2, {{8, 16}, {16, 16}, {32, 8}, {4, 32}}, 4, {W_STAGED}, 1},
+  {"mix key chunk", {CA_T_MIX_TJ}, 1, {{16}, {32}, {64}}, 3, {W_STAGED}, 1},
+  {"gemm scratch MiB", {CA_T_SCRATCH_BYTES}, 1, {{16}, {64}, {256}}, 3, {W_GEMM}, 1},
+};
+#define N_GROUPS (sizeof groups / sizeof groups[0])
+
+static long long group_value(const group *g, int v, int k) {
+  long long x = g->values[v][k];
+  return g->keys[k] == CA_T_SCRATCH_BYTES ? x << 20 : x;
+}
+
+/* Tunes one group: every candidate with the others at their best so far. */
+static void tune_group(tuner *t, const group *g, FILE *log) {
+  double ref[2] = {1, 1}, ms[2];
+  double start = score(t, &t->best, g->workloads, g->nworkloads, CLATTN_ALGO_AUTO, NULL, ref);
+  double best_score = start < INFINITY ? (double)g->nworkloads : INFINITY;
+  int best_v = -1;
+  fprintf(log, "%s:", g->name);
+  for (int v = 0; v < g->nvalues; v++) {
+    ca_tuning c = t->best;
+    char label[96];
+    int at = snprintf(label, sizeof label, "%s", g->name);
+    for (int k = 0; k < g->nkeys; k++) {
+      c.has[g->keys[k]] = 1;
+      c.value[g->keys[k]] = group_value(g, v, k);
+      at += snprintf(label + at, sizeof label - (size_t)at, " %d", g->values[v][k]);
+    }
+    progress(t, label);
+    double s = score(t, &c, g->workloads, g->nworkloads, CLATTN_ALGO_AUTO, start < INFINITY ? ref : NULL, ms);
+    fprintf(log, " [%s]", label + strlen(g->name) + 1);
+    if (s < INFINITY) fprintf(log, " %.3f", s / g->nworkloads);
+    else fprintf(log, " -");
+    if (s < best_score * 0.98) best_score = s, best_v = v;   /* a 2% margin against noise */
+  }
+  if (best_v >= 0)
+    for (int k = 0; k < g->nkeys; k++) {
+      t->best.has[g->keys[k]] = 1;
+      t->best.value[g->keys[k]] = group_value(g, best_v, k);
+    }
+  fprintf(log, "  (time relative to the start; kept %s)\n", best_v >= 0 ? "the best" : "the start");
+}
+
+/* AUTO per shape class: the fastest path on the class's workload. */
+static void tune_auto(tuner *t, FILE *log) {
+  static const struct { ca_shape_class cls; int w; } classes[] = {
+    {CA_CLASS_PREFILL, W_PREFILL}, {CA_CLASS_DECODE, W_DECODE}, {CA_CLASS_WEIGHTS, W_WEIGHTS}};
+  static const clattn_algo algos[] = {CLATTN_ALGO_FUSED, CLATTN_ALGO_STAGED, CLATTN_ALGO_GEMM};
+  for (size_t i = 0; i < 3; i++) {
+    double best = INFINITY;
+    fprintf(log, "AUTO for %s:", ca_class_name(classes[i].cls));
+    for (size_t a = 0; a < 3; a++) {
+      if (classes[i].cls == CA_CLASS_WEIGHTS && algos[a] == CLATTN_ALGO_FUSED) continue;
+      char label[64];
+      snprintf(label, sizeof label, "AUTO %s: %s", ca_class_name(classes[i].cls), clattn_algo_name(algos[a]));
+      progress(t, label);
+      int w = classes[i].w;
+      double ms = score(t, &t->best, &w, 1, algos[a], NULL, NULL);
+      fprintf(log, " %s %.2f ms", clattn_algo_name(algos[a]), ms);
+      if (ms < best) best = ms, t->best.auto_algo[classes[i].cls] = algos[a];
+    }
+    fprintf(log, "  -> %s\n", clattn_algo_name(t->best.auto_algo[classes[i].cls]));
+  }
+}
+
+int tune_main(int argc, char **argv) {
+  int quick = 0;
+  const char *output = NULL;
+  tuner t;
+  memset(&t, 0, sizeof t);
+  t.reps = 3;
+  for (int i = 2; i < argc; i++) {
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(argv[i], "--quick")) quick = 1;
+    else if (!strcmp(argv[i], "--output") && v) output = v, i++;
+    else if (!strcmp(argv[i], "--reps") && v && atoi(v) > 0) t.reps = atoi(v), i++;
+    else return fprintf(stderr, "usage:\n%s", tune_usage), 2;
+  }
+  clattn_options none = {0};
+  none.tuning_file = "";   /* start from the defaults */
+  if (clattn_create(&none, &t.base) != CLATTN_OK) {
+    fprintf(stderr, "clattn tune: cannot create a context: %s\n", clattn_last_error(NULL));
+    return 1;
+  }
+  char *path = output ? strdup(output) : ca_tuning_default_path(t.base);
+  int rc = 1;
+  if (!path) {
+    fprintf(stderr, "clattn tune: no cache directory; give --output FILE\n");
+    goto done;
+  }
+  snprintf(t.scratch_file, sizeof t.scratch_file, "%s.candidate", path);
+  ca_platform_string(t.base->platform, CL_PLATFORM_NAME, t.best.platform, sizeof t.best.platform);
+  ca_device_string(t.base->device, CL_DEVICE_NAME, t.best.device, sizeof t.best.device);
+  ca_device_string(t.base->device, CL_DRIVER_VERSION, t.best.driver, sizeof t.best.driver);
+  for (int k = 0; k < CA_T_COUNT; k++) {
+    t.best.has[k] = 1;
+    t.best.value[k] = ca_tunable_get(&t.base->tiles, t.base->scratch_budget, (ca_tunable)k);
+  }
+  printf("clattn tune on %s (%s)\n", t.best.device, t.best.platform);
+  if (prepare(&t, quick) != 0) goto done;
+  t.tty = isatty(2);
+  for (size_t g = 0; g < N_GROUPS; g++) t.steps += groups[g].nvalues;
+  t.steps += 3 + 3 + 2;
+  for (size_t g = 0; g < N_GROUPS; g++) tune_group(&t, &groups[g], stdout);
+  tune_auto(&t, stdout);
+  if (t.tty) fprintf(stderr, "\n");
+  char err[512];
+  if (ca_tuning_write(path, &t.best, err, sizeof err) != 0) {
+    fprintf(stderr, "clattn tune: %s\n", err);
+    goto done;
+  }
+  printf("wrote %s\n", path);
+  rc = 0;
+done:
+  if (t.scratch_file[0]) unlink(t.scratch_file);
+  free(path);
+  for (int w = 0; w < W_COUNT; w++) cp_free(t.work[w]), free(t.expected[w]);
+  clattn_destroy(t.base);
+  return rc;
+}
