@@ -25,5 +25,25 @@ inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, long b, i
   return clamp(n, 0, kv_len);
 }
 
+/* Route diagnostics (bits of `diag`) and where a row's go. */
+#define CA_DIAG_ENTROPY 1
+#define CA_DIAG_MAX_WEIGHT 2
+#define CA_DIAG_ARGMAX 4
+#define CA_DIAG_ARGS                                                                          \
+  __global float *entropy, ulong ent_off, ulong4 ent_st, __global float *max_weight, ulong mw_off, \
+      ulong4 mw_st, __global int *argmax, ulong am_off, ulong4 am_st, int diag
+
+#define CA_DIAG_PASS entropy, ent_off, ent_st, max_weight, mw_off, mw_st, argmax, am_off, am_st, diag
+
+/* Writes row (b, h, i)'s diagnostics from its softmax state: l = sum_j
+ * exp(s_j - m) and t = sum_j exp(s_j - m) (s_j - m) over the allowed keys,
+ * so entropy = log(l) - t / l and max_weight = exp(0) / l. l = 0: empty row. */
+inline void ca_store_diag(float l, float t, int best, long b, long h, long i, CA_DIAG_ARGS) {
+  const bool empty = l == 0.0f;
+  if (diag & CA_DIAG_ENTROPY) entropy[ca_at(ent_off, ent_st, b, h, i, 0)] = empty ? 0.0f : log(l) - t / l;
+  if (diag & CA_DIAG_MAX_WEIGHT) max_weight[ca_at(mw_off, mw_st, b, h, i, 0)] = empty ? 0.0f : 1.0f / l;
+  if (diag & CA_DIAG_ARGMAX) argmax[ca_at(am_off, am_st, b, h, i, 0)] = empty ? -1 : best;
+}
+
 /* A maximum that keeps NaN, so a NaN score reaches its row's outputs. */
 inline float ca_max_nan(float a, float b) { return (a > b || isnan(a)) ? a : b; }

@@ -10,7 +10,11 @@
  * Per row, over the allowed keys j in blocks of FLASH_BN:
  *   m' = max(m, max_j s_j);  p_j = exp(s_j - m');  alpha = exp(m - m')
  *   l' = alpha l + sum_j p_j;  acc' = alpha acc + sum_j p_j v_j
- * and at the end O = acc / l, lse = m + log(l). A row with l = 0 had no
+ * and at the end O = acc / l, lse = m + log(l). When route diagnostics are
+ * asked for, each row also keeps t = sum_j p_j (s_j - m), rescaled like l
+ * (t' = alpha (t + l (m - m')) + sum_j p_j (s_j - m')), for its entropy
+ * log(l) - t / l, and the first key reaching the running maximum (argmax;
+ * the host does not split the keys then). A row with l = 0 had no
  * allowed key (or only -inf scores): O = 0, lse = -INFINITY, *empty_flag set.
  * Blocks wholly outside the window/causal band or past kv_lens are skipped;
  * blocks wholly inside skip the per-element masking.
@@ -91,10 +95,11 @@ inline float flash_hsum(float16 x) {
 /* Finishes one row: O = acc / l and lse = m + log(l) to the outputs, or to
  * split `split`'s partial state when the keys were split. l = 0 means no
  * allowed key: O = 0, lse = -INFINITY, and the empty-row flag is raised. */
-inline void flash_store_row(const float *acc, float m, float l, int b, int h, int i, int q_heads, int kv_heads,
-                            int q_len, int split, int n_splits, __global float *out, ulong out_off, ulong4 out_st,
-                            __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
-                            __global float *part_o, __global float *part_lse, __global int *empty_flag) {
+inline void flash_store_row(const float *acc, float m, float l, float t, int best, int b, int h, int i, int q_heads,
+                            int kv_heads, int q_len, int split, int n_splits, __global float *out, ulong out_off,
+                            ulong4 out_st, __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
+                            CA_DIAG_ARGS, __global float *part_o, __global float *part_lse,
+                            __global int *empty_flag) {
   const bool empty = l == 0.0f;
   const float inv = empty ? 0.0f : 1.0f / l;
   const float row_lse = empty ? -INFINITY : m + log(l);
@@ -106,7 +111,23 @@ inline void flash_store_row(const float *acc, float m, float l, int b, int h, in
   } else {
     for (int c = 0; c < DV; c++) out[ca_at(out_off, out_st, b, h, i, c)] = acc[c] * inv;
     if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = row_lse;
+    if (diag) ca_store_diag(l, t, best, b, h, i, CA_DIAG_PASS);
     if (empty) atomic_or(empty_flag, 1);
+  }
+}
+
+/* The diagnostics' update for one block of scores x (-inf = not allowed)
+ * whose weights are pr = exp(x - m_safe); m_old and l_old before the block. */
+inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_old, float alpha, float m_safe, int j0,
+                             float *t, int *best) {
+  const float16 term = select((float16)(0.0f), pr * (x - m_safe), isnotequal(pr, (float16)(0.0f)));
+  *t = (l_old == 0.0f ? 0.0f : alpha * (*t + l_old * (m_old - m_safe))) + flash_hsum(term);
+  const float block_max = flash_hmax(x);
+  if (block_max > m_old) {   /* strictly: on a tie the earlier key stays */
+    float e[FLASH_BN];
+    vstore16(x, 0, e);
+    for (int jj = FLASH_BN - 1; jj >= 0; jj--)
+      if (e[jj] == block_max) *best = j0 + jj;
   }
 }
 
@@ -134,7 +155,7 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
                        int q_heads, int kv_heads, int group, int q_len, int kv_len,
                        float scale, int window_left, int window_right, int split_keys,
                        __global float *out, ulong out_off, ulong4 out_st,
-                       __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
+                       __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS,
                        __global float *part_o, __global float *part_lse,
                        __global int *empty_flag) {
   const int rows_per_kv = group * q_len;
@@ -147,8 +168,8 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
 
   float qr[FLASH_BM_MAX][DK];  /* direct mode needs DK % 16 == 0 */
   float acc[FLASH_BM_MAX][DVP];
-  float m[FLASH_BM_MAX], l[FLASH_BM_MAX];
-  int hs[FLASH_BM_MAX], is[FLASH_BM_MAX];
+  float m[FLASH_BM_MAX], l[FLASH_BM_MAX], tsum[FLASH_BM_MAX];
+  int hs[FLASH_BM_MAX], is[FLASH_BM_MAX], best[FLASH_BM_MAX];
   int lo_min = INT_MAX, lo_max = 0, hi_min = INT_MAX, hi_max = -1;
   for (int r = 0; r < bm; r++) {
     int t = min(t0 + r, rows_per_kv - 1); /* padding rows repeat the last row, never written */
@@ -158,6 +179,8 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
     for (int c = 0; c < DVP; c++) acc[r][c] = 0.0f;
     m[r] = -INFINITY;
     l[r] = 0.0f;
+    tsum[r] = 0.0f;
+    best[r] = -1;
     int2 keys = flash_row_keys(is[r], q_len, kv_len, n_valid, window_left, window_right);
     lo_min = min(lo_min, keys.x);
     lo_max = max(lo_max, keys.x);
@@ -225,6 +248,7 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
       const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
       const float16 pr = exp(x - m_safe);
       alpha[r] = exp(m[r] - m_safe);
+      if (diag) flash_diag_block(x, pr, m[r], l[r], alpha[r], m_safe, j0, &tsum[r], &best[r]);
       l[r] = l[r] * alpha[r] + flash_hsum(pr);
       m[r] = m_new;
       vstore16(pr, 0, p[r]);
@@ -257,8 +281,9 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
   }
 
   for (int r = 0; r < bm && t0 + r < rows_per_kv; r++)
-    flash_store_row(acc[r], m[r], l[r], b, hs[r], is[r], q_heads, kv_heads, q_len, split, n_splits, out, out_off,
-                    out_st, lse, lse_off, lse_st, want_lse, part_o, part_lse, empty_flag);
+    flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], b, hs[r], is[r], q_heads, kv_heads, q_len, split, n_splits,
+                    out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
+                    empty_flag);
 }
 
 /*
@@ -279,13 +304,13 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
       int has_bias, __global const int *kv_lens, int has_kv_lens, int q_heads, int kv_heads,        \
       int group, int q_len, int kv_len, float scale, int window_left, int window_right,             \
       int split_keys, __global float *out, ulong out_off, ulong4 out_st, __global float *lse,       \
-      ulong lse_off, ulong4 lse_st, int want_lse, __global float *part_o, __global float *part_lse, \
-      __global int *empty_flag
+      ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS, __global float *part_o,             \
+      __global float *part_lse, __global int *empty_flag
 #define FLASH_BODY_ARGS(direct, bm)                                                                   \
   q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, direct, bm, mask, mask_off, mask_st,  \
       has_mask, bias, bias_off, bias_st, has_bias, kv_lens, has_kv_lens, q_heads, kv_heads, group, \
       q_len, kv_len, scale, window_left, window_right, split_keys, out, out_off, out_st, lse,       \
-      lse_off, lse_st, want_lse, part_o, part_lse, empty_flag
+      lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows(FLASH_KERNEL_ARGS) {
   flash_body(FLASH_BODY_ARGS(0, FLASH_BM));
@@ -338,7 +363,8 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
   float qr[DK], acc[DV];
   for (int d = 0; d < DK; d++) qr[d] = q[ca_at(q_off, q_st, b, h, i, d)];
   for (int c = 0; c < DV; c++) acc[c] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
+  float m = -INFINITY, l = 0.0f, t_diag = 0.0f;
+  int best = -1;
   const int2 keys = flash_row_keys(i, q_len, kv_len, n_valid, window_left, window_right);
 
   /* The group's key range: the union of its rows' ranges. */
@@ -388,19 +414,24 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     const float m_new = fmax(m, tile_max);
     const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
     const float alpha = exp(m - m_safe);
-    float tile_sum = 0.0f;
+    float tile_sum = 0.0f, tile_t = 0.0f;
     for (int c = 0; c < DV; c++) acc[c] *= alpha;
+    if (diag && tile_max > m)   /* the first key at the new maximum; ties keep the earlier */
+      for (int jj = FLASH_TILE - 1; jj >= 0; jj--)
+        if (s[jj] == tile_max) best = j0 + jj;
     for (int jj = 0; jj < FLASH_TILE; jj++) {
       const float p = exp(s[jj] - m_safe);
       tile_sum += p;
+      if (diag && p != 0.0f) tile_t += p * (s[jj] - m_safe);
       /* a zero weight mixes nothing in */
       if (p != 0.0f)
         for (int c = 0; c < DV; c++) acc[c] += p * v_tile[jj][c];
     }
+    if (diag) t_diag = (l == 0.0f ? 0.0f : alpha * (t_diag + l * (m - m_safe))) + tile_t;
     l = l * alpha + tile_sum;
     m = m_new;
   }
   if (live)
-    flash_store_row(acc, m, l, b, h, i, q_heads, kv_heads, q_len, split, n_splits, out, out_off, out_st, lse,
-                    lse_off, lse_st, want_lse, part_o, part_lse, empty_flag);
+    flash_store_row(acc, m, l, t_diag, best, b, h, i, q_heads, kv_heads, q_len, split, n_splits, out, out_off,
+                    out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag);
 }

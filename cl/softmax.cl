@@ -5,7 +5,8 @@
  *   m = max_j s_j,  l = sum_j exp(s_j - m),  a_j = exp(s_j - m) / l,
  *   lse = m + log(l) (natural log).
  * The probabilities overwrite the scores in place; lse and the routing matrix
- * (weights) are written to their views when asked for. A row whose maximum is
+ * (weights) are written to their views when asked for, and so are the route
+ * diagnostics (entropy, max_weight, argmax: common.h.cl). A row whose maximum is
  * -INFINITY has no allowed key: it gets a = 0, lse = -INFINITY, and sets
  * *empty_flag so the host can apply the EMPTY_ERROR policy.
  *
@@ -24,8 +25,9 @@ void softmax_rows(__global float *scores, int kv_len,
                   int q_heads, int q_len, int bh0, int i0, int rows,
                   __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
                   __global float *weights, ulong w_off, ulong4 w_st, int want_weights,
-                  __global int *empty_flag) {
+                  CA_DIAG_ARGS, __global int *empty_flag) {
   __local float part[SOFTMAX_WG];
+  __local int first[SOFTMAX_WG];
   const int lid = get_local_id(0);
   const int row = get_group_id(1); /* g * rows + r */
   const int g = row / rows, r = row % rows;
@@ -58,6 +60,28 @@ void softmax_rows(__global float *scores, int kv_len,
   l = part[0];
 
   const bool in_range = i < q_len;
+  if (diag) {
+    /* t = sum_j exp(s_j - m) (s_j - m), and the first key at the maximum. */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float t = 0.0f;
+    int best = INT_MAX;
+    if (!empty)
+      for (int j = lid; j < kv_len; j += SOFTMAX_WG) {
+        if (s[j] != -INFINITY) t += exp(s[j] - m) * (s[j] - m);
+        if (s[j] == m) best = min(best, j);
+      }
+    part[lid] = t;
+    first[lid] = best;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int step = SOFTMAX_WG / 2; step > 0; step /= 2) {
+      if (lid < step) {
+        part[lid] += part[lid + step];
+        first[lid] = min(first[lid], first[lid + step]);
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0 && in_range) ca_store_diag(empty ? 0.0f : l, part[0], first[0] == INT_MAX ? -1 : first[0], b, h, i, CA_DIAG_PASS);
+  }
   for (int j = lid; j < kv_len; j += SOFTMAX_WG) {
     float a = empty ? 0.0f : exp(s[j] - m) / l;
     s[j] = a;

@@ -101,6 +101,19 @@ typedef struct {
   clattn_tensor lse;              /* optional out, f32 [B,Hq,M]: natural-log sum of exp of scores */
   clattn_tensor weights;          /* optional out, f32 [B,Hq,M,N]: the routing matrix A */
   clattn_algo algo;
+  /* Route diagnostics, optional outs of one value per query row, indexed like
+   * lse (stride[0..2]); every path computes them without the M x N matrix
+   * where it can (FUSED streams them with the online softmax):
+   *   entropy     f32 [B,Hq,M]: -sum_j a_ij log a_ij, in nats (log n for a
+   *               uniform row over n keys, 0 for a one-hot row)
+   *   max_weight  f32 [B,Hq,M]: max_j a_ij
+   *   argmax      int32 [B,Hq,M]: the key index j of the largest weight, the
+   *               lowest on ties
+   * An empty row gives entropy 0, max_weight 0, argmax -1. A row whose
+   * scores hold NaN gives NaN entropy and max_weight, argmax unspecified. */
+  clattn_tensor entropy;
+  clattn_tensor max_weight;
+  clattn_tensor argmax;
 } clattn_params;
 
 /* Everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO. */

@@ -90,7 +90,8 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   const size_t n_pad = round_up((size_t)p->kv_len, FLASH_BN);
   const size_t dvp = round_up((size_t)p->value_dim, 16);
   const size_t row_blocks = (rows_per_kv + (size_t)bm - 1) / (size_t)bm;
-  const int split_keys = split_keys_for(ctx, row_blocks * kv_pairs, p->kv_len);
+  /* The diagnostics are not merged across splits: with them, one pass. */
+  const int split_keys = plan->diag ? p->kv_len : split_keys_for(ctx, row_blocks * kv_pairs, p->kv_len);
   const size_t n_splits = ((size_t)p->kv_len + (size_t)split_keys - 1) / (size_t)split_keys;
   const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
 
@@ -167,6 +168,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_view(&r, &p->out);
   ca_arg_view(&r, &p->lse);
   ca_arg_int(&r, plan->want_lse);
+  ca_arg_diag(&r, p, plan->diag);
   ca_arg_mem(&r, part_o);
   ca_arg_mem(&r, part_lse);
   ca_arg_mem(&r, empty_flag);

@@ -204,23 +204,8 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       const size_t mask_global[3] = {(size_t)p->kv_len, (size_t)rows, (size_t)heads};
       if ((st = ca_enqueue(ctx, mask, "gemm_mask_scores", 3, mask_global, NULL, n_wait, wait, &prev))) goto fail;
 
-      ca_args s = {softmax, "softmax_rows", 0, 0, CL_SUCCESS};
-      ca_arg_mem(&s, scores);
-      ca_arg_int(&s, p->kv_len);
-      ca_arg_int(&s, p->q_heads);
-      ca_arg_int(&s, p->q_len);
-      ca_arg_int(&s, bh0);
-      ca_arg_int(&s, i0);
-      ca_arg_int(&s, rows);
-      ca_arg_view(&s, &p->lse);
-      ca_arg_int(&s, plan->want_lse);
-      ca_arg_view(&s, &p->weights);
-      ca_arg_int(&s, plan->want_weights);
-      ca_arg_mem(&s, empty_flag);
-      if ((st = ca_args_done(&s))) goto fail;
-      const size_t softmax_local[3] = {(size_t)ctx->tiles.softmax_wg, 1, 1};
-      const size_t softmax_global[3] = {(size_t)ctx->tiles.softmax_wg, (size_t)heads * (size_t)rows, 1};
-      if ((st = ca_enqueue(ctx, softmax, "softmax_rows", 3, softmax_global, softmax_local, n_wait, wait, &prev)))
+      if ((st = ca_enqueue_softmax(ctx, softmax, scores, p, plan, bh0, i0, rows, heads, empty_flag, n_wait, wait,
+                                   &prev)))
         goto fail;
 
       scratch_offsets(score_stride, heads, offsets);

@@ -119,6 +119,8 @@ void ca_arg_mem(ca_args *a, cl_mem m);
 void ca_arg_int(ca_args *a, int v);
 void ca_arg_float(ca_args *a, float v);
 void ca_arg_view(ca_args *a, const clattn_tensor *t); /* buffer, offset, stride */
+/* The route diagnostics' arguments: entropy, max_weight and argmax views, then plan->diag. */
+void ca_arg_diag(ca_args *a, const clattn_params *p, int diag);
 clattn_status ca_args_done(const ca_args *a);
 
 /* Enqueues a kernel after *prev (or, when *prev is NULL, after the caller's
@@ -149,8 +151,12 @@ typedef struct {
   int window_left, window_right;   /* -1 = unbounded; causal folded in */
   int group;                       /* q_heads / kv_heads */
   int has_mask, has_bias, has_kv_lens, want_lse, want_weights;
+  int diag;                        /* route diagnostics asked for: CA_DIAG_* bits */
   clattn_algo algo;                /* AUTO resolved */
 } ca_plan;
+
+/* The route diagnostics' bits (cl/common.h.cl's CA_DIAG_*). */
+enum { CA_DIAG_ENTROPY = 1, CA_DIAG_MAX_WEIGHT = 2, CA_DIAG_ARGMAX = 4 };
 
 /* Every check that needs no device work; fills plan. */
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
@@ -166,6 +172,11 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
                                cl_uint n_wait, const cl_event *wait, cl_event *done);
 clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                               cl_uint n_wait, const cl_event *wait, cl_event *done);
+/* Enqueues softmax_rows over a chunk of scores (heads x rows x N, in place)
+ * with the call's lse, weights and diagnostics outputs (staged and GEMM). */
+clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem scores, const clattn_params *p,
+                                 const ca_plan *plan, int bh0, int i0, int rows, int heads, cl_mem empty_flag,
+                                 cl_uint n_wait, const cl_event *wait, cl_event *prev);
 clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                 cl_uint n_wait, const cl_event *wait, cl_event *done);
 

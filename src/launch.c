@@ -28,6 +28,13 @@ void ca_arg_view(ca_args *a, const clattn_tensor *t) {
   ca_arg(a, sizeof stride, &stride);
 }
 
+void ca_arg_diag(ca_args *a, const clattn_params *p, int diag) {
+  ca_arg_view(a, &p->entropy);
+  ca_arg_view(a, &p->max_weight);
+  ca_arg_view(a, &p->argmax);
+  ca_arg_int(a, diag);
+}
+
 clattn_status ca_args_done(const ca_args *a) {
   if (a->err == CL_SUCCESS) return CLATTN_OK;
   char what[128];

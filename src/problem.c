@@ -142,12 +142,12 @@ char *cp_describe(const cp_shape *s, char *buf, size_t n)
   snprintf(buf, n,
            "B=%d Hq=%d Hkv=%d M=%d N=%d dk=%d dv=%d scale=%s causal=%d win=[%d,%d] "
            "%s pad=%zu gap=%zu kv_lens=%d mask=%s/%u bias=%s(%g)/%u lse=%d weights=%d "
-           "empty=%s algo=%s seed=%llu",
+           "diag=%d empty=%s algo=%s seed=%llu",
            s->batch, s->q_heads, s->kv_heads, s->q_len, s->kv_len, s->head_dim,
            s->value_dim, sc, s->causal, s->window_left, s->window_right,
            s->layout == CP_BSHD ? "bshd" : "bhsd", s->pad, s->row_gap, s->kv_lens,
            mask_name(s->mask), s->mask_bcast, bias_name(s->bias), s->bias_amp,
-           s->bias_bcast, s->want_lse, s->want_weights,
+           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag,
            s->empty_rows == CLATTN_EMPTY_ERROR ? "error" : "zero",
            clattn_algo_name(s->algo), (unsigned long long)s->seed);
   return buf;
@@ -266,6 +266,11 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
     pb->lse_elems = make_view(&p->lse, s->layout, s->pad, 0, B, Hq, M, 1);
   if (s->want_weights)
     pb->weights_elems = make_view(&p->weights, s->layout, s->pad, s->row_gap, B, Hq, M, N);
+  if (s->want_diag) {
+    pb->diag_elems = make_view(&p->entropy, s->layout, s->pad, 0, B, Hq, M, 1);
+    make_view(&p->max_weight, s->layout, s->pad, 0, B, Hq, M, 1);
+    make_view(&p->argmax, s->layout, s->pad, 0, B, Hq, M, 1);
+  }
   if (s->mask != CP_MASK_NONE)
     pb->mask_elems = make_bcast_view(&p->mask, s->pad, s->mask_bcast, B, Hq, M, N);
   if (s->bias != CP_BIAS_NONE)
@@ -274,6 +279,7 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
   pb->out_count = (size_t)B * Hq * M * dv;
   pb->lse_count = s->want_lse ? (size_t)B * Hq * M : 0;
   pb->weights_count = s->want_weights ? (size_t)B * Hq * M * N : 0;
+  pb->diag_count = s->want_diag ? (size_t)B * Hq * M : 0;
 
   int ok = 1;
   ok &= !!(pb->q = xcalloc(pb->q_elems, sizeof(float)));
@@ -291,6 +297,17 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
     ok &= !!(pb->weights_raw = xcalloc(pb->weights_elems, sizeof(float)));
     ok &= !!(pb->weights = xcalloc(pb->weights_count, sizeof(float)));
     ok &= !!(pb->ref_weights = xcalloc(pb->weights_count, sizeof(double)));
+  }
+  if (s->want_diag) {
+    ok &= !!(pb->entropy_raw = xcalloc(pb->diag_elems, sizeof(float)));
+    ok &= !!(pb->max_weight_raw = xcalloc(pb->diag_elems, sizeof(float)));
+    ok &= !!(pb->argmax_raw = xcalloc(pb->diag_elems, sizeof(int32_t)));
+    ok &= !!(pb->entropy = xcalloc(pb->diag_count, sizeof(float)));
+    ok &= !!(pb->max_weight = xcalloc(pb->diag_count, sizeof(float)));
+    ok &= !!(pb->argmax = xcalloc(pb->diag_count, sizeof(int32_t)));
+    ok &= !!(pb->ref_entropy = xcalloc(pb->diag_count, sizeof(double)));
+    ok &= !!(pb->ref_max_weight = xcalloc(pb->diag_count, sizeof(double)));
+    ok &= !!(pb->ref_argmax = xcalloc(pb->diag_count, sizeof(int32_t)));
   }
   if (s->mask != CP_MASK_NONE)
     ok &= !!(pb->mask = xcalloc(pb->mask_elems, 1));
@@ -380,6 +397,18 @@ void cp_free(cp_problem *pb)
   release_mem(&pb->lse_buf);
   release_mem(&pb->weights_buf);
   release_mem(&pb->kv_lens_buf);
+  release_mem(&pb->entropy_buf);
+  release_mem(&pb->max_weight_buf);
+  release_mem(&pb->argmax_buf);
+  free(pb->entropy_raw);
+  free(pb->max_weight_raw);
+  free(pb->argmax_raw);
+  free(pb->entropy);
+  free(pb->max_weight);
+  free(pb->argmax);
+  free(pb->ref_entropy);
+  free(pb->ref_max_weight);
+  free(pb->ref_argmax);
   free(pb->q);
   free(pb->k);
   free(pb->v);
@@ -568,6 +597,11 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
   if (pb->weights_elems &&
       create_buf(pb, &pb->weights_buf, rw, pb->weights_elems * sizeof(float), NULL, "weights"))
     goto fail;
+  if (pb->diag_elems &&
+      (create_buf(pb, &pb->entropy_buf, rw, pb->diag_elems * sizeof(float), NULL, "entropy") ||
+       create_buf(pb, &pb->max_weight_buf, rw, pb->diag_elems * sizeof(float), NULL, "max_weight") ||
+       create_buf(pb, &pb->argmax_buf, rw, pb->diag_elems * sizeof(int32_t), NULL, "argmax")))
+    goto fail;
 
   clattn_params *p = &pb->params;
   p->q.buf = pb->q_buf;
@@ -579,6 +613,9 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
   p->kv_lens = pb->kv_lens_buf;
   p->lse.buf = pb->lse_buf;
   p->weights.buf = pb->weights_buf;
+  p->entropy.buf = pb->entropy_buf;
+  p->max_weight.buf = pb->max_weight_buf;
+  p->argmax.buf = pb->argmax_buf;
   return 0;
 
 fail:
@@ -591,6 +628,9 @@ fail:
   release_mem(&pb->lse_buf);
   release_mem(&pb->weights_buf);
   release_mem(&pb->kv_lens_buf);
+  release_mem(&pb->entropy_buf);
+  release_mem(&pb->max_weight_buf);
+  release_mem(&pb->argmax_buf);
   pb->queue = NULL;
   pb->cl_ctx = NULL;
   return -1;
@@ -617,7 +657,10 @@ int cp_fill_outputs(cp_problem *pb, float value)
   }
   if (fill_buf(pb, pb->out_buf, pb->out_elems, value, "out") ||
       fill_buf(pb, pb->lse_buf, pb->lse_elems, value, "lse") ||
-      fill_buf(pb, pb->weights_buf, pb->weights_elems, value, "weights"))
+      fill_buf(pb, pb->weights_buf, pb->weights_elems, value, "weights") ||
+      fill_buf(pb, pb->entropy_buf, pb->diag_elems, value, "entropy") ||
+      fill_buf(pb, pb->max_weight_buf, pb->diag_elems, value, "max_weight") ||
+      fill_buf(pb, pb->argmax_buf, pb->diag_elems, value, "argmax"))   /* NaN's bits: no key index */
     return -1;
   cl_int e = clFinish(pb->queue);
   if (e != CL_SUCCESS) {
@@ -635,7 +678,10 @@ int cp_read_outputs(cp_problem *pb)
   }
   if (read_buf(pb, pb->out_buf, pb->out_elems * sizeof(float), pb->out_raw, "out") ||
       read_buf(pb, pb->lse_buf, pb->lse_elems * sizeof(float), pb->lse_raw, "lse") ||
-      read_buf(pb, pb->weights_buf, pb->weights_elems * sizeof(float), pb->weights_raw, "weights"))
+      read_buf(pb, pb->weights_buf, pb->weights_elems * sizeof(float), pb->weights_raw, "weights") ||
+      read_buf(pb, pb->entropy_buf, pb->diag_elems * sizeof(float), pb->entropy_raw, "entropy") ||
+      read_buf(pb, pb->max_weight_buf, pb->diag_elems * sizeof(float), pb->max_weight_raw, "max_weight") ||
+      read_buf(pb, pb->argmax_buf, pb->diag_elems * sizeof(int32_t), pb->argmax_raw, "argmax"))
     return -1;
   const clattn_params *p = &pb->params;
   const int B = p->batch, H = p->q_heads, M = p->q_len, N = p->kv_len, dv = p->value_dim;
@@ -651,6 +697,16 @@ int cp_read_outputs(cp_problem *pb)
       for (int h = 0; h < H; h++)
         for (int i = 0; i < M; i++)
           pb->lse[n++] = pb->lse_raw[cp_index(&p->lse, b, h, i, 0)];
+  }
+  if (pb->entropy) {
+    n = 0;
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < M; i++, n++) {
+          pb->entropy[n] = pb->entropy_raw[cp_index(&p->entropy, b, h, i, 0)];
+          pb->max_weight[n] = pb->max_weight_raw[cp_index(&p->max_weight, b, h, i, 0)];
+          pb->argmax[n] = pb->argmax_raw[cp_index(&p->argmax, b, h, i, 0)];
+        }
   }
   if (pb->weights) {
     n = 0;
@@ -674,6 +730,9 @@ int cp_reference(cp_problem *pb)
   o.out = pb->ref_out;
   o.lse = pb->ref_lse;
   o.weights = pb->ref_weights;
+  o.entropy = pb->ref_entropy;
+  o.max_weight = pb->ref_max_weight;
+  o.argmax = pb->ref_argmax;
   o.empty_rows = 0;
   if (ref_forward(&pb->params, &in, &o) != 0) {
     PB_ERR(pb, "ref_forward rejected the params");
@@ -717,6 +776,32 @@ static void compare_one(const float *x, const double *ref, size_t n, double *err
   *err = cp_rel_err(x, ref, n);
 }
 
+/* argmax entries that are neither the reference's key nor one whose fp64
+ * score ties the row's maximum within 1e-5 (fp32 scores may order near
+ * ties differently); rows the reference leaves unspecified are skipped. */
+static long argmax_mismatches(cp_problem *pb)
+{
+  const clattn_params *p = &pb->params;
+  ref_inputs in = cp_ref_inputs(pb);
+  long bad = 0;
+  size_t n = 0;
+  for (int b = 0; b < p->batch; b++)
+    for (int h = 0; h < p->q_heads; h++)
+      for (int i = 0; i < p->q_len; i++, n++) {
+        const int32_t want = pb->ref_argmax[n], got = pb->argmax[n];
+        if (want == REF_ARGMAX_UNSPECIFIED || got == want)
+          continue;
+        if (want < 0 || got < 0 || !ref_allowed(p, &in, b, h, i, got)) {
+          bad++;
+          continue;
+        }
+        const double top = ref_score(p, &in, b, h, i, want);
+        if (!(ref_score(p, &in, b, h, i, got) >= top - 1e-5 * fmax(1.0, fabs(top))))
+          bad++;
+      }
+  return bad;
+}
+
 int cp_compare(cp_problem *pb, cp_result *r)
 {
   if (cp_reference(pb) != 0)
@@ -725,6 +810,12 @@ int cp_compare(cp_problem *pb, cp_result *r)
   compare_one(pb->lse, pb->ref_lse, pb->lse_count, &r->err_lse, &r->nan_lse, &r->mismatch_lse);
   compare_one(pb->weights, pb->ref_weights, pb->weights_count, &r->err_weights, &r->nan_weights,
               &r->mismatch_weights);
+  if (pb->diag_count) {
+    long nans, mismatch_e, mismatch_m;
+    compare_one(pb->entropy, pb->ref_entropy, pb->diag_count, &r->err_entropy, &nans, &mismatch_e);
+    compare_one(pb->max_weight, pb->ref_max_weight, pb->diag_count, &r->err_max_weight, &nans, &mismatch_m);
+    r->mismatch_diag = mismatch_e + mismatch_m + argmax_mismatches(pb);
+  }
   r->empty_rows = pb->ref_empty_rows;
   return 0;
 }
@@ -782,16 +873,18 @@ int cp_result_ok(const cp_result *r, double tol)
 {
   return r->status == CLATTN_OK && r->mismatch_out == 0 && r->mismatch_lse == 0 &&
          r->mismatch_weights == 0 && r->err_out <= tol && r->err_lse <= tol &&
-         r->err_weights <= tol;
+         r->err_weights <= tol && r->mismatch_diag == 0 && r->err_entropy <= tol &&
+         r->err_max_weight <= tol;
 }
 
 char *cp_result_format(const cp_result *r, char *buf, size_t n)
 {
   snprintf(buf, n,
            "status=%s err out=%.3g lse=%.3g weights=%.3g nan out/lse/w=%ld/%ld/%ld "
-           "mismatch out/lse/w=%ld/%ld/%ld empty_rows=%ld %.2f ms",
+           "mismatch out/lse/w=%ld/%ld/%ld diag err entropy/max_weight=%.3g/%.3g mismatch=%ld "
+           "empty_rows=%ld %.2f ms",
            clattn_status_string(r->status), r->err_out, r->err_lse, r->err_weights, r->nan_out,
            r->nan_lse, r->nan_weights, r->mismatch_out, r->mismatch_lse, r->mismatch_weights,
-           r->empty_rows, r->ms);
+           r->err_entropy, r->err_max_weight, r->mismatch_diag, r->empty_rows, r->ms);
   return buf;
 }

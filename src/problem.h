@@ -76,6 +76,7 @@ typedef struct {
   unsigned bias_bcast;            /* CP_BCAST_* */
   double qk_amp, v_amp;           /* q, k uniform in [-qk_amp, qk_amp]; v in [-v_amp, v_amp] */
   int want_lse, want_weights;
+  int want_diag;                  /* entropy, max_weight and argmax outputs */
   clattn_empty_rows empty_rows;
   clattn_algo algo;
   int poison_gaps;                /* NaN in every input element no view reads */
@@ -93,15 +94,22 @@ typedef struct {
   int32_t *kv_lens;
   size_t q_elems, k_elems, v_elems, mask_elems, bias_elems;
   size_t out_elems, lse_elems, weights_elems;   /* whole output buffers */
+  size_t diag_elems;              /* each of entropy, max_weight, argmax (viewed like lse) */
 
   /* Device outputs after cp_read_outputs / cp_run: raw whole buffers ... */
   float *out_raw, *lse_raw, *weights_raw;
   /* ... and dense gathers: out [B,Hq,M,dv], lse [B,Hq,M], weights [B,Hq,M,N]. */
   float *out, *lse, *weights;
   size_t out_count, lse_count, weights_count;   /* dense element counts */
+  /* Route diagnostics, raw and dense [B,Hq,M] (diag_count entries). */
+  float *entropy_raw, *max_weight_raw, *entropy, *max_weight;
+  int32_t *argmax_raw, *argmax;
+  size_t diag_count;
 
   /* The fp64 reference (cp_reference), dense like the gathers. */
   double *ref_out, *ref_lse, *ref_weights;
+  double *ref_entropy, *ref_max_weight;
+  int32_t *ref_argmax;
   long ref_empty_rows;
   int ref_valid;
 
@@ -109,6 +117,7 @@ typedef struct {
   cl_context cl_ctx;
   cl_command_queue queue;
   cl_mem q_buf, k_buf, v_buf, out_buf, mask_buf, bias_buf, lse_buf, weights_buf, kv_lens_buf;
+  cl_mem entropy_buf, max_weight_buf, argmax_buf;
 
   char err[512];                  /* the last harness failure */
 } cp_problem;
@@ -119,11 +128,16 @@ typedef struct {
   /* Norm-wise relative error ||x - ref||_2 / max(||ref||_2, tiny) over the
    * entries that are finite in both; 0 for an absent output. */
   double err_out, err_lse, err_weights;
+  double err_entropy, err_max_weight;   /* likewise, for the route diagnostics */
   /* NaN entries in the device's dense outputs. */
   long nan_out, nan_lse, nan_weights;
   /* Entries whose class differs from the reference: NaN vs not, or a
    * non-finite value (lse = -inf of an empty row) not matched exactly. */
   long mismatch_out, mismatch_lse, mismatch_weights;
+  /* Diagnostics: class mismatches of entropy and max_weight, and argmax
+   * entries that are not the reference's key (nor one whose fp64 score
+   * ties the maximum within 1e-5). */
+  long mismatch_diag;
   long empty_rows;                /* the reference's count */
 } cp_result;
 

@@ -55,6 +55,37 @@ int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int 
   return 1;
 }
 
+double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j)
+{
+  const int g = h / (p->q_heads / p->kv_heads);
+  double dot = 0.0;
+  for (int d = 0; d < p->head_dim; d++)
+    dot += (double)in->q[view_index(&p->q, b, h, i, d)] * (double)in->k[view_index(&p->k, b, g, j, d)];
+  double sc = ref_scale(p) * dot;
+  if (in->bias)
+    sc += (double)in->bias[view_index(&p->bias, b, h, i, j)];
+  return sc;
+}
+
+/* The route diagnostics of row `row` from its weights w (NULL: empty row). */
+static void diagnose(ref_outputs *o, size_t row, const double *w, const unsigned char *use, int n, int best)
+{
+  double entropy = 0.0, top = 0.0;
+  for (int j = 0; w && j < n; j++)
+    if (use[j]) {
+      if (w[j] > 0.0)
+        entropy -= w[j] * log(w[j]);
+      if (w[j] > top)
+        top = w[j];
+    }
+  if (o->entropy)
+    o->entropy[row] = entropy;
+  if (o->max_weight)
+    o->max_weight[row] = top;
+  if (o->argmax)
+    o->argmax[row] = w ? best : -1;
+}
+
 int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
 {
   if (!p || !in || !o || !in->q || !in->k || !in->v || !o->out)
@@ -70,9 +101,8 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
     return -1;
 
   const int B = p->batch, Hq = p->q_heads, M = p->q_len, N = p->kv_len;
-  const int dk = p->head_dim, dv = p->value_dim;
+  const int dv = p->value_dim;
   const int group = Hq / p->kv_heads;
-  const double scale = ref_scale(p);
 
   double *s = malloc((size_t)N * sizeof *s);        /* scores of allowed keys */
   unsigned char *use = malloc((size_t)N);           /* allowed and score > -inf */
@@ -89,18 +119,12 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
       for (int i = 0; i < M; i++) {
         const size_t row = ((size_t)b * Hq + h) * M + i;
         double mx = -INFINITY;
-        int has_nan = 0, any = 0;
+        int has_nan = 0, any = 0, best = -1;
         for (int j = 0; j < N; j++) {
           use[j] = 0;
           if (!ref_allowed(p, in, b, h, i, j))
             continue;
-          double dot = 0.0;
-          for (int d = 0; d < dk; d++)
-            dot += (double)in->q[view_index(&p->q, b, h, i, d)] *
-                   (double)in->k[view_index(&p->k, b, g, j, d)];
-          double sc = scale * dot;
-          if (in->bias)
-            sc += (double)in->bias[view_index(&p->bias, b, h, i, j)];
+          double sc = ref_score(p, in, b, h, i, j);
           s[j] = sc;
           if (isnan(sc)) {
             has_nan = 1;
@@ -108,8 +132,10 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
           } else if (sc != -INFINITY) {
             use[j] = 1;
             any = 1;
-            if (sc > mx)
+            if (sc > mx) {                /* strictly: the lowest index on ties */
               mx = sc;
+              best = j;
+            }
           }
         }
 
@@ -124,6 +150,12 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
             orow[c] = NAN;
           if (o->lse)
             o->lse[row] = NAN;
+          if (o->entropy)
+            o->entropy[row] = NAN;
+          if (o->max_weight)
+            o->max_weight[row] = NAN;
+          if (o->argmax)
+            o->argmax[row] = REF_ARGMAX_UNSPECIFIED;
           if (wrow)
             for (int j = 0; j < N; j++)
               if (use[j])
@@ -136,6 +168,7 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
             orow[c] = 0.0;
           if (o->lse)
             o->lse[row] = -INFINITY;
+          diagnose(o, row, NULL, use, N, -1);
           continue;
         }
 
@@ -150,7 +183,8 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
         for (int j = 0; j < N; j++) {
           if (!use[j])
             continue;
-          const double w = s[j] / sum;
+          s[j] /= sum;                    /* s now holds the weights */
+          const double w = s[j];
           if (wrow)
             wrow[j] = w;
           for (int c = 0; c < dv; c++)
@@ -158,6 +192,7 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
         }
         if (o->lse)
           o->lse[row] = mx + log(sum);
+        diagnose(o, row, s, use, N, best);
       }
     }
 

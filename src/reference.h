@@ -24,8 +24,12 @@ typedef struct {
   double *out;                    /* required: B*Hq*M*dv */
   double *lse;                    /* optional: B*Hq*M */
   double *weights;                /* optional: B*Hq*M*N */
+  double *entropy, *max_weight;   /* optional: B*Hq*M route diagnostics (clattn.h) */
+  int32_t *argmax;                /* optional: B*Hq*M; REF_ARGMAX_UNSPECIFIED for a NaN row */
   long empty_rows;                /* set: rows with no allowed key (or all scores -inf) */
 } ref_outputs;
+
+#define REF_ARGMAX_UNSPECIFIED INT32_MIN
 
 /* The effective scale: p->scale, or 1/sqrt(head_dim) when it is NaN. */
 double ref_scale(const clattn_params *p);
@@ -33,6 +37,10 @@ double ref_scale(const clattn_params *p);
 /* Whether key j is allowed for query row i of batch b, head h (kv_lens,
  * mask, window/causal); the bias is not consulted. */
 int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j);
+
+/* Row (b, h, i)'s score of key j in fp64: scale * <q_i, k_j> + bias_ij
+ * (whether or not j is allowed). */
+double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j);
 
 /* Computes the outputs in fp64. Returns 0, or -1 when the params are not
  * usable by the reference (non-positive dims, kv_heads not dividing q_heads). */

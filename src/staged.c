@@ -10,6 +10,30 @@
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
+clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem scores, const clattn_params *p,
+                                 const ca_plan *plan, int bh0, int i0, int rows, int heads, cl_mem empty_flag,
+                                 cl_uint n_wait, const cl_event *wait, cl_event *prev) {
+  clattn_status st;
+  ca_args s = {softmax, "softmax_rows", 0, 0, CL_SUCCESS};
+  ca_arg_mem(&s, scores);
+  ca_arg_int(&s, p->kv_len);
+  ca_arg_int(&s, p->q_heads);
+  ca_arg_int(&s, p->q_len);
+  ca_arg_int(&s, bh0);
+  ca_arg_int(&s, i0);
+  ca_arg_int(&s, rows);
+  ca_arg_view(&s, &p->lse);
+  ca_arg_int(&s, plan->want_lse);
+  ca_arg_view(&s, &p->weights);
+  ca_arg_int(&s, plan->want_weights);
+  ca_arg_diag(&s, p, plan->diag);
+  ca_arg_mem(&s, empty_flag);
+  if ((st = ca_args_done(&s))) return st;
+  const size_t local[3] = {(size_t)ctx->tiles.softmax_wg, 1, 1};
+  const size_t global[3] = {(size_t)ctx->tiles.softmax_wg, (size_t)heads * (size_t)rows, 1};
+  return ca_enqueue(ctx, softmax, "softmax_rows", 3, global, local, n_wait, wait, prev);
+}
+
 clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                 cl_uint n_wait, const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
@@ -65,23 +89,9 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
                                       (size_t)heads};
       if ((st = ca_enqueue(ctx, score, "qk_score", 3, score_global, score_local, n_wait, wait, &prev))) goto fail;
 
-      ca_args s = {softmax, "softmax_rows", 0, 0, CL_SUCCESS};
-      ca_arg_mem(&s, scratch);
-      ca_arg_int(&s, p->kv_len);
-      ca_arg_int(&s, p->q_heads);
-      ca_arg_int(&s, p->q_len);
-      ca_arg_int(&s, bh0);
-      ca_arg_int(&s, i0);
-      ca_arg_int(&s, rows);
-      ca_arg_view(&s, &p->lse);
-      ca_arg_int(&s, plan->want_lse);
-      ca_arg_view(&s, &p->weights);
-      ca_arg_int(&s, plan->want_weights);
-      ca_arg_mem(&s, empty_flag);
-      if ((st = ca_args_done(&s))) goto fail;
-      const size_t softmax_local[3] = {(size_t)t->softmax_wg, 1, 1};
-      const size_t softmax_global[3] = {(size_t)t->softmax_wg, (size_t)heads * (size_t)rows, 1};
-      if ((st = ca_enqueue(ctx, softmax, "softmax_rows", 3, softmax_global, softmax_local, n_wait, wait, &prev))) goto fail;
+      if ((st = ca_enqueue_softmax(ctx, softmax, scratch, p, plan, bh0, i0, rows, heads, empty_flag, n_wait, wait,
+                                   &prev)))
+        goto fail;
 
       ca_args m = {mix, "mix_values", 0, 0, CL_SUCCESS};
       ca_arg_mem(&m, scratch);

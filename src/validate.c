@@ -105,6 +105,9 @@ static clattn_status check_views(const clattn_params *p) {
   if (p->bias.buf && (st = check_view("bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
   if (p->lse.buf && (st = check_view("lse", &p->lse, lse_dims, 3, sizeof(float), 1))) return st;
   if (p->weights.buf && (st = check_view("weights", &p->weights, s_dims, 4, sizeof(float), 1))) return st;
+  if (p->entropy.buf && (st = check_view("entropy", &p->entropy, lse_dims, 3, sizeof(float), 1))) return st;
+  if (p->max_weight.buf && (st = check_view("max_weight", &p->max_weight, lse_dims, 3, sizeof(float), 1))) return st;
+  if (p->argmax.buf && (st = check_view("argmax", &p->argmax, lse_dims, 3, sizeof(int32_t), 1))) return st;
   if (p->kv_lens) {
     clattn_tensor lens = {p->kv_lens, 0, {1, 0, 0, 0}};
     const int b_dims[] = {p->batch};
@@ -143,6 +146,8 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   plan->has_bias = p->bias.buf != NULL;
   plan->has_kv_lens = p->kv_lens != NULL;
   plan->want_lse = p->lse.buf != NULL;
+  plan->diag = (p->entropy.buf ? CA_DIAG_ENTROPY : 0) | (p->max_weight.buf ? CA_DIAG_MAX_WEIGHT : 0) |
+               (p->argmax.buf ? CA_DIAG_ARGMAX : 0);
   plan->want_weights = want_weights;
   return CLATTN_OK;
 }

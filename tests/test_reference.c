@@ -47,7 +47,7 @@ static int run1(clattn_params *p, const float *q, const float *k, const float *v
                 const unsigned char *mask, double *out, double *w, double *lse, long *empty)
 {
   ref_inputs in = { q, k, v, mask, NULL, NULL };
-  ref_outputs o = { out, lse, w, 0 };
+  ref_outputs o = { .out = out, .lse = lse, .weights = w };
   int rc = ref_forward(p, &in, &o);
   if (empty)
     *empty = o.empty_rows;
@@ -164,7 +164,7 @@ static void empty_rows_give_zero_and_minus_inf(void)
 
   const float bias[] = { -INFINITY, -INFINITY, 0, -INFINITY };
   ref_inputs in = { q, k, v, NULL, bias, NULL };
-  ref_outputs o = { out, lse, w, 0 };
+  ref_outputs o = { .out = out, .lse = lse, .weights = w };
   REQUIRE(ref_forward(&p, &in, &o) == 0);
   CHECK(o.empty_rows == 1);
   CHECK(out[0] == 0.0 && lse[0] == -INFINITY);
@@ -239,14 +239,14 @@ static void gqa_head_reads_kv_head_h_over_group(void)
   clattn_params p = dense_params(H, HK, M, N, D, D);
   double out[H * M * D];
   ref_inputs in = { q, k, v, NULL, NULL, NULL };
-  ref_outputs o = { out, NULL, NULL, 0 };
+  ref_outputs o = { .out = out, .lse = NULL, .weights = NULL };
   REQUIRE(ref_forward(&p, &in, &o) == 0);
   for (int h = 0; h < H; h++) {
     int g = h / (H / HK);
     clattn_params p1 = dense_params(1, 1, M, N, D, D);
     double out1[M * D];
     ref_inputs in1 = { q + h * M * D, k + g * N * D, v + g * N * D, NULL, NULL, NULL };
-    ref_outputs o1 = { out1, NULL, NULL, 0 };
+    ref_outputs o1 = { .out = out1, .lse = NULL, .weights = NULL };
     REQUIRE(ref_forward(&p1, &in1, &o1) == 0);
     for (int x = 0; x < M * D; x++)
       CHECKF(out[h * M * D + x] == out1[x], "head %d element %d: %g vs single-head %g", h, x,
@@ -265,7 +265,7 @@ static void disallowed_nan_never_reaches_reference_output(void)
   clattn_params p = dense_params(1, 1, 1, 4, 2, 1);
   double out[1], w[4], lse[1];
   ref_inputs in = { q, k, v, mask, NULL, lens };
-  ref_outputs o = { out, lse, w, 0 };
+  ref_outputs o = { .out = out, .lse = lse, .weights = w };
   REQUIRE(ref_forward(&p, &in, &o) == 0);
   CHECK(out[0] == 7.0);
   CHECK(w[0] == 1.0 && w[1] == 0.0 && w[2] == 0.0 && w[3] == 0.0);
@@ -279,7 +279,7 @@ static void nan_in_allowed_score_poisons_only_its_row(void)
   clattn_params p = dense_params(1, 1, 2, 2, 2, 1);
   double out[2], lse[2];
   ref_inputs in = { q, k, v, NULL, NULL, NULL };
-  ref_outputs o = { out, lse, NULL, 0 };
+  ref_outputs o = { .out = out, .lse = lse, .weights = NULL };
   REQUIRE(ref_forward(&p, &in, &o) == 0);
   CHECK(isfinite(out[0]) && isfinite(lse[0]));
   CHECK(isnan(out[1]) && isnan(lse[1]));
@@ -307,7 +307,7 @@ static void strided_views_and_broadcast_mask_index_correctly(void)
   p.batch = B;
   double ref[B * H * M * D], got[B * H * M * D];
   ref_inputs in = { q, k, v, mask_full, NULL, NULL };
-  ref_outputs o = { ref, NULL, NULL, 0 };
+  ref_outputs o = { .out = ref, .lse = NULL, .weights = NULL };
   REQUIRE(ref_forward(&p, &in, &o) == 0);
 
   /* re-store q, k, v as [B,S,H,D] after OFF elements; mask as [B,1,M,N] */
@@ -335,7 +335,7 @@ static void strided_views_and_broadcast_mask_index_correctly(void)
   memcpy(p2.mask.stride, sm, sizeof sm);
   p2.q.offset = p2.k.offset = p2.v.offset = p2.mask.offset = OFF;
   ref_inputs in2 = { q2, k2, v2, m2, NULL, NULL };
-  ref_outputs o2 = { got, NULL, NULL, 0 };
+  ref_outputs o2 = { .out = got };
   REQUIRE(ref_forward(&p2, &in2, &o2) == 0);
   for (int x = 0; x < B * H * M * D; x++)
     CHECKF(got[x] == ref[x], "element %d: strided %g vs dense %g", x, got[x], ref[x]);

@@ -25,6 +25,7 @@ static cp_problem *example(int n, int dk, int dv, const float *q, const float *k
   s.scale = scale;
   s.want_lse = 1;
   s.want_weights = 1;
+  s.want_diag = 1;
   s.mask = mask ? CP_MASK_ONES : CP_MASK_NONE;
   s.pad = 2;
   s.poison_gaps = 1;
@@ -113,6 +114,73 @@ static void three_key_scalar_read_gives_17_04(void)
   CHECKF(fabs(out[0] - 17.04) < 5e-3, "the exact mixture %.6f rounds to 17.04", out[0]);
   const double rounded[] = { 17.04 };
   check_example(example(3, 2, 1, q, k, v, NULL, NAN), rounded, NULL, 5e-3);
+}
+
+/* Checks row n's diagnostics after a run: entropy, max_weight, argmax. */
+static void check_diag(const cp_problem *pb, clattn_algo algo, size_t n, double entropy, double max_weight,
+                       int argmax)
+{
+  CHECKF(fabs(pb->entropy[n] - entropy) <= 1e-5 * fmax(1.0, entropy) &&
+         fabs(pb->max_weight[n] - max_weight) <= 1e-6 && pb->argmax[n] == argmax,
+         "%s: row %zu: entropy %.9g max_weight %.9g argmax %d, expected %.9g %.9g %d", clattn_algo_name(algo), n,
+         pb->entropy[n], pb->max_weight[n], pb->argmax[n], entropy, max_weight, argmax);
+}
+
+/* Uniform rows (scale 0) over a causal band: entropy log n, max weight 1/n,
+ * argmax 0 (the lowest of n tied keys); across several key blocks. */
+static void route_diagnostics_of_uniform_rows(void)
+{
+  cp_shape s = cp_shape_default();
+  s.q_heads = 2; s.kv_heads = 1; s.q_len = 5; s.kv_len = 300; s.head_dim = 24; s.value_dim = 20;
+  s.scale = 0.0f; s.causal = 1; s.want_lse = 1; s.want_diag = 1; s.layout = CP_BSHD; s.pad = 3;
+  s.poison_gaps = 1; s.poison_disallowed = 1;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    if (KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0)
+      continue;
+    for (int h = 0; h < 2; h++)
+      for (int i = 0; i < 5; i++) {
+        const double n = 300 - 5 + i + 1;
+        check_diag(pb, kc_algos[a], (size_t)h * 5 + i, log(n), 1.0 / n, 0);
+      }
+  }
+  cp_free(pb);
+}
+
+/* One key far above the rest: entropy ~0, max weight 1, argmax that key;
+ * two tied keys: log 2, 0.5, the lower index; rows of a batch whose
+ * kv_lens is 0 are empty: 0, 0, -1. Batch 2 is checked against the
+ * reference only. */
+static void route_diagnostics_of_one_hot_tied_and_empty_rows(void)
+{
+  cp_shape s = cp_shape_default();
+  s.batch = 4; s.q_heads = 2; s.kv_heads = 1; s.q_len = 1; s.kv_len = 300; s.head_dim = 1;
+  s.value_dim = 20; s.scale = 1.0f; s.kv_lens = 1; s.want_lse = 1; s.want_diag = 1;
+  s.layout = CP_BSHD; s.pad = 3; s.poison_gaps = 1;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  const clattn_params *p = &pb->params;
+  for (int b = 0; b < 4; b++) {
+    pb->kv_lens[b] = b == 3 ? 0 : 300;
+    for (int h = 0; h < 2; h++)
+      pb->q[cp_index(&p->q, b, h, 0, 0)] = 1.0f;
+    for (int j = 0; j < 300; j++)
+      pb->k[cp_index(&p->k, b, 0, j, 0)] = (float)(j % 7) * 0.01f;
+  }
+  pb->k[cp_index(&p->k, 0, 0, 257, 0)] = 100.0f;    /* batch 0: one-hot at 257 */
+  pb->k[cp_index(&p->k, 1, 0, 100, 0)] = 100.0f;    /* batch 1: tied at 100 and 257 */
+  pb->k[cp_index(&p->k, 1, 0, 257, 0)] = 100.0f;
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    if (KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0)
+      continue;
+    for (int h = 0; h < 2; h++) {
+      check_diag(pb, kc_algos[a], (size_t)h, 0.0, 1.0, 257);
+      check_diag(pb, kc_algos[a], (size_t)2 + h, log(2.0), 0.5, 100);
+      check_diag(pb, kc_algos[a], (size_t)6 + h, 0.0, 0.0, -1);
+    }
+  }
+  cp_free(pb);
 }
 
 static void two_key_mixture_gives_1_34_1_32(void)
@@ -733,6 +801,8 @@ int main(int argc, char **argv)
     CT_TEST(zero_scale_gives_uniform_mean),
     CT_TEST(three_key_scalar_read_gives_17_04),
     CT_TEST(two_key_mixture_gives_1_34_1_32),
+    CT_TEST(route_diagnostics_of_uniform_rows),
+    CT_TEST(route_diagnostics_of_one_hot_tied_and_empty_rows),
     CT_TEST(paired_permutation_leaves_output),
     CT_TEST(masked_candidates_nan_changes_nothing),
     CT_TEST(keys_past_kv_lens_nan_changes_nothing),

@@ -88,6 +88,7 @@ static cp_shape random_shape(int index, double cap)
     s.qk_amp = rnd(4) == 0 ? 2.0 : 1.0;
     s.want_lse = rnd(4) != 0;
     s.want_weights = rnd(3) == 0 && (double)s.q_len * s.kv_len <= 600000.0;
+    s.want_diag = rnd(2);
     s.empty_rows = CLATTN_EMPTY_ZERO;
     s.poison_gaps = 1;
     s.poison_disallowed = rnd(2);
@@ -129,13 +130,13 @@ static int fixed_shapes(cp_shape *out)
   s = cp_shape_default();
   s.batch = 2; s.q_heads = 8; s.kv_heads = 2; s.q_len = 1; s.kv_len = 4099;
   s.head_dim = 128; s.value_dim = 128; s.causal = 1; s.kv_lens = 1; s.want_lse = 1;
-  s.layout = CP_BSHD; s.poison_gaps = 1; s.poison_disallowed = 1; s.seed = 1;
+  s.layout = CP_BSHD; s.poison_gaps = 1; s.poison_disallowed = 1; s.seed = 1; s.want_diag = 1;
   out[n++] = s;
   /* many queries, few keys; dk != dv; head-broadcast mask */
   s = cp_shape_default();
   s.q_heads = 3; s.kv_heads = 1; s.q_len = 4099; s.kv_len = 7; s.head_dim = 40;
   s.value_dim = 111; s.mask = CP_MASK_RANDOM; s.mask_bcast = CP_BCAST_HEAD;
-  s.want_lse = 1; s.want_weights = 1; s.pad = 3; s.poison_gaps = 1; s.seed = 2;
+  s.want_lse = 1; s.want_weights = 1; s.pad = 3; s.poison_gaps = 1; s.seed = 2; s.want_diag = 1;
   out[n++] = s;
   /* head_dim 256, batch-broadcast mask (stride[0] = 0) and bias */
   s = cp_shape_default();
@@ -156,7 +157,7 @@ static int fixed_shapes(cp_shape *out)
   s.head_dim = 64; s.value_dim = 64; s.window_left = 16; s.window_right = 3;
   s.mask = CP_MASK_RANDOM; s.mask_bcast = CP_BCAST_ROW | CP_BCAST_HEAD;
   s.layout = CP_BSHD; s.pad = 7; s.kv_lens = 1; s.want_lse = 1; s.want_weights = 1;
-  s.poison_gaps = 1; s.poison_disallowed = 1; s.seed = 5;
+  s.poison_gaps = 1; s.poison_disallowed = 1; s.seed = 5; s.want_diag = 1;
   out[n++] = s;
   /* block-diagonal packed sequences with causal, fully broadcast mask */
   s = cp_shape_default();
@@ -169,7 +170,7 @@ static int fixed_shapes(cp_shape *out)
   s = cp_shape_default();
   s.q_heads = 4; s.kv_heads = 1; s.q_len = 7; s.kv_len = 4099; s.head_dim = 64;
   s.value_dim = 64; s.causal = 1; s.window_left = 500; s.want_lse = 1; s.want_weights = 1;
-  s.poison_disallowed = 1; s.seed = 7;
+  s.poison_disallowed = 1; s.seed = 7; s.want_diag = 1;
   out[n++] = s;
   return n;
 }

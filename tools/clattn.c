@@ -9,6 +9,8 @@
  *   clattn bench [options]   clattn against CLBlast staged attention and host
  *                            OpenBLAS attention (bench.c)
  *   clattn tune [options]    times candidate tiles, writes a tuning file (tune.c)
+ *   clattn lab [options]     the seeds' routing checks and interventions, with
+ *                            assertions; JSON and a heat map on request (lab.c)
  *
  * The device is CLATTN_DEVICE's match, else the first GPU, else the first
  * device (POCL's CPU device where there is no GPU).
@@ -20,6 +22,8 @@
 
 #include "bench.h"
 #include "clattn.h"
+#include "heatmap.h"
+#include "lab.h"
 #include "problem.h"
 #include "tune.h"
 
@@ -32,8 +36,9 @@ static int usage(FILE *f) {
           "                  [--kv-lens] [--mask random|block|none] [--bias] [--layout bhsd|bshd]\n"
           "                  [--scale S] [--algo auto|staged|fused|gemm] [--weights] [--lse]\n"
           "                  [--empty zero|error] [--poison] [--reps R] [--seed S] [--tol T]\n"
-          "%s%s",
-          bench_usage, tune_usage);
+          "                  [--heatmap FILE.png]\n"
+          "%s%s%s",
+          bench_usage, tune_usage, lab_usage);
   return 2;
 }
 
@@ -93,7 +98,7 @@ static int parse_algo(const char *s, clattn_algo *a) {
 }
 
 /* Parses run's options into s; returns -1 on a bad option. */
-static int parse_run(int argc, char **argv, cp_shape *s, int *reps, double *tol) {
+static int parse_run(int argc, char **argv, cp_shape *s, int *reps, double *tol, const char **heatmap) {
   for (int i = 0; i < argc; i++) {
     const char *o = argv[i];
     const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -111,6 +116,7 @@ static int parse_run(int argc, char **argv, cp_shape *s, int *reps, double *tol)
     if (strcmp(o, "--seed") == 0 && val) { s->seed = strtoull(val, NULL, 10); i++; continue; }
     if (strcmp(o, "--scale") == 0 && val) { s->scale = strtof(val, NULL); i++; continue; }
     if (strcmp(o, "--tol") == 0 && val) { *tol = strtod(val, NULL); i++; continue; }
+    if (strcmp(o, "--heatmap") == 0 && val) { *heatmap = val; s->want_weights = 1; i++; continue; }
     if (strcmp(o, "--causal") == 0) { s->causal = 1; continue; }
     if (strcmp(o, "--kv-lens") == 0) { s->kv_lens = 1; continue; }
     if (strcmp(o, "--bias") == 0) { s->bias = CP_BIAS_RANDOM; continue; }
@@ -143,8 +149,30 @@ static int parse_run(int argc, char **argv, cp_shape *s, int *reps, double *tol)
   return 0;
 }
 
-/* Runs one problem, prints its line; returns 0 when verified within tol. */
-static int run_verified(clattn_context *ctx, const cp_shape *s, int reps, double tol) {
+/* Renders the routing matrix of batch 0, head 0 (dense weights start with
+ * it), at most HEAT_MAX x HEAT_MAX cells from the top-left corner. */
+#define HEAT_MAX 512
+static int write_run_heatmap(const cp_problem *pb, const char *desc, const char *path) {
+  const cp_shape *s = &pb->shape;
+  int rows = s->q_len < HEAT_MAX ? s->q_len : HEAT_MAX, cols = s->kv_len < HEAT_MAX ? s->kv_len : HEAT_MAX;
+  char title[160], caption[1200], crop[160] = "", err[512];
+  if (rows < s->q_len || cols < s->kv_len)
+    snprintf(crop, sizeof crop, " Shown: the top-left %d x %d of the %d x %d matrix.", rows, cols, s->q_len, s->kv_len);
+  snprintf(title, sizeof title, "clattn run: routing matrix of batch 0, head 0 (%d queries x %d keys)", s->q_len,
+           s->kv_len);
+  snprintf(caption, sizeof caption,
+           "Routing coefficients a_ij (the weights output) of one head for one random input.%s Disallowed keys "
+           "have weight 0.\nThis is a routing diagnostic, not an explanation of any output.\nProblem: %s",
+           crop, desc);
+  heatmap h = {pb->weights, rows, cols, (size_t)s->kv_len, title, caption};
+  if (heatmap_write_png(&h, path, err, sizeof err) != 0) return fprintf(stderr, "clattn: %s\n", err), 1;
+  printf("  heat map: %s\n", path);
+  return 0;
+}
+
+/* Runs one problem, prints its line; returns 0 when verified within tol.
+ * heatmap (may be NULL): a PNG of batch 0 / head 0's weights (needs them). */
+static int run_verified(clattn_context *ctx, const cp_shape *s, int reps, double tol, const char *heatmap) {
   char err[512], line[512], desc[512];
   cp_problem *pb = cp_build(s, err, sizeof err);
   if (!pb) {
@@ -175,6 +203,7 @@ static int run_verified(clattn_context *ctx, const cp_shape *s, int reps, double
          cp_result_format(&r, line, sizeof line), ms, reps > 0 ? "mean of timed calls" : "first call",
          flops / (ms * 1e6), tol, ok ? "yes" : "NO");
   rc = ok ? 0 : 1;
+  if (heatmap && pb->weights && write_run_heatmap(pb, desc, heatmap) != 0) rc = 1;
 done:
   cp_free(pb);
   return rc;
@@ -187,10 +216,11 @@ static int cmd_run(int argc, char **argv) {
   s.q_heads = s.kv_heads = 4;
   int reps = 3;
   double tol = 1e-5;
-  if (parse_run(argc, argv, &s, &reps, &tol) != 0) return usage(stderr);
+  const char *heatmap = NULL;
+  if (parse_run(argc, argv, &s, &reps, &tol, &heatmap) != 0) return usage(stderr);
   clattn_context *ctx = open_context();
   if (!ctx) return 1;
-  int rc = run_verified(ctx, &s, reps, tol);
+  int rc = run_verified(ctx, &s, reps, tol, heatmap);
   clattn_destroy(ctx);
   return rc;
 }
@@ -287,7 +317,7 @@ static int cmd_demo(void) {
   s.want_lse = 1;
   s.poison_disallowed = 1;
   s.algo = CLATTN_ALGO_AUTO;
-  failed += run_verified(ctx, &s, 3, 1e-5);
+  failed += run_verified(ctx, &s, 3, 1e-5, NULL);
   printf("\n%s\n", failed ? "demo: SOME CHECKS FAILED" : "demo: all checks passed");
   clattn_destroy(ctx);
   return failed ? 1 : 0;
@@ -300,6 +330,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "demo") == 0) return cmd_demo();
   if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
   if (strcmp(argv[1], "tune") == 0) return tune_main(argc, argv);
+  if (strcmp(argv[1], "lab") == 0) return lab_main(argc, argv);
   if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) return usage(stdout), 0;
   return usage(stderr);
 }

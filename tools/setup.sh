@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(gcc pkg-config meson ninja-build python3 ocl-icd-opencl-dev opencl-headers
-          libclblast-dev libopenblas-dev pocl-opencl-icd clinfo)
+          libclblast-dev libopenblas-dev libpng-dev pocl-opencl-icd clinfo)
 
 missing=()
 for p in "${packages[@]}"; do
