@@ -30,6 +30,7 @@ static cp_problem *base(void)
   s.kv_lens = 1;
   s.want_lse = 1;
   s.want_weights = 1;
+  s.want_diag = 1;
   s.algo = CLATTN_ALGO_STAGED;
   char err[256];
   g_pb = cp_build(&s, err, sizeof err);
@@ -211,6 +212,9 @@ static void views_past_the_buffer_are_too_small(void)
   TOO_SMALL("bias", p.bias.stride[3] = 2);
   TOO_SMALL("lse", p.lse.stride[2] += 1);
   TOO_SMALL("weights", p.weights.offset += 3);
+  TOO_SMALL("entropy", p.entropy.offset = pb->diag_elems);
+  TOO_SMALL("max_weight", p.max_weight.stride[1] += 1);
+  TOO_SMALL("argmax", p.argmax.stride[0] *= 2);
   TOO_SMALL("q", p.q.stride[3] = 1000);
 #undef TOO_SMALL
   /* kv_lens holds one int32 for a batch of 3 */
