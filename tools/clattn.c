@@ -34,7 +34,7 @@ static int usage(FILE *f) {
           "       clattn run [--batch B] [--heads H] [--kv-heads HKV] [--q-len M] [--kv-len N]\n"
           "                  [--head-dim DK] [--value-dim DV] [--causal] [--window L,R]\n"
           "                  [--kv-lens] [--mask random|block|none] [--bias] [--layout bhsd|bshd]\n"
-          "                  [--scale S] [--algo auto|staged|fused|gemm] [--weights] [--lse]\n"
+          "                  [--scale S] [--algo auto|staged|fused|gemm] [--weights] [--lse] [--diag]\n"
           "                  [--empty zero|error] [--poison] [--reps R] [--seed S] [--tol T]\n"
           "                  [--heatmap FILE.png]\n"
           "%s%s%s",
@@ -122,6 +122,7 @@ static int parse_run(int argc, char **argv, cp_shape *s, int *reps, double *tol,
     if (strcmp(o, "--bias") == 0) { s->bias = CP_BIAS_RANDOM; continue; }
     if (strcmp(o, "--weights") == 0) { s->want_weights = 1; continue; }
     if (strcmp(o, "--lse") == 0) { s->want_lse = 1; continue; }
+    if (strcmp(o, "--diag") == 0) { s->want_diag = 1; continue; }
     if (strcmp(o, "--poison") == 0) { s->poison_disallowed = 1; s->poison_gaps = 1; continue; }
     if (strcmp(o, "--window") == 0 && val && sscanf(val, "%d,%d", &s->window_left, &s->window_right) == 2) { i++; continue; }
     if (strcmp(o, "--layout") == 0 && val && (!strcmp(val, "bhsd") || !strcmp(val, "bshd"))) {

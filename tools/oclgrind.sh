@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs every kernel path at small shapes under Oclgrind (a simulator that
+# checks each memory access, barrier and work-group): fails on any
+# out-of-bounds access, data race, barrier divergence or API error it logs,
+# and on any result that does not match the fp64 reference.
+#
+#   tools/oclgrind.sh [BUILD_DIR]        default: build (set up by tools/setup.sh)
+#
+# Shapes are not tile multiples (1, 7, 37, 53...). Oclgrind's uninitialised-
+# value plugin is not used: Debian's oclgrind 21.10 stops on the LLVM
+# `freeze` instruction its own front end emits.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+
+if ! command -v oclgrind >/dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq oclgrind >/dev/null
+fi
+[ -x "$build/tools/clattn" ] || tools/setup.sh "$build"
+
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+# The simulator is its own device: keep clattn's binary cache apart from POCL's.
+export CLATTN_CACHE_DIR="$logs/cache"
+common=(--reps 0 --poison --lse)
+cases=(
+  "staged|--algo staged --heads 4 --kv-heads 2 --q-len 7 --kv-len 37 --head-dim 24 --value-dim 20 --causal --weights --diag --mask random --bias --kv-lens"
+  "staged-bshd|--algo staged --batch 2 --heads 3 --kv-heads 1 --q-len 53 --kv-len 9 --head-dim 5 --value-dim 3 --layout bshd --window 4,2 --weights"
+  "gemm|--algo gemm --heads 4 --kv-heads 2 --q-len 7 --kv-len 37 --head-dim 24 --value-dim 20 --causal --weights --diag --kv-lens --bias"
+  "fused-rows|--algo fused --heads 4 --kv-heads 2 --q-len 37 --kv-len 53 --head-dim 24 --value-dim 20 --causal --diag --mask random --bias --kv-lens"
+  "fused-bshd|--algo fused --batch 2 --heads 3 --kv-heads 3 --q-len 1 --kv-len 7 --head-dim 1 --value-dim 1 --layout bshd --empty error"
+  "fused-decode-split|--algo fused --heads 8 --kv-heads 2 --q-len 1 --kv-len 600 --head-dim 32 --value-dim 16 --kv-lens"
+  "fused-decode-diag|--algo fused --heads 4 --kv-heads 4 --q-len 2 --kv-len 300 --head-dim 16 --value-dim 16 --diag --window 100,-1"
+  "fused-tiled|--algo fused --heads 2 --kv-heads 1 --q-len 37 --kv-len 53 --head-dim 24 --value-dim 20 --causal --diag --mask random --bias|CLATTN_FLASH_WG=16"
+  "fused-tiled-decode-split|--algo fused --heads 8 --kv-heads 2 --q-len 1 --kv-len 600 --head-dim 32 --value-dim 16 --kv-lens|CLATTN_FLASH_WG=16"
+  "staged-chunks|--algo staged --heads 3 --kv-heads 1 --q-len 53 --kv-len 37 --head-dim 8 --value-dim 8 --weights --diag|CLATTN_SCRATCH_BYTES=2048"
+  "gemm-chunks|--algo gemm --heads 3 --kv-heads 1 --q-len 53 --kv-len 37 --head-dim 8 --value-dim 8 --layout bshd|CLATTN_SCRATCH_BYTES=2048"
+  "auto|--heads 2 --kv-heads 1 --q-len 7 --kv-len 37 --head-dim 24 --value-dim 20 --mask block --empty zero"
+)
+failed=0
+for c in "${cases[@]}"; do
+  IFS='|' read -r name args env <<<"$c"
+  log="$logs/$name.log"
+  # shellcheck disable=SC2086
+  if env $env oclgrind --data-races --check-api --max-errors 20 --log "$log" \
+      "$build/tools/clattn" run ${args} "${common[@]}" >"$logs/$name.out" 2>&1 && [ ! -s "$log" ]; then
+    echo "oclgrind: $name: ok"
+  else
+    echo "oclgrind: $name: FAILED"
+    cat "$logs/$name.out" "$log" | tail -30
+    failed=$((failed + 1))
+  fi
+done
+echo "oclgrind: ${#cases[@]} cases, $failed failed"
+[ "$failed" -eq 0 ]
