@@ -40,11 +40,16 @@ clattn_status ca_pick_device(const char *match, cl_platform_id *platform, cl_dev
   if (n_platforms > 16) n_platforms = 16;
 
   int found = 0;
+  cl_int first_err = CL_SUCCESS; /* a platform that failed for another reason than having no device */
   for (int want_gpu = 1; want_gpu >= 0 && !found; want_gpu--) {
     for (cl_uint p = 0; p < n_platforms && !found; p++) {
       cl_device_id devices[16];
       cl_uint n = 0;
-      if (clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, 16, devices, &n) != CL_SUCCESS) continue;
+      err = clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, 16, devices, &n);
+      if (err != CL_SUCCESS) {
+        if (err != CL_DEVICE_NOT_FOUND && first_err == CL_SUCCESS) first_err = err;
+        continue;
+      }
       if (n > 16) n = 16;
       char pname[256];
       ca_platform_string(platforms[p], CL_PLATFORM_NAME, pname, sizeof pname);
@@ -64,6 +69,7 @@ clattn_status ca_pick_device(const char *match, cl_platform_id *platform, cl_dev
     }
     if (match) break; /* a match is searched once, over every device */
   }
+  if (!found && first_err != CL_SUCCESS) return ca_cl_fail(first_err, "clGetDeviceIDs");
   if (!found)
     return match ? ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL device matches \"%s\" (CLATTN_DEVICE or device_match)", match)
                  : ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL device found");

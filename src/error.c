@@ -43,14 +43,15 @@ const char *ca_cl_error_name(cl_int err) {
   }
 }
 
+clattn_status ca_cl_status(cl_int err) {
+  if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY || err == CL_OUT_OF_RESOURCES)
+    return CLATTN_ERR_OUT_OF_MEMORY;
+  if (err == CL_BUILD_PROGRAM_FAILURE || err == CL_COMPILER_NOT_AVAILABLE) return CLATTN_ERR_BUILD;
+  return CLATTN_ERR_OPENCL;
+}
+
 clattn_status ca_cl_fail(cl_int err, const char *what) {
-  clattn_status s = CLATTN_ERR_OPENCL;
-  if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY ||
-      err == CL_OUT_OF_RESOURCES)
-    s = CLATTN_ERR_OUT_OF_MEMORY;
-  else if (err == CL_BUILD_PROGRAM_FAILURE || err == CL_COMPILER_NOT_AVAILABLE)
-    s = CLATTN_ERR_BUILD;
-  return ca_fail(s, "%s failed: %s (%d)", what, ca_cl_error_name(err), (int)err);
+  return ca_fail(ca_cl_status(err), "%s failed: %s (%d)", what, ca_cl_error_name(err), (int)err);
 }
 
 const char *clattn_status_string(clattn_status s) {

@@ -65,6 +65,10 @@ static clattn_status dense_copy(clattn_context *ctx, const clattn_tensor *t, int
   st = ca_enqueue(ctx, kernel, "gemm_dense_copy", 3, global, NULL, n_wait, wait, prev);
 fail:
   if (kernel) clReleaseKernel(kernel);
+  if (st != CLATTN_OK && out->buf) { /* the caller only owns a copy that was enqueued */
+    clReleaseMemObject(out->buf);
+    out->buf = NULL;
+  }
   return st;
 }
 

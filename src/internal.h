@@ -47,6 +47,9 @@ clattn_status ca_fail(clattn_status s, const char *fmt, ...)
     ;
 /* Maps an OpenCL error to a status and records "what: CL_NAME (code)". */
 clattn_status ca_cl_fail(cl_int err, const char *what);
+/* The status an OpenCL error maps to: memory codes OUT_OF_MEMORY, build
+ * failures BUILD, anything else OPENCL. */
+clattn_status ca_cl_status(cl_int err);
 const char *ca_cl_error_name(cl_int err);
 
 /* Runs an OpenCL call; on failure records it into `status` and jumps to `fail`. */

@@ -40,7 +40,7 @@ clattn_status ca_build_program(clattn_context *ctx, const char *name, const char
       }
       free(full);
     }
-    st = ca_fail(err == CL_BUILD_PROGRAM_FAILURE ? CLATTN_ERR_BUILD : CLATTN_ERR_OPENCL,
+    st = ca_fail(ca_cl_status(err),
                  "clBuildProgram(%s) failed: %s (%d); options: %s; build log:\n%s", name,
                  ca_cl_error_name(err), (int)err, options, log);
     goto fail;

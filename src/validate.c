@@ -134,7 +134,7 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
     return ca_fail(CLATTN_ERR_UNSUPPORTED,
                    "weights: the fused kernel never forms the routing matrix; use CLATTN_ALGO_STAGED or AUTO");
   if (plan->algo != CLATTN_ALGO_FUSED && (cl_ulong)p->kv_len * sizeof(float) > ctx->max_alloc)
-    return ca_fail(CLATTN_ERR_UNSUPPORTED, "kv_len %d: one row of scores exceeds the device's largest allocation",
+    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "kv_len %d: one row of scores exceeds the device's largest allocation",
                    p->kv_len);
 
   plan->scale = isnan(p->scale) ? (float)(1.0 / sqrt((double)p->head_dim)) : p->scale;

@@ -110,11 +110,15 @@ static inline clattn_context *ct_context(void)
 /* Runs the tests whose names contain argv[1] (all when absent). */
 static inline int ct_main(int argc, char **argv, const ct_test *tests, size_t n)
 {
+  /* argv[1]: run only the tests whose names contain it; "-NAME": all but those */
   const char *filter = argc > 1 ? argv[1] : NULL;
+  const int exclude = filter && filter[0] == '-';
+  if (exclude)
+    filter++;
   int passed = 0, failed = 0;
   setvbuf(stdout, NULL, _IOLBF, 0);
   for (size_t t = 0; t < n; t++) {
-    if (filter && !strstr(tests[t].name, filter))
+    if (filter && (strstr(tests[t].name, filter) == NULL) != exclude)
       continue;
     ct_current_failures = 0;
     printf("%s ...\n", tests[t].name);
