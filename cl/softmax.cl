@@ -83,7 +83,8 @@ void softmax_rows(__global float *scores, int kv_len,
     if (lid == 0 && in_range) ca_store_diag(empty ? 0.0f : l, part[0], first[0] == INT_MAX ? -1 : first[0], b, h, i, CA_DIAG_PASS);
   }
   for (int j = lid; j < kv_len; j += SOFTMAX_WG) {
-    float a = empty ? 0.0f : exp(s[j] - m) / l;
+    /* a disallowed key is 0 even in a NaN row (where -inf - m is NaN) */
+    float a = (empty || s[j] == -INFINITY) ? 0.0f : exp(s[j] - m) / l;
     s[j] = a;
     if (want_weights && in_range) weights[ca_at(w_off, w_st, b, h, i, j)] = a;
   }

@@ -110,7 +110,8 @@ typedef struct {
    *   argmax      int32 [B,Hq,M]: the key index j of the largest weight, the
    *               lowest on ties
    * An empty row gives entropy 0, max_weight 0, argmax -1. A row whose
-   * scores hold NaN gives NaN entropy and max_weight, argmax unspecified. */
+   * scores hold NaN or +inf gives NaN entropy and max_weight, argmax
+   * unspecified. */
   clattn_tensor entropy;
   clattn_tensor max_weight;
   clattn_tensor argmax;

@@ -71,19 +71,21 @@ double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int
 static void diagnose(ref_outputs *o, size_t row, const double *w, const unsigned char *use, int n, int best)
 {
   double entropy = 0.0, top = 0.0;
+  int nan = 0;   /* a +inf score makes the row's weights NaN (inf - inf) */
   for (int j = 0; w && j < n; j++)
     if (use[j]) {
+      nan |= isnan(w[j]);
       if (w[j] > 0.0)
         entropy -= w[j] * log(w[j]);
       if (w[j] > top)
         top = w[j];
     }
   if (o->entropy)
-    o->entropy[row] = entropy;
+    o->entropy[row] = nan ? NAN : entropy;
   if (o->max_weight)
-    o->max_weight[row] = top;
+    o->max_weight[row] = nan ? NAN : top;
   if (o->argmax)
-    o->argmax[row] = w ? best : -1;
+    o->argmax[row] = nan ? REF_ARGMAX_UNSPECIFIED : w ? best : -1;
 }
 
 int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)

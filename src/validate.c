@@ -24,6 +24,28 @@ static int add_ok(size_t a, size_t b, size_t *out) {
  * addresses, offset + sum (dim-1)*stride, must lie inside CL_MEM_SIZE. An
  * output view may not broadcast (a zero stride over a dimension longer than
  * one would make several results share an element). */
+/* Whether two elements of a view share an address: with the dimensions
+ * longer than 1 ordered by stride, each stride must pass the span of all the
+ * smaller ones. (The spans are known not to overflow.) */
+static int view_overlaps(const clattn_tensor *t, const int *dims, int rank) {
+  int order[4], n = 0;
+  for (int d = 0; d < rank; d++) {
+    if (dims[d] <= 1) continue;
+    int at = n++;
+    while (at > 0 && t->stride[order[at - 1]] > t->stride[d]) {
+      order[at] = order[at - 1];
+      at--;
+    }
+    order[at] = d;
+  }
+  size_t span = 0;
+  for (int k = 0; k < n; k++) {
+    if (t->stride[order[k]] <= span) return 1;
+    span += (size_t)(dims[order[k]] - 1) * t->stride[order[k]];
+  }
+  return 0;
+}
+
 static clattn_status check_view(const char *name, const clattn_tensor *t, const int *dims, int rank,
                                 size_t elem_size, int is_output) {
   size_t last = t->offset;
@@ -37,6 +59,9 @@ static clattn_status check_view(const char *name, const clattn_tensor *t, const 
   size_t need;
   if (!add_ok(last, 1, &need) || !mul_ok(need, elem_size, &need))
     return BAD("%s: offset and strides overflow the address range", name);
+  if (is_output && view_overlaps(t, dims, rank))
+    return BAD("%s: the view overlaps itself (strides %zu, %zu, %zu, %zu): two results would share an element", name,
+               t->stride[0], t->stride[1], t->stride[2], t->stride[3]);
   size_t have = 0;
   cl_int err = clGetMemObjectInfo(t->buf, CL_MEM_SIZE, sizeof have, &have, NULL);
   if (err != CL_SUCCESS) {

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdint.h>
 
+#include "internal.h"
 #include "kit_checks.h"
 
 #define PATTERN 12345.0f
@@ -210,10 +211,10 @@ static void views_past_the_buffer_are_too_small(void)
   TOO_SMALL("out", p.out.offset = pb->out_elems);
   TOO_SMALL("mask", p.mask.offset += 1);
   TOO_SMALL("bias", p.bias.stride[3] = 2);
-  TOO_SMALL("lse", p.lse.stride[2] += 1);
+  TOO_SMALL("lse", p.lse.stride[0] += 1);
   TOO_SMALL("weights", p.weights.offset += 3);
   TOO_SMALL("entropy", p.entropy.offset = pb->diag_elems);
-  TOO_SMALL("max_weight", p.max_weight.stride[1] += 1);
+  TOO_SMALL("max_weight", p.max_weight.offset += 2);
   TOO_SMALL("argmax", p.argmax.stride[0] *= 2);
   TOO_SMALL("q", p.q.stride[3] = 1000);
 #undef TOO_SMALL
@@ -317,6 +318,21 @@ static void broadcast_output_view_is_invalid(void)
   clattn_params p = pb->params;
   p.out.stride[2] = 0;  /* every row would write the same elements */
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "out", "out.stride[2] = 0");
+  /* rows closer than a row is wide: neighbouring rows share elements */
+  p = pb->params;
+  p.out.stride[2] = (size_t)p.value_dim - 1;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "out", "out rows overlapping");
+  p = pb->params;
+  p.lse.stride[1] = 1;  /* heads 1 apart while each head spans q_len rows */
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "lse", "lse heads overlapping");
+  /* transposed but disjoint ([B,S,H,D]-like strides) is fine */
+  p = pb->params;
+  const size_t d = (size_t)p.value_dim, h = (size_t)p.q_heads, m = (size_t)p.q_len;
+  p.out.stride[1] = d;
+  p.out.stride[2] = h * d;
+  p.out.stride[0] = m * h * d;
+  ca_plan plan;
+  CHECKF(ca_validate(ct_context(), &p, &plan) == CLATTN_OK, "transposed out view: %s", clattn_last_error(ct_context()));
 }
 
 static void valid_call_after_rejections_still_works(void)

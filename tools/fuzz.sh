@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Fuzzes clattn_forward with libFuzzer for a bounded time.
+#
+#   tools/fuzz.sh [SECONDS] [libFuzzer flags...]     default: 60 seconds
+#
+# Installs what is missing (clang, libclang-rt-14-dev and tools/setup.sh's
+# packages; apt-get as root, else through sudo), configures build-fuzz with
+# CC=clang, AddressSanitizer + UndefinedBehaviorSanitizer and libFuzzer's
+# coverage instrumentation on the whole build, then runs
+# build-fuzz/tests/fuzz_forward on a working corpus seeded from
+# tests/fuzz/corpus (the committed seeds stay as they are). A failing input
+# is written to build-fuzz/fuzz-artifacts/; copy it to tests/fuzz/regressions/
+# under a name saying what it found, and the opencl suite replays it
+# (test_fuzz_regressions). Exit status: 0 when the run ended without a
+# failure, non-zero on a crash, a check's violation, a timeout or a leak.
+#
+# Environment: CLATTN_FUZZ_KNOWN=alias,nan-row-weights,ref-inf-row-diag tolerates known
+# library bugs (tests/fuzz/fuzz_case.c names them), to explore past them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${1:-60}
+shift || true
+case "$seconds" in ''|*[!0-9]*) echo "usage: tools/fuzz.sh [SECONDS] [libFuzzer flags...]" >&2; exit 2;; esac
+
+packages=(clang libclang-rt-14-dev gcc pkg-config meson ninja-build python3 ocl-icd-opencl-dev opencl-headers
+          libclblast-dev libopenblas-dev libpng-dev pocl-opencl-icd clinfo)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "fuzz: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+build=build-fuzz
+opts=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized
+      "-Dc_args=-fsanitize=fuzzer-no-link -fno-sanitize-recover=undefined -fno-omit-frame-pointer")
+if [ -f "$build/build.ninja" ]; then
+  meson configure "$build" "${opts[@]}" >/dev/null
+else
+  CC=clang meson setup "$build" "${opts[@]}" >/dev/null
+fi
+ninja -C "$build" tests/fuzz_forward >/dev/null
+if [ ! -x "$build/tests/fuzz_forward" ]; then
+  echo "fuzz: $build/tests/fuzz_forward was not built (the compiler must be clang with -fsanitize=fuzzer)" >&2
+  exit 1
+fi
+
+corpus=$build/fuzz-corpus
+artifacts=$build/fuzz-artifacts
+mkdir -p "$corpus" "$artifacts"
+cp -n tests/fuzz/corpus/* "$corpus"/ 2>/dev/null || true
+
+# fast_unwind_on_malloc=0: full allocation stacks through POCL and LLVM (built
+# without frame pointers), so the suppressions in tests/lsan.supp match.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:fast_unwind_on_malloc=0:malloc_context_size=30:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
+# POCL's kernel builds happen once per process (program binaries are cached
+# on disk by clattn and POCL); the context is created before the first input.
+# libFuzzer counts -max_total_time from the process start, so the first
+# kernel builds (seconds per program, once per machine thanks to the disk
+# caches) go in a run of their own before the timed one.
+warm=$(mktemp -d)
+trap 'rm -rf "$warm"' EXIT
+echo "fuzz: building the kernels the harness uses (slow only the first time)" >&2
+"$build/tests/fuzz_forward" -runs=0 "$warm" >"$build/fuzz-warm-up.log" 2>&1 || {
+  echo "fuzz: the warm-up failed:" >&2
+  grep -v "^    #" "$build/fuzz-warm-up.log" | tail -30 >&2
+  exit 1
+}
+echo "fuzz: running $build/tests/fuzz_forward for ${seconds}s (corpus $corpus, failures to $artifacts/)" >&2
+status=0
+"$build/tests/fuzz_forward" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=4096 \
+  -print_final_stats=1 -artifact_prefix="$artifacts/" "$@" "$corpus" tests/fuzz/regressions || status=$?
+echo "fuzz: corpus now $(ls "$corpus" | wc -l) inputs; exit status $status" >&2
+exit $status
