@@ -25,6 +25,20 @@ inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, long b, i
   return clamp(n, 0, kv_len);
 }
 
+/* Score shaping after scale * <q, k> (clattn.h's order): softcap, then the
+ * bias and ALiBi's -slope_h |p_i - j| with p_i the bottom-right aligned
+ * position. softcap 0 = off; alibi NULL when has_alibi is 0. */
+#define CA_SHAPE_ARGS float softcap, __global const float *alibi, int has_alibi
+#define CA_SHAPE_PASS softcap, alibi, has_alibi
+inline float ca_softcap(float s, float softcap) { return softcap > 0.0f ? softcap * tanh(s / softcap) : s; }
+inline float ca_alibi(long i, long j, int q_len, int kv_len, float slope) {
+  return -slope * (float)abs((long)(i + (long)kv_len - (long)q_len) - j);
+}
+inline float ca_shape(float s, float bias_ij, long h, long i, long j, int q_len, int kv_len, CA_SHAPE_ARGS) {
+  s = ca_softcap(s, softcap) + bias_ij;
+  return has_alibi ? s + ca_alibi(i, j, q_len, kv_len, alibi[h]) : s;
+}
+
 /* Route diagnostics (bits of `diag`) and where a row's go. */
 #define CA_DIAG_ENTROPY 1
 #define CA_DIAG_MAX_WEIGHT 2
@@ -35,13 +49,18 @@ inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, long b, i
 
 #define CA_DIAG_PASS entropy, ent_off, ent_st, max_weight, mw_off, mw_st, argmax, am_off, am_st, diag
 
-/* Writes row (b, h, i)'s diagnostics from its softmax state: l = sum_j
- * exp(s_j - m) and t = sum_j exp(s_j - m) (s_j - m) over the allowed keys,
- * so entropy = log(l) - t / l and max_weight = exp(0) / l. l = 0: empty row. */
-inline void ca_store_diag(float l, float t, int best, long b, long h, long i, CA_DIAG_ARGS) {
-  const bool empty = l == 0.0f;
-  if (diag & CA_DIAG_ENTROPY) entropy[ca_at(ent_off, ent_st, b, h, i, 0)] = empty ? 0.0f : log(l) - t / l;
-  if (diag & CA_DIAG_MAX_WEIGHT) max_weight[ca_at(mw_off, mw_st, b, h, i, 0)] = empty ? 0.0f : 1.0f / l;
+/* Writes row (b, h, i)'s diagnostics from its softmax state, relative to a
+ * reference m: l_keys = sum_j e_j and t = sum_j e_j (s_j - m) over the
+ * allowed keys (e_j = exp(s_j - m)), l the whole denominator (l_keys, plus
+ * a sink's term), top = exp(max_j s_j - m). With a_j = e_j / l:
+ *   entropy = -sum_j a_j log a_j = (l_keys / l) log(l) - t / l,
+ *   max_weight = top / l.   empty: no allowed key (a sink far above every
+ * key can make l_keys underflow to 0 in a row that is not empty). */
+inline void ca_store_diag(bool empty, float l_keys, float l, float t, float top, int best, long b, long h, long i,
+                          CA_DIAG_ARGS) {
+  if (diag & CA_DIAG_ENTROPY)
+    entropy[ca_at(ent_off, ent_st, b, h, i, 0)] = empty ? 0.0f : l_keys / l * log(l) - t / l;
+  if (diag & CA_DIAG_MAX_WEIGHT) max_weight[ca_at(mw_off, mw_st, b, h, i, 0)] = empty ? 0.0f : top / l;
   if (diag & CA_DIAG_ARGMAX) argmax[ca_at(am_off, am_st, b, h, i, 0)] = empty ? -1 : best;
 }
 

@@ -95,14 +95,21 @@ inline float flash_hsum(float16 x) {
 /* Finishes one row: O = acc / l and lse = m + log(l) to the outputs, or to
  * split `split`'s partial state when the keys were split. l = 0 means no
  * allowed key: O = 0, lse = -INFINITY, and the empty-row flag is raised. */
-inline void flash_store_row(const float *acc, float m, float l, float t, int best, int b, int h, int i, int q_heads,
-                            int kv_heads, int q_len, int split, int n_splits, __global float *out, ulong out_off,
-                            ulong4 out_st, __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
-                            CA_DIAG_ARGS, __global float *part_o, __global float *part_lse,
+inline void flash_store_row(const float *acc, float m, float l, float t, int best, float sink, int b, int h, int i,
+                            int q_heads, int kv_heads, int q_len, int split, int n_splits, __global float *out,
+                            ulong out_off, ulong4 out_st, __global float *lse, ulong lse_off, ulong4 lse_st,
+                            int want_lse, CA_DIAG_ARGS, __global float *part_o, __global float *part_lse,
                             __global int *empty_flag) {
   const bool empty = l == 0.0f;
-  const float inv = empty ? 0.0f : 1.0f / l;
-  const float row_lse = empty ? -INFINITY : m + log(l);
+  /* The sink (-INFINITY: none) joins as one more logit without a value:
+   * folded here, or by the merge when the keys were split. */
+  if (n_splits > 1) sink = -INFINITY;
+  const float m_f = ca_max_nan(m, sink);
+  const float alpha = empty ? 0.0f : exp(m - m_f);
+  const float l_keys = l * alpha;
+  const float l_f = sink == -INFINITY ? l_keys : l_keys + exp(sink - m_f);
+  const float inv = empty ? 0.0f : alpha / l_f;
+  const float row_lse = empty ? sink : m_f + log(l_f);
   if (n_splits > 1) {
     const ulong rows_total = (ulong)(get_global_size(1) / kv_heads) * (ulong)q_heads * (ulong)q_len;
     const ulong part = (ulong)split * rows_total + ((ulong)b * q_heads + h) * (ulong)q_len + i;
@@ -111,7 +118,7 @@ inline void flash_store_row(const float *acc, float m, float l, float t, int bes
   } else {
     for (int c = 0; c < DV; c++) out[ca_at(out_off, out_st, b, h, i, c)] = acc[c] * inv;
     if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = row_lse;
-    if (diag) ca_store_diag(l, t, best, b, h, i, CA_DIAG_PASS);
+    if (diag) ca_store_diag(empty, l_keys, l_f, empty ? 0.0f : alpha * (t + l * (m - m_f)), alpha, best, b, h, i, CA_DIAG_PASS);
     if (empty) atomic_or(empty_flag, 1);
   }
 }
@@ -153,7 +160,8 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
                        __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
                        __global const int *kv_lens, int has_kv_lens,
                        int q_heads, int kv_heads, int group, int q_len, int kv_len,
-                       float scale, int window_left, int window_right, int split_keys,
+                       float scale, CA_SHAPE_ARGS, __global const float *sinks, int has_sinks,
+                       int window_left, int window_right, int split_keys,
                        __global float *out, ulong out_off, ulong4 out_st,
                        __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS,
                        __global float *part_o, __global float *part_lse,
@@ -228,10 +236,12 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
     /* Every key of the block allowed for every row, inside this split? */
     const bool full = !has_mask && j0 >= lo_max && j0 + FLASH_BN - 1 <= hi_min &&
                       j0 >= split_begin && j0 + FLASH_BN <= split_end;
+    const bool per_key = !full || has_bias || has_alibi;   /* an element-wise pass is needed */
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
     for (int r = 0; r < bm; r++) {
       float16 x = sv[r] * scale;
-      if (!full || has_bias) {
+      if (softcap > 0.0f) x = softcap * tanh(x / softcap);
+      if (per_key) {
         float e[FLASH_BN];
         vstore16(x, 0, e);
         const int2 keys = flash_row_keys(is[r], q_len, kv_len, n_valid, window_left, window_right);
@@ -240,6 +250,7 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
           bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
           if (allowed && has_bias) e[jj] += bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)];
+          if (allowed && has_alibi) e[jj] += ca_alibi(is[r], j, q_len, kv_len, alibi[hs[r]]);
           e[jj] = allowed ? e[jj] : -INFINITY;
         }
         x = vload16(0, e);
@@ -281,7 +292,8 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
   }
 
   for (int r = 0; r < bm && t0 + r < rows_per_kv; r++)
-    flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], b, hs[r], is[r], q_heads, kv_heads, q_len, split, n_splits,
+    flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], has_sinks ? sinks[hs[r]] : -INFINITY, b, hs[r], is[r],
+                    q_heads, kv_heads, q_len, split, n_splits,
                     out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
                     empty_flag);
 }
@@ -302,14 +314,16 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
       __global const float *v, ulong v_off, ulong4 v_st, __global const uchar *mask, ulong mask_off, \
       ulong4 mask_st, int has_mask, __global const float *bias, ulong bias_off, ulong4 bias_st,     \
       int has_bias, __global const int *kv_lens, int has_kv_lens, int q_heads, int kv_heads,        \
-      int group, int q_len, int kv_len, float scale, int window_left, int window_right,             \
+      int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS, __global const float *sinks,    \
+      int has_sinks, int window_left, int window_right,                                             \
       int split_keys, __global float *out, ulong out_off, ulong4 out_st, __global float *lse,       \
       ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS, __global float *part_o,             \
       __global float *part_lse, __global int *empty_flag
 #define FLASH_BODY_ARGS(direct, bm)                                                                   \
   q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, direct, bm, mask, mask_off, mask_st,  \
       has_mask, bias, bias_off, bias_st, has_bias, kv_lens, has_kv_lens, q_heads, kv_heads, group, \
-      q_len, kv_len, scale, window_left, window_right, split_keys, out, out_off, out_st, lse,       \
+      q_len, kv_len, scale, CA_SHAPE_PASS, sinks, has_sinks, window_left, window_right, split_keys, \
+      out, out_off, out_st, lse,                                                                    \
       lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows(FLASH_KERNEL_ARGS) {
@@ -405,8 +419,8 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
       if (allowed) {
         float dot = 0.0f;
         for (int d = 0; d < DK; d++) dot += qr[d] * k_tile[jj][d];
-        x = scale * dot;
-        if (has_bias) x += bias[ca_at(bias_off, bias_st, b, h, i, j)];
+        x = ca_shape(scale * dot, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, q_len, kv_len,
+                     CA_SHAPE_PASS);
       }
       s[jj] = x;
       tile_max = fmax(tile_max, x);
@@ -432,6 +446,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     m = m_new;
   }
   if (live)
-    flash_store_row(acc, m, l, t_diag, best, b, h, i, q_heads, kv_heads, q_len, split, n_splits, out, out_off,
-                    out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag);
+    flash_store_row(acc, m, l, t_diag, best, has_sinks ? sinks[h] : -INFINITY, b, h, i, q_heads, kv_heads, q_len, split,
+                    n_splits, out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
+                    empty_flag);
 }

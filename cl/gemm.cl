@@ -33,7 +33,8 @@ __kernel void gemm_mask_scores(__global float *scores,
                                __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                                __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
                                __global const int *kv_lens, int has_kv_lens,
-                               int q_heads, int q_len, int kv_len, float scale, int window_left, int window_right,
+                               int q_heads, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,
+                               int window_left, int window_right,
                                int bh0, int i0, int rows) {
   const int j = get_global_id(0), r = get_global_id(1), g = get_global_id(2);
   if (j >= kv_len || r >= rows) return;
@@ -43,10 +44,9 @@ __kernel void gemm_mask_scores(__global float *scores,
   if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
   const ulong at = ((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j;
   float s = -INFINITY;
-  if (allowed) {
-    s = scale * scores[at];
-    if (has_bias) s += bias[ca_at(bias_off, bias_st, b, h, i, j)];
-  }
+  if (allowed)
+    s = ca_shape(scale * scores[at], has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, q_len,
+                 kv_len, CA_SHAPE_PASS);
   scores[at] = s;
 }
 

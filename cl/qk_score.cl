@@ -2,7 +2,8 @@
  * qk_score — the staged path's first stage: scaled, biased, masked scores
  * for a chunk of query rows.
  *
- *   scores[g][r][j] = scale * <q_i, k_j> + bias_ij   if key j is allowed for row i
+ *   scores[g][r][j] = shaped(scale * <q_i, k_j>)   if key j is allowed for row i
+ * (shaped: softcap, bias, ALiBi; common.h.cl's ca_shape)
  *                   = -INFINITY                       otherwise
  * with i = i0 + r and (b, h) = divmod(bh0 + g, q_heads). Disallowed keys are
  * replaced whatever they hold, so NaN or Inf there never reaches a score.
@@ -31,7 +32,7 @@ void qk_score(__global const float *q, ulong q_off, ulong4 q_st,
               __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
               __global const int *kv_lens, int has_kv_lens,
               int q_heads, int group, int q_len, int kv_len, int head_dim,
-              float scale, int window_left, int window_right,
+              float scale, CA_SHAPE_ARGS, int window_left, int window_right,
               int bh0, int i0, int rows,
               __global float *scores) {
   __local float q_tile[SCORE_TM][SCORE_TK];
@@ -71,10 +72,9 @@ void qk_score(__global const float *q, ulong q_off, ulong4 q_st,
                    ca_in_window(i, j, q_len, kv_len, window_left, window_right);
     if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
     float s = -INFINITY;
-    if (allowed) {
-      s = scale * acc;
-      if (has_bias) s += bias[ca_at(bias_off, bias_st, b, h, i, j)];
-    }
+    if (allowed)
+      s = ca_shape(scale * acc, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, q_len, kv_len,
+                   CA_SHAPE_PASS);
     scores[((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j] = s;
   }
 }

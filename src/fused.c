@@ -162,6 +162,8 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_int(&r, p->q_len);
   ca_arg_int(&r, p->kv_len);
   ca_arg_float(&r, plan->scale);
+  ca_arg_shape(&r, p);
+  ca_arg_sinks(&r, p);
   ca_arg_int(&r, plan->window_left);
   ca_arg_int(&r, plan->window_right);
   ca_arg_int(&r, split_keys);
@@ -187,7 +189,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
         .o_state_stride = rows_total * dv, .lse_state_stride = rows_total,
         .out = p->out, .out_lse = p->lse, .empty_rows = p->empty_rows,
     };
-    if ((st = ca_enqueue_merge(ctx, &mp, empty_flag, n_wait, wait, &prev))) goto fail;
+    if ((st = ca_enqueue_merge(ctx, &mp, p->sinks, empty_flag, n_wait, wait, &prev))) goto fail;
   }
   st = ca_finish_call(ctx, p->empty_rows, empty_flag, &prev, done);
 fail:

@@ -195,6 +195,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       ca_arg_int(&a, p->q_len);
       ca_arg_int(&a, p->kv_len);
       ca_arg_float(&a, plan->scale);
+      ca_arg_shape(&a, p);
       ca_arg_int(&a, plan->window_left);
       ca_arg_int(&a, plan->window_right);
       ca_arg_int(&a, bh0);

@@ -121,6 +121,10 @@ void ca_arg_float(ca_args *a, float v);
 void ca_arg_view(ca_args *a, const clattn_tensor *t); /* buffer, offset, stride */
 /* The route diagnostics' arguments: entropy, max_weight and argmax views, then plan->diag. */
 void ca_arg_diag(ca_args *a, const clattn_params *p, int diag);
+/* The score shaping's arguments (common.h.cl's CA_SHAPE_ARGS): softcap, ALiBi slopes. */
+void ca_arg_shape(ca_args *a, const clattn_params *p);
+/* Sinks: the buffer and whether it is there. */
+void ca_arg_sinks(ca_args *a, const clattn_params *p);
 clattn_status ca_args_done(const ca_args *a);
 
 /* Enqueues a kernel after *prev (or, when *prev is NULL, after the caller's
@@ -165,8 +169,9 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
 clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp);
 
 /* ---- paths ---- */
-/* Enqueues merge_states for validated params after *prev (see ca_enqueue). */
-clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem empty_flag,
+/* Enqueues merge_states for validated params after *prev (see ca_enqueue);
+ * sinks (f32 [heads], or NULL) join each row as a state with O = 0. */
+clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag,
                                cl_uint n_wait, const cl_event *wait, cl_event *prev);
 clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                cl_uint n_wait, const cl_event *wait, cl_event *done);

@@ -142,12 +142,12 @@ char *cp_describe(const cp_shape *s, char *buf, size_t n)
   snprintf(buf, n,
            "B=%d Hq=%d Hkv=%d M=%d N=%d dk=%d dv=%d scale=%s causal=%d win=[%d,%d] "
            "%s pad=%zu gap=%zu kv_lens=%d mask=%s/%u bias=%s(%g)/%u lse=%d weights=%d "
-           "diag=%d empty=%s algo=%s seed=%llu",
+           "diag=%d softcap=%g alibi=%d sinks=%d empty=%s algo=%s seed=%llu",
            s->batch, s->q_heads, s->kv_heads, s->q_len, s->kv_len, s->head_dim,
            s->value_dim, sc, s->causal, s->window_left, s->window_right,
            s->layout == CP_BSHD ? "bshd" : "bhsd", s->pad, s->row_gap, s->kv_lens,
            mask_name(s->mask), s->mask_bcast, bias_name(s->bias), s->bias_amp,
-           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag,
+           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag, (double)s->softcap, s->alibi, s->sinks,
            s->empty_rows == CLATTN_EMPTY_ERROR ? "error" : "zero",
            clattn_algo_name(s->algo), (unsigned long long)s->seed);
   return buf;
@@ -257,6 +257,7 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
   p->window_right = s->window_right;
   p->empty_rows = s->empty_rows;
   p->algo = s->algo;
+  p->softcap = s->softcap;
 
   pb->q_elems = make_view(&p->q, s->layout, s->pad, s->row_gap, B, Hq, M, dk);
   pb->k_elems = make_view(&p->k, s->layout, s->pad, s->row_gap, B, Hk, N, dk);
@@ -315,6 +316,10 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
     ok &= !!(pb->bias = xcalloc(pb->bias_elems, sizeof(float)));
   if (s->kv_lens)
     ok &= !!(pb->kv_lens = xcalloc((size_t)B, sizeof(int32_t)));
+  if (s->alibi)
+    ok &= !!(pb->alibi_slopes = xcalloc((size_t)Hq, sizeof(float)));
+  if (s->sinks)
+    ok &= !!(pb->sinks = xcalloc((size_t)Hq, sizeof(float)));
   if (!ok) {
     set_err(err, errlen, "cp_build: out of memory");
     cp_free(pb);
@@ -371,6 +376,12 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
   if (pb->kv_lens)
     for (int b = 0; b < B; b++)
       pb->kv_lens[b] = 1 + (int32_t)(rng_next(&g) % (uint64_t)N);
+  for (int h = 0; h < Hq; h++) {
+    if (pb->alibi_slopes)
+      pb->alibi_slopes[h] = (float)pow(2.0, -8.0 * (h + 1) / Hq);
+    if (pb->sinks)
+      pb->sinks[h] = 1.0f + rng_sym(&g, 2.0);
+  }
 
   if (s->poison_disallowed)
     cp_poison_disallowed(pb);
@@ -397,6 +408,8 @@ void cp_free(cp_problem *pb)
   release_mem(&pb->lse_buf);
   release_mem(&pb->weights_buf);
   release_mem(&pb->kv_lens_buf);
+  release_mem(&pb->alibi_buf);
+  release_mem(&pb->sinks_buf);
   release_mem(&pb->entropy_buf);
   release_mem(&pb->max_weight_buf);
   release_mem(&pb->argmax_buf);
@@ -415,6 +428,8 @@ void cp_free(cp_problem *pb)
   free(pb->bias);
   free(pb->mask);
   free(pb->kv_lens);
+  free(pb->alibi_slopes);
+  free(pb->sinks);
   free(pb->out_raw);
   free(pb->lse_raw);
   free(pb->weights_raw);
@@ -436,6 +451,8 @@ ref_inputs cp_ref_inputs(const cp_problem *pb)
   in.mask = pb->mask;
   in.bias = pb->bias;
   in.kv_lens = pb->kv_lens;
+  in.alibi_slopes = pb->alibi_slopes;
+  in.sinks = pb->sinks;
   return in;
 }
 
@@ -559,7 +576,9 @@ int cp_write_inputs(cp_problem *pb)
       write_buf(pb, pb->mask_buf, pb->mask_elems, pb->mask, "mask") ||
       write_buf(pb, pb->bias_buf, pb->bias_elems * sizeof(float), pb->bias, "bias") ||
       write_buf(pb, pb->kv_lens_buf, (size_t)pb->params.batch * sizeof(int32_t), pb->kv_lens,
-                "kv_lens"))
+                "kv_lens") ||
+      write_buf(pb, pb->alibi_buf, (size_t)pb->params.q_heads * sizeof(float), pb->alibi_slopes, "alibi") ||
+      write_buf(pb, pb->sinks_buf, (size_t)pb->params.q_heads * sizeof(float), pb->sinks, "sinks"))
     return -1;
   return 0;
 }
@@ -592,6 +611,12 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
   if (pb->kv_lens && create_buf(pb, &pb->kv_lens_buf, ro, (size_t)pb->params.batch * sizeof(int32_t),
                                 pb->kv_lens, "kv_lens"))
     goto fail;
+  if (pb->alibi_slopes && create_buf(pb, &pb->alibi_buf, ro, (size_t)pb->params.q_heads * sizeof(float),
+                                     pb->alibi_slopes, "alibi_slopes"))
+    goto fail;
+  if (pb->sinks && create_buf(pb, &pb->sinks_buf, ro, (size_t)pb->params.q_heads * sizeof(float), pb->sinks,
+                              "sinks"))
+    goto fail;
   if (pb->lse_elems && create_buf(pb, &pb->lse_buf, rw, pb->lse_elems * sizeof(float), NULL, "lse"))
     goto fail;
   if (pb->weights_elems &&
@@ -611,6 +636,8 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
   p->mask.buf = pb->mask_buf;
   p->bias.buf = pb->bias_buf;
   p->kv_lens = pb->kv_lens_buf;
+  p->alibi_slopes = pb->alibi_buf;
+  p->sinks = pb->sinks_buf;
   p->lse.buf = pb->lse_buf;
   p->weights.buf = pb->weights_buf;
   p->entropy.buf = pb->entropy_buf;
@@ -628,6 +655,8 @@ fail:
   release_mem(&pb->lse_buf);
   release_mem(&pb->weights_buf);
   release_mem(&pb->kv_lens_buf);
+  release_mem(&pb->alibi_buf);
+  release_mem(&pb->sinks_buf);
   release_mem(&pb->entropy_buf);
   release_mem(&pb->max_weight_buf);
   release_mem(&pb->argmax_buf);

@@ -77,6 +77,9 @@ typedef struct {
   double qk_amp, v_amp;           /* q, k uniform in [-qk_amp, qk_amp]; v in [-v_amp, v_amp] */
   int want_lse, want_weights;
   int want_diag;                  /* entropy, max_weight and argmax outputs */
+  float softcap;                  /* 0 = off */
+  int alibi;                      /* ALiBi slopes: the standard 2^(-8 (h+1) / Hq) */
+  int sinks;                      /* a random sink logit per head in [-1, 3] */
   clattn_empty_rows empty_rows;
   clattn_algo algo;
   int poison_gaps;                /* NaN in every input element no view reads */
@@ -92,6 +95,7 @@ typedef struct {
   float *q, *k, *v, *bias;
   unsigned char *mask;
   int32_t *kv_lens;
+  float *alibi_slopes, *sinks;    /* [Hq] each, NULL when absent */
   size_t q_elems, k_elems, v_elems, mask_elems, bias_elems;
   size_t out_elems, lse_elems, weights_elems;   /* whole output buffers */
   size_t diag_elems;              /* each of entropy, max_weight, argmax (viewed like lse) */
@@ -118,6 +122,7 @@ typedef struct {
   cl_command_queue queue;
   cl_mem q_buf, k_buf, v_buf, out_buf, mask_buf, bias_buf, lse_buf, weights_buf, kv_lens_buf;
   cl_mem entropy_buf, max_weight_buf, argmax_buf;
+  cl_mem alibi_buf, sinks_buf;
 
   char err[512];                  /* the last harness failure */
 } cp_problem;

@@ -26,6 +26,7 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
   ca_arg_int(&s, plan->want_lse);
   ca_arg_view(&s, &p->weights);
   ca_arg_int(&s, plan->want_weights);
+  ca_arg_sinks(&s, p);
   ca_arg_diag(&s, p, plan->diag);
   ca_arg_mem(&s, empty_flag);
   if ((st = ca_args_done(&s))) return st;
@@ -77,6 +78,7 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
       ca_arg_int(&a, p->kv_len);
       ca_arg_int(&a, p->head_dim);
       ca_arg_float(&a, plan->scale);
+      ca_arg_shape(&a, p);
       ca_arg_int(&a, plan->window_left);
       ca_arg_int(&a, plan->window_right);
       ca_arg_int(&a, bh0);

@@ -82,6 +82,16 @@ static clattn_status check_enums(const clattn_params *p) {
   if (p->window_left < -1) return BAD("window_left must be -1 (unbounded) or >= 0 (got %d)", p->window_left);
   if (p->window_right < -1) return BAD("window_right must be -1 (unbounded) or >= 0 (got %d)", p->window_right);
   if (isinf(p->scale)) return BAD("scale must be finite or NAN (got %g)", (double)p->scale);
+  if (!(p->softcap >= 0.0f) || isinf(p->softcap))
+    return BAD("softcap must be 0 (off) or positive and finite (got %g)", (double)p->softcap);
+  if (p->score != CLATTN_SCORE_DOT && p->score != CLATTN_SCORE_ADDITIVE)
+    return BAD("score %d is not a clattn_score", (int)p->score);
+  if (p->score == CLATTN_SCORE_ADDITIVE)
+    return ca_fail(CLATTN_ERR_UNSUPPORTED, "score: CLATTN_SCORE_ADDITIVE is not supported in this build");
+  if (p->additive_w) return BAD("additive_w is set but score is CLATTN_SCORE_DOT");
+  if (p->cu_seqlens_q || p->cu_seqlens_k)
+    return ca_fail(CLATTN_ERR_UNSUPPORTED, "cu_seqlens_q/cu_seqlens_k: packed variable-length batches are not "
+                                           "supported in this build");
   return CLATTN_OK;
 }
 
@@ -113,6 +123,10 @@ static clattn_status check_views(const clattn_params *p) {
     const int b_dims[] = {p->batch};
     if ((st = check_view("kv_lens", &lens, b_dims, 1, sizeof(int32_t), 0))) return st;
   }
+  const int h_dims[] = {p->q_heads};
+  const clattn_tensor alibi = {p->alibi_slopes, 0, {1, 0, 0, 0}}, sinks = {p->sinks, 0, {1, 0, 0, 0}};
+  if (p->alibi_slopes && (st = check_view("alibi_slopes", &alibi, h_dims, 1, sizeof(float), 0))) return st;
+  if (p->sinks && (st = check_view("sinks", &sinks, h_dims, 1, sizeof(float), 0))) return st;
   return CLATTN_OK;
 }
 

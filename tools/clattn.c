@@ -36,7 +36,7 @@ static int usage(FILE *f) {
           "                  [--kv-lens] [--mask random|block|none] [--bias] [--layout bhsd|bshd]\n"
           "                  [--scale S] [--algo auto|staged|fused|gemm] [--weights] [--lse] [--diag]\n"
           "                  [--empty zero|error] [--poison] [--reps R] [--seed S] [--tol T]\n"
-          "                  [--heatmap FILE.png]\n"
+          "                  [--softcap C] [--alibi] [--sinks] [--heatmap FILE.png]\n"
           "%s%s%s",
           bench_usage, tune_usage, lab_usage);
   return 2;
@@ -123,6 +123,9 @@ static int parse_run(int argc, char **argv, cp_shape *s, int *reps, double *tol,
     if (strcmp(o, "--weights") == 0) { s->want_weights = 1; continue; }
     if (strcmp(o, "--lse") == 0) { s->want_lse = 1; continue; }
     if (strcmp(o, "--diag") == 0) { s->want_diag = 1; continue; }
+    if (strcmp(o, "--alibi") == 0) { s->alibi = 1; continue; }
+    if (strcmp(o, "--sinks") == 0) { s->sinks = 1; continue; }
+    if (strcmp(o, "--softcap") == 0 && val) { s->softcap = strtof(val, NULL); i++; continue; }
     if (strcmp(o, "--poison") == 0) { s->poison_disallowed = 1; s->poison_gaps = 1; continue; }
     if (strcmp(o, "--window") == 0 && val && sscanf(val, "%d,%d", &s->window_left, &s->window_right) == 2) { i++; continue; }
     if (strcmp(o, "--layout") == 0 && val && (!strcmp(val, "bhsd") || !strcmp(val, "bshd"))) {
