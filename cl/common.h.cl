@@ -6,6 +6,33 @@
  * indexed [batch, head, row, column]. All index arithmetic is 64-bit.
  */
 
+/* Storage of q, k, v and out: -D CA_DTYPE 0 f32, 1 f16 (vload_half /
+ * vstore_half_rte, core OpenCL 1.2), 2 bf16 (16-bit patterns, stored with
+ * round-to-nearest-even). Arithmetic is f32 throughout. */
+#ifndef CA_DTYPE
+#define CA_DTYPE 0
+#endif
+#if CA_DTYPE == 0
+typedef float store_t;
+inline float ca_load(__global const store_t *p, ulong i) { return p[i]; }
+inline void ca_store(__global store_t *p, ulong i, float v) { p[i] = v; }
+inline float16 ca_load16(__global const store_t *p) { return vload16(0, p); }
+#elif CA_DTYPE == 1
+typedef half store_t;
+inline float ca_load(__global const store_t *p, ulong i) { return vload_half(0, p + i); }
+inline void ca_store(__global store_t *p, ulong i, float v) { vstore_half_rte(v, 0, p + i); }
+inline float16 ca_load16(__global const store_t *p) { return vload_half16(0, p); }
+#else
+typedef ushort store_t;
+inline float ca_load(__global const store_t *p, ulong i) { return as_float((uint)p[i] << 16); }
+inline void ca_store(__global store_t *p, ulong i, float v) {
+  uint u = as_uint(v);
+  u = isnan(v) ? 0x7fc00000u : u + 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+  p[i] = (ushort)(u >> 16);
+}
+inline float16 ca_load16(__global const store_t *p) { return as_float16(convert_uint16(vload16(0, p)) << 16); }
+#endif
+
 /* Element index of [b, h, r, c] in a view. */
 inline ulong ca_at(ulong offset, ulong4 stride, long b, long h, long r, long c) {
   return offset + (ulong)b * stride.s0 + (ulong)h * stride.s1 + (ulong)r * stride.s2 + (ulong)c * stride.s3;

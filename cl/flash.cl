@@ -51,8 +51,8 @@
  *   kt[bh][d][j] = k[b, hk, j, d]     vp[bh][j][c] = v[b, hk, j, c] (c < DV, else 0)
  * NDRange: (n_pad, batch * kv_heads); any work-group shape.
  */
-__kernel void flash_pack(__global const float *k, ulong k_off, ulong4 k_st,
-                         __global const float *v, ulong v_off, ulong4 v_st,
+__kernel void flash_pack(__global const store_t *k, ulong k_off, ulong4 k_st,
+                         __global const store_t *v, ulong v_off, ulong4 v_st,
                          __global const int *kv_lens, int has_kv_lens,
                          int kv_heads, int kv_len, int n_pad,
                          __global float *kt, __global float *vp) {
@@ -63,9 +63,9 @@ __kernel void flash_pack(__global const float *k, ulong k_off, ulong4 k_st,
   const bool valid = j < ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
   __global float *kt_head = kt + (ulong)bh * DK * (ulong)n_pad;
   for (int d = 0; d < DK; d++)
-    kt_head[(ulong)d * (ulong)n_pad + j] = valid ? k[ca_at(k_off, k_st, b, hk, j, d)] : 0.0f;
+    kt_head[(ulong)d * (ulong)n_pad + j] = valid ? ca_load(k, ca_at(k_off, k_st, b, hk, j, d)) : 0.0f;
   __global float *vp_row = vp + ((ulong)bh * (ulong)n_pad + (ulong)j) * DVP;
-  for (int c = 0; c < DVP; c++) vp_row[c] = (valid && c < DV) ? v[ca_at(v_off, v_st, b, hk, j, c)] : 0.0f;
+  for (int c = 0; c < DVP; c++) vp_row[c] = (valid && c < DV) ? ca_load(v, ca_at(v_off, v_st, b, hk, j, c)) : 0.0f;
 }
 
 /* The key range [lo, hi] that row (h, i) may see: window and kv_lens. */
@@ -96,7 +96,7 @@ inline float flash_hsum(float16 x) {
  * split `split`'s partial state when the keys were split. l = 0 means no
  * allowed key: O = 0, lse = -INFINITY, and the empty-row flag is raised. */
 inline void flash_store_row(const float *acc, float m, float l, float t, int best, float sink, int b, int h, int i,
-                            int q_heads, int kv_heads, int q_len, int split, int n_splits, __global float *out,
+                            int q_heads, int kv_heads, int q_len, int split, int n_splits, __global store_t *out,
                             ulong out_off, ulong4 out_st, __global float *lse, ulong lse_off, ulong4 lse_st,
                             int want_lse, CA_DIAG_ARGS, __global float *part_o, __global float *part_lse,
                             __global int *empty_flag) {
@@ -116,7 +116,7 @@ inline void flash_store_row(const float *acc, float m, float l, float t, int bes
     for (int c = 0; c < DV; c++) part_o[part * DV + c] = acc[c] * inv;
     part_lse[part] = row_lse;
   } else {
-    for (int c = 0; c < DV; c++) out[ca_at(out_off, out_st, b, h, i, c)] = acc[c] * inv;
+    for (int c = 0; c < DV; c++) ca_store(out, ca_at(out_off, out_st, b, h, i, c), acc[c] * inv);
     if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = row_lse;
     if (diag) ca_store_diag(empty, l_keys, l_f, empty ? 0.0f : alpha * (t + l * (m - m_f)), alpha, best, b, h, i, CA_DIAG_PASS);
     if (empty) atomic_or(empty_flag, 1);
@@ -138,10 +138,11 @@ inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_old, fl
   }
 }
 
-/* Value row j of KV head (b, hk): packed (DVP floats per row) or in place. */
-inline __global const float *flash_value_row(__global const float *vp, ulong vp_head, __global const float *v,
-                                             ulong v_off, ulong4 v_st, int direct, int b, int hk, int j) {
-  return direct ? v + ca_at(v_off, v_st, b, hk, j, 0) : vp + vp_head + (ulong)j * DVP;
+/* Columns c .. c+15 of value row j of KV head (b, hk): packed (DVP floats
+ * per row) or read in place. */
+inline float16 flash_value16(__global const float *vp, ulong vp_head, __global const store_t *v, ulong v_off,
+                             ulong4 v_st, int direct, int b, int hk, int j, int c) {
+  return direct ? ca_load16(v + ca_at(v_off, v_st, b, hk, j, c)) : vload16(0, vp + vp_head + (ulong)j * DVP + c);
 }
 
 /*
@@ -152,17 +153,17 @@ inline __global const float *flash_value_row(__global const float *vp, ulong vp_
  * `direct` and `bm` are constants at each call, so each kernel compiles to
  * one branch with its row loops unrolled and its accumulators in registers.
  */
-inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
+inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
                        __global const float *kt, __global const float *vp, int n_pad,
-                       __global const float *k, ulong k_off, ulong4 k_st,
-                       __global const float *v, ulong v_off, ulong4 v_st, const int direct, const int bm,
+                       __global const store_t *k, ulong k_off, ulong4 k_st,
+                       __global const store_t *v, ulong v_off, ulong4 v_st, const int direct, const int bm,
                        __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                        __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
                        __global const int *kv_lens, int has_kv_lens,
                        int q_heads, int kv_heads, int group, int q_len, int kv_len,
                        float scale, CA_SHAPE_ARGS, __global const float *sinks, int has_sinks,
                        int window_left, int window_right, int split_keys,
-                       __global float *out, ulong out_off, ulong4 out_st,
+                       __global store_t *out, ulong out_off, ulong4 out_st,
                        __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS,
                        __global float *part_o, __global float *part_lse,
                        __global int *empty_flag) {
@@ -183,7 +184,7 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
     int t = min(t0 + r, rows_per_kv - 1); /* padding rows repeat the last row, never written */
     hs[r] = hk * group + t / q_len;
     is[r] = t % q_len;
-    for (int d = 0; d < DK; d++) qr[r][d] = q[ca_at(q_off, q_st, b, hs[r], is[r], d)];
+    for (int d = 0; d < DK; d++) qr[r][d] = ca_load(q, ca_at(q_off, q_st, b, hs[r], is[r], d));
     for (int c = 0; c < DVP; c++) acc[r][c] = 0.0f;
     m[r] = -INFINITY;
     l[r] = 0.0f;
@@ -222,11 +223,11 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
       float e[FLASH_BM_MAX][FLASH_BN];
       for (int jj = 0; jj < FLASH_BN; jj++) {
         const int j = j0 + jj;
-        __global const float *krow = k + ca_at(k_off, k_st, b, hk, min(j, kv_len - 1), 0);
+        __global const store_t *krow = k + ca_at(k_off, k_st, b, hk, min(j, kv_len - 1), 0);
 #pragma unroll
         for (int r = 0; r < bm; r++) {
           float16 dot = (float16)(0.0f);
-          for (int d = 0; d < DK; d += 16) dot = fma(vload16(0, qr[r] + d), vload16(0, krow + d), dot);
+          for (int d = 0; d < DK; d += 16) dot = fma(vload16(0, qr[r] + d), ca_load16(krow + d), dot);
           e[r][jj] = flash_hsum(dot);
         }
       }
@@ -273,13 +274,13 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
       for (int r = 0; r < bm; r++) a[r] = vload16(0, acc[r] + c) * alpha[r];
       if (full) {
         for (int jj = 0; jj < FLASH_BN; jj++) {
-          const float16 vv = vload16(0, flash_value_row(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj) + c);
+          const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj, c);
 #pragma unroll
           for (int r = 0; r < bm; r++) a[r] = fma((float16)(p[r][jj]), vv, a[r]);
         }
       } else {
         for (int jj = 0; jj < n_block; jj++) {
-          const float16 vv = vload16(0, flash_value_row(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj) + c);
+          const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj, c);
           /* a zero weight mixes nothing in, even a NaN value */
 #pragma unroll
           for (int r = 0; r < bm; r++)
@@ -309,14 +310,14 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
  * work-group (1, 1, 1) — each work-item is an independent task.
  */
 #define FLASH_KERNEL_ARGS                                                                          \
-  __global const float *q, ulong q_off, ulong4 q_st, __global const float *kt,                    \
-      __global const float *vp, int n_pad, __global const float *k, ulong k_off, ulong4 k_st,      \
-      __global const float *v, ulong v_off, ulong4 v_st, __global const uchar *mask, ulong mask_off, \
+  __global const store_t *q, ulong q_off, ulong4 q_st, __global const float *kt,                  \
+      __global const float *vp, int n_pad, __global const store_t *k, ulong k_off, ulong4 k_st,    \
+      __global const store_t *v, ulong v_off, ulong4 v_st, __global const uchar *mask, ulong mask_off, \
       ulong4 mask_st, int has_mask, __global const float *bias, ulong bias_off, ulong4 bias_st,     \
       int has_bias, __global const int *kv_lens, int has_kv_lens, int q_heads, int kv_heads,        \
       int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS, __global const float *sinks,    \
       int has_sinks, int window_left, int window_right,                                             \
-      int split_keys, __global float *out, ulong out_off, ulong4 out_st, __global float *lse,       \
+      int split_keys, __global store_t *out, ulong out_off, ulong4 out_st, __global float *lse,     \
       ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS, __global float *part_o,             \
       __global float *part_lse, __global int *empty_flag
 #define FLASH_BODY_ARGS(direct, bm)                                                                   \
@@ -375,7 +376,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
   const int h = hk * group + tr / q_len, i = tr % q_len;
 
   float qr[DK], acc[DV];
-  for (int d = 0; d < DK; d++) qr[d] = q[ca_at(q_off, q_st, b, h, i, d)];
+  for (int d = 0; d < DK; d++) qr[d] = ca_load(q, ca_at(q_off, q_st, b, h, i, d));
   for (int c = 0; c < DV; c++) acc[c] = 0.0f;
   float m = -INFINITY, l = 0.0f, t_diag = 0.0f;
   int best = -1;
@@ -401,11 +402,11 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is consumed */
     for (int e = lid; e < FLASH_TILE * DK; e += FLASH_WG) {
       const int jj = e / DK, d = e % DK, j = j0 + jj;
-      k_tile[jj][d] = j < n_valid ? k[ca_at(k_off, k_st, b, hk, j, d)] : 0.0f;
+      k_tile[jj][d] = j < n_valid ? ca_load(k, ca_at(k_off, k_st, b, hk, j, d)) : 0.0f;
     }
     for (int e = lid; e < FLASH_TILE * DV; e += FLASH_WG) {
       const int jj = e / DV, c = e % DV, j = j0 + jj;
-      v_tile[jj][c] = j < n_valid ? v[ca_at(v_off, v_st, b, hk, j, c)] : 0.0f;
+      v_tile[jj][c] = j < n_valid ? ca_load(v, ca_at(v_off, v_st, b, hk, j, c)) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 

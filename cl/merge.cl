@@ -15,7 +15,7 @@
 __kernel void merge_states(__global const float *o, ulong o_off, ulong4 o_st, ulong o_state,
                            __global const float *lse, ulong lse_off, ulong4 lse_st, ulong lse_state,
                            int n_states, int value_dim,
-                           __global float *out, ulong out_off, ulong4 out_st,
+                           __global store_t *out, ulong out_off, ulong4 out_st,
                            __global float *lse_out, ulong lse_out_off, ulong4 lse_out_st, int want_lse,
                            __global const float *sinks, int has_sinks, __global int *empty_flag) {
   const int i = get_global_id(0), h = get_global_id(1), b = get_global_id(2);
@@ -38,7 +38,7 @@ __kernel void merge_states(__global const float *o, ulong o_off, ulong4 o_st, ul
       /* a state with weight 0 (lse -inf) adds nothing, whatever its O holds */
       if (w != 0.0f) acc += w * o[o_at + (ulong)s * o_state];
     }
-    out[ca_at(out_off, out_st, b, h, i, c)] = acc * inv;
+    ca_store(out, ca_at(out_off, out_st, b, h, i, c), acc * inv);
   }
   if (want_lse) lse_out[ca_at(lse_out_off, lse_out_st, b, h, i, 0)] = empty ? sink : m + log(total);
   if (empty) atomic_or(empty_flag, 1);

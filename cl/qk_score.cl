@@ -26,8 +26,8 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(SCORE_TN, SCORE_TM, 1)))
-void qk_score(__global const float *q, ulong q_off, ulong4 q_st,
-              __global const float *k, ulong k_off, ulong4 k_st,
+void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
+              __global const store_t *k, ulong k_off, ulong4 k_st,
               __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
               __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
               __global const int *kv_lens, int has_kv_lens,
@@ -54,12 +54,12 @@ void qk_score(__global const float *q, ulong q_off, ulong4 q_st,
     for (int t = lid; t < SCORE_TM * SCORE_TK; t += SCORE_TM * SCORE_TN) {
       int rr = t / SCORE_TK, dd = t % SCORE_TK;
       int qi = row0 + rr, d = d0 + dd;
-      q_tile[rr][dd] = (qi < row_end && d < head_dim) ? q[ca_at(q_off, q_st, b, h, qi, d)] : 0.0f;
+      q_tile[rr][dd] = (qi < row_end && d < head_dim) ? ca_load(q, ca_at(q_off, q_st, b, h, qi, d)) : 0.0f;
     }
     for (int t = lid; t < SCORE_TK * SCORE_TN; t += SCORE_TM * SCORE_TN) {
       int jj = t % SCORE_TN, dd = t / SCORE_TN;
       int kj = key0 + jj, d = d0 + dd;
-      k_tile[dd][jj] = (kj < kv_len && d < head_dim) ? k[ca_at(k_off, k_st, b, hk, kj, d)] : 0.0f;
+      k_tile[dd][jj] = (kj < kv_len && d < head_dim) ? ca_load(k, ca_at(k_off, k_st, b, hk, kj, d)) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int dd = 0; dd < SCORE_TK; dd++) acc += q_tile[ly][dd] * k_tile[dd][lx];

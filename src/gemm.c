@@ -31,15 +31,16 @@ typedef struct {
   size_t offset, stride_b, stride_h, ld;
 } operand;
 
-/* Whether a [B, H, S, D] view is a row-major matrix per (b, h) as it is. */
-static int gemm_ready(const clattn_tensor *t, int width) {
-  return t->stride[3] == 1 && t->stride[2] >= (size_t)width;
+/* Whether a [B, H, S, D] view is an f32 row-major matrix per (b, h) as it
+ * is; anything else is copied dense (and converted to f32) first. */
+static int gemm_ready(const clattn_tensor *t, int width, clattn_dtype dtype) {
+  return dtype == CLATTN_F32 && t->stride[3] == 1 && t->stride[2] >= (size_t)width;
 }
 
 /* Enqueues gemm_dense_copy of view t ([batch, heads, len, width]) into a new
  * dense buffer, zeroing rows past kv_lens when asked. */
-static clattn_status dense_copy(clattn_context *ctx, const clattn_tensor *t, int batch, int heads, int len,
-                                int width, cl_mem kv_lens, int zero_past, cl_uint n_wait, const cl_event *wait,
+static clattn_status dense_copy(clattn_context *ctx, const clattn_tensor *t, clattn_dtype dtype, int batch,
+                                int heads, int len, int width, cl_mem kv_lens, int zero_past, cl_uint n_wait, const cl_event *wait,
                                 cl_event *prev, operand *out) {
   clattn_status st = CLATTN_OK;
   cl_int err = CL_SUCCESS;
@@ -51,7 +52,8 @@ static clattn_status dense_copy(clattn_context *ctx, const clattn_tensor *t, int
   out->ld = (size_t)width;
   out->stride_h = (size_t)len * (size_t)width;
   out->stride_b = (size_t)heads * out->stride_h;
-  if ((st = ca_create_kernel(ctx->core, "gemm_dense_copy", &kernel))) goto fail;
+  cl_program core = NULL;
+  if ((st = ca_core_program(ctx, dtype, &core)) || (st = ca_create_kernel(core, "gemm_dense_copy", &kernel))) goto fail;
   ca_args a = {kernel, "gemm_dense_copy", 0, 0, CL_SUCCESS};
   ca_arg_view(&a, t);
   ca_arg_int(&a, heads);
@@ -132,9 +134,10 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
   operand q = view_operand(&p->q), k = view_operand(&p->k), v = view_operand(&p->v);
 
   if (done) *done = NULL;
-  if ((st = ca_create_kernel(ctx->core, "gemm_mask_scores", &mask)) ||
-      (st = ca_create_kernel(ctx->core, "softmax_rows", &softmax)) ||
-      (st = ca_create_kernel(ctx->core, "gemm_store_rows", &store)) || (st = ca_empty_flag_create(ctx, &empty_flag)))
+  cl_program core = NULL;
+  if ((st = ca_core_program(ctx, p->dtype, &core)) || (st = ca_create_kernel(core, "gemm_mask_scores", &mask)) ||
+      (st = ca_create_kernel(core, "softmax_rows", &softmax)) || (st = ca_create_kernel(core, "gemm_store_rows", &store)) ||
+      (st = ca_empty_flag_create(ctx, &empty_flag)))
     goto fail;
   size_t score_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len;
   size_t o_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->value_dim;
@@ -148,21 +151,21 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
     goto fail;
   }
   size_t copies = 0;
-  if (!gemm_ready(&p->q, p->head_dim)) {
-    if ((st = dense_copy(ctx, &p->q, p->batch, p->q_heads, p->q_len, p->head_dim, NULL, 0, n_wait, wait, &prev, &q)))
+  if (!gemm_ready(&p->q, p->head_dim, p->dtype)) {
+    if ((st = dense_copy(ctx, &p->q, p->dtype, p->batch, p->q_heads, p->q_len, p->head_dim, NULL, 0, n_wait, wait, &prev, &q)))
       goto fail;
     q_copy = q.buf;
     copies += (size_t)pairs * p->q_len * p->head_dim;
   }
-  if (!gemm_ready(&p->k, p->head_dim)) {
-    if ((st = dense_copy(ctx, &p->k, p->batch, p->kv_heads, p->kv_len, p->head_dim, NULL, 0, n_wait, wait, &prev,
+  if (!gemm_ready(&p->k, p->head_dim, p->dtype)) {
+    if ((st = dense_copy(ctx, &p->k, p->dtype, p->batch, p->kv_heads, p->kv_len, p->head_dim, NULL, 0, n_wait, wait, &prev,
                          &k)))
       goto fail;
     k_copy = k.buf;
     copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
   }
-  if (!gemm_ready(&p->v, p->value_dim) || plan->has_kv_lens) {
-    if ((st = dense_copy(ctx, &p->v, p->batch, p->kv_heads, p->kv_len, p->value_dim, p->kv_lens, plan->has_kv_lens,
+  if (!gemm_ready(&p->v, p->value_dim, p->dtype) || plan->has_kv_lens) {
+    if ((st = dense_copy(ctx, &p->v, p->dtype, p->batch, p->kv_heads, p->kv_len, p->value_dim, p->kv_lens, plan->has_kv_lens,
                          n_wait, wait, &prev, &v)))
       goto fail;
     v_copy = v.buf;

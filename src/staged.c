@@ -47,9 +47,9 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
   const ca_chunk chunk = ca_plan_chunks(p, ctx->scratch_budget);
 
   if (done) *done = NULL;
-  if ((st = ca_create_kernel(ctx->core, "qk_score", &score)) ||
-      (st = ca_create_kernel(ctx->core, "softmax_rows", &softmax)) ||
-      (st = ca_create_kernel(ctx->core, "mix_values", &mix)))
+  cl_program core = NULL;
+  if ((st = ca_core_program(ctx, p->dtype, &core)) || (st = ca_create_kernel(core, "qk_score", &score)) ||
+      (st = ca_create_kernel(core, "softmax_rows", &softmax)) || (st = ca_create_kernel(core, "mix_values", &mix)))
     goto fail;
 
   size_t scratch_bytes = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len * sizeof(float);

@@ -72,9 +72,6 @@ static clattn_status check_dims(const clattn_params *p) {
 static clattn_status check_enums(const clattn_params *p) {
   if (p->dtype != CLATTN_F32 && p->dtype != CLATTN_F16 && p->dtype != CLATTN_BF16)
     return BAD("dtype %d is not a clattn_dtype", (int)p->dtype);
-  if (p->dtype != CLATTN_F32)
-    return ca_fail(CLATTN_ERR_UNSUPPORTED, "dtype %s: only CLATTN_F32 storage is supported in this build",
-                   p->dtype == CLATTN_F16 ? "CLATTN_F16" : "CLATTN_BF16");
   if (p->empty_rows != CLATTN_EMPTY_ZERO && p->empty_rows != CLATTN_EMPTY_ERROR)
     return BAD("empty_rows %d is not a clattn_empty_rows", (int)p->empty_rows);
   if (p->algo < CLATTN_ALGO_AUTO || p->algo > CLATTN_ALGO_GEMM)
@@ -107,10 +104,11 @@ static clattn_status check_views(const clattn_params *p) {
       {"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}};
   for (size_t i = 0; i < 4; i++)
     if (!required[i].t->buf) return BAD("%s.buf is NULL (q, k, v and out are required)", required[i].name);
-  if ((st = check_view("q", &p->q, q_dims, 4, sizeof(float), 0))) return st;
-  if ((st = check_view("k", &p->k, k_dims, 4, sizeof(float), 0))) return st;
-  if ((st = check_view("v", &p->v, v_dims, 4, sizeof(float), 0))) return st;
-  if ((st = check_view("out", &p->out, o_dims, 4, sizeof(float), 1))) return st;
+  const size_t elem = p->dtype == CLATTN_F32 ? sizeof(float) : 2; /* f16 and bf16: 16 bits */
+  if ((st = check_view("q", &p->q, q_dims, 4, elem, 0))) return st;
+  if ((st = check_view("k", &p->k, k_dims, 4, elem, 0))) return st;
+  if ((st = check_view("v", &p->v, v_dims, 4, elem, 0))) return st;
+  if ((st = check_view("out", &p->out, o_dims, 4, elem, 1))) return st;
   if (p->mask.buf && (st = check_view("mask", &p->mask, s_dims, 4, 1, 0))) return st;
   if (p->bias.buf && (st = check_view("bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
   if (p->lse.buf && (st = check_view("lse", &p->lse, lse_dims, 3, sizeof(float), 1))) return st;
