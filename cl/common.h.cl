@@ -52,6 +52,11 @@ inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, long b, i
   return clamp(n, 0, kv_len);
 }
 
+/* The score before scaling: <q, k>, or with `additive` (Bahdanau) the sum
+ * over t of w_t tanh(q_t + k_t); add_w is f32 [head_dim]. */
+#define CA_SCORE_ARGS __global const float *add_w, int additive
+#define CA_SCORE_PASS add_w, additive
+
 /* Score shaping after scale * <q, k> (clattn.h's order): softcap, then the
  * bias and ALiBi's -slope_h |p_i - j| with p_i the bottom-right aligned
  * position. softcap 0 = off; alibi NULL when has_alibi is 0. */

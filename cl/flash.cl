@@ -156,7 +156,8 @@ inline float16 flash_value16(__global const float *vp, ulong vp_head, __global c
 inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
                        __global const float *kt, __global const float *vp, int n_pad,
                        __global const store_t *k, ulong k_off, ulong4 k_st,
-                       __global const store_t *v, ulong v_off, ulong4 v_st, const int direct, const int bm,
+                       __global const store_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS, const int direct,
+                       const int bm,
                        __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                        __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
                        __global const int *kv_lens, int has_kv_lens,
@@ -212,11 +213,19 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
 #pragma unroll
       for (int r = 0; r < bm; r++) sv[r] = (float16)(0.0f);
       __global const float *kt_block = kt + kt_head + j0;
-      for (int d = 0; d < DK; d++) {
-        const float16 kd = vload16(0, kt_block + (ulong)d * (ulong)n_pad);
+      if (additive)
+        for (int d = 0; d < DK; d++) {
+          const float16 kd = vload16(0, kt_block + (ulong)d * (ulong)n_pad);
+          const float16 wd = (float16)(add_w[d]);
 #pragma unroll
-        for (int r = 0; r < bm; r++) sv[r] = fma((float16)(qr[r][d]), kd, sv[r]);
-      }
+          for (int r = 0; r < bm; r++) sv[r] = fma(wd, tanh((float16)(qr[r][d]) + kd), sv[r]);
+        }
+      else
+        for (int d = 0; d < DK; d++) {
+          const float16 kd = vload16(0, kt_block + (ulong)d * (ulong)n_pad);
+#pragma unroll
+          for (int r = 0; r < bm; r++) sv[r] = fma((float16)(qr[r][d]), kd, sv[r]);
+        }
     } else {
       /* Scores as dot products with each key row read in place (DK % 16 == 0,
        * unit column stride); keys past kv_len are not read. */
@@ -227,7 +236,11 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
 #pragma unroll
         for (int r = 0; r < bm; r++) {
           float16 dot = (float16)(0.0f);
-          for (int d = 0; d < DK; d += 16) dot = fma(vload16(0, qr[r] + d), ca_load16(krow + d), dot);
+          if (additive)
+            for (int d = 0; d < DK; d += 16)
+              dot = fma(vload16(0, add_w + d), tanh(vload16(0, qr[r] + d) + ca_load16(krow + d)), dot);
+          else
+            for (int d = 0; d < DK; d += 16) dot = fma(vload16(0, qr[r] + d), ca_load16(krow + d), dot);
           e[r][jj] = flash_hsum(dot);
         }
       }
@@ -312,7 +325,8 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
 #define FLASH_KERNEL_ARGS                                                                          \
   __global const store_t *q, ulong q_off, ulong4 q_st, __global const float *kt,                  \
       __global const float *vp, int n_pad, __global const store_t *k, ulong k_off, ulong4 k_st,    \
-      __global const store_t *v, ulong v_off, ulong4 v_st, __global const uchar *mask, ulong mask_off, \
+      __global const store_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS,                           \
+      __global const uchar *mask, ulong mask_off,                                                    \
       ulong4 mask_st, int has_mask, __global const float *bias, ulong bias_off, ulong4 bias_st,     \
       int has_bias, __global const int *kv_lens, int has_kv_lens, int q_heads, int kv_heads,        \
       int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS, __global const float *sinks,    \
@@ -321,7 +335,8 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
       ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS, __global float *part_o,             \
       __global float *part_lse, __global int *empty_flag
 #define FLASH_BODY_ARGS(direct, bm)                                                                   \
-  q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, direct, bm, mask, mask_off, mask_st,  \
+  q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, CA_SCORE_PASS, direct, bm, mask,      \
+      mask_off, mask_st,                                                                            \
       has_mask, bias, bias_off, bias_st, has_bias, kv_lens, has_kv_lens, q_heads, kv_heads, group, \
       q_len, kv_len, scale, CA_SHAPE_PASS, sinks, has_sinks, window_left, window_right, split_keys, \
       out, out_off, out_st, lse,                                                                    \
@@ -419,7 +434,10 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
       float x = -INFINITY;
       if (allowed) {
         float dot = 0.0f;
-        for (int d = 0; d < DK; d++) dot += qr[d] * k_tile[jj][d];
+        if (additive)
+          for (int d = 0; d < DK; d++) dot += add_w[d] * tanh(qr[d] + k_tile[jj][d]);
+        else
+          for (int d = 0; d < DK; d++) dot += qr[d] * k_tile[jj][d];
         x = ca_shape(scale * dot, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, q_len, kv_len,
                      CA_SHAPE_PASS);
       }

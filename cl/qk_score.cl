@@ -27,7 +27,7 @@
 
 __kernel __attribute__((reqd_work_group_size(SCORE_TN, SCORE_TM, 1)))
 void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
-              __global const store_t *k, ulong k_off, ulong4 k_st,
+              __global const store_t *k, ulong k_off, ulong4 k_st, CA_SCORE_ARGS,
               __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
               __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
               __global const int *kv_lens, int has_kv_lens,
@@ -37,6 +37,7 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
               __global float *scores) {
   __local float q_tile[SCORE_TM][SCORE_TK];
   __local float k_tile[SCORE_TK][SCORE_TN];
+  __local float w_tile[SCORE_TK];
 
   const int lx = get_local_id(0), ly = get_local_id(1);
   const int j = get_global_id(0);
@@ -61,8 +62,12 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
       int kj = key0 + jj, d = d0 + dd;
       k_tile[dd][jj] = (kj < kv_len && d < head_dim) ? ca_load(k, ca_at(k_off, k_st, b, hk, kj, d)) : 0.0f;
     }
+    if (additive && lid < SCORE_TK) w_tile[lid] = d0 + lid < head_dim ? add_w[d0 + lid] : 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int dd = 0; dd < SCORE_TK; dd++) acc += q_tile[ly][dd] * k_tile[dd][lx];
+    if (additive)
+      for (int dd = 0; dd < SCORE_TK; dd++) acc += w_tile[dd] * tanh(q_tile[ly][dd] + k_tile[dd][lx]);
+    else
+      for (int dd = 0; dd < SCORE_TK; dd++) acc += q_tile[ly][dd] * k_tile[dd][lx];
     barrier(CLK_LOCAL_MEM_FENCE);
   }
 

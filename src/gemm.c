@@ -121,6 +121,44 @@ static clattn_status batched_gemm(clattn_context *ctx, int b_transposed, size_t 
   return CLATTN_OK;
 }
 
+/* S = Q K^T for a chunk by CLBlast, then gemm_mask_scores (scale, shaping,
+ * mask) in place. offsets: room for 3 x heads. */
+static clattn_status product_scores(clattn_context *ctx, cl_kernel mask, cl_mem scores, const clattn_params *p,
+                                    const ca_plan *plan, operand *q, operand *k, int bh0, int i0, int rows, int heads,
+                                    size_t *offsets, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
+  clattn_status st;
+  const size_t score_stride = (size_t)rows * (size_t)p->kv_len;
+  view_offsets(q, p, plan->group, 0, bh0, heads, (size_t)i0, offsets);
+  view_offsets(k, p, plan->group, 1, bh0, heads, 0, offsets + heads);
+  scratch_offsets(score_stride, heads, offsets + 2 * heads);
+  if ((st = batched_gemm(ctx, 1, (size_t)rows, (size_t)p->kv_len, (size_t)p->head_dim, q->buf, q->ld, k->buf, k->ld,
+                         scores, (size_t)p->kv_len, offsets, heads, "CLBlastSgemmBatched(Q K^T)", n_wait, wait,
+                         prev)))
+    return st;
+
+  ca_args a = {mask, "gemm_mask_scores", 0, 0, CL_SUCCESS};
+  ca_arg_mem(&a, scores);
+  ca_arg_view(&a, &p->mask);
+  ca_arg_int(&a, plan->has_mask);
+  ca_arg_view(&a, &p->bias);
+  ca_arg_int(&a, plan->has_bias);
+  ca_arg_mem(&a, p->kv_lens);
+  ca_arg_int(&a, plan->has_kv_lens);
+  ca_arg_int(&a, p->q_heads);
+  ca_arg_int(&a, p->q_len);
+  ca_arg_int(&a, p->kv_len);
+  ca_arg_float(&a, plan->scale);
+  ca_arg_shape(&a, p);
+  ca_arg_int(&a, plan->window_left);
+  ca_arg_int(&a, plan->window_right);
+  ca_arg_int(&a, bh0);
+  ca_arg_int(&a, i0);
+  ca_arg_int(&a, rows);
+  if ((st = ca_args_done(&a))) return st;
+  const size_t mask_global[3] = {(size_t)p->kv_len, (size_t)rows, (size_t)heads};
+  return ca_enqueue(ctx, mask, "gemm_mask_scores", 3, mask_global, NULL, n_wait, wait, prev);
+}
+
 clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
                               const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
@@ -135,7 +173,10 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
 
   if (done) *done = NULL;
   cl_program core = NULL;
-  if ((st = ca_core_program(ctx, p->dtype, &core)) || (st = ca_create_kernel(core, "gemm_mask_scores", &mask)) ||
+  /* Additive scores are no matrix product: qk_score computes them, shaped and masked. */
+  const int additive = p->score == CLATTN_SCORE_ADDITIVE;
+  if ((st = ca_core_program(ctx, p->dtype, &core)) ||
+      (st = ca_create_kernel(core, additive ? "qk_score" : "gemm_mask_scores", &mask)) ||
       (st = ca_create_kernel(core, "softmax_rows", &softmax)) || (st = ca_create_kernel(core, "gemm_store_rows", &store)) ||
       (st = ca_empty_flag_create(ctx, &empty_flag)))
     goto fail;
@@ -151,13 +192,13 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
     goto fail;
   }
   size_t copies = 0;
-  if (!gemm_ready(&p->q, p->head_dim, p->dtype)) {
+  if (!additive && !gemm_ready(&p->q, p->head_dim, p->dtype)) {
     if ((st = dense_copy(ctx, &p->q, p->dtype, p->batch, p->q_heads, p->q_len, p->head_dim, NULL, 0, n_wait, wait, &prev, &q)))
       goto fail;
     q_copy = q.buf;
     copies += (size_t)pairs * p->q_len * p->head_dim;
   }
-  if (!gemm_ready(&p->k, p->head_dim, p->dtype)) {
+  if (!additive && !gemm_ready(&p->k, p->head_dim, p->dtype)) {
     if ((st = dense_copy(ctx, &p->k, p->dtype, p->batch, p->kv_heads, p->kv_len, p->head_dim, NULL, 0, n_wait, wait, &prev,
                          &k)))
       goto fail;
@@ -178,35 +219,11 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
     for (int i0 = 0; i0 < p->q_len; i0 += chunk.rows) {
       const int rows = chunk.rows < p->q_len - i0 ? chunk.rows : p->q_len - i0;
       const size_t score_stride = (size_t)rows * (size_t)p->kv_len;
-      view_offsets(&q, p, plan->group, 0, bh0, heads, (size_t)i0, offsets);
-      view_offsets(&k, p, plan->group, 1, bh0, heads, 0, offsets + heads);
-      scratch_offsets(score_stride, heads, offsets + 2 * heads);
-      if ((st = batched_gemm(ctx, 1, (size_t)rows, (size_t)p->kv_len, (size_t)p->head_dim, q.buf, q.ld, k.buf, k.ld,
-                             scores, (size_t)p->kv_len, offsets, heads, "CLBlastSgemmBatched(Q K^T)", n_wait, wait,
-                             &prev)))
-        goto fail;
-
-      ca_args a = {mask, "gemm_mask_scores", 0, 0, CL_SUCCESS};
-      ca_arg_mem(&a, scores);
-      ca_arg_view(&a, &p->mask);
-      ca_arg_int(&a, plan->has_mask);
-      ca_arg_view(&a, &p->bias);
-      ca_arg_int(&a, plan->has_bias);
-      ca_arg_mem(&a, p->kv_lens);
-      ca_arg_int(&a, plan->has_kv_lens);
-      ca_arg_int(&a, p->q_heads);
-      ca_arg_int(&a, p->q_len);
-      ca_arg_int(&a, p->kv_len);
-      ca_arg_float(&a, plan->scale);
-      ca_arg_shape(&a, p);
-      ca_arg_int(&a, plan->window_left);
-      ca_arg_int(&a, plan->window_right);
-      ca_arg_int(&a, bh0);
-      ca_arg_int(&a, i0);
-      ca_arg_int(&a, rows);
-      if ((st = ca_args_done(&a))) goto fail;
-      const size_t mask_global[3] = {(size_t)p->kv_len, (size_t)rows, (size_t)heads};
-      if ((st = ca_enqueue(ctx, mask, "gemm_mask_scores", 3, mask_global, NULL, n_wait, wait, &prev))) goto fail;
+      if (additive)
+        st = ca_enqueue_qk_score(ctx, mask, scores, p, plan, bh0, i0, rows, heads, n_wait, wait, &prev);
+      else
+        st = product_scores(ctx, mask, scores, p, plan, &q, &k, bh0, i0, rows, heads, offsets, n_wait, wait, &prev);
+      if (st) goto fail;
 
       if ((st = ca_enqueue_softmax(ctx, softmax, scores, p, plan, bh0, i0, rows, heads, empty_flag, n_wait, wait,
                                    &prev)))

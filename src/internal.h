@@ -128,6 +128,8 @@ void ca_arg_view(ca_args *a, const clattn_tensor *t); /* buffer, offset, stride 
 void ca_arg_diag(ca_args *a, const clattn_params *p, int diag);
 /* The score shaping's arguments (common.h.cl's CA_SHAPE_ARGS): softcap, ALiBi slopes. */
 void ca_arg_shape(ca_args *a, const clattn_params *p);
+/* The score's form (common.h.cl's CA_SCORE_ARGS): additive_w, additive. */
+void ca_arg_score(ca_args *a, const clattn_params *p);
 /* Sinks: the buffer and whether it is there. */
 void ca_arg_sinks(ca_args *a, const clattn_params *p);
 clattn_status ca_args_done(const ca_args *a);
@@ -183,6 +185,11 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
                                cl_uint n_wait, const cl_event *wait, cl_event *done);
 clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                               cl_uint n_wait, const cl_event *wait, cl_event *done);
+/* Enqueues qk_score for a chunk (heads x rows x N scores: scaled, shaped,
+ * masked) (staged, and GEMM for additive scores). */
+clattn_status ca_enqueue_qk_score(clattn_context *ctx, cl_kernel score, cl_mem scores, const clattn_params *p,
+                                  const ca_plan *plan, int bh0, int i0, int rows, int heads, cl_uint n_wait,
+                                  const cl_event *wait, cl_event *prev);
 /* Enqueues softmax_rows over a chunk of scores (heads x rows x N, in place)
  * with the call's lse, weights and diagnostics outputs (staged and GEMM). */
 clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem scores, const clattn_params *p,

@@ -41,6 +41,11 @@ void ca_arg_shape(ca_args *a, const clattn_params *p) {
   ca_arg_int(a, p->alibi_slopes != NULL);
 }
 
+void ca_arg_score(ca_args *a, const clattn_params *p) {
+  ca_arg_mem(a, p->additive_w);
+  ca_arg_int(a, p->score == CLATTN_SCORE_ADDITIVE);
+}
+
 void ca_arg_sinks(ca_args *a, const clattn_params *p) {
   ca_arg_mem(a, p->sinks);
   ca_arg_int(a, p->sinks != NULL);

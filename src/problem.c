@@ -228,12 +228,12 @@ char *cp_describe(const cp_shape *s, char *buf, size_t n)
   snprintf(buf, n,
            "B=%d Hq=%d Hkv=%d M=%d N=%d dk=%d dv=%d scale=%s causal=%d win=[%d,%d] "
            "%s pad=%zu gap=%zu kv_lens=%d mask=%s/%u bias=%s(%g)/%u lse=%d weights=%d "
-           "diag=%d softcap=%g alibi=%d sinks=%d empty=%s algo=%s seed=%llu",
+           "diag=%d softcap=%g alibi=%d sinks=%d additive=%d dtype=%d empty=%s algo=%s seed=%llu",
            s->batch, s->q_heads, s->kv_heads, s->q_len, s->kv_len, s->head_dim,
            s->value_dim, sc, s->causal, s->window_left, s->window_right,
            s->layout == CP_BSHD ? "bshd" : "bhsd", s->pad, s->row_gap, s->kv_lens,
            mask_name(s->mask), s->mask_bcast, bias_name(s->bias), s->bias_amp,
-           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag, (double)s->softcap, s->alibi, s->sinks,
+           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag, (double)s->softcap, s->alibi, s->sinks, s->additive, (int)s->dtype,
            s->empty_rows == CLATTN_EMPTY_ERROR ? "error" : "zero",
            clattn_algo_name(s->algo), (unsigned long long)s->seed);
   return buf;
@@ -344,6 +344,7 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
   p->empty_rows = s->empty_rows;
   p->algo = s->algo;
   p->softcap = s->softcap;
+  p->score = s->additive ? CLATTN_SCORE_ADDITIVE : CLATTN_SCORE_DOT;
 
   pb->q_elems = make_view(&p->q, s->layout, s->pad, s->row_gap, B, Hq, M, dk);
   pb->k_elems = make_view(&p->k, s->layout, s->pad, s->row_gap, B, Hk, N, dk);
@@ -406,6 +407,8 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
     ok &= !!(pb->alibi_slopes = xcalloc((size_t)Hq, sizeof(float)));
   if (s->sinks)
     ok &= !!(pb->sinks = xcalloc((size_t)Hq, sizeof(float)));
+  if (s->additive)
+    ok &= !!(pb->additive_w = xcalloc((size_t)dk, sizeof(float)));
   if (!ok) {
     set_err(err, errlen, "cp_build: out of memory");
     cp_free(pb);
@@ -468,6 +471,8 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
   if (pb->kv_lens)
     for (int b = 0; b < B; b++)
       pb->kv_lens[b] = 1 + (int32_t)(rng_next(&g) % (uint64_t)N);
+  for (int d = 0; pb->additive_w && d < dk; d++)
+    pb->additive_w[d] = rng_sym(&g, 1.0);
   for (int h = 0; h < Hq; h++) {
     if (pb->alibi_slopes)
       pb->alibi_slopes[h] = (float)pow(2.0, -8.0 * (h + 1) / Hq);
@@ -502,6 +507,7 @@ void cp_free(cp_problem *pb)
   release_mem(&pb->kv_lens_buf);
   release_mem(&pb->alibi_buf);
   release_mem(&pb->sinks_buf);
+  release_mem(&pb->additive_w_buf);
   release_mem(&pb->entropy_buf);
   release_mem(&pb->max_weight_buf);
   release_mem(&pb->argmax_buf);
@@ -522,6 +528,7 @@ void cp_free(cp_problem *pb)
   free(pb->kv_lens);
   free(pb->alibi_slopes);
   free(pb->sinks);
+  free(pb->additive_w);
   free(pb->out_raw);
   free(pb->lse_raw);
   free(pb->weights_raw);
@@ -545,6 +552,7 @@ ref_inputs cp_ref_inputs(const cp_problem *pb)
   in.kv_lens = pb->kv_lens;
   in.alibi_slopes = pb->alibi_slopes;
   in.sinks = pb->sinks;
+  in.additive_w = pb->additive_w;
   return in;
 }
 
@@ -693,7 +701,8 @@ int cp_write_inputs(cp_problem *pb)
       write_buf(pb, pb->kv_lens_buf, (size_t)pb->params.batch * sizeof(int32_t), pb->kv_lens,
                 "kv_lens") ||
       write_buf(pb, pb->alibi_buf, (size_t)pb->params.q_heads * sizeof(float), pb->alibi_slopes, "alibi") ||
-      write_buf(pb, pb->sinks_buf, (size_t)pb->params.q_heads * sizeof(float), pb->sinks, "sinks"))
+      write_buf(pb, pb->sinks_buf, (size_t)pb->params.q_heads * sizeof(float), pb->sinks, "sinks") ||
+      write_buf(pb, pb->additive_w_buf, (size_t)pb->params.head_dim * sizeof(float), pb->additive_w, "additive_w"))
     return -1;
   return 0;
 }
@@ -730,6 +739,9 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
   if (pb->sinks && create_buf(pb, &pb->sinks_buf, ro, (size_t)pb->params.q_heads * sizeof(float), pb->sinks,
                               "sinks"))
     goto fail;
+  if (pb->additive_w && create_buf(pb, &pb->additive_w_buf, ro, (size_t)pb->params.head_dim * sizeof(float),
+                                   pb->additive_w, "additive_w"))
+    goto fail;
   if (pb->lse_elems && create_buf(pb, &pb->lse_buf, rw, pb->lse_elems * sizeof(float), NULL, "lse"))
     goto fail;
   if (pb->weights_elems &&
@@ -751,6 +763,7 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
   p->kv_lens = pb->kv_lens_buf;
   p->alibi_slopes = pb->alibi_buf;
   p->sinks = pb->sinks_buf;
+  p->additive_w = pb->additive_w_buf;
   p->lse.buf = pb->lse_buf;
   p->weights.buf = pb->weights_buf;
   p->entropy.buf = pb->entropy_buf;
@@ -770,6 +783,7 @@ fail:
   release_mem(&pb->kv_lens_buf);
   release_mem(&pb->alibi_buf);
   release_mem(&pb->sinks_buf);
+  release_mem(&pb->additive_w_buf);
   release_mem(&pb->entropy_buf);
   release_mem(&pb->max_weight_buf);
   release_mem(&pb->argmax_buf);

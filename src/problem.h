@@ -82,6 +82,7 @@ typedef struct {
   float softcap;                  /* 0 = off */
   int alibi;                      /* ALiBi slopes: the standard 2^(-8 (h+1) / Hq) */
   int sinks;                      /* a random sink logit per head in [-1, 3] */
+  int additive;                   /* CLATTN_SCORE_ADDITIVE with random weights w in [-1, 1] */
   clattn_empty_rows empty_rows;
   clattn_algo algo;
   int poison_gaps;                /* NaN in every input element no view reads */
@@ -98,6 +99,7 @@ typedef struct {
   unsigned char *mask;
   int32_t *kv_lens;
   float *alibi_slopes, *sinks;    /* [Hq] each, NULL when absent */
+  float *additive_w;              /* [head_dim], NULL unless additive */
   size_t q_elems, k_elems, v_elems, mask_elems, bias_elems;
   size_t out_elems, lse_elems, weights_elems;   /* whole output buffers */
   size_t diag_elems;              /* each of entropy, max_weight, argmax (viewed like lse) */
@@ -124,7 +126,7 @@ typedef struct {
   cl_command_queue queue;
   cl_mem q_buf, k_buf, v_buf, out_buf, mask_buf, bias_buf, lse_buf, weights_buf, kv_lens_buf;
   cl_mem entropy_buf, max_weight_buf, argmax_buf;
-  cl_mem alibi_buf, sinks_buf;
+  cl_mem alibi_buf, sinks_buf, additive_w_buf;
 
   char err[512];                  /* the last harness failure */
 } cp_problem;

@@ -59,8 +59,10 @@ double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int
 {
   const int g = h / (p->q_heads / p->kv_heads);
   double dot = 0.0;
-  for (int d = 0; d < p->head_dim; d++)
-    dot += (double)in->q[view_index(&p->q, b, h, i, d)] * (double)in->k[view_index(&p->k, b, g, j, d)];
+  for (int d = 0; d < p->head_dim; d++) {
+    const double qd = in->q[view_index(&p->q, b, h, i, d)], kd = in->k[view_index(&p->k, b, g, j, d)];
+    dot += in->additive_w ? (double)in->additive_w[d] * tanh(qd + kd) : qd * kd;
+  }
   double sc = ref_scale(p) * dot;
   if (p->softcap > 0.0f)
     sc = (double)p->softcap * tanh(sc / (double)p->softcap);

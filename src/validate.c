@@ -83,9 +83,9 @@ static clattn_status check_enums(const clattn_params *p) {
     return BAD("softcap must be 0 (off) or positive and finite (got %g)", (double)p->softcap);
   if (p->score != CLATTN_SCORE_DOT && p->score != CLATTN_SCORE_ADDITIVE)
     return BAD("score %d is not a clattn_score", (int)p->score);
-  if (p->score == CLATTN_SCORE_ADDITIVE)
-    return ca_fail(CLATTN_ERR_UNSUPPORTED, "score: CLATTN_SCORE_ADDITIVE is not supported in this build");
-  if (p->additive_w) return BAD("additive_w is set but score is CLATTN_SCORE_DOT");
+  if (p->score == CLATTN_SCORE_ADDITIVE && !p->additive_w)
+    return BAD("additive_w is NULL: CLATTN_SCORE_ADDITIVE needs the weights w (f32 [head_dim])");
+  if (p->score == CLATTN_SCORE_DOT && p->additive_w) return BAD("additive_w is set but score is CLATTN_SCORE_DOT");
   if (p->cu_seqlens_q || p->cu_seqlens_k)
     return ca_fail(CLATTN_ERR_UNSUPPORTED, "cu_seqlens_q/cu_seqlens_k: packed variable-length batches are not "
                                            "supported in this build");
@@ -125,6 +125,9 @@ static clattn_status check_views(const clattn_params *p) {
   const clattn_tensor alibi = {p->alibi_slopes, 0, {1, 0, 0, 0}}, sinks = {p->sinks, 0, {1, 0, 0, 0}};
   if (p->alibi_slopes && (st = check_view("alibi_slopes", &alibi, h_dims, 1, sizeof(float), 0))) return st;
   if (p->sinks && (st = check_view("sinks", &sinks, h_dims, 1, sizeof(float), 0))) return st;
+  const int d_dims[] = {p->head_dim};
+  const clattn_tensor w = {p->additive_w, 0, {1, 0, 0, 0}};
+  if (p->additive_w && (st = check_view("additive_w", &w, d_dims, 1, sizeof(float), 0))) return st;
   return CLATTN_OK;
 }
 

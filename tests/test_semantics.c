@@ -213,6 +213,42 @@ static void score_shaping_matches_reference(void)
   }
 }
 
+/* Additive (Bahdanau) scores s_ij = scale sum_t w_t tanh(q_it + k_jt) on
+ * every algorithm (prefill and decode, head dims with and without a multiple
+ * of 16), and one closed-form case. */
+static void additive_scoring_matches_reference(void)
+{
+  for (int variant = 0; variant < 3; variant++) {
+    cp_shape s = cp_shape_default();
+    s.q_heads = 4; s.kv_heads = 2; s.additive = 1; s.want_lse = 1; s.want_diag = 1; s.poison_disallowed = 1;
+    s.seed = 60 + (uint64_t)variant;
+    if (variant == 0) { s.q_len = 37; s.kv_len = 53; s.head_dim = 40; s.value_dim = 24; s.causal = 1; s.mask = CP_MASK_RANDOM; }
+    if (variant == 1) { s.q_len = 1; s.kv_len = 700; s.head_dim = 64; s.value_dim = 32; s.kv_lens = 1; }
+    if (variant == 2) { s.q_len = 129; s.kv_len = 17; s.head_dim = 7; s.value_dim = 5; s.layout = CP_BSHD; s.pad = 2; }
+    cp_problem *pb;
+    KC_BUILD(pb, &s);
+    for (size_t a = 0; a < KC_NALGOS; a++)
+      KC_RUN_OK(pb, kc_algos[a], 1e-5);
+    cp_free(pb);
+  }
+  /* one query, two keys, d = 1: weights softmax(scale w tanh(q + k_j)) */
+  cp_shape s = cp_shape_default();
+  s.q_len = 1; s.kv_len = 2; s.head_dim = 1; s.value_dim = 1; s.additive = 1; s.scale = 2.0f; s.want_weights = 1;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  const clattn_params *p = &pb->params;
+  pb->q[cp_index(&p->q, 0, 0, 0, 0)] = 0.5f;
+  pb->k[cp_index(&p->k, 0, 0, 0, 0)] = 0.25f;
+  pb->k[cp_index(&p->k, 0, 0, 1, 0)] = -1.0f;
+  pb->additive_w[0] = 1.5f;
+  const double s0 = 2.0 * 1.5 * tanh(0.75), s1 = 2.0 * 1.5 * tanh(-0.5);
+  const double w0 = 1.0 / (1.0 + exp(s1 - s0));
+  for (size_t a = 0; a < KC_NALGOS; a++)
+    if (KC_RUN_OK(pb, kc_algos[a], 1e-5) > 0)
+      CHECK_CLOSE(pb->weights[0], w0, 1e-6);
+  cp_free(pb);
+}
+
 /* ALiBi with scale 0: a_j proportional to exp(-slope |p - j|), closed form. */
 static void alibi_alone_gives_closed_form_weights(void)
 {
@@ -887,6 +923,7 @@ int main(int argc, char **argv)
     CT_TEST(route_diagnostics_of_one_hot_tied_and_empty_rows),
     CT_TEST(score_shaping_matches_reference),
     CT_TEST(alibi_alone_gives_closed_form_weights),
+    CT_TEST(additive_scoring_matches_reference),
     CT_TEST(sinks_share_the_denominator_and_fill_empty_rows),
     CT_TEST(paired_permutation_leaves_output),
     CT_TEST(masked_candidates_nan_changes_nothing),
