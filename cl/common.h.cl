@@ -6,6 +6,33 @@
  * indexed [batch, head, row, column]. All index arithmetic is 64-bit.
  */
 
+/* Storage of q, k, v and out: -D CA_DTYPE 0 f32, 1 f16 (vload_half /
+ * vstore_half_rte, core OpenCL 1.2), 2 bf16 (16-bit patterns, stored with
+ * round-to-nearest-even). Arithmetic is f32 throughout. */
+#ifndef CA_DTYPE
+#define CA_DTYPE 0
+#endif
+#if CA_DTYPE == 0
+typedef float store_t;
+inline float ca_load(__global const store_t *p, ulong i) { return p[i]; }
+inline void ca_store(__global store_t *p, ulong i, float v) { p[i] = v; }
+inline float16 ca_load16(__global const store_t *p) { return vload16(0, p); }
+#elif CA_DTYPE == 1
+typedef half store_t;
+inline float ca_load(__global const store_t *p, ulong i) { return vload_half(0, p + i); }
+inline void ca_store(__global store_t *p, ulong i, float v) { vstore_half_rte(v, 0, p + i); }
+inline float16 ca_load16(__global const store_t *p) { return vload_half16(0, p); }
+#else
+typedef ushort store_t;
+inline float ca_load(__global const store_t *p, ulong i) { return as_float((uint)p[i] << 16); }
+inline void ca_store(__global store_t *p, ulong i, float v) {
+  uint u = as_uint(v);
+  u = isnan(v) ? 0x7fc00000u : u + 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+  p[i] = (ushort)(u >> 16);
+}
+inline float16 ca_load16(__global const store_t *p) { return as_float16(convert_uint16(vload16(0, p)) << 16); }
+#endif
+
 /* Element index of [b, h, r, c] in a view. */
 inline ulong ca_at(ulong offset, ulong4 stride, long b, long h, long r, long c) {
   return offset + (ulong)b * stride.s0 + (ulong)h * stride.s1 + (ulong)r * stride.s2 + (ulong)c * stride.s3;
@@ -25,6 +52,25 @@ inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, long b, i
   return clamp(n, 0, kv_len);
 }
 
+/* The score before scaling: <q, k>, or with `additive` (Bahdanau) the sum
+ * over t of w_t tanh(q_t + k_t); add_w is f32 [head_dim]. */
+#define CA_SCORE_ARGS __global const float *add_w, int additive
+#define CA_SCORE_PASS add_w, additive
+
+/* Score shaping after scale * <q, k> (clattn.h's order): softcap, then the
+ * bias and ALiBi's -slope_h |p_i - j| with p_i the bottom-right aligned
+ * position. softcap 0 = off; alibi NULL when has_alibi is 0. */
+#define CA_SHAPE_ARGS float softcap, __global const float *alibi, int has_alibi
+#define CA_SHAPE_PASS softcap, alibi, has_alibi
+inline float ca_softcap(float s, float softcap) { return softcap > 0.0f ? softcap * tanh(s / softcap) : s; }
+inline float ca_alibi(long i, long j, int q_len, int kv_len, float slope) {
+  return -slope * (float)abs((long)(i + (long)kv_len - (long)q_len) - j);
+}
+inline float ca_shape(float s, float bias_ij, long h, long i, long j, int q_len, int kv_len, CA_SHAPE_ARGS) {
+  s = ca_softcap(s, softcap) + bias_ij;
+  return has_alibi ? s + ca_alibi(i, j, q_len, kv_len, alibi[h]) : s;
+}
+
 /* Route diagnostics (bits of `diag`) and where a row's go. */
 #define CA_DIAG_ENTROPY 1
 #define CA_DIAG_MAX_WEIGHT 2
@@ -35,13 +81,18 @@ inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, long b, i
 
 #define CA_DIAG_PASS entropy, ent_off, ent_st, max_weight, mw_off, mw_st, argmax, am_off, am_st, diag
 
-/* Writes row (b, h, i)'s diagnostics from its softmax state: l = sum_j
- * exp(s_j - m) and t = sum_j exp(s_j - m) (s_j - m) over the allowed keys,
- * so entropy = log(l) - t / l and max_weight = exp(0) / l. l = 0: empty row. */
-inline void ca_store_diag(float l, float t, int best, long b, long h, long i, CA_DIAG_ARGS) {
-  const bool empty = l == 0.0f;
-  if (diag & CA_DIAG_ENTROPY) entropy[ca_at(ent_off, ent_st, b, h, i, 0)] = empty ? 0.0f : log(l) - t / l;
-  if (diag & CA_DIAG_MAX_WEIGHT) max_weight[ca_at(mw_off, mw_st, b, h, i, 0)] = empty ? 0.0f : 1.0f / l;
+/* Writes row (b, h, i)'s diagnostics from its softmax state, relative to a
+ * reference m: l_keys = sum_j e_j and t = sum_j e_j (s_j - m) over the
+ * allowed keys (e_j = exp(s_j - m)), l the whole denominator (l_keys, plus
+ * a sink's term), top = exp(max_j s_j - m). With a_j = e_j / l:
+ *   entropy = -sum_j a_j log a_j = (l_keys / l) log(l) - t / l,
+ *   max_weight = top / l.   empty: no allowed key (a sink far above every
+ * key can make l_keys underflow to 0 in a row that is not empty). */
+inline void ca_store_diag(bool empty, float l_keys, float l, float t, float top, int best, long b, long h, long i,
+                          CA_DIAG_ARGS) {
+  if (diag & CA_DIAG_ENTROPY)
+    entropy[ca_at(ent_off, ent_st, b, h, i, 0)] = empty ? 0.0f : l_keys / l * log(l) - t / l;
+  if (diag & CA_DIAG_MAX_WEIGHT) max_weight[ca_at(mw_off, mw_st, b, h, i, 0)] = empty ? 0.0f : top / l;
   if (diag & CA_DIAG_ARGMAX) argmax[ca_at(am_off, am_st, b, h, i, 0)] = empty ? -1 : best;
 }
 

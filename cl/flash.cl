@@ -51,8 +51,8 @@
  *   kt[bh][d][j] = k[b, hk, j, d]     vp[bh][j][c] = v[b, hk, j, c] (c < DV, else 0)
  * NDRange: (n_pad, batch * kv_heads); any work-group shape.
  */
-__kernel void flash_pack(__global const float *k, ulong k_off, ulong4 k_st,
-                         __global const float *v, ulong v_off, ulong4 v_st,
+__kernel void flash_pack(__global const store_t *k, ulong k_off, ulong4 k_st,
+                         __global const store_t *v, ulong v_off, ulong4 v_st,
                          __global const int *kv_lens, int has_kv_lens,
                          int kv_heads, int kv_len, int n_pad,
                          __global float *kt, __global float *vp) {
@@ -63,9 +63,9 @@ __kernel void flash_pack(__global const float *k, ulong k_off, ulong4 k_st,
   const bool valid = j < ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
   __global float *kt_head = kt + (ulong)bh * DK * (ulong)n_pad;
   for (int d = 0; d < DK; d++)
-    kt_head[(ulong)d * (ulong)n_pad + j] = valid ? k[ca_at(k_off, k_st, b, hk, j, d)] : 0.0f;
+    kt_head[(ulong)d * (ulong)n_pad + j] = valid ? ca_load(k, ca_at(k_off, k_st, b, hk, j, d)) : 0.0f;
   __global float *vp_row = vp + ((ulong)bh * (ulong)n_pad + (ulong)j) * DVP;
-  for (int c = 0; c < DVP; c++) vp_row[c] = (valid && c < DV) ? v[ca_at(v_off, v_st, b, hk, j, c)] : 0.0f;
+  for (int c = 0; c < DVP; c++) vp_row[c] = (valid && c < DV) ? ca_load(v, ca_at(v_off, v_st, b, hk, j, c)) : 0.0f;
 }
 
 /* The key range [lo, hi] that row (h, i) may see: window and kv_lens. */
@@ -95,23 +95,30 @@ inline float flash_hsum(float16 x) {
 /* Finishes one row: O = acc / l and lse = m + log(l) to the outputs, or to
  * split `split`'s partial state when the keys were split. l = 0 means no
  * allowed key: O = 0, lse = -INFINITY, and the empty-row flag is raised. */
-inline void flash_store_row(const float *acc, float m, float l, float t, int best, int b, int h, int i, int q_heads,
-                            int kv_heads, int q_len, int split, int n_splits, __global float *out, ulong out_off,
-                            ulong4 out_st, __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
-                            CA_DIAG_ARGS, __global float *part_o, __global float *part_lse,
+inline void flash_store_row(const float *acc, float m, float l, float t, int best, float sink, int b, int h, int i,
+                            int q_heads, int kv_heads, int q_len, int split, int n_splits, __global store_t *out,
+                            ulong out_off, ulong4 out_st, __global float *lse, ulong lse_off, ulong4 lse_st,
+                            int want_lse, CA_DIAG_ARGS, __global float *part_o, __global float *part_lse,
                             __global int *empty_flag) {
   const bool empty = l == 0.0f;
-  const float inv = empty ? 0.0f : 1.0f / l;
-  const float row_lse = empty ? -INFINITY : m + log(l);
+  /* The sink (-INFINITY: none) joins as one more logit without a value:
+   * folded here, or by the merge when the keys were split. */
+  if (n_splits > 1) sink = -INFINITY;
+  const float m_f = ca_max_nan(m, sink);
+  const float alpha = empty ? 0.0f : exp(m - m_f);
+  const float l_keys = l * alpha;
+  const float l_f = sink == -INFINITY ? l_keys : l_keys + exp(sink - m_f);
+  const float inv = empty ? 0.0f : alpha / l_f;
+  const float row_lse = empty ? sink : m_f + log(l_f);
   if (n_splits > 1) {
     const ulong rows_total = (ulong)(get_global_size(1) / kv_heads) * (ulong)q_heads * (ulong)q_len;
     const ulong part = (ulong)split * rows_total + ((ulong)b * q_heads + h) * (ulong)q_len + i;
     for (int c = 0; c < DV; c++) part_o[part * DV + c] = acc[c] * inv;
     part_lse[part] = row_lse;
   } else {
-    for (int c = 0; c < DV; c++) out[ca_at(out_off, out_st, b, h, i, c)] = acc[c] * inv;
+    for (int c = 0; c < DV; c++) ca_store(out, ca_at(out_off, out_st, b, h, i, c), acc[c] * inv);
     if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = row_lse;
-    if (diag) ca_store_diag(l, t, best, b, h, i, CA_DIAG_PASS);
+    if (diag) ca_store_diag(empty, l_keys, l_f, empty ? 0.0f : alpha * (t + l * (m - m_f)), alpha, best, b, h, i, CA_DIAG_PASS);
     if (empty) atomic_or(empty_flag, 1);
   }
 }
@@ -131,10 +138,11 @@ inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_old, fl
   }
 }
 
-/* Value row j of KV head (b, hk): packed (DVP floats per row) or in place. */
-inline __global const float *flash_value_row(__global const float *vp, ulong vp_head, __global const float *v,
-                                             ulong v_off, ulong4 v_st, int direct, int b, int hk, int j) {
-  return direct ? v + ca_at(v_off, v_st, b, hk, j, 0) : vp + vp_head + (ulong)j * DVP;
+/* Columns c .. c+15 of value row j of KV head (b, hk): packed (DVP floats
+ * per row) or read in place. */
+inline float16 flash_value16(__global const float *vp, ulong vp_head, __global const store_t *v, ulong v_off,
+                             ulong4 v_st, int direct, int b, int hk, int j, int c) {
+  return direct ? ca_load16(v + ca_at(v_off, v_st, b, hk, j, c)) : vload16(0, vp + vp_head + (ulong)j * DVP + c);
 }
 
 /*
@@ -145,16 +153,18 @@ inline __global const float *flash_value_row(__global const float *vp, ulong vp_
  * `direct` and `bm` are constants at each call, so each kernel compiles to
  * one branch with its row loops unrolled and its accumulators in registers.
  */
-inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
+inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
                        __global const float *kt, __global const float *vp, int n_pad,
-                       __global const float *k, ulong k_off, ulong4 k_st,
-                       __global const float *v, ulong v_off, ulong4 v_st, const int direct, const int bm,
+                       __global const store_t *k, ulong k_off, ulong4 k_st,
+                       __global const store_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS, const int direct,
+                       const int bm,
                        __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                        __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
                        __global const int *kv_lens, int has_kv_lens,
                        int q_heads, int kv_heads, int group, int q_len, int kv_len,
-                       float scale, int window_left, int window_right, int split_keys,
-                       __global float *out, ulong out_off, ulong4 out_st,
+                       float scale, CA_SHAPE_ARGS, __global const float *sinks, int has_sinks,
+                       int window_left, int window_right, int split_keys,
+                       __global store_t *out, ulong out_off, ulong4 out_st,
                        __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS,
                        __global float *part_o, __global float *part_lse,
                        __global int *empty_flag) {
@@ -175,7 +185,7 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
     int t = min(t0 + r, rows_per_kv - 1); /* padding rows repeat the last row, never written */
     hs[r] = hk * group + t / q_len;
     is[r] = t % q_len;
-    for (int d = 0; d < DK; d++) qr[r][d] = q[ca_at(q_off, q_st, b, hs[r], is[r], d)];
+    for (int d = 0; d < DK; d++) qr[r][d] = ca_load(q, ca_at(q_off, q_st, b, hs[r], is[r], d));
     for (int c = 0; c < DVP; c++) acc[r][c] = 0.0f;
     m[r] = -INFINITY;
     l[r] = 0.0f;
@@ -203,22 +213,34 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
 #pragma unroll
       for (int r = 0; r < bm; r++) sv[r] = (float16)(0.0f);
       __global const float *kt_block = kt + kt_head + j0;
-      for (int d = 0; d < DK; d++) {
-        const float16 kd = vload16(0, kt_block + (ulong)d * (ulong)n_pad);
+      if (additive)
+        for (int d = 0; d < DK; d++) {
+          const float16 kd = vload16(0, kt_block + (ulong)d * (ulong)n_pad);
+          const float16 wd = (float16)(add_w[d]);
 #pragma unroll
-        for (int r = 0; r < bm; r++) sv[r] = fma((float16)(qr[r][d]), kd, sv[r]);
-      }
+          for (int r = 0; r < bm; r++) sv[r] = fma(wd, tanh((float16)(qr[r][d]) + kd), sv[r]);
+        }
+      else
+        for (int d = 0; d < DK; d++) {
+          const float16 kd = vload16(0, kt_block + (ulong)d * (ulong)n_pad);
+#pragma unroll
+          for (int r = 0; r < bm; r++) sv[r] = fma((float16)(qr[r][d]), kd, sv[r]);
+        }
     } else {
       /* Scores as dot products with each key row read in place (DK % 16 == 0,
        * unit column stride); keys past kv_len are not read. */
       float e[FLASH_BM_MAX][FLASH_BN];
       for (int jj = 0; jj < FLASH_BN; jj++) {
         const int j = j0 + jj;
-        __global const float *krow = k + ca_at(k_off, k_st, b, hk, min(j, kv_len - 1), 0);
+        __global const store_t *krow = k + ca_at(k_off, k_st, b, hk, min(j, kv_len - 1), 0);
 #pragma unroll
         for (int r = 0; r < bm; r++) {
           float16 dot = (float16)(0.0f);
-          for (int d = 0; d < DK; d += 16) dot = fma(vload16(0, qr[r] + d), vload16(0, krow + d), dot);
+          if (additive)
+            for (int d = 0; d < DK; d += 16)
+              dot = fma(vload16(0, add_w + d), tanh(vload16(0, qr[r] + d) + ca_load16(krow + d)), dot);
+          else
+            for (int d = 0; d < DK; d += 16) dot = fma(vload16(0, qr[r] + d), ca_load16(krow + d), dot);
           e[r][jj] = flash_hsum(dot);
         }
       }
@@ -228,10 +250,12 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
     /* Every key of the block allowed for every row, inside this split? */
     const bool full = !has_mask && j0 >= lo_max && j0 + FLASH_BN - 1 <= hi_min &&
                       j0 >= split_begin && j0 + FLASH_BN <= split_end;
+    const bool per_key = !full || has_bias || has_alibi;   /* an element-wise pass is needed */
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
     for (int r = 0; r < bm; r++) {
       float16 x = sv[r] * scale;
-      if (!full || has_bias) {
+      if (softcap > 0.0f) x = softcap * tanh(x / softcap);
+      if (per_key) {
         float e[FLASH_BN];
         vstore16(x, 0, e);
         const int2 keys = flash_row_keys(is[r], q_len, kv_len, n_valid, window_left, window_right);
@@ -240,6 +264,7 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
           bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
           if (allowed && has_bias) e[jj] += bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)];
+          if (allowed && has_alibi) e[jj] += ca_alibi(is[r], j, q_len, kv_len, alibi[hs[r]]);
           e[jj] = allowed ? e[jj] : -INFINITY;
         }
         x = vload16(0, e);
@@ -262,13 +287,13 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
       for (int r = 0; r < bm; r++) a[r] = vload16(0, acc[r] + c) * alpha[r];
       if (full) {
         for (int jj = 0; jj < FLASH_BN; jj++) {
-          const float16 vv = vload16(0, flash_value_row(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj) + c);
+          const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj, c);
 #pragma unroll
           for (int r = 0; r < bm; r++) a[r] = fma((float16)(p[r][jj]), vv, a[r]);
         }
       } else {
         for (int jj = 0; jj < n_block; jj++) {
-          const float16 vv = vload16(0, flash_value_row(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj) + c);
+          const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj, c);
           /* a zero weight mixes nothing in, even a NaN value */
 #pragma unroll
           for (int r = 0; r < bm; r++)
@@ -281,7 +306,8 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
   }
 
   for (int r = 0; r < bm && t0 + r < rows_per_kv; r++)
-    flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], b, hs[r], is[r], q_heads, kv_heads, q_len, split, n_splits,
+    flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], has_sinks ? sinks[hs[r]] : -INFINITY, b, hs[r], is[r],
+                    q_heads, kv_heads, q_len, split, n_splits,
                     out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
                     empty_flag);
 }
@@ -297,19 +323,23 @@ inline void flash_body(__global const float *q, ulong q_off, ulong4 q_st,
  * work-group (1, 1, 1) — each work-item is an independent task.
  */
 #define FLASH_KERNEL_ARGS                                                                          \
-  __global const float *q, ulong q_off, ulong4 q_st, __global const float *kt,                    \
-      __global const float *vp, int n_pad, __global const float *k, ulong k_off, ulong4 k_st,      \
-      __global const float *v, ulong v_off, ulong4 v_st, __global const uchar *mask, ulong mask_off, \
+  __global const store_t *q, ulong q_off, ulong4 q_st, __global const float *kt,                  \
+      __global const float *vp, int n_pad, __global const store_t *k, ulong k_off, ulong4 k_st,    \
+      __global const store_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS,                           \
+      __global const uchar *mask, ulong mask_off,                                                    \
       ulong4 mask_st, int has_mask, __global const float *bias, ulong bias_off, ulong4 bias_st,     \
       int has_bias, __global const int *kv_lens, int has_kv_lens, int q_heads, int kv_heads,        \
-      int group, int q_len, int kv_len, float scale, int window_left, int window_right,             \
-      int split_keys, __global float *out, ulong out_off, ulong4 out_st, __global float *lse,       \
+      int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS, __global const float *sinks,    \
+      int has_sinks, int window_left, int window_right,                                             \
+      int split_keys, __global store_t *out, ulong out_off, ulong4 out_st, __global float *lse,     \
       ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS, __global float *part_o,             \
       __global float *part_lse, __global int *empty_flag
 #define FLASH_BODY_ARGS(direct, bm)                                                                   \
-  q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, direct, bm, mask, mask_off, mask_st,  \
+  q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, CA_SCORE_PASS, direct, bm, mask,      \
+      mask_off, mask_st,                                                                            \
       has_mask, bias, bias_off, bias_st, has_bias, kv_lens, has_kv_lens, q_heads, kv_heads, group, \
-      q_len, kv_len, scale, window_left, window_right, split_keys, out, out_off, out_st, lse,       \
+      q_len, kv_len, scale, CA_SHAPE_PASS, sinks, has_sinks, window_left, window_right, split_keys, \
+      out, out_off, out_st, lse,                                                                    \
       lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows(FLASH_KERNEL_ARGS) {
@@ -361,7 +391,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
   const int h = hk * group + tr / q_len, i = tr % q_len;
 
   float qr[DK], acc[DV];
-  for (int d = 0; d < DK; d++) qr[d] = q[ca_at(q_off, q_st, b, h, i, d)];
+  for (int d = 0; d < DK; d++) qr[d] = ca_load(q, ca_at(q_off, q_st, b, h, i, d));
   for (int c = 0; c < DV; c++) acc[c] = 0.0f;
   float m = -INFINITY, l = 0.0f, t_diag = 0.0f;
   int best = -1;
@@ -387,11 +417,11 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is consumed */
     for (int e = lid; e < FLASH_TILE * DK; e += FLASH_WG) {
       const int jj = e / DK, d = e % DK, j = j0 + jj;
-      k_tile[jj][d] = j < n_valid ? k[ca_at(k_off, k_st, b, hk, j, d)] : 0.0f;
+      k_tile[jj][d] = j < n_valid ? ca_load(k, ca_at(k_off, k_st, b, hk, j, d)) : 0.0f;
     }
     for (int e = lid; e < FLASH_TILE * DV; e += FLASH_WG) {
       const int jj = e / DV, c = e % DV, j = j0 + jj;
-      v_tile[jj][c] = j < n_valid ? v[ca_at(v_off, v_st, b, hk, j, c)] : 0.0f;
+      v_tile[jj][c] = j < n_valid ? ca_load(v, ca_at(v_off, v_st, b, hk, j, c)) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -404,9 +434,12 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
       float x = -INFINITY;
       if (allowed) {
         float dot = 0.0f;
-        for (int d = 0; d < DK; d++) dot += qr[d] * k_tile[jj][d];
-        x = scale * dot;
-        if (has_bias) x += bias[ca_at(bias_off, bias_st, b, h, i, j)];
+        if (additive)
+          for (int d = 0; d < DK; d++) dot += add_w[d] * tanh(qr[d] + k_tile[jj][d]);
+        else
+          for (int d = 0; d < DK; d++) dot += qr[d] * k_tile[jj][d];
+        x = ca_shape(scale * dot, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, q_len, kv_len,
+                     CA_SHAPE_PASS);
       }
       s[jj] = x;
       tile_max = fmax(tile_max, x);
@@ -432,6 +465,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     m = m_new;
   }
   if (live)
-    flash_store_row(acc, m, l, t_diag, best, b, h, i, q_heads, kv_heads, q_len, split, n_splits, out, out_off,
-                    out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag);
+    flash_store_row(acc, m, l, t_diag, best, has_sinks ? sinks[h] : -INFINITY, b, h, i, q_heads, kv_heads, q_len, split,
+                    n_splits, out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
+                    empty_flag);
 }

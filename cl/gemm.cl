@@ -18,7 +18,7 @@
  *   NDRange: (rows, heads in the chunk); any work-group shape.
  */
 
-__kernel void gemm_dense_copy(__global const float *src, ulong src_off, ulong4 src_st,
+__kernel void gemm_dense_copy(__global const store_t *src, ulong src_off, ulong4 src_st,
                               int heads, int len, int width,
                               __global const int *kv_lens, int zero_past_kv_lens,
                               __global float *dst) {
@@ -26,14 +26,15 @@ __kernel void gemm_dense_copy(__global const float *src, ulong src_off, ulong4 s
   if (c >= width || s >= len) return;
   const int b = bh / heads, h = bh % heads;
   const bool keep = !zero_past_kv_lens || s < ca_valid_keys(kv_lens, 1, b, len);
-  dst[((ulong)bh * (ulong)len + (ulong)s) * (ulong)width + (ulong)c] = keep ? src[ca_at(src_off, src_st, b, h, s, c)] : 0.0f;
+  dst[((ulong)bh * (ulong)len + (ulong)s) * (ulong)width + (ulong)c] = keep ? ca_load(src, ca_at(src_off, src_st, b, h, s, c)) : 0.0f;
 }
 
 __kernel void gemm_mask_scores(__global float *scores,
                                __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                                __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
                                __global const int *kv_lens, int has_kv_lens,
-                               int q_heads, int q_len, int kv_len, float scale, int window_left, int window_right,
+                               int q_heads, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,
+                               int window_left, int window_right,
                                int bh0, int i0, int rows) {
   const int j = get_global_id(0), r = get_global_id(1), g = get_global_id(2);
   if (j >= kv_len || r >= rows) return;
@@ -43,17 +44,16 @@ __kernel void gemm_mask_scores(__global float *scores,
   if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
   const ulong at = ((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j;
   float s = -INFINITY;
-  if (allowed) {
-    s = scale * scores[at];
-    if (has_bias) s += bias[ca_at(bias_off, bias_st, b, h, i, j)];
-  }
+  if (allowed)
+    s = ca_shape(scale * scores[at], has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, q_len,
+                 kv_len, CA_SHAPE_PASS);
   scores[at] = s;
 }
 
 __kernel void gemm_store_rows(__global const float *o_rows, __global const float *probs,
-                              __global const float *v, ulong v_off, ulong4 v_st,
+                              __global const store_t *v, ulong v_off, ulong4 v_st,
                               int q_heads, int group, int kv_len, int value_dim, int bh0, int i0, int rows,
-                              __global float *out, ulong out_off, ulong4 out_st) {
+                              __global store_t *out, ulong out_off, ulong4 out_st) {
   const int r = get_global_id(0), g = get_global_id(1);
   if (r >= rows) return;
   const int bh = bh0 + g, b = bh / q_heads, h = bh % q_heads, hk = h / group, i = i0 + r;
@@ -62,14 +62,14 @@ __kernel void gemm_store_rows(__global const float *o_rows, __global const float
   bool finite = true;
   for (int c = 0; c < value_dim; c++) finite = finite && isfinite(o[c]);
   if (finite) {
-    for (int c = 0; c < value_dim; c++) out[ca_at(out_off, out_st, b, h, i, c)] = o[c];
+    for (int c = 0; c < value_dim; c++) ca_store(out, ca_at(out_off, out_st, b, h, i, c), o[c]);
     return;
   }
   __global const float *a = probs + row * (ulong)kv_len;
   for (int c = 0; c < value_dim; c++) {
     float acc = 0.0f;
     for (int j = 0; j < kv_len; j++)
-      if (a[j] != 0.0f) acc += a[j] * v[ca_at(v_off, v_st, b, hk, j, c)];
-    out[ca_at(out_off, out_st, b, h, i, c)] = acc;
+      if (a[j] != 0.0f) acc += a[j] * ca_load(v, ca_at(v_off, v_st, b, hk, j, c));
+    ca_store(out, ca_at(out_off, out_st, b, h, i, c), acc);
   }
 }

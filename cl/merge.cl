@@ -6,6 +6,8 @@
  *   w_s = exp(lse_s - m),  lse = m + log(sum_s w_s),  O = sum_s w_s O_s / sum_s w_s.
  * A row whose states are all -INFINITY is empty: O = 0, lse = -INFINITY,
  * *empty_flag set. States are combined in index order, so the result is fixed.
+ * With sinks, head h's sink logit joins as one more state whose O is 0 (the
+ * split-KV path folds the sink here): an empty row then gets lse = sink.
  *
  * Views: o and lse address state 0; state s is s * o_state / s * lse_state
  * elements further. NDRange: (q_len, heads, batch); any work-group shape.
@@ -13,17 +15,20 @@
 __kernel void merge_states(__global const float *o, ulong o_off, ulong4 o_st, ulong o_state,
                            __global const float *lse, ulong lse_off, ulong4 lse_st, ulong lse_state,
                            int n_states, int value_dim,
-                           __global float *out, ulong out_off, ulong4 out_st,
+                           __global store_t *out, ulong out_off, ulong4 out_st,
                            __global float *lse_out, ulong lse_out_off, ulong4 lse_out_st, int want_lse,
-                           __global int *empty_flag) {
+                           __global const float *sinks, int has_sinks, __global int *empty_flag) {
   const int i = get_global_id(0), h = get_global_id(1), b = get_global_id(2);
   const ulong lse_at = ca_at(lse_off, lse_st, b, h, i, 0);
   float m = -INFINITY;
   for (int s = 0; s < n_states; s++) m = ca_max_nan(m, lse[lse_at + (ulong)s * lse_state]);
   const bool empty = m == -INFINITY;
+  const float sink = has_sinks ? sinks[h] : -INFINITY;
+  m = ca_max_nan(m, sink);
   float total = 0.0f;
   if (!empty)
     for (int s = 0; s < n_states; s++) total += exp(lse[lse_at + (ulong)s * lse_state] - m);
+  if (!empty && has_sinks) total += exp(sink - m);
   const float inv = empty ? 0.0f : 1.0f / total;
   for (int c = 0; c < value_dim; c++) {
     float acc = 0.0f;
@@ -33,8 +38,8 @@ __kernel void merge_states(__global const float *o, ulong o_off, ulong4 o_st, ul
       /* a state with weight 0 (lse -inf) adds nothing, whatever its O holds */
       if (w != 0.0f) acc += w * o[o_at + (ulong)s * o_state];
     }
-    out[ca_at(out_off, out_st, b, h, i, c)] = acc * inv;
+    ca_store(out, ca_at(out_off, out_st, b, h, i, c), acc * inv);
   }
-  if (want_lse) lse_out[ca_at(lse_out_off, lse_out_st, b, h, i, 0)] = empty ? -INFINITY : m + log(total);
+  if (want_lse) lse_out[ca_at(lse_out_off, lse_out_st, b, h, i, 0)] = empty ? sink : m + log(total);
   if (empty) atomic_or(empty_flag, 1);
 }

@@ -24,11 +24,11 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(MIX_TV, MIX_TM, 1)))
-void mix_values(__global const float *probs, __global const float *v, ulong v_off, ulong4 v_st,
+void mix_values(__global const float *probs, __global const store_t *v, ulong v_off, ulong4 v_st,
          __global const int *kv_lens, int has_kv_lens,
          int q_heads, int group, int q_len, int kv_len, int value_dim,
          int bh0, int i0, int rows,
-         __global float *out, ulong out_off, ulong4 out_st) {
+         __global store_t *out, ulong out_off, ulong4 out_st) {
   __local float a_tile[MIX_TM][MIX_TJ];
   __local float v_tile[MIX_TJ][MIX_TV];
 
@@ -54,7 +54,7 @@ void mix_values(__global const float *probs, __global const float *v, ulong v_of
     for (int t = lid; t < MIX_TJ * MIX_TV; t += MIX_TM * MIX_TV) {
       int cc = t % MIX_TV, jj = t / MIX_TV;
       int vc = c0 + cc, j = j0 + jj;
-      v_tile[jj][cc] = (vc < value_dim && j < n_keys) ? v[ca_at(v_off, v_st, b, hk, j, vc)] : 0.0f;
+      v_tile[jj][cc] = (vc < value_dim && j < n_keys) ? ca_load(v, ca_at(v_off, v_st, b, hk, j, vc)) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int jj = 0; jj < MIX_TJ; jj++) {
@@ -65,5 +65,5 @@ void mix_values(__global const float *probs, __global const float *v, ulong v_of
   }
 
   const int i = i0 + r;
-  if (r < rows && i < q_len && c < value_dim) out[ca_at(out_off, out_st, b, h, i, c)] = acc;
+  if (r < rows && i < q_len && c < value_dim) ca_store(out, ca_at(out_off, out_st, b, h, i, c), acc);
 }

@@ -2,7 +2,8 @@
  * qk_score — the staged path's first stage: scaled, biased, masked scores
  * for a chunk of query rows.
  *
- *   scores[g][r][j] = scale * <q_i, k_j> + bias_ij   if key j is allowed for row i
+ *   scores[g][r][j] = shaped(scale * <q_i, k_j>)   if key j is allowed for row i
+ * (shaped: softcap, bias, ALiBi; common.h.cl's ca_shape)
  *                   = -INFINITY                       otherwise
  * with i = i0 + r and (b, h) = divmod(bh0 + g, q_heads). Disallowed keys are
  * replaced whatever they hold, so NaN or Inf there never reaches a score.
@@ -25,17 +26,18 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(SCORE_TN, SCORE_TM, 1)))
-void qk_score(__global const float *q, ulong q_off, ulong4 q_st,
-              __global const float *k, ulong k_off, ulong4 k_st,
+void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
+              __global const store_t *k, ulong k_off, ulong4 k_st, CA_SCORE_ARGS,
               __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
               __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
               __global const int *kv_lens, int has_kv_lens,
               int q_heads, int group, int q_len, int kv_len, int head_dim,
-              float scale, int window_left, int window_right,
+              float scale, CA_SHAPE_ARGS, int window_left, int window_right,
               int bh0, int i0, int rows,
               __global float *scores) {
   __local float q_tile[SCORE_TM][SCORE_TK];
   __local float k_tile[SCORE_TK][SCORE_TN];
+  __local float w_tile[SCORE_TK];
 
   const int lx = get_local_id(0), ly = get_local_id(1);
   const int j = get_global_id(0);
@@ -53,15 +55,19 @@ void qk_score(__global const float *q, ulong q_off, ulong4 q_st,
     for (int t = lid; t < SCORE_TM * SCORE_TK; t += SCORE_TM * SCORE_TN) {
       int rr = t / SCORE_TK, dd = t % SCORE_TK;
       int qi = row0 + rr, d = d0 + dd;
-      q_tile[rr][dd] = (qi < row_end && d < head_dim) ? q[ca_at(q_off, q_st, b, h, qi, d)] : 0.0f;
+      q_tile[rr][dd] = (qi < row_end && d < head_dim) ? ca_load(q, ca_at(q_off, q_st, b, h, qi, d)) : 0.0f;
     }
     for (int t = lid; t < SCORE_TK * SCORE_TN; t += SCORE_TM * SCORE_TN) {
       int jj = t % SCORE_TN, dd = t / SCORE_TN;
       int kj = key0 + jj, d = d0 + dd;
-      k_tile[dd][jj] = (kj < kv_len && d < head_dim) ? k[ca_at(k_off, k_st, b, hk, kj, d)] : 0.0f;
+      k_tile[dd][jj] = (kj < kv_len && d < head_dim) ? ca_load(k, ca_at(k_off, k_st, b, hk, kj, d)) : 0.0f;
     }
+    if (additive && lid < SCORE_TK) w_tile[lid] = d0 + lid < head_dim ? add_w[d0 + lid] : 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int dd = 0; dd < SCORE_TK; dd++) acc += q_tile[ly][dd] * k_tile[dd][lx];
+    if (additive)
+      for (int dd = 0; dd < SCORE_TK; dd++) acc += w_tile[dd] * tanh(q_tile[ly][dd] + k_tile[dd][lx]);
+    else
+      for (int dd = 0; dd < SCORE_TK; dd++) acc += q_tile[ly][dd] * k_tile[dd][lx];
     barrier(CLK_LOCAL_MEM_FENCE);
   }
 
@@ -71,10 +77,9 @@ void qk_score(__global const float *q, ulong q_off, ulong4 q_st,
                    ca_in_window(i, j, q_len, kv_len, window_left, window_right);
     if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
     float s = -INFINITY;
-    if (allowed) {
-      s = scale * acc;
-      if (has_bias) s += bias[ca_at(bias_off, bias_st, b, h, i, j)];
-    }
+    if (allowed)
+      s = ca_shape(scale * acc, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, q_len, kv_len,
+                   CA_SHAPE_PASS);
     scores[((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j] = s;
   }
 }

@@ -3,7 +3,8 @@
  *
  * For each row of the score chunk (disallowed keys hold -INFINITY):
  *   m = max_j s_j,  l = sum_j exp(s_j - m),  a_j = exp(s_j - m) / l,
- *   lse = m + log(l) (natural log).
+ *   lse = m + log(l) (natural log);
+ * a head's sink logit joins m and l as a term without a value.
  * The probabilities overwrite the scores in place; lse and the routing matrix
  * (weights) are written to their views when asked for, and so are the route
  * diagnostics (entropy, max_weight, argmax: common.h.cl). A row whose maximum is
@@ -25,6 +26,7 @@ void softmax_rows(__global float *scores, int kv_len,
                   int q_heads, int q_len, int bh0, int i0, int rows,
                   __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
                   __global float *weights, ulong w_off, ulong4 w_st, int want_weights,
+                  __global const float *sinks, int has_sinks,
                   CA_DIAG_ARGS, __global int *empty_flag) {
   __local float part[SOFTMAX_WG];
   __local int first[SOFTMAX_WG];
@@ -44,10 +46,13 @@ void softmax_rows(__global float *scores, int kv_len,
     if (lid < step) part[lid] = ca_max_nan(part[lid], part[lid + step]);
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  m = part[0];
+  const float m_keys = part[0];
   barrier(CLK_LOCAL_MEM_FENCE);
 
-  const bool empty = (m == -INFINITY);
+  /* A sink is one more logit in the denominator, carrying no value. */
+  const float sink = has_sinks ? sinks[h] : -INFINITY;
+  const bool empty = (m_keys == -INFINITY);
+  m = ca_max_nan(m_keys, sink);
   float l = 0.0f;
   if (!empty)
     for (int j = lid; j < kv_len; j += SOFTMAX_WG) l += exp(s[j] - m);
@@ -57,18 +62,19 @@ void softmax_rows(__global float *scores, int kv_len,
     if (lid < step) part[lid] += part[lid + step];
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  l = part[0];
+  const float l_keys = part[0];
+  l = has_sinks ? l_keys + exp(sink - m) : l_keys;
 
   const bool in_range = i < q_len;
   if (diag) {
-    /* t = sum_j exp(s_j - m) (s_j - m), and the first key at the maximum. */
+    /* t = sum_j exp(s_j - m) (s_j - m), and the first key at the keys' maximum. */
     barrier(CLK_LOCAL_MEM_FENCE);
     float t = 0.0f;
     int best = INT_MAX;
     if (!empty)
       for (int j = lid; j < kv_len; j += SOFTMAX_WG) {
         if (s[j] != -INFINITY) t += exp(s[j] - m) * (s[j] - m);
-        if (s[j] == m) best = min(best, j);
+        if (s[j] == m_keys) best = min(best, j);
       }
     part[lid] = t;
     first[lid] = best;
@@ -80,7 +86,8 @@ void softmax_rows(__global float *scores, int kv_len,
       }
       barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (lid == 0 && in_range) ca_store_diag(empty ? 0.0f : l, part[0], first[0] == INT_MAX ? -1 : first[0], b, h, i, CA_DIAG_PASS);
+    if (lid == 0 && in_range)
+      ca_store_diag(empty, l_keys, l, part[0], exp(m_keys - m), first[0] == INT_MAX ? -1 : first[0], b, h, i, CA_DIAG_PASS);
   }
   for (int j = lid; j < kv_len; j += SOFTMAX_WG) {
     /* a disallowed key is 0 even in a NaN row (where -inf - m is NaN) */
@@ -89,7 +96,7 @@ void softmax_rows(__global float *scores, int kv_len,
     if (want_weights && in_range) weights[ca_at(w_off, w_st, b, h, i, j)] = a;
   }
   if (lid == 0 && in_range) {
-    if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = empty ? -INFINITY : m + log(l);
+    if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = empty ? sink : m + log(l);  /* sink: -inf without */
     if (empty) atomic_or(empty_flag, 1);
   }
 }

@@ -78,6 +78,7 @@ CLATTN_EXPORT const char *clattn_last_error(const clattn_context *ctx);
 typedef enum { CLATTN_F32, CLATTN_F16, CLATTN_BF16 } clattn_dtype;  /* storage; math is f32 */
 typedef enum { CLATTN_ALGO_AUTO, CLATTN_ALGO_STAGED, CLATTN_ALGO_FUSED, CLATTN_ALGO_GEMM } clattn_algo;
 typedef enum { CLATTN_EMPTY_ZERO, CLATTN_EMPTY_ERROR } clattn_empty_rows;
+typedef enum { CLATTN_SCORE_DOT, CLATTN_SCORE_ADDITIVE } clattn_score;
 
 typedef struct {            /* a strided view of a cl_mem; buf NULL = absent */
   cl_mem buf;
@@ -115,6 +116,26 @@ typedef struct {
   clattn_tensor entropy;
   clattn_tensor max_weight;
   clattn_tensor argmax;
+  /* Score shaping, in this order (DESIGN.md, README "Semantics"):
+   *   s = scale * <q_i, k_j>          (or the additive score below)
+   *   s = softcap * tanh(s / softcap)  when softcap > 0
+   *   s += bias_ij - alibi_slopes[h] * |p_i - j|   (p_i = i + kv_len - q_len)
+   *   disallowed keys removed (mask, window, kv_lens)
+   *   softmax, with sinks[h] joining the denominator as a logit that carries
+   *   no value: lse includes it, a row with no allowed key gets O = 0 and
+   *   lse = sinks[h] (still an empty row for EMPTY_ERROR). */
+  float softcap;                  /* 0 = off; > 0 and finite */
+  cl_mem alibi_slopes;            /* f32 [q_heads]; NULL = none */
+  cl_mem sinks;                   /* f32 [q_heads]; NULL = none */
+  clattn_score score;             /* CLATTN_SCORE_DOT (default) or CLATTN_SCORE_ADDITIVE */
+  cl_mem additive_w;              /* f32 [head_dim]: s = scale * sum_t w_t tanh(q_it + k_jt) */
+  /* Packed variable-length batches: int32 [batch + 1], 0 first, non-decreasing;
+   * sequence b's query rows are cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of the
+   * row dimension (stride[2]) of q and out (likewise k and v with
+   * cu_seqlens_k); stride[0] must be 0; q_len and kv_len are the longest
+   * lengths; total_q and total_kv are the last entries. */
+  cl_mem cu_seqlens_q, cu_seqlens_k;
+  int total_q, total_kv;
 } clattn_params;
 
 /* Everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO. */

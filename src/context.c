@@ -161,12 +161,30 @@ static void choose_tiles(clattn_context *ctx, const clattn_options *opt) {
   if (ctx->max_alloc && ctx->scratch_budget > ctx->max_alloc) ctx->scratch_budget = (size_t)ctx->max_alloc;
 }
 
-static clattn_status build_core(clattn_context *ctx) {
+static clattn_status build_core_for(clattn_context *ctx, clattn_dtype dtype, cl_program *out) {
   const char *sources[] = {clattn_src_common, clattn_src_qk_score, clattn_src_softmax, clattn_src_mix,
                            clattn_src_merge, clattn_src_gemm};
-  char options[512] = "-cl-std=CL1.2";
+  char options[512];
+  snprintf(options, sizeof options, "-cl-std=CL1.2 -D CA_DTYPE=%d", (int)dtype);
   tl_build_options(&ctx->tiles, options, sizeof options);
-  return ca_build_program(ctx, "core", sources, 6, options, &ctx->core);
+  return ca_build_program(ctx, dtype == CLATTN_F32 ? "core" : dtype == CLATTN_F16 ? "core f16" : "core bf16", sources,
+                          6, options, out);
+}
+
+static clattn_status build_core(clattn_context *ctx) { return build_core_for(ctx, CLATTN_F32, &ctx->core); }
+
+clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_program *out) {
+  if (dtype == CLATTN_F32) {
+    *out = ctx->core;
+    return CLATTN_OK;
+  }
+  clattn_status st = CLATTN_OK;
+  pthread_mutex_lock(&ctx->programs_lock);
+  cl_program *slot = &ctx->core_16[dtype == CLATTN_F16 ? 0 : 1];
+  if (!*slot) st = build_core_for(ctx, dtype, slot);
+  *out = *slot;
+  pthread_mutex_unlock(&ctx->programs_lock);
+  return st;
 }
 
 /* The largest group each core kernel can run with, as built: a GPU
@@ -321,6 +339,8 @@ fail:
 void clattn_destroy(clattn_context *ctx) {
   if (!ctx) return;
   if (ctx->core) clReleaseProgram(ctx->core);
+  for (int i = 0; i < 2; i++)
+    if (ctx->core_16[i]) clReleaseProgram(ctx->core_16[i]);
   for (int i = 0; i < ctx->n_fused; i++) clReleaseProgram(ctx->fused[i].program);
   free(ctx->fused);
   free(ctx->cache_dir);

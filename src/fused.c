@@ -21,11 +21,12 @@ static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 /* The fused program for (head_dim, value_dim): built on first use, then kept
  * for the context's life. */
-static clattn_status fused_program(clattn_context *ctx, int head_dim, int value_dim, cl_program *out) {
+static clattn_status fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
+                                   cl_program *out) {
   clattn_status st = CLATTN_OK;
   pthread_mutex_lock(&ctx->programs_lock);
   for (int i = 0; i < ctx->n_fused; i++)
-    if (ctx->fused[i].head_dim == head_dim && ctx->fused[i].value_dim == value_dim) {
+    if (ctx->fused[i].head_dim == head_dim && ctx->fused[i].value_dim == value_dim && ctx->fused[i].dtype == dtype) {
       *out = ctx->fused[i].program;
       goto done;
     }
@@ -41,15 +42,16 @@ static clattn_status fused_program(clattn_context *ctx, int head_dim, int value_
   }
   const char *sources[] = {clattn_src_common, clattn_src_flash};
   char options[512];
-  snprintf(options, sizeof options, "-cl-std=CL1.2 -D DK=%d -D DV=%d -D FLASH_TILE=%d", head_dim, value_dim,
-           tl_flash_tile(&ctx->caps, head_dim, value_dim));
+  snprintf(options, sizeof options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D DK=%d -D DV=%d -D FLASH_TILE=%d", (int)dtype,
+           head_dim, value_dim, tl_flash_tile(&ctx->caps, head_dim, value_dim));
   tl_build_options(&ctx->tiles, options, sizeof options);
   char name[64];
-  snprintf(name, sizeof name, "flash dk=%d dv=%d", head_dim, value_dim);
+  snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d", head_dim, value_dim, (int)dtype);
   cl_program program = NULL;
   if ((st = ca_build_program(ctx, name, sources, 2, options, &program)) == CLATTN_OK) {
     ctx->fused[ctx->n_fused].head_dim = head_dim;
     ctx->fused[ctx->n_fused].value_dim = value_dim;
+    ctx->fused[ctx->n_fused].dtype = dtype;
     ctx->fused[ctx->n_fused].program = program;
     ctx->n_fused++;
     *out = program;
@@ -107,7 +109,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
                    (unsigned long long)ctx->max_alloc);
 
   snprintf(rows_name, sizeof rows_name, wg ? "flash_tiled" : direct ? "flash_rows_direct%d" : "flash_rows", bm);
-  if ((st = fused_program(ctx, p->head_dim, p->value_dim, &program)) ||
+  if ((st = fused_program(ctx, p->head_dim, p->value_dim, p->dtype, &program)) ||
       (st = ca_create_kernel(program, rows_name, &rows)) || (st = ca_empty_flag_create(ctx, &empty_flag)))
     goto fail;
   if (packed) {
@@ -150,6 +152,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_int(&r, (int)n_pad);
   ca_arg_view(&r, &p->k);
   ca_arg_view(&r, &p->v);
+  ca_arg_score(&r, p);
   ca_arg_view(&r, &p->mask);
   ca_arg_int(&r, plan->has_mask);
   ca_arg_view(&r, &p->bias);
@@ -162,6 +165,8 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_int(&r, p->q_len);
   ca_arg_int(&r, p->kv_len);
   ca_arg_float(&r, plan->scale);
+  ca_arg_shape(&r, p);
+  ca_arg_sinks(&r, p);
   ca_arg_int(&r, plan->window_left);
   ca_arg_int(&r, plan->window_right);
   ca_arg_int(&r, split_keys);
@@ -187,7 +192,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
         .o_state_stride = rows_total * dv, .lse_state_stride = rows_total,
         .out = p->out, .out_lse = p->lse, .empty_rows = p->empty_rows,
     };
-    if ((st = ca_enqueue_merge(ctx, &mp, empty_flag, n_wait, wait, &prev))) goto fail;
+    if ((st = ca_enqueue_merge(ctx, &mp, p->dtype, p->sinks, empty_flag, n_wait, wait, &prev))) goto fail;
   }
   st = ca_finish_call(ctx, p->empty_rows, empty_flag, &prev, done);
 fail:

@@ -31,15 +31,16 @@ typedef struct {
   size_t offset, stride_b, stride_h, ld;
 } operand;
 
-/* Whether a [B, H, S, D] view is a row-major matrix per (b, h) as it is. */
-static int gemm_ready(const clattn_tensor *t, int width) {
-  return t->stride[3] == 1 && t->stride[2] >= (size_t)width;
+/* Whether a [B, H, S, D] view is an f32 row-major matrix per (b, h) as it
+ * is; anything else is copied dense (and converted to f32) first. */
+static int gemm_ready(const clattn_tensor *t, int width, clattn_dtype dtype) {
+  return dtype == CLATTN_F32 && t->stride[3] == 1 && t->stride[2] >= (size_t)width;
 }
 
 /* Enqueues gemm_dense_copy of view t ([batch, heads, len, width]) into a new
  * dense buffer, zeroing rows past kv_lens when asked. */
-static clattn_status dense_copy(clattn_context *ctx, const clattn_tensor *t, int batch, int heads, int len,
-                                int width, cl_mem kv_lens, int zero_past, cl_uint n_wait, const cl_event *wait,
+static clattn_status dense_copy(clattn_context *ctx, const clattn_tensor *t, clattn_dtype dtype, int batch,
+                                int heads, int len, int width, cl_mem kv_lens, int zero_past, cl_uint n_wait, const cl_event *wait,
                                 cl_event *prev, operand *out) {
   clattn_status st = CLATTN_OK;
   cl_int err = CL_SUCCESS;
@@ -51,7 +52,8 @@ static clattn_status dense_copy(clattn_context *ctx, const clattn_tensor *t, int
   out->ld = (size_t)width;
   out->stride_h = (size_t)len * (size_t)width;
   out->stride_b = (size_t)heads * out->stride_h;
-  if ((st = ca_create_kernel(ctx->core, "gemm_dense_copy", &kernel))) goto fail;
+  cl_program core = NULL;
+  if ((st = ca_core_program(ctx, dtype, &core)) || (st = ca_create_kernel(core, "gemm_dense_copy", &kernel))) goto fail;
   ca_args a = {kernel, "gemm_dense_copy", 0, 0, CL_SUCCESS};
   ca_arg_view(&a, t);
   ca_arg_int(&a, heads);
@@ -123,6 +125,44 @@ static clattn_status batched_gemm(clattn_context *ctx, int b_transposed, size_t 
   return CLATTN_OK;
 }
 
+/* S = Q K^T for a chunk by CLBlast, then gemm_mask_scores (scale, shaping,
+ * mask) in place. offsets: room for 3 x heads. */
+static clattn_status product_scores(clattn_context *ctx, cl_kernel mask, cl_mem scores, const clattn_params *p,
+                                    const ca_plan *plan, operand *q, operand *k, int bh0, int i0, int rows, int heads,
+                                    size_t *offsets, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
+  clattn_status st;
+  const size_t score_stride = (size_t)rows * (size_t)p->kv_len;
+  view_offsets(q, p, plan->group, 0, bh0, heads, (size_t)i0, offsets);
+  view_offsets(k, p, plan->group, 1, bh0, heads, 0, offsets + heads);
+  scratch_offsets(score_stride, heads, offsets + 2 * heads);
+  if ((st = batched_gemm(ctx, 1, (size_t)rows, (size_t)p->kv_len, (size_t)p->head_dim, q->buf, q->ld, k->buf, k->ld,
+                         scores, (size_t)p->kv_len, offsets, heads, "CLBlastSgemmBatched(Q K^T)", n_wait, wait,
+                         prev)))
+    return st;
+
+  ca_args a = {mask, "gemm_mask_scores", 0, 0, CL_SUCCESS};
+  ca_arg_mem(&a, scores);
+  ca_arg_view(&a, &p->mask);
+  ca_arg_int(&a, plan->has_mask);
+  ca_arg_view(&a, &p->bias);
+  ca_arg_int(&a, plan->has_bias);
+  ca_arg_mem(&a, p->kv_lens);
+  ca_arg_int(&a, plan->has_kv_lens);
+  ca_arg_int(&a, p->q_heads);
+  ca_arg_int(&a, p->q_len);
+  ca_arg_int(&a, p->kv_len);
+  ca_arg_float(&a, plan->scale);
+  ca_arg_shape(&a, p);
+  ca_arg_int(&a, plan->window_left);
+  ca_arg_int(&a, plan->window_right);
+  ca_arg_int(&a, bh0);
+  ca_arg_int(&a, i0);
+  ca_arg_int(&a, rows);
+  if ((st = ca_args_done(&a))) return st;
+  const size_t mask_global[3] = {(size_t)p->kv_len, (size_t)rows, (size_t)heads};
+  return ca_enqueue(ctx, mask, "gemm_mask_scores", 3, mask_global, NULL, n_wait, wait, prev);
+}
+
 clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
                               const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
@@ -136,9 +176,13 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
   operand q = view_operand(&p->q), k = view_operand(&p->k), v = view_operand(&p->v);
 
   if (done) *done = NULL;
-  if ((st = ca_create_kernel(ctx->core, "gemm_mask_scores", &mask)) ||
-      (st = ca_create_kernel(ctx->core, "softmax_rows", &softmax)) ||
-      (st = ca_create_kernel(ctx->core, "gemm_store_rows", &store)) || (st = ca_empty_flag_create(ctx, &empty_flag)))
+  cl_program core = NULL;
+  /* Additive scores are no matrix product: qk_score computes them, shaped and masked. */
+  const int additive = p->score == CLATTN_SCORE_ADDITIVE;
+  if ((st = ca_core_program(ctx, p->dtype, &core)) ||
+      (st = ca_create_kernel(core, additive ? "qk_score" : "gemm_mask_scores", &mask)) ||
+      (st = ca_create_kernel(core, "softmax_rows", &softmax)) || (st = ca_create_kernel(core, "gemm_store_rows", &store)) ||
+      (st = ca_empty_flag_create(ctx, &empty_flag)))
     goto fail;
   size_t score_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len;
   size_t o_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->value_dim;
@@ -152,21 +196,21 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
     goto fail;
   }
   size_t copies = 0;
-  if (!gemm_ready(&p->q, p->head_dim)) {
-    if ((st = dense_copy(ctx, &p->q, p->batch, p->q_heads, p->q_len, p->head_dim, NULL, 0, n_wait, wait, &prev, &q)))
+  if (!additive && !gemm_ready(&p->q, p->head_dim, p->dtype)) {
+    if ((st = dense_copy(ctx, &p->q, p->dtype, p->batch, p->q_heads, p->q_len, p->head_dim, NULL, 0, n_wait, wait, &prev, &q)))
       goto fail;
     q_copy = q.buf;
     copies += (size_t)pairs * p->q_len * p->head_dim;
   }
-  if (!gemm_ready(&p->k, p->head_dim)) {
-    if ((st = dense_copy(ctx, &p->k, p->batch, p->kv_heads, p->kv_len, p->head_dim, NULL, 0, n_wait, wait, &prev,
+  if (!additive && !gemm_ready(&p->k, p->head_dim, p->dtype)) {
+    if ((st = dense_copy(ctx, &p->k, p->dtype, p->batch, p->kv_heads, p->kv_len, p->head_dim, NULL, 0, n_wait, wait, &prev,
                          &k)))
       goto fail;
     k_copy = k.buf;
     copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
   }
-  if (!gemm_ready(&p->v, p->value_dim) || plan->has_kv_lens) {
-    if ((st = dense_copy(ctx, &p->v, p->batch, p->kv_heads, p->kv_len, p->value_dim, p->kv_lens, plan->has_kv_lens,
+  if (!gemm_ready(&p->v, p->value_dim, p->dtype) || plan->has_kv_lens) {
+    if ((st = dense_copy(ctx, &p->v, p->dtype, p->batch, p->kv_heads, p->kv_len, p->value_dim, p->kv_lens, plan->has_kv_lens,
                          n_wait, wait, &prev, &v)))
       goto fail;
     v_copy = v.buf;
@@ -179,34 +223,11 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
     for (int i0 = 0; i0 < p->q_len; i0 += chunk.rows) {
       const int rows = chunk.rows < p->q_len - i0 ? chunk.rows : p->q_len - i0;
       const size_t score_stride = (size_t)rows * (size_t)p->kv_len;
-      view_offsets(&q, p, plan->group, 0, bh0, heads, (size_t)i0, offsets);
-      view_offsets(&k, p, plan->group, 1, bh0, heads, 0, offsets + heads);
-      scratch_offsets(score_stride, heads, offsets + 2 * heads);
-      if ((st = batched_gemm(ctx, 1, (size_t)rows, (size_t)p->kv_len, (size_t)p->head_dim, q.buf, q.ld, k.buf, k.ld,
-                             scores, (size_t)p->kv_len, offsets, heads, "CLBlastSgemmBatched(Q K^T)", n_wait, wait,
-                             &prev)))
-        goto fail;
-
-      ca_args a = {mask, "gemm_mask_scores", 0, 0, CL_SUCCESS};
-      ca_arg_mem(&a, scores);
-      ca_arg_view(&a, &p->mask);
-      ca_arg_int(&a, plan->has_mask);
-      ca_arg_view(&a, &p->bias);
-      ca_arg_int(&a, plan->has_bias);
-      ca_arg_mem(&a, p->kv_lens);
-      ca_arg_int(&a, plan->has_kv_lens);
-      ca_arg_int(&a, p->q_heads);
-      ca_arg_int(&a, p->q_len);
-      ca_arg_int(&a, p->kv_len);
-      ca_arg_float(&a, plan->scale);
-      ca_arg_int(&a, plan->window_left);
-      ca_arg_int(&a, plan->window_right);
-      ca_arg_int(&a, bh0);
-      ca_arg_int(&a, i0);
-      ca_arg_int(&a, rows);
-      if ((st = ca_args_done(&a))) goto fail;
-      const size_t mask_global[3] = {(size_t)p->kv_len, (size_t)rows, (size_t)heads};
-      if ((st = ca_enqueue(ctx, mask, "gemm_mask_scores", 3, mask_global, NULL, n_wait, wait, &prev))) goto fail;
+      if (additive)
+        st = ca_enqueue_qk_score(ctx, mask, scores, p, plan, bh0, i0, rows, heads, n_wait, wait, &prev);
+      else
+        st = product_scores(ctx, mask, scores, p, plan, &q, &k, bh0, i0, rows, heads, offsets, n_wait, wait, &prev);
+      if (st) goto fail;
 
       if ((st = ca_enqueue_softmax(ctx, softmax, scores, p, plan, bh0, i0, rows, heads, empty_flag, n_wait, wait,
                                    &prev)))

@@ -20,9 +20,10 @@ struct clattn_context {
   clattn_algo auto_algo[CA_CLASS_COUNT]; /* AUTO's choice per shape class; AUTO = built-in rule */
   char *tuning_path;          /* the tuning file looked for; NULL = none */
   char tuning_note[1280];      /* what became of it: applied, absent, ignored or rejected (and why) */
-  cl_program core;            /* built at creation: qk_score, softmax_rows, mix_values, merge_states */
+  cl_program core;            /* built at creation (f32 storage): qk_score, softmax_rows, mix_values, merge_states, gemm */
+  cl_program core_16[2];      /* the same for f16 and bf16 storage, built on first use; under programs_lock */
   pthread_mutex_t programs_lock; /* guards the fused programs and peak_scratch */
-  struct ca_fused_program { int head_dim, value_dim; cl_program program; } *fused;
+  struct ca_fused_program { int head_dim, value_dim; clattn_dtype dtype; cl_program program; } *fused;
   int n_fused, cap_fused;     /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   double build_ms;            /* time to build the programs at creation */
   char *cache_dir;            /* the program cache's directory; NULL = no disk cache */
@@ -79,6 +80,10 @@ void ca_platform_string(cl_platform_id platform, cl_platform_info what, char *bu
  * options; on failure the message carries the head of the build log. */
 clattn_status ca_build_program(clattn_context *ctx, const char *name, const char *const *sources,
                                cl_uint n_sources, const char *options, cl_program *out);
+/* The core program for a storage type (f32: ctx->core; f16, bf16 built on
+ * first use and kept for the context's life). */
+clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_program *out);
+
 /* A fresh kernel object: kernels are per call so threads never share state. */
 clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);
 
@@ -124,6 +129,12 @@ void ca_arg_float(ca_args *a, float v);
 void ca_arg_view(ca_args *a, const clattn_tensor *t); /* buffer, offset, stride */
 /* The route diagnostics' arguments: entropy, max_weight and argmax views, then plan->diag. */
 void ca_arg_diag(ca_args *a, const clattn_params *p, int diag);
+/* The score shaping's arguments (common.h.cl's CA_SHAPE_ARGS): softcap, ALiBi slopes. */
+void ca_arg_shape(ca_args *a, const clattn_params *p);
+/* The score's form (common.h.cl's CA_SCORE_ARGS): additive_w, additive. */
+void ca_arg_score(ca_args *a, const clattn_params *p);
+/* Sinks: the buffer and whether it is there. */
+void ca_arg_sinks(ca_args *a, const clattn_params *p);
 clattn_status ca_args_done(const ca_args *a);
 
 /* Enqueues a kernel after *prev (or, when *prev is NULL, after the caller's
@@ -168,13 +179,20 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
 clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp);
 
 /* ---- paths ---- */
-/* Enqueues merge_states for validated params after *prev (see ca_enqueue). */
-clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem empty_flag,
-                               cl_uint n_wait, const cl_event *wait, cl_event *prev);
+/* Enqueues merge_states for validated params after *prev (see ca_enqueue);
+ * out is stored as out_dtype; sinks (f32 [heads], or NULL) join each row as
+ * a state with O = 0. */
+clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype,
+                               cl_mem sinks, cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev);
 clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                cl_uint n_wait, const cl_event *wait, cl_event *done);
 clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                               cl_uint n_wait, const cl_event *wait, cl_event *done);
+/* Enqueues qk_score for a chunk (heads x rows x N scores: scaled, shaped,
+ * masked) (staged, and GEMM for additive scores). */
+clattn_status ca_enqueue_qk_score(clattn_context *ctx, cl_kernel score, cl_mem scores, const clattn_params *p,
+                                  const ca_plan *plan, int bh0, int i0, int rows, int heads, cl_uint n_wait,
+                                  const cl_event *wait, cl_event *prev);
 /* Enqueues softmax_rows over a chunk of scores (heads x rows x N, in place)
  * with the call's lse, weights and diagnostics outputs (staged and GEMM). */
 clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem scores, const clattn_params *p,

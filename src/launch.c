@@ -35,6 +35,22 @@ void ca_arg_diag(ca_args *a, const clattn_params *p, int diag) {
   ca_arg_int(a, diag);
 }
 
+void ca_arg_shape(ca_args *a, const clattn_params *p) {
+  ca_arg_float(a, p->softcap);
+  ca_arg_mem(a, p->alibi_slopes);
+  ca_arg_int(a, p->alibi_slopes != NULL);
+}
+
+void ca_arg_score(ca_args *a, const clattn_params *p) {
+  ca_arg_mem(a, p->additive_w);
+  ca_arg_int(a, p->score == CLATTN_SCORE_ADDITIVE);
+}
+
+void ca_arg_sinks(ca_args *a, const clattn_params *p) {
+  ca_arg_mem(a, p->sinks);
+  ca_arg_int(a, p->sinks != NULL);
+}
+
 clattn_status ca_args_done(const ca_args *a) {
   if (a->err == CL_SUCCESS) return CLATTN_OK;
   char what[128];

@@ -2,10 +2,12 @@
  * split-KV path's final step share one kernel (cl/merge.cl). */
 #include "internal.h"
 
-clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem empty_flag,
-                               cl_uint n_wait, const cl_event *wait, cl_event *prev) {
+clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype,
+                               cl_mem sinks, cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   cl_kernel kernel = NULL;
-  clattn_status st = ca_create_kernel(ctx->core, "merge_states", &kernel);
+  cl_program core = NULL;
+  clattn_status st = ca_core_program(ctx, out_dtype, &core);
+  if (st == CLATTN_OK) st = ca_create_kernel(core, "merge_states", &kernel);
   if (st != CLATTN_OK) return st;
   cl_ulong o_state = mp->o_state_stride, lse_state = mp->lse_state_stride;
   ca_args a = {kernel, "merge_states", 0, 0, CL_SUCCESS};
@@ -18,6 +20,8 @@ clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *m
   ca_arg_view(&a, &mp->out);
   ca_arg_view(&a, &mp->out_lse);
   ca_arg_int(&a, mp->out_lse.buf != NULL);
+  ca_arg_mem(&a, sinks);
+  ca_arg_int(&a, sinks != NULL);
   ca_arg_mem(&a, empty_flag);
   const size_t global[3] = {(size_t)mp->q_len, (size_t)mp->heads, (size_t)mp->batch};
   if ((st = ca_args_done(&a)) == CLATTN_OK)
@@ -35,7 +39,7 @@ clattn_status clattn_merge_states(clattn_context *ctx, const clattn_merge_params
     return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_merge_states: n_wait is %u but wait is NULL", n_wait);
   clattn_status st = ca_validate_merge(ctx, mp);
   if (st == CLATTN_OK) st = ca_empty_flag_create(ctx, &flag);
-  if (st == CLATTN_OK) st = ca_enqueue_merge(ctx, mp, flag, n_wait, wait, &last);
+  if (st == CLATTN_OK) st = ca_enqueue_merge(ctx, mp, CLATTN_F32, NULL, flag, n_wait, wait, &last);
   if (st == CLATTN_OK) st = ca_finish_call(ctx, mp->empty_rows, flag, &last, done);
   if (last) clReleaseEvent(last);
   if (flag) clReleaseMemObject(flag);

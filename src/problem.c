@@ -82,6 +82,92 @@ static float rng_sym(rng *r, double amp)  /* [-amp, amp] */
 
 /* ---------- shapes ---------- */
 
+/* ---------- 16-bit storage ---------- */
+
+uint16_t cp_f16_bits(float x)
+{
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u, mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u)
+    return (uint16_t)(sign | 0x7e00u);                 /* NaN */
+  if (mag >= 0x477ff000u)                              /* rounds past 65504: inf */
+    return (uint16_t)(sign | 0x7c00u);
+  if (mag < 0x38800000u) {                             /* subnormal half (or zero) */
+    float a;
+    uint32_t am = mag;
+    memcpy(&a, &am, 4);
+    return (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.0f)); /* units of 2^-24, ties to even */
+  }
+  uint32_t r = mag + 0x0fffu + ((mag >> 13) & 1u);     /* round to nearest even at bit 13 */
+  return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}
+
+float cp_f16_value(uint16_t h)
+{
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  float x;
+  if (e == 0) {
+    x = (float)m * (1.0f / 16777216.0f);               /* subnormal: m 2^-24 */
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u |= sign;
+    memcpy(&x, &u, 4);
+    return x;
+  }
+  uint32_t u = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+uint16_t cp_bf16_bits(float x)
+{
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 0x0040u);            /* NaN stays NaN */
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float cp_bf16_value(uint16_t h)
+{
+  uint32_t u = (uint32_t)h << 16;
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+float cp_round_to(clattn_dtype dtype, float x)
+{
+  if (dtype == CLATTN_F16)
+    return cp_f16_value(cp_f16_bits(x));
+  if (dtype == CLATTN_BF16)
+    return cp_bf16_value(cp_bf16_bits(x));
+  return x;
+}
+
+/* Bytes of one q, k, v or out element. */
+static size_t storage_bytes(const cp_problem *pb)
+{
+  return pb->shape.dtype == CLATTN_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+/* n floats in the problem's storage format: x itself for f32, else a new
+ * array of 16-bit patterns (*owned set; free it). NULL when out of memory. */
+static const void *to_storage(const cp_problem *pb, const float *x, size_t n, void **owned)
+{
+  *owned = NULL;
+  if (pb->shape.dtype == CLATTN_F32 || !x)
+    return x;
+  uint16_t *h = malloc(n ? n * sizeof *h : 1);
+  if (!h)
+    return NULL;
+  for (size_t i = 0; i < n; i++)
+    h[i] = pb->shape.dtype == CLATTN_F16 ? cp_f16_bits(x[i]) : cp_bf16_bits(x[i]);
+  *owned = h;
+  return h;
+}
+
 cp_shape cp_shape_default(void)
 {
   cp_shape s;
@@ -142,12 +228,12 @@ char *cp_describe(const cp_shape *s, char *buf, size_t n)
   snprintf(buf, n,
            "B=%d Hq=%d Hkv=%d M=%d N=%d dk=%d dv=%d scale=%s causal=%d win=[%d,%d] "
            "%s pad=%zu gap=%zu kv_lens=%d mask=%s/%u bias=%s(%g)/%u lse=%d weights=%d "
-           "diag=%d empty=%s algo=%s seed=%llu",
+           "diag=%d softcap=%g alibi=%d sinks=%d additive=%d dtype=%d empty=%s algo=%s seed=%llu",
            s->batch, s->q_heads, s->kv_heads, s->q_len, s->kv_len, s->head_dim,
            s->value_dim, sc, s->causal, s->window_left, s->window_right,
            s->layout == CP_BSHD ? "bshd" : "bhsd", s->pad, s->row_gap, s->kv_lens,
            mask_name(s->mask), s->mask_bcast, bias_name(s->bias), s->bias_amp,
-           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag,
+           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag, (double)s->softcap, s->alibi, s->sinks, s->additive, (int)s->dtype,
            s->empty_rows == CLATTN_EMPTY_ERROR ? "error" : "zero",
            clattn_algo_name(s->algo), (unsigned long long)s->seed);
   return buf;
@@ -250,13 +336,15 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
   p->kv_len = N;
   p->head_dim = dk;
   p->value_dim = dv;
-  p->dtype = CLATTN_F32;
+  p->dtype = s->dtype;
   p->scale = s->scale;
   p->causal = s->causal;
   p->window_left = s->window_left;
   p->window_right = s->window_right;
   p->empty_rows = s->empty_rows;
   p->algo = s->algo;
+  p->softcap = s->softcap;
+  p->score = s->additive ? CLATTN_SCORE_ADDITIVE : CLATTN_SCORE_DOT;
 
   pb->q_elems = make_view(&p->q, s->layout, s->pad, s->row_gap, B, Hq, M, dk);
   pb->k_elems = make_view(&p->k, s->layout, s->pad, s->row_gap, B, Hk, N, dk);
@@ -315,6 +403,12 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
     ok &= !!(pb->bias = xcalloc(pb->bias_elems, sizeof(float)));
   if (s->kv_lens)
     ok &= !!(pb->kv_lens = xcalloc((size_t)B, sizeof(int32_t)));
+  if (s->alibi)
+    ok &= !!(pb->alibi_slopes = xcalloc((size_t)Hq, sizeof(float)));
+  if (s->sinks)
+    ok &= !!(pb->sinks = xcalloc((size_t)Hq, sizeof(float)));
+  if (s->additive)
+    ok &= !!(pb->additive_w = xcalloc((size_t)dk, sizeof(float)));
   if (!ok) {
     set_err(err, errlen, "cp_build: out of memory");
     cp_free(pb);
@@ -331,6 +425,12 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
   fill_view(pb->q, &p->q, B, Hq, M, dk, &g, s->qk_amp);
   fill_view(pb->k, &p->k, B, Hk, N, dk, &g, s->qk_amp);
   fill_view(pb->v, &p->v, B, Hk, N, dv, &g, s->v_amp);
+  if (s->dtype != CLATTN_F32) {
+    float *arrays[] = {pb->q, pb->k, pb->v};
+    size_t counts[] = {pb->q_elems, pb->k_elems, pb->v_elems};
+    for (int a = 0; a < 3; a++)
+      for (size_t i = 0; i < counts[a]; i++) arrays[a][i] = cp_round_to(s->dtype, arrays[a][i]);
+  }
 
   if (pb->mask) {
     /* gaps: a recognisable value that is "allowed" if ever wrongly read */
@@ -371,6 +471,14 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
   if (pb->kv_lens)
     for (int b = 0; b < B; b++)
       pb->kv_lens[b] = 1 + (int32_t)(rng_next(&g) % (uint64_t)N);
+  for (int d = 0; pb->additive_w && d < dk; d++)
+    pb->additive_w[d] = rng_sym(&g, 1.0);
+  for (int h = 0; h < Hq; h++) {
+    if (pb->alibi_slopes)
+      pb->alibi_slopes[h] = (float)pow(2.0, -8.0 * (h + 1) / Hq);
+    if (pb->sinks)
+      pb->sinks[h] = 1.0f + rng_sym(&g, 2.0);
+  }
 
   if (s->poison_disallowed)
     cp_poison_disallowed(pb);
@@ -397,6 +505,9 @@ void cp_free(cp_problem *pb)
   release_mem(&pb->lse_buf);
   release_mem(&pb->weights_buf);
   release_mem(&pb->kv_lens_buf);
+  release_mem(&pb->alibi_buf);
+  release_mem(&pb->sinks_buf);
+  release_mem(&pb->additive_w_buf);
   release_mem(&pb->entropy_buf);
   release_mem(&pb->max_weight_buf);
   release_mem(&pb->argmax_buf);
@@ -415,6 +526,9 @@ void cp_free(cp_problem *pb)
   free(pb->bias);
   free(pb->mask);
   free(pb->kv_lens);
+  free(pb->alibi_slopes);
+  free(pb->sinks);
+  free(pb->additive_w);
   free(pb->out_raw);
   free(pb->lse_raw);
   free(pb->weights_raw);
@@ -436,6 +550,9 @@ ref_inputs cp_ref_inputs(const cp_problem *pb)
   in.mask = pb->mask;
   in.bias = pb->bias;
   in.kv_lens = pb->kv_lens;
+  in.alibi_slopes = pb->alibi_slopes;
+  in.sinks = pb->sinks;
+  in.additive_w = pb->additive_w;
   return in;
 }
 
@@ -546,6 +663,31 @@ static int read_buf(cp_problem *pb, cl_mem m, size_t bytes, void *host, const ch
   return 0;
 }
 
+/* q, k and v in the storage format: into new buffers (create) or the
+ * existing ones. */
+static int write_inputs_qkv(cp_problem *pb, int create)
+{
+  const float *host[] = {pb->q, pb->k, pb->v};
+  const size_t elems[] = {pb->q_elems, pb->k_elems, pb->v_elems};
+  cl_mem *bufs[] = {&pb->q_buf, &pb->k_buf, &pb->v_buf};
+  const char *names[] = {"q", "k", "v"};
+  for (int a = 0; a < 3; a++) {
+    void *owned;
+    const void *data = to_storage(pb, host[a], elems[a], &owned);
+    if (!data) {
+      PB_ERR(pb, "%s: out of host memory", names[a]);
+      return -1;
+    }
+    const size_t bytes = elems[a] * storage_bytes(pb);
+    int rc = create ? create_buf(pb, bufs[a], CL_MEM_READ_ONLY, bytes, (void *)data, names[a])
+                    : write_buf(pb, *bufs[a], bytes, data, names[a]);
+    free(owned);
+    if (rc)
+      return -1;
+  }
+  return 0;
+}
+
 int cp_write_inputs(cp_problem *pb)
 {
   if (!pb->queue) {
@@ -553,13 +695,14 @@ int cp_write_inputs(cp_problem *pb)
     return -1;
   }
   pb->ref_valid = 0;
-  if (write_buf(pb, pb->q_buf, pb->q_elems * sizeof(float), pb->q, "q") ||
-      write_buf(pb, pb->k_buf, pb->k_elems * sizeof(float), pb->k, "k") ||
-      write_buf(pb, pb->v_buf, pb->v_elems * sizeof(float), pb->v, "v") ||
+  if (write_inputs_qkv(pb, 0) ||
       write_buf(pb, pb->mask_buf, pb->mask_elems, pb->mask, "mask") ||
       write_buf(pb, pb->bias_buf, pb->bias_elems * sizeof(float), pb->bias, "bias") ||
       write_buf(pb, pb->kv_lens_buf, (size_t)pb->params.batch * sizeof(int32_t), pb->kv_lens,
-                "kv_lens"))
+                "kv_lens") ||
+      write_buf(pb, pb->alibi_buf, (size_t)pb->params.q_heads * sizeof(float), pb->alibi_slopes, "alibi") ||
+      write_buf(pb, pb->sinks_buf, (size_t)pb->params.q_heads * sizeof(float), pb->sinks, "sinks") ||
+      write_buf(pb, pb->additive_w_buf, (size_t)pb->params.head_dim * sizeof(float), pb->additive_w, "additive_w"))
     return -1;
   return 0;
 }
@@ -580,10 +723,8 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
     return -1;
   }
   const cl_mem_flags ro = CL_MEM_READ_ONLY, rw = CL_MEM_READ_WRITE;
-  if (create_buf(pb, &pb->q_buf, ro, pb->q_elems * sizeof(float), pb->q, "q") ||
-      create_buf(pb, &pb->k_buf, ro, pb->k_elems * sizeof(float), pb->k, "k") ||
-      create_buf(pb, &pb->v_buf, ro, pb->v_elems * sizeof(float), pb->v, "v") ||
-      create_buf(pb, &pb->out_buf, rw, pb->out_elems * sizeof(float), NULL, "out"))
+  if (write_inputs_qkv(pb, 1) ||
+      create_buf(pb, &pb->out_buf, rw, pb->out_elems * storage_bytes(pb), NULL, "out"))
     goto fail;
   if (pb->mask && create_buf(pb, &pb->mask_buf, ro, pb->mask_elems, pb->mask, "mask"))
     goto fail;
@@ -591,6 +732,15 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
     goto fail;
   if (pb->kv_lens && create_buf(pb, &pb->kv_lens_buf, ro, (size_t)pb->params.batch * sizeof(int32_t),
                                 pb->kv_lens, "kv_lens"))
+    goto fail;
+  if (pb->alibi_slopes && create_buf(pb, &pb->alibi_buf, ro, (size_t)pb->params.q_heads * sizeof(float),
+                                     pb->alibi_slopes, "alibi_slopes"))
+    goto fail;
+  if (pb->sinks && create_buf(pb, &pb->sinks_buf, ro, (size_t)pb->params.q_heads * sizeof(float), pb->sinks,
+                              "sinks"))
+    goto fail;
+  if (pb->additive_w && create_buf(pb, &pb->additive_w_buf, ro, (size_t)pb->params.head_dim * sizeof(float),
+                                   pb->additive_w, "additive_w"))
     goto fail;
   if (pb->lse_elems && create_buf(pb, &pb->lse_buf, rw, pb->lse_elems * sizeof(float), NULL, "lse"))
     goto fail;
@@ -611,6 +761,9 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
   p->mask.buf = pb->mask_buf;
   p->bias.buf = pb->bias_buf;
   p->kv_lens = pb->kv_lens_buf;
+  p->alibi_slopes = pb->alibi_buf;
+  p->sinks = pb->sinks_buf;
+  p->additive_w = pb->additive_w_buf;
   p->lse.buf = pb->lse_buf;
   p->weights.buf = pb->weights_buf;
   p->entropy.buf = pb->entropy_buf;
@@ -628,6 +781,9 @@ fail:
   release_mem(&pb->lse_buf);
   release_mem(&pb->weights_buf);
   release_mem(&pb->kv_lens_buf);
+  release_mem(&pb->alibi_buf);
+  release_mem(&pb->sinks_buf);
+  release_mem(&pb->additive_w_buf);
   release_mem(&pb->entropy_buf);
   release_mem(&pb->max_weight_buf);
   release_mem(&pb->argmax_buf);
@@ -649,13 +805,27 @@ static int fill_buf(cp_problem *pb, cl_mem m, size_t elems, float value, const c
   return 0;
 }
 
+/* Fills an out-like buffer (in the storage format) with value. */
+static int fill_storage(cp_problem *pb, cl_mem m, size_t elems, float value, const char *what)
+{
+  if (pb->shape.dtype == CLATTN_F32)
+    return fill_buf(pb, m, elems, value, what);
+  uint16_t pattern = pb->shape.dtype == CLATTN_F16 ? cp_f16_bits(value) : cp_bf16_bits(value);
+  cl_int e = clEnqueueFillBuffer(pb->queue, m, &pattern, sizeof pattern, 0, elems * sizeof pattern, 0, NULL, NULL);
+  if (e != CL_SUCCESS) {
+    PB_ERR(pb, "clEnqueueFillBuffer(%s): %s (%d)", what, cp_cl_error_name(e), e);
+    return -1;
+  }
+  return 0;
+}
+
 int cp_fill_outputs(cp_problem *pb, float value)
 {
   if (!pb->queue) {
     PB_ERR(pb, "cp_fill_outputs: not uploaded");
     return -1;
   }
-  if (fill_buf(pb, pb->out_buf, pb->out_elems, value, "out") ||
+  if (fill_storage(pb, pb->out_buf, pb->out_elems, value, "out") ||
       fill_buf(pb, pb->lse_buf, pb->lse_elems, value, "lse") ||
       fill_buf(pb, pb->weights_buf, pb->weights_elems, value, "weights") ||
       fill_buf(pb, pb->entropy_buf, pb->diag_elems, value, "entropy") ||
@@ -670,13 +840,30 @@ int cp_fill_outputs(cp_problem *pb, float value)
   return 0;
 }
 
+/* Reads an out-like buffer in the storage format into floats. */
+static int read_storage(cp_problem *pb, cl_mem m, size_t elems, float *dst, const char *what)
+{
+  if (pb->shape.dtype == CLATTN_F32)
+    return read_buf(pb, m, elems * sizeof(float), dst, what);
+  uint16_t *h = malloc(elems ? elems * sizeof *h : 1);
+  if (!h) {
+    PB_ERR(pb, "%s: out of host memory", what);
+    return -1;
+  }
+  int rc = read_buf(pb, m, elems * sizeof *h, h, what);
+  for (size_t i = 0; rc == 0 && i < elems; i++)
+    dst[i] = pb->shape.dtype == CLATTN_F16 ? cp_f16_value(h[i]) : cp_bf16_value(h[i]);
+  free(h);
+  return rc;
+}
+
 int cp_read_outputs(cp_problem *pb)
 {
   if (!pb->queue) {
     PB_ERR(pb, "cp_read_outputs: not uploaded");
     return -1;
   }
-  if (read_buf(pb, pb->out_buf, pb->out_elems * sizeof(float), pb->out_raw, "out") ||
+  if (read_storage(pb, pb->out_buf, pb->out_elems, pb->out_raw, "out") ||
       read_buf(pb, pb->lse_buf, pb->lse_elems * sizeof(float), pb->lse_raw, "lse") ||
       read_buf(pb, pb->weights_buf, pb->weights_elems * sizeof(float), pb->weights_raw, "weights") ||
       read_buf(pb, pb->entropy_buf, pb->diag_elems * sizeof(float), pb->entropy_raw, "entropy") ||
@@ -734,7 +921,9 @@ int cp_reference(cp_problem *pb)
   o.max_weight = pb->ref_max_weight;
   o.argmax = pb->ref_argmax;
   o.empty_rows = 0;
-  if (ref_forward(&pb->params, &in, &o) != 0) {
+  clattn_params as_f32 = pb->params; /* the host arrays hold the stored values as floats */
+  as_f32.dtype = CLATTN_F32;
+  if (ref_forward(&as_f32, &in, &o) != 0) {
     PB_ERR(pb, "ref_forward rejected the params");
     return -1;
   }

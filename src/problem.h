@@ -77,6 +77,12 @@ typedef struct {
   double qk_amp, v_amp;           /* q, k uniform in [-qk_amp, qk_amp]; v in [-v_amp, v_amp] */
   int want_lse, want_weights;
   int want_diag;                  /* entropy, max_weight and argmax outputs */
+  clattn_dtype dtype;             /* storage of q, k, v, out: inputs are rounded to it on the host,
+                                     so the reference sees exactly what the device reads */
+  float softcap;                  /* 0 = off */
+  int alibi;                      /* ALiBi slopes: the standard 2^(-8 (h+1) / Hq) */
+  int sinks;                      /* a random sink logit per head in [-1, 3] */
+  int additive;                   /* CLATTN_SCORE_ADDITIVE with random weights w in [-1, 1] */
   clattn_empty_rows empty_rows;
   clattn_algo algo;
   int poison_gaps;                /* NaN in every input element no view reads */
@@ -92,6 +98,8 @@ typedef struct {
   float *q, *k, *v, *bias;
   unsigned char *mask;
   int32_t *kv_lens;
+  float *alibi_slopes, *sinks;    /* [Hq] each, NULL when absent */
+  float *additive_w;              /* [head_dim], NULL unless additive */
   size_t q_elems, k_elems, v_elems, mask_elems, bias_elems;
   size_t out_elems, lse_elems, weights_elems;   /* whole output buffers */
   size_t diag_elems;              /* each of entropy, max_weight, argmax (viewed like lse) */
@@ -118,6 +126,7 @@ typedef struct {
   cl_command_queue queue;
   cl_mem q_buf, k_buf, v_buf, out_buf, mask_buf, bias_buf, lse_buf, weights_buf, kv_lens_buf;
   cl_mem entropy_buf, max_weight_buf, argmax_buf;
+  cl_mem alibi_buf, sinks_buf, additive_w_buf;
 
   char err[512];                  /* the last harness failure */
 } cp_problem;
@@ -201,6 +210,15 @@ int cp_result_ok(const cp_result *r, double tol);
 
 /* One line with the result's numbers. Returns buf. */
 char *cp_result_format(const cp_result *r, char *buf, size_t n);
+
+/* 16-bit storage formats: bits of a float rounded to nearest even (NaN
+ * stays NaN, overflow goes to inf), and the float a pattern holds. */
+uint16_t cp_f16_bits(float x);
+float cp_f16_value(uint16_t h);
+uint16_t cp_bf16_bits(float x);
+float cp_bf16_value(uint16_t h);
+/* x rounded to dtype's storage. */
+float cp_round_to(clattn_dtype dtype, float x);
 
 /* Element index of view t at (b, h, row, col), size_t arithmetic. */
 size_t cp_index(const clattn_tensor *t, int b, int h, int row, int col);

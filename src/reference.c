@@ -59,11 +59,19 @@ double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int
 {
   const int g = h / (p->q_heads / p->kv_heads);
   double dot = 0.0;
-  for (int d = 0; d < p->head_dim; d++)
-    dot += (double)in->q[view_index(&p->q, b, h, i, d)] * (double)in->k[view_index(&p->k, b, g, j, d)];
+  for (int d = 0; d < p->head_dim; d++) {
+    const double qd = in->q[view_index(&p->q, b, h, i, d)], kd = in->k[view_index(&p->k, b, g, j, d)];
+    dot += in->additive_w ? (double)in->additive_w[d] * tanh(qd + kd) : qd * kd;
+  }
   double sc = ref_scale(p) * dot;
+  if (p->softcap > 0.0f)
+    sc = (double)p->softcap * tanh(sc / (double)p->softcap);
   if (in->bias)
     sc += (double)in->bias[view_index(&p->bias, b, h, i, j)];
+  if (in->alibi_slopes) {
+    const long pos = (long)i + ((long)p->kv_len - (long)p->q_len);
+    sc -= (double)in->alibi_slopes[h] * (double)labs(pos - j);
+  }
   return sc;
 }
 
@@ -164,17 +172,21 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
                 wrow[j] = NAN;
           continue;
         }
+        /* a sink is one more logit in the denominator, without a value */
+        const double sink = in->sinks ? (double)in->sinks[h] : -INFINITY;
         if (!any) {                       /* empty row */
           empty++;
           for (int c = 0; c < dv; c++)
             orow[c] = 0.0;
           if (o->lse)
-            o->lse[row] = -INFINITY;
+            o->lse[row] = sink;
           diagnose(o, row, NULL, use, N, -1);
           continue;
         }
 
-        double sum = 0.0;
+        if (sink > mx)
+          mx = sink;
+        double sum = in->sinks ? exp(sink - mx) : 0.0;
         for (int j = 0; j < N; j++)
           if (use[j]) {
             s[j] = exp(s[j] - mx);        /* NaN when mx is +inf and s[j] too */

@@ -18,6 +18,9 @@ typedef struct {
   const unsigned char *mask;      /* NULL unless p->mask.buf is set */
   const float *bias;              /* NULL unless p->bias.buf is set */
   const int32_t *kv_lens;         /* NULL unless p->kv_lens is set: [B] */
+  const float *alibi_slopes;      /* NULL unless p->alibi_slopes is set: [Hq] */
+  const float *sinks;             /* NULL unless p->sinks is set: [Hq] */
+  const float *additive_w;        /* set exactly when p->score is CLATTN_SCORE_ADDITIVE: [head_dim] */
 } ref_inputs;
 
 typedef struct {
@@ -38,7 +41,8 @@ double ref_scale(const clattn_params *p);
  * mask, window/causal); the bias is not consulted. */
 int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j);
 
-/* Row (b, h, i)'s score of key j in fp64: scale * <q_i, k_j> + bias_ij
+/* Row (b, h, i)'s score of key j in fp64, shaped in clattn.h's order:
+ * scale * <q_i, k_j> (or the additive score), softcap, + bias_ij + ALiBi
  * (whether or not j is allowed). */
 double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j);
 

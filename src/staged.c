@@ -10,6 +10,41 @@
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
+clattn_status ca_enqueue_qk_score(clattn_context *ctx, cl_kernel score, cl_mem scores, const clattn_params *p,
+                                  const ca_plan *plan, int bh0, int i0, int rows, int heads, cl_uint n_wait,
+                                  const cl_event *wait, cl_event *prev) {
+  clattn_status st;
+  const tl_tiles *t = &ctx->tiles;
+  ca_args a = {score, "qk_score", 0, 0, CL_SUCCESS};
+  ca_arg_view(&a, &p->q);
+  ca_arg_view(&a, &p->k);
+  ca_arg_score(&a, p);
+  ca_arg_view(&a, &p->mask);
+  ca_arg_int(&a, plan->has_mask);
+  ca_arg_view(&a, &p->bias);
+  ca_arg_int(&a, plan->has_bias);
+  ca_arg_mem(&a, p->kv_lens);
+  ca_arg_int(&a, plan->has_kv_lens);
+  ca_arg_int(&a, p->q_heads);
+  ca_arg_int(&a, plan->group);
+  ca_arg_int(&a, p->q_len);
+  ca_arg_int(&a, p->kv_len);
+  ca_arg_int(&a, p->head_dim);
+  ca_arg_float(&a, plan->scale);
+  ca_arg_shape(&a, p);
+  ca_arg_int(&a, plan->window_left);
+  ca_arg_int(&a, plan->window_right);
+  ca_arg_int(&a, bh0);
+  ca_arg_int(&a, i0);
+  ca_arg_int(&a, rows);
+  ca_arg_mem(&a, scores);
+  if ((st = ca_args_done(&a))) return st;
+  const size_t local[3] = {(size_t)t->score_tn, (size_t)t->score_tm, 1};
+  const size_t global[3] = {round_up((size_t)p->kv_len, t->score_tn), round_up((size_t)rows, t->score_tm),
+                            (size_t)heads};
+  return ca_enqueue(ctx, score, "qk_score", 3, global, local, n_wait, wait, prev);
+}
+
 clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem scores, const clattn_params *p,
                                  const ca_plan *plan, int bh0, int i0, int rows, int heads, cl_mem empty_flag,
                                  cl_uint n_wait, const cl_event *wait, cl_event *prev) {
@@ -26,6 +61,7 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
   ca_arg_int(&s, plan->want_lse);
   ca_arg_view(&s, &p->weights);
   ca_arg_int(&s, plan->want_weights);
+  ca_arg_sinks(&s, p);
   ca_arg_diag(&s, p, plan->diag);
   ca_arg_mem(&s, empty_flag);
   if ((st = ca_args_done(&s))) return st;
@@ -46,9 +82,9 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
   const ca_chunk chunk = ca_plan_chunks(p, ctx->scratch_budget);
 
   if (done) *done = NULL;
-  if ((st = ca_create_kernel(ctx->core, "qk_score", &score)) ||
-      (st = ca_create_kernel(ctx->core, "softmax_rows", &softmax)) ||
-      (st = ca_create_kernel(ctx->core, "mix_values", &mix)))
+  cl_program core = NULL;
+  if ((st = ca_core_program(ctx, p->dtype, &core)) || (st = ca_create_kernel(core, "qk_score", &score)) ||
+      (st = ca_create_kernel(core, "softmax_rows", &softmax)) || (st = ca_create_kernel(core, "mix_values", &mix)))
     goto fail;
 
   size_t scratch_bytes = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len * sizeof(float);
@@ -62,32 +98,8 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
     for (int i0 = 0; i0 < p->q_len; i0 += chunk.rows) {
       const int rows = chunk.rows < p->q_len - i0 ? chunk.rows : p->q_len - i0;
 
-      ca_args a = {score, "qk_score", 0, 0, CL_SUCCESS};
-      ca_arg_view(&a, &p->q);
-      ca_arg_view(&a, &p->k);
-      ca_arg_view(&a, &p->mask);
-      ca_arg_int(&a, plan->has_mask);
-      ca_arg_view(&a, &p->bias);
-      ca_arg_int(&a, plan->has_bias);
-      ca_arg_mem(&a, p->kv_lens);
-      ca_arg_int(&a, plan->has_kv_lens);
-      ca_arg_int(&a, p->q_heads);
-      ca_arg_int(&a, plan->group);
-      ca_arg_int(&a, p->q_len);
-      ca_arg_int(&a, p->kv_len);
-      ca_arg_int(&a, p->head_dim);
-      ca_arg_float(&a, plan->scale);
-      ca_arg_int(&a, plan->window_left);
-      ca_arg_int(&a, plan->window_right);
-      ca_arg_int(&a, bh0);
-      ca_arg_int(&a, i0);
-      ca_arg_int(&a, rows);
-      ca_arg_mem(&a, scratch);
-      if ((st = ca_args_done(&a))) goto fail;
-      const size_t score_local[3] = {(size_t)t->score_tn, (size_t)t->score_tm, 1};
-      const size_t score_global[3] = {round_up((size_t)p->kv_len, t->score_tn), round_up((size_t)rows, t->score_tm),
-                                      (size_t)heads};
-      if ((st = ca_enqueue(ctx, score, "qk_score", 3, score_global, score_local, n_wait, wait, &prev))) goto fail;
+      if ((st = ca_enqueue_qk_score(ctx, score, scratch, p, plan, bh0, i0, rows, heads, n_wait, wait, &prev)))
+        goto fail;
 
       if ((st = ca_enqueue_softmax(ctx, softmax, scratch, p, plan, bh0, i0, rows, heads, empty_flag, n_wait, wait,
                                    &prev)))

@@ -56,6 +56,12 @@ void ca_tunable_set(tl_tiles *tiles, size_t *scratch, ca_tunable t, long long v)
   else if (t == CA_T_SCRATCH_BYTES) *scratch = (size_t)v;
 }
 
+/* strerror is not thread-safe; contexts are created from any thread. */
+static const char *errno_text(int e, char *buf, size_t n) {
+  if (strerror_r(e, buf, n) != 0) snprintf(buf, n, "error %d", e);
+  return buf;
+}
+
 static int is_pow2(long long v) { return v > 0 && (v & (v - 1)) == 0; }
 
 /* The absolute range of each value (the device's limits are checked when a
@@ -128,7 +134,8 @@ int ca_tuning_read(const char *path, ca_tuning *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   FILE *f = fopen(path, "r");
   if (!f) {
-    snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+    char why[128];
+    snprintf(err, errlen, "cannot open %s: %s", path, errno_text(errno, why, sizeof why));
     return -1;
   }
   char line[1024], why[320];
@@ -166,7 +173,8 @@ int ca_tuning_write(const char *path, const ca_tuning *t, char *err, size_t errl
   int fd = mkstemp(tmp);
   FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!f) {
-    snprintf(err, errlen, "cannot create a file beside %s: %s", path, strerror(errno));
+    char why[128];
+    snprintf(err, errlen, "cannot create a file beside %s: %s", path, errno_text(errno, why, sizeof why));
     if (fd >= 0) close(fd), unlink(tmp);
     free(tmp);
     return -1;
@@ -181,7 +189,8 @@ int ca_tuning_write(const char *path, const ca_tuning *t, char *err, size_t errl
   int bad = ferror(f);
   bad = (fclose(f) != 0) || bad;
   if (bad || rename(tmp, path) != 0) {
-    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    char why[128];
+    snprintf(err, errlen, "cannot write %s: %s", path, errno_text(errno, why, sizeof why));
     unlink(tmp);
     free(tmp);
     return -1;

@@ -97,9 +97,6 @@ static clattn_status check_dims(const clattn_params *p) {
 static clattn_status check_enums(const clattn_params *p) {
   if (p->dtype != CLATTN_F32 && p->dtype != CLATTN_F16 && p->dtype != CLATTN_BF16)
     return BAD("dtype %d is not a clattn_dtype", (int)p->dtype);
-  if (p->dtype != CLATTN_F32)
-    return ca_fail(CLATTN_ERR_UNSUPPORTED, "dtype %s: only CLATTN_F32 storage is supported in this build",
-                   p->dtype == CLATTN_F16 ? "CLATTN_F16" : "CLATTN_BF16");
   if (p->empty_rows != CLATTN_EMPTY_ZERO && p->empty_rows != CLATTN_EMPTY_ERROR)
     return BAD("empty_rows %d is not a clattn_empty_rows", (int)p->empty_rows);
   if (p->algo < CLATTN_ALGO_AUTO || p->algo > CLATTN_ALGO_GEMM)
@@ -107,6 +104,16 @@ static clattn_status check_enums(const clattn_params *p) {
   if (p->window_left < -1) return BAD("window_left must be -1 (unbounded) or >= 0 (got %d)", p->window_left);
   if (p->window_right < -1) return BAD("window_right must be -1 (unbounded) or >= 0 (got %d)", p->window_right);
   if (isinf(p->scale)) return BAD("scale must be finite or NAN (got %g)", (double)p->scale);
+  if (!(p->softcap >= 0.0f) || isinf(p->softcap))
+    return BAD("softcap must be 0 (off) or positive and finite (got %g)", (double)p->softcap);
+  if (p->score != CLATTN_SCORE_DOT && p->score != CLATTN_SCORE_ADDITIVE)
+    return BAD("score %d is not a clattn_score", (int)p->score);
+  if (p->score == CLATTN_SCORE_ADDITIVE && !p->additive_w)
+    return BAD("additive_w is NULL: CLATTN_SCORE_ADDITIVE needs the weights w (f32 [head_dim])");
+  if (p->score == CLATTN_SCORE_DOT && p->additive_w) return BAD("additive_w is set but score is CLATTN_SCORE_DOT");
+  if (p->cu_seqlens_q || p->cu_seqlens_k)
+    return ca_fail(CLATTN_ERR_UNSUPPORTED, "cu_seqlens_q/cu_seqlens_k: packed variable-length batches are not "
+                                           "supported in this build");
   return CLATTN_OK;
 }
 
@@ -122,10 +129,11 @@ static clattn_status check_views(const clattn_params *p) {
       {"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}};
   for (size_t i = 0; i < 4; i++)
     if (!required[i].t->buf) return BAD("%s.buf is NULL (q, k, v and out are required)", required[i].name);
-  if ((st = check_view("q", &p->q, q_dims, 4, sizeof(float), 0))) return st;
-  if ((st = check_view("k", &p->k, k_dims, 4, sizeof(float), 0))) return st;
-  if ((st = check_view("v", &p->v, v_dims, 4, sizeof(float), 0))) return st;
-  if ((st = check_view("out", &p->out, o_dims, 4, sizeof(float), 1))) return st;
+  const size_t elem = p->dtype == CLATTN_F32 ? sizeof(float) : 2; /* f16 and bf16: 16 bits */
+  if ((st = check_view("q", &p->q, q_dims, 4, elem, 0))) return st;
+  if ((st = check_view("k", &p->k, k_dims, 4, elem, 0))) return st;
+  if ((st = check_view("v", &p->v, v_dims, 4, elem, 0))) return st;
+  if ((st = check_view("out", &p->out, o_dims, 4, elem, 1))) return st;
   if (p->mask.buf && (st = check_view("mask", &p->mask, s_dims, 4, 1, 0))) return st;
   if (p->bias.buf && (st = check_view("bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
   if (p->lse.buf && (st = check_view("lse", &p->lse, lse_dims, 3, sizeof(float), 1))) return st;
@@ -138,6 +146,13 @@ static clattn_status check_views(const clattn_params *p) {
     const int b_dims[] = {p->batch};
     if ((st = check_view("kv_lens", &lens, b_dims, 1, sizeof(int32_t), 0))) return st;
   }
+  const int h_dims[] = {p->q_heads};
+  const clattn_tensor alibi = {p->alibi_slopes, 0, {1, 0, 0, 0}}, sinks = {p->sinks, 0, {1, 0, 0, 0}};
+  if (p->alibi_slopes && (st = check_view("alibi_slopes", &alibi, h_dims, 1, sizeof(float), 0))) return st;
+  if (p->sinks && (st = check_view("sinks", &sinks, h_dims, 1, sizeof(float), 0))) return st;
+  const int d_dims[] = {p->head_dim};
+  const clattn_tensor w = {p->additive_w, 0, {1, 0, 0, 0}};
+  if (p->additive_w && (st = check_view("additive_w", &w, d_dims, 1, sizeof(float), 0))) return st;
   return CLATTN_OK;
 }
 

@@ -46,7 +46,7 @@ static clattn_params dense_params(int H, int Hk, int M, int N, int dk, int dv)
 static int run1(clattn_params *p, const float *q, const float *k, const float *v,
                 const unsigned char *mask, double *out, double *w, double *lse, long *empty)
 {
-  ref_inputs in = { q, k, v, mask, NULL, NULL };
+  ref_inputs in = { .q = q, .k = k, .v = v, .mask = mask };
   ref_outputs o = { .out = out, .lse = lse, .weights = w };
   int rc = ref_forward(p, &in, &o);
   if (empty)
@@ -163,7 +163,7 @@ static void empty_rows_give_zero_and_minus_inf(void)
   CHECK(isfinite(out[1]) && isfinite(lse[1]));
 
   const float bias[] = { -INFINITY, -INFINITY, 0, -INFINITY };
-  ref_inputs in = { q, k, v, NULL, bias, NULL };
+  ref_inputs in = { .q = q, .k = k, .v = v, .bias = bias };
   ref_outputs o = { .out = out, .lse = lse, .weights = w };
   REQUIRE(ref_forward(&p, &in, &o) == 0);
   CHECK(o.empty_rows == 1);
@@ -173,7 +173,7 @@ static void empty_rows_give_zero_and_minus_inf(void)
 
   /* kv_lens = 0 empties every row of the batch; lengths clamp to [0, N] */
   const int32_t lens0[] = { 0 }, lens_big[] = { 99 };
-  ref_inputs in2 = { q, k, v, NULL, NULL, lens0 };
+  ref_inputs in2 = { .q = q, .k = k, .v = v, .kv_lens = lens0 };
   o.empty_rows = 0;
   REQUIRE(ref_forward(&p, &in2, &o) == 0);
   CHECK(o.empty_rows == 2);
@@ -191,7 +191,7 @@ static void window_and_causal_allowed_sets_are_bottom_right(void)
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
     int M = shapes[si][0], N = shapes[si][1];
     clattn_params p = dense_params(1, 1, M, N, 1, 1);
-    ref_inputs in = { NULL, NULL, NULL, NULL, NULL, NULL };
+    ref_inputs in = { 0 };
     for (int causal = 0; causal < 2; causal++)
       for (size_t a = 0; a < 4; a++)
         for (size_t c = 0; c < 4; c++) {
@@ -213,7 +213,7 @@ static void window_and_causal_allowed_sets_are_bottom_right(void)
 
   /* decode step: M = 1 sees the whole cache under causal */
   clattn_params p = dense_params(1, 1, 1, 8, 1, 1);
-  ref_inputs in = { NULL, NULL, NULL, NULL, NULL, NULL };
+  ref_inputs in = { 0 };
   p.causal = 1;
   for (int j = 0; j < 8; j++)
     CHECK(ref_allowed(&p, &in, 0, 0, 0, j));
@@ -238,14 +238,14 @@ static void gqa_head_reads_kv_head_h_over_group(void)
   for (int i = 0; i < HK * N * D; i++) v[i] = (float)(i + 1);
   clattn_params p = dense_params(H, HK, M, N, D, D);
   double out[H * M * D];
-  ref_inputs in = { q, k, v, NULL, NULL, NULL };
+  ref_inputs in = { .q = q, .k = k, .v = v };
   ref_outputs o = { .out = out, .lse = NULL, .weights = NULL };
   REQUIRE(ref_forward(&p, &in, &o) == 0);
   for (int h = 0; h < H; h++) {
     int g = h / (H / HK);
     clattn_params p1 = dense_params(1, 1, M, N, D, D);
     double out1[M * D];
-    ref_inputs in1 = { q + h * M * D, k + g * N * D, v + g * N * D, NULL, NULL, NULL };
+    ref_inputs in1 = { .q = q + h * M * D, .k = k + g * N * D, .v = v + g * N * D };
     ref_outputs o1 = { .out = out1, .lse = NULL, .weights = NULL };
     REQUIRE(ref_forward(&p1, &in1, &o1) == 0);
     for (int x = 0; x < M * D; x++)
@@ -264,7 +264,7 @@ static void disallowed_nan_never_reaches_reference_output(void)
   const int32_t lens[] = { 2 };
   clattn_params p = dense_params(1, 1, 1, 4, 2, 1);
   double out[1], w[4], lse[1];
-  ref_inputs in = { q, k, v, mask, NULL, lens };
+  ref_inputs in = { .q = q, .k = k, .v = v, .mask = mask, .kv_lens = lens };
   ref_outputs o = { .out = out, .lse = lse, .weights = w };
   REQUIRE(ref_forward(&p, &in, &o) == 0);
   CHECK(out[0] == 7.0);
@@ -278,7 +278,7 @@ static void nan_in_allowed_score_poisons_only_its_row(void)
   const float q[] = { 1, 0, NAN, 0 }, k[] = { 1, 0, 0, 1 }, v[] = { 1, 2 };
   clattn_params p = dense_params(1, 1, 2, 2, 2, 1);
   double out[2], lse[2];
-  ref_inputs in = { q, k, v, NULL, NULL, NULL };
+  ref_inputs in = { .q = q, .k = k, .v = v };
   ref_outputs o = { .out = out, .lse = lse, .weights = NULL };
   REQUIRE(ref_forward(&p, &in, &o) == 0);
   CHECK(isfinite(out[0]) && isfinite(lse[0]));
@@ -306,7 +306,7 @@ static void strided_views_and_broadcast_mask_index_correctly(void)
   clattn_params p = dense_params(H, H, M, N, D, D);
   p.batch = B;
   double ref[B * H * M * D], got[B * H * M * D];
-  ref_inputs in = { q, k, v, mask_full, NULL, NULL };
+  ref_inputs in = { .q = q, .k = k, .v = v, .mask = mask_full };
   ref_outputs o = { .out = ref, .lse = NULL, .weights = NULL };
   REQUIRE(ref_forward(&p, &in, &o) == 0);
 
@@ -334,7 +334,7 @@ static void strided_views_and_broadcast_mask_index_correctly(void)
   memcpy(p2.v.stride, skv, sizeof skv);
   memcpy(p2.mask.stride, sm, sizeof sm);
   p2.q.offset = p2.k.offset = p2.v.offset = p2.mask.offset = OFF;
-  ref_inputs in2 = { q2, k2, v2, m2, NULL, NULL };
+  ref_inputs in2 = { .q = q2, .k = k2, .v = v2, .mask = m2 };
   ref_outputs o2 = { .out = got };
   REQUIRE(ref_forward(&p2, &in2, &o2) == 0);
   for (int x = 0; x < B * H * M * D; x++)

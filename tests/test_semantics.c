@@ -183,6 +183,124 @@ static void route_diagnostics_of_one_hot_tied_and_empty_rows(void)
   cp_free(pb);
 }
 
+/* Score shaping: softcap, ALiBi and sinks, alone and together with a mask,
+ * bias, window, GQA and kv_lens, on every algorithm against the reference. */
+static void score_shaping_matches_reference(void)
+{
+  for (int variant = 0; variant < 5; variant++) {
+    cp_shape s = cp_shape_default();
+    s.batch = 2; s.q_heads = 4; s.kv_heads = 2; s.q_len = 37; s.kv_len = 53; s.head_dim = 40; s.value_dim = 24;
+    s.want_lse = 1; s.want_diag = 1; s.qk_amp = 3.0; s.poison_gaps = 1; s.poison_disallowed = 1;
+    s.seed = 40 + (uint64_t)variant;
+    s.softcap = variant == 0 || variant == 3 ? 2.5f : 0.0f;
+    s.alibi = variant == 1 || variant == 3;
+    s.sinks = variant == 2 || variant == 3 || variant == 4;
+    if (variant >= 3) {
+      s.mask = CP_MASK_RANDOM; s.bias = CP_BIAS_RANDOM; s.kv_lens = 1; s.causal = 1; s.window_left = 20;
+      s.layout = CP_BSHD; s.pad = 2;
+    }
+    if (variant == 4) { s.q_len = 1; s.kv_len = 700; s.mask = CP_MASK_NONE; s.window_left = -1; s.want_diag = 0; }
+    cp_problem *pb;
+    KC_BUILD(pb, &s);
+    for (size_t a = 0; a < KC_NALGOS; a++)
+      KC_RUN_OK(pb, kc_algos[a], 1e-5);
+    s.want_weights = 1;   /* the routing matrix too (FUSED cannot give it) */
+    cp_free(pb);
+    KC_BUILD(pb, &s);
+    for (size_t a = 0; a < KC_NALGOS; a++)
+      KC_RUN_OK(pb, kc_algos[a], 1e-5);
+    cp_free(pb);
+  }
+}
+
+/* Additive (Bahdanau) scores s_ij = scale sum_t w_t tanh(q_it + k_jt) on
+ * every algorithm (prefill and decode, head dims with and without a multiple
+ * of 16), and one closed-form case. */
+static void additive_scoring_matches_reference(void)
+{
+  for (int variant = 0; variant < 3; variant++) {
+    cp_shape s = cp_shape_default();
+    s.q_heads = 4; s.kv_heads = 2; s.additive = 1; s.want_lse = 1; s.want_diag = 1; s.poison_disallowed = 1;
+    s.seed = 60 + (uint64_t)variant;
+    if (variant == 0) { s.q_len = 37; s.kv_len = 53; s.head_dim = 40; s.value_dim = 24; s.causal = 1; s.mask = CP_MASK_RANDOM; }
+    if (variant == 1) { s.q_len = 1; s.kv_len = 700; s.head_dim = 64; s.value_dim = 32; s.kv_lens = 1; }
+    if (variant == 2) { s.q_len = 129; s.kv_len = 17; s.head_dim = 7; s.value_dim = 5; s.layout = CP_BSHD; s.pad = 2; }
+    cp_problem *pb;
+    KC_BUILD(pb, &s);
+    for (size_t a = 0; a < KC_NALGOS; a++)
+      KC_RUN_OK(pb, kc_algos[a], 1e-5);
+    cp_free(pb);
+  }
+  /* one query, two keys, d = 1: weights softmax(scale w tanh(q + k_j)) */
+  cp_shape s = cp_shape_default();
+  s.q_len = 1; s.kv_len = 2; s.head_dim = 1; s.value_dim = 1; s.additive = 1; s.scale = 2.0f; s.want_weights = 1;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  const clattn_params *p = &pb->params;
+  pb->q[cp_index(&p->q, 0, 0, 0, 0)] = 0.5f;
+  pb->k[cp_index(&p->k, 0, 0, 0, 0)] = 0.25f;
+  pb->k[cp_index(&p->k, 0, 0, 1, 0)] = -1.0f;
+  pb->additive_w[0] = 1.5f;
+  const double s0 = 2.0 * 1.5 * tanh(0.75), s1 = 2.0 * 1.5 * tanh(-0.5);
+  const double w0 = 1.0 / (1.0 + exp(s1 - s0));
+  for (size_t a = 0; a < KC_NALGOS; a++)
+    if (KC_RUN_OK(pb, kc_algos[a], 1e-5) > 0)
+      CHECK_CLOSE(pb->weights[0], w0, 1e-6);
+  cp_free(pb);
+}
+
+/* ALiBi with scale 0: a_j proportional to exp(-slope |p - j|), closed form. */
+static void alibi_alone_gives_closed_form_weights(void)
+{
+  cp_shape s = cp_shape_default();
+  s.q_heads = 2; s.kv_heads = 1; s.q_len = 1; s.kv_len = 40; s.head_dim = 8; s.value_dim = 8;
+  s.scale = 0.0f; s.alibi = 1; s.want_weights = 1; s.want_lse = 1;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    if (KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0)
+      continue;
+    for (int h = 0; h < 2; h++) {
+      const double slope = pow(2.0, -8.0 * (h + 1) / 2);
+      double z = 0.0;
+      for (int j = 0; j < 40; j++)
+        z += exp(-slope * (39 - j));
+      for (int j = 0; j < 40; j++)
+        CHECK_CLOSE(pb->weights[(size_t)h * 40 + j], exp(-slope * (39 - j)) / z, 1e-6);
+    }
+  }
+  cp_free(pb);
+}
+
+/* A sink takes its share of the denominator: the keys' weights sum to
+ * 1 - exp(sink - lse); a row with no allowed key has O = 0, lse = sink. */
+static void sinks_share_the_denominator_and_fill_empty_rows(void)
+{
+  cp_shape s = cp_shape_default();
+  s.batch = 2; s.q_heads = 2; s.kv_heads = 1; s.q_len = 3; s.kv_len = 30; s.head_dim = 8; s.value_dim = 8;
+  s.sinks = 1; s.kv_lens = 1; s.want_weights = 1; s.want_lse = 1; s.poison_disallowed = 1;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  pb->kv_lens[1] = 0;                       /* batch 1: every row empty */
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    if (KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0)
+      continue;
+    for (int h = 0; h < 2; h++)
+      for (int i = 0; i < 3; i++) {
+        const size_t row = (size_t)h * 3 + i, empty_row = (size_t)(2 + h) * 3 + i;
+        double sum = 0.0;
+        for (int j = 0; j < 30; j++)
+          sum += pb->weights[row * 30 + j];
+        CHECK_CLOSE(sum, 1.0 - exp((double)pb->sinks[h] - (double)pb->lse[row]), 1e-6);
+        CHECKF(pb->lse[empty_row] == pb->sinks[h], "%s: empty row lse %g, sink %g", clattn_algo_name(kc_algos[a]),
+               pb->lse[empty_row], pb->sinks[h]);
+        for (int c = 0; c < 8; c++)
+          CHECK(pb->out[empty_row * 8 + c] == 0.0f);
+      }
+  }
+  cp_free(pb);
+}
+
 static void two_key_mixture_gives_1_34_1_32(void)
 {
   const float q[] = { 1, 0 }, k[] = { 1, 0, 0, 1 }, v[] = { 2, 0, 0, 4 };
@@ -803,6 +921,10 @@ int main(int argc, char **argv)
     CT_TEST(two_key_mixture_gives_1_34_1_32),
     CT_TEST(route_diagnostics_of_uniform_rows),
     CT_TEST(route_diagnostics_of_one_hot_tied_and_empty_rows),
+    CT_TEST(score_shaping_matches_reference),
+    CT_TEST(alibi_alone_gives_closed_form_weights),
+    CT_TEST(additive_scoring_matches_reference),
+    CT_TEST(sinks_share_the_denominator_and_fill_empty_rows),
     CT_TEST(paired_permutation_leaves_output),
     CT_TEST(masked_candidates_nan_changes_nothing),
     CT_TEST(keys_past_kv_lens_nan_changes_nothing),

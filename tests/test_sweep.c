@@ -89,6 +89,10 @@ static cp_shape random_shape(int index, double cap)
     s.want_lse = rnd(4) != 0;
     s.want_weights = rnd(3) == 0 && (double)s.q_len * s.kv_len <= 600000.0;
     s.want_diag = rnd(2);
+    s.softcap = rnd(4) == 0 ? 1.5f + (float)rnd(20) : 0.0f;
+    s.alibi = rnd(4) == 0;
+    s.sinks = rnd(4) == 0;
+    s.additive = rnd(5) == 0;
     s.empty_rows = CLATTN_EMPTY_ZERO;
     s.poison_gaps = 1;
     s.poison_disallowed = rnd(2);

@@ -285,15 +285,37 @@ static void null_context_or_params_are_invalid(void)
   clattn_destroy(NULL);                 /* harmless */
 }
 
-static void half_precision_dtypes_are_unsupported(void)
+/* 16-bit storage sizes q, k, v and out in 2-byte elements: the f32
+ * buffers hold twice that, so views reaching past their 16-bit half still
+ * fit, and views past the whole buffer do not. */
+static void half_precision_views_are_sized_in_16_bits(void)
 {
   cp_problem *pb = base();
   REQUIRE(pb);
+  const clattn_dtype types[] = {CLATTN_F16, CLATTN_BF16};
+  for (int t = 0; t < 2; t++) {
+    clattn_params p = pb->params;
+    p.dtype = types[t];
+    p.weights.buf = NULL;             /* only what validation reads: views against buffer sizes */
+    p.out.offset = pb->out_elems;     /* past the 16-bit half of out's f32-sized buffer, inside the buffer */
+    p.lse.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
+    ca_plan plan;
+    CHECKF(ca_validate(ct_context(), &p, &plan) == CLATTN_OK, "%s: %s", t ? "bf16" : "f16",
+           clattn_last_error(ct_context()));
+    p.out.offset = 2 * pb->out_elems;
+    REJECT(&p, CLATTN_ERR_BUFFER_TOO_SMALL, "out", "16-bit out view past its buffer");
+  }
   clattn_params p = pb->params;
-  p.dtype = CLATTN_F16;
-  REJECT(&p, CLATTN_ERR_UNSUPPORTED, NULL, "dtype F16");
-  p.dtype = CLATTN_BF16;
-  REJECT(&p, CLATTN_ERR_UNSUPPORTED, NULL, "dtype BF16");
+  p.dtype = (clattn_dtype)7;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "dtype", "dtype 7");
+  p = pb->params;
+  p.softcap = -1.0f;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "softcap", "softcap -1");
+  p.softcap = NAN;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "softcap", "softcap NaN");
+  p = pb->params;
+  p.score = (clattn_score)5;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "score", "score 5");
 }
 
 static void out_of_range_enums_are_invalid(void)
@@ -362,7 +384,7 @@ int main(int argc, char **argv)
     CT_TEST(size_overflow_is_rejected_without_crash),
     CT_TEST(weights_with_fused_are_unsupported),
     CT_TEST(null_context_or_params_are_invalid),
-    CT_TEST(half_precision_dtypes_are_unsupported),
+    CT_TEST(half_precision_views_are_sized_in_16_bits),
     CT_TEST(out_of_range_enums_are_invalid),
     CT_TEST(broadcast_output_view_is_invalid),
     CT_TEST(valid_call_after_rejections_still_works),

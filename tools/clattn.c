@@ -36,6 +36,7 @@ static int usage(FILE *f) {
           "                  [--kv-lens] [--mask random|block|none] [--bias] [--layout bhsd|bshd]\n"
           "                  [--scale S] [--algo auto|staged|fused|gemm] [--weights] [--lse] [--diag]\n"
           "                  [--empty zero|error] [--poison] [--reps R] [--seed S] [--tol T]\n"
+          "                  [--dtype f32|f16|bf16] [--softcap C] [--alibi] [--sinks] [--additive]\n"
           "                  [--heatmap FILE.png]\n"
           "%s%s%s",
           bench_usage, tune_usage, lab_usage);
@@ -123,6 +124,18 @@ static int parse_run(int argc, char **argv, cp_shape *s, int *reps, double *tol,
     if (strcmp(o, "--weights") == 0) { s->want_weights = 1; continue; }
     if (strcmp(o, "--lse") == 0) { s->want_lse = 1; continue; }
     if (strcmp(o, "--diag") == 0) { s->want_diag = 1; continue; }
+    if (strcmp(o, "--alibi") == 0) { s->alibi = 1; continue; }
+    if (strcmp(o, "--additive") == 0) { s->additive = 1; continue; }
+    if (strcmp(o, "--dtype") == 0 && val) {
+      if (!strcmp(val, "f32")) s->dtype = CLATTN_F32;
+      else if (!strcmp(val, "f16")) s->dtype = CLATTN_F16;
+      else if (!strcmp(val, "bf16")) s->dtype = CLATTN_BF16;
+      else return fprintf(stderr, "clattn run: --dtype f32|f16|bf16\n"), -1;
+      i++;
+      continue;
+    }
+    if (strcmp(o, "--sinks") == 0) { s->sinks = 1; continue; }
+    if (strcmp(o, "--softcap") == 0 && val) { s->softcap = strtof(val, NULL); i++; continue; }
     if (strcmp(o, "--poison") == 0) { s->poison_disallowed = 1; s->poison_gaps = 1; continue; }
     if (strcmp(o, "--window") == 0 && val && sscanf(val, "%d,%d", &s->window_left, &s->window_right) == 2) { i++; continue; }
     if (strcmp(o, "--layout") == 0 && val && (!strcmp(val, "bhsd") || !strcmp(val, "bshd"))) {
