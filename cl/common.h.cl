@@ -52,6 +52,44 @@ inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, long b, i
   return clamp(n, 0, kv_len);
 }
 
+/* Where batch row b's sequence lies. Padded batches: rows and keys start at
+ * 0, q_len rows, kv_lens[b] (or kv_len) keys, aligned on q_len / kv_len.
+ * Packed variable-length batches (varlen): sequence b is rows cu_q[b] ..
+ * cu_q[b+1]-1 of q and out and cu_k[b] .. cu_k[b+1]-1 of k and v, aligned
+ * on its own lengths. The offsets are clamped to the totals and the
+ * lengths to q_len / kv_len, so malformed cu_seqlens never leave the views. */
+#define CA_SEQ_ARGS                                                                                 \
+  __global const int *kv_lens, int has_kv_lens, __global const int *cu_q, __global const int *cu_k, \
+      int varlen, int total_q, int total_kv
+#define CA_SEQ_PASS kv_lens, has_kv_lens, cu_q, cu_k, varlen, total_q, total_kv
+typedef struct {
+  long q0, k0;          /* first physical row of q/out and of k/v */
+  int rows, keys;       /* query rows that exist, keys that are valid */
+  int align_m, align_n; /* the lengths the bottom-right alignment uses */
+} ca_seq;
+
+inline ca_seq ca_sequence(long b, int q_len, int kv_len, CA_SEQ_ARGS) {
+  ca_seq s;
+  if (!varlen) {
+    s.q0 = 0;
+    s.k0 = 0;
+    s.rows = q_len;
+    s.keys = ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
+    s.align_m = q_len;
+    s.align_n = kv_len;
+    return s;
+  }
+  const int q0 = clamp(cu_q[b], 0, total_q), q1 = clamp(cu_q[b + 1], q0, total_q);
+  const int k0 = clamp(cu_k[b], 0, total_kv), k1 = clamp(cu_k[b + 1], k0, total_kv);
+  s.q0 = q0;
+  s.k0 = k0;
+  s.rows = min(q1 - q0, q_len);
+  s.keys = min(k1 - k0, kv_len);
+  s.align_m = s.rows;
+  s.align_n = s.keys;
+  return s;
+}
+
 /* The score before scaling: <q, k>, or with `additive` (Bahdanau) the sum
  * over t of w_t tanh(q_t + k_t); add_w is f32 [head_dim]. */
 #define CA_SCORE_ARGS __global const float *add_w, int additive

@@ -53,19 +53,19 @@
  */
 __kernel void flash_pack(__global const store_t *k, ulong k_off, ulong4 k_st,
                          __global const store_t *v, ulong v_off, ulong4 v_st,
-                         __global const int *kv_lens, int has_kv_lens,
-                         int kv_heads, int kv_len, int n_pad,
+                         CA_SEQ_ARGS, int q_len, int kv_heads, int kv_len, int n_pad,
                          __global float *kt, __global float *vp) {
   const int j = get_global_id(0);
   const int bh = get_global_id(1);
   if (j >= n_pad) return;
   const int b = bh / kv_heads, hk = bh % kv_heads;
-  const bool valid = j < ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  const bool valid = j < sq.keys;
   __global float *kt_head = kt + (ulong)bh * DK * (ulong)n_pad;
   for (int d = 0; d < DK; d++)
-    kt_head[(ulong)d * (ulong)n_pad + j] = valid ? ca_load(k, ca_at(k_off, k_st, b, hk, j, d)) : 0.0f;
+    kt_head[(ulong)d * (ulong)n_pad + j] = valid ? ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + j, d)) : 0.0f;
   __global float *vp_row = vp + ((ulong)bh * (ulong)n_pad + (ulong)j) * DVP;
-  for (int c = 0; c < DVP; c++) vp_row[c] = (valid && c < DV) ? ca_load(v, ca_at(v_off, v_st, b, hk, j, c)) : 0.0f;
+  for (int c = 0; c < DVP; c++) vp_row[c] = (valid && c < DV) ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)) : 0.0f;
 }
 
 /* The key range [lo, hi] that row (h, i) may see: window and kv_lens. */
@@ -96,7 +96,7 @@ inline float flash_hsum(float16 x) {
  * split `split`'s partial state when the keys were split. l = 0 means no
  * allowed key: O = 0, lse = -INFINITY, and the empty-row flag is raised. */
 inline void flash_store_row(const float *acc, float m, float l, float t, int best, float sink, int b, int h, int i,
-                            int q_heads, int kv_heads, int q_len, int split, int n_splits, __global store_t *out,
+                            long out_row, int q_heads, int kv_heads, int q_len, int split, int n_splits, __global store_t *out,
                             ulong out_off, ulong4 out_st, __global float *lse, ulong lse_off, ulong4 lse_st,
                             int want_lse, CA_DIAG_ARGS, __global float *part_o, __global float *part_lse,
                             __global int *empty_flag) {
@@ -116,7 +116,7 @@ inline void flash_store_row(const float *acc, float m, float l, float t, int bes
     for (int c = 0; c < DV; c++) part_o[part * DV + c] = acc[c] * inv;
     part_lse[part] = row_lse;
   } else {
-    for (int c = 0; c < DV; c++) ca_store(out, ca_at(out_off, out_st, b, h, i, c), acc[c] * inv);
+    for (int c = 0; c < DV; c++) ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), acc[c] * inv);
     if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = row_lse;
     if (diag) ca_store_diag(empty, l_keys, l_f, empty ? 0.0f : alpha * (t + l * (m - m_f)), alpha, best, b, h, i, CA_DIAG_PASS);
     if (empty) atomic_or(empty_flag, 1);
@@ -138,11 +138,11 @@ inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_old, fl
   }
 }
 
-/* Columns c .. c+15 of value row j of KV head (b, hk): packed (DVP floats
- * per row) or read in place. */
+/* Columns c .. c+15 of value j of KV head (b, hk): packed (DVP floats per
+ * key) or read in place from physical row v_row. */
 inline float16 flash_value16(__global const float *vp, ulong vp_head, __global const store_t *v, ulong v_off,
-                             ulong4 v_st, int direct, int b, int hk, int j, int c) {
-  return direct ? ca_load16(v + ca_at(v_off, v_st, b, hk, j, c)) : vload16(0, vp + vp_head + (ulong)j * DVP + c);
+                             ulong4 v_st, int direct, int b, int hk, long v_row, int j, int c) {
+  return direct ? ca_load16(v + ca_at(v_off, v_st, b, hk, v_row, c)) : vload16(0, vp + vp_head + (ulong)j * DVP + c);
 }
 
 /*
@@ -160,8 +160,7 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
                        const int bm,
                        __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                        __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
-                       __global const int *kv_lens, int has_kv_lens,
-                       int q_heads, int kv_heads, int group, int q_len, int kv_len,
+                       CA_SEQ_ARGS, int q_heads, int kv_heads, int group, int q_len, int kv_len,
                        float scale, CA_SHAPE_ARGS, __global const float *sinks, int has_sinks,
                        int window_left, int window_right, int split_keys,
                        __global store_t *out, ulong out_off, ulong4 out_st,
@@ -173,7 +172,8 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
   const int bhk = get_global_id(1);
   const int split = get_global_id(2), n_splits = get_global_size(2);
   const int b = bhk / kv_heads, hk = bhk % kv_heads;
-  const int n_valid = ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  const int n_valid = sq.keys;
   if (t0 >= rows_per_kv) return;
 
   float qr[FLASH_BM_MAX][DK];  /* direct mode needs DK % 16 == 0 */
@@ -185,13 +185,14 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
     int t = min(t0 + r, rows_per_kv - 1); /* padding rows repeat the last row, never written */
     hs[r] = hk * group + t / q_len;
     is[r] = t % q_len;
-    for (int d = 0; d < DK; d++) qr[r][d] = ca_load(q, ca_at(q_off, q_st, b, hs[r], is[r], d));
+    for (int d = 0; d < DK; d++)   /* a row past a packed sequence's end does not exist */
+      qr[r][d] = is[r] < sq.rows ? ca_load(q, ca_at(q_off, q_st, b, hs[r], sq.q0 + is[r], d)) : 0.0f;
     for (int c = 0; c < DVP; c++) acc[r][c] = 0.0f;
     m[r] = -INFINITY;
     l[r] = 0.0f;
     tsum[r] = 0.0f;
     best[r] = -1;
-    int2 keys = flash_row_keys(is[r], q_len, kv_len, n_valid, window_left, window_right);
+    int2 keys = flash_row_keys(is[r], sq.align_m, sq.align_n, n_valid, window_left, window_right);
     lo_min = min(lo_min, keys.x);
     lo_max = max(lo_max, keys.x);
     hi_min = min(hi_min, keys.y);
@@ -232,7 +233,7 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
       float e[FLASH_BM_MAX][FLASH_BN];
       for (int jj = 0; jj < FLASH_BN; jj++) {
         const int j = j0 + jj;
-        __global const store_t *krow = k + ca_at(k_off, k_st, b, hk, min(j, kv_len - 1), 0);
+        __global const store_t *krow = k + ca_at(k_off, k_st, b, hk, sq.k0 + min(j, n_valid - 1), 0);
 #pragma unroll
         for (int r = 0; r < bm; r++) {
           float16 dot = (float16)(0.0f);
@@ -258,13 +259,13 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
       if (per_key) {
         float e[FLASH_BN];
         vstore16(x, 0, e);
-        const int2 keys = flash_row_keys(is[r], q_len, kv_len, n_valid, window_left, window_right);
+        const int2 keys = flash_row_keys(is[r], sq.align_m, sq.align_n, n_valid, window_left, window_right);
         for (int jj = 0; jj < FLASH_BN; jj++) {
           const int j = j0 + jj;
           bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
           if (allowed && has_bias) e[jj] += bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)];
-          if (allowed && has_alibi) e[jj] += ca_alibi(is[r], j, q_len, kv_len, alibi[hs[r]]);
+          if (allowed && has_alibi) e[jj] += ca_alibi(is[r], j, sq.align_m, sq.align_n, alibi[hs[r]]);
           e[jj] = allowed ? e[jj] : -INFINITY;
         }
         x = vload16(0, e);
@@ -280,20 +281,20 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
     }
     /* Values: per 16-column slice, rescale the BM accumulators once, then
      * add the block's weighted value rows (only keys below kv_len are read). */
-    const int n_block = min(FLASH_BN, kv_len - j0);
+    const int n_block = min(FLASH_BN, n_valid - j0);
     for (int c = 0; c < DVP; c += 16) {
       float16 a[FLASH_BM_MAX];
 #pragma unroll
       for (int r = 0; r < bm; r++) a[r] = vload16(0, acc[r] + c) * alpha[r];
       if (full) {
         for (int jj = 0; jj < FLASH_BN; jj++) {
-          const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj, c);
+          const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, sq.k0 + j0 + jj, j0 + jj, c);
 #pragma unroll
           for (int r = 0; r < bm; r++) a[r] = fma((float16)(p[r][jj]), vv, a[r]);
         }
       } else {
         for (int jj = 0; jj < n_block; jj++) {
-          const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, j0 + jj, c);
+          const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, sq.k0 + j0 + jj, j0 + jj, c);
           /* a zero weight mixes nothing in, even a NaN value */
 #pragma unroll
           for (int r = 0; r < bm; r++)
@@ -306,8 +307,9 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
   }
 
   for (int r = 0; r < bm && t0 + r < rows_per_kv; r++)
-    flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], has_sinks ? sinks[hs[r]] : -INFINITY, b, hs[r], is[r],
-                    q_heads, kv_heads, q_len, split, n_splits,
+    if (is[r] < sq.rows)
+      flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], has_sinks ? sinks[hs[r]] : -INFINITY, b, hs[r], is[r],
+                    sq.q0 + is[r], q_heads, kv_heads, q_len, split, n_splits,
                     out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
                     empty_flag);
 }
@@ -328,7 +330,7 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
       __global const store_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS,                           \
       __global const uchar *mask, ulong mask_off,                                                    \
       ulong4 mask_st, int has_mask, __global const float *bias, ulong bias_off, ulong4 bias_st,     \
-      int has_bias, __global const int *kv_lens, int has_kv_lens, int q_heads, int kv_heads,        \
+      int has_bias, CA_SEQ_ARGS, int q_heads, int kv_heads,                                         \
       int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS, __global const float *sinks,    \
       int has_sinks, int window_left, int window_right,                                             \
       int split_keys, __global store_t *out, ulong out_off, ulong4 out_st, __global float *lse,     \
@@ -337,7 +339,7 @@ inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
 #define FLASH_BODY_ARGS(direct, bm)                                                                   \
   q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, CA_SCORE_PASS, direct, bm, mask,      \
       mask_off, mask_st,                                                                            \
-      has_mask, bias, bias_off, bias_st, has_bias, kv_lens, has_kv_lens, q_heads, kv_heads, group, \
+      has_mask, bias, bias_off, bias_st, has_bias, CA_SEQ_PASS, q_heads, kv_heads, group,         \
       q_len, kv_len, scale, CA_SHAPE_PASS, sinks, has_sinks, window_left, window_right, split_keys, \
       out, out_off, out_st, lse,                                                                    \
       lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag
@@ -385,17 +387,19 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
   const int bhk = get_global_id(1);
   const int split = get_global_id(2), n_splits = get_global_size(2);
   const int b = bhk / kv_heads, hk = bhk % kv_heads;
-  const int n_valid = ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
-  const bool live = t < rows_per_kv;        /* padding items join the loads and barriers only */
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  const int n_valid = sq.keys;
   const int tr = min(t, rows_per_kv - 1);
   const int h = hk * group + tr / q_len, i = tr % q_len;
+  /* padding items, and rows past a packed sequence's end, join the loads and barriers only */
+  const bool live = t < rows_per_kv && i < sq.rows;
 
   float qr[DK], acc[DV];
-  for (int d = 0; d < DK; d++) qr[d] = ca_load(q, ca_at(q_off, q_st, b, h, i, d));
+  for (int d = 0; d < DK; d++) qr[d] = live ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d)) : 0.0f;
   for (int c = 0; c < DV; c++) acc[c] = 0.0f;
   float m = -INFINITY, l = 0.0f, t_diag = 0.0f;
   int best = -1;
-  const int2 keys = flash_row_keys(i, q_len, kv_len, n_valid, window_left, window_right);
+  const int2 keys = flash_row_keys(i, sq.align_m, sq.align_n, n_valid, window_left, window_right);
 
   /* The group's key range: the union of its rows' ranges. */
   if (lid == 0) {
@@ -417,11 +421,11 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is consumed */
     for (int e = lid; e < FLASH_TILE * DK; e += FLASH_WG) {
       const int jj = e / DK, d = e % DK, j = j0 + jj;
-      k_tile[jj][d] = j < n_valid ? ca_load(k, ca_at(k_off, k_st, b, hk, j, d)) : 0.0f;
+      k_tile[jj][d] = j < n_valid ? ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + j, d)) : 0.0f;
     }
     for (int e = lid; e < FLASH_TILE * DV; e += FLASH_WG) {
       const int jj = e / DV, c = e % DV, j = j0 + jj;
-      v_tile[jj][c] = j < n_valid ? ca_load(v, ca_at(v_off, v_st, b, hk, j, c)) : 0.0f;
+      v_tile[jj][c] = j < n_valid ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -438,8 +442,8 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
           for (int d = 0; d < DK; d++) dot += add_w[d] * tanh(qr[d] + k_tile[jj][d]);
         else
           for (int d = 0; d < DK; d++) dot += qr[d] * k_tile[jj][d];
-        x = ca_shape(scale * dot, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, q_len, kv_len,
-                     CA_SHAPE_PASS);
+        x = ca_shape(scale * dot, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, sq.align_m,
+                     sq.align_n, CA_SHAPE_PASS);
       }
       s[jj] = x;
       tile_max = fmax(tile_max, x);
@@ -465,7 +469,8 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     m = m_new;
   }
   if (live)
-    flash_store_row(acc, m, l, t_diag, best, has_sinks ? sinks[h] : -INFINITY, b, h, i, q_heads, kv_heads, q_len, split,
+    flash_store_row(acc, m, l, t_diag, best, has_sinks ? sinks[h] : -INFINITY, b, h, i, sq.q0 + i, q_heads, kv_heads,
+                    q_len, split,
                     n_splits, out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
                     empty_flag);
 }

@@ -2,8 +2,9 @@
  * gemm — the GEMM path's own kernels around CLBlast's batched SGEMMs
  * (S = Q K^T and O = A V run in CLBlast; softmax_rows is softmax.cl's).
  *
- * gemm_dense_copy: copies a [B, H, S, D] view into a dense row-major
- *   scratch, zeroing rows s >= kv_lens[b] when zero_past_kv_lens is set, so
+ * gemm_dense_copy: copies a [B, H, S, D] view (query or key side) into a
+ *   dense row-major f32 scratch, its sequences' rows in place (ca_sequence)
+ *   and rows past their length (kv_lens, packed sequences) zeroed, so
  *   padding (often uninitialised cache memory) never reaches a GEMM.
  *   NDRange: (D, S, B * H); any work-group shape.
  * gemm_mask_scores: turns raw dot products into scores in place:
@@ -19,57 +20,62 @@
  */
 
 __kernel void gemm_dense_copy(__global const store_t *src, ulong src_off, ulong4 src_st,
-                              int heads, int len, int width,
-                              __global const int *kv_lens, int zero_past_kv_lens,
+                              int heads, int width, int key_side, CA_SEQ_ARGS, int q_len, int kv_len,
                               __global float *dst) {
+  const int len = key_side ? kv_len : q_len;
   const int c = get_global_id(0), s = get_global_id(1), bh = get_global_id(2);
   if (c >= width || s >= len) return;
   const int b = bh / heads, h = bh % heads;
-  const bool keep = !zero_past_kv_lens || s < ca_valid_keys(kv_lens, 1, b, len);
-  dst[((ulong)bh * (ulong)len + (ulong)s) * (ulong)width + (ulong)c] = keep ? ca_load(src, ca_at(src_off, src_st, b, h, s, c)) : 0.0f;
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  const bool keep = s < (key_side ? sq.keys : sq.rows);
+  const long row = (key_side ? sq.k0 : sq.q0) + s;
+  dst[((ulong)bh * (ulong)len + (ulong)s) * (ulong)width + (ulong)c] =
+      keep ? ca_load(src, ca_at(src_off, src_st, b, h, row, c)) : 0.0f;
 }
 
 __kernel void gemm_mask_scores(__global float *scores,
                                __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                                __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
-                               __global const int *kv_lens, int has_kv_lens,
-                               int q_heads, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,
+                               CA_SEQ_ARGS, int q_heads, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,
                                int window_left, int window_right,
                                int bh0, int i0, int rows) {
   const int j = get_global_id(0), r = get_global_id(1), g = get_global_id(2);
   if (j >= kv_len || r >= rows) return;
   const int bh = bh0 + g, b = bh / q_heads, h = bh % q_heads, i = i0 + r;
-  bool allowed = j < ca_valid_keys(kv_lens, has_kv_lens, b, kv_len) &&
-                 ca_in_window(i, j, q_len, kv_len, window_left, window_right);
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  bool allowed = i < sq.rows && j < sq.keys && ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right);
   if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
   const ulong at = ((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j;
   float s = -INFINITY;
   if (allowed)
-    s = ca_shape(scale * scores[at], has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, q_len,
-                 kv_len, CA_SHAPE_PASS);
+    s = ca_shape(scale * scores[at], has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, sq.align_m,
+                 sq.align_n, CA_SHAPE_PASS);
   scores[at] = s;
 }
 
 __kernel void gemm_store_rows(__global const float *o_rows, __global const float *probs,
                               __global const store_t *v, ulong v_off, ulong4 v_st,
-                              int q_heads, int group, int kv_len, int value_dim, int bh0, int i0, int rows,
-                              __global store_t *out, ulong out_off, ulong4 out_st) {
+                              CA_SEQ_ARGS, int q_heads, int group, int q_len, int kv_len, int value_dim, int bh0,
+                              int i0, int rows, __global store_t *out, ulong out_off, ulong4 out_st) {
   const int r = get_global_id(0), g = get_global_id(1);
   if (r >= rows) return;
   const int bh = bh0 + g, b = bh / q_heads, h = bh % q_heads, hk = h / group, i = i0 + r;
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  if (i >= sq.rows) return;   /* past a packed sequence's end: no such row */
+  const long out_row = sq.q0 + i;
   const ulong row = (ulong)g * (ulong)rows + (ulong)r;
   __global const float *o = o_rows + row * (ulong)value_dim;
   bool finite = true;
   for (int c = 0; c < value_dim; c++) finite = finite && isfinite(o[c]);
   if (finite) {
-    for (int c = 0; c < value_dim; c++) ca_store(out, ca_at(out_off, out_st, b, h, i, c), o[c]);
+    for (int c = 0; c < value_dim; c++) ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), o[c]);
     return;
   }
   __global const float *a = probs + row * (ulong)kv_len;
   for (int c = 0; c < value_dim; c++) {
     float acc = 0.0f;
-    for (int j = 0; j < kv_len; j++)
-      if (a[j] != 0.0f) acc += a[j] * ca_load(v, ca_at(v_off, v_st, b, hk, j, c));
-    ca_store(out, ca_at(out_off, out_st, b, h, i, c), acc);
+    for (int j = 0; j < sq.keys; j++)
+      if (a[j] != 0.0f) acc += a[j] * ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c));
+    ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), acc);
   }
 }

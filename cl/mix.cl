@@ -25,8 +25,7 @@
 
 __kernel __attribute__((reqd_work_group_size(MIX_TV, MIX_TM, 1)))
 void mix_values(__global const float *probs, __global const store_t *v, ulong v_off, ulong4 v_st,
-         __global const int *kv_lens, int has_kv_lens,
-         int q_heads, int group, int q_len, int kv_len, int value_dim,
+         CA_SEQ_ARGS, int q_heads, int group, int q_len, int kv_len, int value_dim,
          int bh0, int i0, int rows,
          __global store_t *out, ulong out_off, ulong4 out_st) {
   __local float a_tile[MIX_TM][MIX_TJ];
@@ -41,7 +40,8 @@ void mix_values(__global const float *probs, __global const store_t *v, ulong v_
   const int r0 = get_group_id(1) * MIX_TM; /* first chunk row of this tile */
   const int c0 = get_group_id(0) * MIX_TV; /* first value column of this tile */
   const int lid = ly * MIX_TV + lx;
-  const int n_keys = ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  const int n_keys = sq.keys;
   __global const float *a_rows = probs + (ulong)g * (ulong)rows * (ulong)kv_len;
 
   float acc = 0.0f;
@@ -54,7 +54,7 @@ void mix_values(__global const float *probs, __global const store_t *v, ulong v_
     for (int t = lid; t < MIX_TJ * MIX_TV; t += MIX_TM * MIX_TV) {
       int cc = t % MIX_TV, jj = t / MIX_TV;
       int vc = c0 + cc, j = j0 + jj;
-      v_tile[jj][cc] = (vc < value_dim && j < n_keys) ? ca_load(v, ca_at(v_off, v_st, b, hk, j, vc)) : 0.0f;
+      v_tile[jj][cc] = (vc < value_dim && j < n_keys) ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, vc)) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int jj = 0; jj < MIX_TJ; jj++) {
@@ -65,5 +65,5 @@ void mix_values(__global const float *probs, __global const store_t *v, ulong v_
   }
 
   const int i = i0 + r;
-  if (r < rows && i < q_len && c < value_dim) ca_store(out, ca_at(out_off, out_st, b, h, i, c), acc);
+  if (r < rows && i < sq.rows && c < value_dim) ca_store(out, ca_at(out_off, out_st, b, h, sq.q0 + i, c), acc);
 }

@@ -30,8 +30,7 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
               __global const store_t *k, ulong k_off, ulong4 k_st, CA_SCORE_ARGS,
               __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
               __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
-              __global const int *kv_lens, int has_kv_lens,
-              int q_heads, int group, int q_len, int kv_len, int head_dim,
+              CA_SEQ_ARGS, int q_heads, int group, int q_len, int kv_len, int head_dim,
               float scale, CA_SHAPE_ARGS, int window_left, int window_right,
               int bh0, int i0, int rows,
               __global float *scores) {
@@ -47,7 +46,8 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
   const int b = bh / q_heads, h = bh % q_heads, hk = h / group;
   const int row0 = i0 + get_group_id(1) * SCORE_TM; /* first query row of this tile */
   const int key0 = get_group_id(0) * SCORE_TN;      /* first key of this tile */
-  const int row_end = min(i0 + rows, q_len);
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  const int row_end = min(i0 + rows, sq.rows);
   const int lid = ly * SCORE_TN + lx;
 
   float acc = 0.0f;
@@ -55,12 +55,12 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
     for (int t = lid; t < SCORE_TM * SCORE_TK; t += SCORE_TM * SCORE_TN) {
       int rr = t / SCORE_TK, dd = t % SCORE_TK;
       int qi = row0 + rr, d = d0 + dd;
-      q_tile[rr][dd] = (qi < row_end && d < head_dim) ? ca_load(q, ca_at(q_off, q_st, b, h, qi, d)) : 0.0f;
+      q_tile[rr][dd] = (qi < row_end && d < head_dim) ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + qi, d)) : 0.0f;
     }
     for (int t = lid; t < SCORE_TK * SCORE_TN; t += SCORE_TM * SCORE_TN) {
       int jj = t % SCORE_TN, dd = t / SCORE_TN;
       int kj = key0 + jj, d = d0 + dd;
-      k_tile[dd][jj] = (kj < kv_len && d < head_dim) ? ca_load(k, ca_at(k_off, k_st, b, hk, kj, d)) : 0.0f;
+      k_tile[dd][jj] = (kj < sq.keys && d < head_dim) ? ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + kj, d)) : 0.0f;
     }
     if (additive && lid < SCORE_TK) w_tile[lid] = d0 + lid < head_dim ? add_w[d0 + lid] : 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -73,13 +73,12 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
 
   const int i = i0 + r;
   if (r < rows && i < q_len && j < kv_len) {
-    bool allowed = j < ca_valid_keys(kv_lens, has_kv_lens, b, kv_len) &&
-                   ca_in_window(i, j, q_len, kv_len, window_left, window_right);
+    bool allowed = i < sq.rows && j < sq.keys && ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right);
     if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
     float s = -INFINITY;
     if (allowed)
-      s = ca_shape(scale * acc, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, q_len, kv_len,
-                   CA_SHAPE_PASS);
+      s = ca_shape(scale * acc, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, sq.align_m,
+                   sq.align_n, CA_SHAPE_PASS);
     scores[((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j] = s;
   }
 }

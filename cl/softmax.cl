@@ -22,7 +22,7 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(SOFTMAX_WG, 1, 1)))
-void softmax_rows(__global float *scores, int kv_len,
+void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
                   int q_heads, int q_len, int bh0, int i0, int rows,
                   __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
                   __global float *weights, ulong w_off, ulong4 w_st, int want_weights,
@@ -65,7 +65,8 @@ void softmax_rows(__global float *scores, int kv_len,
   const float l_keys = part[0];
   l = has_sinks ? l_keys + exp(sink - m) : l_keys;
 
-  const bool in_range = i < q_len;
+  /* rows past a packed sequence's length do not exist: nothing is written */
+  const bool in_range = i < ca_sequence(b, q_len, kv_len, CA_SEQ_PASS).rows;
   if (diag) {
     /* t = sum_j exp(s_j - m) (s_j - m), and the first key at the keys' maximum. */
     barrier(CLK_LOCAL_MEM_FENCE);

@@ -92,8 +92,9 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   const size_t n_pad = round_up((size_t)p->kv_len, FLASH_BN);
   const size_t dvp = round_up((size_t)p->value_dim, 16);
   const size_t row_blocks = (rows_per_kv + (size_t)bm - 1) / (size_t)bm;
-  /* The diagnostics are not merged across splits: with them, one pass. */
-  const int split_keys = plan->diag ? p->kv_len : split_keys_for(ctx, row_blocks * kv_pairs, p->kv_len);
+  /* The diagnostics are not merged across splits, nor are packed sequences'
+   * rows mapped by the merge: with either, one pass. */
+  const int split_keys = plan->diag || p->cu_seqlens_q ? p->kv_len : split_keys_for(ctx, row_blocks * kv_pairs, p->kv_len);
   const size_t n_splits = ((size_t)p->kv_len + (size_t)split_keys - 1) / (size_t)split_keys;
   const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
 
@@ -133,8 +134,8 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
     ca_args a = {pack, "flash_pack", 0, 0, CL_SUCCESS};
     ca_arg_view(&a, &p->k);
     ca_arg_view(&a, &p->v);
-    ca_arg_mem(&a, p->kv_lens);
-    ca_arg_int(&a, plan->has_kv_lens);
+    ca_arg_seq(&a, p);
+    ca_arg_int(&a, p->q_len);
     ca_arg_int(&a, p->kv_heads);
     ca_arg_int(&a, p->kv_len);
     ca_arg_int(&a, (int)n_pad);
@@ -157,8 +158,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_int(&r, plan->has_mask);
   ca_arg_view(&r, &p->bias);
   ca_arg_int(&r, plan->has_bias);
-  ca_arg_mem(&r, p->kv_lens);
-  ca_arg_int(&r, plan->has_kv_lens);
+  ca_arg_seq(&r, p);
   ca_arg_int(&r, p->q_heads);
   ca_arg_int(&r, p->kv_heads);
   ca_arg_int(&r, plan->group);

@@ -7,8 +7,9 @@
  *   gemm_store_rows       O to the out view, recomputing any row a 0 x NaN
  *                         product poisoned
  * Views with a column stride other than 1 (or rows shorter than a row) are
- * copied dense first; with kv_lens, V is copied with the padding rows zeroed
- * so uninitialised cache memory never meets the GEMM.
+ * copied dense first (so are 16-bit storage and packed sequences, in f32);
+ * with kv_lens, V is copied with the padding rows zeroed so uninitialised
+ * cache memory never meets the GEMM.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,16 +33,18 @@ typedef struct {
 } operand;
 
 /* Whether a [B, H, S, D] view is an f32 row-major matrix per (b, h) as it
- * is; anything else is copied dense (and converted to f32) first. */
-static int gemm_ready(const clattn_tensor *t, int width, clattn_dtype dtype) {
-  return dtype == CLATTN_F32 && t->stride[3] == 1 && t->stride[2] >= (size_t)width;
+ * is; anything else (16-bit storage, packed sequences) is copied dense, in
+ * f32, first. */
+static int gemm_ready(const clattn_params *p, const clattn_tensor *t, int width) {
+  return p->dtype == CLATTN_F32 && !p->cu_seqlens_q && t->stride[3] == 1 && t->stride[2] >= (size_t)width;
 }
 
-/* Enqueues gemm_dense_copy of view t ([batch, heads, len, width]) into a new
- * dense buffer, zeroing rows past kv_lens when asked. */
-static clattn_status dense_copy(clattn_context *ctx, const clattn_tensor *t, clattn_dtype dtype, int batch,
-                                int heads, int len, int width, cl_mem kv_lens, int zero_past, cl_uint n_wait, const cl_event *wait,
-                                cl_event *prev, operand *out) {
+/* Enqueues gemm_dense_copy of view t ([batch, heads, len, width], query or
+ * key side) into a new dense f32 buffer, rows past each sequence zeroed. */
+static clattn_status dense_copy(clattn_context *ctx, const clattn_params *p, const clattn_tensor *t, int key_side,
+                                int heads, int width, cl_uint n_wait, const cl_event *wait, cl_event *prev,
+                                operand *out) {
+  const int batch = p->batch, len = key_side ? p->kv_len : p->q_len;
   clattn_status st = CLATTN_OK;
   cl_int err = CL_SUCCESS;
   cl_kernel kernel = NULL;
@@ -53,14 +56,16 @@ static clattn_status dense_copy(clattn_context *ctx, const clattn_tensor *t, cla
   out->stride_h = (size_t)len * (size_t)width;
   out->stride_b = (size_t)heads * out->stride_h;
   cl_program core = NULL;
-  if ((st = ca_core_program(ctx, dtype, &core)) || (st = ca_create_kernel(core, "gemm_dense_copy", &kernel))) goto fail;
+  if ((st = ca_core_program(ctx, p->dtype, &core)) || (st = ca_create_kernel(core, "gemm_dense_copy", &kernel)))
+    goto fail;
   ca_args a = {kernel, "gemm_dense_copy", 0, 0, CL_SUCCESS};
   ca_arg_view(&a, t);
   ca_arg_int(&a, heads);
-  ca_arg_int(&a, len);
   ca_arg_int(&a, width);
-  ca_arg_mem(&a, kv_lens);
-  ca_arg_int(&a, zero_past);
+  ca_arg_int(&a, key_side);
+  ca_arg_seq(&a, p);
+  ca_arg_int(&a, p->q_len);
+  ca_arg_int(&a, p->kv_len);
   ca_arg_mem(&a, out->buf);
   if ((st = ca_args_done(&a))) goto fail;
   const size_t global[3] = {(size_t)width, (size_t)len, (size_t)batch * (size_t)heads};
@@ -146,8 +151,7 @@ static clattn_status product_scores(clattn_context *ctx, cl_kernel mask, cl_mem 
   ca_arg_int(&a, plan->has_mask);
   ca_arg_view(&a, &p->bias);
   ca_arg_int(&a, plan->has_bias);
-  ca_arg_mem(&a, p->kv_lens);
-  ca_arg_int(&a, plan->has_kv_lens);
+  ca_arg_seq(&a, p);
   ca_arg_int(&a, p->q_heads);
   ca_arg_int(&a, p->q_len);
   ca_arg_int(&a, p->kv_len);
@@ -196,23 +200,18 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
     goto fail;
   }
   size_t copies = 0;
-  if (!additive && !gemm_ready(&p->q, p->head_dim, p->dtype)) {
-    if ((st = dense_copy(ctx, &p->q, p->dtype, p->batch, p->q_heads, p->q_len, p->head_dim, NULL, 0, n_wait, wait, &prev, &q)))
-      goto fail;
+  if (!additive && !gemm_ready(p, &p->q, p->head_dim)) {
+    if ((st = dense_copy(ctx, p, &p->q, 0, p->q_heads, p->head_dim, n_wait, wait, &prev, &q))) goto fail;
     q_copy = q.buf;
     copies += (size_t)pairs * p->q_len * p->head_dim;
   }
-  if (!additive && !gemm_ready(&p->k, p->head_dim, p->dtype)) {
-    if ((st = dense_copy(ctx, &p->k, p->dtype, p->batch, p->kv_heads, p->kv_len, p->head_dim, NULL, 0, n_wait, wait, &prev,
-                         &k)))
-      goto fail;
+  if (!additive && !gemm_ready(p, &p->k, p->head_dim)) {
+    if ((st = dense_copy(ctx, p, &p->k, 1, p->kv_heads, p->head_dim, n_wait, wait, &prev, &k))) goto fail;
     k_copy = k.buf;
     copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
   }
-  if (!gemm_ready(&p->v, p->value_dim, p->dtype) || plan->has_kv_lens) {
-    if ((st = dense_copy(ctx, &p->v, p->dtype, p->batch, p->kv_heads, p->kv_len, p->value_dim, p->kv_lens, plan->has_kv_lens,
-                         n_wait, wait, &prev, &v)))
-      goto fail;
+  if (!gemm_ready(p, &p->v, p->value_dim) || plan->has_kv_lens) {   /* zero what a GEMM must not see */
+    if ((st = dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, &v))) goto fail;
     v_copy = v.buf;
     copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->value_dim;
   }
@@ -245,8 +244,10 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       ca_arg_mem(&o, o_rows);
       ca_arg_mem(&o, scores);
       ca_arg_view(&o, &p->v);
+      ca_arg_seq(&o, p);
       ca_arg_int(&o, p->q_heads);
       ca_arg_int(&o, plan->group);
+      ca_arg_int(&o, p->q_len);
       ca_arg_int(&o, p->kv_len);
       ca_arg_int(&o, p->value_dim);
       ca_arg_int(&o, bh0);

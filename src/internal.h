@@ -131,6 +131,9 @@ void ca_arg_view(ca_args *a, const clattn_tensor *t); /* buffer, offset, stride 
 void ca_arg_diag(ca_args *a, const clattn_params *p, int diag);
 /* The score shaping's arguments (common.h.cl's CA_SHAPE_ARGS): softcap, ALiBi slopes. */
 void ca_arg_shape(ca_args *a, const clattn_params *p);
+/* Where each sequence lies (common.h.cl's CA_SEQ_ARGS): kv_lens, packed
+ * variable-length batches' cu_seqlens and totals. */
+void ca_arg_seq(ca_args *a, const clattn_params *p);
 /* The score's form (common.h.cl's CA_SCORE_ARGS): additive_w, additive. */
 void ca_arg_score(ca_args *a, const clattn_params *p);
 /* Sinks: the buffer and whether it is there. */

@@ -41,6 +41,17 @@ void ca_arg_shape(ca_args *a, const clattn_params *p) {
   ca_arg_int(a, p->alibi_slopes != NULL);
 }
 
+void ca_arg_seq(ca_args *a, const clattn_params *p) {
+  const int varlen = p->cu_seqlens_q != NULL;
+  ca_arg_mem(a, p->kv_lens);
+  ca_arg_int(a, p->kv_lens != NULL);
+  ca_arg_mem(a, p->cu_seqlens_q);
+  ca_arg_mem(a, p->cu_seqlens_k);
+  ca_arg_int(a, varlen);
+  ca_arg_int(a, varlen ? p->total_q : 0);
+  ca_arg_int(a, varlen ? p->total_kv : 0);
+}
+
 void ca_arg_score(ca_args *a, const clattn_params *p) {
   ca_arg_mem(a, p->additive_w);
   ca_arg_int(a, p->score == CLATTN_SCORE_ADDITIVE);

@@ -228,12 +228,12 @@ char *cp_describe(const cp_shape *s, char *buf, size_t n)
   snprintf(buf, n,
            "B=%d Hq=%d Hkv=%d M=%d N=%d dk=%d dv=%d scale=%s causal=%d win=[%d,%d] "
            "%s pad=%zu gap=%zu kv_lens=%d mask=%s/%u bias=%s(%g)/%u lse=%d weights=%d "
-           "diag=%d softcap=%g alibi=%d sinks=%d additive=%d dtype=%d empty=%s algo=%s seed=%llu",
+           "diag=%d softcap=%g alibi=%d sinks=%d additive=%d dtype=%d varlen=%d empty=%s algo=%s seed=%llu",
            s->batch, s->q_heads, s->kv_heads, s->q_len, s->kv_len, s->head_dim,
            s->value_dim, sc, s->causal, s->window_left, s->window_right,
            s->layout == CP_BSHD ? "bshd" : "bhsd", s->pad, s->row_gap, s->kv_lens,
            mask_name(s->mask), s->mask_bcast, bias_name(s->bias), s->bias_amp,
-           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag, (double)s->softcap, s->alibi, s->sinks, s->additive, (int)s->dtype,
+           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag, (double)s->softcap, s->alibi, s->sinks, s->additive, (int)s->dtype, s->varlen,
            s->empty_rows == CLATTN_EMPTY_ERROR ? "error" : "zero",
            clattn_algo_name(s->algo), (unsigned long long)s->seed);
   return buf;
@@ -298,6 +298,28 @@ static void *xcalloc(size_t n, size_t size)
 
 /* ---------- build ---------- */
 
+/* Sequence lengths for a packed batch: the shape's, or random: sequence 0
+ * has q_len and kv_len (the longest), the others 0 .. q_len and 0 .. kv_len. */
+static int make_sequences(cp_problem *pb, int B, int M, int N)
+{
+  pb->cu_q = calloc((size_t)B + 1, sizeof(int32_t));
+  pb->cu_k = calloc((size_t)B + 1, sizeof(int32_t));
+  if (!pb->cu_q || !pb->cu_k)
+    return 0;
+  rng g = { pb->shape.seed * 0x9E3779B97F4A7C15ull + 0x5eedull };
+  for (int b = 0; b < B; b++) {
+    int m = b == 0 ? M : (int)(rng_next(&g) % (uint64_t)(M + 1));
+    int n = b == 0 ? N : (int)(rng_next(&g) % (uint64_t)(N + 1));
+    if (pb->shape.seq_q)
+      m = pb->shape.seq_q[b], n = pb->shape.seq_k[b];
+    pb->cu_q[b + 1] = pb->cu_q[b] + m;
+    pb->cu_k[b + 1] = pb->cu_k[b] + n;
+  }
+  pb->params.total_q = pb->cu_q[B];
+  pb->params.total_kv = pb->cu_k[B];
+  return 1;
+}
+
 cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
 {
   if (!s) {
@@ -346,10 +368,19 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
   p->softcap = s->softcap;
   p->score = s->additive ? CLATTN_SCORE_ADDITIVE : CLATTN_SCORE_DOT;
 
-  pb->q_elems = make_view(&p->q, s->layout, s->pad, s->row_gap, B, Hq, M, dk);
-  pb->k_elems = make_view(&p->k, s->layout, s->pad, s->row_gap, B, Hk, N, dk);
-  pb->v_elems = make_view(&p->v, s->layout, s->pad, s->row_gap, B, Hk, N, dv);
-  pb->out_elems = make_view(&p->out, s->layout, s->pad, s->row_gap, B, Hq, M, dv);
+  /* packed sequences: q, k, v and out are one batch of total rows */
+  if (s->varlen && !make_sequences(pb, B, M, N)) {
+    set_err(err, errlen, "cp_build: out of memory");
+    cp_free(pb);
+    return NULL;
+  }
+  const int QB = s->varlen ? 1 : B, QM = s->varlen ? p->total_q : M, KN = s->varlen ? p->total_kv : N;
+  pb->q_elems = make_view(&p->q, s->layout, s->pad, s->row_gap, QB, Hq, QM, dk);
+  pb->k_elems = make_view(&p->k, s->layout, s->pad, s->row_gap, QB, Hk, KN, dk);
+  pb->v_elems = make_view(&p->v, s->layout, s->pad, s->row_gap, QB, Hk, KN, dv);
+  pb->out_elems = make_view(&p->out, s->layout, s->pad, s->row_gap, QB, Hq, QM, dv);
+  if (s->varlen)
+    p->q.stride[0] = p->k.stride[0] = p->v.stride[0] = p->out.stride[0] = 0;
   if (s->want_lse)
     pb->lse_elems = make_view(&p->lse, s->layout, s->pad, 0, B, Hq, M, 1);
   if (s->want_weights)
@@ -401,7 +432,7 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
     ok &= !!(pb->mask = xcalloc(pb->mask_elems, 1));
   if (s->bias != CP_BIAS_NONE)
     ok &= !!(pb->bias = xcalloc(pb->bias_elems, sizeof(float)));
-  if (s->kv_lens)
+  if (s->kv_lens && !s->varlen)
     ok &= !!(pb->kv_lens = xcalloc((size_t)B, sizeof(int32_t)));
   if (s->alibi)
     ok &= !!(pb->alibi_slopes = xcalloc((size_t)Hq, sizeof(float)));
@@ -422,9 +453,9 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
     for (size_t i = 0; i < pb->v_elems; i++) pb->v[i] = NAN;
     for (size_t i = 0; i < pb->bias_elems; i++) pb->bias[i] = NAN;
   }
-  fill_view(pb->q, &p->q, B, Hq, M, dk, &g, s->qk_amp);
-  fill_view(pb->k, &p->k, B, Hk, N, dk, &g, s->qk_amp);
-  fill_view(pb->v, &p->v, B, Hk, N, dv, &g, s->v_amp);
+  fill_view(pb->q, &p->q, QB, Hq, QM, dk, &g, s->qk_amp);
+  fill_view(pb->k, &p->k, QB, Hk, KN, dk, &g, s->qk_amp);
+  fill_view(pb->v, &p->v, QB, Hk, KN, dv, &g, s->v_amp);
   if (s->dtype != CLATTN_F32) {
     float *arrays[] = {pb->q, pb->k, pb->v};
     size_t counts[] = {pb->q_elems, pb->k_elems, pb->v_elems};
@@ -508,6 +539,8 @@ void cp_free(cp_problem *pb)
   release_mem(&pb->alibi_buf);
   release_mem(&pb->sinks_buf);
   release_mem(&pb->additive_w_buf);
+  release_mem(&pb->cu_q_buf);
+  release_mem(&pb->cu_k_buf);
   release_mem(&pb->entropy_buf);
   release_mem(&pb->max_weight_buf);
   release_mem(&pb->argmax_buf);
@@ -529,6 +562,8 @@ void cp_free(cp_problem *pb)
   free(pb->alibi_slopes);
   free(pb->sinks);
   free(pb->additive_w);
+  free(pb->cu_q);
+  free(pb->cu_k);
   free(pb->out_raw);
   free(pb->lse_raw);
   free(pb->weights_raw);
@@ -553,6 +588,8 @@ ref_inputs cp_ref_inputs(const cp_problem *pb)
   in.alibi_slopes = pb->alibi_slopes;
   in.sinks = pb->sinks;
   in.additive_w = pb->additive_w;
+  in.cu_seqlens_q = pb->cu_q;
+  in.cu_seqlens_k = pb->cu_k;
   return in;
 }
 
@@ -564,10 +601,14 @@ long cp_poison_disallowed(cp_problem *pb)
   ref_inputs in = cp_ref_inputs(pb);
   long count = 0;
 
-  /* keys and values no query row of the group may read */
+  /* keys and values no query row of the group may read (of packed
+   * sequences, only the sequence's own rows) */
   for (int b = 0; b < B; b++)
     for (int g = 0; g < p->kv_heads; g++)
       for (int j = 0; j < N; j++) {
+        const ref_seq sq = ref_sequence(p, &in, b);
+        if (in.cu_seqlens_q && j >= sq.keys)
+          break;
         int reachable = 0;
         for (int h = g * group; h < (g + 1) * group && !reachable; h++)
           for (int i = 0; i < M && !reachable; i++)
@@ -578,9 +619,9 @@ long cp_poison_disallowed(cp_problem *pb)
         float kp = (j % 3 == 0) ? NAN : (j % 3 == 1) ? INFINITY : -INFINITY;
         float vp = (j % 2 == 0) ? INFINITY : NAN;
         for (int d = 0; d < p->head_dim; d++)
-          pb->k[cp_index(&p->k, b, g, j, d)] = kp;
+          pb->k[cp_index(&p->k, b, g, (int)sq.k0 + j, d)] = kp;
         for (int d = 0; d < p->value_dim; d++)
-          pb->v[cp_index(&p->v, b, g, j, d)] = vp;
+          pb->v[cp_index(&p->v, b, g, (int)sq.k0 + j, d)] = vp;
         count++;
       }
 
@@ -588,12 +629,13 @@ long cp_poison_disallowed(cp_problem *pb)
   for (int b = 0; b < B; b++)
     for (int h = 0; h < Hq; h++)
       for (int i = 0; i < M; i++) {
-        int any = 0;
+        const ref_seq sq = ref_sequence(p, &in, b);
+        int any = i >= sq.rows;                       /* no such row: nothing to poison */
         for (int j = 0; j < N && !any; j++)
           any = ref_allowed(p, &in, b, h, i, j);
         if (!any)
           for (int d = 0; d < p->head_dim; d++)
-            pb->q[cp_index(&p->q, b, h, i, d)] = NAN;
+            pb->q[cp_index(&p->q, b, h, (int)sq.q0 + i, d)] = NAN;
       }
 
   /* bias elements that only disallowed (b, h, i, j) read (broadcast strides
@@ -702,7 +744,9 @@ int cp_write_inputs(cp_problem *pb)
                 "kv_lens") ||
       write_buf(pb, pb->alibi_buf, (size_t)pb->params.q_heads * sizeof(float), pb->alibi_slopes, "alibi") ||
       write_buf(pb, pb->sinks_buf, (size_t)pb->params.q_heads * sizeof(float), pb->sinks, "sinks") ||
-      write_buf(pb, pb->additive_w_buf, (size_t)pb->params.head_dim * sizeof(float), pb->additive_w, "additive_w"))
+      write_buf(pb, pb->additive_w_buf, (size_t)pb->params.head_dim * sizeof(float), pb->additive_w, "additive_w") ||
+      write_buf(pb, pb->cu_q_buf, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_q, "cu_seqlens_q") ||
+      write_buf(pb, pb->cu_k_buf, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_k, "cu_seqlens_k"))
     return -1;
   return 0;
 }
@@ -742,6 +786,11 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
   if (pb->additive_w && create_buf(pb, &pb->additive_w_buf, ro, (size_t)pb->params.head_dim * sizeof(float),
                                    pb->additive_w, "additive_w"))
     goto fail;
+  if (pb->cu_q && (create_buf(pb, &pb->cu_q_buf, ro, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_q,
+                              "cu_seqlens_q") ||
+                   create_buf(pb, &pb->cu_k_buf, ro, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_k,
+                              "cu_seqlens_k")))
+    goto fail;
   if (pb->lse_elems && create_buf(pb, &pb->lse_buf, rw, pb->lse_elems * sizeof(float), NULL, "lse"))
     goto fail;
   if (pb->weights_elems &&
@@ -764,6 +813,8 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
   p->alibi_slopes = pb->alibi_buf;
   p->sinks = pb->sinks_buf;
   p->additive_w = pb->additive_w_buf;
+  p->cu_seqlens_q = pb->cu_q_buf;
+  p->cu_seqlens_k = pb->cu_k_buf;
   p->lse.buf = pb->lse_buf;
   p->weights.buf = pb->weights_buf;
   p->entropy.buf = pb->entropy_buf;
@@ -784,6 +835,8 @@ fail:
   release_mem(&pb->alibi_buf);
   release_mem(&pb->sinks_buf);
   release_mem(&pb->additive_w_buf);
+  release_mem(&pb->cu_q_buf);
+  release_mem(&pb->cu_k_buf);
   release_mem(&pb->entropy_buf);
   release_mem(&pb->max_weight_buf);
   release_mem(&pb->argmax_buf);
@@ -870,38 +923,29 @@ int cp_read_outputs(cp_problem *pb)
       read_buf(pb, pb->max_weight_buf, pb->diag_elems * sizeof(float), pb->max_weight_raw, "max_weight") ||
       read_buf(pb, pb->argmax_buf, pb->diag_elems * sizeof(int32_t), pb->argmax_raw, "argmax"))
     return -1;
+  /* Dense gathers. Rows past a packed sequence's end do not exist: the
+   * gathers hold what the reference writes there (0, argmax -1). */
   const clattn_params *p = &pb->params;
   const int B = p->batch, H = p->q_heads, M = p->q_len, N = p->kv_len, dv = p->value_dim;
-  size_t n = 0;
-  for (int b = 0; b < B; b++)
+  const ref_inputs in = cp_ref_inputs(pb);
+  size_t row = 0;
+  for (int b = 0; b < B; b++) {
+    const ref_seq sq = ref_sequence(p, &in, b);
     for (int h = 0; h < H; h++)
-      for (int i = 0; i < M; i++)
+      for (int i = 0; i < M; i++, row++) {
+        const int here = i < sq.rows;
         for (int c = 0; c < dv; c++)
-          pb->out[n++] = pb->out_raw[cp_index(&p->out, b, h, i, c)];
-  if (pb->lse) {
-    n = 0;
-    for (int b = 0; b < B; b++)
-      for (int h = 0; h < H; h++)
-        for (int i = 0; i < M; i++)
-          pb->lse[n++] = pb->lse_raw[cp_index(&p->lse, b, h, i, 0)];
-  }
-  if (pb->entropy) {
-    n = 0;
-    for (int b = 0; b < B; b++)
-      for (int h = 0; h < H; h++)
-        for (int i = 0; i < M; i++, n++) {
-          pb->entropy[n] = pb->entropy_raw[cp_index(&p->entropy, b, h, i, 0)];
-          pb->max_weight[n] = pb->max_weight_raw[cp_index(&p->max_weight, b, h, i, 0)];
-          pb->argmax[n] = pb->argmax_raw[cp_index(&p->argmax, b, h, i, 0)];
+          pb->out[row * (size_t)dv + c] = here ? pb->out_raw[cp_index(&p->out, b, h, (int)sq.q0 + i, c)] : 0.0f;
+        if (pb->lse)
+          pb->lse[row] = here ? pb->lse_raw[cp_index(&p->lse, b, h, i, 0)] : 0.0f;
+        if (pb->entropy) {
+          pb->entropy[row] = here ? pb->entropy_raw[cp_index(&p->entropy, b, h, i, 0)] : 0.0f;
+          pb->max_weight[row] = here ? pb->max_weight_raw[cp_index(&p->max_weight, b, h, i, 0)] : 0.0f;
+          pb->argmax[row] = here ? pb->argmax_raw[cp_index(&p->argmax, b, h, i, 0)] : -1;
         }
-  }
-  if (pb->weights) {
-    n = 0;
-    for (int b = 0; b < B; b++)
-      for (int h = 0; h < H; h++)
-        for (int i = 0; i < M; i++)
-          for (int j = 0; j < N; j++)
-            pb->weights[n++] = pb->weights_raw[cp_index(&p->weights, b, h, i, j)];
+        for (int j = 0; pb->weights && j < N; j++)
+          pb->weights[row * (size_t)N + j] = here ? pb->weights_raw[cp_index(&p->weights, b, h, i, j)] : 0.0f;
+      }
   }
   return 0;
 }

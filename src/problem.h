@@ -83,6 +83,10 @@ typedef struct {
   int alibi;                      /* ALiBi slopes: the standard 2^(-8 (h+1) / Hq) */
   int sinks;                      /* a random sink logit per head in [-1, 3] */
   int additive;                   /* CLATTN_SCORE_ADDITIVE with random weights w in [-1, 1] */
+  int varlen;                     /* packed variable-length batch: sequence b has random lengths
+                                     (b = 0: q_len, kv_len; zero lengths possible), rows packed
+                                     one sequence after another; kv_lens is ignored */
+  const int *seq_q, *seq_k;       /* varlen: the B lengths to use instead (each <= q_len / kv_len) */
   clattn_empty_rows empty_rows;
   clattn_algo algo;
   int poison_gaps;                /* NaN in every input element no view reads */
@@ -100,6 +104,7 @@ typedef struct {
   int32_t *kv_lens;
   float *alibi_slopes, *sinks;    /* [Hq] each, NULL when absent */
   float *additive_w;              /* [head_dim], NULL unless additive */
+  int32_t *cu_q, *cu_k;           /* [B + 1] each, NULL unless varlen */
   size_t q_elems, k_elems, v_elems, mask_elems, bias_elems;
   size_t out_elems, lse_elems, weights_elems;   /* whole output buffers */
   size_t diag_elems;              /* each of entropy, max_weight, argmax (viewed like lse) */
@@ -126,7 +131,7 @@ typedef struct {
   cl_command_queue queue;
   cl_mem q_buf, k_buf, v_buf, out_buf, mask_buf, bias_buf, lse_buf, weights_buf, kv_lens_buf;
   cl_mem entropy_buf, max_weight_buf, argmax_buf;
-  cl_mem alibi_buf, sinks_buf, additive_w_buf;
+  cl_mem alibi_buf, sinks_buf, additive_w_buf, cu_q_buf, cu_k_buf;
 
   char err[512];                  /* the last harness failure */
 } cp_problem;

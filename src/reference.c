@@ -31,22 +31,37 @@ static int effective_right(const clattn_params *p)
   return p->causal ? 0 : p->window_right;
 }
 
+static long clampl(long x, long lo, long hi)
+{
+  return x < lo ? lo : x > hi ? hi : x;
+}
+
+ref_seq ref_sequence(const clattn_params *p, const ref_inputs *in, int b)
+{
+  ref_seq s = { 0, 0, p->q_len, p->kv_len, p->q_len, p->kv_len };
+  if (in->cu_seqlens_q) {
+    const long q0 = clampl(in->cu_seqlens_q[b], 0, p->total_q);
+    const long q1 = clampl(in->cu_seqlens_q[b + 1], q0, p->total_q);
+    const long k0 = clampl(in->cu_seqlens_k[b], 0, p->total_kv);
+    const long k1 = clampl(in->cu_seqlens_k[b + 1], k0, p->total_kv);
+    s.q0 = q0;
+    s.k0 = k0;
+    s.rows = s.align_m = (int)(q1 - q0 < p->q_len ? q1 - q0 : p->q_len);
+    s.keys = s.align_n = (int)(k1 - k0 < p->kv_len ? k1 - k0 : p->kv_len);
+  } else if (in->kv_lens) {
+    s.keys = (int)clampl(in->kv_lens[b], 0, p->kv_len);
+  }
+  return s;
+}
+
 int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j)
 {
-  if (j < 0 || j >= p->kv_len || i < 0 || i >= p->q_len)
+  const ref_seq sq = ref_sequence(p, in, b);
+  if (j < 0 || j >= sq.keys || i < 0 || i >= sq.rows)
     return 0;
-  if (in->kv_lens) {
-    long len = in->kv_lens[b];
-    if (len < 0)
-      len = 0;
-    if (len > p->kv_len)
-      len = p->kv_len;
-    if (j >= len)
-      return 0;
-  }
   if (in->mask && in->mask[view_index(&p->mask, b, h, i, j)] == 0)
     return 0;
-  long pos = (long)i + ((long)p->kv_len - (long)p->q_len);
+  long pos = (long)i + ((long)sq.align_n - (long)sq.align_m);
   if (p->window_left >= 0 && (long)j < pos - p->window_left)
     return 0;
   int right = effective_right(p);
@@ -58,9 +73,11 @@ int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int 
 double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j)
 {
   const int g = h / (p->q_heads / p->kv_heads);
+  const ref_seq sq = ref_sequence(p, in, b);
   double dot = 0.0;
   for (int d = 0; d < p->head_dim; d++) {
-    const double qd = in->q[view_index(&p->q, b, h, i, d)], kd = in->k[view_index(&p->k, b, g, j, d)];
+    const double qd = in->q[view_index(&p->q, b, h, (int)(sq.q0 + i), d)];
+    const double kd = in->k[view_index(&p->k, b, g, (int)(sq.k0 + j), d)];
     dot += in->additive_w ? (double)in->additive_w[d] * tanh(qd + kd) : qd * kd;
   }
   double sc = ref_scale(p) * dot;
@@ -69,7 +86,7 @@ double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int
   if (in->bias)
     sc += (double)in->bias[view_index(&p->bias, b, h, i, j)];
   if (in->alibi_slopes) {
-    const long pos = (long)i + ((long)p->kv_len - (long)p->q_len);
+    const long pos = (long)i + ((long)sq.align_n - (long)sq.align_m);
     sc -= (double)in->alibi_slopes[h] * (double)labs(pos - j);
   }
   return sc;
@@ -128,6 +145,18 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
       const int g = h / group;
       for (int i = 0; i < M; i++) {
         const size_t row = ((size_t)b * Hq + h) * M + i;
+        const ref_seq sq = ref_sequence(p, in, b);
+        if (i >= sq.rows) {               /* past a packed sequence's end: no such row */
+          for (int c = 0; c < dv; c++)
+            o->out[row * (size_t)dv + c] = 0.0;
+          if (o->lse)
+            o->lse[row] = 0.0;
+          if (o->weights)
+            for (int j = 0; j < N; j++)
+              o->weights[row * (size_t)N + j] = 0.0;
+          diagnose(o, row, NULL, use, N, -1);
+          continue;
+        }
         double mx = -INFINITY;
         int has_nan = 0, any = 0, best = -1;
         for (int j = 0; j < N; j++) {
@@ -202,7 +231,7 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
           if (wrow)
             wrow[j] = w;
           for (int c = 0; c < dv; c++)
-            orow[c] += w * (double)in->v[view_index(&p->v, b, g, j, c)];
+            orow[c] += w * (double)in->v[view_index(&p->v, b, g, (int)(sq.k0 + j), c)];
         }
         if (o->lse)
           o->lse[row] = mx + log(sum);

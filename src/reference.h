@@ -21,6 +21,7 @@ typedef struct {
   const float *alibi_slopes;      /* NULL unless p->alibi_slopes is set: [Hq] */
   const float *sinks;             /* NULL unless p->sinks is set: [Hq] */
   const float *additive_w;        /* set exactly when p->score is CLATTN_SCORE_ADDITIVE: [head_dim] */
+  const int32_t *cu_seqlens_q, *cu_seqlens_k; /* set exactly when p->cu_seqlens_q is: [B + 1] each */
 } ref_inputs;
 
 typedef struct {
@@ -33,6 +34,18 @@ typedef struct {
 } ref_outputs;
 
 #define REF_ARGMAX_UNSPECIFIED INT32_MIN
+
+/* Where batch row b's sequence lies (the device's ca_sequence): padded
+ * batches start at row 0 with q_len rows and kv_lens[b] (or kv_len) keys,
+ * aligned on q_len / kv_len; packed sequences (cu_seqlens) at their offsets,
+ * clamped to total_q / total_kv, with their own lengths (at most q_len /
+ * kv_len) for rows, keys and alignment. Rows i >= rows do not exist: they
+ * have no output row (the reference writes zeros, argmax -1). */
+typedef struct {
+  long q0, k0;
+  int rows, keys, align_m, align_n;
+} ref_seq;
+ref_seq ref_sequence(const clattn_params *p, const ref_inputs *in, int b);
 
 /* The effective scale: p->scale, or 1/sqrt(head_dim) when it is NaN. */
 double ref_scale(const clattn_params *p);

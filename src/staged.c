@@ -23,8 +23,7 @@ clattn_status ca_enqueue_qk_score(clattn_context *ctx, cl_kernel score, cl_mem s
   ca_arg_int(&a, plan->has_mask);
   ca_arg_view(&a, &p->bias);
   ca_arg_int(&a, plan->has_bias);
-  ca_arg_mem(&a, p->kv_lens);
-  ca_arg_int(&a, plan->has_kv_lens);
+  ca_arg_seq(&a, p);
   ca_arg_int(&a, p->q_heads);
   ca_arg_int(&a, plan->group);
   ca_arg_int(&a, p->q_len);
@@ -52,6 +51,7 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
   ca_args s = {softmax, "softmax_rows", 0, 0, CL_SUCCESS};
   ca_arg_mem(&s, scores);
   ca_arg_int(&s, p->kv_len);
+  ca_arg_seq(&s, p);
   ca_arg_int(&s, p->q_heads);
   ca_arg_int(&s, p->q_len);
   ca_arg_int(&s, bh0);
@@ -108,8 +108,7 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
       ca_args m = {mix, "mix_values", 0, 0, CL_SUCCESS};
       ca_arg_mem(&m, scratch);
       ca_arg_view(&m, &p->v);
-      ca_arg_mem(&m, p->kv_lens);
-      ca_arg_int(&m, plan->has_kv_lens);
+      ca_arg_seq(&m, p);
       ca_arg_int(&m, p->q_heads);
       ca_arg_int(&m, plan->group);
       ca_arg_int(&m, p->q_len);

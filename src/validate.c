@@ -111,18 +111,37 @@ static clattn_status check_enums(const clattn_params *p) {
   if (p->score == CLATTN_SCORE_ADDITIVE && !p->additive_w)
     return BAD("additive_w is NULL: CLATTN_SCORE_ADDITIVE needs the weights w (f32 [head_dim])");
   if (p->score == CLATTN_SCORE_DOT && p->additive_w) return BAD("additive_w is set but score is CLATTN_SCORE_DOT");
-  if (p->cu_seqlens_q || p->cu_seqlens_k)
-    return ca_fail(CLATTN_ERR_UNSUPPORTED, "cu_seqlens_q/cu_seqlens_k: packed variable-length batches are not "
-                                           "supported in this build");
+  return CLATTN_OK;
+}
+
+/* Packed variable-length batches: both offset arrays, no kv_lens, the
+ * totals given, and q, k, v, out with no batch stride (sequences are rows). */
+static clattn_status check_varlen(const clattn_params *p) {
+  if (!p->cu_seqlens_q && !p->cu_seqlens_k) return CLATTN_OK;
+  if (!p->cu_seqlens_q || !p->cu_seqlens_k)
+    return BAD("cu_seqlens_q and cu_seqlens_k come together (got only %s)", p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+  if (p->kv_lens) return BAD("kv_lens with cu_seqlens: packed sequences carry their own lengths");
+  if (p->batch == INT32_MAX) return BAD("batch %d: cu_seqlens would need batch + 1 entries", p->batch);
+  if (p->total_q <= 0 || p->total_kv <= 0)
+    return BAD("total_q and total_kv must be positive with cu_seqlens (got %d, %d)", p->total_q, p->total_kv);
+  const struct { const char *name; const clattn_tensor *t; } views[] = {
+      {"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}};
+  for (size_t i = 0; i < 4; i++)
+    if (views[i].t->stride[0] != 0)
+      return BAD("%s.stride[0] must be 0 with cu_seqlens: sequence b's rows are found through cu_seqlens (got %zu)",
+                 views[i].name, views[i].t->stride[0]);
   return CLATTN_OK;
 }
 
 static clattn_status check_views(const clattn_params *p) {
   clattn_status st;
-  const int q_dims[] = {p->batch, p->q_heads, p->q_len, p->head_dim};
-  const int k_dims[] = {p->batch, p->kv_heads, p->kv_len, p->head_dim};
-  const int v_dims[] = {p->batch, p->kv_heads, p->kv_len, p->value_dim};
-  const int o_dims[] = {p->batch, p->q_heads, p->q_len, p->value_dim};
+  /* packed sequences: q, k, v, out are one batch of total_q / total_kv rows */
+  const int varlen = p->cu_seqlens_q != NULL, qb = varlen ? 1 : p->batch;
+  const int q_rows = varlen ? p->total_q : p->q_len, k_rows = varlen ? p->total_kv : p->kv_len;
+  const int q_dims[] = {qb, p->q_heads, q_rows, p->head_dim};
+  const int k_dims[] = {qb, p->kv_heads, k_rows, p->head_dim};
+  const int v_dims[] = {qb, p->kv_heads, k_rows, p->value_dim};
+  const int o_dims[] = {qb, p->q_heads, q_rows, p->value_dim};
   const int s_dims[] = {p->batch, p->q_heads, p->q_len, p->kv_len};
   const int lse_dims[] = {p->batch, p->q_heads, p->q_len};
   const struct { const char *name; const clattn_tensor *t; } required[] = {
@@ -146,6 +165,13 @@ static clattn_status check_views(const clattn_params *p) {
     const int b_dims[] = {p->batch};
     if ((st = check_view("kv_lens", &lens, b_dims, 1, sizeof(int32_t), 0))) return st;
   }
+  if (varlen) {
+    const int cu_dims[] = {p->batch + 1};
+    const clattn_tensor cq = {p->cu_seqlens_q, 0, {1, 0, 0, 0}}, ck = {p->cu_seqlens_k, 0, {1, 0, 0, 0}};
+    if ((st = check_view("cu_seqlens_q", &cq, cu_dims, 1, sizeof(int32_t), 0)) ||
+        (st = check_view("cu_seqlens_k", &ck, cu_dims, 1, sizeof(int32_t), 0)))
+      return st;
+  }
   const int h_dims[] = {p->q_heads};
   const clattn_tensor alibi = {p->alibi_slopes, 0, {1, 0, 0, 0}}, sinks = {p->sinks, 0, {1, 0, 0, 0}};
   if (p->alibi_slopes && (st = check_view("alibi_slopes", &alibi, h_dims, 1, sizeof(float), 0))) return st;
@@ -160,7 +186,7 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   clattn_status st;
   if (!ctx) return BAD("clattn_forward: ctx is NULL");
   if (!p) return BAD("clattn_forward: params is NULL");
-  if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_views(p))) return st;
+  if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_varlen(p)) || (st = check_views(p))) return st;
 
   const int want_weights = p->weights.buf != NULL;
   /* AUTO: the tuning file's choice for the shape class, else the fused

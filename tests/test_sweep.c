@@ -93,6 +93,7 @@ static cp_shape random_shape(int index, double cap)
     s.alibi = rnd(4) == 0;
     s.sinks = rnd(4) == 0;
     s.additive = rnd(5) == 0;
+    s.varlen = rnd(6) == 0;
     s.empty_rows = CLATTN_EMPTY_ZERO;
     s.poison_gaps = 1;
     s.poison_disallowed = rnd(2);

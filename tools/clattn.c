@@ -36,7 +36,7 @@ static int usage(FILE *f) {
           "                  [--kv-lens] [--mask random|block|none] [--bias] [--layout bhsd|bshd]\n"
           "                  [--scale S] [--algo auto|staged|fused|gemm] [--weights] [--lse] [--diag]\n"
           "                  [--empty zero|error] [--poison] [--reps R] [--seed S] [--tol T]\n"
-          "                  [--dtype f32|f16|bf16] [--softcap C] [--alibi] [--sinks] [--additive]\n"
+          "                  [--dtype f32|f16|bf16] [--softcap C] [--alibi] [--sinks] [--additive] [--varlen]\n"
           "                  [--heatmap FILE.png]\n"
           "%s%s%s",
           bench_usage, tune_usage, lab_usage);
@@ -126,6 +126,7 @@ static int parse_run(int argc, char **argv, cp_shape *s, int *reps, double *tol,
     if (strcmp(o, "--diag") == 0) { s->want_diag = 1; continue; }
     if (strcmp(o, "--alibi") == 0) { s->alibi = 1; continue; }
     if (strcmp(o, "--additive") == 0) { s->additive = 1; continue; }
+    if (strcmp(o, "--varlen") == 0) { s->varlen = 1; continue; }
     if (strcmp(o, "--dtype") == 0 && val) {
       if (!strcmp(val, "f32")) s->dtype = CLATTN_F32;
       else if (!strcmp(val, "f16")) s->dtype = CLATTN_F16;
