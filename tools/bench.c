@@ -106,6 +106,7 @@ typedef struct {
   bench_shape sh;
   double flops, bytes;
   cell a, f, st, h;
+  cell f16, bf16;           /* FUSED with q, k, v, out stored in 16 bits */
   double diff_st, diff_h;   /* max |FUSED - baseline|; NAN = not compared */
   size_t scratch;           /* memory row: peak scratch */
   int finite;               /* memory row: output all finite */
@@ -370,8 +371,10 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
   return m;
 }
 
-static cp_problem *build_problem(clattn_context *ctx, const bb_shape *s, const char *label, int *failures) {
+static cp_problem *build_problem(clattn_context *ctx, const bb_shape *s, clattn_dtype dtype, const char *label,
+                                 int *failures) {
   cp_shape cs = cp_shape_default();
+  cs.dtype = dtype;
   cs.batch = s->batch;
   cs.q_heads = s->heads;
   cs.kv_heads = s->kv_heads;
@@ -401,14 +404,14 @@ static cp_problem *build_problem(clattn_context *ctx, const bb_shape *s, const c
 
 /* Runs every column of one shape. */
 static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench_cfg *c, row *r, int ref_check,
-                    double rates[4], int *failures) {
+                    double rates[6], int *failures) {
   char label[128];
   shape_label(&r->sh, label, sizeof label);
   const bb_shape *s = &r->sh.s;
   r->flops = shape_flops(s);
   r->bytes = shape_bytes(s);
   r->diff_st = r->diff_h = NAN;
-  cp_problem *pb = build_problem(ctx, s, label, failures);
+  cp_problem *pb = build_problem(ctx, s, CLATTN_F32, label, failures);
   if (!pb) {
     r->a.state = r->f.state = CELL_FAIL;
     return;
@@ -448,6 +451,22 @@ static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench
   if (r->f.state == CELL_OK) {
     if (read_buf(q, pb->out_buf, fused_out, out_count, err, sizeof err) == 0) have_fused_out = 1;
     else fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
+  }
+
+  /* FUSED again with 16-bit storage (f32 arithmetic) */
+  const clattn_dtype half_types[2] = {CLATTN_F16, CLATTN_BF16};
+  cell *half_cells[2] = {&r->f16, &r->bf16};
+  for (int t = 0; t < 2; t++) {
+    cp_problem *hp = build_problem(ctx, s, half_types[t], label, failures);
+    if (!hp) {
+      half_cells[t]->state = CELL_FAIL;
+      continue;
+    }
+    clattn_arg ha = {ctx, &hp->params, q};
+    hp->params.algo = CLATTN_ALGO_FUSED;
+    measure(t ? "clattn FUSED bf16" : "clattn FUSED f16", label, clattn_once, &ha, 1, c, r->flops, &rates[4 + t],
+            half_cells[t], failures);
+    cp_free(hp);
   }
 
   const int baselines = !c->baseline_max_len || (s->q_len <= c->baseline_max_len && s->kv_len <= c->baseline_max_len);
@@ -503,7 +522,7 @@ static void run_memory(clattn_context *ctx, const bench_cfg *c, row *r, int *fai
   r->flops = shape_flops(s);
   r->bytes = shape_bytes(s);
   r->diff_st = r->diff_h = NAN;
-  cp_problem *pb = build_problem(ctx, s, label, failures);
+  cp_problem *pb = build_problem(ctx, s, CLATTN_F32, label, failures);
   if (!pb) {
     r->f.state = CELL_FAIL;
     return;
@@ -545,15 +564,16 @@ static void run_memory(clattn_context *ctx, const bench_cfg *c, row *r, int *fai
 
 /* ---- the table ---- */
 
-#define NCOLS 13
+#define NCOLS 15
 
 static const char *col_md[NCOLS] = {
-    "shape", "AUTO GFLOP/s", "FUSED GFLOP/s", "FUSED ms", "CLBlast staged GFLOP/s", "FUSED ÷ staged",
+    "shape", "AUTO GFLOP/s", "FUSED GFLOP/s", "FUSED ms", "FUSED f16 GFLOP/s", "FUSED bf16 GFLOP/s",
+    "CLBlast staged GFLOP/s", "FUSED ÷ staged",
     "host OpenBLAS GFLOP/s", "FUSED ÷ host", "FUSED % of device SGEMM", "FUSED % of host SGEMM",
     "FUSED GB/s", "% of copy BW", "max abs diff vs staged / host"};
-static const char *col_txt[NCOLS] = {"shape", "auto", "fused", "fused ms", "staged", "f/stg", "host", "f/host",
-                                     "%devmm", "%hostmm", "GB/s", "%copy", "maxdiff stg/host"};
-static const int col_w[NCOLS] = {-40, 7, 7, 9, 7, 6, 7, 6, 7, 7, 6, 6, 17};
+static const char *col_txt[NCOLS] = {"shape", "auto", "fused", "fused ms", "f16", "bf16", "staged", "f/stg", "host",
+                                     "f/host", "%devmm", "%hostmm", "GB/s", "%copy", "maxdiff stg/host"};
+static const int col_w[NCOLS] = {-40, 7, 7, 9, 7, 7, 7, 6, 7, 6, 7, 7, 6, 6, 17};
 
 static void cell_gflops(const cell *c, double flops, char *buf, size_t n) {
   if (c->state == CELL_OK) snprintf(buf, n, "%.1f", flops / (c->ms * 1e6));
@@ -573,30 +593,32 @@ static void row_cells(const row *r, const ceilings *cl, char cells[NCOLS][64]) {
   const double f_rate = f_ok ? r->flops / (r->f.ms * 1e6) : NAN;
   if (f_ok) snprintf(cells[3], 64, "%.1f", r->f.ms);
   else snprintf(cells[3], 64, "%s", r->f.state == CELL_FAIL ? "fail" : "-");
-  cell_gflops(&r->st, r->flops, cells[4], 64);
-  if (f_ok && r->st.state == CELL_OK) snprintf(cells[5], 64, "%.2f", r->st.ms / r->f.ms);
-  else snprintf(cells[5], 64, "-");
-  cell_gflops(&r->h, r->flops, cells[6], 64);
-  if (f_ok && r->h.state == CELL_OK) snprintf(cells[7], 64, "%.2f", r->h.ms / r->f.ms);
+  cell_gflops(&r->f16, r->flops, cells[4], 64);
+  cell_gflops(&r->bf16, r->flops, cells[5], 64);
+  cell_gflops(&r->st, r->flops, cells[6], 64);
+  if (f_ok && r->st.state == CELL_OK) snprintf(cells[7], 64, "%.2f", r->st.ms / r->f.ms);
   else snprintf(cells[7], 64, "-");
-  if (f_ok && cl->dev_gemm > 0) snprintf(cells[8], 64, "%.0f%%", 100.0 * f_rate / cl->dev_gemm);
-  else snprintf(cells[8], 64, "-");
-  if (f_ok && cl->host_gemm > 0) snprintf(cells[9], 64, "%.0f%%", 100.0 * f_rate / cl->host_gemm);
+  cell_gflops(&r->h, r->flops, cells[8], 64);
+  if (f_ok && r->h.state == CELL_OK) snprintf(cells[9], 64, "%.2f", r->h.ms / r->f.ms);
   else snprintf(cells[9], 64, "-");
+  if (f_ok && cl->dev_gemm > 0) snprintf(cells[10], 64, "%.0f%%", 100.0 * f_rate / cl->dev_gemm);
+  else snprintf(cells[10], 64, "-");
+  if (f_ok && cl->host_gemm > 0) snprintf(cells[11], 64, "%.0f%%", 100.0 * f_rate / cl->host_gemm);
+  else snprintf(cells[11], 64, "-");
   if (f_ok && r->sh.kind == K_DECODE) {
     double gbps = r->bytes / (r->f.ms * 1e6);
-    snprintf(cells[10], 64, "%.1f", gbps);
-    if (cl->copy_gbps > 0) snprintf(cells[11], 64, "%.0f%%", 100.0 * gbps / cl->copy_gbps);
-    else snprintf(cells[11], 64, "-");
+    snprintf(cells[12], 64, "%.1f", gbps);
+    if (cl->copy_gbps > 0) snprintf(cells[13], 64, "%.0f%%", 100.0 * gbps / cl->copy_gbps);
+    else snprintf(cells[13], 64, "-");
   } else {
-    snprintf(cells[10], 64, "-");
-    snprintf(cells[11], 64, "-");
+    snprintf(cells[12], 64, "-");
+    snprintf(cells[13], 64, "-");
   }
   char a[24] = "-", b[24] = "-";
   if (!isnan(r->diff_st)) snprintf(a, sizeof a, "%.1e", r->diff_st);
   if (!isnan(r->diff_h)) snprintf(b, sizeof b, "%.1e", r->diff_h);
-  if (isnan(r->diff_st) && isnan(r->diff_h)) snprintf(cells[12], 64, "-");
-  else snprintf(cells[12], 64, "%s / %s", a, b);
+  if (isnan(r->diff_st) && isnan(r->diff_h)) snprintf(cells[14], 64, "-");
+  else snprintf(cells[14], 64, "%s / %s", a, b);
 }
 
 static void print_header(void) {
@@ -776,7 +798,8 @@ static void readme_block(sbuf *b, int argc, char **argv, const machine *mc, cons
   sb_add(b, "\nGFLOP/s count 4·B·H·M·N·d FLOPs (QKᵀ and A·V), halved for causal, over the median wall time "
             "of a call and its clFinish (one warm-up call, then up to %d timed calls within %.1f s; a cell expected to take longer than that is timed once, without a warm-up); every "
             "column uses the same count, so the staged baselines, which compute the whole score matrix even "
-            "when causal, are charged the same work. Ratios are baseline time ÷ FUSED time (above 1: FUSED "
+            "when causal, are charged the same work. FUSED f16 / bf16: the same call with q, k, v and out stored in "
+            "16 bits (arithmetic f32). Ratios are baseline time ÷ FUSED time (above 1: FUSED "
             "is faster). CLBlast staged: QKᵀ and A·V by CLBlastSgemmStridedBatched (one matrix per KV head, "
             "its query heads stacked), a one-work-group-per-row softmax kernel in between, scores in one "
             "buffer of up to 512 MiB. Host: the same with cblas_sgemm and a C softmax (expf) split across "
@@ -854,7 +877,7 @@ int bench_main(int argc, char **argv) {
   int nshapes = default_shapes(&c, shapes), nrows = 0;
   print_header();
   int ref_done = !c.check;
-  double rates[4] = {0, 0, 0, 0};   /* AUTO, FUSED, staged, host: the last cell's GFLOP/s */
+  double rates[6] = {0};   /* AUTO, FUSED, staged, host, FUSED f16, bf16: the last cell's GFLOP/s */
   for (int i = 0; i < nshapes; i++) {
     if (!(kind_of(&shapes[i]) & c.only) && !c.n_custom) continue;
     row *r = &rows[nrows++];
