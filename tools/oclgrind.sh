@@ -37,6 +37,12 @@ cases=(
   "fused-tiled-decode-split|--algo fused --heads 8 --kv-heads 2 --q-len 1 --kv-len 600 --head-dim 32 --value-dim 16 --kv-lens|CLATTN_FLASH_WG=16"
   "staged-chunks|--algo staged --heads 3 --kv-heads 1 --q-len 53 --kv-len 37 --head-dim 8 --value-dim 8 --weights --diag|CLATTN_SCRATCH_BYTES=2048"
   "gemm-chunks|--algo gemm --heads 3 --kv-heads 1 --q-len 53 --kv-len 37 --head-dim 8 --value-dim 8 --layout bshd|CLATTN_SCRATCH_BYTES=2048"
+  "varlen-staged|--algo staged --varlen --batch 3 --heads 2 --kv-heads 1 --q-len 9 --kv-len 13 --head-dim 8 --value-dim 8 --causal --weights --diag"
+  "varlen-fused|--algo fused --varlen --batch 3 --heads 2 --kv-heads 1 --q-len 9 --kv-len 13 --head-dim 16 --value-dim 16 --causal --diag"
+  "varlen-gemm|--algo gemm --varlen --batch 3 --heads 2 --kv-heads 1 --q-len 9 --kv-len 13 --head-dim 8 --value-dim 8 --layout bshd"
+  "f16-fused|--algo fused --dtype f16 --heads 2 --kv-heads 1 --q-len 7 --kv-len 37 --head-dim 16 --value-dim 16 --tol 2e-3"
+  "bf16-staged|--algo staged --dtype bf16 --heads 2 --kv-heads 1 --q-len 7 --kv-len 37 --head-dim 24 --value-dim 20 --tol 1e-2"
+  "shaping|--heads 2 --kv-heads 1 --q-len 7 --kv-len 37 --head-dim 16 --value-dim 16 --softcap 4 --alibi --sinks --additive --algo fused"
   "auto|--heads 2 --kv-heads 1 --q-len 7 --kv-len 37 --head-dim 24 --value-dim 20 --mask block --empty zero"
 )
 failed=0
