@@ -348,6 +348,9 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows(FLASH_KE
   flash_body(FLASH_BODY_ARGS(0, FLASH_BM));
 }
 
+/* Only where the host can use them (vector loads of whole rows): building
+ * them for other head dims would only cost compile time. */
+#if DK % 16 == 0 && DV % 16 == 0
 #define FLASH_DIRECT_KERNEL(bm)                                                                   \
   __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows_direct##bm(FLASH_KERNEL_ARGS) { \
     flash_body(FLASH_BODY_ARGS(1, bm));                                                           \
@@ -356,6 +359,7 @@ FLASH_DIRECT_KERNEL(1)
 FLASH_DIRECT_KERNEL(2)
 FLASH_DIRECT_KERNEL(4)
 FLASH_DIRECT_KERNEL(8)
+#endif
 
 /*
  * flash_tiled — the fused kernel for GPUs: a work-group of FLASH_WG
