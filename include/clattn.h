@@ -83,7 +83,10 @@ typedef enum { CLATTN_SCORE_DOT, CLATTN_SCORE_ADDITIVE } clattn_score;
 typedef struct {            /* a strided view of a cl_mem; buf NULL = absent */
   cl_mem buf;
   size_t offset;            /* in elements */
-  size_t stride[4];         /* in elements: batch, head, row, column; 0 broadcasts */
+  size_t stride[4];         /* in elements: batch, head, row, column; 0 broadcasts (inputs only).
+                               Outputs must not overlap themselves: ordered by stride, each
+                               dimension longer than 1 steps past the span of the smaller ones
+                               (so interleaved dimensions are refused too) */
 } clattn_tensor;
 
 typedef struct {
