@@ -154,11 +154,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_view(&r, &p->k);
   ca_arg_view(&r, &p->v);
   ca_arg_score(&r, p);
-  ca_arg_view(&r, &p->mask);
-  ca_arg_int(&r, plan->has_mask);
-  ca_arg_view(&r, &p->bias);
-  ca_arg_int(&r, plan->has_bias);
-  ca_arg_seq(&r, p);
+  ca_arg_allowed(&r, p);
   ca_arg_int(&r, p->q_heads);
   ca_arg_int(&r, p->kv_heads);
   ca_arg_int(&r, plan->group);

@@ -147,11 +147,7 @@ static clattn_status product_scores(clattn_context *ctx, cl_kernel mask, cl_mem 
 
   ca_args a = {mask, "gemm_mask_scores", 0, 0, CL_SUCCESS};
   ca_arg_mem(&a, scores);
-  ca_arg_view(&a, &p->mask);
-  ca_arg_int(&a, plan->has_mask);
-  ca_arg_view(&a, &p->bias);
-  ca_arg_int(&a, plan->has_bias);
-  ca_arg_seq(&a, p);
+  ca_arg_allowed(&a, p);
   ca_arg_int(&a, p->q_heads);
   ca_arg_int(&a, p->q_len);
   ca_arg_int(&a, p->kv_len);

@@ -134,6 +134,9 @@ void ca_arg_shape(ca_args *a, const clattn_params *p);
 /* Where each sequence lies (common.h.cl's CA_SEQ_ARGS): kv_lens, packed
  * variable-length batches' cu_seqlens and totals. */
 void ca_arg_seq(ca_args *a, const clattn_params *p);
+/* What decides the allowed keys and adds to scores, as the scoring kernels
+ * take it: mask view and flag, bias view and flag, then ca_arg_seq. */
+void ca_arg_allowed(ca_args *a, const clattn_params *p);
 /* The score's form (common.h.cl's CA_SCORE_ARGS): additive_w, additive. */
 void ca_arg_score(ca_args *a, const clattn_params *p);
 /* Sinks: the buffer and whether it is there. */

@@ -52,6 +52,14 @@ void ca_arg_seq(ca_args *a, const clattn_params *p) {
   ca_arg_int(a, varlen ? p->total_kv : 0);
 }
 
+void ca_arg_allowed(ca_args *a, const clattn_params *p) {
+  ca_arg_view(a, &p->mask);
+  ca_arg_int(a, p->mask.buf != NULL);
+  ca_arg_view(a, &p->bias);
+  ca_arg_int(a, p->bias.buf != NULL);
+  ca_arg_seq(a, p);
+}
+
 void ca_arg_score(ca_args *a, const clattn_params *p) {
   ca_arg_mem(a, p->additive_w);
   ca_arg_int(a, p->score == CLATTN_SCORE_ADDITIVE);

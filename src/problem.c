@@ -523,27 +523,22 @@ static void release_mem(cl_mem *m)
   *m = NULL;
 }
 
+/* Releases every device buffer of the problem (NULL ones are skipped). */
+static void release_buffers(cp_problem *pb)
+{
+  cl_mem *all[] = {&pb->q_buf, &pb->k_buf, &pb->v_buf, &pb->out_buf, &pb->mask_buf, &pb->bias_buf,
+                   &pb->lse_buf, &pb->weights_buf, &pb->kv_lens_buf, &pb->alibi_buf, &pb->sinks_buf,
+                   &pb->additive_w_buf, &pb->cu_q_buf, &pb->cu_k_buf, &pb->entropy_buf, &pb->max_weight_buf,
+                   &pb->argmax_buf};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    release_mem(all[i]);
+}
+
 void cp_free(cp_problem *pb)
 {
   if (!pb)
     return;
-  release_mem(&pb->q_buf);
-  release_mem(&pb->k_buf);
-  release_mem(&pb->v_buf);
-  release_mem(&pb->out_buf);
-  release_mem(&pb->mask_buf);
-  release_mem(&pb->bias_buf);
-  release_mem(&pb->lse_buf);
-  release_mem(&pb->weights_buf);
-  release_mem(&pb->kv_lens_buf);
-  release_mem(&pb->alibi_buf);
-  release_mem(&pb->sinks_buf);
-  release_mem(&pb->additive_w_buf);
-  release_mem(&pb->cu_q_buf);
-  release_mem(&pb->cu_k_buf);
-  release_mem(&pb->entropy_buf);
-  release_mem(&pb->max_weight_buf);
-  release_mem(&pb->argmax_buf);
+  release_buffers(pb);
   free(pb->entropy_raw);
   free(pb->max_weight_raw);
   free(pb->argmax_raw);
@@ -823,23 +818,7 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
   return 0;
 
 fail:
-  release_mem(&pb->q_buf);
-  release_mem(&pb->k_buf);
-  release_mem(&pb->v_buf);
-  release_mem(&pb->out_buf);
-  release_mem(&pb->mask_buf);
-  release_mem(&pb->bias_buf);
-  release_mem(&pb->lse_buf);
-  release_mem(&pb->weights_buf);
-  release_mem(&pb->kv_lens_buf);
-  release_mem(&pb->alibi_buf);
-  release_mem(&pb->sinks_buf);
-  release_mem(&pb->additive_w_buf);
-  release_mem(&pb->cu_q_buf);
-  release_mem(&pb->cu_k_buf);
-  release_mem(&pb->entropy_buf);
-  release_mem(&pb->max_weight_buf);
-  release_mem(&pb->argmax_buf);
+  release_buffers(pb);
   pb->queue = NULL;
   pb->cl_ctx = NULL;
   return -1;

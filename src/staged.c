@@ -19,11 +19,7 @@ clattn_status ca_enqueue_qk_score(clattn_context *ctx, cl_kernel score, cl_mem s
   ca_arg_view(&a, &p->q);
   ca_arg_view(&a, &p->k);
   ca_arg_score(&a, p);
-  ca_arg_view(&a, &p->mask);
-  ca_arg_int(&a, plan->has_mask);
-  ca_arg_view(&a, &p->bias);
-  ca_arg_int(&a, plan->has_bias);
-  ca_arg_seq(&a, p);
+  ca_arg_allowed(&a, p);
   ca_arg_int(&a, p->q_heads);
   ca_arg_int(&a, plan->group);
   ca_arg_int(&a, p->q_len);
