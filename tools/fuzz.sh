@@ -23,19 +23,7 @@ seconds=${1:-60}
 shift || true
 case "$seconds" in ''|*[!0-9]*) echo "usage: tools/fuzz.sh [SECONDS] [libFuzzer flags...]" >&2; exit 2;; esac
 
-packages=(clang libclang-rt-14-dev gcc pkg-config meson ninja-build python3 ocl-icd-opencl-dev opencl-headers
-          libclblast-dev libopenblas-dev libpng-dev pocl-opencl-icd clinfo)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "fuzz: installing ${missing[*]}" >&2
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+tools/packages.sh clang libclang-rt-14-dev
 
 build=build-fuzz
 opts=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized

@@ -13,11 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 
-if ! command -v oclgrind >/dev/null; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq oclgrind >/dev/null
-fi
+tools/packages.sh oclgrind
 [ -x "$build/tools/clattn" ] || tools/setup.sh "$build"
 
 logs=$(mktemp -d)

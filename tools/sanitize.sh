@@ -35,21 +35,7 @@ jobs=${SANITIZE_JOBS:-2}
 multiplier=${SANITIZE_TIMEOUT_MULTIPLIER:-1}
 
 # ---- packages: what tools/setup.sh installs, plus the sanitizer runtimes ----
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-install() {
-  echo "sanitize: installing $*" >&2
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
-packages=(gcc pkg-config meson ninja-build python3 ocl-icd-opencl-dev opencl-headers
-          libclblast-dev libopenblas-dev libpng-dev pocl-opencl-icd clinfo)
-[ "$CC" = clang ] && packages+=(clang)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-[ ${#missing[@]} -eq 0 ] || install "${missing[@]}"
+if [ "$CC" = clang ]; then tools/packages.sh clang; else tools/packages.sh; fi
 
 # The runtimes (libasan, libubsan, libtsan) come with the compiler's dev
 # package (libgcc-N-dev for gcc, libclang-rt-N-dev for clang): probe them.
@@ -65,9 +51,9 @@ need=()
 for s in "${need[@]}"; do
   if ! probe "$s"; then
     if [ "$CC" = clang ]; then
-      install "libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
+      tools/packages.sh "libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
     else
-      install "libgcc-$(gcc -dumpversion | cut -d. -f1)-dev"
+      tools/packages.sh "libgcc-$(gcc -dumpversion | cut -d. -f1)-dev"
     fi
     probe "$s" || { echo "sanitize: $CC cannot build with -fsanitize=$s" >&2; exit 1; }
   fi

@@ -618,42 +618,42 @@ static int compare(const char *name, const float *x, const double *r, size_t cou
   return FZ_PASS;
 }
 
-/* Marks the elements of output view t; returns 1 when two results share an
- * element (the view overlaps itself). */
-static int mark_view(const fz_case *c, int t, unsigned char *mark)
+/* The element index of the k-th entry of output view t in dense
+ * [B,Hq,M,C] order. */
+static size_t view_element(const fz_case *c, int t, size_t k)
 {
   const clattn_tensor *tv = view_of(&c->p, t);
   const size_t *D = c->dims[t];
   const size_t C = t_rank[t] == 4 ? D[3] : 1;
+  const size_t j = k % C, i = k / C % D[2], h = k / C / D[2] % D[1], b = k / C / D[2] / D[1];
+  return tv->offset + b * tv->stride[0] + h * tv->stride[1] + i * tv->stride[2] +
+         (t_rank[t] == 4 ? j * tv->stride[3] : 0);
+}
+
+static size_t view_count(const fz_case *c, int t)
+{
+  const size_t *D = c->dims[t];
+  return D[0] * D[1] * D[2] * (t_rank[t] == 4 ? D[3] : 1);
+}
+
+/* Marks the elements of output view t; returns 1 when two results share an
+ * element (the view overlaps itself). */
+static int mark_view(const fz_case *c, int t, unsigned char *mark)
+{
   int alias = 0;
-  for (size_t b = 0; b < D[0]; b++)
-    for (size_t h = 0; h < D[1]; h++)
-      for (size_t i = 0; i < D[2]; i++)
-        for (size_t j = 0; j < C; j++) {
-          size_t e = tv->offset + b * tv->stride[0] + h * tv->stride[1] + i * tv->stride[2] +
-                     (t_rank[t] == 4 ? j * tv->stride[3] : 0);
-          if (mark[e])
-            alias = 1;
-          mark[e] = 1;
-        }
+  for (size_t k = 0, n = view_count(c, t); k < n; k++) {
+    const size_t e = view_element(c, t, k);
+    alias |= mark[e];
+    mark[e] = 1;
+  }
   return alias;
 }
 
 /* Dense [B,Hq,M,C] gather of output view t from its read-back buffer. */
 static void gather(const fz_case *c, int t, const unsigned char *raw, float *dst)
 {
-  const clattn_tensor *tv = view_of(&c->p, t);
-  const size_t *D = c->dims[t];
-  const size_t C = t_rank[t] == 4 ? D[3] : 1;
-  size_t k = 0;
-  for (size_t b = 0; b < D[0]; b++)
-    for (size_t h = 0; h < D[1]; h++)
-      for (size_t i = 0; i < D[2]; i++)
-        for (size_t j = 0; j < C; j++) {
-          size_t e = tv->offset + b * tv->stride[0] + h * tv->stride[1] + i * tv->stride[2] +
-                     (t_rank[t] == 4 ? j * tv->stride[3] : 0);
-          memcpy(dst + k++, raw + e * 4, 4);
-        }
+  for (size_t k = 0, n = view_count(c, t); k < n; k++)
+    memcpy(dst + k, raw + view_element(c, t, k) * 4, 4);
 }
 
 static const char *status_name(int s)
