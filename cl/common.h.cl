@@ -14,39 +14,39 @@
 #endif
 #if CA_DTYPE == 0
 typedef float store_t;
-inline float ca_load(__global const store_t *p, ulong i) { return p[i]; }
-inline void ca_store(__global store_t *p, ulong i, float v) { p[i] = v; }
-inline float16 ca_load16(__global const store_t *p) { return vload16(0, p); }
+static inline float ca_load(__global const store_t *p, ulong i) { return p[i]; }
+static inline void ca_store(__global store_t *p, ulong i, float v) { p[i] = v; }
+static inline float16 ca_load16(__global const store_t *p) { return vload16(0, p); }
 #elif CA_DTYPE == 1
 typedef half store_t;
-inline float ca_load(__global const store_t *p, ulong i) { return vload_half(0, p + i); }
-inline void ca_store(__global store_t *p, ulong i, float v) { vstore_half_rte(v, 0, p + i); }
-inline float16 ca_load16(__global const store_t *p) { return vload_half16(0, p); }
+static inline float ca_load(__global const store_t *p, ulong i) { return vload_half(0, p + i); }
+static inline void ca_store(__global store_t *p, ulong i, float v) { vstore_half_rte(v, 0, p + i); }
+static inline float16 ca_load16(__global const store_t *p) { return vload_half16(0, p); }
 #else
 typedef ushort store_t;
-inline float ca_load(__global const store_t *p, ulong i) { return as_float((uint)p[i] << 16); }
-inline void ca_store(__global store_t *p, ulong i, float v) {
+static inline float ca_load(__global const store_t *p, ulong i) { return as_float((uint)p[i] << 16); }
+static inline void ca_store(__global store_t *p, ulong i, float v) {
   uint u = as_uint(v);
   u = isnan(v) ? 0x7fc00000u : u + 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
   p[i] = (ushort)(u >> 16);
 }
-inline float16 ca_load16(__global const store_t *p) { return as_float16(convert_uint16(vload16(0, p)) << 16); }
+static inline float16 ca_load16(__global const store_t *p) { return as_float16(convert_uint16(vload16(0, p)) << 16); }
 #endif
 
 /* Element index of [b, h, r, c] in a view. */
-inline ulong ca_at(ulong offset, ulong4 stride, long b, long h, long r, long c) {
+static inline ulong ca_at(ulong offset, ulong4 stride, long b, long h, long r, long c) {
   return offset + (ulong)b * stride.s0 + (ulong)h * stride.s1 + (ulong)r * stride.s2 + (ulong)c * stride.s3;
 }
 
 /* Whether key j lies inside query i's window (bottom-right aligned: query i
  * sits at key position i + kv_len - q_len); a bound of -1 is unbounded. */
-inline bool ca_in_window(long i, long j, int q_len, int kv_len, int window_left, int window_right) {
+static inline bool ca_in_window(long i, long j, int q_len, int kv_len, int window_left, int window_right) {
   long p = i + (long)kv_len - (long)q_len;
   return (window_left < 0 || j >= p - window_left) && (window_right < 0 || j <= p + window_right);
 }
 
 /* The number of valid keys of batch row b: kv_lens[b] clamped to [0, kv_len]. */
-inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, long b, int kv_len) {
+static inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, long b, int kv_len) {
   if (!has_kv_lens) return kv_len;
   int n = kv_lens[b];
   return clamp(n, 0, kv_len);
@@ -68,7 +68,7 @@ typedef struct {
   int align_m, align_n; /* the lengths the bottom-right alignment uses */
 } ca_seq;
 
-inline ca_seq ca_sequence(long b, int q_len, int kv_len, CA_SEQ_ARGS) {
+static inline ca_seq ca_sequence(long b, int q_len, int kv_len, CA_SEQ_ARGS) {
   ca_seq s;
   if (!varlen) {
     s.q0 = 0;
@@ -100,11 +100,11 @@ inline ca_seq ca_sequence(long b, int q_len, int kv_len, CA_SEQ_ARGS) {
  * position. softcap 0 = off; alibi NULL when has_alibi is 0. */
 #define CA_SHAPE_ARGS float softcap, __global const float *alibi, int has_alibi
 #define CA_SHAPE_PASS softcap, alibi, has_alibi
-inline float ca_softcap(float s, float softcap) { return softcap > 0.0f ? softcap * tanh(s / softcap) : s; }
-inline float ca_alibi(long i, long j, int q_len, int kv_len, float slope) {
+static inline float ca_softcap(float s, float softcap) { return softcap > 0.0f ? softcap * tanh(s / softcap) : s; }
+static inline float ca_alibi(long i, long j, int q_len, int kv_len, float slope) {
   return -slope * (float)abs((long)(i + (long)kv_len - (long)q_len) - j);
 }
-inline float ca_shape(float s, float bias_ij, long h, long i, long j, int q_len, int kv_len, CA_SHAPE_ARGS) {
+static inline float ca_shape(float s, float bias_ij, long h, long i, long j, int q_len, int kv_len, CA_SHAPE_ARGS) {
   s = ca_softcap(s, softcap) + bias_ij;
   return has_alibi ? s + ca_alibi(i, j, q_len, kv_len, alibi[h]) : s;
 }
@@ -126,7 +126,7 @@ inline float ca_shape(float s, float bias_ij, long h, long i, long j, int q_len,
  *   entropy = -sum_j a_j log a_j = (l_keys / l) log(l) - t / l,
  *   max_weight = top / l.   empty: no allowed key (a sink far above every
  * key can make l_keys underflow to 0 in a row that is not empty). */
-inline void ca_store_diag(bool empty, float l_keys, float l, float t, float top, int best, long b, long h, long i,
+static inline void ca_store_diag(bool empty, float l_keys, float l, float t, float top, int best, long b, long h, long i,
                           CA_DIAG_ARGS) {
   if (diag & CA_DIAG_ENTROPY)
     entropy[ca_at(ent_off, ent_st, b, h, i, 0)] = empty ? 0.0f : l_keys / l * log(l) - t / l;
@@ -135,4 +135,4 @@ inline void ca_store_diag(bool empty, float l_keys, float l, float t, float top,
 }
 
 /* A maximum that keeps NaN, so a NaN score reaches its row's outputs. */
-inline float ca_max_nan(float a, float b) { return (a > b || isnan(a)) ? a : b; }
+static inline float ca_max_nan(float a, float b) { return (a > b || isnan(a)) ? a : b; }

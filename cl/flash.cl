@@ -69,7 +69,7 @@ __kernel void flash_pack(__global const store_t *k, ulong k_off, ulong4 k_st,
 }
 
 /* The key range [lo, hi] that row (h, i) may see: window and kv_lens. */
-inline int2 flash_row_keys(long i, int q_len, int kv_len, int n_valid, int window_left, int window_right) {
+static inline int2 flash_row_keys(long i, int q_len, int kv_len, int n_valid, int window_left, int window_right) {
   long p = i + (long)kv_len - (long)q_len;
   long lo = window_left >= 0 ? p - window_left : 0;
   long hi = window_right >= 0 ? p + window_right : (long)kv_len - 1;
@@ -78,14 +78,14 @@ inline int2 flash_row_keys(long i, int q_len, int kv_len, int n_valid, int windo
   return (int2)((int)min(lo, (long)INT_MAX), (int)max(hi, -1L));
 }
 
-inline float flash_hmax(float16 x) {
+static inline float flash_hmax(float16 x) {
   float8 a = fmax(x.lo, x.hi);
   float4 b = fmax(a.lo, a.hi);
   float2 c = fmax(b.lo, b.hi);
   return fmax(c.x, c.y);
 }
 
-inline float flash_hsum(float16 x) {
+static inline float flash_hsum(float16 x) {
   float8 a = x.lo + x.hi;
   float4 b = a.lo + a.hi;
   float2 c = b.lo + b.hi;
@@ -95,7 +95,7 @@ inline float flash_hsum(float16 x) {
 /* Finishes one row: O = acc / l and lse = m + log(l) to the outputs, or to
  * split `split`'s partial state when the keys were split. l = 0 means no
  * allowed key: O = 0, lse = -INFINITY, and the empty-row flag is raised. */
-inline void flash_store_row(const float *acc, float m, float l, float t, int best, float sink, int b, int h, int i,
+static inline void flash_store_row(const float *acc, float m, float l, float t, int best, float sink, int b, int h, int i,
                             long out_row, int q_heads, int kv_heads, int q_len, int split, int n_splits, __global store_t *out,
                             ulong out_off, ulong4 out_st, __global float *lse, ulong lse_off, ulong4 lse_st,
                             int want_lse, CA_DIAG_ARGS, __global float *part_o, __global float *part_lse,
@@ -125,7 +125,7 @@ inline void flash_store_row(const float *acc, float m, float l, float t, int bes
 
 /* The diagnostics' update for one block of scores x (-inf = not allowed)
  * whose weights are pr = exp(x - m_safe); m_old and l_old before the block. */
-inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_old, float alpha, float m_safe, int j0,
+static inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_old, float alpha, float m_safe, int j0,
                              float *t, int *best) {
   const float16 term = select((float16)(0.0f), pr * (x - m_safe), isnotequal(pr, (float16)(0.0f)));
   *t = (l_old == 0.0f ? 0.0f : alpha * (*t + l_old * (m_old - m_safe))) + flash_hsum(term);
@@ -140,7 +140,7 @@ inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_old, fl
 
 /* Columns c .. c+15 of value j of KV head (b, hk): packed (DVP floats per
  * key) or read in place from physical row v_row. */
-inline float16 flash_value16(__global const float *vp, ulong vp_head, __global const store_t *v, ulong v_off,
+static inline float16 flash_value16(__global const float *vp, ulong vp_head, __global const store_t *v, ulong v_off,
                              ulong4 v_st, int direct, int b, int hk, long v_row, int j, int c) {
   return direct ? ca_load16(v + ca_at(v_off, v_st, b, hk, v_row, c)) : vload16(0, vp + vp_head + (ulong)j * DVP + c);
 }
@@ -153,7 +153,7 @@ inline float16 flash_value16(__global const float *vp, ulong vp_head, __global c
  * `direct` and `bm` are constants at each call, so each kernel compiles to
  * one branch with its row loops unrolled and its accumulators in registers.
  */
-inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
+static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
                        __global const float *kt, __global const float *vp, int n_pad,
                        __global const store_t *k, ulong k_off, ulong4 k_st,
                        __global const store_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS, const int direct,
