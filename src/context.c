@@ -6,7 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "embedded_cl.h"
+#include "program_text.h"
 #include "internal.h"
 
 enum { DEFAULT_SCRATCH_BYTES = 64 << 20 };
@@ -20,10 +20,11 @@ static double now_ms(void) {
 /* The warp/wavefront width, which OpenCL 1.2 reports only per kernel: ask
  * a one-line kernel. */
 static clattn_status probe_preferred_multiple(clattn_context *ctx, size_t *out) {
-  static const char *src[] = {"__kernel void ca_probe(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n"};
+  ca_program_text text;
+  ca_probe_text(&text);
   cl_program program = NULL;
   cl_kernel kernel = NULL;
-  clattn_status st = ca_build_program(ctx, "probe", src, 1, "", &program);
+  clattn_status st = ca_build_program(ctx, "probe", text.sources, text.n_sources, text.options, &program);
   if (st != CLATTN_OK) goto fail;
   st = ca_create_kernel(program, "ca_probe", &kernel);
   if (st != CLATTN_OK) goto fail;
@@ -162,13 +163,10 @@ static void choose_tiles(clattn_context *ctx, const clattn_options *opt) {
 }
 
 static clattn_status build_core_for(clattn_context *ctx, clattn_dtype dtype, cl_program *out) {
-  const char *sources[] = {clattn_src_common, clattn_src_qk_score, clattn_src_softmax, clattn_src_mix,
-                           clattn_src_merge, clattn_src_gemm};
-  char options[512];
-  snprintf(options, sizeof options, "-cl-std=CL1.2 -D CA_DTYPE=%d", (int)dtype);
-  tl_build_options(&ctx->tiles, options, sizeof options);
-  return ca_build_program(ctx, dtype == CLATTN_F32 ? "core" : dtype == CLATTN_F16 ? "core f16" : "core bf16", sources,
-                          6, options, out);
+  ca_program_text text;
+  ca_core_text(&ctx->tiles, dtype, &text);
+  return ca_build_program(ctx, dtype == CLATTN_F32 ? "core" : dtype == CLATTN_F16 ? "core f16" : "core bf16",
+                          text.sources, text.n_sources, text.options, out);
 }
 
 static clattn_status build_core(clattn_context *ctx) { return build_core_for(ctx, CLATTN_F32, &ctx->core); }

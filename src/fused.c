@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "embedded_cl.h"
+#include "program_text.h"
 #include "internal.h"
 
 enum { FLASH_BN = 16 };          /* keys per block; cl/flash.cl's FLASH_BN */
@@ -40,15 +40,12 @@ static clattn_status fused_program(clattn_context *ctx, int head_dim, int value_
     ctx->fused = grown;
     ctx->cap_fused = cap;
   }
-  const char *sources[] = {clattn_src_common, clattn_src_flash};
-  char options[512];
-  snprintf(options, sizeof options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D DK=%d -D DV=%d -D FLASH_TILE=%d", (int)dtype,
-           head_dim, value_dim, tl_flash_tile(&ctx->caps, head_dim, value_dim));
-  tl_build_options(&ctx->tiles, options, sizeof options);
+  ca_program_text text;
+  ca_fused_text(&ctx->tiles, &ctx->caps, head_dim, value_dim, dtype, &text);
   char name[64];
   snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d", head_dim, value_dim, (int)dtype);
   cl_program program = NULL;
-  if ((st = ca_build_program(ctx, name, sources, 2, options, &program)) == CLATTN_OK) {
+  if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &program)) == CLATTN_OK) {
     ctx->fused[ctx->n_fused].head_dim = head_dim;
     ctx->fused[ctx->n_fused].value_dim = value_dim;
     ctx->fused[ctx->n_fused].dtype = dtype;

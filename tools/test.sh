@@ -17,6 +17,8 @@ cd "$(dirname "$0")/.."
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 
+# clang-15, libclc and lld for the GPU code-generation test (tools/gpu-codegen.sh)
+tools/packages.sh clang-15 libclc-15 lld-15 || exit 1
 tools/setup.sh build-test -Dwerror=true || exit 1
 
 results=()

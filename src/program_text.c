@@ -1,0 +1,27 @@
+/* Program sources and build options (see program_text.h). */
+#include "program_text.h"
+
+#include <stdio.h>
+
+#include "embedded_cl.h"
+
+void ca_probe_text(ca_program_text *out) {
+  static const char probe[] = "__kernel void ca_probe(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n";
+  *out = (ca_program_text){.sources = {probe}, .n_sources = 1};
+}
+
+void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *out) {
+  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_qk_score, clattn_src_softmax, clattn_src_mix,
+                                       clattn_src_merge, clattn_src_gemm},
+                           .n_sources = 6};
+  snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d", (int)dtype);
+  tl_build_options(tiles, out->options, sizeof out->options);
+}
+
+void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
+                   ca_program_text *out) {
+  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_flash}, .n_sources = 2};
+  snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D DK=%d -D DV=%d -D FLASH_TILE=%d",
+           (int)dtype, head_dim, value_dim, tl_flash_tile(dev, head_dim, value_dim));
+  tl_build_options(tiles, out->options, sizeof out->options);
+}

@@ -1,0 +1,33 @@
+/*
+ * What each program the library builds is made of: its embedded sources (in
+ * order) and its build options, as pure functions of the tiles and the
+ * device description. The runtime builds from these, and so does the GPU
+ * code-generation check (tests/gpu_programs.c), so what clang compiles for
+ * amdgcn and nvptx there is exactly what a GPU driver would be given.
+ */
+#ifndef CLATTN_PROGRAM_TEXT_H
+#define CLATTN_PROGRAM_TEXT_H
+
+#include <stddef.h>
+
+#include "clattn.h"
+#include "tiles.h"
+
+enum { CA_MAX_SOURCES = 6, CA_OPTIONS_SIZE = 512 };
+
+typedef struct {
+  const char *sources[CA_MAX_SOURCES];
+  unsigned n_sources;
+  char options[CA_OPTIONS_SIZE];
+} ca_program_text;
+
+/* The one-line kernel that asks the device's warp/wavefront width. */
+void ca_probe_text(ca_program_text *out);
+/* qk_score, softmax_rows, mix_values, merge_states and the GEMM helpers for
+ * one storage type. */
+void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *out);
+/* The fused kernels for one (head_dim, value_dim, storage type). */
+void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
+                   ca_program_text *out);
+
+#endif

@@ -1,0 +1,81 @@
+/*
+ * Writes every program the library would build on a GPU-like device, as
+ * clang would be given it by a driver: one NAME.cl (the sources
+ * concatenated in order) and one NAME.opts (the build options) per program,
+ * for tools/gpu-codegen.sh to compile for amdgcn and nvptx targets.
+ *
+ *   gpu_programs PROFILE OUT_DIR      PROFILE: amd-wave64, amd-wave32, nvidia
+ *
+ * The device descriptions are what such devices report through OpenCL
+ * (tile choice is a pure function of them: src/tiles.c).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "program_text.h"
+
+static int find_profile(const char *name, tl_device *dev) {
+  static const struct { const char *name; tl_device dev; } profiles[] = {
+    /* CDNA (MI200/MI300): 64-wide wavefronts, 64 KiB LDS, 1024-item groups */
+    {"amd-wave64", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0}},
+    /* RDNA 3 (gfx1100): 32-wide waves */
+    {"amd-wave32", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0}},
+    /* NVIDIA's OpenCL: 32-wide warps, 48 KiB local memory */
+    {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0}},
+  };
+  for (size_t i = 0; i < sizeof profiles / sizeof profiles[0]; i++)
+    if (strcmp(name, profiles[i].name) == 0) {
+      *dev = profiles[i].dev;
+      return 0;
+    }
+  return -1;
+}
+
+static int write_program(const char *dir, const char *name, const ca_program_text *text) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s.cl", dir, name);
+  FILE *f = fopen(path, "w");
+  if (!f) goto fail;
+  for (unsigned i = 0; i < text->n_sources; i++) fputs(text->sources[i], f);
+  if (fclose(f) != 0) goto fail;
+  snprintf(path, sizeof path, "%s/%s.opts", dir, name);
+  if (!(f = fopen(path, "w"))) goto fail;
+  fprintf(f, "%s\n", text->options);
+  if (fclose(f) != 0) goto fail;
+  return 0;
+fail:
+  fprintf(stderr, "gpu_programs: cannot write %s: %s\n", path, strerror(errno));
+  return -1;
+}
+
+int main(int argc, char **argv) {
+  tl_device dev;
+  if (argc != 3 || find_profile(argv[1], &dev) != 0) {
+    fprintf(stderr, "usage: gpu_programs amd-wave64|amd-wave32|nvidia OUT_DIR\n");
+    return 2;
+  }
+  static const struct { clattn_dtype dtype; const char *name; } dtypes[] = {
+    {CLATTN_F32, "f32"}, {CLATTN_F16, "f16"}, {CLATTN_BF16, "bf16"}};
+  /* Head dims: the common ones, one that is not a multiple of 16 (no direct
+   * decode kernels) and one with dk != dv. */
+  static const int dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {80, 80}, {40, 24}};
+  ca_program_text text;
+  ca_probe_text(&text);
+  if (write_program(argv[2], "probe", &text)) return 1;
+  for (size_t t = 0; t < 3; t++) {
+    char name[64];
+    dev.head_dim = dev.value_dim = 0;
+    tl_tiles tiles = tl_choose(&dev);
+    ca_core_text(&tiles, dtypes[t].dtype, &text);
+    snprintf(name, sizeof name, "core-%s", dtypes[t].name);
+    if (write_program(argv[2], name, &text)) return 1;
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+      if (t > 0 && d > 1) continue; /* 16-bit storage changes loads and stores only: two dims suffice */
+      ca_fused_text(&tiles, &dev, dims[d][0], dims[d][1], dtypes[t].dtype, &text);
+      snprintf(name, sizeof name, "flash-%s-d%d-%d", dtypes[t].name, dims[d][0], dims[d][1]);
+      if (write_program(argv[2], name, &text)) return 1;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Compiles and links every program the library would build on a GPU, as the
+# library assembles it (tests/gpu_programs.c), with Debian's clang-15 and
+# libclc for AMD (gfx90a, gfx1100: ld.lld -shared) and NVIDIA (sm_80: PTX,
+# then ptxas where the CUDA toolkit is present), and prints per kernel and
+# target: registers, spills, scratch or stack bytes per work-item, local
+# memory and occupancy. A program that does not compile or link fails the
+# run: that is what a clang-based GPU driver would refuse.
+#
+#   tools/gpu-codegen.sh BUILD_DIR [WORK_DIR]
+#
+# Exit status: 0 all built, 1 a build failed, 77 clang-15 or libclc missing
+# (tools/test.sh installs them: clang-15 libclc-15 lld-15).
+set -uo pipefail
+build=${1:?usage: tools/gpu-codegen.sh BUILD_DIR [WORK_DIR]}
+work=${2:-$build/gpu-codegen}
+clang=$(command -v clang-15) || { echo "gpu-codegen: clang-15 not found: skipped"; exit 77; }
+lld=$(command -v ld.lld-15 || command -v ld.lld) || { echo "gpu-codegen: ld.lld not found: skipped"; exit 77; }
+clc=/usr/lib/clc
+for lib in amdgcn--amdhsa.bc nvptx64--nvidiacl.bc; do
+  [ -f "$clc/$lib" ] || { echo "gpu-codegen: $clc/$lib not found (libclc-15): skipped"; exit 77; }
+done
+ptxas=$(command -v ptxas || ls /usr/local/cuda/bin/ptxas 2>/dev/null || true)
+
+# target  device profile  clang target flags
+targets=(
+  "gfx90a  amd-wave64 -target amdgcn--amdhsa -mcpu=gfx90a -nogpulib"
+  "gfx1100 amd-wave32 -target amdgcn--amdhsa -mcpu=gfx1100 -nogpulib"
+  "sm_80   nvidia     -target nvptx64--nvidiacl -march=sm_80"
+)
+rm -rf "$work"
+for t in "${targets[@]}"; do
+  read -r target profile flags <<<"$t"
+  mkdir -p "$work/$target"
+  "$build/tests/gpu_programs" "$profile" "$work/$target" || exit 1
+  echo "$flags" >"$work/$target/flags"
+done
+
+# compile TARGET PROGRAM: one program for one target; writes PROGRAM.log
+# (compiler, linker and assembler messages) and PROGRAM.ok on success.
+compile() {
+  local target=$1 base="$work/$1/$2" flags opts
+  flags=$(cat "$work/$target/flags")
+  opts=$(cat "$base.opts")
+  local common=(-x cl -O3 -Xclang -finclude-default-header -Wno-pass-failed $flags $opts)
+  if [[ $target == gfx* ]]; then
+    "$clang" "${common[@]}" -Xclang -mlink-bitcode-file -Xclang "$clc/amdgcn--amdhsa.bc" \
+      -Rpass-analysis=kernel-resource-usage -c -o "$base.o" "$base.cl" >"$base.log" 2>&1 &&
+      "$lld" -shared -o "$base.so" "$base.o" >>"$base.log" 2>&1 && touch "$base.ok"
+  else
+    "$clang" "${common[@]}" -Xclang -mlink-bitcode-file -Xclang "$clc/nvptx64--nvidiacl.bc" \
+      -S -o "$base.ptx" "$base.cl" >"$base.log" 2>&1 || return 0
+    if [ -n "$ptxas" ]; then
+      "$ptxas" -arch="$target" -v -o "$base.cubin" "$base.ptx" >>"$base.log" 2>&1 && touch "$base.ok"
+    else
+      echo "ptxas not found: stopped at PTX" >>"$base.log"
+      touch "$base.ok"
+    fi
+  fi
+}
+export -f compile
+export work clang lld clc ptxas
+for t in "${targets[@]}"; do
+  target=${t%% *}
+  for f in "$work/$target"/*.cl; do printf '%s %s\n' "$target" "$(basename "$f" .cl)"; done
+done | xargs -P "$(nproc)" -n 2 bash -c 'compile "$0" "$1"'
+
+# The figures, one line per kernel: amdgcn from clang's resource-usage
+# remarks, nvptx from ptxas -v.
+printf '%-8s %-22s %-20s %5s %6s %8s %6s %5s\n' target program kernel regs spills scratch local occ
+failed=0
+for t in "${targets[@]}"; do
+  target=${t%% *}
+  for f in "$work/$target"/*.cl; do
+    program=$(basename "$f" .cl)
+    base="$work/$target/$program"
+    if [ ! -f "$base.ok" ]; then
+      echo "FAILED: $program for $target:"
+      grep -v 'remark:' "$base.log" | head -20
+      failed=1
+      continue
+    fi
+    if [[ $target == gfx* ]]; then
+      awk -v t="$target" -v p="$program" '
+        /remark: Function Name:/ { split($0, a, "Function Name: "); split(a[2], b, " "); name = b[1]; ag = "" }
+        /remark: +VGPRs: /       { split($0, a, "VGPRs: "); split(a[2], b, " "); v = b[1] }
+        /remark: +AGPRs: /       { split($0, a, "AGPRs: "); split(a[2], b, " "); ag = b[1] }
+        /ScratchSize/            { split($0, a, "lane\\]: "); split(a[2], b, " "); s = b[1] }
+        /Occupancy/              { split($0, a, "SIMD\\]: "); split(a[2], b, " "); o = b[1] }
+        /VGPRs Spill:/           { split($0, a, "Spill: "); split(a[2], b, " "); sp = b[1] }
+        /LDS Size/ { split($0, a, "block\\]: "); split(a[2], b, " ");
+                     if (o > 0) printf "%-8s %-22s %-20s %5s %6s %8s %6s %5s\n", t, p, name, v (ag > 0 ? "+" ag : ""), sp, s, b[1], o }
+      ' "$base.log"
+    elif [ -n "$ptxas" ]; then
+      awk -v t="$target" -v p="$program" '
+        /Compiling entry function/ { split($0, a, "'"'"'"); name = a[2] }
+        /Function properties for/  { fn = $NF }
+        /bytes stack frame/        { if (fn == name) { stack = $1; spill = $5 } }
+        /Used [0-9]+ registers/    { for (i = 1; i <= NF; i++) if ($(i + 1) == "registers,") r = $i;
+                                     smem = "0"; for (i = 1; i <= NF; i++) if ($(i) ~ /bytes/ && $(i + 1) ~ /^smem/) smem = $(i - 1);
+                                     printf "%-8s %-22s %-20s %5s %6s %8s %6s %5s\n", t, p, name, r, spill, stack, smem, "-" }
+      ' "$base.log"
+    else
+      printf '%-8s %-22s %-20s %s\n' "$target" "$program" "(all)" "PTX only: ptxas not found"
+    fi
+  done
+done
+[ $failed -eq 0 ] && echo "gpu-codegen: every program compiled and linked for ${#targets[@]} targets"
+exit $failed
