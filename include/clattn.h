@@ -36,6 +36,12 @@ extern "C" {
 #define CLATTN_VERSION_MINOR 1
 #define CLATTN_VERSION_PATCH 0
 #define CLATTN_VERSION_STRING "0.1.0"
+/* The library's soname (libclattn.so.N): bumped with every change to a public
+ * struct's layout or an enum's values, since callers hold these structs by
+ * value (docs/DESIGN.md, "ABI"). Initialise structs with the *_default()
+ * functions, never field by field from zero: new fields get their absent
+ * values there. */
+#define CLATTN_ABI_VERSION 0
 
 typedef enum {
   CLATTN_OK = 0,
@@ -119,7 +125,7 @@ typedef struct {
   clattn_tensor entropy;
   clattn_tensor max_weight;
   clattn_tensor argmax;
-  /* Score shaping, in this order (DESIGN.md, README "Semantics"):
+  /* Score shaping, in this order (docs/DESIGN.md, README "Semantics"):
    *   s = scale * <q_i, k_j>          (or the additive score below)
    *   s = softcap * tanh(s / softcap)  when softcap > 0
    *   s += bias_ij - alibi_slopes[h] * |p_i - j|   (p_i = i + kv_len - q_len)
@@ -149,7 +155,7 @@ CLATTN_EXPORT clattn_params clattn_params_default(void);
  * that needs no device work happens first, so a rejected call enqueues nothing
  * and leaves every buffer as it was.
  *
- * Semantics (DESIGN.md): s_ij = scale·<q_i,k_j> + bias_ij for allowed (i,j):
+ * Semantics (docs/DESIGN.md): s_ij = scale·<q_i,k_j> + bias_ij for allowed (i,j):
  * j < kv_lens[b], mask_ij != 0, and with p_i = i + (kv_len - q_len) the
  * bottom-right aligned position, p_i - window_left <= j <= p_i + window_right
  * (causal = window_right 0). Q head h reads KV head h / (q_heads / kv_heads).

@@ -1,0 +1,46 @@
+/* The ABI policy (docs/DESIGN.md, "ABI"): callers hold clattn's structs by
+ * value, so a public struct's layout changes only together with a new
+ * CLATTN_ABI_VERSION, which is the soname. Each version's layout is
+ * recorded here: a struct changed without a bump fails this test. */
+#include <stddef.h>
+
+#include "check.h"
+#include "clattn.h"
+
+static const struct {
+  int abi;
+  size_t options, tensor, params, params_last, merge;
+} layouts[] = {
+  /* LP64 */
+  {0, 48, 48, 664, offsetof(clattn_params, total_kv), 240},
+};
+
+static void header_and_soname_agree(void) {
+  CHECKF(CLATTN_ABI_VERSION == ABI_SONAME, "clattn.h says ABI %d, meson.build's soname is %d", CLATTN_ABI_VERSION,
+         ABI_SONAME);
+}
+
+static void public_structs_have_this_versions_layout(void) {
+  if (sizeof(void *) != 8) return; /* layouts recorded for LP64 */
+  for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+    if (layouts[i].abi != CLATTN_ABI_VERSION) continue;
+    CHECKF(sizeof(clattn_options) == layouts[i].options, "clattn_options: %zu bytes, ABI %d has %zu",
+           sizeof(clattn_options), CLATTN_ABI_VERSION, layouts[i].options);
+    CHECKF(sizeof(clattn_tensor) == layouts[i].tensor, "clattn_tensor: %zu bytes", sizeof(clattn_tensor));
+    CHECKF(sizeof(clattn_params) == layouts[i].params, "clattn_params: %zu bytes, ABI %d has %zu: bump CLATTN_ABI_VERSION",
+           sizeof(clattn_params), CLATTN_ABI_VERSION, layouts[i].params);
+    CHECKF(offsetof(clattn_params, total_kv) == layouts[i].params_last, "clattn_params: fields moved");
+    CHECKF(sizeof(clattn_merge_params) == layouts[i].merge, "clattn_merge_params: %zu bytes",
+           sizeof(clattn_merge_params));
+    return;
+  }
+  CHECKF(0, "no layout recorded for ABI %d: add this version's row", CLATTN_ABI_VERSION);
+}
+
+int main(int argc, char **argv) {
+  static const ct_test tests[] = {
+      CT_TEST(header_and_soname_agree),
+      CT_TEST(public_structs_have_this_versions_layout),
+  };
+  return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
+}
