@@ -10,36 +10,41 @@
  * split-KV path folds the sink here): an empty row then gets lse = sink.
  *
  * Views: o and lse address state 0; state s is s * o_state / s * lse_state
- * elements further. NDRange: (q_len, heads, batch); any work-group shape.
+ * elements further. NDRange: (ceil(value_dim / MERGE_COLS), q_len, heads *
+ * batch), any work-group shape: each work-item combines MERGE_COLS columns of
+ * one row, computing each state's weight once for all of them (a decode
+ * step's merge has few rows: parallel columns keep the device busy).
  */
+#define MERGE_COLS 4
 __kernel void merge_states(__global const float *o, ulong o_off, ulong4 o_st, ulong o_state,
                            __global const float *lse, ulong lse_off, ulong4 lse_st, ulong lse_state,
-                           int n_states, int value_dim,
+                           int n_states, int value_dim, int heads,
                            __global store_t *out, ulong out_off, ulong4 out_st,
                            __global float *lse_out, ulong lse_out_off, ulong4 lse_out_st, int want_lse,
                            __global const float *sinks, int has_sinks, __global int *empty_flag) {
-  const int i = get_global_id(0), h = get_global_id(1), b = get_global_id(2);
+  const int c0 = get_global_id(0) * MERGE_COLS, i = get_global_id(1);
+  const int h = get_global_id(2) % heads, b = get_global_id(2) / heads;
+  const int n_cols = min(MERGE_COLS, value_dim - c0);
   const ulong lse_at = ca_at(lse_off, lse_st, b, h, i, 0);
   float m = -INFINITY;
   for (int s = 0; s < n_states; s++) m = ca_max_nan(m, lse[lse_at + (ulong)s * lse_state]);
   const bool empty = m == -INFINITY;
   const float sink = has_sinks ? sinks[h] : -INFINITY;
   m = ca_max_nan(m, sink);
-  float total = 0.0f;
-  if (!empty)
-    for (int s = 0; s < n_states; s++) total += exp(lse[lse_at + (ulong)s * lse_state] - m);
+  float total = 0.0f, acc[MERGE_COLS] = {0.0f};
+  const ulong o_at = ca_at(o_off, o_st, b, h, i, c0);
+  for (int s = 0; s < n_states && !empty; s++) {
+    const float w = exp(lse[lse_at + (ulong)s * lse_state] - m);
+    total += w;
+    /* a state with weight 0 (lse -inf) adds nothing, whatever its O holds */
+    if (w != 0.0f)
+      for (int c = 0; c < n_cols; c++) acc[c] += w * o[o_at + (ulong)s * o_state + (ulong)c * o_st.s3];
+  }
   if (!empty && has_sinks) total += exp(sink - m);
   const float inv = empty ? 0.0f : 1.0f / total;
-  for (int c = 0; c < value_dim; c++) {
-    float acc = 0.0f;
-    const ulong o_at = ca_at(o_off, o_st, b, h, i, c);
-    for (int s = 0; s < n_states && !empty; s++) {
-      float w = exp(lse[lse_at + (ulong)s * lse_state] - m);
-      /* a state with weight 0 (lse -inf) adds nothing, whatever its O holds */
-      if (w != 0.0f) acc += w * o[o_at + (ulong)s * o_state];
-    }
-    ca_store(out, ca_at(out_off, out_st, b, h, i, c), acc * inv);
+  for (int c = 0; c < n_cols; c++) ca_store(out, ca_at(out_off, out_st, b, h, i, c0 + c), acc[c] * inv);
+  if (c0 == 0) {
+    if (want_lse) lse_out[ca_at(lse_out_off, lse_out_st, b, h, i, 0)] = empty ? sink : m + log(total);
+    if (empty) atomic_or(empty_flag, 1);
   }
-  if (want_lse) lse_out[ca_at(lse_out_off, lse_out_st, b, h, i, 0)] = empty ? sink : m + log(total);
-  if (empty) atomic_or(empty_flag, 1);
 }

@@ -17,13 +17,16 @@ clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *m
   ca_arg(&a, sizeof lse_state, &lse_state);
   ca_arg_int(&a, mp->n_states);
   ca_arg_int(&a, mp->value_dim);
+  ca_arg_int(&a, mp->heads);
   ca_arg_view(&a, &mp->out);
   ca_arg_view(&a, &mp->out_lse);
   ca_arg_int(&a, mp->out_lse.buf != NULL);
   ca_arg_mem(&a, sinks);
   ca_arg_int(&a, sinks != NULL);
   ca_arg_mem(&a, empty_flag);
-  const size_t global[3] = {(size_t)mp->q_len, (size_t)mp->heads, (size_t)mp->batch};
+  enum { MERGE_COLS = 4 }; /* cl/merge.cl's columns per work-item */
+  const size_t global[3] = {((size_t)mp->value_dim + MERGE_COLS - 1) / MERGE_COLS, (size_t)mp->q_len,
+                            (size_t)mp->heads * (size_t)mp->batch};
   if ((st = ca_args_done(&a)) == CLATTN_OK)
     st = ca_enqueue(ctx, kernel, "merge_states", 3, global, NULL, n_wait, wait, prev);
   clReleaseKernel(kernel);
