@@ -319,7 +319,8 @@ static void npy_round_trip(const char *descr, double tol) {
   int rc = tool("run --q %s --k %s --v %s --mask %s --bias %s --causal --reps 0 --out %s --lse %s", in_dir("rq.npy"),
                 in_dir("rk.npy"), in_dir("rv.npy"), in_dir("rmask.npy"), in_dir("rbias.npy"), in_dir("ro.npy"),
                 in_dir("rlse.npy"));
-  CHECKF(rc == 0 && strstr(output, f16 ? "dtype=f16" : "dtype=f32") && strstr(output, "B=2 Hq=4 Hkv=2 M=5 N=7 dk=8 dv=6"),
+  CHECKF(rc == 0 && strstr(output, f16 ? "dtype=f16" : "dtype=f32") && strstr(output, "B=2 Hq=4 Hkv=2 M=5 N=7 dk=8 dv=6") &&
+             strstr(output, "read: --q "),
          "%s: exit %d:\n%s", descr, rc, output);
   npy_array o, l;
   char err[512];

@@ -505,6 +505,14 @@ static int run_problem(clattn_context *ctx, cp_problem *pb, int reps, double tol
   clattn_peak_scratch_bytes(ctx, 1);
   if (cp_run(pb, ctx, &r) != 0) return fprintf(stderr, "clattn run: %s\n", pb->err), 1;
   printf("%s\n", cp_describe(s, desc, sizeof desc));
+  if (files) {   /* the description shows the kit's kinds (mask=ones): say where the values came from */
+    const char *const opt[] = {"q", "k", "v", "mask", "bias"};
+    const char *const path[] = {files->q, files->k, files->v, files->mask, files->bias};
+    printf("  read:");
+    for (int i = 0; i < 5; i++)
+      if (path[i]) printf(" --%s %s", opt[i], path[i]);
+    printf("\n");
+  }
   if (r.status != CLATTN_OK) {
     printf("  status: %s: %s\n", clattn_status_string(r.status), clattn_last_error(ctx));
     return 1;
@@ -573,7 +581,7 @@ int run_main(int argc, char **argv) {
   int rc = 1;
   if (st != CLATTN_OK)
     fprintf(stderr, "clattn run: cannot create a context: %s: %s\n", clattn_status_string(st), clattn_last_error(NULL));
-  else rc = run_problem(ctx, pb, c.reps, c.tol, note, c.heatmap, from_files ? f : NULL);
+  else rc = run_problem(ctx, pb, c.reps, c.tol, note, c.heatmap, from_files || f->mask ? f : NULL);
   cp_free(pb);
   clattn_destroy(ctx);
   return rc;
