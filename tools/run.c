@@ -9,6 +9,7 @@
  */
 #include "run.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -132,7 +133,7 @@ typedef struct {
   int dtype_given;
   const char *heatmap;
   run_files f;
-  const char *shape_opt;       /* a shape option given (refused with --q) */
+  const char *shape_opt;       /* a shape option given (refused with --q), without "--" */
 } run_cfg;
 
 static const char *opt_name(int code) {
@@ -141,19 +142,19 @@ static const char *opt_name(int code) {
   return "?";
 }
 
+/* One bound of --window: an integer >= -1 ending at *end. */
+static int window_bound(const char *s, char **end, int *out) {
+  errno = 0;
+  long v = strtol(s, end, 10);
+  if (*end == s || errno || v < -1 || v > INT_MAX) return -1;
+  *out = (int)v;
+  return 0;
+}
+
 /* "L,R": two integers >= -1. */
 static int parse_window(const char *val, int *l, int *r) {
-  const char *comma = strchr(val, ',');
-  if (comma) {
-    char left[32];
-    size_t n = (size_t)(comma - val);
-    if (n < sizeof left) {
-      memcpy(left, val, n);
-      left[n] = 0;
-      if (cli_int("run", "window", left, -1, INT_MAX, l) == 0 && cli_int("run", "window", comma + 1, -1, INT_MAX, r) == 0)
-        return 0;
-    }
-  }
+  char *end = NULL;
+  if (window_bound(val, &end, l) == 0 && *end == ',' && window_bound(end + 1, &end, r) == 0 && !*end) return 0;
   fprintf(stderr,
           "clattn run: --window %s: expected L,R: the keys allowed before and after each query's position, each an "
           "integer >= -1 (-1 = unbounded), e.g. --window 128,0\n",
@@ -168,14 +169,14 @@ static int on_run_option(int code, const char *arg, void *ctxp) {
   int k = 0;
   double x = 0;
   switch (code) {
-    case O_BATCH: c->shape_opt = "--batch"; return cli_int("run", name, arg, 1, INT_MAX, &s->batch);
-    case O_HEADS: c->shape_opt = "--heads"; return cli_int("run", name, arg, 1, INT_MAX, &s->q_heads);
-    case O_KV_HEADS: c->shape_opt = "--kv-heads"; return cli_int("run", name, arg, 1, INT_MAX, &s->kv_heads);
-    case O_Q_LEN: c->shape_opt = "--q-len"; return cli_int("run", name, arg, 1, INT_MAX, &s->q_len);
-    case O_KV_LEN: c->shape_opt = "--kv-len"; return cli_int("run", name, arg, 1, INT_MAX, &s->kv_len);
-    case O_HEAD_DIM: c->shape_opt = "--head-dim"; return cli_int("run", name, arg, 1, INT_MAX, &s->head_dim);
-    case O_VALUE_DIM: c->shape_opt = "--value-dim"; return cli_int("run", name, arg, 1, INT_MAX, &s->value_dim);
-    case O_VARLEN: c->shape_opt = "--varlen"; s->varlen = 1; return 0;
+    case O_BATCH: c->shape_opt = name; return cli_int("run", name, arg, 1, INT_MAX, &s->batch);
+    case O_HEADS: c->shape_opt = name; return cli_int("run", name, arg, 1, INT_MAX, &s->q_heads);
+    case O_KV_HEADS: c->shape_opt = name; return cli_int("run", name, arg, 1, INT_MAX, &s->kv_heads);
+    case O_Q_LEN: c->shape_opt = name; return cli_int("run", name, arg, 1, INT_MAX, &s->q_len);
+    case O_KV_LEN: c->shape_opt = name; return cli_int("run", name, arg, 1, INT_MAX, &s->kv_len);
+    case O_HEAD_DIM: c->shape_opt = name; return cli_int("run", name, arg, 1, INT_MAX, &s->head_dim);
+    case O_VALUE_DIM: c->shape_opt = name; return cli_int("run", name, arg, 1, INT_MAX, &s->value_dim);
+    case O_VARLEN: c->shape_opt = name; s->varlen = 1; return 0;
     case O_REPS: return cli_int("run", name, arg, 0, INT_MAX, &c->reps);
     case O_SEED: return cli_u64("run", name, arg, &s->seed);
     case O_DTYPE:
@@ -332,7 +333,7 @@ static int load_inputs(run_cfg *c, run_arrays *a) {
     return fprintf(stderr, "clattn run: %s FILE.npy needs all of --q, --k and --v FILE.npy\n", given), -1;
   }
   if (c->shape_opt)
-    return fprintf(stderr, "clattn run: %s: with --q, --k and --v the shape comes from the files\n", c->shape_opt), -1;
+    return fprintf(stderr, "clattn run: --%s: with --q, --k and --v the shape comes from the files\n", c->shape_opt), -1;
   if (load("q", f->q, &a->q) || load("k", f->k, &a->k) || load("v", f->v, &a->v)) return -1;
   if (f->mask && load("mask", f->mask, &a->mask)) return -1;
   if (f->bias && load("bias", f->bias, &a->bias)) return -1;
@@ -345,14 +346,14 @@ static int load_inputs(run_cfg *c, run_arrays *a) {
   snprintf(form, sizeof form, "[batch %zu, kv_heads, kv_len, head_dim %zu] to go with --q's", q->shape[0], q->shape[3]);
   if (check_4d("k", f->k, k, kw, form)) return -1;
   if (q->shape[1] % k->shape[1] != 0)
-    return bad_file("k", f->k, k, "kv_heads must divide --q's q_heads"), -1;
+    return bad_file("k", f->k, k, "kv_heads must divide --q's q_heads");
   const size_t vw[4] = {k->shape[0], k->shape[1], k->shape[2], 0};
   snprintf(form, sizeof form, "[batch %zu, kv_heads %zu, kv_len %zu, value_dim] to go with --k's", k->shape[0],
            k->shape[1], k->shape[2]);
   if (check_4d("v", f->v, v, vw, form)) return -1;
   if (k->dtype != q->dtype || v->dtype != q->dtype)
     return bad_file(k->dtype != q->dtype ? "k" : "v", k->dtype != q->dtype ? f->k : f->v,
-                    k->dtype != q->dtype ? k : v, "q, k and v must have one dtype"), -1;
+                    k->dtype != q->dtype ? k : v, "q, k and v must have one dtype");
 
   s->batch = (int)q->shape[0], s->q_heads = (int)q->shape[1], s->q_len = (int)q->shape[2];
   s->head_dim = (int)q->shape[3], s->kv_heads = (int)k->shape[1], s->kv_len = (int)k->shape[2];
@@ -563,7 +564,6 @@ int run_main(int argc, char **argv) {
     const size_t full[4] = {(size_t)c.s.batch, (size_t)c.s.q_heads, (size_t)c.s.q_len, (size_t)c.s.kv_len};
     if (load("mask", f->mask, &a.mask) || load_mask(&c, &a, full) != 0) return arrays_free(&a), 2;
   }
-  if (c.s.varlen && from_files) return arrays_free(&a), fprintf(stderr, "clattn run: --varlen: not with .npy inputs\n"), 2;
 
   char note[64] = "";
   if (!c.tol) {
