@@ -228,12 +228,13 @@ char *cp_describe(const cp_shape *s, char *buf, size_t n)
   snprintf(buf, n,
            "B=%d Hq=%d Hkv=%d M=%d N=%d dk=%d dv=%d scale=%s causal=%d win=[%d,%d] "
            "%s pad=%zu gap=%zu kv_lens=%d mask=%s/%u bias=%s(%g)/%u lse=%d weights=%d "
-           "diag=%d softcap=%g alibi=%d sinks=%d additive=%d dtype=%d varlen=%d empty=%s algo=%s seed=%llu",
+           "diag=%d softcap=%g alibi=%d sinks=%d additive=%d dtype=%s varlen=%d empty=%s algo=%s seed=%llu",
            s->batch, s->q_heads, s->kv_heads, s->q_len, s->kv_len, s->head_dim,
            s->value_dim, sc, s->causal, s->window_left, s->window_right,
            s->layout == CP_BSHD ? "bshd" : "bhsd", s->pad, s->row_gap, s->kv_lens,
            mask_name(s->mask), s->mask_bcast, bias_name(s->bias), s->bias_amp,
-           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag, (double)s->softcap, s->alibi, s->sinks, s->additive, (int)s->dtype, s->varlen,
+           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag, (double)s->softcap, s->alibi, s->sinks, s->additive,
+           s->dtype == CLATTN_F16 ? "f16" : s->dtype == CLATTN_BF16 ? "bf16" : "f32", s->varlen,
            s->empty_rows == CLATTN_EMPTY_ERROR ? "error" : "zero",
            clattn_algo_name(s->algo), (unsigned long long)s->seed);
   return buf;

@@ -1,16 +1,6 @@
 /*
- * clattn — the command-line tool.
- *
- *   clattn info              platforms, devices, the chosen device and its tiles
- *   clattn run [options]     one verified problem (random data, chosen shape,
- *                            masks and algorithm): error against fp64 and time
- *   clattn demo              the main job: device summary, the seeds' worked
- *                            examples on the device, one larger verified run
- *   clattn bench [options]   clattn against CLBlast staged attention and host
- *                            OpenBLAS attention (bench.c)
- *   clattn tune [options]    times candidate tiles, writes a tuning file (tune.c)
- *   clattn lab [options]     the seeds' routing checks and interventions, with
- *                            assertions; JSON and a heat map on request (lab.c)
+ * clattn — the command-line tool: one command per word (usage() says what
+ * each does; `clattn COMMAND --help` gives its options).
  *
  * The device is CLATTN_DEVICE's match, else the first GPU, else the first
  * device (POCL's CPU device where there is no GPU).
@@ -22,25 +12,44 @@
 
 #include "bench.h"
 #include "clattn.h"
-#include "heatmap.h"
 #include "lab.h"
 #include "problem.h"
+#include "run.h"
 #include "tune.h"
 
+/* meson's project version (tools/meson.build) */
+#ifndef CLATTN_TOOL_VERSION
+#define CLATTN_TOOL_VERSION CLATTN_VERSION_STRING
+#endif
+
+static const char commands[] =
+    "commands:\n"
+    "  info     list OpenCL platforms and devices; the chosen device, its tiles and tuning\n"
+    "  run      one attention problem (random, or from .npy files), verified against fp64\n"
+    "  demo     device summary, the seeds' worked examples, one larger verified run\n"
+    "  bench    clattn against CLBlast staged attention and host OpenBLAS attention\n"
+    "  tune     time candidate tiles on this device and write a tuning file\n"
+    "  lab      the seeds' routing checks and interventions, with assertions\n"
+    "\n"
+    "`clattn COMMAND --help` lists a command's options; `clattn --version` prints the version.\n"
+    "The device is CLATTN_DEVICE's match (a substring of the platform or device name),\n"
+    "else the first GPU, else the first device.\n";
+
 static int usage(FILE *f) {
-  fprintf(f,
-          "usage: clattn info\n"
-          "       clattn demo\n"
-          "       clattn run [--batch B] [--heads H] [--kv-heads HKV] [--q-len M] [--kv-len N]\n"
-          "                  [--head-dim DK] [--value-dim DV] [--causal] [--window L,R]\n"
-          "                  [--kv-lens] [--mask random|block|none] [--bias] [--layout bhsd|bshd]\n"
-          "                  [--scale S] [--algo auto|staged|fused|gemm] [--weights] [--lse] [--diag]\n"
-          "                  [--empty zero|error] [--poison] [--reps R] [--seed S] [--tol T]\n"
-          "                  [--dtype f32|f16|bf16] [--softcap C] [--alibi] [--sinks] [--additive] [--varlen]\n"
-          "                  [--heatmap FILE.png]\n"
-          "%s%s%s",
-          bench_usage, tune_usage, lab_usage);
-  return 2;
+  fprintf(f, "usage: clattn info\n       clattn demo\n%s%s%s%s\n%s", run_usage, bench_usage, tune_usage, lab_usage,
+          commands);
+  return f == stdout ? 0 : 2;
+}
+
+/* info and demo take no options. */
+static int no_options(const char *cmd, const char *what, int argc, char **argv) {
+  if (argc < 3) return 0;
+  if (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help")) {
+    printf("usage: clattn %s\n\n%s\n", cmd, what);
+    return 1;
+  }
+  fprintf(stderr, "clattn %s: takes no options, got '%s' (clattn %s --help)\n", cmd, argv[2], cmd);
+  return -1;
 }
 
 static clattn_context *open_context(void) {
@@ -87,157 +96,6 @@ static int cmd_info(void) {
   printf("\nchosen device:\n%s", clattn_describe(ctx));
   clattn_destroy(ctx);
   return 0;
-}
-
-/* ---- run ---- */
-
-static int parse_algo(const char *s, clattn_algo *a) {
-  const clattn_algo all[] = {CLATTN_ALGO_AUTO, CLATTN_ALGO_STAGED, CLATTN_ALGO_FUSED, CLATTN_ALGO_GEMM};
-  for (int i = 0; i < 4; i++)
-    if (strcmp(s, clattn_algo_name(all[i])) == 0) return *a = all[i], 0;
-  return -1;
-}
-
-/* Parses run's options into s; returns -1 on a bad option. */
-static int parse_run(int argc, char **argv, cp_shape *s, int *reps, double *tol, const char **heatmap) {
-  for (int i = 0; i < argc; i++) {
-    const char *o = argv[i];
-    const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define INT_OPT(flag, field) \
-  if (strcmp(o, flag) == 0 && val) { field = atoi(val); i++; continue; }
-    INT_OPT("--batch", s->batch)
-    INT_OPT("--heads", s->q_heads)
-    INT_OPT("--kv-heads", s->kv_heads)
-    INT_OPT("--q-len", s->q_len)
-    INT_OPT("--kv-len", s->kv_len)
-    INT_OPT("--head-dim", s->head_dim)
-    INT_OPT("--value-dim", s->value_dim)
-    INT_OPT("--reps", *reps)
-#undef INT_OPT
-    if (strcmp(o, "--seed") == 0 && val) { s->seed = strtoull(val, NULL, 10); i++; continue; }
-    if (strcmp(o, "--scale") == 0 && val) { s->scale = strtof(val, NULL); i++; continue; }
-    if (strcmp(o, "--tol") == 0 && val) { *tol = strtod(val, NULL); i++; continue; }
-    if (strcmp(o, "--heatmap") == 0 && val) { *heatmap = val; s->want_weights = 1; i++; continue; }
-    if (strcmp(o, "--causal") == 0) { s->causal = 1; continue; }
-    if (strcmp(o, "--kv-lens") == 0) { s->kv_lens = 1; continue; }
-    if (strcmp(o, "--bias") == 0) { s->bias = CP_BIAS_RANDOM; continue; }
-    if (strcmp(o, "--weights") == 0) { s->want_weights = 1; continue; }
-    if (strcmp(o, "--lse") == 0) { s->want_lse = 1; continue; }
-    if (strcmp(o, "--diag") == 0) { s->want_diag = 1; continue; }
-    if (strcmp(o, "--alibi") == 0) { s->alibi = 1; continue; }
-    if (strcmp(o, "--additive") == 0) { s->additive = 1; continue; }
-    if (strcmp(o, "--varlen") == 0) { s->varlen = 1; continue; }
-    if (strcmp(o, "--dtype") == 0 && val) {
-      if (!strcmp(val, "f32")) s->dtype = CLATTN_F32;
-      else if (!strcmp(val, "f16")) s->dtype = CLATTN_F16;
-      else if (!strcmp(val, "bf16")) s->dtype = CLATTN_BF16;
-      else return fprintf(stderr, "clattn run: --dtype f32|f16|bf16\n"), -1;
-      i++;
-      continue;
-    }
-    if (strcmp(o, "--sinks") == 0) { s->sinks = 1; continue; }
-    if (strcmp(o, "--softcap") == 0 && val) { s->softcap = strtof(val, NULL); i++; continue; }
-    if (strcmp(o, "--poison") == 0) { s->poison_disallowed = 1; s->poison_gaps = 1; continue; }
-    if (strcmp(o, "--window") == 0 && val && sscanf(val, "%d,%d", &s->window_left, &s->window_right) == 2) { i++; continue; }
-    if (strcmp(o, "--layout") == 0 && val && (!strcmp(val, "bhsd") || !strcmp(val, "bshd"))) {
-      s->layout = strcmp(val, "bshd") == 0 ? CP_BSHD : CP_BHSD;
-      i++;
-      continue;
-    }
-    if (strcmp(o, "--mask") == 0 && val) {
-      if (!strcmp(val, "random")) s->mask = CP_MASK_RANDOM;
-      else if (!strcmp(val, "block")) s->mask = CP_MASK_BLOCK_DIAG;
-      else if (!strcmp(val, "none")) s->mask = CP_MASK_NONE;
-      else return -1;
-      i++;
-      continue;
-    }
-    if (strcmp(o, "--empty") == 0 && val && (!strcmp(val, "zero") || !strcmp(val, "error"))) {
-      s->empty_rows = strcmp(val, "error") == 0 ? CLATTN_EMPTY_ERROR : CLATTN_EMPTY_ZERO;
-      i++;
-      continue;
-    }
-    if (strcmp(o, "--algo") == 0 && val && parse_algo(val, &s->algo) == 0) { i++; continue; }
-    fprintf(stderr, "clattn run: bad option %s\n", o);
-    return -1;
-  }
-  return 0;
-}
-
-/* Renders the routing matrix of batch 0, head 0 (dense weights start with
- * it), at most HEAT_MAX x HEAT_MAX cells from the top-left corner. */
-#define HEAT_MAX 512
-static int write_run_heatmap(const cp_problem *pb, const char *desc, const char *path) {
-  const cp_shape *s = &pb->shape;
-  int rows = s->q_len < HEAT_MAX ? s->q_len : HEAT_MAX, cols = s->kv_len < HEAT_MAX ? s->kv_len : HEAT_MAX;
-  char title[160], caption[1200], crop[160] = "", err[512];
-  if (rows < s->q_len || cols < s->kv_len)
-    snprintf(crop, sizeof crop, " Shown: the top-left %d x %d of the %d x %d matrix.", rows, cols, s->q_len, s->kv_len);
-  snprintf(title, sizeof title, "clattn run: routing matrix of batch 0, head 0 (%d queries x %d keys)", s->q_len,
-           s->kv_len);
-  snprintf(caption, sizeof caption,
-           "Routing coefficients a_ij (the weights output) of one head for one random input.%s Disallowed keys "
-           "have weight 0.\nThis is a routing diagnostic, not an explanation of any output.\nProblem: %s",
-           crop, desc);
-  heatmap h = {pb->weights, rows, cols, (size_t)s->kv_len, title, caption};
-  if (heatmap_write_png(&h, path, err, sizeof err) != 0) return fprintf(stderr, "clattn: %s\n", err), 1;
-  printf("  heat map: %s\n", path);
-  return 0;
-}
-
-/* Runs one problem, prints its line; returns 0 when verified within tol.
- * heatmap (may be NULL): a PNG of batch 0 / head 0's weights (needs them). */
-static int run_verified(clattn_context *ctx, const cp_shape *s, int reps, double tol, const char *heatmap) {
-  char err[512], line[512], desc[512];
-  cp_problem *pb = cp_build(s, err, sizeof err);
-  if (!pb) {
-    fprintf(stderr, "clattn: %s\n", err);
-    return 1;
-  }
-  cp_result r;
-  int rc = 1;
-  if (cp_run(pb, ctx, &r) != 0) {
-    fprintf(stderr, "clattn: %s\n", pb->err);
-    goto done;
-  }
-  printf("%s\n", cp_describe(s, desc, sizeof desc));
-  if (r.status != CLATTN_OK) {
-    printf("  status: %s: %s\n", clattn_status_string(r.status), clattn_last_error(ctx));
-    goto done;
-  }
-  double ms = r.ms;
-  clattn_status st = CLATTN_OK;
-  if (reps > 0 && cp_time_forward(pb, ctx, reps, &ms, &st) != 0) {
-    fprintf(stderr, "clattn: %s\n", pb->err);
-    goto done;
-  }
-  double flops = 4.0 * s->batch * s->q_heads * (double)s->q_len * s->kv_len * 0.5 * (s->head_dim + s->value_dim);
-  if (s->causal) flops *= 0.5;
-  int ok = cp_result_ok(&r, tol);
-  printf("  %s\n  time: %.3f ms per call (%s), %.2f GFLOP/s\n  verified against fp64 within %g: %s\n",
-         cp_result_format(&r, line, sizeof line), ms, reps > 0 ? "mean of timed calls" : "first call",
-         flops / (ms * 1e6), tol, ok ? "yes" : "NO");
-  rc = ok ? 0 : 1;
-  if (heatmap && pb->weights && write_run_heatmap(pb, desc, heatmap) != 0) rc = 1;
-done:
-  cp_free(pb);
-  return rc;
-}
-
-static int cmd_run(int argc, char **argv) {
-  cp_shape s = cp_shape_default();
-  s.q_len = s.kv_len = 256;
-  s.head_dim = s.value_dim = 64;
-  s.q_heads = s.kv_heads = 4;
-  int reps = 3;
-  double tol = 1e-5;
-  const char *heatmap = NULL;
-  if (parse_run(argc, argv, &s, &reps, &tol, &heatmap) != 0) return usage(stderr);
-  clattn_context *ctx = open_context();
-  if (!ctx) return 1;
-  int rc = run_verified(ctx, &s, reps, tol, heatmap);
-  clattn_destroy(ctx);
-  return rc;
 }
 
 /* ---- demo: the seeds' worked examples on the device ---- */
@@ -332,20 +190,33 @@ static int cmd_demo(void) {
   s.want_lse = 1;
   s.poison_disallowed = 1;
   s.algo = CLATTN_ALGO_AUTO;
-  failed += run_verified(ctx, &s, 3, 1e-5, NULL);
+  failed += run_verified(ctx, &s, 3, 1e-5);
   printf("\n%s\n", failed ? "demo: SOME CHECKS FAILED" : "demo: all checks passed");
   clattn_destroy(ctx);
   return failed ? 1 : 0;
 }
 
+static const char info_what[] =
+    "Lists the OpenCL platforms and devices, then the device clattn picks (CLATTN_DEVICE,\n"
+    "else the first GPU, else the first device): its tiles and budgets and where each\n"
+    "came from, the tuning file, AUTO's choices and the program cache.";
+static const char demo_what[] =
+    "The main job: the device summary, the seeds' worked examples computed on the\n"
+    "device and checked against their hand-worked values, then one larger verified\n"
+    "run (causal, GQA, padding). Exit status 0 when every check passes.";
+
 int main(int argc, char **argv) {
   if (argc < 2) return usage(stderr);
-  if (strcmp(argv[1], "info") == 0) return cmd_info();
-  if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
-  if (strcmp(argv[1], "demo") == 0) return cmd_demo();
-  if (strcmp(argv[1], "bench") == 0) return bench_main(argc, argv);
-  if (strcmp(argv[1], "tune") == 0) return tune_main(argc, argv);
-  if (strcmp(argv[1], "lab") == 0) return lab_main(argc, argv);
-  if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) return usage(stdout), 0;
+  const char *cmd = argv[1];
+  int rc;
+  if (!strcmp(cmd, "info")) return (rc = no_options(cmd, info_what, argc, argv)) ? (rc > 0 ? 0 : 2) : cmd_info();
+  if (!strcmp(cmd, "demo")) return (rc = no_options(cmd, demo_what, argc, argv)) ? (rc > 0 ? 0 : 2) : cmd_demo();
+  if (!strcmp(cmd, "run")) return run_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "bench")) return bench_main(argc, argv);
+  if (!strcmp(cmd, "tune")) return tune_main(argc, argv);
+  if (!strcmp(cmd, "lab")) return lab_main(argc, argv);
+  if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) return usage(stdout);
+  if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) return printf("clattn %s\n", CLATTN_TOOL_VERSION), 0;
+  fprintf(stderr, "clattn: unknown command '%s'\n", cmd);
   return usage(stderr);
 }

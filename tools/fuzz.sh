@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Fuzzes clattn_forward with libFuzzer for a bounded time.
+# Fuzzes clattn_forward (or, with FUZZ_TARGET=npy, the .npy reader of
+# `clattn run`: tests/fuzz/fuzz_npy.c, seeds in tests/fuzz/npy/) with
+# libFuzzer for a bounded time.
 #
 #   tools/fuzz.sh [SECONDS] [libFuzzer flags...]     default: 60 seconds
+#   FUZZ_TARGET=npy tools/fuzz.sh [SECONDS] ...
 #
 # Installs what is missing (clang, libclang-rt-14-dev and tools/setup.sh's
 # packages; apt-get as root, else through sudo), configures build-fuzz with
@@ -22,6 +25,12 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 case "$seconds" in ''|*[!0-9]*) echo "usage: tools/fuzz.sh [SECONDS] [libFuzzer flags...]" >&2; exit 2;; esac
+target=${FUZZ_TARGET:-forward}
+case "$target" in
+  forward) seeds=tests/fuzz/corpus regressions=tests/fuzz/regressions corpus_name=fuzz-corpus ;;
+  npy) seeds=tests/fuzz/npy/corpus regressions=tests/fuzz/npy/regressions corpus_name=fuzz-npy-corpus ;;
+  *) echo "fuzz: FUZZ_TARGET=$target: expected forward or npy" >&2; exit 2 ;;
+esac
 
 tools/packages.sh clang libclang-rt-14-dev
 
@@ -33,16 +42,17 @@ if [ -f "$build/build.ninja" ]; then
 else
   CC=clang meson setup "$build" "${opts[@]}" >/dev/null
 fi
-ninja -C "$build" tests/fuzz_forward >/dev/null
-if [ ! -x "$build/tests/fuzz_forward" ]; then
-  echo "fuzz: $build/tests/fuzz_forward was not built (the compiler must be clang with -fsanitize=fuzzer)" >&2
+fuzzer=$build/tests/fuzz_$target
+ninja -C "$build" "tests/fuzz_$target" >/dev/null
+if [ ! -x "$fuzzer" ]; then
+  echo "fuzz: $fuzzer was not built (the compiler must be clang with -fsanitize=fuzzer)" >&2
   exit 1
 fi
 
-corpus=$build/fuzz-corpus
+corpus=$build/$corpus_name
 artifacts=$build/fuzz-artifacts
 mkdir -p "$corpus" "$artifacts"
-cp -n tests/fuzz/corpus/* "$corpus"/ 2>/dev/null || true
+cp -n "$seeds"/* "$corpus"/ 2>/dev/null || true
 
 # fast_unwind_on_malloc=0: full allocation stacks through POCL and LLVM (built
 # without frame pointers), so the suppressions in tests/lsan.supp match.
@@ -56,18 +66,20 @@ export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_supp
 # caches) go in a run of their own before the timed one.
 warm=$(mktemp -d)
 trap 'rm -rf "$warm"' EXIT
-echo "fuzz: building the kernels the harness uses (slow only the first time)" >&2
-# Without leak checking: full allocation stacks make every allocation of
-# POCL's compiler unwind its stack, and the builds ten times slower.
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0 \
-  "$build/tests/fuzz_forward" -runs=0 "$warm" >"$build/fuzz-warm-up.log" 2>&1 || {
-  echo "fuzz: the warm-up failed:" >&2
-  grep -v "^    #" "$build/fuzz-warm-up.log" | tail -30 >&2
-  exit 1
-}
-echo "fuzz: running $build/tests/fuzz_forward for ${seconds}s (corpus $corpus, failures to $artifacts/)" >&2
+if [ "$target" = forward ]; then   # the .npy reader builds no kernels
+  echo "fuzz: building the kernels the harness uses (slow only the first time)" >&2
+  # Without leak checking: full allocation stacks make every allocation of
+  # POCL's compiler unwind its stack, and the builds ten times slower.
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0 \
+    "$build/tests/fuzz_forward" -runs=0 "$warm" >"$build/fuzz-warm-up.log" 2>&1 || {
+    echo "fuzz: the warm-up failed:" >&2
+    grep -v "^    #" "$build/fuzz-warm-up.log" | tail -30 >&2
+    exit 1
+  }
+fi
+echo "fuzz: running $fuzzer for ${seconds}s (corpus $corpus, failures to $artifacts/)" >&2
 status=0
-"$build/tests/fuzz_forward" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=4096 \
-  -print_final_stats=1 -artifact_prefix="$artifacts/" "$@" "$corpus" tests/fuzz/regressions || status=$?
+"$fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=4096 \
+  -print_final_stats=1 -artifact_prefix="$artifacts/" "$@" "$corpus" "$regressions" || status=$?
 echo "fuzz: corpus now $(ls "$corpus" | wc -l) inputs; exit status $status" >&2
 exit $status

@@ -16,6 +16,7 @@
  */
 #include "heatmap.h"
 
+#include <errno.h>
 #include <math.h>
 #include <png.h>
 #include <setjmp.h>
@@ -137,6 +138,9 @@ typedef struct {
 typedef struct { uint8_t r, g, b; } rgb;
 
 static const rgb WHITE = {255, 255, 255}, INK = {20, 20, 20}, FRAME = {120, 120, 120}, MISSING = {200, 200, 200};
+/* Disallowed cells: grey diagonal hatching on white, which viridis never
+ * produces, so a masked key does not read as a weight near the minimum. */
+static const rgb HATCH_BG = {250, 250, 250}, HATCH_LINE = {150, 150, 150};
 
 static void put(canvas *c, int x, int y, rgb col) {
   if (x < 0 || y < 0 || x >= c->w || y >= c->h) return;
@@ -147,6 +151,12 @@ static void put(canvas *c, int x, int y, rgb col) {
 static void fill(canvas *c, int x, int y, int w, int h, rgb col) {
   for (int j = y; j < y + h; j++)
     for (int i = x; i < x + w; i++) put(c, i, j, col);
+}
+
+/* Hatches a rectangle; the lines follow the canvas, so neighbouring cells join up. */
+static void hatch(canvas *c, int x, int y, int w, int h) {
+  for (int j = y; j < y + h; j++)
+    for (int i = x; i < x + w; i++) put(c, i, j, (i + j) % 4 == 0 ? HATCH_LINE : HATCH_BG);
 }
 
 static void frame(canvas *c, int x, int y, int w, int h, rgb col) {
@@ -254,7 +264,7 @@ static void on_png_warning(png_structp png, png_const_charp msg) {
 
 static int write_png(const canvas *c, const char *path, char *err, size_t errlen) {
   FILE *f = fopen(path, "wb");
-  if (!f) return snprintf(err, errlen, "cannot write %s", path), -1;
+  if (!f) return snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno)), -1;
   png_guard g = {.err = err, .errlen = errlen};
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &g, on_png_error, on_png_warning);
   png_infop info = png ? png_create_info_struct(png) : NULL;
@@ -276,7 +286,7 @@ static int write_png(const canvas *c, const char *path, char *err, size_t errlen
   for (int y = 0; y < c->h; y++) png_write_row(png, c->px + (size_t)y * c->w * 3);
   png_write_end(png, NULL);
   png_destroy_write_struct(&png, &info);
-  if (fclose(f) != 0) return snprintf(err, errlen, "cannot write %s", path), remove(path), -1;
+  if (fclose(f) != 0) return snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno)), remove(path), -1;
   return 0;
 }
 
@@ -295,10 +305,12 @@ int heatmap_write_png(const heatmap *h, const char *path, char *err, size_t errl
     return snprintf(err, errlen, "heat map: %d x %d is more than %d cells a side", h->rows, h->cols, MAX_SIDE), -1;
 
   double lo = INFINITY, hi = -INFINITY;
+  int any_disallowed = 0;
   for (int i = 0; i < h->rows; i++)
     for (int j = 0; j < h->cols; j++) {
       double v = h->a[(size_t)i * h->ld + j];
-      if (isfinite(v)) lo = fmin(lo, v), hi = fmax(hi, v);
+      if (h->allowed && !h->allowed[(size_t)i * h->cols + j]) any_disallowed = 1;
+      else if (isfinite(v)) lo = fmin(lo, v), hi = fmax(hi, v);
     }
   if (!isfinite(lo)) lo = 0, hi = 1;   /* nothing finite: every cell grey */
   double span = hi > lo ? hi - lo : 1;
@@ -316,12 +328,14 @@ int heatmap_write_png(const heatmap *h, const char *path, char *err, size_t errl
   int bar_x = px0 + pw + 24, bar_w = 20;
   int bar_label_w = text_width(smin) > text_width(smax) ? text_width(smin) : text_width(smax);
   if (text_width("a_ij") > bar_label_w) bar_label_w = text_width("a_ij");
+  if (any_disallowed && text_width("disallowed") > bar_label_w) bar_label_w = text_width("disallowed");
   int w = bar_x + bar_w + 8 + bar_label_w + 16;
   if (w < 720) w = 720;   /* the title and the caption wrap to the width */
   int py0 = paragraph(NULL, 10, 10, w - 20, h->title ? h->title : "") + 16;
   int bar_h = ph < 120 ? 120 : ph;                  /* room for its three labels */
+  int legend_y = py0 + bar_h + 8, legend_h = any_disallowed ? 16 + 8 : 0;   /* the hatched swatch */
   int axis_y = py0 + ph + 8 + 16 + 8;              /* "key j" */
-  int cap_y = (axis_y + LINE_H > py0 + bar_h + 8 ? axis_y + LINE_H : py0 + bar_h + 8) + 12;
+  int cap_y = (axis_y + LINE_H > legend_y + legend_h ? axis_y + LINE_H : legend_y + legend_h) + 12;
   int height = paragraph(NULL, 10, cap_y, w - 20, h->caption ? h->caption : "") + 8;
 
   canvas c = {w, height, calloc((size_t)w * height, 3)};
@@ -333,7 +347,8 @@ int heatmap_write_png(const heatmap *h, const char *path, char *err, size_t errl
   for (int i = 0; i < h->rows; i++)
     for (int j = 0; j < h->cols; j++) {
       double v = h->a[(size_t)i * h->ld + j];
-      fill(&c, px0 + j * cw, py0 + i * ch, cw, ch, isfinite(v) ? colour((v - lo) / span) : MISSING);
+      if (h->allowed && !h->allowed[(size_t)i * h->cols + j]) hatch(&c, px0 + j * cw, py0 + i * ch, cw, ch);
+      else fill(&c, px0 + j * cw, py0 + i * ch, cw, ch, isfinite(v) ? colour((v - lo) / span) : MISSING);
     }
   frame(&c, px0, py0, pw, ph, FRAME);
 
@@ -365,6 +380,11 @@ int heatmap_write_png(const heatmap *h, const char *path, char *err, size_t errl
   text(&c, bar_x + bar_w + 8, py0, smax, 0);
   text(&c, bar_x + bar_w + 8, py0 + bar_h - GLYPH_H * TEXT_SCALE, smin, 0);
   text(&c, bar_x + bar_w + 8, py0 + bar_h / 2 - GLYPH_H, "a_ij", 0);
+  if (any_disallowed) {
+    hatch(&c, bar_x, legend_y, bar_w, 16);
+    frame(&c, bar_x, legend_y, bar_w, 16, FRAME);
+    text(&c, bar_x + bar_w + 8, legend_y, "disallowed", 0);
+  }
 
   if (h->caption) paragraph(&c, 10, cap_y, w - 20, h->caption);
   int rc = write_png(&c, path, err, errlen);

@@ -895,7 +895,7 @@ static int write_heatmap(const lab *L, const lab_read *base, const char *path) {
            "This is a routing diagnostic, not an explanation: what a route does is shown by intervening on keys, "
            "values and routes (see the interventions).",
            RT_D, (unsigned long long)L->seed);
-  heatmap h = {base->w, base->m, base->n, (size_t)base->n, title, caption};
+  heatmap h = {.a = base->w, .rows = base->m, .cols = base->n, .ld = (size_t)base->n, .title = title, .caption = caption};
   if (heatmap_write_png(&h, path, err, sizeof err) != 0) {
     fprintf(stderr, "clattn lab: %s\n", err);
     return -1;

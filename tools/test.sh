@@ -7,6 +7,7 @@
 #   oclgrind          every kernel path at small shapes under Oclgrind
 #   sanitizers        the suite under ASan+UBSan, the threads test under TSan
 #   fuzz              libFuzzer on clattn_forward for 60 s
+#   fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
 #
 #   tools/test.sh            all stages (14 minutes on a clean clone, cold caches, 2 cores)
 #   tools/test.sh --quick    the first stage only
@@ -63,6 +64,7 @@ if [ $quick -eq 0 ]; then
   stage "oclgrind" tools/oclgrind.sh build-test
   stage "sanitizers" tools/sanitize.sh all
   stage "fuzz" tools/fuzz.sh 60
+  stage "fuzz (npy)" env FUZZ_TARGET=npy tools/fuzz.sh 30
 fi
 
 echo "==== summary"

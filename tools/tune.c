@@ -28,10 +28,39 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli_args.h"
 #include "internal.h"
 #include "problem.h"
 
 const char tune_usage[] = "       clattn tune [--quick] [--output FILE] [--reps R]\n";
+
+static const char tune_help[] =
+    "usage: clattn tune [--quick] [--output FILE] [--reps R]\n"
+    "\n"
+    "Times candidate tile values and AUTO's choice per shape class on the chosen device\n"
+    "(coordinate descent; every candidate's output checked against the defaults', which\n"
+    "are checked against fp64) and writes a tuning file that clattn_create loads.\n"
+    "\n"
+    "  --quick          smaller workloads: a shorter run, a rougher result\n"
+    "  --output FILE    where to write it (default: this device's file in the cache\n"
+    "                   directory, where clattn_create looks for it)\n"
+    "  --reps R         timed calls per candidate, a positive integer (default 3)\n"
+    "  -h, --help       this help\n";
+
+typedef struct {
+  int quick, reps;
+  const char *output;
+} tune_args;
+
+static int on_tune_option(int code, const char *arg, void *ctx) {
+  tune_args *a = ctx;
+  switch (code) {
+    case 'q': a->quick = 1; return 0;
+    case 'o': a->output = arg; return 0;
+    case 'r': return cli_int("tune", "reps", arg, 1, 1000000, &a->reps);
+  }
+  return -1;
+}
 
 enum { W_PREFILL, W_DECODE, W_STAGED, W_GEMM, W_WEIGHTS, W_COUNT };
 
@@ -237,18 +266,17 @@ static void tune_auto(tuner *t, FILE *log) {
 }
 
 int tune_main(int argc, char **argv) {
-  int quick = 0;
-  const char *output = NULL;
+  static const struct option opts[] = {{"quick", no_argument, NULL, 'q'}, {"output", required_argument, NULL, 'o'},
+                                        {"reps", required_argument, NULL, 'r'}, {"help", no_argument, NULL, 'h'},
+                                        {NULL, 0, NULL, 0}};
+  tune_args args = {0, 3, NULL};
+  const int parsed = cli_parse("tune", argc - 1, argv + 1, opts, tune_help, on_tune_option, &args);
+  if (parsed != 0) return parsed > 0 ? 0 : 2;
+  const int quick = args.quick;
+  const char *output = args.output;
   tuner t;
   memset(&t, 0, sizeof t);
-  t.reps = 3;
-  for (int i = 2; i < argc; i++) {
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(argv[i], "--quick")) quick = 1;
-    else if (!strcmp(argv[i], "--output") && v) output = v, i++;
-    else if (!strcmp(argv[i], "--reps") && v && atoi(v) > 0) t.reps = atoi(v), i++;
-    else return fprintf(stderr, "usage:\n%s", tune_usage), 2;
-  }
+  t.reps = args.reps;
   clattn_options none = {0};
   none.tuning_file = "";   /* start from the defaults */
   if (clattn_create(&none, &t.base) != CLATTN_OK) {
