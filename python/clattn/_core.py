@@ -10,6 +10,7 @@ from . import _ffi
 __all__ = ["Error", "Context"]
 
 INT_MAX = 2**31 - 1
+FLT_MAX = float(np.finfo(np.float32).max)
 
 
 class Error(RuntimeError):
@@ -407,13 +408,13 @@ class Context:
                 scale_f = float(scale)
             except (TypeError, ValueError):
                 raise TypeError("clattn: scale must be a number or None") from None
-            if math.isinf(scale_f):
-                raise ValueError("clattn: scale must be finite")
+            if math.isinf(scale_f) or abs(scale_f) > FLT_MAX:
+                raise ValueError("clattn: scale must be finite in float32 (got %r)" % (scale,))
         try:
             softcap_f = float(softcap)
         except (TypeError, ValueError):
             raise TypeError("clattn: softcap must be a number") from None
-        if not (softcap_f >= 0.0 and math.isfinite(softcap_f)):
+        if not (0.0 <= softcap_f <= FLT_MAX):
             raise ValueError("clattn: softcap must be 0 (off) or positive and finite (got %r)" % (softcap,))
         s_shape = (B, Hq, M, N)
         if mask is not None and not _is_cl_array(mask):
@@ -433,9 +434,11 @@ class Context:
                 raise TypeError("clattn: bias must be float32 (got %s)" % bias.dtype)
             _broadcast(bias.shape, [0] * len(bias.shape), s_shape, "bias")
         out_cl = kinds[0]
-        if out_cl and q.context.int_ptr != self._cl_context:
-            raise ValueError("clattn: q is a pyopencl array from another OpenCL context than this "
-                             "clattn.Context's (create the Context with queue= in that context)")
+        for name, x in (("q", q), ("k", k), ("v", v), ("mask", mask), ("bias", bias), ("kv_lens", kv_lens),
+                        ("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+            if x is not None and _is_cl_array(x) and x.context.int_ptr != self._cl_context:
+                raise ValueError("clattn: %s is a pyopencl array from another OpenCL context than this "
+                                 "clattn.Context's (create the Context with queue= in that context)" % name)
 
         # -- buffers and the call
         self._enter()
