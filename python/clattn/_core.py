@@ -340,19 +340,125 @@ class Context:
         views.append(v)
         return v.buf
 
+    def _run(self, fn, p, waits, outs, events):
+        """Enqueues fn(ctx, p) after waits, reads the numpy outputs back after
+        it and waits for all of it: the wait is a foreign call (GIL released).
+        Every event made goes to events (the caller releases them)."""
+        wait_arr = (ctypes.c_void_p * len(waits))(*waits) if waits else None
+        done = ctypes.c_void_p()
+        st = fn(self._ptr, ctypes.byref(p), len(waits), wait_arr, ctypes.byref(done))
+        if done.value:
+            events.append(done.value)
+        self._check(st)
+        for name, (arr, buf) in outs.items():
+            if buf is None:
+                continue
+            ev = ctypes.c_void_p()
+            r = self._cl.enqueue_read(self._cl_queue, buf, 0, 0, arr.nbytes, ctypes.c_void_p(arr.ctypes.data),
+                                      1, ctypes.byref(done), ctypes.byref(ev))
+            if r != 0:
+                raise _cl_error(r, "clEnqueueReadBuffer")
+            events.append(ev.value)
+        ev_arr = (ctypes.c_void_p * len(events))(*events)
+        r = self._cl.wait(len(events), ev_arr)
+        if r != 0:
+            raise _cl_error(r, "clWaitForEvents")
+
+    def _outputs(self, want, out_cl, outs):
+        """Makes the output arrays (numpy with a new buffer, or pyopencl on
+        the queue); returns {name: clattn_tensor}."""
+        tensors = {}
+        for name, shape, dt, strides in want:
+            if out_cl:
+                import pyopencl.array as cla
+                arr = cla.empty(self._pyopencl_queue(), shape, dt)
+                outs[name] = (arr, None)
+                buf = arr.base_data.int_ptr
+            else:
+                arr = np.empty(shape, dt)
+                buf = self._new_buffer(self._cl.MEM_WRITE_ONLY, arr.nbytes)
+                outs[name] = (arr, buf)
+            tensors[name] = _View(buf, 0, shape, strides, owned=False).tensor()
+        return tensors
+
+    def _release(self, events, views, outs):
+        for e in events:
+            self._cl.release_event(e)
+        for vw in views:
+            if vw.owned:
+                self._cl.release_mem(vw.buf)
+        for arr, buf in outs.values():
+            if buf is not None:
+                self._cl.release_mem(buf)
+
+    # ---- merge_states ----------------------------------------------------------
+
+    def merge_states(self, o, lse, *, empty_rows="zero"):
+        """Combines S partial attention states of the same query rows
+        (clattn_merge_states): o float32 [S,B,H,M,dv], lse float32 [S,B,H,M]
+        (natural-log sums, -inf for a state that saw no allowed key). Returns
+        (O [B,H,M,dv], lse [B,H,M]), float32, numpy or pyopencl like o."""
+        o_cl = _is_cl_array(o)
+        if not o_cl and not isinstance(o, np.ndarray):
+            o = np.asarray(o)
+        if not _is_cl_array(lse) and not isinstance(lse, np.ndarray):
+            lse = np.asarray(lse)
+        for name, x in (("o", o), ("lse", lse)):
+            if x.dtype != np.float32:
+                raise TypeError("clattn: %s must be float32 (got %s)" % (name, x.dtype))
+            if _is_cl_array(x) and x.context.int_ptr != self._cl_context:
+                raise ValueError("clattn: %s is a pyopencl array from another OpenCL context" % name)
+        if len(o.shape) != 5:
+            raise ValueError("clattn: o must be [S,B,H,M,dv] (got shape %s)" % (tuple(o.shape),))
+        if tuple(lse.shape) != tuple(o.shape[:4]):
+            raise ValueError("clattn: lse must be [S,B,H,M] = %s (got %s)" % (tuple(o.shape[:4]), tuple(lse.shape)))
+        S, B, H, M, dv = o.shape
+        if min(o.shape) == 0:
+            raise ValueError("clattn: empty dimension in o %s" % (tuple(o.shape),))
+        if max(o.shape) > INT_MAX or B * H > INT_MAX:
+            raise ValueError("clattn: o's dimensions exceed 2^31 - 1")
+        if empty_rows not in _ffi.EMPTY_ROWS:
+            raise ValueError("clattn: empty_rows must be 'zero' or 'error' (got %r)" % (empty_rows,))
+        self._enter()
+        views, waits, events, outs = [], [], [], {}
+        try:
+            mp = _ffi.MergeParams()
+            mp.n_states, mp.batch, mp.heads, mp.q_len, mp.value_dim = S, B, H, M, dv
+            vo = self._input(o, "o", views, waits)
+            vl = self._input(lse, "lse", views, waits)
+            mp.o_state_stride, mp.lse_state_stride = vo.strides[0], vl.strides[0]
+            mp.o = _View(vo.buf, vo.offset, o.shape[1:], vo.strides[1:], owned=False).tensor()
+            mp.lse = _View(vl.buf, vl.offset, lse.shape[1:], vl.strides[1:] + [0], owned=False).tensor()
+            t = self._outputs([("out", (B, H, M, dv), np.dtype(np.float32), [H * M * dv, M * dv, dv, 1]),
+                               ("out_lse", (B, H, M), np.dtype(np.float32), [H * M, M, 1, 0])], o_cl, outs)
+            mp.out, mp.out_lse = t["out"], t["out_lse"]
+            mp.empty_rows = _ffi.EMPTY_ROWS[empty_rows]
+            self._run(self._lib.merge_states, mp, waits, outs, events)
+        except BaseException:
+            if events:
+                self._cl.finish(self._cl_queue)
+            raise
+        finally:
+            self._release(events, views, outs)
+            self._leave()
+        return outs["out"][0], outs["out_lse"][0]
+
     # ---- attention -----------------------------------------------------------
 
     def attention(self, q, k, v, *, causal=False, window=(-1, -1), mask=None, bias=None,
                   kv_lens=None, scale=None, softcap=0.0, alibi_slopes=None, sinks=None,
                   empty_rows="zero", algo="auto", layout="bhsd", return_lse=False,
-                  return_weights=False):
+                  return_weights=False, return_diagnostics=False):
         """O = softmax(scale·QKᵀ + bias, restricted to the allowed keys) V.
 
         q [B,Hq,M,dk], k [B,Hkv,N,dk], v [B,Hkv,N,dv] (layout "bshd": [B,S,H,D]),
         float32 or float16, numpy arrays with any strides or pyopencl arrays in
         this context. Returns O in q's dtype and layout ([B,Hq,M,dv] or
         [B,M,Hq,dv]), or (O, lse), (O, weights), (O, lse, weights) when asked;
-        lse is float32 [B,Hq,M], weights float32 [B,Hq,M,N] in both layouts."""
+        lse is float32 [B,Hq,M], weights float32 [B,Hq,M,N] in both layouts.
+        return_diagnostics adds, last, a dict of the route diagnostics per
+        query row: "entropy" (nats) and "max_weight" float32 [B,Hq,M],
+        "argmax" int32 [B,Hq,M] (empty rows: 0, 0, -1)."""
         # -- everything that needs no device: types, shapes, keywords
         kinds = [_is_cl_array(x) for x in (q, k, v)]
         arrs = []
@@ -479,60 +585,29 @@ class Context:
                 want.append(("lse", (B, Hq, M), np.dtype(np.float32), [Hq * M, M, 1, 0]))
             if return_weights:
                 want.append(("weights", s_shape, np.dtype(np.float32), [Hq * M * N, M * N, N, 1]))
-            for name, shape, dt, strides in want:
-                nbytes = int(np.prod(shape)) * dt.itemsize
-                if out_cl:
-                    import pyopencl.array as cla
-                    arr = cla.empty(self._pyopencl_queue(), shape, dt)
-                    outs[name] = (arr, None)
-                    buf = arr.base_data.int_ptr
-                else:
-                    arr = np.empty(shape, dt)
-                    buf = self._new_buffer(self._cl.MEM_WRITE_ONLY, nbytes)
-                    outs[name] = (arr, buf)
-                setattr(p, name, _View(buf, 0, shape, strides, owned=False).tensor())
+            if return_diagnostics:
+                for name, dt in (("entropy", np.float32), ("max_weight", np.float32), ("argmax", np.int32)):
+                    want.append((name, (B, Hq, M), np.dtype(dt), [Hq * M, M, 1, 0]))
+            for name, t in self._outputs(want, out_cl, outs).items():
+                setattr(p, name, t)
 
-            wait_arr = (ctypes.c_void_p * len(waits))(*waits) if waits else None
-            done = ctypes.c_void_p()
-            st = self._lib.forward(self._ptr, ctypes.byref(p), len(waits), wait_arr, ctypes.byref(done))
-            if done.value:
-                events.append(done.value)
-            self._check(st)
-            # reads after the call; the wait is a foreign call (GIL released)
-            for name, (arr, buf) in outs.items():
-                if buf is None:
-                    continue
-                ev = ctypes.c_void_p()
-                r = self._cl.enqueue_read(self._cl_queue, buf, 0, 0, arr.nbytes, ctypes.c_void_p(arr.ctypes.data),
-                                          1, ctypes.byref(done), ctypes.byref(ev))
-                if r != 0:
-                    raise _cl_error(r, "clEnqueueReadBuffer")
-                events.append(ev.value)
-            ev_arr = (ctypes.c_void_p * len(events))(*events)
-            r = self._cl.wait(len(events), ev_arr)
-            if r != 0:
-                raise _cl_error(r, "clWaitForEvents")
+            self._run(self._lib.forward, p, waits, outs, events)
         except BaseException:
             if events:
                 self._cl.finish(self._cl_queue)  # nothing may still write into our arrays
             raise
         finally:
-            for e in events:
-                self._cl.release_event(e)
-            for vw in views:
-                if vw.owned:
-                    self._cl.release_mem(vw.buf)
-            for arr, buf in outs.values():
-                if buf is not None:
-                    self._cl.release_mem(buf)
+            self._release(events, views, outs)
             self._leave()
 
         o = outs["out"][0]
-        if not (return_lse or return_weights):
+        if not (return_lse or return_weights or return_diagnostics):
             return o
         res = [o]
         if return_lse:
             res.append(outs["lse"][0])
         if return_weights:
             res.append(outs["weights"][0])
+        if return_diagnostics:
+            res.append({n: outs[n][0] for n in ("entropy", "max_weight", "argmax")})
         return tuple(res)
