@@ -1,6 +1,7 @@
 """Context and attention: argument checks, views, buffers, the call."""
 import ctypes
 import math
+import sys
 import threading
 
 import numpy as np
@@ -32,11 +33,10 @@ def _cl_error(code, what):
 
 
 def _pyopencl_array_type():
-    try:
-        import pyopencl.array as cla  # noqa: F401
-    except Exception:  # pyopencl is optional
-        return None
-    return cla.Array
+    # pyopencl is optional: a pyopencl array can only exist once its module
+    # is imported, so numpy-only callers never pay for (or need) the import
+    m = sys.modules.get("pyopencl.array")
+    return getattr(m, "Array", None) if m is not None else None
 
 
 def _is_cl_array(a):
