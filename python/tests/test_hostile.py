@@ -15,7 +15,8 @@ def test_random_calls_never_crash(ctx):
 
     for _ in range(120):
         B, Hkv = pick(1, 2), pick(1, 2)
-        Hq, M, N, dk, dv = Hkv * pick(1, 2), pick(0, 1, 7, 37), pick(0, 1, 7, 53), 16, pick(16, 8)
+        # one head-dim pair only: each new pair is a kernel build (seconds on POCL)
+        Hq, M, N, dk, dv = Hkv * pick(1, 2), pick(0, 1, 7, 37), pick(0, 1, 7, 53), 16, 16
         dt = pick(np.float32, np.float32, np.float16, np.float64, np.int32)
         q = rng.standard_normal((B, Hq, M, dk)).astype(dt)
         k = rng.standard_normal((B, Hkv, N, dk)).astype(dt)
@@ -25,7 +26,7 @@ def test_random_calls_never_crash(ctx):
         if rng.random() < 0.2:
             k = np.swapaxes(k, 1, 2)                   # wrong layout on purpose
         if rng.random() < 0.1:
-            v = v[..., :1]
+            v = v[:, :, :1]                            # keys and values differ in count
         kw = {}
         if rng.random() < 0.3:
             kw["mask"] = rng.random(pick((M, N), (N,), (B, 1, M, N), (3, M, N))) < pick(0.0, 0.5, 1.0)
