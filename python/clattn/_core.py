@@ -310,8 +310,10 @@ class Context:
         views.append(v)
         return v
 
-    def _small(self, a, name, n, dtype, views, waits):
-        """kv_lens, alibi_slopes, sinks: a dense cl_mem of n dtype values."""
+    def _prep_small(self, a, name, n, dtype):
+        """kv_lens, alibi_slopes, sinks, checked before any device work: a
+        dense, offset-0 pyopencl array of n dtype values in this context (used
+        as it is), else a contiguous numpy array of them."""
         if _is_cl_array(a):
             if a.context.int_ptr != self._cl_context:
                 raise ValueError("clattn: %s is a pyopencl array from another OpenCL context" % name)
@@ -320,9 +322,7 @@ class Context:
             if a.dtype != dtype:
                 raise TypeError("clattn: %s must be %s (got %s)" % (name, np.dtype(dtype).name, a.dtype))
             if a.offset == 0 and a.flags.c_contiguous:
-                v = self._cl_array_view(a, name, waits)
-                views.append(v)
-                return v.buf
+                return a
             a = a.get()
         arr = np.asarray(a)
         if arr.shape != (n,):
@@ -335,10 +335,11 @@ class Context:
         elif isinstance(a, np.ndarray) or arr.dtype.kind not in "iuf":
             if arr.dtype not in (np.float32, np.float16):
                 raise TypeError("clattn: %s must be float32 (got %s)" % (name, arr.dtype))
-        arr = np.ascontiguousarray(arr, dtype=dtype)
-        v = self._np_view(arr, name)
-        views.append(v)
-        return v.buf
+        return np.ascontiguousarray(arr, dtype=dtype)
+
+    def _small(self, a, name, views, waits):
+        """The cl_mem of a _prep_small result."""
+        return self._input(a, name, views, waits).buf
 
     def _run(self, fn, p, waits, outs, events):
         """Enqueues fn(ctx, p) after waits, reads the numpy outputs back after
@@ -539,6 +540,12 @@ class Context:
             if bias.dtype != np.float32:
                 raise TypeError("clattn: bias must be float32 (got %s)" % bias.dtype)
             _broadcast(bias.shape, [0] * len(bias.shape), s_shape, "bias")
+        if kv_lens is not None:
+            kv_lens = self._prep_small(kv_lens, "kv_lens", B, np.int32)
+        if alibi_slopes is not None:
+            alibi_slopes = self._prep_small(alibi_slopes, "alibi_slopes", Hq, np.float32)
+        if sinks is not None:
+            sinks = self._prep_small(sinks, "sinks", Hq, np.float32)
         out_cl = kinds[0]
         for name, x in (("q", q), ("k", k), ("v", v), ("mask", mask), ("bias", bias), ("kv_lens", kv_lens),
                         ("alibi_slopes", alibi_slopes), ("sinks", sinks)):
@@ -565,11 +572,11 @@ class Context:
                     vw.strides = _broadcast(vw.shape, vw.strides, s_shape, name)
                     setattr(p, name, vw.tensor())
             if kv_lens is not None:
-                p.kv_lens = self._small(kv_lens, "kv_lens", B, np.int32, views, waits)
+                p.kv_lens = self._small(kv_lens, "kv_lens", views, waits)
             if alibi_slopes is not None:
-                p.alibi_slopes = self._small(alibi_slopes, "alibi_slopes", Hq, np.float32, views, waits)
+                p.alibi_slopes = self._small(alibi_slopes, "alibi_slopes", views, waits)
             if sinks is not None:
-                p.sinks = self._small(sinks, "sinks", Hq, np.float32, views, waits)
+                p.sinks = self._small(sinks, "sinks", views, waits)
             p.scale = scale_f
             p.causal = 1 if causal else 0
             p.window_left, p.window_right = wl, wr

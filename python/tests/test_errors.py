@@ -12,12 +12,21 @@ def ok(rng, dtype=np.float32, B=1, Hq=2, Hkv=1, M=7, N=9, dk=16, dv=16):
             rng.standard_normal((B, Hkv, N, dv)).astype(dtype))
 
 
+@pytest.fixture
+def no_buffers(ctx, monkeypatch):
+    """Fails the test if the binding makes any OpenCL buffer: bad input must
+    be refused before any device work."""
+    def refuse(*a):
+        raise AssertionError("a buffer was made before the input was refused")
+    monkeypatch.setattr(ctx, "_new_buffer", refuse)
+
+
 def test_error_class():
     assert issubclass(clattn.Error, RuntimeError)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.int32, np.int8, np.complex64, bool])
-def test_wrong_dtypes(ctx, rng, dtype):
+def test_wrong_dtypes(ctx, rng, dtype, no_buffers):
     q, k, v = ok(rng)
     with pytest.raises(TypeError):
         ctx.attention(q.astype(dtype), k, v)
@@ -35,7 +44,7 @@ def test_mixed_dtypes(ctx, rng):
     "q3d", "batch", "head_dim", "kv_len", "kv_heads", "gqa", "empty", "mask_shape", "bias_shape",
     "kv_lens_shape", "slopes_shape", "sinks_shape", "window", "window_arity", "layout", "algo",
     "empty_rows", "softcap", "scale_inf"])
-def test_value_errors(ctx, rng, case):
+def test_value_errors(ctx, rng, case, no_buffers):
     q, k, v = ok(rng)
     kw = {}
     if case == "q3d":
@@ -83,7 +92,7 @@ def test_value_errors(ctx, rng, case):
 
 
 @pytest.mark.parametrize("case", ["mask_float", "bias_f64", "kv_lens_float", "slopes_f64", "window_float"])
-def test_type_errors(ctx, rng, case):
+def test_type_errors(ctx, rng, case, no_buffers):
     q, k, v = ok(rng)
     kw = {"mask_float": dict(mask=np.ones((7, 9), np.float32)),
           "bias_f64": dict(bias=np.zeros((7, 9))),
