@@ -497,6 +497,8 @@ class Context:
                         ("value_dim", dv), ("batch*q_heads", B * Hq)):
             if val > INT_MAX:
                 raise ValueError("clattn: %s = %d exceeds 2^31 - 1" % (nm, val))
+        if window is None:
+            window = (-1, -1)
         try:
             wl, wr = window
         except (TypeError, ValueError):

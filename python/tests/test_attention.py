@@ -91,6 +91,7 @@ def test_window_and_mask_forms(ctx, rng):
     m2[:, 0] = True
     for mask in (m2, m2.astype(np.uint8) * 7, m2[None, None]):
         np.testing.assert_allclose(ctx.attention(q, k, v, mask=mask), reference(q, k, v, mask=mask)[0], **TOL)
+    np.testing.assert_allclose(ctx.attention(q, k, v, window=None), ctx.attention(q, k, v), rtol=0, atol=0)
     for window in ((3, 2), (0, 0), (-1, 4)):
         np.testing.assert_allclose(ctx.attention(q, k, v, window=window),
                                    reference(q, k, v, window=window)[0], **TOL)

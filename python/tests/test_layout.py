@@ -44,3 +44,18 @@ def test_offsets_match_the_header(tmp_path):
             assert int(value) <= ctypes.sizeof(py), cname
         else:
             assert getattr(py, field).offset == int(value), (cname, field)
+
+
+def test_every_foreign_call_releases_the_gil():
+    """ctypes releases the GIL around a call unless the function comes from a
+    PyDLL (FUNCFLAG_PYTHONAPI): none of ours may, so the device wait
+    (clWaitForEvents, and clattn_forward's own wait for EMPTY_ERROR) lets other
+    Python threads run."""
+    objs = [_ffi.lib(), _ffi.opencl()]
+    n = 0
+    for o in objs:
+        for f in vars(o).values():
+            if isinstance(f, ctypes._CFuncPtr):
+                assert not (f._flags_ & ctypes._FUNCFLAG_PYTHONAPI), f.__name__
+                n += 1
+    assert n >= 15
