@@ -95,3 +95,18 @@ def test_other_context_is_value_error(ctx, embedded, queue, rng):
         embedded.attention(q, k, q)
     with pytest.raises(ValueError):
         embedded.attention(q, q, q, mask=cla.to_device(other, np.ones((7, 7), np.uint8)))
+
+
+def test_merge_states_on_pyopencl(embedded, queue, rng):
+    q, k, v = (rng.standard_normal((1, 2, 7, 16)).astype(np.float32) for _ in range(3))
+    dq = cla.to_device(queue, q)
+    parts = [embedded.attention(dq, cla.to_device(queue, np.ascontiguousarray(k[:, :, lo:hi])),
+                                cla.to_device(queue, np.ascontiguousarray(v[:, :, lo:hi])), return_lse=True)
+             for lo, hi in ((0, 3), (3, 7))]
+    o_states = cla.to_device(queue, np.stack([p[0].get() for p in parts]))
+    l_states = cla.to_device(queue, np.stack([p[1].get() for p in parts]))
+    o, lse = embedded.merge_states(o_states, l_states)
+    assert isinstance(o, cla.Array) and isinstance(lse, cla.Array)
+    ro, rl, _ = reference(q, k, v)
+    np.testing.assert_allclose(o.get(), ro, **TOL)
+    np.testing.assert_allclose(lse.get(), rl, **TOL)
