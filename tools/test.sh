@@ -3,6 +3,7 @@
 # check, each stage on its own, then one summary:
 #
 #   suite (loopvec)   meson test, whole suite, POCL_WORK_GROUP_METHOD=loopvec
+#   python            the Python binding's pytest suite (tools/python.sh)
 #   suite (cbs)       the opencl suite again with POCL_WORK_GROUP_METHOD=cbs
 #   oclgrind          every kernel path at small shapes under Oclgrind
 #   sanitizers        the suite under ASan+UBSan, the threads test under TSan
@@ -10,9 +11,10 @@
 #   fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
 #
 #   tools/test.sh            all stages (14 minutes on a clean clone, cold caches, 2 cores)
-#   tools/test.sh --quick    the first stage only
+#   tools/test.sh --quick    the first two stages (suite, python)
 #
-# Exit status: 0 when every stage passed.
+# Exit status: 0 when every stage passed or was skipped (exit 77, named in
+# the summary with its reason above it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -31,6 +33,8 @@ stage() {   # stage NAME COMMAND...: runs it, records the result
   local t0=$SECONDS
   if "$@"; then
     results+=("$name: passed ($((SECONDS - t0)) s)")
+  elif [ $? -eq 77 ]; then
+    results+=("$name: SKIPPED, see its message above ($((SECONDS - t0)) s)")
   else
     results+=("$name: FAILED ($((SECONDS - t0)) s)")
     status=1
@@ -59,6 +63,7 @@ suite() {   # suite METHOD [meson test args]
 }
 
 stage "suite (loopvec)" suite loopvec
+stage "python" tools/python.sh build-test
 if [ $quick -eq 0 ]; then
   stage "suite (cbs)" suite cbs --suite opencl
   stage "oclgrind" tools/oclgrind.sh build-test

@@ -1,0 +1,12 @@
+"""clattn: exact scaled dot-product attention on any OpenCL 1.2 device.
+
+    import clattn
+    ctx = clattn.Context()                       # or Context(queue=pyopencl_queue)
+    o = ctx.attention(q, k, v, causal=True)      # numpy float32/float16 [B,H,S,D]
+
+A ctypes binding over clattn's public C API (clattn.h); see README "Python".
+"""
+from ._core import Context, Error
+
+__all__ = ["Context", "Error"]
+__version__ = "0.1.0"
