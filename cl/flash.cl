@@ -92,34 +92,80 @@ static inline float flash_hsum(float16 x) {
   return c.x + c.y;
 }
 
+/* A row's end state from its running (m, l): O = acc * inv and lse. The
+ * sink (-INFINITY: none) joins as one more logit without a value: folded
+ * here, or by the merge when the keys were split (n_splits > 1). l = 0
+ * means no allowed key: O = 0, lse = -INFINITY (or the sink). */
+typedef struct {
+  bool empty;
+  float alpha, l_keys, l_f, inv, lse, m_f;
+} flash_final;
+static inline flash_final flash_finish(float m, float l, float sink, int n_splits) {
+  flash_final f;
+  if (n_splits > 1) sink = -INFINITY;
+  f.empty = l == 0.0f;
+  f.m_f = ca_max_nan(m, sink);
+  f.alpha = f.empty ? 0.0f : exp(m - f.m_f);
+  f.l_keys = l * f.alpha;
+  f.l_f = sink == -INFINITY ? f.l_keys : f.l_keys + exp(sink - f.m_f);
+  f.inv = f.empty ? 0.0f : f.alpha / f.l_f;
+  f.lse = f.empty ? sink : f.m_f + log(f.l_f);
+  return f;
+}
+
+/* Where row (b, h, i)'s partial state goes when the keys were split. */
+static inline ulong flash_part_row(int b, int h, int i, int q_heads, int kv_heads, int q_len, int split) {
+  const ulong rows_total = (ulong)(get_global_size(1) / kv_heads) * (ulong)q_heads * (ulong)q_len;
+  return (ulong)split * rows_total + ((ulong)b * q_heads + h) * (ulong)q_len + i;
+}
+
 /* Finishes one row: O = acc / l and lse = m + log(l) to the outputs, or to
- * split `split`'s partial state when the keys were split. l = 0 means no
- * allowed key: O = 0, lse = -INFINITY, and the empty-row flag is raised. */
+ * split `split`'s partial state when the keys were split; an empty row
+ * raises the empty-row flag. */
 static inline void flash_store_row(const float *acc, float m, float l, float t, int best, float sink, int b, int h, int i,
                             long out_row, int q_heads, int kv_heads, int q_len, int split, int n_splits, __global store_t *out,
                             ulong out_off, ulong4 out_st, __global float *lse, ulong lse_off, ulong4 lse_st,
                             int want_lse, CA_DIAG_ARGS, __global float *part_o, __global float *part_lse,
                             __global int *empty_flag) {
-  const bool empty = l == 0.0f;
-  /* The sink (-INFINITY: none) joins as one more logit without a value:
-   * folded here, or by the merge when the keys were split. */
-  if (n_splits > 1) sink = -INFINITY;
-  const float m_f = ca_max_nan(m, sink);
-  const float alpha = empty ? 0.0f : exp(m - m_f);
-  const float l_keys = l * alpha;
-  const float l_f = sink == -INFINITY ? l_keys : l_keys + exp(sink - m_f);
-  const float inv = empty ? 0.0f : alpha / l_f;
-  const float row_lse = empty ? sink : m_f + log(l_f);
+  const flash_final f = flash_finish(m, l, sink, n_splits);
   if (n_splits > 1) {
-    const ulong rows_total = (ulong)(get_global_size(1) / kv_heads) * (ulong)q_heads * (ulong)q_len;
-    const ulong part = (ulong)split * rows_total + ((ulong)b * q_heads + h) * (ulong)q_len + i;
-    for (int c = 0; c < DV; c++) part_o[part * DV + c] = acc[c] * inv;
-    part_lse[part] = row_lse;
+    const ulong part = flash_part_row(b, h, i, q_heads, kv_heads, q_len, split);
+    for (int c = 0; c < DV; c++) part_o[part * DV + c] = acc[c] * f.inv;
+    part_lse[part] = f.lse;
   } else {
-    for (int c = 0; c < DV; c++) ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), acc[c] * inv);
-    if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = row_lse;
-    if (diag) ca_store_diag(empty, l_keys, l_f, empty ? 0.0f : alpha * (t + l * (m - m_f)), alpha, best, b, h, i, CA_DIAG_PASS);
-    if (empty) atomic_or(empty_flag, 1);
+    for (int c = 0; c < DV; c++) ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), acc[c] * f.inv);
+    if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = f.lse;
+    if (diag)
+      ca_store_diag(f.empty, f.l_keys, f.l_f, f.empty ? 0.0f : f.alpha * (t + l * (m - f.m_f)), f.alpha, best, b, h, i,
+                    CA_DIAG_PASS);
+    if (f.empty) atomic_or(empty_flag, 1);
+  }
+}
+
+/* The same for columns c0 .. c0 + n - 1 (those below DV) of a row whose
+ * accumulator is spread over several work-items (flash_block); `lead` is
+ * the one that writes lse and raises the flag. */
+static inline void flash_store_cols(const float4 *acc, int c0, int n, bool lead, float m, float l, float sink, int b,
+                                    int h, int i, long out_row, int q_heads, int kv_heads, int q_len, int split,
+                                    int n_splits, __global store_t *out, ulong out_off, ulong4 out_st,
+                                    __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
+                                    __global float *part_o, __global float *part_lse, __global int *empty_flag) {
+  const flash_final f = flash_finish(m, l, sink, n_splits);
+  const ulong part = n_splits > 1 ? flash_part_row(b, h, i, q_heads, kv_heads, q_len, split) : 0;
+  for (int g = 0; g < n / 4; g++) {
+    const float e[4] = {acc[g].x * f.inv, acc[g].y * f.inv, acc[g].z * f.inv, acc[g].w * f.inv};
+    for (int u = 0; u < 4; u++) {
+      const int c = c0 + 4 * g + u;
+      if (c >= DV) break;
+      if (n_splits > 1) part_o[part * DV + c] = e[u];
+      else ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), e[u]);
+    }
+  }
+  if (!lead) return;
+  if (n_splits > 1) part_lse[part] = f.lse;
+  else {
+    if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = f.lse;
+    if (f.empty) atomic_or(empty_flag, 1);
   }
 }
 

@@ -159,6 +159,8 @@ static void choose_tiles(clattn_context *ctx, const clattn_options *opt) {
   ca_tuning_builtin(platform, device, ctx->caps.type, &ctx->tiles, ctx->origin);
   apply_tuning_file(ctx, opt->tuning_file);
   apply_environment(ctx);
+  const char *block = getenv("CLATTN_FLASH_BLOCK");
+  ctx->flash_block = !(block && strcmp(block, "0") == 0);
   if (ctx->max_alloc && ctx->scratch_budget > ctx->max_alloc) ctx->scratch_budget = (size_t)ctx->max_alloc;
 }
 

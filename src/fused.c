@@ -15,7 +15,8 @@
 #include "internal.h"
 
 enum { FLASH_BN = 16 };          /* keys per block; cl/flash.cl's FLASH_BN */
-enum { MIN_SPLIT_KEYS = 256 };   /* a split smaller than this costs more than it hides */
+enum { MIN_SPLIT_KEYS = 256 };
+enum { BLOCK_WG = 128 };         /* work-items per group of cl/flash_block.cl */   /* a split smaller than this costs more than it hides */
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
@@ -58,6 +59,17 @@ done:
   return st;
 }
 
+/* Whether the built flash_block can run its 128 work-items per group: a
+ * GPU compiler may allow fewer (registers); flash_tiled then runs instead. */
+static int block_kernel_runs(clattn_context *ctx, cl_program program) {
+  cl_kernel kernel = NULL;
+  size_t max_items = 0;
+  if (ca_create_kernel(program, "flash_block", &kernel) != CLATTN_OK) return 0;
+  cl_int err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof max_items, &max_items, NULL);
+  clReleaseKernel(kernel);
+  return err == CL_SUCCESS && max_items >= BLOCK_WG;
+}
+
 /* Splits the keys when the row blocks alone would leave compute units idle
  * (decode: few query rows, many keys); the split is a fixed function of the
  * shape and the device, so results stay bitwise repeatable. */
@@ -80,11 +92,21 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   cl_mem kt = NULL, vp = NULL, part_o = NULL, part_lse = NULL, empty_flag = NULL;
   cl_event prev = NULL;
   const size_t rows_per_kv = (size_t)plan->group * (size_t)p->q_len;
-  const int wg = ctx->tiles.flash_wg; /* > 0: flash_tiled (GPUs) */
+  const int wg = ctx->tiles.flash_wg; /* > 0: the work-group kernels (GPUs) */
+  if (done) *done = NULL;
+  if ((st = fused_program(ctx, p->head_dim, p->value_dim, p->dtype, &program))) return st;
+  /* flash_block where it applies; flash_tiled keeps the route diagnostics
+   * and additive scoring. */
+  tl_block blk = {0, 0};
+  const int block = wg && ctx->flash_block && !plan->diag && p->score != CLATTN_SCORE_ADDITIVE &&
+                    tl_flash_block(&ctx->caps, p->head_dim, p->value_dim, &blk) == 0 &&
+                    block_kernel_runs(ctx, program);
   /* Few rows per KV head (decode): read K and V in place, 1-8 rows per item. */
   const int direct = !wg && rows_per_kv <= 8 && p->head_dim % 16 == 0 && p->value_dim % 16 == 0 && p->k.stride[3] == 1 &&
                      p->v.stride[3] == 1;
-  const int bm = wg ? wg : !direct ? ctx->tiles.flash_bm : rows_per_kv <= 1 ? 1 : rows_per_kv <= 2 ? 2 : rows_per_kv <= 4 ? 4 : 8;
+  /* rows per work-item (flash_rows*) or per work-group (flash_block, flash_tiled) */
+  const int bm = block ? 16 * blk.rm : wg ? wg : !direct ? ctx->tiles.flash_bm : rows_per_kv <= 1 ? 1 : rows_per_kv <= 2 ? 2 : rows_per_kv <= 4 ? 4 : 8;
+  const size_t group_items = block ? BLOCK_WG : (size_t)wg;
   const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
   const size_t n_pad = round_up((size_t)p->kv_len, FLASH_BN);
   const size_t dvp = round_up((size_t)p->value_dim, 16);
@@ -95,7 +117,6 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   const size_t n_splits = ((size_t)p->kv_len + (size_t)split_keys - 1) / (size_t)split_keys;
   const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
 
-  if (done) *done = NULL;
   /* Dimensions are positive ints, so these products of at most three fit in 64 bits. */
   const cl_ulong kt_bytes = (cl_ulong)kv_pairs * (cl_ulong)p->head_dim * n_pad * sizeof(float);
   const cl_ulong vp_bytes = (cl_ulong)kv_pairs * n_pad * dvp * sizeof(float);
@@ -106,9 +127,9 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
                    "(%llu bytes)", (unsigned long long)kt_bytes, (unsigned long long)vp_bytes,
                    (unsigned long long)ctx->max_alloc);
 
-  snprintf(rows_name, sizeof rows_name, wg ? "flash_tiled" : direct ? "flash_rows_direct%d" : "flash_rows", bm);
-  if ((st = fused_program(ctx, p->head_dim, p->value_dim, p->dtype, &program)) ||
-      (st = ca_create_kernel(program, rows_name, &rows)) || (st = ca_empty_flag_create(ctx, &empty_flag)))
+  snprintf(rows_name, sizeof rows_name,
+           block ? "flash_block" : wg ? "flash_tiled" : direct ? "flash_rows_direct%d" : "flash_rows", bm);
+  if ((st = ca_create_kernel(program, rows_name, &rows)) || (st = ca_empty_flag_create(ctx, &empty_flag)))
     goto fail;
   if (packed) {
     if ((st = ca_create_kernel(program, "flash_pack", &pack))) goto fail;
@@ -171,8 +192,8 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_mem(&r, part_lse);
   ca_arg_mem(&r, empty_flag);
   if ((st = ca_args_done(&r))) goto fail;
-  const size_t rows_global[3] = {wg ? row_blocks * (size_t)wg : row_blocks, kv_pairs, n_splits};
-  const size_t rows_local[3] = {wg ? (size_t)wg : 1, 1, 1};
+  const size_t rows_global[3] = {wg ? row_blocks * group_items : row_blocks, kv_pairs, n_splits};
+  const size_t rows_local[3] = {wg ? group_items : 1, 1, 1};
   if ((st = ca_enqueue(ctx, rows, rows_name, 3, rows_global, rows_local, n_wait, wait, &prev))) goto fail;
 
   if (n_splits > 1) {

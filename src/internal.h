@@ -16,6 +16,7 @@ struct clattn_context {
   int retained_device;        /* clRetainDevice was called (embedded mode, OpenCL 1.2) */
   tl_device caps;             /* what the device reports */
   tl_tiles tiles;             /* staged path's work-group shapes */
+  int flash_block;            /* 0: CLATTN_FLASH_BLOCK=0, flash_tiled for every work-group fused call */
   ca_origin origin[CA_T_COUNT]; /* where each tile value (and the scratch budget) came from */
   clattn_algo auto_algo[CA_CLASS_COUNT]; /* AUTO's choice per shape class; AUTO = built-in rule */
   char *tuning_path;          /* the tuning file looked for; NULL = none */

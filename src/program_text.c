@@ -20,8 +20,14 @@ void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *ou
 
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                    ca_program_text *out) {
-  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_flash}, .n_sources = 2};
-  snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D DK=%d -D DV=%d -D FLASH_TILE=%d",
-           (int)dtype, head_dim, value_dim, tl_flash_tile(dev, head_dim, value_dim));
+  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_flash, clattn_src_flash_block}, .n_sources = 3};
+  int at = snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D DK=%d -D DV=%d -D FLASH_TILE=%d",
+                    (int)dtype, head_dim, value_dim, tl_flash_tile(dev, head_dim, value_dim));
+  /* flash_block only where the work-group kernels are used (GPUs, or forced) and its tiles fit */
+  tl_block blk;
+  if (tiles->flash_wg > 0 && tl_flash_block(dev, head_dim, value_dim, &blk) == 0)
+    snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_RM=%d -D BLOCK_RN=%d", blk.rm, blk.rn);
+  else
+    snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_NO_BLOCK");
   tl_build_options(tiles, out->options, sizeof out->options);
 }

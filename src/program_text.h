@@ -26,7 +26,8 @@ void ca_probe_text(ca_program_text *out);
 /* qk_score, softmax_rows, mix_values, merge_states and the GEMM helpers for
  * one storage type. */
 void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *out);
-/* The fused kernels for one (head_dim, value_dim, storage type). */
+/* The fused kernels for one (head_dim, value_dim, storage type);
+ * flash_block is in it when tl_flash_block fits and tiles->flash_wg > 0. */
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                    ca_program_text *out);
 

@@ -88,6 +88,31 @@ int tl_flash_tile(const tl_device *dev, int head_dim, int value_dim) {
   return tile;
 }
 
+static size_t round_to(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+size_t tl_block_local_bytes(tl_block blk, int head_dim, int value_dim) {
+  const size_t dk4 = round_to((size_t)head_dim, 4), dvb = round_to((size_t)value_dim, 32);
+  const size_t rows = 16 * (size_t)blk.rm, keys = 8 * (size_t)blk.rn;
+  const size_t floats = rows * (dk4 + 4)                        /* Q tile */
+                        + keys * ((dk4 > dvb ? dk4 : dvb) + 4)  /* K, then V tile */
+                        + rows * (keys + 4)                     /* P tile */
+                        + 2 * rows * 8;                         /* row maxima and sums */
+  return floats * sizeof(float) + 5 * sizeof(int);
+}
+
+int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *out) {
+  static const tl_block choices[] = {{4, 4}, {2, 4}, {1, 4}, {1, 2}, {1, 1}};
+  const size_t local = dev->local_mem < 48 * 1024 ? (size_t)dev->local_mem : 48 * 1024;
+  const size_t dvb = round_to((size_t)value_dim, 32);
+  if (dev->max_wg < 128 || dev->max_item[0] < 128) return -1;
+  for (size_t c = 0; c < sizeof choices / sizeof choices[0]; c++)
+    if ((size_t)choices[c].rm * dvb / 8 <= 32 && tl_block_local_bytes(choices[c], head_dim, value_dim) <= local) {
+      *out = choices[c];
+      return 0;
+    }
+  return -1;
+}
+
 void tl_build_options(const tl_tiles *t, char *buf, size_t size) {
   size_t len = strlen(buf);
   snprintf(buf + len, size > len ? size - len : 0,

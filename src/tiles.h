@@ -44,6 +44,16 @@ size_t tl_softmax_local_bytes(const tl_tiles *t);
  * largest power of two up to 32 whose K and V tiles fit local memory. */
 int tl_flash_tile(const tl_device *dev, int head_dim, int value_dim);
 
+/* flash_block's score tile per work-item (cl/flash_block.cl): rows rm and
+ * keys rn, so a group of 16 x 8 work-items owns 16 rm rows and 8 rn keys.
+ * The largest that keeps a work-item's accumulator within 32 floats and the
+ * group's local memory within the device's and 48 KiB (room for a second
+ * group on most GPUs). Returns 0, or -1 when nothing fits (no flash_block). */
+typedef struct { int rm, rn; } tl_block;
+int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *out);
+/* Local memory (bytes) of flash_block with that tile. */
+size_t tl_block_local_bytes(tl_block blk, int head_dim, int value_dim);
+
 /* Appends the -D options that carry the tiles to buf. */
 void tl_build_options(const tl_tiles *t, char *buf, size_t size);
 

@@ -100,6 +100,31 @@ static void build_options_carry_every_tile(void) {
   CHECK(strncmp(opts, "-cl-std=CL1.2 ", 14) == 0);
 }
 
+static void block_tiles_fit_local_memory_and_registers(void) {
+  const tl_device devs[] = {nvidia_like(), amd_like(), intel_like()};
+  const char *names[] = {"nvidia-like", "amd-like", "intel-like"};
+  for (int i = 0; i < 3; i++)
+    for (int d = 1; d <= 256; d += d < 64 ? 7 : 16) {
+      tl_block blk;
+      if (tl_flash_block(&devs[i], d, d, &blk) != 0) {
+        CHECKF(devs[i].max_wg < 128, "%s: no flash_block tile at d=%d", names[i], d);
+        continue;
+      }
+      const int dvb = (d + 31) / 32 * 32;
+      CHECKF(tl_block_local_bytes(blk, d, d) <= devs[i].local_mem && tl_block_local_bytes(blk, d, d) <= 48 * 1024,
+             "%s: flash_block tile %dx%d at d=%d needs %zu bytes of local memory", names[i], blk.rm, blk.rn, d,
+             tl_block_local_bytes(blk, d, d));
+      CHECKF(blk.rm * dvb / 8 <= 32, "%s: flash_block accumulator of %d floats at d=%d", names[i], blk.rm * dvb / 8, d);
+    }
+  /* the largest tile wherever it fits: 4 x 4 at d = 64 */
+  tl_device nv = nvidia_like();
+  tl_block blk;
+  CHECK(tl_flash_block(&nv, 64, 64, &blk) == 0 && blk.rm == 4 && blk.rn == 4);
+  /* a device that cannot run 128 work-items per group gets none */
+  nv.max_wg = 64;
+  CHECK(tl_flash_block(&nv, 64, 64, &blk) != 0);
+}
+
 int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(gpu_tiles_fit_and_fill_a_warp),
@@ -108,6 +133,7 @@ int main(int argc, char **argv) {
       CT_TEST(oversized_tiles_shrink_to_fit),
       CT_TEST(device_that_fits_nothing_is_refused),
       CT_TEST(build_options_carry_every_tile),
+      CT_TEST(block_tiles_fit_local_memory_and_registers),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

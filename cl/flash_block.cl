@@ -1,0 +1,212 @@
+/*
+ * flash_block — the fused kernel for GPUs in FlashAttention-2's shape. A
+ * work-group of 128 work-items (BLOCK_TY x BLOCK_TX = 16 x 8) owns BLOCK_M
+ * consecutive rows of one KV head (numbered as in flash.cl, so the query
+ * heads of a GQA group share every K/V tile) and walks the keys in tiles of
+ * BLOCK_N staged in local memory. Work-item (ty, tx) computes the scores of
+ * rows ty*BLOCK_RM.. x keys tx*BLOCK_RN.. in registers and owns columns
+ * tx*BLOCK_CV.. of its rows' outputs, so one float4 local load feeds
+ * BLOCK_RM or BLOCK_RN FMAs in QK^T, and BLOCK_RM / BLOCK_CV in PV. Per
+ * tile:
+ *   K tile -> scores (masked, shaped) -> row maxima through local memory
+ *   -> weights into the P tile, row sums through local memory; V tile over
+ *   the consumed K tile -> rescale, then P V into the accumulators.
+ * The online softmax, sinks, split-KV partial states, lse and the empty-row
+ * flag are flash.cl's (flash_store_row); tiles inside every row's key range
+ * skip the per-key checks when there is no mask. A V tile with no NaN or
+ * Inf skips the zero-weight guard (0 * finite = 0).
+ *
+ * Same arguments as flash_rows. Route diagnostics and additive scoring stay
+ * with flash_tiled (the host chooses).
+ * NDRange: (ceil(group * q_len / BLOCK_M) * 128, batch * kv_heads, n_splits);
+ * work-group (128, 1, 1).
+ * -D BLOCK_RM, BLOCK_RN: rows and keys of a work-item's score tile
+ * (BLOCK_M = 16 BLOCK_RM, BLOCK_N = 8 BLOCK_RN), chosen by tl_flash_block
+ * (src/tiles.c), which also counts the local memory; -D FLASH_NO_BLOCK
+ * leaves the kernel out (CPUs, or no tile fits).
+ */
+#ifndef FLASH_NO_BLOCK
+#ifndef BLOCK_RM
+#define BLOCK_RM 4
+#endif
+#ifndef BLOCK_RN
+#define BLOCK_RN 4
+#endif
+#define BLOCK_TY 16
+#define BLOCK_TX 8
+#define BLOCK_WG (BLOCK_TY * BLOCK_TX)
+#define BLOCK_M (BLOCK_TY * BLOCK_RM)
+#define BLOCK_N (BLOCK_TX * BLOCK_RN)
+#define DK4 (((DK) + 3) / 4 * 4)            /* head dim in whole float4s, zero-padded */
+#define DVB (((DV) + 31) / 32 * 32)         /* value dim in whole float4s per lane */
+#define BLOCK_CV (DVB / BLOCK_TX)           /* output columns per work-item */
+/* Local row strides, 4 floats past a multiple of the bank count */
+#define QS (DK4 + 4)
+#define KVS ((DK4 > DVB ? DK4 : DVB) + 4)
+#define PS (BLOCK_N + 4)
+
+__kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(FLASH_KERNEL_ARGS) {
+  __local float q_tile[BLOCK_M * QS];
+  __local float kv_tile[BLOCK_N * KVS];
+  __local float p_tile[BLOCK_M * PS];
+  __local float row_max[BLOCK_M * BLOCK_TX], row_sum[BLOCK_M * BLOCK_TX];
+  __local int range[4];
+  __local int v_unsafe;
+  (void)kt; (void)vp; (void)n_pad; (void)add_w; (void)additive;
+  const int lid = get_local_id(0), ty = lid / BLOCK_TX, tx = lid % BLOCK_TX;
+  const int rows_per_kv = group * q_len;
+  const int t0 = get_group_id(0) * BLOCK_M;
+  const int bhk = get_global_id(1);
+  const int split = get_global_id(2), n_splits = get_global_size(2);
+  const int b = bhk / kv_heads, hk = bhk % kv_heads;
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  const int n_valid = sq.keys;
+
+  /* The block's queries, once: consecutive work-items read consecutive columns. */
+  for (int e = lid; e < BLOCK_M * DK4; e += BLOCK_WG) {
+    const int rr = e / DK4, d = e % DK4, t = min(t0 + rr, rows_per_kv - 1);
+    const int h = hk * group + t / q_len, i = t % q_len;
+    const bool real = t0 + rr < rows_per_kv && i < sq.rows && d < DK;
+    q_tile[rr * QS + d] = real ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d)) : 0.0f;
+  }
+
+  /* This work-item's rows; padding rows and rows past a packed sequence's
+   * end repeat a real row's indices and are never written. */
+  int hs[BLOCK_RM], is[BLOCK_RM];
+  bool live[BLOCK_RM];
+  int2 keys[BLOCK_RM];
+  float m[BLOCK_RM], l[BLOCK_RM];
+  float4 acc[BLOCK_RM][BLOCK_CV / 4];
+  for (int r = 0; r < BLOCK_RM; r++) {
+    const int rr = ty * BLOCK_RM + r, t = min(t0 + rr, rows_per_kv - 1);
+    hs[r] = hk * group + t / q_len;
+    is[r] = t % q_len;
+    live[r] = t0 + rr < rows_per_kv && is[r] < sq.rows;
+    keys[r] = flash_row_keys(is[r], sq.align_m, sq.align_n, n_valid, window_left, window_right);
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+    for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] = (float4)(0.0f);
+  }
+
+  /* The block's key range (the union of its rows' ranges) and the keys
+   * every row may see (their intersection), for skipping and fast tiles. */
+  if (lid == 0) {
+    range[0] = INT_MAX; /* lowest first key */
+    range[1] = -1;      /* highest last key */
+    range[2] = -1;      /* highest first key */
+    range[3] = INT_MAX; /* lowest last key */
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (tx == 0)
+    for (int r = 0; r < BLOCK_RM; r++) {
+      if (!live[r]) continue;
+      if (keys[r].x <= keys[r].y) {
+        atomic_min(&range[0], keys[r].x);
+        atomic_max(&range[1], keys[r].y);
+      }
+      atomic_max(&range[2], keys[r].x <= keys[r].y ? keys[r].x : INT_MAX); /* an empty row: no fast tile */
+      atomic_min(&range[3], keys[r].y);
+    }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  /* Key positions in 64 bits: near kv_len = INT_MAX a split's end and the
+   * next tile's start pass 2^31 - 1. */
+  const long split_begin = (long)split * split_keys;
+  const long split_end = min((long)kv_len, split_begin + split_keys);
+  const long j_begin = max(split_begin, (long)range[0]) / BLOCK_N * BLOCK_N;
+  const long j_end = min(split_end, (long)range[1] + 1);
+  const long all_lo = max((long)range[2], split_begin), all_hi = min((long)range[3], split_end - 1);
+
+  for (long j0 = j_begin; j0 < j_end; j0 += BLOCK_N) {
+    for (int e = lid; e < BLOCK_N * DK4; e += BLOCK_WG) {
+      const int jj = e / DK4, d = e % DK4;
+      const long j = j0 + jj;
+      kv_tile[jj * KVS + d] = j < n_valid && d < DK ? ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + j, d)) : 0.0f;
+    }
+    if (lid == 0) v_unsafe = 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    /* Scores: a BLOCK_RM x BLOCK_RN outer product per float4 of the head dim. */
+    float s[BLOCK_RM][BLOCK_RN];
+    for (int r = 0; r < BLOCK_RM; r++)
+      for (int c = 0; c < BLOCK_RN; c++) s[r][c] = 0.0f;
+    for (int d = 0; d < DK4; d += 4) {
+      float4 qv[BLOCK_RM], kv[BLOCK_RN];
+      for (int r = 0; r < BLOCK_RM; r++) qv[r] = vload4(0, q_tile + (ty * BLOCK_RM + r) * QS + d);
+      for (int c = 0; c < BLOCK_RN; c++) kv[c] = vload4(0, kv_tile + (tx * BLOCK_RN + c) * KVS + d);
+      for (int r = 0; r < BLOCK_RM; r++)
+        for (int c = 0; c < BLOCK_RN; c++)
+          s[r][c] = fma(qv[r].w, kv[c].w, fma(qv[r].z, kv[c].z, fma(qv[r].y, kv[c].y, fma(qv[r].x, kv[c].x, s[r][c]))));
+    }
+
+    /* Allowed keys keep their shaped score, the others -inf. */
+    const bool fast = !has_mask && j0 >= all_lo && j0 + BLOCK_N - 1 <= all_hi;
+    for (int r = 0; r < BLOCK_RM; r++) {
+      float tile_max = -INFINITY;
+      for (int c = 0; c < BLOCK_RN; c++) {
+        const long j = j0 + tx * BLOCK_RN + c;
+        bool allowed = fast || (j >= keys[r].x && j <= keys[r].y && j >= split_begin && j < split_end);
+        if (!fast && allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
+        const float x = allowed ? ca_shape(scale * s[r][c], has_bias ? bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)] : 0.0f,
+                                           hs[r], is[r], j, sq.align_m, sq.align_n, CA_SHAPE_PASS)
+                                : -INFINITY;
+        s[r][c] = x;
+        tile_max = fmax(tile_max, x);
+      }
+      row_max[(ty * BLOCK_RM + r) * BLOCK_TX + tx] = tile_max;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE); /* maxima written; the K tile is consumed */
+
+    for (int e = lid; e < BLOCK_N * DVB; e += BLOCK_WG) {
+      const int jj = e / DVB, c = e % DVB;
+      const long j = j0 + jj;
+      const float x = j < n_valid && c < DV ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)) : 0.0f;
+      kv_tile[jj * KVS + c] = x;
+      if (!isfinite(x)) v_unsafe = 1;
+    }
+    float alpha[BLOCK_RM];
+    for (int r = 0; r < BLOCK_RM; r++) {
+      const int row = ty * BLOCK_RM + r;
+      float tile_max = -INFINITY;
+      for (int x = 0; x < BLOCK_TX; x++) tile_max = fmax(tile_max, row_max[row * BLOCK_TX + x]);
+      const float m_new = fmax(m[r], tile_max);
+      const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
+      alpha[r] = exp(m[r] - m_safe);
+      m[r] = m_new;
+      float part = 0.0f;
+      for (int c = 0; c < BLOCK_RN; c++) {
+        const float p = exp(s[r][c] - m_safe);
+        p_tile[row * PS + tx * BLOCK_RN + c] = p;
+        part += p;
+      }
+      row_sum[row * BLOCK_TX + tx] = part;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE); /* weights, sums and the V tile are in place */
+
+    for (int r = 0; r < BLOCK_RM; r++) {
+      const int row = ty * BLOCK_RM + r;
+      float tile_sum = 0.0f;
+      for (int x = 0; x < BLOCK_TX; x++) tile_sum += row_sum[row * BLOCK_TX + x];
+      l[r] = l[r] * alpha[r] + tile_sum;
+      for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] *= alpha[r];
+    }
+    /* P V: a zero weight mixes nothing in, even an Inf or NaN value */
+    const bool guard = v_unsafe;
+    for (int jj = 0; jj < BLOCK_N; jj++) {
+      float4 vv[BLOCK_CV / 4];
+      for (int g = 0; g < BLOCK_CV / 4; g++) vv[g] = vload4(0, kv_tile + jj * KVS + tx * BLOCK_CV + 4 * g);
+      for (int r = 0; r < BLOCK_RM; r++) {
+        const float p = p_tile[(ty * BLOCK_RM + r) * PS + jj];
+        if (guard && p == 0.0f) continue;
+        for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] = fma((float4)(p), vv[g], acc[r][g]);
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE); /* P and V consumed before the next tile */
+  }
+
+  for (int r = 0; r < BLOCK_RM; r++)
+    if (live[r])
+      flash_store_cols(acc[r], tx * BLOCK_CV, BLOCK_CV, tx == 0, m[r], l[r], has_sinks ? sinks[hs[r]] : -INFINITY, b,
+                       hs[r], is[r], sq.q0 + is[r], q_heads, kv_heads, q_len, split, n_splits, out, out_off, out_st,
+                       lse, lse_off, lse_st, want_lse, part_o, part_lse, empty_flag);
+}
+#endif /* FLASH_NO_BLOCK */
