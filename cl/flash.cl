@@ -253,6 +253,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
                       j0 >= split_begin && j0 + FLASH_BN <= split_end;
     const bool per_key = !full || has_bias || has_alibi;   /* an element-wise pass is needed */
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
+    bool zero_weight = false;   /* an allowed key's weight underflowed to exactly 0 */
     for (int r = 0; r < bm; r++) {
       float16 x = sv[r] * scale;
       if (softcap > 0.0f) x = softcap * tanh(x / softcap);
@@ -277,6 +278,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
       if (diag) flash_diag_block(x, pr, m[r], l[r], alpha[r], m_safe, j0, &tsum[r], &best[r]);
       l[r] = l[r] * alpha[r] + flash_hsum(pr);
       m[r] = m_new;
+      zero_weight = zero_weight || any(isequal(pr, (float16)(0.0f)));
       vstore16(pr, 0, p[r]);
     }
     /* Values: per 16-column slice, rescale the BM accumulators once, then
@@ -286,7 +288,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
       float16 a[FLASH_BM_MAX];
 #pragma unroll
       for (int r = 0; r < bm; r++) a[r] = vload16(0, acc[r] + c) * alpha[r];
-      if (full) {
+      if (full && !zero_weight) {   /* no guard needed: every weight is nonzero */
         for (int jj = 0; jj < FLASH_BN; jj++) {
           const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, sq.k0 + j0 + jj, j0 + jj, c);
 #pragma unroll
@@ -295,7 +297,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
       } else {
         for (int jj = 0; jj < n_block; jj++) {
           const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, sq.k0 + j0 + jj, j0 + jj, c);
-          /* a zero weight mixes nothing in, even a NaN value */
+          /* a zero weight (disallowed, or underflowed) mixes nothing in, even a NaN or Inf value */
 #pragma unroll
           for (int r = 0; r < bm; r++)
             a[r] = p[r][jj] != 0.0f ? fma((float16)(p[r][jj]), vv, a[r]) : a[r];

@@ -157,7 +157,8 @@ CLATTN_EXPORT clattn_params clattn_params_default(void);
  * EMPTY_ZERO writes O = 0, lse = -inf, weights 0. EMPTY_ERROR waits for the
  * device and returns CLATTN_ERR_EMPTY_ROW when any row was empty; the outputs
  * then hold the EMPTY_ZERO result. Disallowed keys and values never reach an
- * output, whatever they hold (NaN, Inf).
+ * output, whatever they hold (NaN, Inf), and neither does an allowed key whose
+ * weight underflows to exactly 0 in f32 (0 * Inf is never formed).
  *
  * lse is the natural-log sum of exp of the allowed scores. */
 CLATTN_EXPORT clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p,
