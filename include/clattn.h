@@ -86,7 +86,12 @@ typedef struct {            /* a strided view of a cl_mem; buf NULL = absent */
   size_t stride[4];         /* in elements: batch, head, row, column; 0 broadcasts (inputs only).
                                Outputs must not overlap themselves: ordered by stride, each
                                dimension longer than 1 steps past the span of the smaller ones
-                               (so interleaved dimensions are refused too) */
+                               (so interleaved dimensions are refused too). Nor may two outputs
+                               of one call (out, lse, weights, entropy, max_weight, argmax;
+                               merge's out and out_lse) share bytes: in one cl_mem, their
+                               extents (first element to the end of the last) must be
+                               disjoint, else INVALID_ARGUMENT before anything is enqueued.
+                               Sub-buffers are cl_mems of their own and are not compared */
 } clattn_tensor;
 
 typedef struct {
