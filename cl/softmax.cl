@@ -37,8 +37,8 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
   const int b = bh / q_heads, h = bh % q_heads;
   const int i = i0 + r;
   __global float *s = scores + (ulong)row * (ulong)kv_len;
-  /* keys are counted in 64 bits: j + SOFTMAX_WG passes INT_MAX near kv_len = INT_MAX */
 
+  /* keys are counted in 64 bits: j + SOFTMAX_WG passes INT_MAX near kv_len = INT_MAX */
   float m = -INFINITY;
   for (long j = lid; j < kv_len; j += SOFTMAX_WG) m = ca_max_nan(m, s[j]);
   part[lid] = m;
