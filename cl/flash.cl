@@ -53,9 +53,9 @@
  */
 __kernel void flash_pack(__global const store_t *k, ulong k_off, ulong4 k_st,
                          __global const store_t *v, ulong v_off, ulong4 v_st,
-                         CA_SEQ_ARGS, int q_len, int kv_heads, int kv_len, int n_pad,
+                         CA_SEQ_ARGS, int q_len, int kv_heads, int kv_len, long n_pad,
                          __global float *kt, __global float *vp) {
-  const int j = get_global_id(0);
+  const long j = get_global_id(0);   /* n_pad reaches 2^31 for kv_len near INT_MAX */
   const int bh = get_global_id(1);
   if (j >= n_pad) return;
   const int b = bh / kv_heads, hk = bh % kv_heads;
@@ -171,7 +171,7 @@ static inline void flash_store_cols(const float4 *acc, int c0, int n, bool lead,
 
 /* The diagnostics' update for one block of scores x (-inf = not allowed)
  * whose weights are pr = exp(x - m_safe); m_old and l_old before the block. */
-static inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_old, float alpha, float m_safe, int j0,
+static inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_old, float alpha, float m_safe, long j0,
                              float *t, int *best) {
   const float16 term = select((float16)(0.0f), pr * (x - m_safe), isnotequal(pr, (float16)(0.0f)));
   *t = (l_old == 0.0f ? 0.0f : alpha * (*t + l_old * (m_old - m_safe))) + flash_hsum(term);
@@ -180,14 +180,14 @@ static inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_
     float e[FLASH_BN];
     vstore16(x, 0, e);
     for (int jj = FLASH_BN - 1; jj >= 0; jj--)
-      if (e[jj] == block_max) *best = j0 + jj;
+      if (e[jj] == block_max) *best = (int)(j0 + jj);
   }
 }
 
 /* Columns c .. c+15 of value j of KV head (b, hk): packed (DVP floats per
  * key) or read in place from physical row v_row. */
 static inline float16 flash_value16(__global const float *vp, ulong vp_head, __global const store_t *v, ulong v_off,
-                             ulong4 v_st, int direct, int b, int hk, long v_row, int j, int c) {
+                             ulong4 v_st, int direct, int b, int hk, long v_row, long j, int c) {
   return direct ? ca_load16(v + ca_at(v_off, v_st, b, hk, v_row, c)) : vload16(0, vp + vp_head + (ulong)j * DVP + c);
 }
 
@@ -200,7 +200,7 @@ static inline float16 flash_value16(__global const float *vp, ulong vp_head, __g
  * one branch with its row loops unrolled and its accumulators in registers.
  */
 static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
-                       __global const float *kt, __global const float *vp, int n_pad,
+                       __global const float *kt, __global const float *vp, long n_pad,
                        __global const store_t *k, ulong k_off, ulong4 k_st,
                        __global const store_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS, const int direct,
                        const int bm,
@@ -245,14 +245,16 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
     hi_max = max(hi_max, keys.y);
   }
 
-  const int split_begin = split * split_keys;
-  const int split_end = min(kv_len, split_begin + split_keys);
-  const int j_begin = max(split_begin, lo_min) / FLASH_BN * FLASH_BN;
-  const int j_end = min(split_end, hi_max + 1);
+  /* Key positions in 64 bits: near kv_len = INT_MAX a split's end and the
+   * next block's start pass 2^31 - 1. */
+  const long split_begin = (long)split * split_keys;
+  const long split_end = min((long)kv_len, split_begin + split_keys);
+  const long j_begin = max(split_begin, (long)lo_min) / FLASH_BN * FLASH_BN;
+  const long j_end = min(split_end, (long)hi_max + 1);
   const ulong kt_head = (ulong)bhk * DK * (ulong)n_pad;
   const ulong vp_head = (ulong)bhk * (ulong)n_pad * DVP;
 
-  for (int j0 = j_begin; j0 < j_end; j0 += FLASH_BN) {
+  for (long j0 = j_begin; j0 < j_end; j0 += FLASH_BN) {
     float16 sv[FLASH_BM_MAX];
     if (!direct) {
       /* Scores: BM x 16 outer products over the head dimension, the BM
@@ -278,8 +280,8 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
        * unit column stride); keys past kv_len are not read. */
       float e[FLASH_BM_MAX][FLASH_BN];
       for (int jj = 0; jj < FLASH_BN; jj++) {
-        const int j = j0 + jj;
-        __global const store_t *krow = k + ca_at(k_off, k_st, b, hk, sq.k0 + min(j, n_valid - 1), 0);
+        const long j = j0 + jj;
+        __global const store_t *krow = k + ca_at(k_off, k_st, b, hk, sq.k0 + min(j, (long)n_valid - 1), 0);
 #pragma unroll
         for (int r = 0; r < bm; r++) {
           float16 dot = (float16)(0.0f);
@@ -299,6 +301,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
                       j0 >= split_begin && j0 + FLASH_BN <= split_end;
     const bool per_key = !full || has_bias || has_alibi;   /* an element-wise pass is needed */
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
+    bool zero_weight = false;   /* an allowed key's weight underflowed to exactly 0 */
     for (int r = 0; r < bm; r++) {
       float16 x = sv[r] * scale;
       if (softcap > 0.0f) x = softcap * tanh(x / softcap);
@@ -307,7 +310,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
         vstore16(x, 0, e);
         const int2 keys = flash_row_keys(is[r], sq.align_m, sq.align_n, n_valid, window_left, window_right);
         for (int jj = 0; jj < FLASH_BN; jj++) {
-          const int j = j0 + jj;
+          const long j = j0 + jj;
           bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
           if (allowed && has_bias) e[jj] += bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)];
@@ -323,16 +326,17 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
       if (diag) flash_diag_block(x, pr, m[r], l[r], alpha[r], m_safe, j0, &tsum[r], &best[r]);
       l[r] = l[r] * alpha[r] + flash_hsum(pr);
       m[r] = m_new;
+      zero_weight = zero_weight || any(isequal(pr, (float16)(0.0f)));
       vstore16(pr, 0, p[r]);
     }
     /* Values: per 16-column slice, rescale the BM accumulators once, then
      * add the block's weighted value rows (only keys below kv_len are read). */
-    const int n_block = min(FLASH_BN, n_valid - j0);
+    const int n_block = (int)min((long)FLASH_BN, n_valid - j0);
     for (int c = 0; c < DVP; c += 16) {
       float16 a[FLASH_BM_MAX];
 #pragma unroll
       for (int r = 0; r < bm; r++) a[r] = vload16(0, acc[r] + c) * alpha[r];
-      if (full) {
+      if (full && !zero_weight) {   /* no guard needed: every weight is nonzero */
         for (int jj = 0; jj < FLASH_BN; jj++) {
           const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, sq.k0 + j0 + jj, j0 + jj, c);
 #pragma unroll
@@ -341,7 +345,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
       } else {
         for (int jj = 0; jj < n_block; jj++) {
           const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, sq.k0 + j0 + jj, j0 + jj, c);
-          /* a zero weight mixes nothing in, even a NaN value */
+          /* a zero weight (disallowed, or underflowed) mixes nothing in, even a NaN or Inf value */
 #pragma unroll
           for (int r = 0; r < bm; r++)
             a[r] = p[r][jj] != 0.0f ? fma((float16)(p[r][jj]), vv, a[r]) : a[r];
@@ -372,7 +376,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
  */
 #define FLASH_KERNEL_ARGS                                                                          \
   __global const store_t *q, ulong q_off, ulong4 q_st, __global const float *kt,                  \
-      __global const float *vp, int n_pad, __global const store_t *k, ulong k_off, ulong4 k_st,    \
+      __global const float *vp, long n_pad, __global const store_t *k, ulong k_off, ulong4 k_st,   \
       __global const store_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS,                           \
       __global const uchar *mask, ulong mask_off,                                                    \
       ulong4 mask_st, int has_mask, __global const float *bias, ulong bias_off, ulong4 bias_st,     \
@@ -462,19 +466,21 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     atomic_max(&range[1], keys.y);
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  const int split_begin = split * split_keys;
-  const int split_end = min(kv_len, split_begin + split_keys);
-  const int j_begin = max(split_begin, range[0]) / FLASH_TILE * FLASH_TILE;
-  const int j_end = min(split_end, range[1] + 1);
+  const long split_begin = (long)split * split_keys;   /* 64 bits: see flash_body */
+  const long split_end = min((long)kv_len, split_begin + split_keys);
+  const long j_begin = max(split_begin, (long)range[0]) / FLASH_TILE * FLASH_TILE;
+  const long j_end = min(split_end, (long)range[1] + 1);
 
-  for (int j0 = j_begin; j0 < j_end; j0 += FLASH_TILE) {
+  for (long j0 = j_begin; j0 < j_end; j0 += FLASH_TILE) {
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is consumed */
     for (int e = lid; e < FLASH_TILE * DK; e += FLASH_WG) {
-      const int jj = e / DK, d = e % DK, j = j0 + jj;
+      const int jj = e / DK, d = e % DK;
+      const long j = j0 + jj;
       k_tile[jj][d] = j < n_valid ? ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + j, d)) : 0.0f;
     }
     for (int e = lid; e < FLASH_TILE * DV; e += FLASH_WG) {
-      const int jj = e / DV, c = e % DV, j = j0 + jj;
+      const int jj = e / DV, c = e % DV;
+      const long j = j0 + jj;
       v_tile[jj][c] = j < n_valid ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -482,7 +488,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     float s[FLASH_TILE];
     float tile_max = -INFINITY;
     for (int jj = 0; jj < FLASH_TILE; jj++) {
-      const int j = j0 + jj;
+      const long j = j0 + jj;
       bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
       if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
       float x = -INFINITY;
@@ -505,7 +511,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     for (int c = 0; c < DV; c++) acc[c] *= alpha;
     if (diag && tile_max > m)   /* the first key at the new maximum; ties keep the earlier */
       for (int jj = FLASH_TILE - 1; jj >= 0; jj--)
-        if (s[jj] == tile_max) best = j0 + jj;
+        if (s[jj] == tile_max) best = (int)(j0 + jj);
     for (int jj = 0; jj < FLASH_TILE; jj++) {
       const float p = exp(s[jj] - m_safe);
       tile_sum += p;

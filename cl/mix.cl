@@ -45,15 +45,17 @@ void mix_values(__global const float *probs, __global const store_t *v, ulong v_
   __global const float *a_rows = probs + (ulong)g * (ulong)rows * (ulong)kv_len;
 
   float acc = 0.0f;
-  for (int j0 = 0; j0 < n_keys; j0 += MIX_TJ) {
+  for (long j0 = 0; j0 < n_keys; j0 += MIX_TJ) {   /* 64 bits: j0 + MIX_TJ may pass INT_MAX */
     for (int t = lid; t < MIX_TM * MIX_TJ; t += MIX_TM * MIX_TV) {
       int rr = t / MIX_TJ, jj = t % MIX_TJ;
-      int ar = r0 + rr, j = j0 + jj;
+      const int ar = r0 + rr;
+      const long j = j0 + jj;
       a_tile[rr][jj] = (ar < rows && j < n_keys) ? a_rows[(ulong)ar * (ulong)kv_len + (ulong)j] : 0.0f;
     }
     for (int t = lid; t < MIX_TJ * MIX_TV; t += MIX_TM * MIX_TV) {
       int cc = t % MIX_TV, jj = t / MIX_TV;
-      int vc = c0 + cc, j = j0 + jj;
+      const int vc = c0 + cc;
+      const long j = j0 + jj;
       v_tile[jj][cc] = (vc < value_dim && j < n_keys) ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, vc)) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);

@@ -39,7 +39,7 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
   __local float w_tile[SCORE_TK];
 
   const int lx = get_local_id(0), ly = get_local_id(1);
-  const int j = get_global_id(0);
+  const long j = get_global_id(0);
   const int r = get_global_id(1);
   const int g = get_global_id(2);
   const int bh = bh0 + g;

@@ -38,8 +38,9 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
   const int i = i0 + r;
   __global float *s = scores + (ulong)row * (ulong)kv_len;
 
+  /* keys are counted in 64 bits: j + SOFTMAX_WG passes INT_MAX near kv_len = INT_MAX */
   float m = -INFINITY;
-  for (int j = lid; j < kv_len; j += SOFTMAX_WG) m = ca_max_nan(m, s[j]);
+  for (long j = lid; j < kv_len; j += SOFTMAX_WG) m = ca_max_nan(m, s[j]);
   part[lid] = m;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int step = SOFTMAX_WG / 2; step > 0; step /= 2) {
@@ -55,7 +56,7 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
   m = ca_max_nan(m_keys, sink);
   float l = 0.0f;
   if (!empty)
-    for (int j = lid; j < kv_len; j += SOFTMAX_WG) l += exp(s[j] - m);
+    for (long j = lid; j < kv_len; j += SOFTMAX_WG) l += exp(s[j] - m);
   part[lid] = l;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int step = SOFTMAX_WG / 2; step > 0; step /= 2) {
@@ -73,9 +74,9 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
     float t = 0.0f;
     int best = INT_MAX;
     if (!empty)
-      for (int j = lid; j < kv_len; j += SOFTMAX_WG) {
+      for (long j = lid; j < kv_len; j += SOFTMAX_WG) {
         if (s[j] != -INFINITY) t += exp(s[j] - m) * (s[j] - m);
-        if (s[j] == m_keys) best = min(best, j);
+        if (s[j] == m_keys) best = min(best, (int)j);
       }
     part[lid] = t;
     first[lid] = best;
@@ -90,7 +91,7 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
     if (lid == 0 && in_range)
       ca_store_diag(empty, l_keys, l, part[0], exp(m_keys - m), first[0] == INT_MAX ? -1 : first[0], b, h, i, CA_DIAG_PASS);
   }
-  for (int j = lid; j < kv_len; j += SOFTMAX_WG) {
+  for (long j = lid; j < kv_len; j += SOFTMAX_WG) {
     /* a disallowed key is 0 even in a NaN row (where -inf - m is NaN) */
     float a = (empty || s[j] == -INFINITY) ? 0.0f : exp(s[j] - m) / l;
     s[j] = a;

@@ -92,7 +92,12 @@ typedef struct {            /* a strided view of a cl_mem; buf NULL = absent */
   size_t stride[4];         /* in elements: batch, head, row, column; 0 broadcasts (inputs only).
                                Outputs must not overlap themselves: ordered by stride, each
                                dimension longer than 1 steps past the span of the smaller ones
-                               (so interleaved dimensions are refused too) */
+                               (so interleaved dimensions are refused too). Nor may two outputs
+                               of one call (out, lse, weights, entropy, max_weight, argmax;
+                               merge's out and out_lse) share bytes: in one cl_mem, their
+                               extents (first element to the end of the last) must be
+                               disjoint, else INVALID_ARGUMENT before anything is enqueued.
+                               Sub-buffers are cl_mems of their own and are not compared */
 } clattn_tensor;
 
 typedef struct {
@@ -163,7 +168,8 @@ CLATTN_EXPORT clattn_params clattn_params_default(void);
  * EMPTY_ZERO writes O = 0, lse = -inf, weights 0. EMPTY_ERROR waits for the
  * device and returns CLATTN_ERR_EMPTY_ROW when any row was empty; the outputs
  * then hold the EMPTY_ZERO result. Disallowed keys and values never reach an
- * output, whatever they hold (NaN, Inf).
+ * output, whatever they hold (NaN, Inf), and neither does an allowed key whose
+ * weight underflows to exactly 0 in f32 (0 * Inf is never formed).
  *
  * lse is the natural-log sum of exp of the allowed scores. */
 CLATTN_EXPORT clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p,

@@ -73,13 +73,17 @@ static int block_kernel_runs(clattn_context *ctx, cl_program program) {
 /* Splits the keys when the row blocks alone would leave compute units idle
  * (decode: few query rows, many keys); the split is a fixed function of the
  * shape and the device, so results stay bitwise repeatable. */
-static int split_keys_for(const clattn_context *ctx, size_t items, int kv_len) {
-  size_t target = 4 * (size_t)(ctx->caps.compute_units ? ctx->caps.compute_units : 1);
-  if (items >= target || kv_len < 2 * MIN_SPLIT_KEYS) return kv_len;
+ca_splits ca_plan_splits(cl_uint compute_units, size_t items, int kv_len) {
+  ca_splits sp = {kv_len, 1};
+  size_t target = 4 * (size_t)(compute_units ? compute_units : 1);
+  if (items >= target || kv_len < 2 * MIN_SPLIT_KEYS) return sp;
   size_t splits = (target + items - 1) / items;
   size_t max_splits = (size_t)kv_len / MIN_SPLIT_KEYS;
   if (splits > max_splits) splits = max_splits;
-  return (int)round_up(((size_t)kv_len + splits - 1) / splits, FLASH_BN);
+  /* at most kv_len / 2 rounded up to 16: fits an int */
+  sp.split_keys = (int)round_up(((size_t)kv_len + splits - 1) / splits, FLASH_BN);
+  sp.n_splits = ((size_t)kv_len + (size_t)sp.split_keys - 1) / (size_t)sp.split_keys;
+  return sp;
 }
 
 clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
@@ -108,13 +112,16 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   const int bm = block ? 16 * blk.rm : wg ? wg : !direct ? ctx->tiles.flash_bm : rows_per_kv <= 1 ? 1 : rows_per_kv <= 2 ? 2 : rows_per_kv <= 4 ? 4 : 8;
   const size_t group_items = block ? BLOCK_WG : (size_t)wg;
   const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
-  const size_t n_pad = round_up((size_t)p->kv_len, FLASH_BN);
+  const size_t n_pad = round_up((size_t)p->kv_len, FLASH_BN);   /* 2^31 for kv_len near INT_MAX: a long */
+  const cl_long n_pad_arg = (cl_long)n_pad;
   const size_t dvp = round_up((size_t)p->value_dim, 16);
   const size_t row_blocks = (rows_per_kv + (size_t)bm - 1) / (size_t)bm;
   /* The diagnostics are not merged across splits, nor are packed sequences'
    * rows mapped by the merge: with either, one pass. */
-  const int split_keys = plan->diag || p->cu_seqlens_q ? p->kv_len : split_keys_for(ctx, row_blocks * kv_pairs, p->kv_len);
-  const size_t n_splits = ((size_t)p->kv_len + (size_t)split_keys - 1) / (size_t)split_keys;
+  const ca_splits splits = plan->diag || p->cu_seqlens_q ? (ca_splits){p->kv_len, 1}
+                                                        : ca_plan_splits(ctx->caps.compute_units, row_blocks * kv_pairs, p->kv_len);
+  const int split_keys = splits.split_keys;
+  const size_t n_splits = splits.n_splits;
   const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
 
   /* Dimensions are positive ints, so these products of at most three fit in 64 bits. */
@@ -156,7 +163,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
     ca_arg_int(&a, p->q_len);
     ca_arg_int(&a, p->kv_heads);
     ca_arg_int(&a, p->kv_len);
-    ca_arg_int(&a, (int)n_pad);
+    ca_arg(&a, sizeof n_pad_arg, &n_pad_arg);
     ca_arg_mem(&a, kt);
     ca_arg_mem(&a, vp);
     if ((st = ca_args_done(&a))) goto fail;
@@ -168,7 +175,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_view(&r, &p->q);
   ca_arg_mem(&r, kt);
   ca_arg_mem(&r, vp);
-  ca_arg_int(&r, (int)n_pad);
+  ca_arg(&r, sizeof n_pad_arg, &n_pad_arg);
   ca_arg_view(&r, &p->k);
   ca_arg_view(&r, &p->v);
   ca_arg_score(&r, p);

@@ -213,10 +213,11 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
   }
   ca_note_scratch(ctx, (score_floats + o_floats + copies) * sizeof(float) + sizeof(cl_int));
 
-  for (int bh0 = 0; bh0 < pairs; bh0 += chunk.heads) {
-    const int heads = chunk.heads < pairs - bh0 ? chunk.heads : pairs - bh0;
-    for (int i0 = 0; i0 < p->q_len; i0 += chunk.rows) {
-      const int rows = chunk.rows < p->q_len - i0 ? chunk.rows : p->q_len - i0;
+  /* Step by what was done, not by the chunk: i0 + chunk.rows can pass INT_MAX. */
+  for (int bh0 = 0, heads; bh0 < pairs; bh0 += heads) {
+    heads = chunk.heads < pairs - bh0 ? chunk.heads : pairs - bh0;
+    for (int i0 = 0, rows; i0 < p->q_len; i0 += rows) {
+      rows = chunk.rows < p->q_len - i0 ? chunk.rows : p->q_len - i0;
       const size_t score_stride = (size_t)rows * (size_t)p->kv_len;
       if (additive)
         st = ca_enqueue_qk_score(ctx, mask, scores, p, plan, bh0, i0, rows, heads, n_wait, wait, &prev);

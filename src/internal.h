@@ -164,6 +164,17 @@ clattn_status ca_empty_flag_create(clattn_context *ctx, cl_mem *flag);
 clattn_status ca_finish_call(clattn_context *ctx, clattn_empty_rows policy, cl_mem flag, cl_event *last,
                              cl_event *done);
 
+/* How the fused path splits kv_len keys across work-items when `items` row
+ * blocks alone would leave compute units idle: ranges of split_keys keys (a
+ * multiple of 16, or kv_len when unsplit), n_splits of them. Range s is
+ * [s * split_keys, min(kv_len, (s + 1) * split_keys)); its end can pass
+ * INT_MAX, so kernels take ranges in 64 bits. */
+typedef struct {
+  int split_keys;
+  size_t n_splits;
+} ca_splits;
+ca_splits ca_plan_splits(cl_uint compute_units, size_t items, int kv_len);
+
 /* ---- validation (validate.c) ---- */
 
 /* A validated call, resolved into what the kernels take. */

@@ -230,6 +230,8 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
           const double w = s[j];
           if (wrow)
             wrow[j] = w;
+          if ((float)w == 0.0f)           /* zero in f32: contributes nothing, even an Inf value */
+            continue;
           for (int c = 0; c < dv; c++)
             orow[c] += w * (double)in->v[view_index(&p->v, b, g, (int)(sq.k0 + j), c)];
         }

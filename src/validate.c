@@ -46,8 +46,16 @@ static int view_overlaps(const clattn_tensor *t, const int *dims, int rank) {
   return 0;
 }
 
-static clattn_status check_view(const char *name, const clattn_tensor *t, const int *dims, int rank,
-                                size_t elem_size, int is_output) {
+/* The bytes an output view can touch: from its first element to the end of
+ * its last (the extent check_view computes), in its cl_mem. */
+typedef struct {
+  const char *name;
+  cl_mem buf;
+  size_t first, end;
+} extent;
+
+static clattn_status check_view_at(const char *name, const clattn_tensor *t, const int *dims, int rank,
+                                   size_t elem_size, int is_output, extent *ext) {
   size_t last = t->offset;
   for (int d = 0; d < rank; d++) {
     size_t step;
@@ -75,6 +83,28 @@ static clattn_status check_view(const char *name, const clattn_tensor *t, const 
   if (need > have)
     return ca_fail(CLATTN_ERR_BUFFER_TOO_SMALL, "%s: the view addresses %zu bytes but the buffer holds %zu", name,
                    need, have);
+  if (ext) *ext = (extent){name, t->buf, t->offset * elem_size, need}; /* offset <= last: no overflow */
+  return CLATTN_OK;
+}
+
+static clattn_status check_view(const char *name, const clattn_tensor *t, const int *dims, int rank,
+                                size_t elem_size, int is_output) {
+  return check_view_at(name, t, dims, rank, elem_size, is_output, NULL);
+}
+
+/* Two outputs of one call that share a byte would race or overwrite each
+ * other: any two extents in one cl_mem must be disjoint. (A sub-buffer is a
+ * cl_mem of its own: views through sub-buffers of one parent are not
+ * compared.) */
+static clattn_status check_outputs_disjoint(const extent *ext, int n) {
+  for (int a = 0; a < n; a++)
+    for (int b = a + 1; b < n; b++)
+      if (ext[a].buf == ext[b].buf && ext[a].first < ext[b].end && ext[b].first < ext[a].end)
+        return BAD("%s and %s overlap: both outputs reach bytes [%zu, %zu) of one buffer (%s bytes [%zu, %zu), "
+                   "%s bytes [%zu, %zu)); outputs of one call must not share bytes",
+                   ext[b].name, ext[a].name, ext[a].first > ext[b].first ? ext[a].first : ext[b].first,
+                   ext[a].end < ext[b].end ? ext[a].end : ext[b].end, ext[a].name, ext[a].first, ext[a].end,
+                   ext[b].name, ext[b].first, ext[b].end);
   return CLATTN_OK;
 }
 
@@ -152,14 +182,24 @@ static clattn_status check_views(const clattn_params *p) {
   if ((st = check_view("q", &p->q, q_dims, 4, elem, 0))) return st;
   if ((st = check_view("k", &p->k, k_dims, 4, elem, 0))) return st;
   if ((st = check_view("v", &p->v, v_dims, 4, elem, 0))) return st;
-  if ((st = check_view("out", &p->out, o_dims, 4, elem, 1))) return st;
+  /* the optional outputs; each output's extent is kept to check they are disjoint */
+  const struct { const char *name; const clattn_tensor *t; const int *dims; int rank; size_t elem; } outs[] = {
+      {"lse", &p->lse, lse_dims, 3, sizeof(float)},
+      {"weights", &p->weights, s_dims, 4, sizeof(float)},
+      {"entropy", &p->entropy, lse_dims, 3, sizeof(float)},
+      {"max_weight", &p->max_weight, lse_dims, 3, sizeof(float)},
+      {"argmax", &p->argmax, lse_dims, 3, sizeof(int32_t)},
+  };
+  extent ext[1 + sizeof outs / sizeof outs[0]];
+  int n_ext = 0;
+  if ((st = check_view_at("out", &p->out, o_dims, 4, elem, 1, &ext[n_ext++]))) return st;
   if (p->mask.buf && (st = check_view("mask", &p->mask, s_dims, 4, 1, 0))) return st;
   if (p->bias.buf && (st = check_view("bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
-  if (p->lse.buf && (st = check_view("lse", &p->lse, lse_dims, 3, sizeof(float), 1))) return st;
-  if (p->weights.buf && (st = check_view("weights", &p->weights, s_dims, 4, sizeof(float), 1))) return st;
-  if (p->entropy.buf && (st = check_view("entropy", &p->entropy, lse_dims, 3, sizeof(float), 1))) return st;
-  if (p->max_weight.buf && (st = check_view("max_weight", &p->max_weight, lse_dims, 3, sizeof(float), 1))) return st;
-  if (p->argmax.buf && (st = check_view("argmax", &p->argmax, lse_dims, 3, sizeof(int32_t), 1))) return st;
+  for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
+    if (outs[i].t->buf &&
+        (st = check_view_at(outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem, 1, &ext[n_ext++])))
+      return st;
+  if ((st = check_outputs_disjoint(ext, n_ext))) return st;
   if (p->kv_lens) {
     clattn_tensor lens = {p->kv_lens, 0, {1, 0, 0, 0}};
     const int b_dims[] = {p->batch};
@@ -244,7 +284,9 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
     return BAD("lse: lse_state_stride overflows the address range");
   if ((st = check_view("o", &o_last, o_dims, 4, sizeof(float), 0))) return st;
   if ((st = check_view("lse", &lse_last, o_dims, 3, sizeof(float), 0))) return st;
-  if ((st = check_view("out", &mp->out, o_dims, 4, sizeof(float), 1))) return st;
-  if (mp->out_lse.buf && (st = check_view("out_lse", &mp->out_lse, o_dims, 3, sizeof(float), 1))) return st;
-  return CLATTN_OK;
+  extent ext[2];
+  if ((st = check_view_at("out", &mp->out, o_dims, 4, sizeof(float), 1, &ext[0]))) return st;
+  if (mp->out_lse.buf && (st = check_view_at("out_lse", &mp->out_lse, o_dims, 3, sizeof(float), 1, &ext[1])))
+    return st;
+  return check_outputs_disjoint(ext, mp->out_lse.buf ? 2 : 1);
 }

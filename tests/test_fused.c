@@ -768,7 +768,7 @@ static void merge_rejects_bad_params(void)
   float *o = malloc(st.o_state * sizeof(float)), *l = malloc(st.rows * sizeof(float));
   REQUIRE(o && l);
   const clattn_merge_params good = states_params(&st);
-  struct { const char *what; clattn_merge_params mp; clattn_status want; } cases[16];
+  struct { const char *what; clattn_merge_params mp; clattn_status want; } cases[20];
   int n = 0;
 #define BAD_CASE(desc, edit, status)                                                        \
   do {                                                                                      \
@@ -792,6 +792,10 @@ static void merge_rejects_bad_params(void)
   BAD_CASE("out broadcast over heads", m_.out.stride[1] = 0, CLATTN_ERR_INVALID_ARGUMENT);
   BAD_CASE("out_lse broadcast over rows", m_.out_lse.stride[2] = 0, CLATTN_ERR_INVALID_ARGUMENT);
   BAD_CASE("value_dim 0", m_.value_dim = 0, CLATTN_ERR_INVALID_ARGUMENT);
+  /* the two outputs share bytes: the merge would overwrite O with lse or back */
+  BAD_CASE("out_lse inside out", (m_.out_lse.buf = m_.out.buf, m_.out_lse.offset = 17), CLATTN_ERR_INVALID_ARGUMENT);
+  BAD_CASE("out_lse at out's start", (m_.out_lse.buf = m_.out.buf, m_.out_lse.offset = m_.out.offset),
+           CLATTN_ERR_INVALID_ARGUMENT);
   BAD_CASE("empty_rows 7", m_.empty_rows = (clattn_empty_rows)7, CLATTN_ERR_INVALID_ARGUMENT);
   /* an overflowing state stride: any rejection will do (checked below) */
   BAD_CASE("o_state_stride overflows", m_.o_state_stride = SIZE_MAX / 2, CLATTN_OK);

@@ -814,6 +814,61 @@ static void huge_logits_give_finite_outputs(void)
   }
 }
 
+/* ---------- underflowed weights ---------- */
+
+/* An allowed key whose weight underflows to exactly 0 (score -200 against a
+ * row maximum of 0) contributes nothing, even with V = +inf: 0 * inf must
+ * not make the row NaN. Every other key has score 0 and V = 1, so O = 1.
+ * Shapes: M = 3 with dk = dv = 16 runs FUSED's direct (decode) kernel, M = 12
+ * with dk = 3 its packed flash_rows; N = 48 is three whole blocks, so the
+ * key sits in a block that skips per-element masking (FUSED's full-block
+ * path); the -tiled run covers flash_tiled. STAGED mixes through mix.cl,
+ * GEMM's SGEMM gives 0 * inf = NaN and gemm_store_rows recomputes the row
+ * skipping zero weights. */
+static void underflowed_weight_on_inf_value_contributes_nothing(void)
+{
+  const struct { int q_len, dk, dv; } shapes[] = { { 3, 16, 16 }, { 12, 3, 5 } };
+  for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+    cp_shape s = cp_shape_default();
+    s.q_heads = 2;
+    s.kv_heads = 1;
+    s.q_len = shapes[c].q_len;
+    s.kv_len = 48;
+    s.head_dim = shapes[c].dk;
+    s.value_dim = shapes[c].dv;
+    s.scale = 1.0f;
+    s.want_lse = 1;
+    s.want_diag = 1;
+    cp_problem *pb;
+    KC_BUILD(pb, &s);
+    const clattn_params *p = &pb->params;
+    const int under = 20;                     /* in the second block of 16 keys */
+    for (int h = 0; h < s.q_heads; h++)
+      for (int i = 0; i < s.q_len; i++)
+        for (int d = 0; d < s.head_dim; d++)
+          pb->q[cp_index(&p->q, 0, h, i, d)] = d == 0 ? 1.0f : 0.0f;
+    for (int j = 0; j < s.kv_len; j++) {
+      for (int d = 0; d < s.head_dim; d++)
+        pb->k[cp_index(&p->k, 0, 0, j, d)] = j == under && d == 0 ? -200.0f : 0.0f;
+      for (int d = 0; d < s.value_dim; d++)
+        pb->v[cp_index(&p->v, 0, 0, j, d)] = j == under ? INFINITY : 1.0f;
+    }
+    for (size_t a = 0; a < KC_NALGOS; a++) {
+      if (KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0)
+        continue;
+      long off = 0;
+      for (size_t x = 0; x < pb->out_count; x++)
+        off += !(fabs(pb->out[x] - 1.0) <= 1e-5);
+      CHECKF(off == 0, "M=%d dk=%d: %s: %ld of %zu outputs are not 1 (out[0] = %g)", s.q_len, s.head_dim,
+             clattn_algo_name(kc_algos[a]), off, pb->out_count, pb->out[0]);
+      for (size_t x = 0; x < pb->lse_count; x++)
+        CHECKF(kc_close(pb->lse[x], log(47.0), 1e-5), "%s: lse[%zu] = %g, expected log 47",
+               clattn_algo_name(kc_algos[a]), x, pb->lse[x]);
+    }
+    cp_free(pb);
+  }
+}
+
 /* ---------- determinism ---------- */
 
 static void repeated_runs_are_bitwise_identical(void)
@@ -936,6 +991,7 @@ int main(int argc, char **argv)
     CT_TEST(empty_rows_zero_policy_writes_zero_and_minus_inf),
     CT_TEST(empty_rows_error_policy_returns_empty_row),
     CT_TEST(huge_logits_give_finite_outputs),
+    CT_TEST(underflowed_weight_on_inf_value_contributes_nothing),
     CT_TEST(repeated_runs_are_bitwise_identical),
     CT_TEST(forward_waits_for_caller_events),
   };

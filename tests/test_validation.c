@@ -357,6 +357,65 @@ static void broadcast_output_view_is_invalid(void)
   CHECKF(ca_validate(ct_context(), &p, &plan) == CLATTN_OK, "transposed out view: %s", clattn_last_error(ct_context()));
 }
 
+static cl_mem floats_buffer(size_t n)
+{
+  cl_int e;
+  cl_mem m = clCreateBuffer(clattn_cl_context(ct_context()), CL_MEM_READ_WRITE, n * sizeof(float), NULL, &e);
+  CHECKF(e == CL_SUCCESS, "clCreateBuffer(%zu floats): %d", n, e);
+  return e == CL_SUCCESS ? m : NULL;
+}
+
+/* Two different outputs of one call may not share bytes: lse inside out,
+ * entropy on max_weight, a one-element overlap, argmax inside weights, out
+ * over weights' tail, and the same on FUSED. Each is refused before
+ * anything is enqueued, naming the view; outputs side by side in one buffer
+ * are fine. (Merge's out / out_lse: test_fused.) */
+static void outputs_overlapping_each_other_are_invalid(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  const size_t rows = pb->diag_count;   /* dense [B, Hq, M] views, no padding */
+  clattn_params p = pb->params;
+  p.lse.buf = p.out.buf;                /* lse's 96 floats inside out's 768 */
+  p.lse.offset = 100;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "lse", "lse inside out");
+  p = pb->params;
+  p.entropy.buf = p.max_weight.buf;
+  p.entropy.offset = p.max_weight.offset;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "entropy", "entropy == max_weight");
+  cl_mem two = floats_buffer(2 * rows);
+  REQUIRE(two);
+  p = pb->params;
+  p.entropy.buf = p.max_weight.buf = two;
+  p.entropy.offset = 0;
+  p.max_weight.offset = rows - 1;       /* starts on entropy's last element */
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "max_weight", "max_weight on entropy's last element");
+  p.max_weight.offset = rows;           /* side by side: accepted */
+  ca_plan plan;
+  CHECKF(ca_validate(ct_context(), &p, &plan) == CLATTN_OK, "entropy and max_weight side by side: %s",
+         clattn_last_error(ct_context()));
+  clReleaseMemObject(two);
+  p = pb->params;
+  p.argmax.buf = p.weights.buf;         /* int32 argmax inside the f32 weights */
+  p.argmax.offset = 7;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "argmax", "argmax inside weights");
+  cl_mem shared = floats_buffer(pb->weights_elems + pb->out_elems / 2);
+  REQUIRE(shared);
+  p = pb->params;
+  p.weights.buf = p.out.buf = shared;   /* out's first half over weights' second half */
+  p.weights.offset = 0;
+  p.out.offset = pb->weights_elems - pb->out_elems / 2;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "weights", "out over weights' tail");
+  clReleaseMemObject(shared);
+  /* FUSED (no weights): refused there too */
+  p = pb->params;
+  p.weights.buf = NULL;
+  p.algo = CLATTN_ALGO_FUSED;
+  p.lse.buf = p.out.buf;
+  p.lse.offset = 0;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "lse", "FUSED: lse at out's start");
+}
+
 static void valid_call_after_rejections_still_works(void)
 {
   cp_problem *pb = base();
@@ -387,6 +446,7 @@ int main(int argc, char **argv)
     CT_TEST(half_precision_views_are_sized_in_16_bits),
     CT_TEST(out_of_range_enums_are_invalid),
     CT_TEST(broadcast_output_view_is_invalid),
+    CT_TEST(outputs_overlapping_each_other_are_invalid),
     CT_TEST(valid_call_after_rejections_still_works),
   };
   ct_context();
