@@ -1,0 +1,242 @@
+/* clattn's MPI example: long-context decode with the KV cache split over the
+ * ranks (KV-sharded attention), or with --prefill, ring attention over one
+ * sequence. Each rank holds only its part; every rank gets the whole result.
+ *
+ *   mpirun -np 4 build/tests/mpi_decode --n 32768 --steps 10
+ *   mpirun -np 4 build/tests/mpi_decode --prefill 8192
+ *   mpirun -np 2 build/tests/mpi_decode --n 4096 --check   (against one process)
+ *
+ * Keys and values are a function of their global position, so each rank
+ * makes its own shard and --check can build the whole cache on every rank.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clattn_mpi.h"
+
+enum { HQ = 8, HKV = 2, D = 64 }; /* GQA: 4 query heads per KV head */
+
+static int rank, nranks;
+
+static float value_at(uint64_t which, uint64_t i) { /* deterministic in [-0.5, 0.5) */
+  uint64_t z = which * 0x9e3779b97f4a7c15ull + i + 1;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return (float)(z >> 40) / 16777216.0f - 0.5f;
+}
+
+/* rows [first, first + n) of a [HKV or HQ, total, D] tensor, packed as [H, n, D] */
+static float *rows_of(uint64_t which, int heads, int total, const int *first, const int *n, int parts) {
+  int all = 0;
+  for (int c = 0; c < parts; c++) all += n[c];
+  float *x = malloc((size_t)heads * all * D * sizeof *x);
+  if (!x) return NULL;
+  size_t o = 0;
+  for (int h = 0; h < heads; h++)
+    for (int c = 0; c < parts; c++)
+      for (int j = 0; j < n[c]; j++)
+        for (int d = 0; d < D; d++) x[o++] = value_at(which, ((uint64_t)h * total + first[c] + j) * D + d);
+  return x;
+}
+
+static cl_mem buffer(clattn_context *ctx, const float *host, size_t n) {
+  cl_int err = CL_SUCCESS;
+  cl_mem m = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_WRITE | (host ? CL_MEM_COPY_HOST_PTR : 0),
+                            (n ? n : 1) * sizeof(float), (void *)host, &err);
+  return err == CL_SUCCESS ? m : NULL;
+}
+
+static clattn_tensor view(cl_mem b, int heads, int rows) {
+  return (clattn_tensor){b, 0, {(size_t)heads * rows * D, (size_t)rows * D, D, 1}};
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+/* One process's answer for --check: clattn_forward on the whole problem. */
+static int whole_forward(clattn_context *ctx, int M, int N, const float *q, float *out) {
+  int first = 0;
+  float *k = rows_of(2, HKV, N, &first, &N, 1), *v = rows_of(3, HKV, N, &first, &N, 1);
+  cl_mem qb = buffer(ctx, q, (size_t)HQ * M * D), kb = buffer(ctx, k, (size_t)HKV * N * D);
+  cl_mem vb = buffer(ctx, v, (size_t)HKV * N * D), ob = buffer(ctx, NULL, (size_t)HQ * M * D);
+  int ok = k && v && qb && kb && vb && ob;
+  clattn_params p = clattn_params_default();
+  p.batch = 1, p.q_heads = HQ, p.kv_heads = HKV, p.q_len = M, p.kv_len = N, p.head_dim = D, p.value_dim = D;
+  p.causal = 1;
+  p.q = view(qb, HQ, M), p.k = view(kb, HKV, N), p.v = view(vb, HKV, N), p.out = view(ob, HQ, M);
+  cl_event done = NULL;
+  ok = ok && clattn_forward(ctx, &p, 0, NULL, &done) == CLATTN_OK;
+  ok = ok && clEnqueueReadBuffer(clattn_cl_queue(ctx), ob, CL_TRUE, 0, (size_t)HQ * M * D * 4, out, 1, &done,
+                                 NULL) == CL_SUCCESS;
+  if (done) clReleaseEvent(done);
+  cl_mem all[] = {qb, kb, vb, ob};
+  for (int i = 0; i < 4; i++)
+    if (all[i]) clReleaseMemObject(all[i]);
+  free(k), free(v);
+  return ok;
+}
+
+static double worst_diff(const float *a, const float *b, size_t n) {
+  double w = 0;
+  for (size_t i = 0; i < n; i++) w = fmax(w, fabs((double)a[i] - b[i]));
+  return w;
+}
+
+static void report(clattn_mpi *mh, const char *what, int steps) {
+  clattn_mpi_stats s;
+  clattn_mpi_get_stats(mh, &s, 1);
+  double all[4] = {s.seconds, s.seconds_compute, s.seconds_wait, s.bytes_sent}, sum[4];
+  MPI_Reduce(all, sum, 4, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  if (rank == 0)
+    printf("%s, %d rank(s): %.2f ms per call; per rank and call: compute %.2f ms, exposed wait %.2f ms, sent %.0f bytes\n",
+           what, nranks, 1e3 * sum[0] / nranks / steps, 1e3 * sum[1] / nranks / steps, 1e3 * sum[2] / nranks / steps,
+           sum[3] / nranks / steps);
+}
+
+static int decode(clattn_context *ctx, clattn_mpi *mh, int N, int steps, int check) {
+  /* This rank's shard of the cache: an even split, the remainder to the first ranks. */
+  const int base = N / nranks, extra = N % nranks;
+  const int off = rank * base + (rank < extra ? rank : extra), n = base + (rank < extra);
+  float *k = rows_of(2, HKV, N, &off, &n, 1), *v = rows_of(3, HKV, N, &off, &n, 1);
+  float q[HQ * D], out[HQ * D], want[HQ * D];
+  cl_mem kb = buffer(ctx, k, (size_t)HKV * n * D), vb = buffer(ctx, v, (size_t)HKV * n * D);
+  cl_mem qb = buffer(ctx, NULL, HQ * D), ob = buffer(ctx, NULL, HQ * D);
+  free(k), free(v);
+  if (!kb || !vb || !qb || !ob) return fprintf(stderr, "rank %d: buffers\n", rank), 1;
+  clattn_params p = clattn_params_default();
+  p.batch = 1, p.q_heads = HQ, p.kv_heads = HKV, p.q_len = 1, p.kv_len = n, p.head_dim = D, p.value_dim = D;
+  p.causal = 1;
+  p.q = view(qb, HQ, 1), p.k = view(kb, HKV, n), p.v = view(vb, HKV, n), p.out = view(ob, HQ, 1);
+  clattn_mpi_kv_shard shard = {off, N, -1};
+  int status = 0;
+  for (int t = -1; t < steps && !status; t++) { /* step -1 warms up (kernel builds) */
+    for (int i = 0; i < HQ * D; i++) q[i] = value_at(100 + (uint64_t)(t + 1), (uint64_t)i);
+    if (clEnqueueWriteBuffer(clattn_cl_queue(ctx), qb, CL_TRUE, 0, sizeof q, q, 0, NULL, NULL) != CL_SUCCESS)
+      return 1;
+    if (t == 0) clattn_mpi_get_stats(mh, NULL, 1);
+    clattn_status st = clattn_mpi_kv_sharded_forward(mh, &p, &shard);
+    if (st != CLATTN_OK) {
+      fprintf(stderr, "rank %d: %s: %s\n", rank, clattn_mpi_status_string(st), clattn_mpi_last_error(mh));
+      return 1;
+    }
+    if (check && t == steps - 1) {
+      clEnqueueReadBuffer(clattn_cl_queue(ctx), ob, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL);
+      const double w = whole_forward(ctx, 1, N, q, want) ? worst_diff(out, want, HQ * D) : INFINITY;
+      printf("rank %d: decode over %d keys, max |O - one process| = %.3g\n", rank, N, w);
+      status = !(w <= 1e-5);
+    }
+  }
+  char what[96];
+  snprintf(what, sizeof what, "decode N=%d (M=1, Hq=%d, Hkv=%d, D=%d)", N, HQ, HKV, D);
+  report(mh, what, steps);
+  clReleaseMemObject(kb), clReleaseMemObject(vb), clReleaseMemObject(qb), clReleaseMemObject(ob);
+  return status;
+}
+
+static int prefill(clattn_context *ctx, clattn_mpi *mh, int S, int check) {
+  enum { PHQ = 4, PHKV = 1 }; /* a lighter shape: prefill is S^2 work on this CPU */
+  clattn_mpi_ring_layout l;
+  if (clattn_mpi_ring_layout_of(S, nranks, rank, &l) != CLATTN_OK) return fprintf(stderr, "bad layout\n"), 1;
+  float *q = rows_of(1, PHQ, S, l.offset, l.len, 2), *k = rows_of(2, PHKV, S, l.offset, l.len, 2);
+  float *v = rows_of(3, PHKV, S, l.offset, l.len, 2);
+  cl_mem qb = buffer(ctx, q, (size_t)PHQ * l.rows * D), kb = buffer(ctx, k, (size_t)PHKV * l.rows * D);
+  cl_mem vb = buffer(ctx, v, (size_t)PHKV * l.rows * D), ob = buffer(ctx, NULL, (size_t)PHQ * l.rows * D);
+  free(k), free(v);
+  if (!q || !qb || !kb || !vb || !ob) return fprintf(stderr, "rank %d: buffers\n", rank), 1;
+  clattn_params p = clattn_params_default();
+  p.batch = 1, p.q_heads = PHQ, p.kv_heads = PHKV, p.q_len = p.kv_len = l.rows, p.head_dim = D, p.value_dim = D;
+  p.causal = 1;
+  p.q = view(qb, PHQ, l.rows), p.k = view(kb, PHKV, l.rows), p.v = view(vb, PHKV, l.rows),
+  p.out = view(ob, PHQ, l.rows);
+  int status = 0;
+  for (int t = 0; t < 2 && !status; t++) { /* the first call warms up (kernel builds) */
+    clattn_mpi_get_stats(mh, NULL, 1);
+    const double t0 = now();
+    clattn_status st = clattn_mpi_ring_forward(mh, &p, S);
+    if (st != CLATTN_OK) {
+      fprintf(stderr, "rank %d: %s: %s\n", rank, clattn_mpi_status_string(st), clattn_mpi_last_error(mh));
+      return 1;
+    }
+    if (rank == 0 && t == 1) printf("ring prefill S=%d: %.3f s\n", S, now() - t0);
+  }
+  char what[96];
+  snprintf(what, sizeof what, "ring prefill S=%d causal (Hq=%d, Hkv=%d, D=%d)", S, PHQ, PHKV, D);
+  report(mh, what, 1);
+  if (check) { /* our rows against the whole sequence in one process (same heads as HQ/HKV? no: its own) */
+    float *out = malloc((size_t)PHQ * l.rows * D * 4);
+    clEnqueueReadBuffer(clattn_cl_queue(ctx), ob, CL_TRUE, 0, (size_t)PHQ * l.rows * D * 4, out, 0, NULL, NULL);
+    int first = 0;
+    float *qa = rows_of(1, PHQ, S, &first, &S, 1), *ka = rows_of(2, PHKV, S, &first, &S, 1);
+    float *va = rows_of(3, PHKV, S, &first, &S, 1), *want = malloc((size_t)PHQ * S * D * 4);
+    cl_mem a[4] = {buffer(ctx, qa, (size_t)PHQ * S * D), buffer(ctx, ka, (size_t)PHKV * S * D),
+                   buffer(ctx, va, (size_t)PHKV * S * D), buffer(ctx, NULL, (size_t)PHQ * S * D)};
+    clattn_params w = p;
+    w.q_len = w.kv_len = S;
+    w.q = view(a[0], PHQ, S), w.k = view(a[1], PHKV, S), w.v = view(a[2], PHKV, S), w.out = view(a[3], PHQ, S);
+    cl_event done = NULL;
+    double worst = INFINITY;
+    if (clattn_forward(ctx, &w, 0, NULL, &done) == CLATTN_OK &&
+        clEnqueueReadBuffer(clattn_cl_queue(ctx), a[3], CL_TRUE, 0, (size_t)PHQ * S * D * 4, want, 1, &done, NULL) ==
+            CL_SUCCESS) {
+      worst = 0;
+      for (int h = 0; h < PHQ; h++)
+        for (int i = 0; i < l.rows; i++) {
+          const int g = i < l.len[0] ? l.offset[0] + i : l.offset[1] + i - l.len[0];
+          worst = fmax(worst, worst_diff(out + ((size_t)h * l.rows + i) * D, want + ((size_t)h * S + g) * D, D));
+        }
+    }
+    if (done) clReleaseEvent(done);
+    printf("rank %d: ring prefill over %d tokens, max |O - one process| = %.3g\n", rank, S, worst);
+    status = !(worst <= 1e-5);
+    for (int i = 0; i < 4; i++)
+      if (a[i]) clReleaseMemObject(a[i]);
+    free(out), free(qa), free(ka), free(va), free(want);
+  }
+  free(q);
+  clReleaseMemObject(qb), clReleaseMemObject(kb), clReleaseMemObject(vb), clReleaseMemObject(ob);
+  return status;
+}
+
+int main(int argc, char **argv) {
+  int N = 32768, steps = 10, S = 0, check = 0;
+  if (MPI_Init(&argc, &argv) != MPI_SUCCESS) return 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--n") && i + 1 < argc) N = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) S = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--check")) check = 1;
+    else {
+      if (rank == 0) fprintf(stderr, "usage: mpi_decode [--n KEYS] [--steps T] [--prefill TOKENS] [--check]\n");
+      MPI_Finalize();
+      return 2;
+    }
+  }
+  clattn_context *ctx = NULL;
+  clattn_mpi *mh = NULL;
+  int ok = clattn_create(NULL, &ctx) == CLATTN_OK, all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD); /* every rank needs a device */
+  if (!all_ok || clattn_mpi_create(ctx, MPI_COMM_WORLD, &mh) != CLATTN_OK) {
+    fprintf(stderr, "rank %d: no clattn context: %s\n", rank, clattn_last_error(NULL));
+    if (ctx) clattn_destroy(ctx);
+    MPI_Finalize();
+    return 77;
+  }
+  if (rank == 0) printf("%d rank(s), device: %s\n", nranks, clattn_describe(ctx));
+  int status = S > 0 ? prefill(ctx, mh, S, check) : decode(ctx, mh, N, steps, check);
+  int any = 0;
+  MPI_Allreduce(&status, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  clattn_mpi_destroy(mh);
+  clattn_destroy(ctx);
+  MPI_Finalize();
+  return any;
+}
