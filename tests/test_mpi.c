@@ -344,6 +344,8 @@ int main(int argc, char **argv) {
       {"decode, rank 1's shard empty, to root 0", 1, 2, 1, 16, 90, 16, 1, -1, -1, {0, 0}, 2, 0, CLATTN_EMPTY_ZERO},
       {"prefill GQA causal, all keys on the last rank", 1, 4, 2, 33, 70, 16, 1, -1, -1, {0, 0}, 3, -1,
        CLATTN_EMPTY_ZERO},
+      {"prefill MHA causal, even: early rows see no key of the later shards", 1, 2, 2, 40, 64, 16, 1, -1, -1, {0, 0},
+       0, -1, CLATTN_EMPTY_ZERO},
       {"prefill MHA two-sided window 6/3, uneven", 1, 2, 2, 40, 64, 16, 0, 6, 3, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO},
       {"prefill non-causal, kv_lens {0, 50}, EMPTY_ERROR", 2, 2, 2, 8, 64, 16, 0, -1, -1, {0, 50}, 0, -1,
        CLATTN_EMPTY_ERROR},
