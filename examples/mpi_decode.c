@@ -90,15 +90,24 @@ static double worst_diff(const float *a, const float *b, size_t n) {
   return w;
 }
 
-static void report(clattn_mpi *mh, const char *what, int steps) {
+static int by_value(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Rank 0 prints the median and fastest call (the machine may be shared) and,
+ * averaged over ranks and calls, where the time went and what was sent. */
+static void report(clattn_mpi *mh, const char *what, double *times, int steps) {
   clattn_mpi_stats s;
   clattn_mpi_get_stats(mh, &s, 1);
   double all[4] = {s.seconds, s.seconds_compute, s.seconds_wait, s.bytes_sent}, sum[4];
   MPI_Reduce(all, sum, 4, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  qsort(times, (size_t)steps, sizeof *times, by_value);
   if (rank == 0)
-    printf("%s, %d rank(s): %.2f ms per call; per rank and call: compute %.2f ms, exposed wait %.2f ms, sent %.0f bytes\n",
-           what, nranks, 1e3 * sum[0] / nranks / steps, 1e3 * sum[1] / nranks / steps, 1e3 * sum[2] / nranks / steps,
-           sum[3] / nranks / steps);
+    printf("%s, %d rank(s), %d calls: median %.2f ms, fastest %.2f ms per call; per rank and call: compute %.2f ms, "
+           "exposed wait %.2f ms, sent %.0f bytes\n",
+           what, nranks, steps, 1e3 * times[steps / 2], 1e3 * times[0], 1e3 * sum[1] / nranks / steps,
+           1e3 * sum[2] / nranks / steps, sum[3] / nranks / steps);
 }
 
 static int decode(clattn_context *ctx, clattn_mpi *mh, int N, int steps, int check) {
@@ -117,12 +126,16 @@ static int decode(clattn_context *ctx, clattn_mpi *mh, int N, int steps, int che
   p.q = view(qb, HQ, 1), p.k = view(kb, HKV, n), p.v = view(vb, HKV, n), p.out = view(ob, HQ, 1);
   clattn_mpi_kv_shard shard = {off, N, -1};
   int status = 0;
+  double *times = calloc((size_t)steps, sizeof *times);
+  if (!times) return 1;
   for (int t = -1; t < steps && !status; t++) { /* step -1 warms up (kernel builds) */
     for (int i = 0; i < HQ * D; i++) q[i] = value_at(100 + (uint64_t)(t + 1), (uint64_t)i);
     if (clEnqueueWriteBuffer(clattn_cl_queue(ctx), qb, CL_TRUE, 0, sizeof q, q, 0, NULL, NULL) != CL_SUCCESS)
       return 1;
     if (t == 0) clattn_mpi_get_stats(mh, NULL, 1);
+    const double t0 = now();
     clattn_status st = clattn_mpi_kv_sharded_forward(mh, &p, &shard);
+    if (t >= 0) times[t] = now() - t0;
     if (st != CLATTN_OK) {
       fprintf(stderr, "rank %d: %s: %s\n", rank, clattn_mpi_status_string(st), clattn_mpi_last_error(mh));
       return 1;
@@ -136,7 +149,8 @@ static int decode(clattn_context *ctx, clattn_mpi *mh, int N, int steps, int che
   }
   char what[96];
   snprintf(what, sizeof what, "decode N=%d (M=1, Hq=%d, Hkv=%d, D=%d)", N, HQ, HKV, D);
-  report(mh, what, steps);
+  report(mh, what, times, steps);
+  free(times);
   clReleaseMemObject(kb), clReleaseMemObject(vb), clReleaseMemObject(qb), clReleaseMemObject(ob);
   return status;
 }
@@ -157,20 +171,36 @@ static int prefill(clattn_context *ctx, clattn_mpi *mh, int S, int check) {
   p.q = view(qb, PHQ, l.rows), p.k = view(kb, PHKV, l.rows), p.v = view(vb, PHKV, l.rows),
   p.out = view(ob, PHQ, l.rows);
   int status = 0;
-  for (int t = 0; t < 2 && !status; t++) { /* the first call warms up (kernel builds) */
-    clattn_mpi_get_stats(mh, NULL, 1);
+  double times[3];
+  for (int t = -1; t < 3; t++) { /* call -1 warms up (kernel builds) */
+    if (t == 0) clattn_mpi_get_stats(mh, NULL, 1);
     const double t0 = now();
     clattn_status st = clattn_mpi_ring_forward(mh, &p, S);
     if (st != CLATTN_OK) {
       fprintf(stderr, "rank %d: %s: %s\n", rank, clattn_mpi_status_string(st), clattn_mpi_last_error(mh));
       return 1;
     }
-    if (rank == 0 && t == 1) printf("ring prefill S=%d: %.3f s\n", S, now() - t0);
+    if (t >= 0) times[t] = now() - t0;
   }
   char what[96];
   snprintf(what, sizeof what, "ring prefill S=%d causal (Hq=%d, Hkv=%d, D=%d)", S, PHQ, PHKV, D);
-  report(mh, what, 1);
-  if (check) { /* our rows against the whole sequence in one process (same heads as HQ/HKV? no: its own) */
+  report(mh, what, times, 3);
+  /* The same R-1 block transfers with nothing to hide them behind: against
+   * the exposed wait above, how much of the communication the compute hid. */
+  if (nranks > 1) {
+    const int n = (int)((size_t)2 * PHKV * l.rows * D);
+    float *a = calloc((size_t)n, 4), *b = calloc((size_t)n, 4);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = now();
+    for (int t = 0; t < nranks - 1 && a && b; t++)
+      MPI_Sendrecv(a, n, MPI_FLOAT, (rank + 1) % nranks, 0, b, n, MPI_FLOAT, (rank + nranks - 1) % nranks, 0,
+                   MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    double mine = now() - t0, most = 0;
+    MPI_Reduce(&mine, &most, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (rank == 0) printf("the %d ring transfers alone (no compute): %.2f ms\n", nranks - 1, 1e3 * most);
+    free(a), free(b);
+  }
+  if (check) { /* our rows against the whole sequence in one process */
     float *out = malloc((size_t)PHQ * l.rows * D * 4);
     clEnqueueReadBuffer(clattn_cl_queue(ctx), ob, CL_TRUE, 0, (size_t)PHQ * l.rows * D * 4, out, 0, NULL, NULL);
     int first = 0;
