@@ -19,11 +19,24 @@ fi
 # first build of each program is slow on POCL.
 export CLATTN_CACHE_DIR=${CLATTN_CACHE_DIR:-${TMPDIR:-/tmp}/clattn-mpi-cache}
 mkdir -p "$CLATTN_CACHE_DIR"
+# Under tools/sanitize.sh: Open MPI's own allocations kept until exit are not
+# ours; add tests/lsan-mpi.supp to the run's suppressions.
+if [[ "${LSAN_OPTIONS:-}" == *suppressions=* ]]; then
+  supp=$(sed -n 's/.*suppressions=\([^:]*\).*/\1/p' <<< "$LSAN_OPTIONS")
+  both=$(mktemp "${TMPDIR:-/tmp}/clattn-lsan-XXXXXX")
+  trap 'rm -f "$both"' EXIT
+  cat "$supp" "$(dirname "$0")/lsan-mpi.supp" > "$both" 2>/dev/null
+  export LSAN_OPTIONS=${LSAN_OPTIONS/suppressions=$supp/suppressions=$both}
+fi
 # Open MPI refuses root without --allow-run-as-root (CI containers run as
 # root); --oversubscribe lets 4 ranks share 2 cores; single-copy through CMA
 # is off because containers usually forbid ptrace between processes.
 args=(--oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none -np "$ranks")
 [ "$(id -u)" -eq 0 ] && args=(--allow-run-as-root "${args[@]}")
+# -x passes the sanitizer settings to every rank (mpirun forwards only some).
+for v in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS TSAN_OPTIONS CLATTN_DEVICE CLATTN_CACHE_DIR POCL_WORK_GROUP_METHOD; do
+  [ -n "${!v:-}" ] && args+=(-x "$v")
+done
 timeout --kill-after=10 "${CLATTN_MPI_TIMEOUT:-240}" mpirun "${args[@]}" "$program" "$@"
 rc=$?
 [ $rc -eq 124 ] && echo "FAIL: timed out after ${CLATTN_MPI_TIMEOUT:-240} s (a rank hung in a collective?)"
