@@ -100,14 +100,17 @@ static int by_value(const void *a, const void *b) {
 static void report(clattn_mpi *mh, const char *what, double *times, int steps) {
   clattn_mpi_stats s;
   clattn_mpi_get_stats(mh, &s, 1);
-  double all[4] = {s.seconds, s.seconds_compute, s.seconds_wait, s.bytes_sent}, sum[4];
-  MPI_Reduce(all, sum, 4, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  double all[6] = {s.seconds, s.seconds_compute, s.seconds_wait, s.bytes_sent, s.ring_transfers, s.ring_hidden};
+  double sum[6];
+  MPI_Reduce(all, sum, 6, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
   qsort(times, (size_t)steps, sizeof *times, by_value);
   if (rank == 0)
     printf("%s, %d rank(s), %d calls: median %.2f ms, fastest %.2f ms per call; per rank and call: compute %.2f ms, "
            "exposed wait %.2f ms, sent %.0f bytes\n",
            what, nranks, steps, 1e3 * times[steps / 2], 1e3 * times[0], 1e3 * sum[1] / nranks / steps,
            1e3 * sum[2] / nranks / steps, sum[3] / nranks / steps);
+  if (rank == 0 && sum[4] > 0)
+    printf("ring transfers complete before their step's compute ended: %.0f of %.0f\n", sum[5], sum[4]);
 }
 
 static int decode(clattn_context *ctx, clattn_mpi *mh, int N, int steps, int check) {

@@ -89,6 +89,8 @@ typedef struct {
   double seconds;          /* wall time inside the calls */
   double seconds_compute;  /* local forwards, staging and merges, incl. device waits */
   double seconds_wait;     /* waiting on communication that the compute did not hide */
+  int ring_transfers;      /* ring steps that moved a K/V block */
+  int ring_hidden;         /* of those, the ones complete before the step's compute ended */
 } clattn_mpi_stats;
 
 CLATTN_EXPORT void clattn_mpi_get_stats(clattn_mpi *m, clattn_mpi_stats *out, int reset);

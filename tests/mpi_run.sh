@@ -30,8 +30,11 @@ if [[ "${LSAN_OPTIONS:-}" == *suppressions=* ]]; then
 fi
 # Open MPI refuses root without --allow-run-as-root (CI containers run as
 # root); --oversubscribe lets 4 ranks share 2 cores; single-copy through CMA
-# is off because containers usually forbid ptrace between processes.
-args=(--oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none -np "$ranks")
+# is off because containers usually forbid ptrace between processes; a rank
+# waiting in MPI yields its core, which a CPU device's threads (POCL) need
+# (Open MPI only does so by itself when it sees more ranks than cores).
+args=(--oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1
+      -np "$ranks")
 [ "$(id -u)" -eq 0 ] && args=(--allow-run-as-root "${args[@]}")
 # -x passes the sanitizer settings to every rank (mpirun forwards only some).
 for v in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS TSAN_OPTIONS CLATTN_DEVICE CLATTN_CACHE_DIR POCL_WORK_GROUP_METHOD; do

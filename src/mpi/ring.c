@@ -222,6 +222,10 @@ clattn_status clattn_mpi_ring_forward(clattn_mpi *m, const clattn_params *p, int
     const double c0 = cm_now();
     if (st == CLATTN_OK) st = step_compute(m, &g, t, src, cur, req, n_req, &req_done);
     const double c1 = cm_now();
+    if (n_req) {
+      m->stats.ring_transfers++;
+      m->stats.ring_hidden += req_done;
+    }
     if (n_req && !req_done) {
       rc = MPI_Waitall(n_req, req, MPI_STATUSES_IGNORE);
       if (rc != MPI_SUCCESS && st == CLATTN_OK) st = cm_mpi_fail(m, rc, "MPI_Waitall (ring)");
