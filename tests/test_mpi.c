@@ -63,6 +63,7 @@ typedef struct {
   int split;        /* 0 even, 1 uneven (r+1)^2, 2 rank 1 empty, 3 all on the last rank */
   int root;
   clattn_empty_rows empty;
+  int sinks;        /* sinks[h] = 1 + h/2 (joins the softmax once) */
 } kv_case;
 
 /* The whole problem, every rank the same. */
@@ -132,11 +133,19 @@ static clattn_params base_params(int B, int Hq, int Hkv, int D, int causal, int 
   return p;
 }
 
+static cl_mem sinks_buf(int heads) {
+  float s[64];
+  for (int h = 0; h < heads; h++) s[h] = 1.0f + 0.5f * (float)h;
+  return upload(s, (size_t)heads * sizeof *s);
+}
+
 static void kv_sharded(const kv_case *c) {
   whole w;
   make_whole(&w, c->B, c->Hq, c->Hkv, c->M, c->N, c->D, 1234);
   clattn_params p = base_params(c->B, c->Hq, c->Hkv, c->D, c->causal, c->wl, c->wr);
   p.empty_rows = c->empty;
+  cl_mem sinks = c->sinks ? sinks_buf(c->Hq) : NULL;
+  p.sinks = sinks;
   reference(&w, &p, c->lens[0] ? c->lens : NULL);
   int off = 0, n = 0;
   shard_of(c, rank, &off, &n);
@@ -181,6 +190,7 @@ static void kv_sharded(const kv_case *c) {
   clReleaseMemObject(q), clReleaseMemObject(o), clReleaseMemObject(l);
   if (k) clReleaseMemObject(k), clReleaseMemObject(v);
   if (kl) clReleaseMemObject(kl);
+  if (sinks) clReleaseMemObject(sinks);
   free(ks), free(vs), free(sentinel), free(got), free(got_lse);
   free_whole(&w);
 }
@@ -190,12 +200,15 @@ typedef struct {
   int B, Hq, Hkv, S, D;
   int causal, wl, wr;
   int lens[2];
+  int sinks;
 } ring_case;
 
 static void ring(const ring_case *c) {
   whole w;
   make_whole(&w, c->B, c->Hq, c->Hkv, c->S, c->S, c->D, 99);
   clattn_params p = base_params(c->B, c->Hq, c->Hkv, c->D, c->causal, c->wl, c->wr);
+  cl_mem sinks = c->sinks ? sinks_buf(c->Hq) : NULL;
+  p.sinks = sinks;
   reference(&w, &p, c->lens[0] ? c->lens : NULL);
   clattn_mpi_ring_layout lay;
   if (clattn_mpi_ring_layout_of(c->S, nranks, rank, &lay) != CLATTN_OK) {
@@ -247,6 +260,7 @@ static void ring(const ring_case *c) {
   clReleaseMemObject(qb), clReleaseMemObject(kb), clReleaseMemObject(vb), clReleaseMemObject(ob),
       clReleaseMemObject(lb);
   if (kl) clReleaseMemObject(kl);
+  if (sinks) clReleaseMemObject(sinks);
   free(q), free(k), free(v), free(got), free(got_lse);
   free_whole(&w);
 }
@@ -303,6 +317,13 @@ static void failures_agree(void) {
   bad = p;
   bad.alibi_slopes = slopes;
   same_everywhere("ALiBi", clattn_mpi_kv_sharded_forward(mh, &bad, &s), CLATTN_ERR_UNSUPPORTED, "ALiBi");
+  cl_mem sk = sinks_buf(H);
+  bad = p;
+  bad.sinks = sk;
+  bad.empty_rows = CLATTN_EMPTY_ERROR;
+  same_everywhere("sinks with EMPTY_ERROR", clattn_mpi_kv_sharded_forward(mh, &bad, &s), CLATTN_ERR_UNSUPPORTED,
+                  "sinks");
+  clReleaseMemObject(sk);
   /* ring: one rank with the wrong number of rows */
   clattn_mpi_ring_layout lay;
   clattn_mpi_ring_layout_of(N, nranks, rank, &lay);
@@ -335,28 +356,33 @@ int main(int argc, char **argv) {
   }
   const kv_case kv_cases[] = {
       /* name                            B Hq Hkv  M    N   D causal wl wr  lens     split root empty */
-      {"decode MHA causal, even", 1, 2, 2, 1, 97, 16, 1, -1, -1, {0, 0}, 0, -1, CLATTN_EMPTY_ZERO},
-      {"decode GQA causal, uneven", 2, 4, 2, 4, 131, 16, 1, -1, -1, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO},
+      {"decode MHA causal, even", 1, 2, 2, 1, 97, 16, 1, -1, -1, {0, 0}, 0, -1, CLATTN_EMPTY_ZERO, 0},
+      {"decode GQA causal, uneven", 2, 4, 2, 4, 131, 16, 1, -1, -1, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO, 0},
       {"decode GQA window 20: early shards hold no allowed key", 1, 4, 2, 3, 120, 16, 1, 20, -1, {0, 0}, 0, -1,
-       CLATTN_EMPTY_ZERO},
+       CLATTN_EMPTY_ZERO, 0},
       {"decode kv_lens {40, 117}: shards past the valid keys", 2, 4, 1, 2, 120, 16, 1, -1, -1, {40, 117}, 1, -1,
-       CLATTN_EMPTY_ZERO},
-      {"decode, rank 1's shard empty, to root 0", 1, 2, 1, 16, 90, 16, 1, -1, -1, {0, 0}, 2, 0, CLATTN_EMPTY_ZERO},
+       CLATTN_EMPTY_ZERO, 0},
+      {"decode, rank 1's shard empty, to root 0", 1, 2, 1, 16, 90, 16, 1, -1, -1, {0, 0}, 2, 0, CLATTN_EMPTY_ZERO, 0},
       {"prefill GQA causal, all keys on the last rank", 1, 4, 2, 33, 70, 16, 1, -1, -1, {0, 0}, 3, -1,
-       CLATTN_EMPTY_ZERO},
+       CLATTN_EMPTY_ZERO, 0},
       {"prefill MHA causal, even: early rows see no key of the later shards", 1, 2, 2, 40, 64, 16, 1, -1, -1, {0, 0},
-       0, -1, CLATTN_EMPTY_ZERO},
-      {"prefill MHA two-sided window 6/3, uneven", 1, 2, 2, 40, 64, 16, 0, 6, 3, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO},
+       0, -1, CLATTN_EMPTY_ZERO, 0},
+      {"prefill MHA two-sided window 6/3, uneven", 1, 2, 2, 40, 64, 16, 0, 6, 3, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO, 0},
       {"prefill non-causal, kv_lens {0, 50}, EMPTY_ERROR", 2, 2, 2, 8, 64, 16, 0, -1, -1, {0, 50}, 0, -1,
-       CLATTN_EMPTY_ERROR},
+       CLATTN_EMPTY_ERROR, 0},
+      {"decode GQA window 20 with sinks, uneven", 1, 4, 2, 2, 120, 16, 1, 20, -1, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO,
+       1},
+      {"prefill sinks, kv_lens {0, 50}: empty rows hold the sink", 2, 2, 2, 8, 64, 16, 0, -1, -1, {0, 50}, 0, -1,
+       CLATTN_EMPTY_ZERO, 1},
   };
   const ring_case ring_cases[] = {
       /* name                          B Hq Hkv   S   D causal wl  wr  lens */
-      {"ring MHA causal", 1, 2, 2, 64, 16, 1, -1, -1, {0, 0}},
-      {"ring GQA causal, uneven chunks", 1, 4, 2, 77, 16, 1, -1, -1, {0, 0}},
-      {"ring GQA causal window 9", 2, 4, 1, 96, 16, 1, 9, -1, {0, 0}},
-      {"ring MHA two-sided window 5/12", 1, 2, 2, 70, 16, 0, 5, 12, {0, 0}},
-      {"ring non-causal, kv_lens {30, 61}", 2, 2, 2, 64, 16, 0, -1, -1, {30, 61}},
+      {"ring MHA causal", 1, 2, 2, 64, 16, 1, -1, -1, {0, 0}, 0},
+      {"ring GQA causal, uneven chunks", 1, 4, 2, 77, 16, 1, -1, -1, {0, 0}, 0},
+      {"ring GQA causal window 9", 2, 4, 1, 96, 16, 1, 9, -1, {0, 0}, 0},
+      {"ring MHA two-sided window 5/12", 1, 2, 2, 70, 16, 0, 5, 12, {0, 0}, 0},
+      {"ring non-causal, kv_lens {30, 61}", 2, 2, 2, 64, 16, 0, -1, -1, {30, 61}, 0},
+      {"ring GQA causal window 9 with sinks", 1, 4, 2, 64, 16, 1, 9, -1, {0, 0}, 1},
   };
   for (size_t i = 0; i < sizeof kv_cases / sizeof kv_cases[0]; i++) {
     const int before = failures;

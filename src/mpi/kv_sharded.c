@@ -13,7 +13,7 @@
 #include "mpi_internal.h"
 
 enum { D_BATCH, D_QH, D_KVH, D_M, D_DK, D_DV, D_CAUSAL, D_WL, D_WR, D_TOTAL, D_ROOT, D_SCALE, D_SOFTCAP, D_SCORE,
-       D_EMPTY, D_LENS, D_OFFSET, D_LEN, D_COUNT };
+       D_EMPTY, D_LENS, D_SINKS, D_OFFSET, D_LEN, D_COUNT };
 
 static void describe(const clattn_params *p, const clattn_mpi_kv_shard *s, int *d) {
   d[D_BATCH] = p->batch, d[D_QH] = p->q_heads, d[D_KVH] = p->kv_heads, d[D_M] = p->q_len;
@@ -22,12 +22,13 @@ static void describe(const clattn_params *p, const clattn_mpi_kv_shard *s, int *
   memcpy(&d[D_SCALE], &p->scale, sizeof(int));
   memcpy(&d[D_SOFTCAP], &p->softcap, sizeof(int));
   d[D_SCORE] = (int)p->score, d[D_EMPTY] = (int)p->empty_rows, d[D_LENS] = p->kv_lens != NULL;
+  d[D_SINKS] = p->sinks != NULL;
   d[D_OFFSET] = s->kv_offset, d[D_LEN] = p->kv_len;
 }
 
 static const char *const field_names[D_COUNT] = {
     "batch", "q_heads", "kv_heads", "q_len", "head_dim", "value_dim", "causal", "window_left", "window_right",
-    "kv_total", "root", "scale", "softcap", "score", "empty_rows", "kv_lens (given or not)", "", ""};
+    "kv_total", "root", "scale", "softcap", "score", "empty_rows", "kv_lens (given or not)", "sinks (given or not)", "", ""};
 
 /* Same on every rank: the descriptors are the same gathered array. */
 static clattn_status check_consistent(clattn_mpi *m, const int *all) {
@@ -114,13 +115,16 @@ static clattn_status local_state(clattn_mpi *m, const clattn_params *p, const cl
 
 static clattn_status merge(clattn_mpi *m, const clattn_params *p, const float *states, size_t o_n, size_t lse_n) {
   const size_t per = o_n + lse_n, bytes = per * (size_t)m->size * sizeof(float);
+  const int n_states = m->size + (p->sinks != NULL); /* the sinks join once, as one more state */
   cl_mem dev;
-  clattn_status st = cm_dev(m, CM_DEV_LSE, bytes, &dev);
+  clattn_status st = cm_dev(m, CM_DEV_LSE, per * (size_t)n_states * sizeof(float), &dev);
   if (st) return st;
   cl_int err = clEnqueueWriteBuffer(clattn_cl_queue(m->ctx), dev, CL_TRUE, 0, bytes, states, 0, NULL, NULL);
   if (err != CL_SUCCESS) return cm_cl_fail(m, err, "clEnqueueWriteBuffer (gathered states)");
   const int M = p->q_len, H = p->q_heads, dv = p->value_dim;
-  clattn_merge_params mp = {m->size, p->batch, H, M, dv,
+  const size_t sink_at = per * (size_t)m->size;
+  if (p->sinks && (st = cm_sink_state(m, p->sinks, p->batch, H, M, dv, dev, sink_at, dev, sink_at + o_n))) return st;
+  clattn_merge_params mp = {n_states, p->batch, H, M, dv,
                             {dev, 0, {(size_t)H * M * dv, (size_t)M * dv, (size_t)dv, 1}},
                             {dev, o_n, {(size_t)H * M, (size_t)M, 1, 0}}, per, per, p->out, p->lse, p->empty_rows};
   cl_event done = NULL;

@@ -15,11 +15,11 @@
 #include "mpi_internal.h"
 
 enum { D_BATCH, D_QH, D_KVH, D_DK, D_DV, D_CAUSAL, D_WL, D_WR, D_SEQ, D_SCALE, D_SOFTCAP, D_SCORE, D_EMPTY, D_LENS,
-       D_COUNT };
+       D_SINKS, D_COUNT };
 
 static const char *const field_names[D_COUNT] = {
     "batch", "q_heads", "kv_heads", "head_dim", "value_dim", "causal", "window_left", "window_right", "seq_len",
-    "scale", "softcap", "score", "empty_rows", "kv_lens (given or not)"};
+    "scale", "softcap", "score", "empty_rows", "kv_lens (given or not)", "sinks (given or not)"};
 
 clattn_status clattn_mpi_ring_layout_of(int seq_len, int ranks, int rank, clattn_mpi_ring_layout *out) {
   if (!out || ranks <= 0 || rank < 0 || rank >= ranks || seq_len < 2 * ranks) return CLATTN_ERR_INVALID_ARGUMENT;
@@ -124,7 +124,7 @@ static clattn_status merge_chunks(clattn_mpi *m, const ring *g) {
   clattn_status first = CLATTN_OK;
   for (int qa = 0; qa < 2; qa++) { /* both, so EMPTY_ERROR still leaves the EMPTY_ZERO result everywhere */
     const size_t row = qa ? (size_t)g->mine.len[0] : 0;
-    clattn_merge_params mp = {2 * m->size, p->batch, p->q_heads, g->mine.len[qa], p->value_dim,
+    clattn_merge_params mp = {2 * m->size + (p->sinks != NULL), p->batch, p->q_heads, g->mine.len[qa], p->value_dim,
                               {g->o, row * dv, {H * L * dv, L * dv, dv, 1}},
                               {g->lse, row, {H * L, L, 1, 0}}, g->o_state, g->lse_state, p->out, p->lse,
                               p->empty_rows};
@@ -160,7 +160,7 @@ static clattn_status prepare(clattn_mpi *m, ring *g, float **bufs) {
   const size_t L = (size_t)g->mine.rows;
   g->lse_state = (size_t)p->batch * p->q_heads * L;
   g->o_state = g->lse_state * p->value_dim;
-  const size_t states = 2 * (size_t)m->size;
+  const size_t states = 2 * (size_t)m->size + (p->sinks != NULL); /* the sinks: one more state */
   if ((st = cm_dev(m, CM_DEV_O, states * g->o_state * sizeof(float), &g->o)) ||
       (st = cm_dev(m, CM_DEV_LSE, states * g->lse_state * sizeof(float), &g->lse)))
     return st;
@@ -184,7 +184,8 @@ clattn_status clattn_mpi_ring_forward(clattn_mpi *m, const clattn_params *p, int
   if (st == CLATTN_OK) {
     g.mine = layout(seq_len, m->size, m->rank);
     int d[D_COUNT] = {p->batch, p->q_heads, p->kv_heads, p->head_dim, p->value_dim, !!p->causal, p->window_left,
-                      p->window_right, seq_len, 0, 0, (int)p->score, (int)p->empty_rows, p->kv_lens != NULL};
+                      p->window_right, seq_len, 0, 0, (int)p->score, (int)p->empty_rows, p->kv_lens != NULL,
+                      p->sinks != NULL};
     memcpy(&d[D_SCALE], &p->scale, sizeof(int));
     memcpy(&d[D_SOFTCAP], &p->softcap, sizeof(int));
     memcpy(desc, d, sizeof d);
@@ -202,6 +203,10 @@ clattn_status clattn_mpi_ring_forward(clattn_mpi *m, const clattn_params *p, int
   if (st == CLATTN_OK) st = cm_read_view(m, &p->v, dv_dims, bufs[0] + (size_t)p->batch * p->kv_heads * g.mine.rows * p->head_dim);
   if (st == CLATTN_OK && p->kv_lens) st = cm_read_lens(m, p->kv_lens, p->batch, g.lens);
   if (st == CLATTN_OK) st = cm_fill(m, g.lse, 0, 2 * (size_t)m->size * g.lse_state, -INFINITY);
+  const size_t sink = 2 * (size_t)m->size;
+  if (st == CLATTN_OK && p->sinks)
+    st = cm_sink_state(m, p->sinks, p->batch, p->q_heads, g.mine.rows, p->value_dim, g.o, sink * g.o_state, g.lse,
+                       sink * g.lse_state);
 
   const int R = m->size, next = (m->rank + 1) % R, prev = (m->rank + R - 1) % R;
   double compute = 0, wait = 0;

@@ -1,7 +1,8 @@
 /* What the MPI layer can make exact across shards. A feature that depends on
  * a key's position inside the call (ALiBi, the mask and bias matrices, packed
  * sequences) or needs the whole row at once (weights, route diagnostics) is
- * refused rather than computed with local positions. */
+ * refused rather than computed with local positions. Sinks join once, as
+ * one more state at the merge (O = 0, lse = sinks[h]), which is exact. */
 #include "mpi_internal.h"
 
 clattn_status cm_check_support(clattn_mpi *m, const clattn_params *p, const char *fn) {
@@ -10,7 +11,8 @@ clattn_status cm_check_support(clattn_mpi *m, const clattn_params *p, const char
   else if (p->mask.buf) what = "mask";
   else if (p->bias.buf) what = "bias";
   else if (p->alibi_slopes) what = "ALiBi (its distances are local to a call)";
-  else if (p->sinks) what = "sinks";
+  else if (p->sinks && p->empty_rows == CLATTN_EMPTY_ERROR)
+    what = "sinks with CLATTN_EMPTY_ERROR (the merge cannot tell an empty row from a row that saw only the sink)";
   else if (p->cu_seqlens_q || p->cu_seqlens_k) what = "packed sequences (cu_seqlens)";
   else if (p->weights.buf) what = "the weights output";
   else if (p->entropy.buf || p->max_weight.buf || p->argmax.buf) what = "route diagnostics";
