@@ -21,12 +21,15 @@ export CLATTN_CACHE_DIR=${CLATTN_CACHE_DIR:-${TMPDIR:-/tmp}/clattn-mpi-cache}
 mkdir -p "$CLATTN_CACHE_DIR"
 # Under tools/sanitize.sh: Open MPI's own allocations kept until exit are not
 # ours; add tests/lsan-mpi.supp to the run's suppressions.
-if [[ "${LSAN_OPTIONS:-}" == *suppressions=* ]]; then
-  supp=$(sed -n 's/.*suppressions=\([^:]*\).*/\1/p' <<< "$LSAN_OPTIONS")
+if [[ "${LSAN_OPTIONS:-}" =~ (^|:)suppressions=([^:]*) ]]; then
+  whole=${BASH_REMATCH[0]} lead=${BASH_REMATCH[1]} supp=${BASH_REMATCH[2]}
   both=$(mktemp "${TMPDIR:-/tmp}/clattn-lsan-XXXXXX")
   trap 'rm -f "$both"' EXIT
   cat "$supp" "$(dirname "$0")/lsan-mpi.supp" > "$both" 2>/dev/null
-  export LSAN_OPTIONS=${LSAN_OPTIONS/suppressions=$supp/suppressions=$both}
+  export LSAN_OPTIONS=${LSAN_OPTIONS/"$whole"/"${lead}suppressions=$both"}
+  # Open MPI unloads its plugins at MPI_Finalize, so a leak's first frames
+  # name no module; the slow unwinder reaches the libraries that loaded them.
+  export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0
 fi
 # Open MPI refuses root without --allow-run-as-root (CI containers run as
 # root); --oversubscribe lets 4 ranks share 2 cores; single-copy through CMA
