@@ -52,9 +52,10 @@ CLATTN_EXPORT const char *clattn_mpi_status_string(clattn_status s);
  *   causal, windows: over global positions, queries aligned to kv_total
  *                 (query i sits at i + kv_total - q_len).
  * The shards must be disjoint and cover [0, kv_total). Supported: f32,
- * scale, softcap, additive score, causal, windows, kv_lens, empty_rows.
- * Refused (UNSUPPORTED): f16/bf16, mask, bias, ALiBi, sinks, packed
- * sequences, weights and route diagnostics. */
+ * scale, softcap, additive score, causal, windows, kv_lens, empty_rows,
+ * sinks (joined once, at the merge; not with EMPTY_ERROR). Refused
+ * (UNSUPPORTED): f16/bf16, mask, bias, ALiBi, packed sequences, weights and
+ * route diagnostics. */
 typedef struct {
   int kv_offset;  /* global index of this rank's first key */
   int kv_total;   /* N, the global number of keys */
