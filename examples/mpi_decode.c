@@ -256,7 +256,11 @@ int main(int argc, char **argv) {
   }
   clattn_context *ctx = NULL;
   clattn_mpi *mh = NULL;
+  /* Rank 0 first: it builds the kernel programs into the shared disk cache,
+   * the other ranks then load them instead of compiling the same programs. */
+  if (rank != 0) MPI_Barrier(MPI_COMM_WORLD);
   int ok = clattn_create(NULL, &ctx) == CLATTN_OK, all_ok = 0;
+  if (rank == 0) MPI_Barrier(MPI_COMM_WORLD);
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD); /* every rank needs a device */
   if (!all_ok || clattn_mpi_create(ctx, MPI_COMM_WORLD, &mh) != CLATTN_OK) {
     fprintf(stderr, "rank %d: no clattn context: %s\n", rank, clattn_last_error(NULL));

@@ -341,7 +341,11 @@ int main(int argc, char **argv) {
   if (MPI_Init(&argc, &argv) != MPI_SUCCESS) return 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  /* Rank 0 first: it builds the kernel programs into the shared disk cache,
+   * the other ranks then load them instead of compiling the same programs. */
+  if (rank != 0) MPI_Barrier(MPI_COMM_WORLD);
   int have = clattn_create(NULL, &ctx) == CLATTN_OK, all = 0;
+  if (rank == 0) MPI_Barrier(MPI_COMM_WORLD);
   MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!all) {
     if (rank == 0) printf("skipped: no OpenCL device on some rank\n");
