@@ -34,7 +34,9 @@ extern "C" {
 typedef struct clattn_mpi clattn_mpi;
 
 /* Collective over comm: duplicates it (errors return, never abort) and keeps
- * host and device staging buffers between calls. ctx is this rank's device. */
+ * host and device staging buffers between calls. ctx is this rank's device.
+ * On failure *out is NULL: INVALID_ARGUMENT (NULL ctx, MPI not initialised),
+ * OUT_OF_MEMORY or CLATTN_MPI_ERR_COMM. */
 CLATTN_EXPORT clattn_status clattn_mpi_create(clattn_context *ctx, MPI_Comm comm, clattn_mpi **out);
 /* Collective: frees the duplicate communicator and the buffers. */
 CLATTN_EXPORT void clattn_mpi_destroy(clattn_mpi *m);

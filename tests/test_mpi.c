@@ -374,6 +374,8 @@ int main(int argc, char **argv) {
       {"prefill MHA two-sided window 6/3, uneven", 1, 2, 2, 40, 64, 16, 0, 6, 3, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO, 0},
       {"prefill non-causal, kv_lens {0, 50}, EMPTY_ERROR", 2, 2, 2, 8, 64, 16, 0, -1, -1, {0, 50}, 0, -1,
        CLATTN_EMPTY_ERROR, 0},
+      {"prefill M > N causal: the first rows see no key", 1, 2, 1, 20, 12, 16, 1, -1, -1, {0, 0}, 0, -1,
+       CLATTN_EMPTY_ZERO, 0},
       {"decode GQA window 20 with sinks, uneven", 1, 4, 2, 2, 120, 16, 1, 20, -1, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO,
        1},
       {"prefill sinks, kv_lens {0, 50}: empty rows hold the sink", 2, 2, 2, 8, 64, 16, 0, -1, -1, {0, 50}, 0, -1,

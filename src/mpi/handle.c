@@ -64,8 +64,9 @@ clattn_status clattn_mpi_create(clattn_context *ctx, MPI_Comm comm, clattn_mpi *
   rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   int dup = 0;
   if (rc == MPI_SUCCESS) dup = (rc = MPI_Comm_dup(comm, &m->comm)) == MPI_SUCCESS;
-  MPI_Comm_set_errhandler(comm, old);
-  MPI_Errhandler_free(&old);
+  /* Restoring the caller's handler: a failure here changes nothing of ours. */
+  (void)MPI_Comm_set_errhandler(comm, old);
+  (void)MPI_Errhandler_free(&old);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(m->comm, &m->rank);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_size(m->comm, &m->size);
@@ -83,7 +84,7 @@ void clattn_mpi_destroy(clattn_mpi *m) {
   for (int i = 0; i < CM_HOST_COUNT; i++) free(m->host[i].host);
   for (int i = 0; i < CM_DEV_COUNT; i++)
     if (m->dev[i].dev) clReleaseMemObject(m->dev[i].dev);
-  MPI_Comm_free(&m->comm);
+  (void)MPI_Comm_free(&m->comm); /* nothing to report to: the handle is gone */
   free(m);
 }
 
