@@ -49,7 +49,7 @@ static clattn_status check_local(clattn_mpi *m, const clattn_params *p, int seq_
                    "%s: this rank holds %d rows (chunks %d+%d): q_len and kv_len must be %d (got %d, %d)", fn, l.rows,
                    l.len[0], l.len[1], l.rows, p->q_len, p->kv_len);
   if (!p->k.buf || !p->v.buf) return cm_fail(m, CLATTN_ERR_INVALID_ARGUMENT, "%s: k.buf and v.buf are required", fn);
-  if ((double)p->batch * p->kv_heads * (l.rows + 1) * (p->head_dim + p->value_dim) > INT_MAX)
+  if ((double)p->batch * p->kv_heads * (l.rows + 2) * (p->head_dim + p->value_dim) > INT_MAX) /* any rank's block */
     return cm_fail(m, CLATTN_ERR_UNSUPPORTED, "%s: a K/V block exceeds one MPI message", fn);
   return CLATTN_OK;
 }
