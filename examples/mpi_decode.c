@@ -100,15 +100,16 @@ static int by_value(const void *a, const void *b) {
 static void report(clattn_mpi *mh, const char *what, double *times, int steps) {
   clattn_mpi_stats s;
   clattn_mpi_get_stats(mh, &s, 1);
-  double all[6] = {s.seconds, s.seconds_compute, s.seconds_wait, s.bytes_sent, s.ring_transfers, s.ring_hidden};
-  double sum[6];
-  MPI_Reduce(all, sum, 6, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  double all[7] = {s.seconds,     s.seconds_compute, s.seconds_wait, s.bytes_sent,
+                   s.ring_transfers, s.ring_hidden,   s.seconds_agree};
+  double sum[7];
+  MPI_Reduce(all, sum, 7, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
   qsort(times, (size_t)steps, sizeof *times, by_value);
   if (rank == 0)
     printf("%s, %d rank(s), %d calls: median %.2f ms, fastest %.2f ms per call; per rank and call: compute %.2f ms, "
-           "exposed wait %.2f ms, sent %.0f bytes\n",
+           "exposed transfer wait %.2f ms, agreements %.2f ms, sent %.0f bytes\n",
            what, nranks, steps, 1e3 * times[steps / 2], 1e3 * times[0], 1e3 * sum[1] / nranks / steps,
-           1e3 * sum[2] / nranks / steps, sum[3] / nranks / steps);
+           1e3 * sum[2] / nranks / steps, 1e3 * sum[6] / nranks / steps, sum[3] / nranks / steps);
   if (rank == 0 && sum[4] > 0)
     printf("ring transfers complete before their step's compute ended: %.0f of %.0f\n", sum[5], sum[4]);
 }
@@ -193,14 +194,18 @@ static int prefill(clattn_context *ctx, clattn_mpi *mh, int S, int check) {
   if (nranks > 1) {
     const int n = (int)((size_t)2 * PHKV * l.rows * D);
     float *a = calloc((size_t)n, 4), *b = calloc((size_t)n, 4);
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = now();
-    for (int t = 0; t < nranks - 1 && a && b; t++)
-      MPI_Sendrecv(a, n, MPI_FLOAT, (rank + 1) % nranks, 0, b, n, MPI_FLOAT, (rank + nranks - 1) % nranks, 0,
-                   MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    double mine = now() - t0, most = 0;
-    MPI_Reduce(&mine, &most, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    if (rank == 0) printf("the %d ring transfers alone (no compute): %.2f ms\n", nranks - 1, 1e3 * most);
+    double best = INFINITY;
+    for (int rep = 0; rep < 5; rep++) { /* the fastest of 5: the machine may be shared */
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = now();
+      for (int t = 0; t < nranks - 1 && a && b; t++)
+        MPI_Sendrecv(a, n, MPI_FLOAT, (rank + 1) % nranks, 0, b, n, MPI_FLOAT, (rank + nranks - 1) % nranks, 0,
+                     MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      double mine = now() - t0, most = 0;
+      MPI_Allreduce(&mine, &most, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      best = fmin(best, most);
+    }
+    if (rank == 0) printf("the %d ring transfers alone (no compute, fastest of 5): %.2f ms\n", nranks - 1, 1e3 * best);
     free(a), free(b);
   }
   if (check) { /* our rows against the whole sequence in one process */

@@ -91,7 +91,8 @@ typedef struct {
   double bytes_sent;       /* payload this rank sent (O and lse states, K/V blocks) */
   double seconds;          /* wall time inside the calls */
   double seconds_compute;  /* local forwards, staging and merges, incl. device waits */
-  double seconds_wait;     /* waiting on communication that the compute did not hide */
+  double seconds_wait;     /* waiting on data transfers that the compute did not hide */
+  double seconds_agree;    /* in the status agreements, incl. waiting for the last rank to arrive */
   int ring_transfers;      /* ring steps that moved a K/V block */
   int ring_hidden;         /* of those, the ones complete before the step's compute ended */
 } clattn_mpi_stats;

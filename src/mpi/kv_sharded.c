@@ -179,6 +179,7 @@ clattn_status clattn_mpi_kv_sharded_forward(clattn_mpi *m, const clattn_params *
   m->stats.calls++;
   m->stats.seconds += t4 - t0;
   m->stats.seconds_compute += (t1 - t_agreed) + (t3 - t2);
-  m->stats.seconds_wait += (t_agreed - t0) + (t2 - t1) + (t4 - t3);
+  m->stats.seconds_wait += t2 - t1;
+  m->stats.seconds_agree += (t_agreed - t0) + (t4 - t3);
   return st;
 }
