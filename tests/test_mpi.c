@@ -278,7 +278,7 @@ static void same_everywhere(const char *name, clattn_status st, clattn_status wa
   CHECKF(agreed[0] == -agreed[1], "%s: ranks disagree on the status", name);
   CHECKF(strcmp(msg, root_msg) == 0, "%s: message '%s' differs from rank 0's '%s'", name, msg, root_msg);
   CHECKF(strstr(msg, needle) != NULL, "%s: message '%s' does not mention '%s'", name, msg, needle);
-  if (rank == 0) printf("  %s -> %s: %s\n", name, clattn_mpi_status_string(st), msg);
+  if (rank == 0) printf("  %s -> %s%s%s\n", name, clattn_mpi_status_string(st), st ? ": " : "", st ? msg : "");
 }
 
 static void failures_agree(void) {
@@ -332,6 +332,17 @@ static void failures_agree(void) {
   r.k = view(k, H, lay.rows, D), r.v = view(v, H, lay.rows, D);
   same_everywhere("ring: wrong rows on rank 0", clattn_mpi_ring_forward(mh, &r, N), CLATTN_ERR_INVALID_ARGUMENT,
                   "rank 0: clattn_mpi_ring_forward");
+  /* ring: a failure after the first agreement (staging one rank's K view
+   * past its buffer); the ring still turns and every rank reports it */
+  cl_mem ro = upload(NULL, (size_t)H * lay.rows * D * 4);
+  r.q_len = r.kv_len = lay.rows;
+  r.q = view(q, H, lay.rows, D), r.out = view(ro, H, lay.rows, D);
+  if (rank == nranks - 1) r.k.offset = (size_t)1 << 20;
+  same_everywhere("ring: K view past its buffer on the last rank", clattn_mpi_ring_forward(mh, &r, N),
+                  CLATTN_ERR_OPENCL, "K/V view");
+  r.k.offset = 0;
+  same_everywhere("ring: well-formed call after the failure", clattn_mpi_ring_forward(mh, &r, N), CLATTN_OK, "");
+  clReleaseMemObject(ro);
   clReleaseMemObject(q), clReleaseMemObject(k), clReleaseMemObject(v), clReleaseMemObject(o),
       clReleaseMemObject(slopes);
 }
