@@ -332,15 +332,20 @@ static void failures_agree(void) {
   r.k = view(k, H, lay.rows, D), r.v = view(v, H, lay.rows, D);
   same_everywhere("ring: wrong rows on rank 0", clattn_mpi_ring_forward(mh, &r, N), CLATTN_ERR_INVALID_ARGUMENT,
                   "rank 0: clattn_mpi_ring_forward");
-  /* ring: a failure after the first agreement (staging one rank's K view
-   * past its buffer); the ring still turns and every rank reports it */
+  /* ring: a K view past its buffer on one rank, found before data moves */
   cl_mem ro = upload(NULL, (size_t)H * lay.rows * D * 4);
   r.q_len = r.kv_len = lay.rows;
   r.q = view(q, H, lay.rows, D), r.out = view(ro, H, lay.rows, D);
   if (rank == nranks - 1) r.k.offset = (size_t)1 << 20;
   same_everywhere("ring: K view past its buffer on the last rank", clattn_mpi_ring_forward(mh, &r, N),
-                  CLATTN_ERR_OPENCL, "K/V view");
+                  CLATTN_ERR_BUFFER_TOO_SMALL, "k: the view addresses");
   r.k.offset = 0;
+  /* ring: a failure after the first agreement (the local forward refuses
+   * one rank's Q view); the ring still turns and every rank reports it */
+  if (rank == nranks - 1) r.q.offset = (size_t)1 << 20;
+  same_everywhere("ring: Q view past its buffer on the last rank", clattn_mpi_ring_forward(mh, &r, N),
+                  CLATTN_ERR_BUFFER_TOO_SMALL, "clattn_forward (local block)");
+  r.q.offset = 0;
   same_everywhere("ring: well-formed call after the failure", clattn_mpi_ring_forward(mh, &r, N), CLATTN_OK, "");
   clReleaseMemObject(ro);
   clReleaseMemObject(q), clReleaseMemObject(k), clReleaseMemObject(v), clReleaseMemObject(o),

@@ -15,10 +15,28 @@ clattn_status cm_fail(clattn_mpi *m, clattn_status st, const char *fmt, ...) {
   return st;
 }
 
+static const char *cl_name(cl_int err) {
+  switch (err) {
+    case CL_MEM_OBJECT_ALLOCATION_FAILURE: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+    case CL_OUT_OF_RESOURCES: return "CL_OUT_OF_RESOURCES";
+    case CL_OUT_OF_HOST_MEMORY: return "CL_OUT_OF_HOST_MEMORY";
+    case CL_INVALID_VALUE: return "CL_INVALID_VALUE";
+    case CL_INVALID_MEM_OBJECT: return "CL_INVALID_MEM_OBJECT";
+    case CL_INVALID_COMMAND_QUEUE: return "CL_INVALID_COMMAND_QUEUE";
+    case CL_INVALID_CONTEXT: return "CL_INVALID_CONTEXT";
+    case CL_INVALID_EVENT: return "CL_INVALID_EVENT";
+    case CL_INVALID_BUFFER_SIZE: return "CL_INVALID_BUFFER_SIZE";
+    case CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST: return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
+    default: return "OpenCL error";
+  }
+}
+
 clattn_status cm_cl_fail(clattn_mpi *m, cl_int err, const char *what) {
-  if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES || err == CL_OUT_OF_HOST_MEMORY)
-    return cm_fail(m, CLATTN_ERR_OUT_OF_MEMORY, "%s: OpenCL error %d (out of memory)", what, (int)err);
-  return cm_fail(m, CLATTN_ERR_OPENCL, "%s: OpenCL error %d", what, (int)err);
+  const clattn_status st = err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES ||
+                                   err == CL_OUT_OF_HOST_MEMORY
+                               ? CLATTN_ERR_OUT_OF_MEMORY
+                               : CLATTN_ERR_OPENCL;
+  return cm_fail(m, st, "%s: %s (%d)", what, cl_name(err), (int)err);
 }
 
 clattn_status cm_mpi_fail(clattn_mpi *m, int rc, const char *what) {

@@ -43,6 +43,10 @@ double cm_now(void);
 clattn_status cm_host(clattn_mpi *m, int which, size_t bytes, void **out);
 clattn_status cm_dev(clattn_mpi *m, int which, size_t bytes, cl_mem *out);
 
+/* Whether a 4-d f32 input view fits its cl_mem (BUFFER_TOO_SMALL when not),
+ * for the views this layer reads itself, checked before any data moves. */
+clattn_status cm_check_view(clattn_mpi *m, const char *fn, const char *name, const clattn_tensor *t,
+                            const int dims[4]);
 /* Reads a 4-d f32 view into packed host memory [d0,d1,d2,d3]. */
 clattn_status cm_read_view(clattn_mpi *m, const clattn_tensor *t, const int dims[4], float *dst);
 /* Reads int32 kv_lens [batch] to host. */

@@ -48,7 +48,9 @@ static clattn_status check_local(clattn_mpi *m, const clattn_params *p, int seq_
     return cm_fail(m, CLATTN_ERR_INVALID_ARGUMENT,
                    "%s: this rank holds %d rows (chunks %d+%d): q_len and kv_len must be %d (got %d, %d)", fn, l.rows,
                    l.len[0], l.len[1], l.rows, p->q_len, p->kv_len);
-  if (!p->k.buf || !p->v.buf) return cm_fail(m, CLATTN_ERR_INVALID_ARGUMENT, "%s: k.buf and v.buf are required", fn);
+  const int k_dims[4] = {p->batch, p->kv_heads, l.rows, p->head_dim};
+  const int v_dims[4] = {p->batch, p->kv_heads, l.rows, p->value_dim};
+  if ((st = cm_check_view(m, fn, "k", &p->k, k_dims)) || (st = cm_check_view(m, fn, "v", &p->v, v_dims))) return st;
   if ((double)p->batch * p->kv_heads * (l.rows + 2) * (p->head_dim + p->value_dim) > INT_MAX) /* any rank's block */
     return cm_fail(m, CLATTN_ERR_UNSUPPORTED, "%s: a K/V block exceeds one MPI message", fn);
   return CLATTN_OK;

@@ -38,6 +38,21 @@ clattn_status cm_dev(clattn_mpi *m, int which, size_t bytes, cl_mem *out) {
   return CLATTN_OK;
 }
 
+clattn_status cm_check_view(clattn_mpi *m, const char *fn, const char *name, const clattn_tensor *t,
+                            const int dims[4]) {
+  if (!t->buf) return cm_fail(m, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s.buf is NULL", fn, name);
+  double last = (double)t->offset; /* double: no overflow to wrap, exact far beyond any buffer */
+  for (int d = 0; d < 4; d++) last += (double)(dims[d] - 1) * (double)t->stride[d];
+  size_t have = 0;
+  cl_int err = clGetMemObjectInfo(t->buf, CL_MEM_SIZE, sizeof have, &have, NULL);
+  if (err != CL_SUCCESS)
+    return cm_fail(m, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s.buf is not a valid cl_mem (%d)", fn, name, (int)err);
+  if ((last + 1) * sizeof(float) > (double)have)
+    return cm_fail(m, CLATTN_ERR_BUFFER_TOO_SMALL, "%s: %s: the view addresses %.0f bytes but the buffer holds %zu",
+                   fn, name, (last + 1) * sizeof(float), have);
+  return CLATTN_OK;
+}
+
 clattn_status cm_read_view(clattn_mpi *m, const clattn_tensor *t, const int dims[4], float *dst) {
   const size_t n = (size_t)dims[0] * dims[1] * dims[2] * dims[3];
   if (n == 0) return CLATTN_OK;
