@@ -3,7 +3,7 @@
 # check, each stage on its own, then one summary:
 #
 #   suite (loopvec)   meson test, whole suite, POCL_WORK_GROUP_METHOD=loopvec
-#                     (the 'mpi' suite included: mpirun at 2 and 4 ranks, about 1 minute)
+#                     (the 'mpi' suite included: mpirun at 2 and 4 ranks, under 30 s)
 #   suite (cbs)       the opencl suite again with POCL_WORK_GROUP_METHOD=cbs
 #   oclgrind          every kernel path at small shapes under Oclgrind
 #   sanitizers        the suite under ASan+UBSan, the threads test under TSan
