@@ -8,6 +8,7 @@
  *
  * Keys and values are a function of their global position, so each rank
  * makes its own shard and --check can build the whole cache on every rank.
+ * Each decode step appends its token's K/V to the last rank's shard.
  */
 #include <math.h>
 #include <stdint.h>
@@ -30,17 +31,18 @@ static float value_at(uint64_t which, uint64_t i) { /* deterministic in [-0.5, 0
   return (float)(z >> 40) / 16777216.0f - 0.5f;
 }
 
-/* rows [first, first + n) of a [HKV or HQ, total, D] tensor, packed as [H, n, D] */
-static float *rows_of(uint64_t which, int heads, int total, const int *first, const int *n, int parts) {
+/* Rows first[c] .. first[c]+n[c]-1 of a [heads, positions, D] tensor whose
+ * values depend only on (which, head, position, d), packed as [heads, sum n, D]. */
+static float *rows_of(uint64_t which, int heads, const int *first, const int *n, int parts) {
   int all = 0;
   for (int c = 0; c < parts; c++) all += n[c];
-  float *x = malloc((size_t)heads * all * D * sizeof *x);
+  float *x = malloc(((size_t)heads * all * D + 1) * sizeof *x);
   if (!x) return NULL;
   size_t o = 0;
   for (int h = 0; h < heads; h++)
     for (int c = 0; c < parts; c++)
       for (int j = 0; j < n[c]; j++)
-        for (int d = 0; d < D; d++) x[o++] = value_at(which, ((uint64_t)h * total + first[c] + j) * D + d);
+        for (int d = 0; d < D; d++) x[o++] = value_at(which, (((uint64_t)h << 32) + (uint64_t)(first[c] + j)) * D + d);
   return x;
 }
 
@@ -64,7 +66,7 @@ static double now(void) {
 /* One process's answer for --check: clattn_forward on the whole problem. */
 static int whole_forward(clattn_context *ctx, int M, int N, const float *q, float *out) {
   int first = 0;
-  float *k = rows_of(2, HKV, N, &first, &N, 1), *v = rows_of(3, HKV, N, &first, &N, 1);
+  float *k = rows_of(2, HKV, &first, &N, 1), *v = rows_of(3, HKV, &first, &N, 1);
   cl_mem qb = buffer(ctx, q, (size_t)HQ * M * D), kb = buffer(ctx, k, (size_t)HKV * N * D);
   cl_mem vb = buffer(ctx, v, (size_t)HKV * N * D), ob = buffer(ctx, NULL, (size_t)HQ * M * D);
   int ok = k && v && qb && kb && vb && ob;
@@ -114,28 +116,54 @@ static void report(clattn_mpi *mh, const char *what, double *times, int steps) {
     printf("ring transfers complete before their step's compute ended: %.0f of %.0f\n", sum[5], sum[4]);
 }
 
+/* Writes rows [at, at + n) of every head of a [heads, cap, D] cache buffer. */
+static int put_rows(clattn_context *ctx, cl_mem buf, int heads, int cap, int at, int n, const float *rows) {
+  for (int h = 0; h < heads; h++)
+    if (clEnqueueWriteBuffer(clattn_cl_queue(ctx), buf, CL_TRUE, ((size_t)h * cap + at) * D * sizeof *rows,
+                             (size_t)n * D * sizeof *rows, rows + (size_t)h * n * D, 0, NULL, NULL) != CL_SUCCESS)
+      return 0;
+  return 1;
+}
+
 static int decode(clattn_context *ctx, clattn_mpi *mh, int N, int steps, int check) {
-  /* This rank's shard of the cache: an even split, the remainder to the first ranks. */
-  const int base = N / nranks, extra = N % nranks;
-  const int off = rank * base + (rank < extra ? rank : extra), n = base + (rank < extra);
-  float *k = rows_of(2, HKV, N, &off, &n, 1), *v = rows_of(3, HKV, N, &off, &n, 1);
+  /* This rank's shard of the first N positions: an even split, the remainder
+   * to the first ranks. Each step appends its token's K/V to the last rank's
+   * shard, which has room for them (cap rows per head). */
+  const int base = N / nranks, extra = N % nranks, last = rank == nranks - 1;
+  const int off = rank * base + (rank < extra ? rank : extra), n0 = base + (rank < extra);
+  const int cap = n0 + (last ? steps + 1 : 0);
+  float *k = rows_of(2, HKV, &off, &n0, 1), *v = rows_of(3, HKV, &off, &n0, 1);
   float q[HQ * D], out[HQ * D], want[HQ * D];
-  cl_mem kb = buffer(ctx, k, (size_t)HKV * n * D), vb = buffer(ctx, v, (size_t)HKV * n * D);
+  cl_mem kb = buffer(ctx, NULL, (size_t)HKV * cap * D), vb = buffer(ctx, NULL, (size_t)HKV * cap * D);
   cl_mem qb = buffer(ctx, NULL, HQ * D), ob = buffer(ctx, NULL, HQ * D);
+  const int filled = k && v && kb && vb && put_rows(ctx, kb, HKV, cap, 0, n0, k) && put_rows(ctx, vb, HKV, cap, 0, n0, v);
   free(k), free(v);
-  if (!kb || !vb || !qb || !ob) return fprintf(stderr, "rank %d: buffers\n", rank), 1;
+  if (!filled || !qb || !ob) return fprintf(stderr, "rank %d: buffers\n", rank), 1;
   clattn_params p = clattn_params_default();
-  p.batch = 1, p.q_heads = HQ, p.kv_heads = HKV, p.q_len = 1, p.kv_len = n, p.head_dim = D, p.value_dim = D;
+  p.batch = 1, p.q_heads = HQ, p.kv_heads = HKV, p.q_len = 1, p.head_dim = D, p.value_dim = D;
   p.causal = 1;
-  p.q = view(qb, HQ, 1), p.k = view(kb, HKV, n), p.v = view(vb, HKV, n), p.out = view(ob, HQ, 1);
-  clattn_mpi_kv_shard shard = {off, N, -1};
-  int status = 0;
+  p.q = view(qb, HQ, 1), p.k = view(kb, HKV, cap), p.v = view(vb, HKV, cap), p.out = view(ob, HQ, 1);
+  int status = 0, n = n0, total = N;
   double *times = calloc((size_t)steps, sizeof *times);
   if (!times) return 1;
   for (int t = -1; t < steps && !status; t++) { /* step -1 warms up (kernel builds) */
+    /* the new token: its K/V joins the cache (last rank), its query attends */
+    if (last) {
+      float kr[HKV * D], vr[HKV * D];
+      const int one = 1;
+      float *k1 = rows_of(2, HKV, &total, &one, 1), *v1 = rows_of(3, HKV, &total, &one, 1);
+      if (!k1 || !v1) return 1;
+      memcpy(kr, k1, sizeof kr), memcpy(vr, v1, sizeof vr);
+      free(k1), free(v1);
+      if (!put_rows(ctx, kb, HKV, cap, n, 1, kr) || !put_rows(ctx, vb, HKV, cap, n, 1, vr)) return 1;
+      n++;
+    }
+    total++;
     for (int i = 0; i < HQ * D; i++) q[i] = value_at(100 + (uint64_t)(t + 1), (uint64_t)i);
     if (clEnqueueWriteBuffer(clattn_cl_queue(ctx), qb, CL_TRUE, 0, sizeof q, q, 0, NULL, NULL) != CL_SUCCESS)
       return 1;
+    p.kv_len = n;
+    const clattn_mpi_kv_shard shard = {off, total, -1};
     if (t == 0) clattn_mpi_get_stats(mh, NULL, 1);
     const double t0 = now();
     clattn_status st = clattn_mpi_kv_sharded_forward(mh, &p, &shard);
@@ -146,13 +174,14 @@ static int decode(clattn_context *ctx, clattn_mpi *mh, int N, int steps, int che
     }
     if (check && t == steps - 1) {
       clEnqueueReadBuffer(clattn_cl_queue(ctx), ob, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL);
-      const double w = whole_forward(ctx, 1, N, q, want) ? worst_diff(out, want, HQ * D) : INFINITY;
-      printf("rank %d: decode over %d keys, max |O - one process| = %.3g\n", rank, N, w);
+      const double w = whole_forward(ctx, 1, total, q, want) ? worst_diff(out, want, HQ * D) : INFINITY;
+      printf("rank %d: decode over %d keys, max |O - one process| = %.3g\n", rank, total, w);
       status = !(w <= 1e-5);
     }
   }
-  char what[96];
-  snprintf(what, sizeof what, "decode N=%d (M=1, Hq=%d, Hkv=%d, D=%d)", N, HQ, HKV, D);
+  char what[128];
+  snprintf(what, sizeof what, "decode N=%d+%d (M=1, Hq=%d, Hkv=%d, D=%d; one token appended per step)", N, steps + 1,
+           HQ, HKV, D);
   report(mh, what, times, steps);
   free(times);
   clReleaseMemObject(kb), clReleaseMemObject(vb), clReleaseMemObject(qb), clReleaseMemObject(ob);
@@ -163,8 +192,8 @@ static int prefill(clattn_context *ctx, clattn_mpi *mh, int S, int check) {
   enum { PHQ = 4, PHKV = 1 }; /* a lighter shape: prefill is S^2 work on this CPU */
   clattn_mpi_ring_layout l;
   if (clattn_mpi_ring_layout_of(S, nranks, rank, &l) != CLATTN_OK) return fprintf(stderr, "bad layout\n"), 1;
-  float *q = rows_of(1, PHQ, S, l.offset, l.len, 2), *k = rows_of(2, PHKV, S, l.offset, l.len, 2);
-  float *v = rows_of(3, PHKV, S, l.offset, l.len, 2);
+  float *q = rows_of(1, PHQ, l.offset, l.len, 2), *k = rows_of(2, PHKV, l.offset, l.len, 2);
+  float *v = rows_of(3, PHKV, l.offset, l.len, 2);
   cl_mem qb = buffer(ctx, q, (size_t)PHQ * l.rows * D), kb = buffer(ctx, k, (size_t)PHKV * l.rows * D);
   cl_mem vb = buffer(ctx, v, (size_t)PHKV * l.rows * D), ob = buffer(ctx, NULL, (size_t)PHQ * l.rows * D);
   free(k), free(v);
@@ -212,8 +241,8 @@ static int prefill(clattn_context *ctx, clattn_mpi *mh, int S, int check) {
     float *out = malloc((size_t)PHQ * l.rows * D * 4);
     clEnqueueReadBuffer(clattn_cl_queue(ctx), ob, CL_TRUE, 0, (size_t)PHQ * l.rows * D * 4, out, 0, NULL, NULL);
     int first = 0;
-    float *qa = rows_of(1, PHQ, S, &first, &S, 1), *ka = rows_of(2, PHKV, S, &first, &S, 1);
-    float *va = rows_of(3, PHKV, S, &first, &S, 1), *want = malloc((size_t)PHQ * S * D * 4);
+    float *qa = rows_of(1, PHQ, &first, &S, 1), *ka = rows_of(2, PHKV, &first, &S, 1);
+    float *va = rows_of(3, PHKV, &first, &S, 1), *want = malloc((size_t)PHQ * S * D * 4);
     cl_mem a[4] = {buffer(ctx, qa, (size_t)PHQ * S * D), buffer(ctx, ka, (size_t)PHKV * S * D),
                    buffer(ctx, va, (size_t)PHKV * S * D), buffer(ctx, NULL, (size_t)PHQ * S * D)};
     clattn_params w = p;
