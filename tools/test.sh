@@ -3,6 +3,7 @@
 # check, each stage on its own, then one summary:
 #
 #   suite (loopvec)   meson test, whole suite, POCL_WORK_GROUP_METHOD=loopvec
+#                     (the 'mpi' suite included: mpirun at 2 and 4 ranks, under 30 s)
 #   python            the Python binding's pytest suite (tools/python.sh)
 #   suite (cbs)       the opencl suite again with POCL_WORK_GROUP_METHOD=cbs
 #   oclgrind          every kernel path at small shapes under Oclgrind
@@ -20,8 +21,9 @@ cd "$(dirname "$0")/.."
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 
-# clang-15, libclc and lld for the GPU code-generation test (tools/gpu-codegen.sh)
-tools/packages.sh clang-15 libclc-15 lld-15 || exit 1
+# clang-15, libclc and lld for the GPU code-generation test (tools/gpu-codegen.sh);
+# Open MPI for the MPI layer and its tests (suite 'mpi', mpirun at 2 and 4 ranks)
+tools/packages.sh clang-15 libclc-15 lld-15 libopenmpi-dev openmpi-bin || exit 1
 tools/setup.sh build-test -Dwerror=true || exit 1
 
 results=()
