@@ -248,3 +248,8 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
   if (mp->out_lse.buf && (st = check_view("out_lse", &mp->out_lse, o_dims, 3, sizeof(float), 1))) return st;
   return CLATTN_OK;
 }
+
+clattn_status ca_check_view(const char *name, const clattn_tensor *t, const int *dims, int rank, size_t elem_size,
+                            int is_output) {
+  return check_view(name, t, dims, rank, elem_size, is_output);
+}
