@@ -12,6 +12,11 @@
  * d_sinks[h] = -sum_{b,i} exp(sink_h - lse_i) D_i and d_additive_w are
  * per-row terms summed by bwd_sum in a fixed order.
  *
+ * Vectors: bwd_dkdv keeps 16 keys per work-item and bwd_dq 16 query rows,
+ * one float16 lane each, so every multiply-add over the head dims is 16
+ * wide and the partner (row or key) is a scalar broadcast: no packing, no
+ * horizontal sums, K/V or Q/dO of the block in private memory.
+ *
  * Determinism: every output element is written by exactly one work-item
  * that walks its partners in a fixed order (dK, dV of a KV head sum over
  * the group's query heads in head order), so no atomics and no order that
@@ -48,39 +53,60 @@ static inline ulong bwd_row(long b, long h, long i, int q_heads, int q_len) {
   return ((ulong)b * (ulong)q_heads + (ulong)h) * (ulong)q_len + (ulong)i;
 }
 
-/* Whether key j is allowed for row (b, h, i): valid, inside the window, mask. */
-static inline bool bwd_allowed(long b, long h, long i, long j, ca_seq sq, int window_left, int window_right,
-                               __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask) {
-  if (j >= sq.keys || !ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right)) return false;
-  return !has_mask || mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
-}
+/* One float16 lane per key (bwd_dkdv) or per query row (bwd_dq). */
+#define BWD_BN 16
 
-/* The score of (q_i, k_j), shaped as the forward does, and in *dshape the
- * derivative of the shaped score by the raw <q, k> (or additive sum). */
-static inline float bwd_score(const float *qr, const float *kr, __global const float *add_w, int additive,
-                              float scale, float bias_ij, long h, long i, long j, ca_seq sq, CA_SHAPE_ARGS,
-                              float *dshape) {
-  float dot = 0.0f;
-  if (additive)
-    for (int d = 0; d < DK; d++) dot = fma(add_w[d], tanh(qr[d] + kr[d]), dot);
-  else
-    for (int d = 0; d < DK; d++) dot = fma(qr[d], kr[d], dot);
-  float x = scale * dot;
-  *dshape = scale;
+static inline int16 bwd_lanes(void) { return (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+
+/* 16 raw scores (<q, k> or the additive sum) shaped as the forward does
+ * before bias and ALiBi: scale, then softcap; *dshape is the derivative of
+ * the shaped score by the raw one (scale (1 - tanh^2) under softcap). */
+static inline float16 bwd_shape(float16 raw, float scale, float softcap, float16 *dshape) {
+  const float16 x = raw * scale;
   if (softcap > 0.0f) {
-    const float t = tanh(x / softcap);
-    x = softcap * t;
+    const float16 t = tanh(x / softcap);
     *dshape = scale * (1.0f - t * t);
+    return softcap * t;
   }
-  x += bias_ij;
-  if (has_alibi) x += ca_alibi(i, j, sq.align_m, sq.align_n, alibi[h]);
+  *dshape = (float16)(scale);
   return x;
 }
 
-/* The recomputed weight of an allowed pair; 0 when the score or the row's
- * lse is -inf (an empty row: nothing flows back through it). */
-static inline float bwd_weight(float s, float row_lse) {
-  return (s == -INFINITY || row_lse == -INFINITY) ? 0.0f : exp(s - row_lse);
+/* The per-pair part of 16 pairs (i0 + l di, j0 + l dj): the mask clears
+ * lanes of *ok, bias and ALiBi add to the allowed lanes' scores. */
+static inline float16 bwd_pairs(float16 x, int16 *ok, long b, long h, long i0, int di, long j0, int dj, ca_seq sq,
+                                __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
+                                __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
+                                CA_SHAPE_ARGS) {
+  float e[BWD_BN];
+  int a[BWD_BN];
+  vstore16(x, 0, e);
+  vstore16(*ok, 0, a);
+  for (int l = 0; l < BWD_BN; l++) {
+    if (!a[l]) continue;
+    const long i = i0 + (long)l * di, j = j0 + (long)l * dj;
+    if (has_mask && mask[ca_at(mask_off, mask_st, b, h, i, j)] == 0) {
+      a[l] = 0;
+      continue;
+    }
+    if (has_bias) e[l] += bias[ca_at(bias_off, bias_st, b, h, i, j)];
+    if (has_alibi) e[l] += ca_alibi(i, j, sq.align_m, sq.align_n, alibi[h]);
+  }
+  *ok = vload16(0, a);
+  return vload16(0, e);
+}
+
+/* The weights p = exp(s - lse) of the ok lanes (0 elsewhere, and ok
+ * cleared where s is -inf or p underflows) and dS * dshape = p (dp - D) dshape:
+ * a lane that is not ok contributes exactly nothing, whatever its key,
+ * value or score holds. */
+static inline float16 bwd_ds(float16 x, float16 row_lse, float16 dp, float16 d_row, float16 dshape, int16 *ok,
+                             float16 *p) {
+  *ok &= isnotequal(x, (float16)(-INFINITY));
+  *p = select((float16)(0.0f), exp(x - row_lse), *ok);
+  *ok &= isnotequal(*p, (float16)(0.0f));
+  *p = select((float16)(0.0f), *p, *ok);
+  return select((float16)(0.0f), *p * (dp - d_row) * dshape, *ok);
 }
 
 /*
@@ -108,123 +134,160 @@ __kernel void bwd_rowdot(BWD_ARGS) {
 }
 
 /*
- * bwd_dkdv — one work-item per key j of KV head (b, hk): walks the query
- * rows that may see j (the window bounds them), over the group's heads in
- * order, and writes dK_j and dV_j. Keys past kv_lens get zero gradients;
- * keys past a packed sequence's end are left to bwd_zero.
- * NDRange: (kv_len, batch * kv_heads).
+ * bwd_dkdv — one work-item per block of 16 keys of KV head (b, hk), one
+ * float16 lane per key: walks the query rows whose window reaches the
+ * block, over the group's heads in order, and writes dK and dV of its keys.
+ * Keys past kv_lens get zero gradients; keys past a packed sequence's end
+ * are left to bwd_zero. NDRange: (ceil(kv_len / 16), batch * kv_heads).
  */
 __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_st, __global store_t *d_v,
                        ulong dv_off, ulong4 dv_st) {
   (void)o; (void)o_off; (void)o_st; (void)sinkt;
-  const int j = get_global_id(0), bhk = get_global_id(1);
-  if (j >= kv_len) return;
+  const int j0 = get_global_id(0) * BWD_BN, bhk = get_global_id(1);
+  if (j0 >= kv_len) return;
   const int b = bhk / kv_heads, hk = bhk % kv_heads;
   const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
-  if (varlen && j >= sq.keys) return;
-  const long kj = sq.k0 + j;
-  float kr[DK], vr[DV], gk[DK], gv[DV];
-  for (int d = 0; d < DK; d++) gk[d] = 0.0f;
-  for (int c = 0; c < DV; c++) gv[c] = 0.0f;
-  if (j < sq.keys) {
-    for (int d = 0; d < DK; d++) kr[d] = ca_load(k, ca_at(k_off, k_st, b, hk, kj, d));
-    for (int c = 0; c < DV; c++) vr[c] = ca_load(v, ca_at(v_off, v_st, b, hk, kj, c));
-    /* rows whose window holds j: p_i - window_left <= j <= p_i + window_right */
-    const long shift = (long)sq.align_n - (long)sq.align_m;
-    long i_lo = window_right >= 0 ? (long)j - window_right - shift : 0;
-    long i_hi = window_left >= 0 ? (long)j + window_left - shift : (long)sq.rows - 1;
-    i_lo = max(i_lo, 0L);
-    i_hi = min(i_hi, (long)sq.rows - 1);
-    for (int h = hk * group; h < (hk + 1) * group; h++)
-      for (long i = i_lo; i <= i_hi; i++) {
-        if (!bwd_allowed(b, h, i, j, sq, window_left, window_right, mask, mask_off, mask_st, has_mask)) continue;
-        const float l = lse[ca_at(lse_off, lse_st, b, h, i, 0)];
-        if (l == -INFINITY) continue;
-        float qr[DK], dor[DV];
-        for (int d = 0; d < DK; d++) qr[d] = ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d));
-        float dshape;
-        const float s = bwd_score(qr, kr, add_w, additive, scale,
-                                  has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, sq,
-                                  CA_SHAPE_PASS, &dshape);
-        const float p = bwd_weight(s, l);
-        if (p == 0.0f) continue;
-        float dp = 0.0f;
-        for (int c = 0; c < DV; c++) {
-          dor[c] = ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c));
-          dp = fma(dor[c], vr[c], dp);
-          gv[c] = fma(p, dor[c], gv[c]);
-        }
-        const float g = p * (dp - dsum[bwd_row(b, h, i, q_heads, q_len)]) * dshape;
-        if (additive)
-          for (int d = 0; d < DK; d++) {
-            const float t = tanh(qr[d] + kr[d]);
-            gk[d] = fma(g * add_w[d], 1.0f - t * t, gk[d]);
-          }
-        else
-          for (int d = 0; d < DK; d++) gk[d] = fma(g, qr[d], gk[d]);
-      }
+  if (varlen && j0 >= sq.keys) return;
+  const int16 jv = j0 + bwd_lanes();
+  const int16 key_ok = jv < (int16)(sq.keys);
+  float ka[DK][BWD_BN], va[DV][BWD_BN], gka[DK][BWD_BN], gva[DV][BWD_BN];
+  for (int l = 0; l < BWD_BN; l++) {
+    const int j = min(j0 + l, sq.keys - 1);   /* keys past the valid ones are never read */
+    const bool valid = j0 + l < sq.keys;
+    for (int d = 0; d < DK; d++) ka[d][l] = valid ? ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + j, d)) : 0.0f;
+    for (int c = 0; c < DV; c++) va[c][l] = valid ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)) : 0.0f;
   }
-  for (int d = 0; d < DK; d++) ca_store(d_k, ca_at(dk_off, dk_st, b, hk, kj, d), gk[d]);
-  for (int c = 0; c < DV; c++) ca_store(d_v, ca_at(dv_off, dv_st, b, hk, kj, c), gv[c]);
+  for (int d = 0; d < DK; d++) vstore16((float16)(0.0f), 0, gka[d]);
+  for (int c = 0; c < DV; c++) vstore16((float16)(0.0f), 0, gva[c]);
+  /* rows whose window reaches the block: p_i - window_left <= j <= p_i + window_right */
+  const long shift = (long)sq.align_n - (long)sq.align_m;
+  long i_lo = window_right >= 0 ? (long)j0 - window_right - shift : 0;
+  long i_hi = window_left >= 0 ? (long)j0 + BWD_BN - 1 + window_left - shift : (long)sq.rows - 1;
+  i_lo = max(i_lo, 0L);
+  i_hi = min(i_hi, (long)sq.rows - 1);
+  const bool per_pair = has_mask || has_bias || has_alibi;
+  for (int h = hk * group; h < (hk + 1) * group; h++)
+    for (long i = i_lo; i <= i_hi; i++) {
+      const float l = lse[ca_at(lse_off, lse_st, b, h, i, 0)];
+      if (l == -INFINITY) continue;   /* empty row */
+      const long pos = i + shift;
+      int16 ok = key_ok;
+      if (window_left >= 0) ok &= jv >= (int16)((int)max(pos - window_left, -1L));
+      if (window_right >= 0) ok &= jv <= (int16)((int)min(pos + window_right, (long)INT_MAX));
+      if (!any(ok)) continue;
+      float qv[DK], dov[DV];
+      float16 raw = (float16)(0.0f), dp = (float16)(0.0f);
+      for (int d = 0; d < DK; d++) {
+        qv[d] = ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d));
+        raw = additive ? fma((float16)(add_w[d]), tanh(qv[d] + vload16(0, ka[d])), raw)
+                       : fma((float16)(qv[d]), vload16(0, ka[d]), raw);
+      }
+      for (int c = 0; c < DV; c++) {
+        dov[c] = ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c));
+        dp = fma((float16)(dov[c]), vload16(0, va[c]), dp);
+      }
+      float16 dshape, p;
+      float16 x = bwd_shape(raw, scale, softcap, &dshape);
+      if (per_pair)
+        x = bwd_pairs(x, &ok, b, h, i, 0, j0, 1, sq, mask, mask_off, mask_st, has_mask, bias, bias_off, bias_st,
+                      has_bias, CA_SHAPE_PASS);
+      const float16 ds = bwd_ds(x, (float16)(l), dp, (float16)(dsum[bwd_row(b, h, i, q_heads, q_len)]), dshape, &ok, &p);
+      if (!any(ok)) continue;
+      for (int c = 0; c < DV; c++) vstore16(fma(p, (float16)(dov[c]), vload16(0, gva[c])), 0, gva[c]);
+      if (additive)
+        for (int d = 0; d < DK; d++) {
+          const float16 t = tanh(qv[d] + vload16(0, ka[d]));
+          vstore16(fma(ds * add_w[d], 1.0f - t * t, vload16(0, gka[d])), 0, gka[d]);
+        }
+      else
+        for (int d = 0; d < DK; d++) vstore16(fma(ds, (float16)(qv[d]), vload16(0, gka[d])), 0, gka[d]);
+    }
+  const int n_out = min(BWD_BN, (varlen ? sq.keys : kv_len) - j0);
+  for (int l = 0; l < n_out; l++) {
+    const long kj = sq.k0 + j0 + l;
+    for (int d = 0; d < DK; d++) ca_store(d_k, ca_at(dk_off, dk_st, b, hk, kj, d), gka[d][l]);
+    for (int c = 0; c < DV; c++) ca_store(d_v, ca_at(dv_off, dv_st, b, hk, kj, c), gva[c][l]);
+  }
 }
 
 /*
- * bwd_dq — one work-item per query row (b, h, i): walks the row's keys in
- * order and writes dQ_i; with additive scoring and want_dw, the row's term
- * of d_additive_w, sum_j g_ij tanh(q_i + k_j), to dw_rows [B * Hq * q_len][DK].
- * An empty row gets dQ = 0. Rows past a packed sequence's end are left to
- * bwd_zero. NDRange: (q_len, batch * q_heads).
+ * bwd_dq — one work-item per block of 16 query rows of head (b, h), one
+ * float16 lane per row: walks the keys the rows' windows reach, in order,
+ * and writes dQ of its rows; with additive scoring and want_dw, each row's
+ * term of d_additive_w, sum_j g_ij tanh(q_i + k_j), to dw_rows
+ * [B * Hq * q_len][DK]. An empty row gets dQ = 0. Rows past a packed
+ * sequence's end are left to bwd_zero. NDRange: (ceil(q_len / 16), batch * q_heads).
  */
 __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st, __global float *dw_rows,
                      int want_dw) {
   (void)o; (void)o_off; (void)o_st; (void)sinkt;
-  const int i = get_global_id(0), bh = get_global_id(1);
-  if (i >= q_len) return;
+  const int i0 = get_global_id(0) * BWD_BN, bh = get_global_id(1);
+  if (i0 >= q_len) return;
   const int b = bh / q_heads, h = bh % q_heads, hk = h / group;
   const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
-  const ulong row = bwd_row(b, h, i, q_heads, q_len);
-  float gq[DK], gw[DK];
-  for (int d = 0; d < DK; d++) gq[d] = gw[d] = 0.0f;
-  if (i < sq.rows) {
-    const float l = lse[ca_at(lse_off, lse_st, b, h, i, 0)];
-    const float drow = dsum[row];
-    float qr[DK], dor[DV];
-    for (int d = 0; d < DK; d++) qr[d] = ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d));
-    for (int c = 0; c < DV; c++) dor[c] = ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c));
-    /* the keys i's window holds, as the forward's flash_row_keys */
-    const long pos = (long)i + (long)sq.align_n - (long)sq.align_m;
-    long j_lo = window_left >= 0 ? pos - window_left : 0;
-    long j_hi = window_right >= 0 ? pos + window_right : (long)sq.keys - 1;
-    j_lo = max(j_lo, 0L);
-    j_hi = min(j_hi, (long)sq.keys - 1);
-    if (l == -INFINITY) j_hi = -1; /* empty row */
-    for (long j = j_lo; j <= j_hi; j++) {
-      if (!bwd_allowed(b, h, i, j, sq, window_left, window_right, mask, mask_off, mask_st, has_mask)) continue;
-      const long kj = sq.k0 + j;
-      float kr[DK];
-      for (int d = 0; d < DK; d++) kr[d] = ca_load(k, ca_at(k_off, k_st, b, hk, kj, d));
-      float dshape;
-      const float s = bwd_score(qr, kr, add_w, additive, scale,
-                                has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, sq,
-                                CA_SHAPE_PASS, &dshape);
-      const float p = bwd_weight(s, l);
-      if (p == 0.0f) continue;
-      float dp = 0.0f;
-      for (int c = 0; c < DV; c++) dp = fma(dor[c], ca_load(v, ca_at(v_off, v_st, b, hk, kj, c)), dp);
-      const float g = p * (dp - drow) * dshape;
-      if (additive)
-        for (int d = 0; d < DK; d++) {
-          const float t = tanh(qr[d] + kr[d]);
-          gq[d] = fma(g * add_w[d], 1.0f - t * t, gq[d]);
-          gw[d] = fma(g, t, gw[d]);
-        }
-      else
-        for (int d = 0; d < DK; d++) gq[d] = fma(g, kr[d], gq[d]);
-    }
-    for (int d = 0; d < DK; d++) ca_store(d_q, ca_at(dq_off, dq_st, b, h, sq.q0 + i, d), gq[d]);
+  const int16 iv = i0 + bwd_lanes();
+  float qa[DK][BWD_BN], doa[DV][BWD_BN], gqa[DK][BWD_BN], gwa[DK][BWD_BN];
+  float lse_a[BWD_BN], d_a[BWD_BN];
+  for (int l = 0; l < BWD_BN; l++) {
+    const int i = min(i0 + l, q_len - 1);
+    const bool live = i0 + l < sq.rows;
+    lse_a[l] = live ? lse[ca_at(lse_off, lse_st, b, h, i, 0)] : -INFINITY;
+    d_a[l] = live ? dsum[bwd_row(b, h, i, q_heads, q_len)] : 0.0f;
+    for (int d = 0; d < DK; d++) qa[d][l] = live ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d)) : 0.0f;
+    for (int c = 0; c < DV; c++) doa[c][l] = live ? ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)) : 0.0f;
   }
-  if (want_dw)
-    for (int d = 0; d < DK; d++) dw_rows[row * DK + d] = gw[d];
+  for (int d = 0; d < DK; d++) {
+    vstore16((float16)(0.0f), 0, gqa[d]);
+    vstore16((float16)(0.0f), 0, gwa[d]);
+  }
+  const float16 row_lse = vload16(0, lse_a), d_row = vload16(0, d_a);
+  const int16 row_ok = isnotequal(row_lse, (float16)(-INFINITY));   /* live, not empty */
+  /* keys the block's windows reach, as the forward's flash_row_keys */
+  const long shift = (long)sq.align_n - (long)sq.align_m;
+  const int16 posv = iv + (int16)((int)shift);   /* i + shift lies in (-q_len, kv_len) */
+  long j_lo = window_left >= 0 ? (long)i0 + shift - window_left : 0;
+  long j_hi = window_right >= 0 ? (long)i0 + BWD_BN - 1 + shift + window_right : (long)sq.keys - 1;
+  j_lo = max(j_lo, 0L);
+  j_hi = min(j_hi, (long)sq.keys - 1);
+  if (!any(row_ok)) j_hi = -1;
+  const bool per_pair = has_mask || has_bias || has_alibi;
+  for (long j = j_lo; j <= j_hi; j++) {
+    int16 ok = row_ok;
+    if (window_left >= 0) ok &= posv <= (int16)((int)min(j + window_left, (long)INT_MAX));
+    if (window_right >= 0) ok &= posv >= (int16)((int)(j - window_right));
+    if (!any(ok)) continue;
+    const long kj = sq.k0 + j;
+    float kr[DK];
+    float16 raw = (float16)(0.0f), dp = (float16)(0.0f);
+    for (int d = 0; d < DK; d++) {
+      kr[d] = ca_load(k, ca_at(k_off, k_st, b, hk, kj, d));
+      raw = additive ? fma((float16)(add_w[d]), tanh(vload16(0, qa[d]) + kr[d]), raw)
+                     : fma(vload16(0, qa[d]), (float16)(kr[d]), raw);
+    }
+    for (int c = 0; c < DV; c++) dp = fma(vload16(0, doa[c]), (float16)(ca_load(v, ca_at(v_off, v_st, b, hk, kj, c))), dp);
+    float16 dshape, p;
+    float16 x = bwd_shape(raw, scale, softcap, &dshape);
+    if (per_pair)
+      x = bwd_pairs(x, &ok, b, h, i0, 1, j, 0, sq, mask, mask_off, mask_st, has_mask, bias, bias_off, bias_st,
+                    has_bias, CA_SHAPE_PASS);
+    const float16 ds = bwd_ds(x, row_lse, dp, d_row, dshape, &ok, &p);
+    if (!any(ok)) continue;
+    if (additive)
+      for (int d = 0; d < DK; d++) {
+        const float16 t = tanh(vload16(0, qa[d]) + kr[d]);
+        vstore16(fma(ds * add_w[d], 1.0f - t * t, vload16(0, gqa[d])), 0, gqa[d]);
+        vstore16(fma(ds, t, vload16(0, gwa[d])), 0, gwa[d]);
+      }
+    else
+      for (int d = 0; d < DK; d++) vstore16(fma(ds, (float16)(kr[d]), vload16(0, gqa[d])), 0, gqa[d]);
+  }
+  for (int l = 0; l < BWD_BN && i0 + l < q_len; l++) {
+    const int i = i0 + l;
+    if (i < sq.rows)
+      for (int d = 0; d < DK; d++) ca_store(d_q, ca_at(dq_off, dq_st, b, h, sq.q0 + i, d), gqa[d][l]);
+    if (want_dw)
+      for (int d = 0; d < DK; d++) dw_rows[bwd_row(b, h, i, q_heads, q_len) * DK + d] = gwa[d][l];
+  }
 }
 
 /*

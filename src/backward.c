@@ -3,8 +3,8 @@
  * passes in order on the context's queue:
  *   (packed sequences: bwd_zero over d_q, d_k, d_v)
  *   bwd_rowdot   D_i = rowsum(dO o O), sinks' per-row terms
- *   bwd_dkdv     dK, dV, one work-item per key
- *   bwd_dq       dQ, one work-item per query row (+ additive w's row terms)
+ *   bwd_dkdv     dK, dV, one work-item per 16 keys (one float16 lane each)
+ *   bwd_dq       dQ, one work-item per 16 query rows (+ additive w's row terms)
  *   bwd_sum      d_sinks, d_additive_w in a fixed order
  * Every pass writes each output element from one work-item in a fixed
  * order, so results are bitwise repeatable; deterministic = 0 runs the same
@@ -16,6 +16,8 @@
 
 #include "program_text.h"
 #include "internal.h"
+
+enum { BWD_BN = 16 }; /* keys / rows per work-item: cl/backward.cl's BWD_BN */
 
 #define BAD(...) ca_fail(CLATTN_ERR_INVALID_ARGUMENT, __VA_ARGS__)
 
@@ -228,7 +230,8 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   }
 
   const size_t row_global[2] = {(size_t)p.q_len, (size_t)p.batch * (size_t)p.q_heads};
-  const size_t key_global[2] = {(size_t)p.kv_len, (size_t)p.batch * (size_t)p.kv_heads};
+  const size_t row_blocks[2] = {((size_t)p.q_len + BWD_BN - 1) / BWD_BN, (size_t)p.batch * (size_t)p.q_heads};
+  const size_t key_blocks[2] = {((size_t)p.kv_len + BWD_BN - 1) / BWD_BN, (size_t)p.batch * (size_t)p.kv_heads};
   ca_args a = {rowdot, "bwd_rowdot", 0, 0, CL_SUCCESS};
   arg_common(&a, &p, &plan, bp, dsum, sinkt);
   if ((st = ca_args_done(&a)) ||
@@ -239,7 +242,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   arg_common(&a, &p, &plan, bp, dsum, sinkt);
   ca_arg_view(&a, &bp->d_k);
   ca_arg_view(&a, &bp->d_v);
-  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dkdv, "bwd_dkdv", 2, key_global, NULL, n_wait, wait, &prev)))
+  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dkdv, "bwd_dkdv", 2, key_blocks, NULL, n_wait, wait, &prev)))
     goto fail;
 
   a = (ca_args){dq, "bwd_dq", 0, 0, CL_SUCCESS};
@@ -247,7 +250,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   ca_arg_view(&a, &bp->d_q);
   ca_arg_mem(&a, dw_rows);
   ca_arg_int(&a, want_dw);
-  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dq, "bwd_dq", 2, row_global, NULL, n_wait, wait, &prev)))
+  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dq, "bwd_dq", 2, row_blocks, NULL, n_wait, wait, &prev)))
     goto fail;
 
   const cl_ulong m = (cl_ulong)p.q_len, hq = (cl_ulong)p.q_heads;
