@@ -133,12 +133,18 @@ __kernel void bwd_rowdot(BWD_ARGS) {
   }
 }
 
+/* Partner rows (bwd_dkdv) or keys (bwd_dq) taken together, so each
+ * private K/V or Q/dO vector loaded serves BWD_R multiply-adds. */
+#define BWD_R 4
+
 /*
  * bwd_dkdv — one work-item per block of 16 keys of KV head (b, hk), one
  * float16 lane per key: walks the query rows whose window reaches the
- * block, over the group's heads in order, and writes dK and dV of its keys.
- * Keys past kv_lens get zero gradients; keys past a packed sequence's end
- * are left to bwd_zero. NDRange: (ceil(kv_len / 16), batch * kv_heads).
+ * block, BWD_R at a time, over the group's heads in order, and writes dK
+ * and dV of its keys. A pair that is not allowed adds nothing, not even a
+ * NaN times 0 (the accumulations select). Keys past kv_lens get zero
+ * gradients; keys past a packed sequence's end are left to bwd_zero.
+ * NDRange: (ceil(kv_len / 16), batch * kv_heads).
  */
 __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_st, __global store_t *d_v,
                        ulong dv_off, ulong4 dv_st) {
@@ -167,40 +173,65 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
   i_hi = min(i_hi, (long)sq.rows - 1);
   const bool per_pair = has_mask || has_bias || has_alibi;
   for (int h = hk * group; h < (hk + 1) * group; h++)
-    for (long i = i_lo; i <= i_hi; i++) {
-      const float l = lse[ca_at(lse_off, lse_st, b, h, i, 0)];
-      if (l == -INFINITY) continue;   /* empty row */
-      const long pos = i + shift;
-      int16 ok = key_ok;
-      if (window_left >= 0) ok &= jv >= (int16)((int)max(pos - window_left, -1L));
-      if (window_right >= 0) ok &= jv <= (int16)((int)min(pos + window_right, (long)INT_MAX));
-      if (!any(ok)) continue;
-      float qv[DK], dov[DV];
-      float16 raw = (float16)(0.0f), dp = (float16)(0.0f);
+    for (long ib = i_lo; ib <= i_hi; ib += BWD_R) {
+      int16 ok[BWD_R];
+      float lr[BWD_R];
+      bool live[BWD_R], any_live = false;
+      for (int r = 0; r < BWD_R; r++) {
+        const long i = ib + r, pos = i + shift;
+        lr[r] = i <= i_hi ? lse[ca_at(lse_off, lse_st, b, h, i, 0)] : -INFINITY;
+        ok[r] = key_ok;
+        if (window_left >= 0) ok[r] &= jv >= (int16)((int)max(pos - window_left, -1L));
+        if (window_right >= 0) ok[r] &= jv <= (int16)((int)min(pos + window_right, (long)INT_MAX));
+        live[r] = lr[r] != -INFINITY && any(ok[r]);   /* an empty row, or one the block is outside of */
+        any_live |= live[r];
+      }
+      if (!any_live) continue;
+      float qv[BWD_R][DK], dov[BWD_R][DV];
+      float16 raw[BWD_R], dp[BWD_R], ds[BWD_R], p[BWD_R];
+      for (int r = 0; r < BWD_R; r++) {
+        raw[r] = dp[r] = (float16)(0.0f);
+        const long i = min(ib + r, i_hi);
+        for (int d = 0; d < DK; d++) qv[r][d] = live[r] ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d)) : 0.0f;
+        for (int c = 0; c < DV; c++) dov[r][c] = live[r] ? ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)) : 0.0f;
+      }
       for (int d = 0; d < DK; d++) {
-        qv[d] = ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d));
-        raw = additive ? fma((float16)(add_w[d]), tanh(qv[d] + vload16(0, ka[d])), raw)
-                       : fma((float16)(qv[d]), vload16(0, ka[d]), raw);
+        const float16 kd = vload16(0, ka[d]);
+        for (int r = 0; r < BWD_R; r++)
+          raw[r] = additive ? fma((float16)(add_w[d]), tanh(qv[r][d] + kd), raw[r]) : fma((float16)(qv[r][d]), kd, raw[r]);
       }
       for (int c = 0; c < DV; c++) {
-        dov[c] = ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c));
-        dp = fma((float16)(dov[c]), vload16(0, va[c]), dp);
+        const float16 vc = vload16(0, va[c]);
+        for (int r = 0; r < BWD_R; r++) dp[r] = fma((float16)(dov[r][c]), vc, dp[r]);
       }
-      float16 dshape, p;
-      float16 x = bwd_shape(raw, scale, softcap, &dshape);
-      if (per_pair)
-        x = bwd_pairs(x, &ok, b, h, i, 0, j0, 1, sq, mask, mask_off, mask_st, has_mask, bias, bias_off, bias_st,
-                      has_bias, CA_SHAPE_PASS);
-      const float16 ds = bwd_ds(x, (float16)(l), dp, (float16)(dsum[bwd_row(b, h, i, q_heads, q_len)]), dshape, &ok, &p);
-      if (!any(ok)) continue;
-      for (int c = 0; c < DV; c++) vstore16(fma(p, (float16)(dov[c]), vload16(0, gva[c])), 0, gva[c]);
-      if (additive)
-        for (int d = 0; d < DK; d++) {
-          const float16 t = tanh(qv[d] + vload16(0, ka[d]));
-          vstore16(fma(ds * add_w[d], 1.0f - t * t, vload16(0, gka[d])), 0, gka[d]);
+      for (int r = 0; r < BWD_R; r++) {
+        if (!live[r]) ok[r] = (int16)(0);
+        float16 dshape;
+        float16 x = bwd_shape(raw[r], scale, softcap, &dshape);
+        if (per_pair && live[r])
+          x = bwd_pairs(x, &ok[r], b, h, ib + r, 0, j0, 1, sq, mask, mask_off, mask_st, has_mask, bias, bias_off,
+                        bias_st, has_bias, CA_SHAPE_PASS);
+        const float d_row = live[r] ? dsum[bwd_row(b, h, ib + r, q_heads, q_len)] : 0.0f;
+        ds[r] = bwd_ds(x, (float16)(lr[r]), dp[r], (float16)(d_row), dshape, &ok[r], &p[r]);
+      }
+      for (int c = 0; c < DV; c++) {
+        float16 g = vload16(0, gva[c]);
+        for (int r = 0; r < BWD_R; r++) g = select(g, fma(p[r], (float16)(dov[r][c]), g), ok[r]);
+        vstore16(g, 0, gva[c]);
+      }
+      for (int d = 0; d < DK; d++) {
+        float16 g = vload16(0, gka[d]);
+        if (additive) {
+          const float16 kd = vload16(0, ka[d]);
+          for (int r = 0; r < BWD_R; r++) {
+            const float16 t = tanh(qv[r][d] + kd);
+            g = select(g, fma(ds[r] * add_w[d], 1.0f - t * t, g), ok[r]);
+          }
+        } else {
+          for (int r = 0; r < BWD_R; r++) g = select(g, fma(ds[r], (float16)(qv[r][d]), g), ok[r]);
         }
-      else
-        for (int d = 0; d < DK; d++) vstore16(fma(ds, (float16)(qv[d]), vload16(0, gka[d])), 0, gka[d]);
+        vstore16(g, 0, gka[d]);
+      }
     }
   const int n_out = min(BWD_BN, (varlen ? sq.keys : kv_len) - j0);
   for (int l = 0; l < n_out; l++) {
@@ -212,11 +243,12 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
 
 /*
  * bwd_dq — one work-item per block of 16 query rows of head (b, h), one
- * float16 lane per row: walks the keys the rows' windows reach, in order,
- * and writes dQ of its rows; with additive scoring and want_dw, each row's
- * term of d_additive_w, sum_j g_ij tanh(q_i + k_j), to dw_rows
- * [B * Hq * q_len][DK]. An empty row gets dQ = 0. Rows past a packed
- * sequence's end are left to bwd_zero. NDRange: (ceil(q_len / 16), batch * q_heads).
+ * float16 lane per row: walks the keys the rows' windows reach, BWD_R at a
+ * time in order, and writes dQ of its rows; with additive scoring and
+ * want_dw, each row's term of d_additive_w, sum_j g_ij tanh(q_i + k_j), to
+ * dw_rows [B * Hq * q_len][DK]. An empty row gets dQ = 0. Rows past a
+ * packed sequence's end are left to bwd_zero.
+ * NDRange: (ceil(q_len / 16), batch * q_heads).
  */
 __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st, __global float *dw_rows,
                      int want_dw) {
@@ -251,35 +283,60 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
   j_hi = min(j_hi, (long)sq.keys - 1);
   if (!any(row_ok)) j_hi = -1;
   const bool per_pair = has_mask || has_bias || has_alibi;
-  for (long j = j_lo; j <= j_hi; j++) {
-    int16 ok = row_ok;
-    if (window_left >= 0) ok &= posv <= (int16)((int)min(j + window_left, (long)INT_MAX));
-    if (window_right >= 0) ok &= posv >= (int16)((int)(j - window_right));
-    if (!any(ok)) continue;
-    const long kj = sq.k0 + j;
-    float kr[DK];
-    float16 raw = (float16)(0.0f), dp = (float16)(0.0f);
-    for (int d = 0; d < DK; d++) {
-      kr[d] = ca_load(k, ca_at(k_off, k_st, b, hk, kj, d));
-      raw = additive ? fma((float16)(add_w[d]), tanh(vload16(0, qa[d]) + kr[d]), raw)
-                     : fma(vload16(0, qa[d]), (float16)(kr[d]), raw);
+  for (long jb = j_lo; jb <= j_hi; jb += BWD_R) {
+    int16 ok[BWD_R];
+    bool live[BWD_R], any_live = false;
+    for (int r = 0; r < BWD_R; r++) {
+      const long j = jb + r;
+      ok[r] = row_ok;
+      if (window_left >= 0) ok[r] &= posv <= (int16)((int)min(j + window_left, (long)INT_MAX));
+      if (window_right >= 0) ok[r] &= posv >= (int16)((int)(j - window_right));
+      live[r] = j <= j_hi && any(ok[r]);
+      any_live |= live[r];
     }
-    for (int c = 0; c < DV; c++) dp = fma(vload16(0, doa[c]), (float16)(ca_load(v, ca_at(v_off, v_st, b, hk, kj, c))), dp);
-    float16 dshape, p;
-    float16 x = bwd_shape(raw, scale, softcap, &dshape);
-    if (per_pair)
-      x = bwd_pairs(x, &ok, b, h, i0, 1, j, 0, sq, mask, mask_off, mask_st, has_mask, bias, bias_off, bias_st,
-                    has_bias, CA_SHAPE_PASS);
-    const float16 ds = bwd_ds(x, row_lse, dp, d_row, dshape, &ok, &p);
-    if (!any(ok)) continue;
-    if (additive)
-      for (int d = 0; d < DK; d++) {
-        const float16 t = tanh(vload16(0, qa[d]) + kr[d]);
-        vstore16(fma(ds * add_w[d], 1.0f - t * t, vload16(0, gqa[d])), 0, gqa[d]);
-        vstore16(fma(ds, t, vload16(0, gwa[d])), 0, gwa[d]);
+    if (!any_live) continue;
+    float kr[BWD_R][DK], vr[BWD_R][DV];
+    float16 raw[BWD_R], dp[BWD_R], ds[BWD_R], p[BWD_R];
+    for (int r = 0; r < BWD_R; r++) {   /* a key no row of the block may see is not read */
+      raw[r] = dp[r] = (float16)(0.0f);
+      const long kj = sq.k0 + min(jb + r, j_hi);
+      for (int d = 0; d < DK; d++) kr[r][d] = live[r] ? ca_load(k, ca_at(k_off, k_st, b, hk, kj, d)) : 0.0f;
+      for (int c = 0; c < DV; c++) vr[r][c] = live[r] ? ca_load(v, ca_at(v_off, v_st, b, hk, kj, c)) : 0.0f;
+    }
+    for (int d = 0; d < DK; d++) {
+      const float16 qd = vload16(0, qa[d]);
+      for (int r = 0; r < BWD_R; r++)
+        raw[r] = additive ? fma((float16)(add_w[d]), tanh(qd + kr[r][d]), raw[r]) : fma(qd, (float16)(kr[r][d]), raw[r]);
+    }
+    for (int c = 0; c < DV; c++) {
+      const float16 dc = vload16(0, doa[c]);
+      for (int r = 0; r < BWD_R; r++) dp[r] = fma(dc, (float16)(vr[r][c]), dp[r]);
+    }
+    for (int r = 0; r < BWD_R; r++) {
+      if (!live[r]) ok[r] = (int16)(0);
+      float16 dshape;
+      float16 x = bwd_shape(raw[r], scale, softcap, &dshape);
+      if (per_pair && live[r])
+        x = bwd_pairs(x, &ok[r], b, h, i0, 1, jb + r, 0, sq, mask, mask_off, mask_st, has_mask, bias, bias_off,
+                      bias_st, has_bias, CA_SHAPE_PASS);
+      ds[r] = bwd_ds(x, row_lse, dp[r], d_row, dshape, &ok[r], &p[r]);
+    }
+    for (int d = 0; d < DK; d++) {
+      float16 g = vload16(0, gqa[d]);
+      if (additive) {
+        const float16 qd = vload16(0, qa[d]);
+        float16 gw = vload16(0, gwa[d]);
+        for (int r = 0; r < BWD_R; r++) {
+          const float16 t = tanh(qd + kr[r][d]);
+          g = select(g, fma(ds[r] * add_w[d], 1.0f - t * t, g), ok[r]);
+          gw = select(gw, fma(ds[r], t, gw), ok[r]);
+        }
+        vstore16(gw, 0, gwa[d]);
+      } else {
+        for (int r = 0; r < BWD_R; r++) g = select(g, fma(ds[r], (float16)(kr[r][d]), g), ok[r]);
       }
-    else
-      for (int d = 0; d < DK; d++) vstore16(fma(ds, (float16)(kr[d]), vload16(0, gqa[d])), 0, gqa[d]);
+      vstore16(g, 0, gqa[d]);
+    }
   }
   for (int l = 0; l < BWD_BN && i0 + l < q_len; l++) {
     const int i = i0 + l;

@@ -410,6 +410,38 @@ static void empty_rows_give_zero(void)
   check_shape(s, zero_rows, 1e-4, "empty rows with sinks");
 }
 
+/* A NaN in a key only the last rows may see (causal): those rows' gradients
+ * are NaN, every other row's d_q stays finite and right, although the key
+ * shares a 16-row block and a key block with them. */
+static void nan_key(cp_problem *pb)
+{
+  const clattn_params *p = &pb->params;
+  for (int b = 0; b < p->batch; b++)
+    for (int hk = 0; hk < p->kv_heads; hk++)
+      pb->k[cp_index(&p->k, b, hk, p->kv_len - 1, 0)] = NAN;
+}
+
+static void nan_in_allowed_key_stays_in_its_rows(void)
+{
+  cp_shape s = base_shape(37, 37);
+  s.causal = 1;
+  bwd w;
+  if (bwd_setup(&w, s, nan_key) == 0) {
+    const clattn_params *p = &w.pb->params;
+    bwd_check(&w, 1e-4, "NaN key seen by the last rows");
+    float *dq = malloc(w.nq * sizeof *dq);
+    if (CHECK(dq != NULL) && gather(&w, &w.d_q, p->q_heads, p->q_len, p->head_dim, 0, dq) == 0) {
+      long finite = 0;
+      for (size_t e = 0; e < w.nq; e++)
+        finite += isfinite(dq[e]) && isfinite(w.ref.d_q[e]);
+      CHECKF(finite >= (long)(w.nq - (size_t)p->batch * p->q_heads * p->head_dim),
+             "only %ld of %zu d_q entries finite", finite, w.nq);
+    }
+    free(dq);
+  }
+  bwd_free(&w);
+}
+
 /* ---------- score shaping ---------- */
 
 static void softcap_alibi_sinks(void)
@@ -612,6 +644,7 @@ int main(int argc, char **argv)
     CT_TEST(odd_head_dims_mha_and_mqa),
     CT_TEST(causal_window_kv_lens_mask_bias_poisoned),
     CT_TEST(empty_rows_give_zero),
+    CT_TEST(nan_in_allowed_key_stays_in_its_rows),
     CT_TEST(softcap_alibi_sinks),
     CT_TEST(f16_and_bf16_storage),
     CT_TEST(additive_scores),
