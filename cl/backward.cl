@@ -195,13 +195,21 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
         for (int d = 0; d < DK; d++) qv[r][d] = live[r] ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d)) : 0.0f;
         for (int c = 0; c < DV; c++) dov[r][c] = live[r] ? ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)) : 0.0f;
       }
-      for (int d = 0; d < DK; d++) {
-        const float16 kd = vload16(0, ka[d]);
-        for (int r = 0; r < BWD_R; r++)
-          raw[r] = additive ? fma((float16)(add_w[d]), tanh(qv[r][d] + kd), raw[r]) : fma((float16)(qv[r][d]), kd, raw[r]);
-      }
+      if (additive)
+        for (int d = 0; d < DK; d++) {
+          const float16 kd = vload16(0, ka[d]);
+#pragma unroll
+          for (int r = 0; r < BWD_R; r++) raw[r] = fma((float16)(add_w[d]), tanh(qv[r][d] + kd), raw[r]);
+        }
+      else
+        for (int d = 0; d < DK; d++) {
+          const float16 kd = vload16(0, ka[d]);
+#pragma unroll
+          for (int r = 0; r < BWD_R; r++) raw[r] = fma((float16)(qv[r][d]), kd, raw[r]);
+        }
       for (int c = 0; c < DV; c++) {
         const float16 vc = vload16(0, va[c]);
+#pragma unroll
         for (int r = 0; r < BWD_R; r++) dp[r] = fma((float16)(dov[r][c]), vc, dp[r]);
       }
       for (int r = 0; r < BWD_R; r++) {
@@ -216,6 +224,7 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
       }
       for (int c = 0; c < DV; c++) {
         float16 g = vload16(0, gva[c]);
+#pragma unroll
         for (int r = 0; r < BWD_R; r++) g = select(g, fma(p[r], (float16)(dov[r][c]), g), ok[r]);
         vstore16(g, 0, gva[c]);
       }
@@ -228,6 +237,7 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
             g = select(g, fma(ds[r] * add_w[d], 1.0f - t * t, g), ok[r]);
           }
         } else {
+#pragma unroll
           for (int r = 0; r < BWD_R; r++) g = select(g, fma(ds[r], (float16)(qv[r][d]), g), ok[r]);
         }
         vstore16(g, 0, gka[d]);
@@ -303,13 +313,21 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
       for (int d = 0; d < DK; d++) kr[r][d] = live[r] ? ca_load(k, ca_at(k_off, k_st, b, hk, kj, d)) : 0.0f;
       for (int c = 0; c < DV; c++) vr[r][c] = live[r] ? ca_load(v, ca_at(v_off, v_st, b, hk, kj, c)) : 0.0f;
     }
-    for (int d = 0; d < DK; d++) {
-      const float16 qd = vload16(0, qa[d]);
-      for (int r = 0; r < BWD_R; r++)
-        raw[r] = additive ? fma((float16)(add_w[d]), tanh(qd + kr[r][d]), raw[r]) : fma(qd, (float16)(kr[r][d]), raw[r]);
-    }
+    if (additive)
+      for (int d = 0; d < DK; d++) {
+        const float16 qd = vload16(0, qa[d]);
+#pragma unroll
+        for (int r = 0; r < BWD_R; r++) raw[r] = fma((float16)(add_w[d]), tanh(qd + kr[r][d]), raw[r]);
+      }
+    else
+      for (int d = 0; d < DK; d++) {
+        const float16 qd = vload16(0, qa[d]);
+#pragma unroll
+        for (int r = 0; r < BWD_R; r++) raw[r] = fma(qd, (float16)(kr[r][d]), raw[r]);
+      }
     for (int c = 0; c < DV; c++) {
       const float16 dc = vload16(0, doa[c]);
+#pragma unroll
       for (int r = 0; r < BWD_R; r++) dp[r] = fma(dc, (float16)(vr[r][c]), dp[r]);
     }
     for (int r = 0; r < BWD_R; r++) {
@@ -333,6 +351,7 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
         }
         vstore16(gw, 0, gwa[d]);
       } else {
+#pragma unroll
         for (int r = 0; r < BWD_R; r++) g = select(g, fma(ds[r], (float16)(kr[r][d]), g), ok[r]);
       }
       vstore16(g, 0, gqa[d]);

@@ -232,6 +232,11 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   const size_t row_global[2] = {(size_t)p.q_len, (size_t)p.batch * (size_t)p.q_heads};
   const size_t row_blocks[2] = {((size_t)p.q_len + BWD_BN - 1) / BWD_BN, (size_t)p.batch * (size_t)p.q_heads};
   const size_t key_blocks[2] = {((size_t)p.kv_len + BWD_BN - 1) / BWD_BN, (size_t)p.batch * (size_t)p.kv_heads};
+  /* One work-item per group where the fused kernel runs so too (CPUs):
+   * POCL then runs each item's 16-wide code as written instead of
+   * vectorising its loops across work-items. */
+  const size_t one[2] = {1, 1};
+  const size_t *block_local = ctx->tiles.flash_wg ? NULL : one;
   ca_args a = {rowdot, "bwd_rowdot", 0, 0, CL_SUCCESS};
   arg_common(&a, &p, &plan, bp, dsum, sinkt);
   if ((st = ca_args_done(&a)) ||
@@ -242,7 +247,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   arg_common(&a, &p, &plan, bp, dsum, sinkt);
   ca_arg_view(&a, &bp->d_k);
   ca_arg_view(&a, &bp->d_v);
-  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dkdv, "bwd_dkdv", 2, key_blocks, NULL, n_wait, wait, &prev)))
+  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dkdv, "bwd_dkdv", 2, key_blocks, block_local, n_wait, wait, &prev)))
     goto fail;
 
   a = (ca_args){dq, "bwd_dq", 0, 0, CL_SUCCESS};
@@ -250,7 +255,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   ca_arg_view(&a, &bp->d_q);
   ca_arg_mem(&a, dw_rows);
   ca_arg_int(&a, want_dw);
-  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dq, "bwd_dq", 2, row_blocks, NULL, n_wait, wait, &prev)))
+  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dq, "bwd_dq", 2, row_blocks, block_local, n_wait, wait, &prev)))
     goto fail;
 
   const cl_ulong m = (cl_ulong)p.q_len, hq = (cl_ulong)p.q_heads;
