@@ -149,8 +149,9 @@ __kernel void bwd_rowdot(BWD_ARGS) {
 __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_st, __global store_t *d_v,
                        ulong dv_off, ulong4 dv_st) {
   (void)o; (void)o_off; (void)o_st; (void)sinkt;
-  const int j0 = get_global_id(0) * BWD_BN, bhk = get_global_id(1);
-  if (j0 >= kv_len) return;
+  const long j0l = (long)get_global_id(0) * BWD_BN;   /* no int overflow near kv_len = 2^31 - 1 */
+  if (j0l >= kv_len) return;
+  const int j0 = (int)j0l, bhk = get_global_id(1);
   const int b = bhk / kv_heads, hk = bhk % kv_heads;
   const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
   if (varlen && j0 >= sq.keys) return;
@@ -263,8 +264,9 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
 __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st, __global float *dw_rows,
                      int want_dw) {
   (void)o; (void)o_off; (void)o_st; (void)sinkt;
-  const int i0 = get_global_id(0) * BWD_BN, bh = get_global_id(1);
-  if (i0 >= q_len) return;
+  const long i0l = (long)get_global_id(0) * BWD_BN;
+  if (i0l >= q_len) return;
+  const int i0 = (int)i0l, bh = get_global_id(1);
   const int b = bh / q_heads, h = bh % q_heads, hk = h / group;
   const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
   const int16 iv = i0 + bwd_lanes();
