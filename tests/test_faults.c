@@ -26,6 +26,7 @@
 
 #include "cl_shim.h"
 #include "kit_checks.h"
+#include "reference_backward.h"
 
 static char g_cache_dir[256];
 static clattn_context *fx; /* the fault sweep's context (also ct_ctx) */
@@ -621,6 +622,132 @@ static void faults_fused_first_build(void)
   cp_free(pb);
 }
 
+/* ---------- the backward pass ---------- */
+
+/* clattn_backward with sinks (d_sinks) and additive scoring (d_additive_w):
+ * a fault at each OpenCL call of the call in turn (its program is built
+ * by the sweep's warm-up call), the forward's out and lse computed once
+ * beforehand. */
+typedef struct {
+  cp_problem *pb;
+  clattn_backward_params bp;
+  cl_mem bufs[6];            /* d_out, d_q, d_k, d_v, d_sinks, d_additive_w */
+  size_t n[6];
+  ref_grads ref;
+} bwd_arg;
+
+static clattn_status bwd_call(void *arg, cl_event *done)
+{
+  bwd_arg *a = arg;
+  return clattn_backward(fx, &a->bp, 0, NULL, done);
+}
+
+static int bwd_prepare(void *arg)
+{
+  bwd_arg *a = arg;
+  for (int i = 1; i < 6; i++) {
+    float *nan = malloc(a->n[i] * sizeof(float));
+    if (!nan)
+      return -1;
+    for (size_t e = 0; e < a->n[i]; e++)
+      nan[e] = NAN;
+    cl_int err = clEnqueueWriteBuffer(clattn_cl_queue(fx), a->bufs[i], CL_TRUE, 0, a->n[i] * sizeof(float), nan, 0,
+                                      NULL, NULL);
+    free(nan);
+    if (err != CL_SUCCESS)
+      return -1;
+  }
+  return 0;
+}
+
+static int bwd_verify(void *arg, clattn_status st)
+{
+  bwd_arg *a = arg;
+  if (st != CLATTN_OK)
+    return 0;
+  const double *want[6] = {NULL, a->ref.d_q, a->ref.d_k, a->ref.d_v, a->ref.d_sinks, a->ref.d_additive_w};
+  for (int i = 1; i < 6; i++) {
+    float *got = malloc(a->n[i] * sizeof(float));
+    int ok = got && clEnqueueReadBuffer(clattn_cl_queue(fx), a->bufs[i], CL_TRUE, 0, a->n[i] * sizeof(float), got,
+                                        0, NULL, NULL) == CL_SUCCESS;
+    for (size_t e = 0; ok && e < a->n[i]; e++)
+      ok = isfinite(got[e]);
+    ok = ok && cp_rel_err(got, want[i], a->n[i]) <= 1e-4;
+    free(got);
+    if (!ok)
+      return 0;
+  }
+  return 1;
+}
+
+static void faults_backward(void)
+{
+  cp_shape s = small_shape(CLATTN_ALGO_FUSED);
+  s.head_dim = 8;
+  s.value_dim = 24;
+  s.want_lse = 1;
+  s.causal = 1;
+  s.sinks = 1;
+  s.additive = 1;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  bwd_arg a;
+  memset(&a, 0, sizeof a);
+  a.pb = pb;
+  cp_result r;
+  const clattn_params *p = &pb->params;
+  const size_t nq = (size_t)p->q_heads * p->q_len * p->head_dim, nk = (size_t)p->kv_heads * p->kv_len * p->head_dim;
+  const size_t nv = (size_t)p->kv_heads * p->kv_len * p->value_dim, no = (size_t)p->q_heads * p->q_len * p->value_dim;
+  const size_t n[6] = {no, nq, nk, nv, (size_t)p->q_heads, (size_t)p->head_dim};
+  double *dout = malloc(no * sizeof *dout);
+  float *dout_f = malloc(no * sizeof *dout_f);
+  a.ref.d_q = malloc(nq * sizeof(double));
+  a.ref.d_k = malloc(nk * sizeof(double));
+  a.ref.d_v = malloc(nv * sizeof(double));
+  a.ref.d_sinks = malloc(n[4] * sizeof(double));
+  a.ref.d_additive_w = malloc(n[5] * sizeof(double));
+  if (!CHECK(dout && dout_f && a.ref.d_q && a.ref.d_k && a.ref.d_v && a.ref.d_sinks && a.ref.d_additive_w) ||
+      !CHECK(cp_run(pb, fx, &r) == 0 && cp_result_ok(&r, 2e-4)))
+    goto done;
+  for (size_t e = 0; e < no; e++)
+    dout[e] = dout_f[e] = (float)((double)((e * 2654435761u) % 1000) / 500.0 - 1.0);
+  const ref_inputs in = cp_ref_inputs(pb);
+  if (!CHECK(ref_backward(p, &in, dout, &a.ref) == 0))
+    goto done;
+  cl_int err = CL_SUCCESS;
+  for (int i = 0; i < 6; i++) {
+    a.n[i] = n[i];
+    a.bufs[i] = clCreateBuffer(clattn_cl_context(fx), CL_MEM_READ_WRITE | (i == 0 ? CL_MEM_COPY_HOST_PTR : 0),
+                               n[i] * sizeof(float), i == 0 ? dout_f : NULL, &err);
+    if (!CHECK(err == CL_SUCCESS))
+      goto done;
+  }
+  const size_t H = (size_t)p->q_heads, Hk = (size_t)p->kv_heads, M = (size_t)p->q_len, N = (size_t)p->kv_len;
+  const size_t dk = (size_t)p->head_dim, dv = (size_t)p->value_dim;
+  a.bp = clattn_backward_params_default();
+  a.bp.fwd = *p;
+  a.bp.d_out = (clattn_tensor){a.bufs[0], 0, {H * M * dv, M * dv, dv, 1}};
+  a.bp.d_q = (clattn_tensor){a.bufs[1], 0, {H * M * dk, M * dk, dk, 1}};
+  a.bp.d_k = (clattn_tensor){a.bufs[2], 0, {Hk * N * dk, N * dk, dk, 1}};
+  a.bp.d_v = (clattn_tensor){a.bufs[3], 0, {Hk * N * dv, N * dv, dv, 1}};
+  a.bp.d_sinks = a.bufs[4];
+  a.bp.d_additive_w = a.bufs[5];
+  call_case c = {"backward (sinks, additive)", bwd_call, bwd_prepare, bwd_verify, &a, CLATTN_OK};
+  sweep(&c);
+done:
+  for (int i = 0; i < 6; i++)
+    if (a.bufs[i])
+      clReleaseMemObject(a.bufs[i]);
+  free(dout);
+  free(dout_f);
+  free(a.ref.d_q);
+  free(a.ref.d_k);
+  free(a.ref.d_v);
+  free(a.ref.d_sinks);
+  free(a.ref.d_additive_w);
+  cp_free(pb);
+}
+
 /* ---------- context creation ---------- */
 
 static int quick_forward_ok(clattn_context *c)
@@ -1065,6 +1192,7 @@ int main(int argc, char **argv)
     CT_TEST(faults_storage_sequences_shaping),
     CT_TEST(faults_merge),
     CT_TEST(faults_fused_first_build),
+    CT_TEST(faults_backward),
     CT_TEST(faults_create),
     CT_TEST(faults_create_embedded),
     CT_TEST(faults_create_no_cache),
