@@ -11,6 +11,7 @@
  * views are checked untouched too.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "kit_checks.h"
@@ -277,11 +278,11 @@ static long nonfinite(const float *x, const double *ref, size_t n)
   return bad;
 }
 
-/* Runs and checks every gradient against the reference within tol (norm-wise). */
-static void bwd_check(bwd *w, double tol, const char *what)
+/* Checks every gradient read back (bwd_run) against the reference within
+ * tol (norm-wise). */
+static void bwd_compare(bwd *w, double tol, const char *what)
 {
   const clattn_params *p = &w->pb->params;
-  CHECK_STATUS(bwd_run(w), CLATTN_OK);
   float *dq = malloc(w->nq * sizeof *dq), *dk = malloc(w->nk * sizeof *dk), *dv = malloc(w->nv * sizeof *dv);
   if (!CHECK(dq && dk && dv))
     goto done;
@@ -317,6 +318,13 @@ done:
   free(dq);
   free(dk);
   free(dv);
+}
+
+/* Runs and checks every gradient against the reference within tol. */
+static void bwd_check(bwd *w, double tol, const char *what)
+{
+  CHECK_STATUS(bwd_run(w), CLATTN_OK);
+  bwd_compare(w, tol, what);
 }
 
 static cp_shape base_shape(int M, int N)
@@ -546,6 +554,65 @@ done:
   bwd_free(&w);
 }
 
+/* ---------- threads ---------- */
+
+typedef struct {
+  bwd *w;
+  clattn_status st;
+  cl_int finish;
+} thread_job;
+
+static void *thread_call(void *arg)
+{
+  thread_job *j = arg;
+  j->st = clattn_backward(ct_context(), &j->w->bp, 0, NULL, NULL);
+  j->finish = clFinish(j->w->pb->queue);
+  return NULL;
+}
+
+/* Four threads call the backward at once on one context, each with head
+ * dims no other call used: four programs built concurrently (the program
+ * table grows under its lock), each result right. */
+static void concurrent_first_builds(void)
+{
+  enum { T = 4 };
+  static const int dims[T][2] = { { 5, 3 }, { 6, 10 }, { 9, 2 }, { 11, 13 } };
+  bwd w[T];
+  thread_job jobs[T];
+  pthread_t tid[T];
+  int ready = 1;
+  for (int t = 0; t < T; t++) {
+    cp_shape s = base_shape(7 + t, 19);
+    s.head_dim = dims[t][0];
+    s.value_dim = dims[t][1];
+    s.causal = t % 2;
+    s.seed = 40 + t;
+    ready &= bwd_setup(&w[t], s, NULL) == 0;
+  }
+  if (ready) {
+    int started[T];
+    for (int t = 0; t < T; t++) {
+      jobs[t] = (thread_job){ &w[t], CLATTN_ERR_OPENCL, CL_SUCCESS };
+      started[t] = pthread_create(&tid[t], NULL, thread_call, &jobs[t]) == 0;
+      CHECK(started[t]);
+    }
+    for (int t = 0; t < T; t++)
+      if (started[t])
+        pthread_join(tid[t], NULL);
+    for (int t = 0; t < T; t++) {
+      CHECKF(jobs[t].st == CLATTN_OK && jobs[t].finish == CL_SUCCESS, "thread %d: %s", t,
+             clattn_status_string(jobs[t].st));
+      char what[64];
+      snprintf(what, sizeof what, "thread %d (dk %d, dv %d)", t, dims[t][0], dims[t][1]);
+      CHECK(grad_read(w[t].pb, &w[t].d_q) == 0 && grad_read(w[t].pb, &w[t].d_k) == 0 &&
+            grad_read(w[t].pb, &w[t].d_v) == 0);
+      bwd_compare(&w[t], 1e-4, what);
+    }
+  }
+  for (int t = 0; t < T; t++)
+    bwd_free(&w[t]);
+}
+
 /* ---------- validation ---------- */
 
 /* A call that must fail with want before anything is enqueued: it waits on
@@ -650,6 +717,7 @@ int main(int argc, char **argv)
     CT_TEST(additive_scores),
     CT_TEST(packed_sequences),
     CT_TEST(bitwise_deterministic_20_runs),
+    CT_TEST(concurrent_first_builds),
     CT_TEST(validation_rejects_before_enqueue),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
