@@ -182,6 +182,8 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   if (n_wait > 0 && !wait) return BAD("clattn_backward: n_wait is %u but wait is NULL", n_wait);
   /* The forward's own checks, without its optional outputs (the backward
    * writes none of them) and with the algorithm moot. */
+  if (bp->fwd.algo < CLATTN_ALGO_AUTO || bp->fwd.algo > CLATTN_ALGO_GEMM)
+    return BAD("fwd.algo %d is not a clattn_algo", (int)bp->fwd.algo);
   clattn_params p = bp->fwd;
   p.weights.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
   p.algo = CLATTN_ALGO_FUSED;

@@ -677,6 +677,15 @@ static void validation_rejects_before_enqueue(void)
   bp.fwd.q_heads = 3;             /* not a multiple of kv_heads: the forward's own checks */
   expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "q_heads % kv_heads");
   bp = w.bp;
+  bp.fwd.algo = (clattn_algo)99;
+  expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "fwd.algo out of range");
+  bp = w.bp;
+  bp.fwd.scale = INFINITY;
+  expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "infinite scale");
+  bp = w.bp;
+  bp.fwd.lse.stride[2] = 0;       /* lse that broadcasts over rows cannot be the forward's */
+  expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "lse broadcasts");
+  bp = w.bp;
   bp.d_sinks = w.d_q.t.buf;       /* without fwd.sinks */
   expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "d_sinks without sinks");
   bp = w.bp;
