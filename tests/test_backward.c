@@ -3,7 +3,8 @@
  * (src/reference_backward.c, itself checked by finite differences in
  * test_reference_backward.c): odd shapes, dk != dv, every forward feature,
  * 16-bit storage, NaN/Inf in disallowed keys and values, empty rows,
- * packed sequences, bitwise determinism, and validation (rejected calls
+ * packed sequences, a NaN key seen by some rows only, bitwise determinism,
+ * four threads building programs at once, and validation (rejected calls
  * enqueue nothing and leave every buffer as it was).
  *
  * Gradient views reuse the forward's view shapes (offsets, row gaps,
