@@ -215,6 +215,36 @@ CLATTN_EXPORT size_t clattn_peak_scratch_bytes(clattn_context *ctx, int reset);
 /* Name of an algorithm ("auto", "staged", "fused", "gemm"). */
 CLATTN_EXPORT const char *clattn_algo_name(clattn_algo a);
 
+/* Backward pass: the gradients of clattn_forward by FlashAttention-2's
+ * recomputation (P rebuilt from q, k and the forward's lse, never stored).
+ * Exact derivatives of the forward as defined above: scale, causal/window,
+ * kv_lens, mask, bias, softcap (1 - tanh^2), ALiBi, sinks, additive scoring,
+ * GQA/MQA, cu_seqlens, f16/bf16 storage (f32 arithmetic). */
+typedef struct {
+  clattn_params fwd;              /* the forward call: q, k, v, out (its O), lse (required:
+                                     the forward's lse), every mask and score field */
+  clattn_tensor d_out;            /* dL/dO, [B, Hq, M, dv], storage fwd.dtype */
+  clattn_tensor d_q, d_k, d_v;    /* outputs, storage fwd.dtype: [B,Hq,M,dk] [B,Hkv,N,dk]
+                                     [B,Hkv,N,dv]; with GQA d_k, d_v sum over the group */
+  cl_mem d_sinks;                 /* optional out, f32 [q_heads], when fwd.sinks is given */
+  cl_mem d_additive_w;            /* optional out, f32 [head_dim], additive scoring */
+  int deterministic;              /* default 1: bitwise identical across runs */
+} clattn_backward_params;
+
+/* fwd = clattn_params_default(), every view and buffer absent, deterministic 1. */
+CLATTN_EXPORT clattn_backward_params clattn_backward_params_default(void);
+
+/* Enqueues the backward of bp->fwd after the n_wait events, like
+ * clattn_forward: every check that needs no device work first, so a rejected
+ * call enqueues nothing and writes nothing. Every gradient output is
+ * overwritten, never accumulated into; disallowed keys get zero gradient,
+ * an empty row d_q = 0, and NaN/Inf in disallowed keys and values reaches no
+ * output. fwd's weights and route diagnostics are ignored (not written) and
+ * empty_rows has no effect (never CLATTN_ERR_EMPTY_ROW). The kernels are
+ * deterministic whatever `deterministic` holds (no atomics variant yet). */
+CLATTN_EXPORT clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params *bp,
+                                            cl_uint n_wait, const cl_event *wait, cl_event *done);
+
 #ifdef __cplusplus
 }
 #endif

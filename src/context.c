@@ -343,6 +343,8 @@ void clattn_destroy(clattn_context *ctx) {
     if (ctx->core_16[i]) clReleaseProgram(ctx->core_16[i]);
   for (int i = 0; i < ctx->n_fused; i++) clReleaseProgram(ctx->fused[i].program);
   free(ctx->fused);
+  for (int i = 0; i < ctx->n_backward; i++) clReleaseProgram(ctx->backward[i].program);
+  free(ctx->backward);
   free(ctx->cache_dir);
   free(ctx->tuning_path);
   pthread_mutex_destroy(&ctx->programs_lock);

@@ -26,6 +26,8 @@ struct clattn_context {
   pthread_mutex_t programs_lock; /* guards the fused programs and peak_scratch */
   struct ca_fused_program { int head_dim, value_dim; clattn_dtype dtype; cl_program program; } *fused;
   int n_fused, cap_fused;     /* fused programs, one per (head_dim, value_dim), kept for the context's life */
+  struct ca_fused_program *backward; /* backward programs, likewise; under programs_lock */
+  int n_backward, cap_backward;
   double build_ms;            /* time to build the programs at creation */
   char *cache_dir;            /* the program cache's directory; NULL = no disk cache */
   int builds_from_source;     /* programs compiled from source; creation or under programs_lock */
@@ -192,6 +194,11 @@ enum { CA_DIAG_ENTROPY = 1, CA_DIAG_MAX_WEIGHT = 2, CA_DIAG_ARGMAX = 4 };
 
 /* Every check that needs no device work; fills plan. */
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
+
+/* Checks that a view of dims[0..rank) fits its buffer (and, for an output,
+ * neither broadcasts nor overlaps itself): BAD / BUFFER_TOO_SMALL. */
+clattn_status ca_check_view(const char *name, const clattn_tensor *t, const int *dims, int rank, size_t elem_size,
+                            int is_output);
 
 /* Checks a merge call like ca_validate checks a forward call. */
 clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp);

@@ -31,3 +31,10 @@ void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, in
     snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_NO_BLOCK");
   tl_build_options(tiles, out->options, sizeof out->options);
 }
+
+void ca_backward_text(const tl_tiles *tiles, int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out) {
+  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_backward}, .n_sources = 2};
+  snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D DK=%d -D DV=%d", (int)dtype, head_dim,
+           value_dim);
+  tl_build_options(tiles, out->options, sizeof out->options);
+}

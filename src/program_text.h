@@ -30,5 +30,7 @@ void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *ou
  * flash_block is in it when tl_flash_block fits and tiles->flash_wg > 0. */
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                    ca_program_text *out);
+/* The backward kernels (cl/backward.cl) for one (head_dim, value_dim, storage type). */
+void ca_backward_text(const tl_tiles *tiles, int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out);
 
 #endif

@@ -290,3 +290,8 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
     return st;
   return check_outputs_disjoint(ext, mp->out_lse.buf ? 2 : 1);
 }
+
+clattn_status ca_check_view(const char *name, const clattn_tensor *t, const int *dims, int rank, size_t elem_size,
+                            int is_output) {
+  return check_view(name, t, dims, rank, elem_size, is_output);
+}

@@ -75,6 +75,9 @@ int main(int argc, char **argv) {
       ca_fused_text(&tiles, &dev, dims[d][0], dims[d][1], dtypes[t].dtype, &text);
       snprintf(name, sizeof name, "flash-%s-d%d-%d", dtypes[t].name, dims[d][0], dims[d][1]);
       if (write_program(argv[2], name, &text)) return 1;
+      ca_backward_text(&tiles, dims[d][0], dims[d][1], dtypes[t].dtype, &text);
+      snprintf(name, sizeof name, "backward-%s-d%d-%d", dtypes[t].name, dims[d][0], dims[d][1]);
+      if (write_program(argv[2], name, &text)) return 1;
     }
   }
   return 0;

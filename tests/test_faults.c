@@ -26,6 +26,7 @@
 
 #include "cl_shim.h"
 #include "kit_checks.h"
+#include "reference_backward.h"
 
 static char g_cache_dir[256];
 static clattn_context *fx; /* the fault sweep's context (also ct_ctx) */
@@ -621,6 +622,200 @@ static void faults_fused_first_build(void)
   cp_free(pb);
 }
 
+/* ---------- the backward pass ---------- */
+
+/* clattn_backward with sinks (d_sinks) and additive scoring (d_additive_w):
+ * a fault at each OpenCL call of the call in turn (its program is built
+ * by the sweep's warm-up call), the forward's out and lse computed once
+ * beforehand. */
+typedef struct {
+  cp_problem *pb;
+  clattn_backward_params bp;
+  cl_mem bufs[6];            /* d_out, d_q, d_k, d_v, d_sinks, d_additive_w */
+  size_t n[6];
+  ref_grads ref;
+} bwd_arg;
+
+static clattn_status bwd_call(void *arg, cl_event *done)
+{
+  bwd_arg *a = arg;
+  return clattn_backward(fx, &a->bp, 0, NULL, done);
+}
+
+static int bwd_prepare(void *arg)
+{
+  bwd_arg *a = arg;
+  for (int i = 1; i < 6; i++) {
+    float *nan = malloc(a->n[i] * sizeof(float));
+    if (!nan)
+      return -1;
+    for (size_t e = 0; e < a->n[i]; e++)
+      nan[e] = NAN;
+    cl_int err = clEnqueueWriteBuffer(clattn_cl_queue(fx), a->bufs[i], CL_TRUE, 0, a->n[i] * sizeof(float), nan, 0,
+                                      NULL, NULL);
+    free(nan);
+    if (err != CL_SUCCESS)
+      return -1;
+  }
+  return 0;
+}
+
+static int bwd_verify(void *arg, clattn_status st)
+{
+  bwd_arg *a = arg;
+  if (st != CLATTN_OK)
+    return 0;
+  const double *want[6] = {NULL, a->ref.d_q, a->ref.d_k, a->ref.d_v, a->ref.d_sinks, a->ref.d_additive_w};
+  for (int i = 1; i < 6; i++) {
+    float *got = malloc(a->n[i] * sizeof(float));
+    int ok = got && clEnqueueReadBuffer(clattn_cl_queue(fx), a->bufs[i], CL_TRUE, 0, a->n[i] * sizeof(float), got,
+                                        0, NULL, NULL) == CL_SUCCESS;
+    for (size_t e = 0; ok && e < a->n[i]; e++)
+      ok = isfinite(got[e]);
+    ok = ok && cp_rel_err(got, want[i], a->n[i]) <= 1e-4;
+    free(got);
+    if (!ok)
+      return 0;
+  }
+  return 1;
+}
+
+static void bwd_free(bwd_arg *a)
+{
+  for (int i = 0; i < 6; i++)
+    if (a->bufs[i])
+      clReleaseMemObject(a->bufs[i]);
+  free(a->ref.d_q);
+  free(a->ref.d_k);
+  free(a->ref.d_v);
+  free(a->ref.d_sinks);
+  free(a->ref.d_additive_w);
+  cp_free(a->pb);
+  memset(a, 0, sizeof *a);
+}
+
+/* A backward call for head dims (dk, dv): the forward run, dO, the
+ * gradient buffers and the reference. 0 on success (failures recorded). */
+static int bwd_setup(bwd_arg *a, int dk_, int dv_)
+{
+  memset(a, 0, sizeof *a);
+  cp_shape s = small_shape(CLATTN_ALGO_FUSED);
+  s.head_dim = dk_;
+  s.value_dim = dv_;
+  s.want_lse = 1;
+  s.causal = 1;
+  s.sinks = 1;
+  s.additive = 1;
+  char err[256] = "";
+  a->pb = cp_build(&s, err, sizeof err);
+  if (!CHECKF(a->pb != NULL, "cp_build: %s", err))
+    return -1;
+  cp_result r;
+  const clattn_params *p = &a->pb->params;
+  const size_t nq = (size_t)p->q_heads * p->q_len * p->head_dim, nk = (size_t)p->kv_heads * p->kv_len * p->head_dim;
+  const size_t nv = (size_t)p->kv_heads * p->kv_len * p->value_dim, no = (size_t)p->q_heads * p->q_len * p->value_dim;
+  const size_t n[6] = {no, nq, nk, nv, (size_t)p->q_heads, (size_t)p->head_dim};
+  double *dout = malloc(no * sizeof *dout);
+  float *dout_f = malloc(no * sizeof *dout_f);
+  a->ref.d_q = malloc(nq * sizeof(double));
+  a->ref.d_k = malloc(nk * sizeof(double));
+  a->ref.d_v = malloc(nv * sizeof(double));
+  a->ref.d_sinks = malloc(n[4] * sizeof(double));
+  a->ref.d_additive_w = malloc(n[5] * sizeof(double));
+  int rc = -1;
+  if (!CHECK(dout && dout_f && a->ref.d_q && a->ref.d_k && a->ref.d_v && a->ref.d_sinks && a->ref.d_additive_w) ||
+      !CHECK(cp_run(a->pb, fx, &r) == 0 && cp_result_ok(&r, 2e-4)))
+    goto done;
+  for (size_t e = 0; e < no; e++)
+    dout[e] = dout_f[e] = (float)((double)((e * 2654435761u) % 1000) / 500.0 - 1.0);
+  const ref_inputs in = cp_ref_inputs(a->pb);
+  if (!CHECK(ref_backward(p, &in, dout, &a->ref) == 0))
+    goto done;
+  cl_int e = CL_SUCCESS;
+  for (int i = 0; i < 6; i++) {
+    a->n[i] = n[i];
+    a->bufs[i] = clCreateBuffer(clattn_cl_context(fx), CL_MEM_READ_WRITE | (i == 0 ? CL_MEM_COPY_HOST_PTR : 0),
+                                n[i] * sizeof(float), i == 0 ? dout_f : NULL, &e);
+    if (!CHECK(e == CL_SUCCESS))
+      goto done;
+  }
+  const size_t H = (size_t)p->q_heads, Hk = (size_t)p->kv_heads, M = (size_t)p->q_len, N = (size_t)p->kv_len;
+  const size_t dk = (size_t)p->head_dim, dv = (size_t)p->value_dim;
+  a->bp = clattn_backward_params_default();
+  a->bp.fwd = *p;
+  a->bp.d_out = (clattn_tensor){a->bufs[0], 0, {H * M * dv, M * dv, dv, 1}};
+  a->bp.d_q = (clattn_tensor){a->bufs[1], 0, {H * M * dk, M * dk, dk, 1}};
+  a->bp.d_k = (clattn_tensor){a->bufs[2], 0, {Hk * N * dk, N * dk, dk, 1}};
+  a->bp.d_v = (clattn_tensor){a->bufs[3], 0, {Hk * N * dv, N * dv, dv, 1}};
+  a->bp.d_sinks = a->bufs[4];
+  a->bp.d_additive_w = a->bufs[5];
+  rc = 0;
+done:
+  free(dout);
+  free(dout_f);
+  return rc;
+}
+
+static void faults_backward(void)
+{
+  bwd_arg a;
+  if (bwd_setup(&a, 8, 24) == 0) {
+    call_case c = {"backward (sinks, additive)", bwd_call, bwd_prepare, bwd_verify, &a, CLATTN_OK};
+    sweep(&c);
+  }
+  bwd_free(&a);
+}
+
+/* The backward program for a new head-dim pair is built inside the call:
+ * a failing build fails the call cleanly (nothing kept, nothing leaked),
+ * and a later call builds it. */
+static void faults_backward_first_build(void)
+{
+  bwd_arg a;
+  if (bwd_setup(&a, 12, 4) != 0) {
+    bwd_free(&a);
+    return;
+  }
+  const char *build_fns[] = {"clCreateProgramWithSource", "clBuildProgram"};
+  const cl_int codes[] = {CL_OUT_OF_HOST_MEMORY, CL_INVALID_OPERATION};
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < 2; k++) {
+      finish();
+      long live0 = shim_live();
+      cl_event done = NULL;
+      shim_reset();
+      shim_arm(1, codes[k], build_fns[i]);
+      clattn_status st = clattn_backward(fx, &a.bp, 0, NULL, &done);
+      shim_fault f;
+      int fired = shim_fired(&f);
+      shim_disarm();
+      finish();
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", clattn_last_error(NULL));
+      if (!CHECKF(fired, "%s was not called: is the backward program already built?", build_fns[i]))
+        continue;
+      g_injected++;
+      g_failed_cleanly += st != CLATTN_OK;
+      g_in_main++;
+      note_site(&f);
+      note_message(msg);
+      clattn_status want = is_oom_code(codes[k]) ? CLATTN_ERR_OUT_OF_MEMORY : CLATTN_ERR_OPENCL;
+      CHECKF(st == want, "backward first build, %s failing with %s: status %s, expected %s; message: %.200s",
+             build_fns[i], cl_name(codes[k]), clattn_status_string(st), clattn_status_string(want), msg);
+      CHECKF(strstr(msg, build_fns[i]) && strstr(msg, cl_name(codes[k])), "message: %.200s", msg);
+      CHECKF(done == NULL, "done set on failure");
+      CHECKF(shim_live() == live0, "backward first build, %s failing: live objects %ld -> %ld", build_fns[i], live0,
+             shim_live());
+    }
+  long live0 = shim_live();
+  CHECK(bwd_prepare(&a) == 0);
+  CHECK_STATUS(clattn_backward(fx, &a.bp, 0, NULL, NULL), CLATTN_OK);
+  finish();
+  CHECKF(bwd_verify(&a, CLATTN_OK), "after the failed builds: gradients differ from the reference");
+  CHECK(shim_live() == live0 + 1); /* the program, kept for the context's life */
+  bwd_free(&a);
+}
+
 /* ---------- context creation ---------- */
 
 static int quick_forward_ok(clattn_context *c)
@@ -1065,6 +1260,8 @@ int main(int argc, char **argv)
     CT_TEST(faults_storage_sequences_shaping),
     CT_TEST(faults_merge),
     CT_TEST(faults_fused_first_build),
+    CT_TEST(faults_backward),
+    CT_TEST(faults_backward_first_build),
     CT_TEST(faults_create),
     CT_TEST(faults_create_embedded),
     CT_TEST(faults_create_no_cache),

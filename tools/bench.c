@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_backward.h"
 #include "bench_base.h"
 #include "clattn.h"
 #include "problem.h"
@@ -36,7 +37,9 @@
 const char bench_usage[] =
     "       clattn bench [--quick] [--readme FILE] [--only prefill,gqa,decode,memory]\n"
     "                    [--shape H,HKV,M,N,D[,causal]]... [--reps R] [--cap SECONDS]\n"
-    "                    [--no-staged] [--no-host] [--baseline-max-len L] [--no-check] [--verbose]\n";
+    "                    [--no-staged] [--no-host] [--baseline-max-len L] [--no-check] [--verbose]\n"
+    "       clattn bench --backward [--quick] [--shape H,HKV,M,N,D[,causal]]... [--reps R] [--cap SECONDS]\n"
+    "                    [--no-host]\n";
 
 #define BEGIN_MARK "<!-- bench:begin -->"
 #define END_MARK "<!-- bench:end -->"
@@ -824,6 +827,8 @@ static void readme_block(sbuf *b, int argc, char **argv, const machine *mc, cons
 /* ---- main ---- */
 
 int bench_main(int argc, char **argv) {
+  for (int i = 2; i < argc; i++)
+    if (!strcmp(argv[i], "--backward")) return bench_backward_main(argc, argv);
   bench_cfg c;
   int pa = parse_args(argc, argv, &c);
   if (pa != 0) return pa < 0 ? 2 : 0;

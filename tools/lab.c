@@ -32,9 +32,11 @@
 
 #include "clattn.h"
 #include "heatmap.h"
+#include "lab_train.h"
 #include "problem.h"
 
-const char lab_usage[] = "       clattn lab [--json] [--heatmap FILE.png] [--seed S]\n";
+const char lab_usage[] = "       clattn lab [--json] [--heatmap FILE.png] [--seed S]\n"
+                         "       clattn lab --train [--steps S] [--lr LR] [--seed S]\n";
 
 #define SEED_TOL 1e-3      /* seeds' numbers printed to 3 decimals */
 #define DIAG_TOL 1e-4      /* library diagnostics vs the same from its weights */
@@ -906,6 +908,8 @@ static int write_heatmap(const lab *L, const lab_read *base, const char *path) {
 /* ---- main ---- */
 
 int lab_main(int argc, char **argv) {
+  for (int i = 2; i < argc; i++)
+    if (!strcmp(argv[i], "--train")) return lab_train_main(argc, argv);
   int json = 0;
   const char *heat = NULL;
   lab *L = calloc(1, sizeof *L);

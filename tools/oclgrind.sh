@@ -55,5 +55,21 @@ for c in "${cases[@]}"; do
     failed=$((failed + 1))
   fi
 done
-echo "oclgrind: ${#cases[@]} cases, $failed failed"
+# The backward pass: the tests of tests/test_backward.c small enough for the
+# simulator (Oclgrind reports a GPU, so this is the GPU-style launch).
+backward_tests=(packed_sequences causal_window_kv_lens_mask_bias_poisoned empty_rows_give_zero
+                nan_in_allowed_key_stays_in_its_rows softcap_alibi_sinks f16_and_bf16_storage additive_scores
+                validation_rejects_before_enqueue)
+for t in "${backward_tests[@]}"; do
+  log="$logs/backward-$t.log"
+  if oclgrind --data-races --check-api --max-errors 20 --log "$log" \
+      "$build/tests/test_backward" "$t" >"$logs/backward-$t.out" 2>&1 && [ ! -s "$log" ]; then
+    echo "oclgrind: backward $t: ok"
+  else
+    echo "oclgrind: backward $t: FAILED"
+    cat "$logs/backward-$t.out" "$log" | tail -30
+    failed=$((failed + 1))
+  fi
+done
+echo "oclgrind: $(( ${#cases[@]} + ${#backward_tests[@]} )) cases, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,395 @@
+/*
+ * backward — gradients of the forward (flash.cl's semantics) by
+ * FlashAttention-2's recomputation: P is never stored, each pass rebuilds
+ *   p_ij = exp(s_ij - lse_i)
+ * from q, k and the forward's lse (which includes a sink's term), and
+ *   D_i   = sum_c dO_ic O_ic                       (bwd_rowdot)
+ *   dV_j  = sum_i p_ij dO_i                        (bwd_dkdv)
+ *   dS_ij = p_ij (<dO_i, v_j> - D_i)
+ *   dK_j  = sum_i g_ij dscore/dk,  dQ_i = sum_j g_ij dscore/dq   (bwd_dkdv, bwd_dq)
+ * with g_ij = dS_ij * (1 - tanh^2(x/softcap) when softcap) * scale, the
+ * chain through softcap; bias and ALiBi are constants of the score.
+ * d_sinks[h] = -sum_{b,i} exp(sink_h - lse_i) D_i and d_additive_w are
+ * per-row terms summed by bwd_sum in a fixed order.
+ *
+ * Vectors: bwd_dkdv keeps 16 keys per work-item and bwd_dq 16 query rows,
+ * one float16 lane each, so every multiply-add over the head dims is 16
+ * wide and the partner (row or key) is a scalar broadcast: no packing, no
+ * horizontal sums, K/V or Q/dO of the block in private memory.
+ *
+ * Determinism: every output element is written by exactly one work-item
+ * that walks its partners in a fixed order (dK, dV of a KV head sum over
+ * the group's query heads in head order), so no atomics and no order that
+ * depends on scheduling: results are bitwise repeatable.
+ *
+ * A pair (i, j) takes part only when allowed (kv_lens, window, mask) and
+ * its recomputed weight is nonzero, so NaN/Inf in a disallowed key or value
+ * never reaches a gradient (as in the forward, a zero weight mixes nothing).
+ *
+ * -D DK, DV: head dim and value dim (private arrays are sized by them).
+ */
+#ifndef DK
+#define DK 64
+#endif
+#ifndef DV
+#define DV 64
+#endif
+
+/* Arguments every pass takes: the forward's views and score fields, d_out,
+ * and the per-row scratch dsum (D_i) and sinkt (a sink's term of d_sinks),
+ * both [B * Hq * q_len], indexed by the logical row. */
+#define BWD_ARGS                                                                                      \
+  __global const store_t *q, ulong q_off, ulong4 q_st, __global const store_t *k, ulong k_off,       \
+      ulong4 k_st, __global const store_t *v, ulong v_off, ulong4 v_st, __global const store_t *o,    \
+      ulong o_off, ulong4 o_st, __global const store_t *d_o, ulong do_off, ulong4 do_st,              \
+      __global const float *lse, ulong lse_off, ulong4 lse_st, CA_SCORE_ARGS,                         \
+      __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,                        \
+      __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias, CA_SEQ_ARGS,          \
+      int q_heads, int kv_heads, int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,        \
+      __global const float *sinks, int has_sinks, int window_left, int window_right,                  \
+      __global float *dsum, __global float *sinkt
+
+static inline ulong bwd_row(long b, long h, long i, int q_heads, int q_len) {
+  return ((ulong)b * (ulong)q_heads + (ulong)h) * (ulong)q_len + (ulong)i;
+}
+
+/* One float16 lane per key (bwd_dkdv) or per query row (bwd_dq). */
+#define BWD_BN 16
+
+static inline int16 bwd_lanes(void) { return (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+
+/* 16 raw scores (<q, k> or the additive sum) shaped as the forward does
+ * before bias and ALiBi: scale, then softcap; *dshape is the derivative of
+ * the shaped score by the raw one (scale (1 - tanh^2) under softcap). */
+static inline float16 bwd_shape(float16 raw, float scale, float softcap, float16 *dshape) {
+  const float16 x = raw * scale;
+  if (softcap > 0.0f) {
+    const float16 t = tanh(x / softcap);
+    *dshape = scale * (1.0f - t * t);
+    return softcap * t;
+  }
+  *dshape = (float16)(scale);
+  return x;
+}
+
+/* The per-pair part of 16 pairs (i0 + l di, j0 + l dj): the mask clears
+ * lanes of *ok, bias and ALiBi add to the allowed lanes' scores. */
+static inline float16 bwd_pairs(float16 x, int16 *ok, long b, long h, long i0, int di, long j0, int dj, ca_seq sq,
+                                __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
+                                __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
+                                CA_SHAPE_ARGS) {
+  float e[BWD_BN];
+  int a[BWD_BN];
+  vstore16(x, 0, e);
+  vstore16(*ok, 0, a);
+  for (int l = 0; l < BWD_BN; l++) {
+    if (!a[l]) continue;
+    const long i = i0 + (long)l * di, j = j0 + (long)l * dj;
+    if (has_mask && mask[ca_at(mask_off, mask_st, b, h, i, j)] == 0) {
+      a[l] = 0;
+      continue;
+    }
+    if (has_bias) e[l] += bias[ca_at(bias_off, bias_st, b, h, i, j)];
+    if (has_alibi) e[l] += ca_alibi(i, j, sq.align_m, sq.align_n, alibi[h]);
+  }
+  *ok = vload16(0, a);
+  return vload16(0, e);
+}
+
+/* The weights p = exp(s - lse) of the ok lanes (0 elsewhere, and ok
+ * cleared where s is -inf or p underflows) and dS * dshape = p (dp - D) dshape:
+ * a lane that is not ok contributes exactly nothing, whatever its key,
+ * value or score holds. */
+static inline float16 bwd_ds(float16 x, float16 row_lse, float16 dp, float16 d_row, float16 dshape, int16 *ok,
+                             float16 *p) {
+  *ok &= isnotequal(x, (float16)(-INFINITY));
+  *p = select((float16)(0.0f), exp(x - row_lse), *ok);
+  *ok &= isnotequal(*p, (float16)(0.0f));
+  *p = select((float16)(0.0f), *p, *ok);
+  return select((float16)(0.0f), *p * (dp - d_row) * dshape, *ok);
+}
+
+/*
+ * bwd_rowdot — D_i = sum_c dO_ic O_ic per query row, and with sinks the row's
+ * term of d_sinks, -exp(sink_h - lse_i) D_i. Rows past a packed sequence's
+ * end get 0. NDRange: (q_len, batch * q_heads).
+ */
+__kernel void bwd_rowdot(BWD_ARGS) {
+  (void)q; (void)q_off; (void)q_st; (void)k; (void)k_off; (void)k_st; (void)v; (void)v_off; (void)v_st;
+  const int i = get_global_id(0), bh = get_global_id(1);
+  if (i >= q_len) return;
+  const int b = bh / q_heads, h = bh % q_heads;
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  const ulong row = bwd_row(b, h, i, q_heads, q_len);
+  float d = 0.0f;
+  if (i < sq.rows)
+    for (int c = 0; c < DV; c++)
+      d = fma(ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)), ca_load(o, ca_at(o_off, o_st, b, h, sq.q0 + i, c)), d);
+  dsum[row] = d;
+  if (has_sinks) {
+    const float l = lse[ca_at(lse_off, lse_st, b, h, i, 0)];
+    /* an empty row has lse = sink and O = 0: its term is 0 */
+    sinkt[row] = i < sq.rows && l != -INFINITY ? -exp(sinks[h] - l) * d : 0.0f;
+  }
+}
+
+/* Partner rows (bwd_dkdv) or keys (bwd_dq) taken together, so each
+ * private K/V or Q/dO vector loaded serves BWD_R multiply-adds. */
+#define BWD_R 4
+
+/*
+ * bwd_dkdv — one work-item per block of 16 keys of KV head (b, hk), one
+ * float16 lane per key: walks the query rows whose window reaches the
+ * block, BWD_R at a time, over the group's heads in order, and writes dK
+ * and dV of its keys. A pair that is not allowed adds nothing, not even a
+ * NaN times 0 (the accumulations select). Keys past kv_lens get zero
+ * gradients; keys past a packed sequence's end are left to bwd_zero.
+ * NDRange: (ceil(kv_len / 16), batch * kv_heads).
+ */
+__kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_st, __global store_t *d_v,
+                       ulong dv_off, ulong4 dv_st) {
+  (void)o; (void)o_off; (void)o_st; (void)sinkt;
+  const long j0l = (long)get_global_id(0) * BWD_BN;   /* no int overflow near kv_len = 2^31 - 1 */
+  if (j0l >= kv_len) return;
+  const int j0 = (int)j0l, bhk = get_global_id(1);
+  const int b = bhk / kv_heads, hk = bhk % kv_heads;
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  if (varlen && j0 >= sq.keys) return;
+  const int16 jv = j0 + bwd_lanes();
+  const int16 key_ok = jv < (int16)(sq.keys);
+  float ka[DK][BWD_BN], va[DV][BWD_BN], gka[DK][BWD_BN], gva[DV][BWD_BN];
+  for (int l = 0; l < BWD_BN; l++) {
+    const int j = min(j0 + l, sq.keys - 1);   /* keys past the valid ones are never read */
+    const bool valid = j0 + l < sq.keys;
+    for (int d = 0; d < DK; d++) ka[d][l] = valid ? ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + j, d)) : 0.0f;
+    for (int c = 0; c < DV; c++) va[c][l] = valid ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)) : 0.0f;
+  }
+  for (int d = 0; d < DK; d++) vstore16((float16)(0.0f), 0, gka[d]);
+  for (int c = 0; c < DV; c++) vstore16((float16)(0.0f), 0, gva[c]);
+  /* rows whose window reaches the block: p_i - window_left <= j <= p_i + window_right */
+  const long shift = (long)sq.align_n - (long)sq.align_m;
+  long i_lo = window_right >= 0 ? (long)j0 - window_right - shift : 0;
+  long i_hi = window_left >= 0 ? (long)j0 + BWD_BN - 1 + window_left - shift : (long)sq.rows - 1;
+  i_lo = max(i_lo, 0L);
+  i_hi = min(i_hi, (long)sq.rows - 1);
+  const bool per_pair = has_mask || has_bias || has_alibi;
+  for (int h = hk * group; h < (hk + 1) * group; h++)
+    for (long ib = i_lo; ib <= i_hi; ib += BWD_R) {
+      int16 ok[BWD_R];
+      float lr[BWD_R];
+      bool live[BWD_R], any_live = false;
+      for (int r = 0; r < BWD_R; r++) {
+        const long i = ib + r, pos = i + shift;
+        lr[r] = i <= i_hi ? lse[ca_at(lse_off, lse_st, b, h, i, 0)] : -INFINITY;
+        ok[r] = key_ok;
+        if (window_left >= 0) ok[r] &= jv >= (int16)((int)max(pos - window_left, -1L));
+        if (window_right >= 0) ok[r] &= jv <= (int16)((int)min(pos + window_right, (long)INT_MAX));
+        live[r] = lr[r] != -INFINITY && any(ok[r]);   /* an empty row, or one the block is outside of */
+        any_live |= live[r];
+      }
+      if (!any_live) continue;
+      float qv[BWD_R][DK], dov[BWD_R][DV];
+      float16 raw[BWD_R], dp[BWD_R], ds[BWD_R], p[BWD_R];
+      for (int r = 0; r < BWD_R; r++) {
+        raw[r] = dp[r] = (float16)(0.0f);
+        const long i = min(ib + r, i_hi);
+        for (int d = 0; d < DK; d++) qv[r][d] = live[r] ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d)) : 0.0f;
+        for (int c = 0; c < DV; c++) dov[r][c] = live[r] ? ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)) : 0.0f;
+      }
+      if (additive)
+        for (int d = 0; d < DK; d++) {
+          const float16 kd = vload16(0, ka[d]);
+#pragma unroll
+          for (int r = 0; r < BWD_R; r++) raw[r] = fma((float16)(add_w[d]), tanh(qv[r][d] + kd), raw[r]);
+        }
+      else
+        for (int d = 0; d < DK; d++) {
+          const float16 kd = vload16(0, ka[d]);
+#pragma unroll
+          for (int r = 0; r < BWD_R; r++) raw[r] = fma((float16)(qv[r][d]), kd, raw[r]);
+        }
+      for (int c = 0; c < DV; c++) {
+        const float16 vc = vload16(0, va[c]);
+#pragma unroll
+        for (int r = 0; r < BWD_R; r++) dp[r] = fma((float16)(dov[r][c]), vc, dp[r]);
+      }
+      for (int r = 0; r < BWD_R; r++) {
+        if (!live[r]) ok[r] = (int16)(0);
+        float16 dshape;
+        float16 x = bwd_shape(raw[r], scale, softcap, &dshape);
+        if (per_pair && live[r])
+          x = bwd_pairs(x, &ok[r], b, h, ib + r, 0, j0, 1, sq, mask, mask_off, mask_st, has_mask, bias, bias_off,
+                        bias_st, has_bias, CA_SHAPE_PASS);
+        const float d_row = live[r] ? dsum[bwd_row(b, h, ib + r, q_heads, q_len)] : 0.0f;
+        ds[r] = bwd_ds(x, (float16)(lr[r]), dp[r], (float16)(d_row), dshape, &ok[r], &p[r]);
+      }
+      for (int c = 0; c < DV; c++) {
+        float16 g = vload16(0, gva[c]);
+#pragma unroll
+        for (int r = 0; r < BWD_R; r++) g = select(g, fma(p[r], (float16)(dov[r][c]), g), ok[r]);
+        vstore16(g, 0, gva[c]);
+      }
+      for (int d = 0; d < DK; d++) {
+        float16 g = vload16(0, gka[d]);
+        if (additive) {
+          const float16 kd = vload16(0, ka[d]);
+          for (int r = 0; r < BWD_R; r++) {
+            const float16 t = tanh(qv[r][d] + kd);
+            g = select(g, fma(ds[r] * add_w[d], 1.0f - t * t, g), ok[r]);
+          }
+        } else {
+#pragma unroll
+          for (int r = 0; r < BWD_R; r++) g = select(g, fma(ds[r], (float16)(qv[r][d]), g), ok[r]);
+        }
+        vstore16(g, 0, gka[d]);
+      }
+    }
+  const int n_out = min(BWD_BN, (varlen ? sq.keys : kv_len) - j0);
+  for (int l = 0; l < n_out; l++) {
+    const long kj = sq.k0 + j0 + l;
+    for (int d = 0; d < DK; d++) ca_store(d_k, ca_at(dk_off, dk_st, b, hk, kj, d), gka[d][l]);
+    for (int c = 0; c < DV; c++) ca_store(d_v, ca_at(dv_off, dv_st, b, hk, kj, c), gva[c][l]);
+  }
+}
+
+/*
+ * bwd_dq — one work-item per block of 16 query rows of head (b, h), one
+ * float16 lane per row: walks the keys the rows' windows reach, BWD_R at a
+ * time in order, and writes dQ of its rows; with additive scoring and
+ * want_dw, each row's term of d_additive_w, sum_j g_ij tanh(q_i + k_j), to
+ * dw_rows [B * Hq * q_len][DK]. An empty row gets dQ = 0. Rows past a
+ * packed sequence's end are left to bwd_zero.
+ * NDRange: (ceil(q_len / 16), batch * q_heads).
+ */
+__kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st, __global float *dw_rows,
+                     int want_dw) {
+  (void)o; (void)o_off; (void)o_st; (void)sinkt;
+  const long i0l = (long)get_global_id(0) * BWD_BN;
+  if (i0l >= q_len) return;
+  const int i0 = (int)i0l, bh = get_global_id(1);
+  const int b = bh / q_heads, h = bh % q_heads, hk = h / group;
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  const int16 iv = i0 + bwd_lanes();
+  float qa[DK][BWD_BN], doa[DV][BWD_BN], gqa[DK][BWD_BN], gwa[DK][BWD_BN];
+  float lse_a[BWD_BN], d_a[BWD_BN];
+  for (int l = 0; l < BWD_BN; l++) {
+    const int i = min(i0 + l, q_len - 1);
+    const bool live = i0 + l < sq.rows;
+    lse_a[l] = live ? lse[ca_at(lse_off, lse_st, b, h, i, 0)] : -INFINITY;
+    d_a[l] = live ? dsum[bwd_row(b, h, i, q_heads, q_len)] : 0.0f;
+    for (int d = 0; d < DK; d++) qa[d][l] = live ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d)) : 0.0f;
+    for (int c = 0; c < DV; c++) doa[c][l] = live ? ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)) : 0.0f;
+  }
+  for (int d = 0; d < DK; d++) {
+    vstore16((float16)(0.0f), 0, gqa[d]);
+    vstore16((float16)(0.0f), 0, gwa[d]);
+  }
+  const float16 row_lse = vload16(0, lse_a), d_row = vload16(0, d_a);
+  const int16 row_ok = isnotequal(row_lse, (float16)(-INFINITY));   /* live, not empty */
+  /* keys the block's windows reach, as the forward's flash_row_keys */
+  const long shift = (long)sq.align_n - (long)sq.align_m;
+  const int16 posv = iv + (int16)((int)shift);   /* i + shift lies in (-q_len, kv_len) */
+  long j_lo = window_left >= 0 ? (long)i0 + shift - window_left : 0;
+  long j_hi = window_right >= 0 ? (long)i0 + BWD_BN - 1 + shift + window_right : (long)sq.keys - 1;
+  j_lo = max(j_lo, 0L);
+  j_hi = min(j_hi, (long)sq.keys - 1);
+  if (!any(row_ok)) j_hi = -1;
+  const bool per_pair = has_mask || has_bias || has_alibi;
+  for (long jb = j_lo; jb <= j_hi; jb += BWD_R) {
+    int16 ok[BWD_R];
+    bool live[BWD_R], any_live = false;
+    for (int r = 0; r < BWD_R; r++) {
+      const long j = jb + r;
+      ok[r] = row_ok;
+      if (window_left >= 0) ok[r] &= posv <= (int16)((int)min(j + window_left, (long)INT_MAX));
+      if (window_right >= 0) ok[r] &= posv >= (int16)((int)(j - window_right));
+      live[r] = j <= j_hi && any(ok[r]);
+      any_live |= live[r];
+    }
+    if (!any_live) continue;
+    float kr[BWD_R][DK], vr[BWD_R][DV];
+    float16 raw[BWD_R], dp[BWD_R], ds[BWD_R], p[BWD_R];
+    for (int r = 0; r < BWD_R; r++) {   /* a key no row of the block may see is not read */
+      raw[r] = dp[r] = (float16)(0.0f);
+      const long kj = sq.k0 + min(jb + r, j_hi);
+      for (int d = 0; d < DK; d++) kr[r][d] = live[r] ? ca_load(k, ca_at(k_off, k_st, b, hk, kj, d)) : 0.0f;
+      for (int c = 0; c < DV; c++) vr[r][c] = live[r] ? ca_load(v, ca_at(v_off, v_st, b, hk, kj, c)) : 0.0f;
+    }
+    if (additive)
+      for (int d = 0; d < DK; d++) {
+        const float16 qd = vload16(0, qa[d]);
+#pragma unroll
+        for (int r = 0; r < BWD_R; r++) raw[r] = fma((float16)(add_w[d]), tanh(qd + kr[r][d]), raw[r]);
+      }
+    else
+      for (int d = 0; d < DK; d++) {
+        const float16 qd = vload16(0, qa[d]);
+#pragma unroll
+        for (int r = 0; r < BWD_R; r++) raw[r] = fma(qd, (float16)(kr[r][d]), raw[r]);
+      }
+    for (int c = 0; c < DV; c++) {
+      const float16 dc = vload16(0, doa[c]);
+#pragma unroll
+      for (int r = 0; r < BWD_R; r++) dp[r] = fma(dc, (float16)(vr[r][c]), dp[r]);
+    }
+    for (int r = 0; r < BWD_R; r++) {
+      if (!live[r]) ok[r] = (int16)(0);
+      float16 dshape;
+      float16 x = bwd_shape(raw[r], scale, softcap, &dshape);
+      if (per_pair && live[r])
+        x = bwd_pairs(x, &ok[r], b, h, i0, 1, jb + r, 0, sq, mask, mask_off, mask_st, has_mask, bias, bias_off,
+                      bias_st, has_bias, CA_SHAPE_PASS);
+      ds[r] = bwd_ds(x, row_lse, dp[r], d_row, dshape, &ok[r], &p[r]);
+    }
+    for (int d = 0; d < DK; d++) {
+      float16 g = vload16(0, gqa[d]);
+      if (additive) {
+        const float16 qd = vload16(0, qa[d]);
+        float16 gw = vload16(0, gwa[d]);
+        for (int r = 0; r < BWD_R; r++) {
+          const float16 t = tanh(qd + kr[r][d]);
+          g = select(g, fma(ds[r] * add_w[d], 1.0f - t * t, g), ok[r]);
+          gw = select(gw, fma(ds[r], t, gw), ok[r]);
+        }
+        vstore16(gw, 0, gwa[d]);
+      } else {
+#pragma unroll
+        for (int r = 0; r < BWD_R; r++) g = select(g, fma(ds[r], (float16)(kr[r][d]), g), ok[r]);
+      }
+      vstore16(g, 0, gqa[d]);
+    }
+  }
+  for (int l = 0; l < BWD_BN && i0 + l < q_len; l++) {
+    const int i = i0 + l;
+    if (i < sq.rows)
+      for (int d = 0; d < DK; d++) ca_store(d_q, ca_at(dq_off, dq_st, b, h, sq.q0 + i, d), gqa[d][l]);
+    if (want_dw)
+      for (int d = 0; d < DK; d++) dw_rows[bwd_row(b, h, i, q_heads, q_len) * DK + d] = gwa[d][l];
+  }
+}
+
+/*
+ * bwd_sum — out[c] = sum_{a < n_outer} sum_{r < n_inner} x[a * s_outer + c * s_col + r * s_inner],
+ * in that order: the fixed-order reductions of d_sinks (per head over
+ * batch and rows) and d_additive_w (per column over rows). NDRange: (n_cols).
+ */
+__kernel void bwd_sum(__global const float *x, int n_cols, ulong n_outer, ulong n_inner, ulong s_outer, ulong s_col,
+                      ulong s_inner, __global float *out) {
+  const int c = get_global_id(0);
+  if (c >= n_cols) return;
+  float acc = 0.0f;
+  for (ulong a = 0; a < n_outer; a++)
+    for (ulong r = 0; r < n_inner; r++) acc += x[(ulong)a * s_outer + (ulong)c * s_col + (ulong)r * s_inner];
+  out[c] = acc;
+}
+
+/*
+ * bwd_zero — zeroes a gradient view [1, heads, rows, cols] (packed
+ * sequences: rows no sequence covers still get a defined 0).
+ * NDRange: (rows, heads).
+ */
+__kernel void bwd_zero(__global store_t *x, ulong x_off, ulong4 x_st, int rows, int cols) {
+  const int r = get_global_id(0), h = get_global_id(1);
+  if (r >= rows) return;
+  for (int c = 0; c < cols; c++) ca_store(x, ca_at(x_off, x_st, 0, h, r, c), 0.0f);
+}

@@ -1,0 +1,283 @@
+/*
+ * The backward pass (clattn_backward): validation, then cl/backward.cl's
+ * passes in order on the context's queue:
+ *   (packed sequences: bwd_zero over d_q, d_k, d_v)
+ *   bwd_rowdot   D_i = rowsum(dO o O), sinks' per-row terms
+ *   bwd_dkdv     dK, dV, one work-item per 16 keys (one float16 lane each)
+ *   bwd_dq       dQ, one work-item per 16 query rows (+ additive w's row terms)
+ *   bwd_sum      d_sinks, d_additive_w in a fixed order
+ * Every pass writes each output element from one work-item in a fixed
+ * order, so results are bitwise repeatable; deterministic = 0 runs the same
+ * kernels. Scratch is O(B Hq M) (O(B Hq M dk) for d_additive_w).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "program_text.h"
+#include "internal.h"
+
+enum { BWD_BN = 16 }; /* keys / rows per work-item: cl/backward.cl's BWD_BN */
+
+#define BAD(...) ca_fail(CLATTN_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+
+clattn_backward_params clattn_backward_params_default(void) {
+  clattn_backward_params bp = {0};
+  bp.fwd = clattn_params_default();
+  bp.deterministic = 1;
+  return bp;
+}
+
+/* The backward program for (head_dim, value_dim, dtype): built on first
+ * use, kept for the context's life. */
+static clattn_status backward_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
+                                      cl_program *out) {
+  clattn_status st = CLATTN_OK;
+  pthread_mutex_lock(&ctx->programs_lock);
+  for (int i = 0; i < ctx->n_backward; i++)
+    if (ctx->backward[i].head_dim == head_dim && ctx->backward[i].value_dim == value_dim &&
+        ctx->backward[i].dtype == dtype) {
+      *out = ctx->backward[i].program;
+      goto done;
+    }
+  if (ctx->n_backward == ctx->cap_backward) {
+    int cap = ctx->cap_backward ? ctx->cap_backward * 2 : 4;
+    void *grown = realloc(ctx->backward, (size_t)cap * sizeof *ctx->backward);
+    if (!grown) {
+      st = ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "backward program table: out of host memory");
+      goto done;
+    }
+    ctx->backward = grown;
+    ctx->cap_backward = cap;
+  }
+  ca_program_text text;
+  ca_backward_text(&ctx->tiles, head_dim, value_dim, dtype, &text);
+  char name[64];
+  snprintf(name, sizeof name, "backward dk=%d dv=%d dtype=%d", head_dim, value_dim, (int)dtype);
+  cl_program program = NULL;
+  if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &program)) == CLATTN_OK) {
+    ctx->backward[ctx->n_backward].head_dim = head_dim;
+    ctx->backward[ctx->n_backward].value_dim = value_dim;
+    ctx->backward[ctx->n_backward].dtype = dtype;
+    ctx->backward[ctx->n_backward].program = program;
+    ctx->n_backward++;
+    *out = program;
+  }
+done:
+  pthread_mutex_unlock(&ctx->programs_lock);
+  return st;
+}
+
+/* Everything beyond the forward's own checks: lse, d_out and the gradient
+ * views, the optional d_sinks / d_additive_w and what they need. */
+static clattn_status validate_backward(const clattn_backward_params *bp) {
+  const clattn_params *p = &bp->fwd;
+  clattn_status st;
+  if (!p->lse.buf) return BAD("fwd.lse.buf is NULL: the backward recomputes the weights from the forward's lse");
+  const struct { const char *name; const clattn_tensor *t; } required[] = {
+      {"d_out", &bp->d_out}, {"d_q", &bp->d_q}, {"d_k", &bp->d_k}, {"d_v", &bp->d_v}};
+  for (size_t i = 0; i < 4; i++)
+    if (!required[i].t->buf) return BAD("%s.buf is NULL (d_out, d_q, d_k and d_v are required)", required[i].name);
+  const int varlen = p->cu_seqlens_q != NULL, qb = varlen ? 1 : p->batch;
+  const int q_rows = varlen ? p->total_q : p->q_len, k_rows = varlen ? p->total_kv : p->kv_len;
+  const int q_dims[] = {qb, p->q_heads, q_rows, p->head_dim};
+  const int k_dims[] = {qb, p->kv_heads, k_rows, p->head_dim};
+  const int v_dims[] = {qb, p->kv_heads, k_rows, p->value_dim};
+  const int o_dims[] = {qb, p->q_heads, q_rows, p->value_dim};
+  const size_t elem = p->dtype == CLATTN_F32 ? sizeof(float) : 2;
+  if (varlen) {
+    const struct { const char *name; const clattn_tensor *t; } views[] = {
+        {"d_out", &bp->d_out}, {"d_q", &bp->d_q}, {"d_k", &bp->d_k}, {"d_v", &bp->d_v}};
+    for (size_t i = 0; i < 4; i++)
+      if (views[i].t->stride[0] != 0)
+        return BAD("%s.stride[0] must be 0 with cu_seqlens (got %zu)", views[i].name, views[i].t->stride[0]);
+  }
+  if ((st = ca_check_view("d_out", &bp->d_out, o_dims, 4, elem, 0)) ||
+      (st = ca_check_view("d_q", &bp->d_q, q_dims, 4, elem, 1)) ||
+      (st = ca_check_view("d_k", &bp->d_k, k_dims, 4, elem, 1)) ||
+      (st = ca_check_view("d_v", &bp->d_v, v_dims, 4, elem, 1)))
+    return st;
+  if (bp->d_sinks) {
+    if (!p->sinks) return BAD("d_sinks is set but fwd.sinks is NULL: there is no sink to differentiate");
+    const int h_dims[] = {p->q_heads};
+    const clattn_tensor t = {bp->d_sinks, 0, {1, 0, 0, 0}};
+    if ((st = ca_check_view("d_sinks", &t, h_dims, 1, sizeof(float), 1))) return st;
+  }
+  if (bp->d_additive_w) {
+    if (p->score != CLATTN_SCORE_ADDITIVE)
+      return BAD("d_additive_w is set but fwd.score is not CLATTN_SCORE_ADDITIVE");
+    const int d_dims[] = {p->head_dim};
+    const clattn_tensor t = {bp->d_additive_w, 0, {1, 0, 0, 0}};
+    if ((st = ca_check_view("d_additive_w", &t, d_dims, 1, sizeof(float), 1))) return st;
+  }
+  return CLATTN_OK;
+}
+
+/* BWD_ARGS (cl/backward.cl), in order. */
+static void arg_common(ca_args *a, const clattn_params *p, const ca_plan *plan, const clattn_backward_params *bp,
+                       cl_mem dsum, cl_mem sinkt) {
+  ca_arg_view(a, &p->q);
+  ca_arg_view(a, &p->k);
+  ca_arg_view(a, &p->v);
+  ca_arg_view(a, &p->out);
+  ca_arg_view(a, &bp->d_out);
+  ca_arg_view(a, &p->lse);
+  ca_arg_score(a, p);
+  ca_arg_allowed(a, p);
+  ca_arg_int(a, p->q_heads);
+  ca_arg_int(a, p->kv_heads);
+  ca_arg_int(a, plan->group);
+  ca_arg_int(a, p->q_len);
+  ca_arg_int(a, p->kv_len);
+  ca_arg_float(a, plan->scale);
+  ca_arg_shape(a, p);
+  ca_arg_sinks(a, p);
+  ca_arg_int(a, plan->window_left);
+  ca_arg_int(a, plan->window_right);
+  ca_arg_mem(a, dsum);
+  ca_arg_mem(a, sinkt);
+}
+
+/* bwd_zero over a packed gradient view [1, heads, rows, cols]. */
+static clattn_status enqueue_zero(clattn_context *ctx, cl_kernel zero, const clattn_tensor *t, int heads, int rows,
+                                  int cols, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
+  ca_args a = {zero, "bwd_zero", 0, 0, CL_SUCCESS};
+  ca_arg_view(&a, t);
+  ca_arg_int(&a, rows);
+  ca_arg_int(&a, cols);
+  clattn_status st = ca_args_done(&a);
+  if (st) return st;
+  const size_t global[2] = {(size_t)rows, (size_t)heads};
+  return ca_enqueue(ctx, zero, "bwd_zero", 2, global, NULL, n_wait, wait, prev);
+}
+
+/* bwd_sum: out[c] = sum over a < n_outer, r < n_inner of x[a so + c sc + r si]. */
+static clattn_status enqueue_sum(clattn_context *ctx, cl_kernel sum, cl_mem x, int n_cols, cl_ulong n_outer,
+                                 cl_ulong n_inner,
+                                 cl_ulong s_outer, cl_ulong s_col, cl_ulong s_inner, cl_mem out, cl_uint n_wait,
+                                 const cl_event *wait, cl_event *prev) {
+  ca_args a = {sum, "bwd_sum", 0, 0, CL_SUCCESS};
+  ca_arg_mem(&a, x);
+  ca_arg_int(&a, n_cols);
+  ca_arg(&a, sizeof n_outer, &n_outer);
+  ca_arg(&a, sizeof n_inner, &n_inner);
+  ca_arg(&a, sizeof s_outer, &s_outer);
+  ca_arg(&a, sizeof s_col, &s_col);
+  ca_arg(&a, sizeof s_inner, &s_inner);
+  ca_arg_mem(&a, out);
+  clattn_status st = ca_args_done(&a);
+  if (st) return st;
+  const size_t global[1] = {(size_t)n_cols};
+  return ca_enqueue(ctx, sum, "bwd_sum", 1, global, NULL, n_wait, wait, prev);
+}
+
+clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params *bp, cl_uint n_wait,
+                              const cl_event *wait, cl_event *done) {
+  clattn_status st = CLATTN_OK;
+  cl_int err = CL_SUCCESS;
+  ca_plan plan;
+  if (done) *done = NULL;
+  if (!ctx) return BAD("clattn_backward: ctx is NULL");
+  if (!bp) return BAD("clattn_backward: params is NULL");
+  if (n_wait > 0 && !wait) return BAD("clattn_backward: n_wait is %u but wait is NULL", n_wait);
+  /* The forward's own checks, without its optional outputs (the backward
+   * writes none of them) and with the algorithm moot. */
+  if (bp->fwd.algo < CLATTN_ALGO_AUTO || bp->fwd.algo > CLATTN_ALGO_GEMM)
+    return BAD("fwd.algo %d is not a clattn_algo", (int)bp->fwd.algo);
+  clattn_params p = bp->fwd;
+  p.weights.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
+  p.algo = CLATTN_ALGO_FUSED;
+  if ((st = ca_validate(ctx, &p, &plan)) || (st = validate_backward(bp))) return st;
+
+  cl_program program = NULL;
+  cl_kernel rowdot = NULL, dkdv = NULL, dq = NULL, sum = NULL, zero = NULL;
+  cl_mem dsum = NULL, sinkt = NULL, dw_rows = NULL;
+  cl_event prev = NULL;
+  const size_t rows_total = (size_t)p.batch * (size_t)p.q_heads * (size_t)p.q_len;
+  const int varlen = p.cu_seqlens_q != NULL;
+  const int want_sinks = bp->d_sinks != NULL, want_dw = bp->d_additive_w != NULL;
+  /* rows_total fits (each factor is an int, batch * q_heads < 2^31); times head_dim it may not */
+  const cl_ulong dw_bytes = want_dw ? (cl_ulong)rows_total * (cl_ulong)p.head_dim * sizeof(float) : 0;
+  if (want_dw && (dw_bytes > ctx->max_alloc || dw_bytes > SIZE_MAX))
+    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY,
+                   "backward: d_additive_w's per-row terms (%llu bytes) exceed the device's largest allocation",
+                   (unsigned long long)dw_bytes);
+  if ((cl_ulong)rows_total * sizeof(float) > ctx->max_alloc)
+    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "backward: per-row scratch exceeds the device's largest allocation");
+
+  if ((st = backward_program(ctx, p.head_dim, p.value_dim, p.dtype, &program)) ||
+      (st = ca_create_kernel(program, "bwd_rowdot", &rowdot)) || (st = ca_create_kernel(program, "bwd_dkdv", &dkdv)) ||
+      (st = ca_create_kernel(program, "bwd_dq", &dq)))
+    goto fail;
+  if ((want_sinks || want_dw) && (st = ca_create_kernel(program, "bwd_sum", &sum))) goto fail;
+  if (varlen && (st = ca_create_kernel(program, "bwd_zero", &zero))) goto fail;
+  dsum = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, rows_total * sizeof(float), NULL, &err);
+  CA_CHECK_CL(st, err, "clCreateBuffer(backward row sums D)");
+  if (p.sinks) {
+    sinkt = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, rows_total * sizeof(float), NULL, &err);
+    CA_CHECK_CL(st, err, "clCreateBuffer(backward sink terms)");
+  }
+  if (want_dw) {
+    dw_rows = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)dw_bytes, NULL, &err);
+    CA_CHECK_CL(st, err, "clCreateBuffer(backward additive-w row terms)");
+  }
+  ca_note_scratch(ctx, rows_total * sizeof(float) * (p.sinks ? 2 : 1) + (size_t)dw_bytes);
+
+  if (varlen) {
+    /* rows no sequence covers (and rows past q_len / kv_len) still get 0 */
+    if ((st = enqueue_zero(ctx, zero, &bp->d_q, p.q_heads, p.total_q, p.head_dim, n_wait, wait, &prev)) ||
+        (st = enqueue_zero(ctx, zero, &bp->d_k, p.kv_heads, p.total_kv, p.head_dim, n_wait, wait, &prev)) ||
+        (st = enqueue_zero(ctx, zero, &bp->d_v, p.kv_heads, p.total_kv, p.value_dim, n_wait, wait, &prev)))
+      goto fail;
+  }
+
+  const size_t row_global[2] = {(size_t)p.q_len, (size_t)p.batch * (size_t)p.q_heads};
+  const size_t row_blocks[2] = {((size_t)p.q_len + BWD_BN - 1) / BWD_BN, (size_t)p.batch * (size_t)p.q_heads};
+  const size_t key_blocks[2] = {((size_t)p.kv_len + BWD_BN - 1) / BWD_BN, (size_t)p.batch * (size_t)p.kv_heads};
+  /* One work-item per group where the fused kernel runs so too (CPUs):
+   * POCL then runs each item's 16-wide code as written instead of
+   * vectorising its loops across work-items. */
+  const size_t one[2] = {1, 1};
+  const size_t *block_local = ctx->tiles.flash_wg ? NULL : one;
+  ca_args a = {rowdot, "bwd_rowdot", 0, 0, CL_SUCCESS};
+  arg_common(&a, &p, &plan, bp, dsum, sinkt);
+  if ((st = ca_args_done(&a)) ||
+      (st = ca_enqueue(ctx, rowdot, "bwd_rowdot", 2, row_global, NULL, n_wait, wait, &prev)))
+    goto fail;
+
+  a = (ca_args){dkdv, "bwd_dkdv", 0, 0, CL_SUCCESS};
+  arg_common(&a, &p, &plan, bp, dsum, sinkt);
+  ca_arg_view(&a, &bp->d_k);
+  ca_arg_view(&a, &bp->d_v);
+  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dkdv, "bwd_dkdv", 2, key_blocks, block_local, n_wait, wait, &prev)))
+    goto fail;
+
+  a = (ca_args){dq, "bwd_dq", 0, 0, CL_SUCCESS};
+  arg_common(&a, &p, &plan, bp, dsum, sinkt);
+  ca_arg_view(&a, &bp->d_q);
+  ca_arg_mem(&a, dw_rows);
+  ca_arg_int(&a, want_dw);
+  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dq, "bwd_dq", 2, row_blocks, block_local, n_wait, wait, &prev)))
+    goto fail;
+
+  const cl_ulong m = (cl_ulong)p.q_len, hq = (cl_ulong)p.q_heads;
+  if (want_sinks &&   /* d_sinks[h] = sum over b, then i, of sinkt[(b Hq + h) M + i] */
+      (st = enqueue_sum(ctx, sum, sinkt, p.q_heads, (cl_ulong)p.batch, m, hq * m, m, 1, bp->d_sinks, n_wait, wait, &prev)))
+    goto fail;
+  if (want_dw &&      /* d_w[t] = sum over rows r of dw_rows[r dk + t] */
+      (st = enqueue_sum(ctx, sum, dw_rows, p.head_dim, 1, (cl_ulong)rows_total, 0, 1, (cl_ulong)p.head_dim,
+                        bp->d_additive_w, n_wait, wait, &prev)))
+    goto fail;
+  st = ca_finish_call(ctx, CLATTN_EMPTY_ZERO, NULL, &prev, done);
+fail:
+  if (prev) clReleaseEvent(prev);
+  if (rowdot) clReleaseKernel(rowdot);
+  if (dkdv) clReleaseKernel(dkdv);
+  if (dq) clReleaseKernel(dq);
+  if (sum) clReleaseKernel(sum);
+  if (zero) clReleaseKernel(zero);
+  if (dsum) clReleaseMemObject(dsum);
+  if (sinkt) clReleaseMemObject(sinkt);
+  if (dw_rows) clReleaseMemObject(dw_rows);
+  return st;
+}
