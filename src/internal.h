@@ -3,6 +3,7 @@
 #define CLATTN_INTERNAL_H
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stddef.h>
 #include "clattn.h"
 #include "tiles.h"
@@ -20,6 +21,7 @@ struct clattn_context {
   clattn_algo auto_algo[CA_CLASS_COUNT]; /* AUTO's choice per shape class; AUTO = built-in rule */
   char *tuning_path;          /* the tuning file looked for; NULL = none */
   char tuning_note[1280];      /* what became of it: applied, absent, ignored or rejected (and why) */
+  char env_note[320];         /* an environment override that was ignored, and why; "" = none */
   cl_program core;            /* built at creation (f32 storage): qk_score, softmax_rows, mix_values, merge_states, gemm */
   cl_program core_16[2];      /* the same for f16 and bf16 storage, built on first use; under programs_lock */
   pthread_mutex_t programs_lock; /* guards the fused programs and peak_scratch */
