@@ -11,7 +11,7 @@
  *       12     4  reserved, 0
  *       16    16  key
  *       32     8  payload length (little-endian u64)
- *       40     8  payload checksum, FNV-1a 64 (little-endian u64)
+ *       40     8  checksum, FNV-1a 64 over bytes 0-39 and the payload
  *       48     -  payload: the device's CL_PROGRAM_BINARIES entry
  *
  * Writes go to a temp file in the same directory (mkstemp) and are renamed
@@ -19,6 +19,13 @@
  * key each rename a complete file and the last one wins. A file that does
  * not validate, or whose binary the driver refuses, is deleted and rebuilt:
  * never trusted. Nothing here fails a caller: every failure is a miss.
+ *
+ * What reaches the driver: only a payload whose length matches the file and
+ * whose checksum covers it together with the header, key included, so a
+ * damaged file, a truncated one, or another program's entry renamed or
+ * re-keyed is never loaded. The checksum detects accidents, not intent: bytes
+ * forged with a recomputed checksum do reach the driver's binary loader,
+ * whose own checks are then all there is (the directory is its user's).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -29,10 +36,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "file.h"
 #include "internal.h"
 
 #define CACHE_MAGIC "CLATTNPB"
-enum { CACHE_FORMAT = 1, HEADER_BYTES = 48 };
+/* Format 2: the checksum covers the header too (format 1: the payload only). */
+enum { CACHE_FORMAT = 2, HEADER_BYTES = 48, SUM_AT = 40 };
 #define MAX_PAYLOAD ((uint64_t)1 << 30) /* larger is not a program binary we wrote */
 
 /* ---- hashing ---- */
@@ -91,10 +100,14 @@ static uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-static uint64_t checksum(const unsigned char *p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
+static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
+}
+
+uint64_t ca_cache_entry_checksum(const unsigned char *file, size_t n) {
+  if (n < HEADER_BYTES) return 0;
+  return fnv1a(fnv1a(0xcbf29ce484222325ull, file, SUM_AT), file + HEADER_BYTES, n - HEADER_BYTES);
 }
 
 /* A device or platform string of any length into the hash ("?" when the
@@ -151,17 +164,6 @@ static char *entry_path(const char *dir, const ca_cache_key *key) {
   return path;
 }
 
-static int read_all(int fd, unsigned char *buf, size_t n) {
-  while (n > 0) {
-    ssize_t got = read(fd, buf, n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return -1;
-    buf += got;
-    n -= (size_t)got;
-  }
-  return 0;
-}
-
 static int write_all(int fd, const unsigned char *buf, size_t n) {
   while (n > 0) {
     ssize_t put = write(fd, buf, n);
@@ -173,48 +175,34 @@ static int write_all(int fd, const unsigned char *buf, size_t n) {
   return 0;
 }
 
-/* The validated payload of path (malloc'd, *len bytes). 0: loaded; 1: no
- * such file (a plain miss); -1: the file is there but not to be trusted. */
-static int read_entry(const char *path, const ca_cache_key *key, unsigned char **payload, size_t *len) {
-  *payload = NULL;
-  *len = 0;
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return errno == ENOENT ? 1 : -1;
-  int rc = -1;
-  unsigned char head[HEADER_BYTES];
-  struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < HEADER_BYTES) goto done;
-  if (read_all(fd, head, sizeof head) != 0) goto done;
-  if (memcmp(head, CACHE_MAGIC, 8) != 0 || get_u32(head + 8) != CACHE_FORMAT || get_u32(head + 12) != 0 ||
-      memcmp(head + 16, key->bytes, 16) != 0)
-    goto done;
-  uint64_t n = get_u64(head + 32), sum = get_u64(head + 40);
-  if (n == 0 || n > MAX_PAYLOAD || (uint64_t)sb.st_size != HEADER_BYTES + n) goto done;
-  unsigned char *buf = malloc((size_t)n);
-  if (!buf) goto done;
-  if (read_all(fd, buf, (size_t)n) != 0 || checksum(buf, (size_t)n) != sum) {
-    free(buf);
-    goto done;
-  }
-  *payload = buf;
-  *len = (size_t)n;
-  rc = 0;
-done:
-  close(fd);
-  return rc;
+int ca_cache_entry_parse(const unsigned char *file, size_t n, const ca_cache_key *key, size_t *payload_at,
+                         size_t *payload_len) {
+  *payload_at = *payload_len = 0;
+  if (n <= HEADER_BYTES || memcmp(file, CACHE_MAGIC, 8) != 0 || get_u32(file + 8) != CACHE_FORMAT ||
+      get_u32(file + 12) != 0 || memcmp(file + 16, key->bytes, 16) != 0)
+    return -1;
+  /* The length field is only believed when it is exactly what the file holds. */
+  if (get_u64(file + 32) != (uint64_t)(n - HEADER_BYTES) || get_u64(file + SUM_AT) != ca_cache_entry_checksum(file, n))
+    return -1;
+  *payload_at = HEADER_BYTES;
+  *payload_len = n - HEADER_BYTES;
+  return 0;
 }
 
 cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const char *options) {
   if (!ctx->cache_dir) return NULL;
   char *path = entry_path(ctx->cache_dir, key);
   if (!path) return NULL;
-  unsigned char *payload = NULL;
-  size_t len = 0;
+  unsigned char *file = NULL;
+  size_t n = 0, at = 0, len = 0;
   cl_program program = NULL;
-  int rc = read_entry(path, key, &payload, &len);
+  /* 1: no such file, a plain miss; -1: there but unreadable (not a regular
+   * file, too large, ...), removed like an invalid one. */
+  int rc = ca_read_file(path, HEADER_BYTES + MAX_PAYLOAD, &file, &n, NULL, 0);
+  if (rc == 0 && ca_cache_entry_parse(file, n, key, &at, &len) != 0) rc = -1;
   if (rc == 0) {
     cl_int err = CL_SUCCESS, binary_status = CL_INVALID_BINARY;
-    const unsigned char *bins[1] = {payload};
+    const unsigned char *bins[1] = {file + at};
     program = clCreateProgramWithBinary(ctx->context, 1, &ctx->device, &len, bins, &binary_status, &err);
     if (err != CL_SUCCESS || binary_status != CL_SUCCESS) {
       if (program) clReleaseProgram(program);
@@ -227,7 +215,7 @@ cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const cha
   }
   /* Not to be trusted: remove it (a store after the source build replaces it). */
   if (rc < 0) unlink(path);
-  free(payload);
+  free(file);
   free(path);
   return program;
 }
@@ -268,7 +256,7 @@ void ca_cache_store(clattn_context *ctx, const ca_cache_key *key, cl_program pro
   put_u32(file + 12, 0);
   memcpy(file + 16, key->bytes, 16);
   put_u64(file + 32, (uint64_t)len);
-  put_u64(file + 40, checksum(file + HEADER_BYTES, len));
+  put_u64(file + SUM_AT, ca_cache_entry_checksum(file, HEADER_BYTES + len));
 
   path = entry_path(ctx->cache_dir, key);
   size_t n = strlen(ctx->cache_dir) + 32;

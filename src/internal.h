@@ -98,6 +98,13 @@ void ca_cache_key_of(const clattn_context *ctx, const char *const *sources, cl_u
 /* The built program from a validated entry of ctx->cache_dir, or NULL (miss;
  * an entry that does not validate or build is deleted). Never fails a call. */
 cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const char *options);
+/* An entry's bytes (file, n) checked against key: header, a length field
+ * equal to what the file holds, the checksum. 0 with where the payload lies
+ * (inside file), or -1. Touches nothing past file[n - 1]. */
+int ca_cache_entry_parse(const unsigned char *file, size_t n, const ca_cache_key *key, size_t *payload_at,
+                         size_t *payload_len);
+/* The checksum an entry's header carries (0 when n is shorter than a header). */
+uint64_t ca_cache_entry_checksum(const unsigned char *file, size_t n);
 /* Writes program's binary for ctx->device atomically (temp file + rename);
  * best effort, silent on failure. */
 void ca_cache_store(clattn_context *ctx, const ca_cache_key *key, cl_program program);
