@@ -138,9 +138,9 @@ int ca_tuning_parse(const char *text, size_t size, const char *name, ca_tuning *
   memset(out, 0, sizeof *out);
   char line[LINE_MAX_BYTES + 1], why[320];
   int lineno = 0, format = 0;
-  for (const char *p = text, *end = text + size; p < end;) {
-    const char *nl = memchr(p, '\n', (size_t)(end - p));
-    size_t len = (size_t)((nl ? nl : end) - p);
+  for (size_t at = 0; at < size;) {
+    const char *p = text + at, *nl = memchr(p, '\n', size - at);
+    size_t len = nl ? (size_t)(nl - p) : size - at;
     lineno++;
     /* C strings would end the line at a NUL and apply what precedes it. */
     if (memchr(p, '\0', len)) return snprintf(err, errlen, "%s:%d: a NUL byte in the line", name, lineno), -1;
@@ -148,7 +148,7 @@ int ca_tuning_parse(const char *text, size_t size, const char *name, ca_tuning *
       return snprintf(err, errlen, "%s:%d: line longer than %d bytes", name, lineno, LINE_MAX_BYTES), -1;
     memcpy(line, p, len);
     line[len] = '\0';
-    p += len + (nl != NULL);
+    at += len + (nl != NULL);
     char *hash = strchr(line, '#');
     if (hash) *hash = '\0';
     char *s = trim(line);

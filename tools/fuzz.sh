@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# Fuzzes clattn_forward with libFuzzer for a bounded time.
+# Fuzzes clattn with libFuzzer for a bounded time.
 #
-#   tools/fuzz.sh [SECONDS] [libFuzzer flags...]     default: 60 seconds
+#   tools/fuzz.sh [TARGET] [SECONDS] [libFuzzer flags...]     default: forward, 60 seconds
+#
+# TARGET: forward (clattn_forward, tests/fuzz/fuzz_forward.c), cache-entry
+# or tuning-file (the parsers of program cache entries and tuning files,
+# tests/fuzz/fuzz_parsers.c: bytes in, never a crash or hang; no device).
 #
 # Installs what is missing (clang, libclang-rt-14-dev and tools/setup.sh's
 # packages; apt-get as root, else through sudo), configures build-fuzz with
 # CC=clang, AddressSanitizer + UndefinedBehaviorSanitizer and libFuzzer's
 # coverage instrumentation on the whole build, then runs
-# build-fuzz/tests/fuzz_forward on a working corpus seeded from
-# tests/fuzz/corpus (the committed seeds stay as they are). A failing input
-# is written to build-fuzz/fuzz-artifacts/; copy it to tests/fuzz/regressions/
-# under a name saying what it found, and the opencl suite replays it
-# (test_fuzz_regressions). Exit status: 0 when the run ended without a
-# failure, non-zero on a crash, a check's violation, a timeout or a leak.
+# build-fuzz/tests/fuzz_<target> on a working corpus seeded from
+# tests/fuzz/corpus (forward) or tests/fuzz/corpus-<target> (the committed
+# seeds stay as they are). A failing input is written to
+# build-fuzz/fuzz-artifacts/; copy it to tests/fuzz/regressions/ (forward) or
+# tests/fuzz/corpus-<target>/ under a name saying what it found (starting
+# with "valid" when the parser must accept it), and test_fuzz_regressions
+# replays it (the opencl suite for forward, the unit suite's fuzz-parsers
+# for the parsers). Exit status: 0 when the run ended without a failure,
+# non-zero on a crash, a check's violation, a timeout or a leak.
 #
 # Environment: CLATTN_FUZZ_KNOWN=alias,nan-row-weights,ref-inf-row-diag tolerates known
 # library bugs (tests/fuzz/fuzz_case.c names them), to explore past them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+target=forward
+case "${1:-}" in forward|cache-entry|tuning-file) target=$1; shift;; esac
 seconds=${1:-60}
 shift || true
-case "$seconds" in ''|*[!0-9]*) echo "usage: tools/fuzz.sh [SECONDS] [libFuzzer flags...]" >&2; exit 2;; esac
+case "$seconds" in ''|*[!0-9]*)
+  echo "usage: tools/fuzz.sh [forward|cache-entry|tuning-file] [SECONDS] [libFuzzer flags...]" >&2; exit 2;; esac
+exe=fuzz_${target//-/_}
 
 tools/packages.sh clang libclang-rt-14-dev
 
@@ -33,22 +44,36 @@ if [ -f "$build/build.ninja" ]; then
 else
   CC=clang meson setup "$build" "${opts[@]}" >/dev/null
 fi
-ninja -C "$build" tests/fuzz_forward >/dev/null
-if [ ! -x "$build/tests/fuzz_forward" ]; then
-  echo "fuzz: $build/tests/fuzz_forward was not built (the compiler must be clang with -fsanitize=fuzzer)" >&2
+ninja -C "$build" "tests/$exe" >/dev/null
+if [ ! -x "$build/tests/$exe" ]; then
+  echo "fuzz: $build/tests/$exe was not built (the compiler must be clang with -fsanitize=fuzzer)" >&2
   exit 1
 fi
 
-corpus=$build/fuzz-corpus
 artifacts=$build/fuzz-artifacts
+if [ "$target" = forward ]; then
+  corpus=$build/fuzz-corpus seeds=tests/fuzz/corpus
+else
+  corpus=$build/fuzz-corpus-$target seeds=tests/fuzz/corpus-$target
+fi
 mkdir -p "$corpus" "$artifacts"
-cp -n tests/fuzz/corpus/* "$corpus"/ 2>/dev/null || true
+cp -n "$seeds"/* "$corpus"/ 2>/dev/null || true
 
 # fast_unwind_on_malloc=0: full allocation stacks through POCL and LLVM (built
 # without frame pointers), so the suppressions in tests/lsan.supp match.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:fast_unwind_on_malloc=0:malloc_context_size=30:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
+if [ "$target" != forward ]; then
+  # The parsers need no device and no warm-up; inputs up to 8 KiB reach
+  # past the 1023-byte line limit and the 48-byte header alike.
+  echo "fuzz: running $build/tests/$exe for ${seconds}s (corpus $corpus, failures to $artifacts/)" >&2
+  status=0
+  "$build/tests/$exe" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
+    -print_final_stats=1 -artifact_prefix="$artifacts/$target-" "$@" "$corpus" || status=$?
+  echo "fuzz: corpus now $(ls "$corpus" | wc -l) inputs; exit status $status" >&2
+  exit $status
+fi
 # POCL's kernel builds happen once per process (program binaries are cached
 # on disk by clattn and POCL); the context is created before the first input.
 # libFuzzer counts -max_total_time from the process start, so the first
