@@ -25,7 +25,9 @@
  * damaged file, a truncated one, or another program's entry renamed or
  * re-keyed is never loaded. The checksum detects accidents, not intent: bytes
  * forged with a recomputed checksum do reach the driver's binary loader,
- * whose own checks are then all there is (the directory is its user's).
+ * whose own checks are then all there is (the directory is its user's). If
+ * the loader crashes on them, the load marker (below) gets the entry deleted
+ * by the next process, so a bad file never bricks the cache directory.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -189,10 +191,63 @@ int ca_cache_entry_parse(const unsigned char *file, size_t n, const ca_cache_key
   return 0;
 }
 
+/* ---- loads in progress ----
+ *
+ * While the driver has an entry's binary, "<entry>.loading" exists and is
+ * read-locked (fcntl; the kernel drops the lock when its process dies). A
+ * marker that nobody locks was left by a process that died inside the
+ * driver's loader, which a forged binary can crash: its entry is deleted
+ * unloaded, so one bad file costs one crash, not every later creation.
+ * F_GETLK does not show a process its own locks, so markers are only judged
+ * while no load of this process is in progress (loads_here). Races (a
+ * marker seen between its creation and its lock; one thread's close
+ * dropping another's lock) only cost a rebuild from source, never a wrong
+ * load. */
+static pthread_mutex_t loads_lock = PTHREAD_MUTEX_INITIALIZER;
+static int loads_here; /* this process's loads in progress; under loads_lock */
+
+/* "<path>.loading", malloc'd, or NULL. */
+static char *marker_path(const char *path) {
+  size_t n = strlen(path) + sizeof ".loading";
+  char *m = malloc(n);
+  if (m) snprintf(m, n, "%s.loading", path);
+  return m;
+}
+
+/* 1 when marker was left by a load that never finished (it is removed). */
+static int load_died(const char *marker) {
+  int fd = open(marker, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct stat sb;
+  struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  /* F_GETLK reports another process's lock; none (or no answer) = stale. */
+  int died = fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || fcntl(fd, F_GETLK, &lk) != 0 || lk.l_type == F_UNLCK;
+  close(fd);
+  if (died) unlink(marker);
+  return died;
+}
+
+/* The marker, created and read-locked: its fd, or -1 (then the load goes
+ * on unmarked: the marker is a safeguard, not a condition). */
+static int load_mark(const char *marker) {
+  int fd = open(marker, O_RDWR | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  struct flock lk = {.l_type = F_RDLCK, .l_whence = SEEK_SET};
+  if (fcntl(fd, F_SETLK, &lk) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const char *options) {
   if (!ctx->cache_dir) return NULL;
   char *path = entry_path(ctx->cache_dir, key);
-  if (!path) return NULL;
+  char *marker = path ? marker_path(path) : NULL;
+  if (!marker) {
+    free(path);
+    return NULL;
+  }
   unsigned char *file = NULL;
   size_t n = 0, at = 0, len = 0;
   cl_program program = NULL;
@@ -201,6 +256,13 @@ cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const cha
   int rc = ca_read_file(path, HEADER_BYTES + MAX_PAYLOAD, &file, &n, NULL, 0);
   if (rc == 0 && ca_cache_entry_parse(file, n, key, &at, &len) != 0) rc = -1;
   if (rc == 0) {
+    pthread_mutex_lock(&loads_lock);
+    if (loads_here == 0 && load_died(marker)) rc = -1;
+    else loads_here++;
+    pthread_mutex_unlock(&loads_lock);
+  }
+  if (rc == 0) {
+    int mark = load_mark(marker);
     cl_int err = CL_SUCCESS, binary_status = CL_INVALID_BINARY;
     const unsigned char *bins[1] = {file + at};
     program = clCreateProgramWithBinary(ctx->context, 1, &ctx->device, &len, bins, &binary_status, &err);
@@ -212,10 +274,18 @@ cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const cha
       program = NULL;
     }
     if (!program) rc = -1;
+    if (mark >= 0) {
+      unlink(marker);
+      close(mark);
+    }
+    pthread_mutex_lock(&loads_lock);
+    loads_here--;
+    pthread_mutex_unlock(&loads_lock);
   }
   /* Not to be trusted: remove it (a store after the source build replaces it). */
   if (rc < 0) unlink(path);
   free(file);
+  free(marker);
   free(path);
   return program;
 }
