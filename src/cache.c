@@ -220,8 +220,9 @@ static int load_died(const char *marker) {
   if (fd < 0) return 0;
   struct stat sb;
   struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-  /* F_GETLK reports another process's lock; none (or no answer) = stale. */
-  int died = fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || fcntl(fd, F_GETLK, &lk) != 0 || lk.l_type == F_UNLCK;
+  /* F_GETLK reports another process's lock: a marker with none is stale. A
+   * filesystem without locks cannot tell, and gets no verdict. */
+  int died = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && fcntl(fd, F_GETLK, &lk) == 0 && lk.l_type == F_UNLCK;
   close(fd);
   if (died) unlink(marker);
   return died;
@@ -234,6 +235,9 @@ static int load_mark(const char *marker) {
   if (fd < 0) return -1;
   struct flock lk = {.l_type = F_RDLCK, .l_whence = SEEK_SET};
   if (fcntl(fd, F_SETLK, &lk) != 0) {
+    /* No lock (a filesystem without them): an unlocked marker left here
+     * would read as a load that died. */
+    unlink(marker);
     close(fd);
     return -1;
   }

@@ -261,8 +261,8 @@ static void describe(clattn_context *ctx) {
            "program cache: %s (at creation: %d built from source, %d loaded from cache)\n",
            platform, device, (c->type & CL_DEVICE_TYPE_GPU) ? "GPU" : (c->type & CL_DEVICE_TYPE_CPU) ? "CPU" : "other",
            driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem, values, fused,
-           ctx->tuning_note, ctx->env_note[0] ? ctx->env_note : "no values ignored", autos, ctx->build_ms, ctx->cache_dir ? ctx->cache_dir : "off", ctx->builds_from_source,
-           ctx->builds_from_cache);
+           ctx->tuning_note, ctx->env_note[0] ? ctx->env_note : "no values ignored", autos, ctx->build_ms,
+           ctx->cache_dir ? ctx->cache_dir : "off", ctx->builds_from_source, ctx->builds_from_cache);
 }
 
 static clattn_status attach(clattn_context *ctx, const clattn_options *opt) {

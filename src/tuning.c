@@ -10,8 +10,8 @@
 
 #include "file.h"
 
-/* LINE_MAX: longer is not a line `clattn tune` wrote (and a split line must
- * not be read as two); FILE_MAX: likewise for the whole file. */
+/* LINE_MAX_BYTES: longer is not a line `clattn tune` wrote (and a split line
+ * must not be read as two); FILE_MAX_BYTES: likewise for the whole file. */
 enum { TUNING_FORMAT = 1, LINE_MAX_BYTES = 1023, FILE_MAX_BYTES = 1 << 16 };
 
 static const char *const tunable_names[CA_T_COUNT] = {
