@@ -11,7 +11,7 @@
  *       12     4  reserved, 0
  *       16    16  key
  *       32     8  payload length (little-endian u64)
- *       40     8  payload checksum, FNV-1a 64 (little-endian u64)
+ *       40     8  checksum, FNV-1a 64 over bytes 0-39 and the payload
  *       48     -  payload: the device's CL_PROGRAM_BINARIES entry
  *
  * Writes go to a temp file in the same directory (mkstemp) and are renamed
@@ -19,6 +19,15 @@
  * key each rename a complete file and the last one wins. A file that does
  * not validate, or whose binary the driver refuses, is deleted and rebuilt:
  * never trusted. Nothing here fails a caller: every failure is a miss.
+ *
+ * What reaches the driver: only a payload whose length matches the file and
+ * whose checksum covers it together with the header, key included, so a
+ * damaged file, a truncated one, or another program's entry renamed or
+ * re-keyed is never loaded. The checksum detects accidents, not intent: bytes
+ * forged with a recomputed checksum do reach the driver's binary loader,
+ * whose own checks are then all there is (the directory is its user's). If
+ * the loader crashes on them, the load marker (below) gets the entry deleted
+ * by the next process, so a bad file never bricks the cache directory.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -29,10 +38,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "file.h"
 #include "internal.h"
 
 #define CACHE_MAGIC "CLATTNPB"
-enum { CACHE_FORMAT = 1, HEADER_BYTES = 48 };
+/* Format 2: the checksum covers the header too (format 1: the payload only). */
+enum { CACHE_FORMAT = 2, HEADER_BYTES = 48, SUM_AT = 40 };
 #define MAX_PAYLOAD ((uint64_t)1 << 30) /* larger is not a program binary we wrote */
 
 /* ---- hashing ---- */
@@ -91,10 +102,14 @@ static uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-static uint64_t checksum(const unsigned char *p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
+static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
+}
+
+uint64_t ca_cache_entry_checksum(const unsigned char *file, size_t n) {
+  if (n < HEADER_BYTES) return 0;
+  return fnv1a(fnv1a(0xcbf29ce484222325ull, file, SUM_AT), file + HEADER_BYTES, n - HEADER_BYTES);
 }
 
 /* A device or platform string of any length into the hash ("?" when the
@@ -151,17 +166,6 @@ static char *entry_path(const char *dir, const ca_cache_key *key) {
   return path;
 }
 
-static int read_all(int fd, unsigned char *buf, size_t n) {
-  while (n > 0) {
-    ssize_t got = read(fd, buf, n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return -1;
-    buf += got;
-    n -= (size_t)got;
-  }
-  return 0;
-}
-
 static int write_all(int fd, const unsigned char *buf, size_t n) {
   while (n > 0) {
     ssize_t put = write(fd, buf, n);
@@ -173,48 +177,98 @@ static int write_all(int fd, const unsigned char *buf, size_t n) {
   return 0;
 }
 
-/* The validated payload of path (malloc'd, *len bytes). 0: loaded; 1: no
- * such file (a plain miss); -1: the file is there but not to be trusted. */
-static int read_entry(const char *path, const ca_cache_key *key, unsigned char **payload, size_t *len) {
-  *payload = NULL;
-  *len = 0;
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return errno == ENOENT ? 1 : -1;
-  int rc = -1;
-  unsigned char head[HEADER_BYTES];
+int ca_cache_entry_parse(const unsigned char *file, size_t n, const ca_cache_key *key, size_t *payload_at,
+                         size_t *payload_len) {
+  *payload_at = *payload_len = 0;
+  if (n <= HEADER_BYTES || memcmp(file, CACHE_MAGIC, 8) != 0 || get_u32(file + 8) != CACHE_FORMAT ||
+      get_u32(file + 12) != 0 || memcmp(file + 16, key->bytes, 16) != 0)
+    return -1;
+  /* The length field is only believed when it is exactly what the file holds. */
+  if (get_u64(file + 32) != (uint64_t)(n - HEADER_BYTES) || get_u64(file + SUM_AT) != ca_cache_entry_checksum(file, n))
+    return -1;
+  *payload_at = HEADER_BYTES;
+  *payload_len = n - HEADER_BYTES;
+  return 0;
+}
+
+/* ---- loads in progress ----
+ *
+ * While the driver has an entry's binary, "<entry>.loading" exists and is
+ * read-locked (fcntl; the kernel drops the lock when its process dies). A
+ * marker that nobody locks was left by a process that died inside the
+ * driver's loader, which a forged binary can crash: its entry is deleted
+ * unloaded, so one bad file costs one crash, not every later creation.
+ * F_GETLK does not show a process its own locks, so markers are only judged
+ * while no load of this process is in progress (loads_here). Races (a
+ * marker seen between its creation and its lock; one thread's close
+ * dropping another's lock) only cost a rebuild from source, never a wrong
+ * load. */
+static pthread_mutex_t loads_lock = PTHREAD_MUTEX_INITIALIZER;
+static int loads_here; /* this process's loads in progress; under loads_lock */
+
+/* "<path>.loading", malloc'd, or NULL. */
+static char *marker_path(const char *path) {
+  size_t n = strlen(path) + sizeof ".loading";
+  char *m = malloc(n);
+  if (m) snprintf(m, n, "%s.loading", path);
+  return m;
+}
+
+/* 1 when marker was left by a load that never finished (it is removed). */
+static int load_died(const char *marker) {
+  int fd = open(marker, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return 0;
   struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < HEADER_BYTES) goto done;
-  if (read_all(fd, head, sizeof head) != 0) goto done;
-  if (memcmp(head, CACHE_MAGIC, 8) != 0 || get_u32(head + 8) != CACHE_FORMAT || get_u32(head + 12) != 0 ||
-      memcmp(head + 16, key->bytes, 16) != 0)
-    goto done;
-  uint64_t n = get_u64(head + 32), sum = get_u64(head + 40);
-  if (n == 0 || n > MAX_PAYLOAD || (uint64_t)sb.st_size != HEADER_BYTES + n) goto done;
-  unsigned char *buf = malloc((size_t)n);
-  if (!buf) goto done;
-  if (read_all(fd, buf, (size_t)n) != 0 || checksum(buf, (size_t)n) != sum) {
-    free(buf);
-    goto done;
-  }
-  *payload = buf;
-  *len = (size_t)n;
-  rc = 0;
-done:
+  struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  /* F_GETLK reports another process's lock: a marker with none is stale. A
+   * filesystem without locks cannot tell, and gets no verdict. */
+  int died = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && fcntl(fd, F_GETLK, &lk) == 0 && lk.l_type == F_UNLCK;
   close(fd);
-  return rc;
+  if (died) unlink(marker);
+  return died;
+}
+
+/* The marker, created and read-locked: its fd, or -1 (then the load goes
+ * on unmarked: the marker is a safeguard, not a condition). */
+static int load_mark(const char *marker) {
+  int fd = open(marker, O_RDWR | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  struct flock lk = {.l_type = F_RDLCK, .l_whence = SEEK_SET};
+  if (fcntl(fd, F_SETLK, &lk) != 0) {
+    /* No lock (a filesystem without them): an unlocked marker left here
+     * would read as a load that died. */
+    unlink(marker);
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const char *options) {
   if (!ctx->cache_dir) return NULL;
   char *path = entry_path(ctx->cache_dir, key);
-  if (!path) return NULL;
-  unsigned char *payload = NULL;
-  size_t len = 0;
+  char *marker = path ? marker_path(path) : NULL;
+  if (!marker) {
+    free(path);
+    return NULL;
+  }
+  unsigned char *file = NULL;
+  size_t n = 0, at = 0, len = 0;
   cl_program program = NULL;
-  int rc = read_entry(path, key, &payload, &len);
+  /* 1: no such file, a plain miss; -1: there but unreadable (not a regular
+   * file, too large, ...), removed like an invalid one. */
+  int rc = ca_read_file(path, HEADER_BYTES + MAX_PAYLOAD, &file, &n, NULL, 0);
+  if (rc == 0 && ca_cache_entry_parse(file, n, key, &at, &len) != 0) rc = -1;
   if (rc == 0) {
+    pthread_mutex_lock(&loads_lock);
+    if (loads_here == 0 && load_died(marker)) rc = -1;
+    else loads_here++;
+    pthread_mutex_unlock(&loads_lock);
+  }
+  if (rc == 0) {
+    int mark = load_mark(marker);
     cl_int err = CL_SUCCESS, binary_status = CL_INVALID_BINARY;
-    const unsigned char *bins[1] = {payload};
+    const unsigned char *bins[1] = {file + at};
     program = clCreateProgramWithBinary(ctx->context, 1, &ctx->device, &len, bins, &binary_status, &err);
     if (err != CL_SUCCESS || binary_status != CL_SUCCESS) {
       if (program) clReleaseProgram(program);
@@ -224,10 +278,18 @@ cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const cha
       program = NULL;
     }
     if (!program) rc = -1;
+    if (mark >= 0) {
+      unlink(marker);
+      close(mark);
+    }
+    pthread_mutex_lock(&loads_lock);
+    loads_here--;
+    pthread_mutex_unlock(&loads_lock);
   }
   /* Not to be trusted: remove it (a store after the source build replaces it). */
   if (rc < 0) unlink(path);
-  free(payload);
+  free(file);
+  free(marker);
   free(path);
   return program;
 }
@@ -268,7 +330,7 @@ void ca_cache_store(clattn_context *ctx, const ca_cache_key *key, cl_program pro
   put_u32(file + 12, 0);
   memcpy(file + 16, key->bytes, 16);
   put_u64(file + 32, (uint64_t)len);
-  put_u64(file + 40, checksum(file + HEADER_BYTES, len));
+  put_u64(file + SUM_AT, ca_cache_entry_checksum(file, HEADER_BYTES + len));
 
   path = entry_path(ctx->cache_dir, key);
   size_t n = strlen(ctx->cache_dir) + 32;

@@ -1,5 +1,4 @@
 /* Context life: device choice or embedding, tile choice, load-time builds. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,22 +39,25 @@ fail:
 /* CLATTN_FLASH_WG=n forces the work-group fused kernel (flash_tiled) with
  * n rows per group, CLATTN_FLASH_WG=0 the register-blocked one (flash_rows):
  * how the tests run both on one device. CLATTN_SCRATCH_BYTES sets the
- * staged and GEMM paths' scratch budget. */
+ * staged and GEMM paths' scratch budget. Each is checked by the tuning
+ * file's rule; a value that breaks it is ignored, and ctx->env_note says why. */
 static void apply_environment(clattn_context *ctx) {
-  const char *env = getenv("CLATTN_FLASH_WG");
-  if (env && *env) {
-    ctx->tiles.flash_wg = atoi(env);
-    ctx->origin[CA_T_FLASH_WG] = CA_FROM_ENV;
-  }
-  env = getenv("CLATTN_SCRATCH_BYTES");
-  if (env && *env) {
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(env, &end, 10);
-    if (errno == 0 && end && *end == '\0' && v > 0) {
-      ctx->scratch_budget = (size_t)v;
-      ctx->origin[CA_T_SCRATCH_BYTES] = CA_FROM_ENV;
+  static const struct {
+    const char *name;
+    ca_tunable t;
+  } vars[] = {{"CLATTN_FLASH_WG", CA_T_FLASH_WG}, {"CLATTN_SCRATCH_BYTES", CA_T_SCRATCH_BYTES}};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *env = getenv(vars[i].name);
+    if (!env || !*env) continue;
+    long long v = 0;
+    char why[256];
+    if (ca_tunable_parse(vars[i].t, vars[i].name, env, &v, why, sizeof why) != 0) {
+      size_t at = strlen(ctx->env_note);
+      snprintf(ctx->env_note + at, sizeof ctx->env_note - at, "%signored %s", at ? "; " : "", why);
+      continue;
     }
+    ca_tunable_set(&ctx->tiles, &ctx->scratch_budget, vars[i].t, v);
+    ctx->origin[vars[i].t] = CA_FROM_ENV;
   }
 }
 
@@ -253,13 +255,14 @@ static void describe(clattn_context *ctx) {
            "tiles and budgets (value, origin):\n%s"
            "fused kernel: %s\n"
            "tuning file: %s\n"
+           "environment: %s\n"
            "AUTO picks: %s\n"
            "program build at creation: %.1f ms\n"
            "program cache: %s (at creation: %d built from source, %d loaded from cache)\n",
            platform, device, (c->type & CL_DEVICE_TYPE_GPU) ? "GPU" : (c->type & CL_DEVICE_TYPE_CPU) ? "CPU" : "other",
            driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem, values, fused,
-           ctx->tuning_note, autos, ctx->build_ms, ctx->cache_dir ? ctx->cache_dir : "off", ctx->builds_from_source,
-           ctx->builds_from_cache);
+           ctx->tuning_note, ctx->env_note[0] ? ctx->env_note : "no values ignored", autos, ctx->build_ms,
+           ctx->cache_dir ? ctx->cache_dir : "off", ctx->builds_from_source, ctx->builds_from_cache);
 }
 
 static clattn_status attach(clattn_context *ctx, const clattn_options *opt) {

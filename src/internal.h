@@ -3,6 +3,7 @@
 #define CLATTN_INTERNAL_H
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stddef.h>
 #include "clattn.h"
 #include "tiles.h"
@@ -21,6 +22,7 @@ struct clattn_context {
   clattn_algo auto_algo[CA_CLASS_COUNT]; /* AUTO's choice per shape class; AUTO = built-in rule */
   char *tuning_path;          /* the tuning file looked for; NULL = none */
   char tuning_note[1280];      /* what became of it: applied, absent, ignored or rejected (and why) */
+  char env_note[320];         /* an environment override that was ignored, and why; "" = none */
   cl_program core;            /* built at creation (f32 storage): qk_score, softmax_rows, mix_values, merge_states, gemm */
   cl_program core_16[2];      /* the same for f16 and bf16 storage, built on first use; under programs_lock */
   pthread_mutex_t programs_lock; /* guards the fused programs and peak_scratch */
@@ -99,6 +101,13 @@ void ca_cache_key_of(const clattn_context *ctx, const char *const *sources, cl_u
 /* The built program from a validated entry of ctx->cache_dir, or NULL (miss;
  * an entry that does not validate or build is deleted). Never fails a call. */
 cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const char *options);
+/* An entry's bytes (file, n) checked against key: header, a length field
+ * equal to what the file holds, the checksum. 0 with where the payload lies
+ * (inside file), or -1. Touches nothing past file[n - 1]. */
+int ca_cache_entry_parse(const unsigned char *file, size_t n, const ca_cache_key *key, size_t *payload_at,
+                         size_t *payload_len);
+/* The checksum an entry's header carries (0 when n is shorter than a header). */
+uint64_t ca_cache_entry_checksum(const unsigned char *file, size_t n);
 /* Writes program's binary for ctx->device atomically (temp file + rename);
  * best effort, silent on failure. */
 void ca_cache_store(clattn_context *ctx, const ca_cache_key *key, cl_program program);

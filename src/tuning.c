@@ -8,7 +8,11 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { TUNING_FORMAT = 1 };
+#include "file.h"
+
+/* LINE_MAX_BYTES: longer is not a line `clattn tune` wrote (and a split line
+ * must not be read as two); FILE_MAX_BYTES: likewise for the whole file. */
+enum { TUNING_FORMAT = 1, LINE_MAX_BYTES = 1023, FILE_MAX_BYTES = 1 << 16 };
 
 static const char *const tunable_names[CA_T_COUNT] = {
   "score_tm", "score_tn", "score_tk", "softmax_wg", "mix_tm", "mix_tv", "mix_tj",
@@ -56,12 +60,6 @@ void ca_tunable_set(tl_tiles *tiles, size_t *scratch, ca_tunable t, long long v)
   else if (t == CA_T_SCRATCH_BYTES) *scratch = (size_t)v;
 }
 
-/* strerror is not thread-safe; contexts are created from any thread. */
-static const char *errno_text(int e, char *buf, size_t n) {
-  if (strerror_r(e, buf, n) != 0) snprintf(buf, n, "error %d", e);
-  return buf;
-}
-
 static int is_pow2(long long v) { return v > 0 && (v & (v - 1)) == 0; }
 
 /* The absolute range of each value (the device's limits are checked when a
@@ -70,7 +68,8 @@ static const char *out_of_range(ca_tunable t, long long v) {
   switch (t) {
     case CA_T_FLASH_BM: return is_pow2(v) && v <= 16 ? NULL : "a power of two from 1 to 16";
     case CA_T_FLASH_WG: return v == 0 || (is_pow2(v) && v <= 1024) ? NULL : "0 or a power of two up to 1024";
-    case CA_T_SCRATCH_BYTES: return v >= (1 << 20) && v <= (1LL << 40) ? NULL : "from 1048576 to 2^40 bytes";
+    /* Any budget runs: below one score row the staged path goes a row at a time. */
+    case CA_T_SCRATCH_BYTES: return v >= 1 && v <= (1LL << 40) ? NULL : "from 1 to 2^40 bytes";
     default: return is_pow2(v) && v <= 1024 ? NULL : "a power of two from 1 to 1024";
   }
 }
@@ -87,6 +86,19 @@ static char *trim(char *s) {
   size_t n = strlen(s);
   while (n && isspace((unsigned char)s[n - 1])) s[--n] = '\0';
   return s;
+}
+
+int ca_tunable_parse(ca_tunable t, const char *key, const char *text, long long *v, char *why, size_t n) {
+  char *end = NULL;
+  errno = 0;
+  long long x = strtoll(text, &end, 10);
+  const char *range = (errno || !end || end == text || *end) ? "an integer" : out_of_range(t, x);
+  if (range) {
+    snprintf(why, n, "%s = %s: must be %s", key, text, range);
+    return -1;
+  }
+  *v = x;
+  return 0;
 }
 
 /* One `key = value` line into out; NULL, or what is wrong with it. */
@@ -114,34 +126,29 @@ static const char *parse_line(char *key, char *value, ca_tuning *out, int *forma
     }
   for (int t = 0; t < CA_T_COUNT; t++)
     if (!strcmp(key, tunable_names[t])) {
-      char *end = NULL;
-      errno = 0;
-      long long v = strtoll(value, &end, 10);
-      const char *range = (errno || !end || end == value || *end) ? "an integer" : out_of_range((ca_tunable)t, v);
-      if (range) {
-        snprintf(why, n, "%s = %s: must be %s", key, value, range);
-        return why;
-      }
+      if (ca_tunable_parse((ca_tunable)t, key, value, &out->value[t], why, n) != 0) return why;
       out->has[t] = 1;
-      out->value[t] = v;
       return NULL;
     }
   snprintf(why, n, "unknown key '%s'", key);
   return why;
 }
 
-int ca_tuning_read(const char *path, ca_tuning *out, char *err, size_t errlen) {
+int ca_tuning_parse(const char *text, size_t size, const char *name, ca_tuning *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    char why[128];
-    snprintf(err, errlen, "cannot open %s: %s", path, errno_text(errno, why, sizeof why));
-    return -1;
-  }
-  char line[1024], why[320];
-  int lineno = 0, format = 0, rc = 0;
-  while (rc == 0 && fgets(line, sizeof line, f)) {
+  char line[LINE_MAX_BYTES + 1], why[320];
+  int lineno = 0, format = 0;
+  for (size_t at = 0; at < size;) {
+    const char *p = text + at, *nl = memchr(p, '\n', size - at);
+    size_t len = nl ? (size_t)(nl - p) : size - at;
     lineno++;
+    /* C strings would end the line at a NUL and apply what precedes it. */
+    if (memchr(p, '\0', len)) return snprintf(err, errlen, "%s:%d: a NUL byte in the line", name, lineno), -1;
+    if (len > LINE_MAX_BYTES)
+      return snprintf(err, errlen, "%s:%d: line longer than %d bytes", name, lineno, LINE_MAX_BYTES), -1;
+    memcpy(line, p, len);
+    line[len] = '\0';
+    at += len + (nl != NULL);
     char *hash = strchr(line, '#');
     if (hash) *hash = '\0';
     char *s = trim(line);
@@ -152,16 +159,21 @@ int ca_tuning_read(const char *path, ca_tuning *out, char *err, size_t errlen) {
       *eq = '\0';
       bad = parse_line(trim(s), trim(eq + 1), out, &format, why, sizeof why);
     }
-    if (bad) {
-      snprintf(err, errlen, "%s:%d: %s", path, lineno, bad);
-      rc = -1;
-    }
+    if (bad) return snprintf(err, errlen, "%s:%d: %s", name, lineno, bad), -1;
   }
-  if (rc == 0 && ferror(f)) snprintf(err, errlen, "cannot read %s", path), rc = -1;
-  fclose(f);
-  if (rc == 0 && format != TUNING_FORMAT) snprintf(err, errlen, "%s: no 'format = 1' line", path), rc = -1;
-  if (rc == 0 && (!out->platform[0] || !out->device[0] || !out->driver[0]))
-    snprintf(err, errlen, "%s: needs platform, device and driver lines", path), rc = -1;
+  if (format != TUNING_FORMAT) return snprintf(err, errlen, "%s: no 'format = 1' line", name), -1;
+  if (!out->platform[0] || !out->device[0] || !out->driver[0])
+    return snprintf(err, errlen, "%s: needs platform, device and driver lines", name), -1;
+  return 0;
+}
+
+int ca_tuning_read(const char *path, ca_tuning *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  unsigned char *text = NULL;
+  size_t size = 0;
+  if (ca_read_file(path, FILE_MAX_BYTES, &text, &size, err, errlen) != 0) return -1;
+  int rc = ca_tuning_parse((const char *)text, size, path, out, err, errlen);
+  free(text);
   return rc;
 }
 
@@ -174,7 +186,7 @@ int ca_tuning_write(const char *path, const ca_tuning *t, char *err, size_t errl
   FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!f) {
     char why[128];
-    snprintf(err, errlen, "cannot create a file beside %s: %s", path, errno_text(errno, why, sizeof why));
+    snprintf(err, errlen, "cannot create a file beside %s: %s", path, ca_errno_text(errno, why, sizeof why));
     if (fd >= 0) close(fd), unlink(tmp);
     free(tmp);
     return -1;
@@ -190,7 +202,7 @@ int ca_tuning_write(const char *path, const ca_tuning *t, char *err, size_t errl
   bad = (fclose(f) != 0) || bad;
   if (bad || rename(tmp, path) != 0) {
     char why[128];
-    snprintf(err, errlen, "cannot write %s: %s", path, errno_text(errno, why, sizeof why));
+    snprintf(err, errlen, "cannot write %s: %s", path, ca_errno_text(errno, why, sizeof why));
     unlink(tmp);
     free(tmp);
     return -1;

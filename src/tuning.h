@@ -54,8 +54,15 @@ const char *ca_class_name(ca_shape_class c);
 long long ca_tunable_get(const tl_tiles *tiles, size_t scratch, ca_tunable t);
 void ca_tunable_set(tl_tiles *tiles, size_t *scratch, ca_tunable t, long long v);
 
-/* Reads and checks a tuning file (syntax and each value's absolute range).
- * 0, or -1 with a message naming the line and the value. */
+/* Parses and checks one value of t: the rule for tuning files and the
+ * environment alike. 0, or -1 with "key = text: must be ..." in why. */
+int ca_tunable_parse(ca_tunable t, const char *key, const char *text, long long *v, char *why, size_t n);
+
+/* Parses and checks a tuning file's bytes (syntax and each value's absolute
+ * range; a line over 1023 bytes or holding a NUL is malformed). name: the
+ * file in messages. 0, or -1 with a message naming the line and the value. */
+int ca_tuning_parse(const char *text, size_t size, const char *name, ca_tuning *out, char *err, size_t errlen);
+/* Reads (a regular file of at most 64 KiB; never blocks) and parses one. */
 int ca_tuning_read(const char *path, ca_tuning *out, char *err, size_t errlen);
 /* Writes it atomically (temp file + rename). 0, or -1 with a message. */
 int ca_tuning_write(const char *path, const ca_tuning *t, char *err, size_t errlen);

@@ -1,7 +1,9 @@
 /*
  * The on-disk program cache (src/cache.c): a miss compiles and stores, a hit
  * loads and computes bitwise the same; corrupted, truncated, foreign and
- * driver-refused entries are rebuilt and overwritten; an unusable or empty
+ * driver-refused entries are rebuilt and overwritten, and so are crafted
+ * ones and a FIFO at an entry's path (in child processes under a watchdog:
+ * they once crashed or hung the creating process); an unusable or empty
  * cache_dir only turns the cache off; concurrent processes filling one
  * directory leave only valid entries and no temp files.
  *
@@ -14,6 +16,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -155,6 +158,9 @@ static int entry_looks_whole(const char *dir, const char *name)
 {
   char path[1024];
   snprintf(path, sizeof path, "%s/%s", dir, name);
+  struct stat sb;
+  if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))   /* a FIFO left there would block the read */
+    return 0;
   size_t n = 0;
   unsigned char *data = read_file(path, &n);
   int ok = data && n > HEADER && !memcmp(data, "CLATTNPB", 8) && le64(data + 32) == n - HEADER;
@@ -368,11 +374,9 @@ static int corrupt(const char *dir, const char *name, int how, const char *other
     break;
   }
   case 4: {
-    uint64_t h = 0xcbf29ce484222325ull;   /* FNV-1a 64, cache.c's checksum */
-    for (size_t i = HEADER; i < n; i++) {
+    for (size_t i = HEADER; i < n; i++)
       data[i] = (unsigned char)(i * 131u + 7u);
-      h = (h ^ data[i]) * 0x100000001b3ull;
-    }
+    uint64_t h = ca_cache_entry_checksum(data, n);
     for (int i = 0; i < 8; i++)
       data[40 + i] = (unsigned char)(h >> (8 * i));
     rc = write_file(path, data, n);
@@ -425,6 +429,199 @@ static void corrupted_entry_is_rebuilt(void)
     CHECK(entry_looks_whole(dir, g_probe));
   }
   check_all_from_cache(dir, "after round 2");
+}
+
+/* ---------- crafted entries and non-regular files (issue 18, items 5 and 6) ----------
+ *
+ * What the cache defends: clattn hands the driver only a payload whose
+ * length field is exactly what the file holds and whose checksum (format 2)
+ * covers the header, key included, and the payload; anything else, and any
+ * path that is not a regular file, is deleted and rebuilt from source. The
+ * adversarial probe's files recomputed format 1's checksum, which covered the
+ * payload only: a payload cut to 100 bytes or filled with random bytes that
+ * way made POCL's binary loader abort or segfault, and another entry's file
+ * re-keyed in its header loaded a program without the kernels clattn asks
+ * for, failing every creation. Not defended: bytes forged with format 2's
+ * checksum recomputed still reach POCL, which crashes on some of them (a
+ * cache directory is its user's own; this is robustness, not a boundary);
+ * defended: such a crash happens once, the next creation deletes the entry
+ * its load marker shows died in the loader.
+ *
+ * Every creation runs in a child process (a crash is contained) under an
+ * alarm() watchdog (a hang is reported, not waited for). */
+
+enum { CHILD_WATCHDOG_S = 120 };
+
+/* Runs this executable as "--create DIR": a fresh process creating a
+ * context on DIR. Returns its exit status (0: created, *src and *cache set),
+ * or 128 + the signal that ended it (SIGALRM: the watchdog, it hung).
+ * quiet: its stderr to /dev/null, for a crash inside POCL that is expected
+ * (a sanitizer's report of it would count against tools/sanitize.sh). */
+static int create_in_child(const char *dir, int *src, int *cache, int quiet)
+{
+  *src = *cache = -1;
+  int out[2];
+  if (pipe(out) != 0)
+    return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    close(out[1]);
+    int null = quiet ? open("/dev/null", O_WRONLY) : -1;
+    if (null >= 0)
+      dup2(null, 2);
+    execl("/proc/self/exe", "test_cache", "--create", dir, (char *)NULL);
+    _exit(4);
+  }
+  close(out[1]);
+  char buf[128] = "";
+  size_t got = 0;
+  ssize_t r;
+  while (pid > 0 && got + 1 < sizeof buf && (r = read(out[0], buf + got, sizeof buf - 1 - got)) != 0) {
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0)
+      break;
+    got += (size_t)r;
+  }
+  buf[got] = '\0';
+  close(out[0]);
+  int status = 0;
+  if (pid <= 0 || waitpid(pid, &status, 0) != pid)
+    return -1;
+  if (WIFSIGNALED(status))
+    return 128 + WTERMSIG(status);
+  if (WEXITSTATUS(status) == 0 && sscanf(buf, "%d %d", src, cache) != 2)
+    return 5;
+  return WEXITSTATUS(status);
+}
+
+static int create_main(const char *dir)
+{
+  alarm(CHILD_WATCHDOG_S);   /* the watchdog: a blocked open or read ends here */
+  clattn_options opt;
+  memset(&opt, 0, sizeof opt);
+  opt.cache_dir = dir;
+  clattn_context *ctx = NULL;
+  clattn_status st = clattn_create(&opt, &ctx);
+  if (st != CLATTN_OK) {
+    fprintf(stderr, "child: clattn_create: %s\n", clattn_last_error(NULL));
+    return 2;
+  }
+  int src = -1, cache = -1;
+  ca_cache_counts(ctx, &src, &cache);
+  printf("%d %d\n", src, cache);
+  clattn_destroy(ctx);
+  return 0;
+}
+
+static void put_le64(unsigned char *p, uint64_t v)
+{
+  for (int i = 0; i < 8; i++)
+    p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* Format 1's checksum: FNV-1a 64 over the payload alone. */
+static uint64_t payload_only_checksum(const unsigned char *data, size_t n)
+{
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = HEADER; i < n; i++)
+    h = (h ^ data[i]) * 0x100000001b3ull;
+  return h;
+}
+
+typedef enum { HUGE_LENGTH, CUT_TO_100, RANDOM_PAYLOAD, REKEYED_OTHER, FIFO_AT_PATH, FORGED } craft;
+static const char *const craft_names[] = {"length field 0x7fffffff (checksum recomputed)",
+                                          "payload cut to 100 bytes (format 1 checksum)",
+                                          "random payload behind its first 64 bytes (format 1 checksum)",
+                                          "another entry re-keyed in its header", "a FIFO at the path",
+                                          "payload cut to 100 bytes, format 2 checksum recomputed"};
+
+/* Replaces dir/name by a crafted file (other: another entry's name). */
+static int craft_entry(const char *dir, const char *name, craft how, const char *other)
+{
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  if (how == FIFO_AT_PATH)
+    return unlink(path) == 0 && mkfifo(path, 0600) == 0 ? 0 : -1;
+  size_t n = 0;
+  unsigned char *data = NULL;
+  if (how == REKEYED_OTHER) {
+    char opath[1024];
+    snprintf(opath, sizeof opath, "%s/%s", dir, other);
+    unsigned char *mine = read_file(path, &n);
+    data = read_file(opath, &n);
+    if (mine && data)
+      memcpy(data + 16, mine + 16, 16);   /* this name's key; the checksum left as it was */
+    free(mine);
+  } else {
+    data = read_file(path, &n);
+  }
+  if (!data || n <= HEADER + 100) {
+    free(data);
+    return -1;
+  }
+  if (how == HUGE_LENGTH) {
+    put_le64(data + 32, 0x7fffffff);
+    put_le64(data + 40, ca_cache_entry_checksum(data, n));
+  } else if (how == CUT_TO_100 || how == RANDOM_PAYLOAD || how == FORGED) {
+    if (how != RANDOM_PAYLOAD)
+      n = HEADER + 100;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    /* Random behind the binary's first 64 bytes (POCL's own header): the
+     * probe's segfault. */
+    for (size_t i = HEADER + 64; how == RANDOM_PAYLOAD && i < n; i++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      data[i] = (unsigned char)x;
+    }
+    put_le64(data + 32, n - HEADER);
+    put_le64(data + 40, how == FORGED ? ca_cache_entry_checksum(data, n) : payload_only_checksum(data, n));
+  }
+  int rc = write_file(path, data, n);
+  free(data);
+  return rc;
+}
+
+static void crafted_entries_are_rebuilt_not_loaded(void)
+{
+  REQUIRE(seed() == 0);
+  char dir[300];
+  make_dir(dir, sizeof dir, "crafted");
+  REQUIRE(copy_dir(g_seed, dir) == 0);
+  /* The cheap probe program takes each craft; core stays a valid entry. */
+  for (int how = HUGE_LENGTH; how <= FIFO_AT_PATH; how++) {
+    if (!CHECKF(craft_entry(dir, g_probe, (craft)how, g_core) == 0, "%s: cannot craft the file", craft_names[how]))
+      continue;
+    int src = -1, cache = -1;
+    int rc = create_in_child(dir, &src, &cache, 0);
+    CHECKF(rc == 0, "%s: the creating process %s %d%s", craft_names[how], rc > 128 ? "died of signal" : "exited",
+           rc > 128 ? rc - 128 : rc, rc == 128 + SIGALRM ? " (watchdog: it hung)" : "");
+    CHECKF(rc != 0 || (src == 1 && cache == 1), "%s: %d from source, %d from cache (want 1, 1)", craft_names[how], src,
+           cache);
+    CHECKF(entry_looks_whole(dir, g_probe), "%s: not replaced by a rebuilt entry", craft_names[how]);
+  }
+  int src = -1, cache = -1;
+  CHECK(create_in_child(dir, &src, &cache, 0) == 0);
+  CHECKF(src == 0 && cache == 2, "after the crafted files: %d from source, %d from cache (want 0, 2)", src, cache);
+
+  /* A forgery with format 2's checksum reaches POCL, whose loader may crash
+   * the first creation (not defended); the entry must not outlive that:
+   * its load marker is left unlocked, so the next creation deletes the
+   * entry unloaded and rebuilds it. */
+  REQUIRE(craft_entry(dir, g_probe, FORGED, NULL) == 0);
+  int first = create_in_child(dir, &src, &cache, 1);
+  printf("    %s: the first creation %s %d\n", craft_names[FORGED], first > 128 ? "died of signal" : "exited",
+         first > 128 ? first - 128 : first);
+  CHECKF(first != 128 + SIGALRM, "%s: the first creation hung", craft_names[FORGED]);
+  int rc = create_in_child(dir, &src, &cache, 0);
+  CHECKF(rc == 0, "%s: the next creation %s %d", craft_names[FORGED], rc > 128 ? "died of signal" : "exited",
+         rc > 128 ? rc - 128 : rc);
+  CHECKF(rc != 0 || cache >= 1, "%s: %d from source, %d from cache", craft_names[FORGED], src, cache);
+  CHECKF(entry_looks_whole(dir, g_probe), "%s: not replaced by a rebuilt entry", craft_names[FORGED]);
+  listing l = list_dir(dir);
+  for (int i = 0; i < l.n; i++)
+    CHECKF(is_entry_name(l.name[i]), "left behind: %s", l.name[i]);
 }
 
 static void unwritable_cache_dir_still_works(void)
@@ -643,6 +840,8 @@ int main(int argc, char **argv)
   setenv("POCL_KERNEL_CACHE", "0", 1);
   if (argc == 3 && !strcmp(argv[1], "--child"))
     return child_main(argv[2]);
+  if (argc == 3 && !strcmp(argv[1], "--create"))
+    return create_main(argv[2]);
   const char *tmp = getenv("TMPDIR");
   snprintf(g_root, sizeof g_root, "%s/clattn-cache-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(g_root)) {
@@ -655,6 +854,7 @@ int main(int argc, char **argv)
     CT_TEST(dir_resolution_order),
     CT_TEST(miss_then_store_then_hit),
     CT_TEST(corrupted_entry_is_rebuilt),
+    CT_TEST(crafted_entries_are_rebuilt_not_loaded),
     CT_TEST(unwritable_cache_dir_still_works),
     CT_TEST(empty_cache_dir_disables),
     CT_TEST(concurrent_processes_fill_cache),

@@ -4,15 +4,23 @@
  * what they found) through the fuzz harness's decoding and checks
  * (tests/fuzz/fuzz_case.c), so whatever the fuzzer finds stays a test of
  * the normal opencl suite. An argument filters the file names.
+ *
+ * "--parsers [FILTER]" replays the parser targets' corpora instead
+ * (tests/fuzz/corpus-cache-entry, corpus-tuning-file: seeds, and inputs that
+ * once failed, named for what they found) through fuzz_parsers.c's checks:
+ * no device needed (the unit suite), under an alarm() watchdog so a parser
+ * that loops fails the test instead of hanging it.
  */
 #include <dirent.h>
 #include <stdint.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "fuzz/fuzz_case.h"
+#include "fuzz/fuzz_parsers.h"
 
 #ifndef FUZZ_DIR
 #error "FUZZ_DIR (the tests/fuzz directory) must be defined"
@@ -25,7 +33,41 @@ static int by_name(const void *a, const void *b)
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static void replay_dir(const char *sub, int must_have)
+typedef int (*fz_case_fn)(const uint8_t *data, size_t size, const char *name, char *why, size_t n);
+
+static int replay_forward(const uint8_t *data, size_t size, const char *name, char *why, size_t n)
+{
+  (void)name;
+  return fz_run(data, size, why, n);
+}
+
+/* A parser's verdict must also be what the input's name says: accepted
+ * exactly when it starts with "valid" (tools/fuzz_parser_seeds.py). */
+static int replay_parser(int (*parse)(const uint8_t *, size_t, int *, char *, size_t), const uint8_t *data,
+                         size_t size, const char *name, char *why, size_t n)
+{
+  int accepted = -1;
+  int v = parse(data, size, &accepted, why, n);
+  if (v == FZ_PASS && accepted != !strncmp(name, "valid", 5)) {
+    snprintf(why, n, "%s, but the name says %s", accepted ? "accepted" : "refused",
+             accepted ? "it is to be refused" : "it is valid");
+    return FZ_FAIL;
+  }
+  return v;
+}
+
+static int replay_cache_entry(const uint8_t *data, size_t size, const char *name, char *why, size_t n)
+{
+  return replay_parser(fz_cache_entry, data, size, name, why, n);
+}
+
+static int replay_tuning_file(const uint8_t *data, size_t size, const char *name, char *why, size_t n)
+{
+  return replay_parser(fz_tuning_file, data, size, name, why, n);
+}
+
+/* Runs every input of FUZZ_DIR/sub through run (a failed forward case is described too). */
+static void replay_dir(const char *sub, int must_have, fz_case_fn run)
 {
   char dir[4096];
   snprintf(dir, sizeof dir, "%s/%s", FUZZ_DIR, sub);
@@ -76,9 +118,11 @@ static void replay_dir(const char *sub, int must_have)
       size += got;
     }
     fclose(f);
-    int v = fz_run(data, size, why, sizeof why);
+    int v = run(data, size, names[i], why, sizeof why);
     if (v == FZ_FAIL) {
-      fz_describe(data, size, desc, sizeof desc);
+      desc[0] = '\0';
+      if (run == replay_forward)
+        fz_describe(data, size, desc, sizeof desc);
       CHECKF(0, "%s/%s: %s\n      case: %s", sub, names[i], why, desc);
     } else if (v == FZ_SKIP) {
       skipped++;
@@ -94,12 +138,22 @@ static void replay_dir(const char *sub, int must_have)
 
 static void test_corpus(void)
 {
-  replay_dir("corpus", 1);
+  replay_dir("corpus", 1, replay_forward);
 }
 
 static void test_regressions(void)
 {
-  replay_dir("regressions", 0);
+  replay_dir("regressions", 0, replay_forward);
+}
+
+static void test_cache_entry_corpus(void)
+{
+  replay_dir("corpus-cache-entry", 1, replay_cache_entry);
+}
+
+static void test_tuning_file_corpus(void)
+{
+  replay_dir("corpus-tuning-file", 1, replay_tuning_file);
 }
 
 /* The context still works after everything above. */
@@ -111,7 +165,16 @@ static void test_known_good_after(void)
 
 int main(int argc, char **argv)
 {
-  filter = argc > 1 ? argv[1] : NULL;
+  const int parsers = argc > 1 && !strcmp(argv[1], "--parsers");
+  filter = argc > 1 + parsers ? argv[1 + parsers] : NULL;
+  if (parsers) {
+    alarm(120);   /* the watchdog: each input takes microseconds */
+    static const ct_test parser_tests[] = {
+        CT_TEST(test_cache_entry_corpus),
+        CT_TEST(test_tuning_file_corpus),
+    };
+    return ct_main(1, argv, parser_tests, sizeof parser_tests / sizeof parser_tests[0]);
+  }
   char why[1024];
   int no_device = 0;
   if (!fz_context(why, sizeof why, &no_device)) {

@@ -5,6 +5,10 @@
  * with a bad or device-unfit value rejected whole, with a message, and the
  * defaults used. Contexts are embedded in ct_context()'s OpenCL objects.
  */
+#include <errno.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -42,16 +46,22 @@ static clattn_context *open_with(const char *tuning_file)
   return ctx;
 }
 
-/* Reads text as a tuning file: 0 accepted, -1 rejected (message in err). */
-static int read_text(const char *text, char *err, size_t n)
+/* Reads size bytes as a tuning file: 0 accepted, -1 rejected (message in err). */
+static int read_bytes(const char *text, size_t size, char *err, size_t n)
 {
   FILE *f = fopen(g_path, "w");
   if (!f)
     return -2;
-  fputs(text, f);
-  fclose(f);
+  int ok = fwrite(text, 1, size, f) == size;
+  if ((fclose(f) != 0) || !ok)
+    return -2;
   ca_tuning t;
   return ca_tuning_read(g_path, &t, err, n);
+}
+
+static int read_text(const char *text, char *err, size_t n)
+{
+  return read_bytes(text, strlen(text), err, n);
 }
 
 static void format_errors_name_the_line_and_value(void)
@@ -61,7 +71,9 @@ static void format_errors_name_the_line_and_value(void)
     { "flash_bm = 3\n", "flash_bm = 3: must be a power of two from 1 to 16" },
     { "score_tm = 2048\n", "score_tm = 2048: must be a power of two from 1 to 1024" },
     { "mix_tj = 12x\n", "mix_tj = 12x: must be an integer" },
-    { "scratch_bytes = 1000\n", "scratch_bytes = 1000: must be from" },
+    { "scratch_bytes = 0\n", "scratch_bytes = 0: must be from 1 to 2^40 bytes" },
+    { "scratch_bytes = -5\n", "scratch_bytes = -5: must be from 1 to 2^40 bytes" },
+    { "flash_wg = -5\n", "flash_wg = -5: must be 0 or a power of two up to 1024" },
     { "auto_weights = fused\n", "auto_weights = fused: must be staged or gemm" },
     { "auto_prefill = fast\n", "auto_prefill = fast: must be staged, fused or gemm" },
     { "tile = 4\n", "unknown key 'tile'" },
@@ -77,6 +89,141 @@ static void format_errors_name_the_line_and_value(void)
   CHECK(read_text("format = 1\nplatform = P\n", err, sizeof err) == -1 && strstr(err, "platform, device and driver"));
   snprintf(text, sizeof text, "%s  # comment\nflash_bm = 16  # trailing\n\nauto_decode = gemm\n", head);
   CHECKF(read_text(text, err, sizeof err) == 0, "good file rejected: %s", err);
+}
+
+/* Issue 18, item 7: fgets split a line over 1023 bytes, so the tail of a
+ * long comment was read as a line of its own and applied; C strings ended a
+ * line at a NUL byte. Both are malformed lines now, named by number. */
+static void long_lines_and_nul_bytes_are_rejected(void)
+{
+  static const char head[] = "format = 1\nplatform = P\ndevice = D\ndriver = 1\n";
+  char text[2048], err[512];
+  /* 1023 bytes of comment, then the text fgets read as the next line. */
+  int at = snprintf(text, sizeof text, "%s#", head);
+  memset(text + at, 'x', 1022);
+  snprintf(text + at + 1022, sizeof text - (size_t)at - 1022, "flash_bm = 2\n");
+  int rc = read_text(text, err, sizeof err);
+  CHECKF(rc == -1 && strstr(err, ":5: line longer than 1023 bytes"), "long comment: rc %d, '%s'", rc, err);
+
+  /* A 1023-byte line is still a line. */
+  at = snprintf(text, sizeof text, "%s#", head);
+  memset(text + at, 'x', 1022);
+  snprintf(text + at + 1022, sizeof text - (size_t)at - 1022, "\nflash_bm = 2\n");
+  rc = read_text(text, err, sizeof err);
+  CHECKF(rc == 0, "1023-byte comment: rc %d, '%s'", rc, err);
+
+  static const char nul_line[] = "format = 1\nplatform = P\ndevice = D\ndriver = 1\nflash_bm = 4\0flash_bm = 2\n";
+  rc = read_bytes(nul_line, sizeof nul_line - 1, err, sizeof err);
+  CHECKF(rc == -1 && strstr(err, ":5: a NUL byte in the line"), "NUL byte: rc %d, '%s'", rc, err);
+  static const char nul_comment[] = "format = 1\nplatform = P\ndevice = D\ndriver = 1\n#\0\nflash_bm = 2\n";
+  rc = read_bytes(nul_comment, sizeof nul_comment - 1, err, sizeof err);
+  CHECKF(rc == -1 && strstr(err, ":5: a NUL byte in the line"), "NUL in a comment: rc %d, '%s'", rc, err);
+}
+
+/* ---- issue 18, item 6: a FIFO or a device as the tuning file ----
+ * Each creation runs in a child process (this executable, "--create":
+ * a forked one must not reuse the parent's OpenCL) under an alarm()
+ * watchdog, so a blocked open or an endless read is reported as a failure
+ * instead of hanging the suite. */
+
+enum { CHILD_WATCHDOG_S = 120 };
+
+/* The child: a context with the tuning file CLATTN_TUNING_FILE names; its
+ * note on stdout. 0 when the file was rejected as not a regular file. */
+static int create_main(void)
+{
+  alarm(CHILD_WATCHDOG_S);
+  clattn_context *ctx = NULL;
+  clattn_status st = clattn_create(NULL, &ctx);
+  if (st != CLATTN_OK) {
+    printf("clattn_create: %s\n", clattn_last_error(NULL));
+    return 2;
+  }
+  printf("    child: %s\n", ctx->tuning_note);
+  int ok = !strncmp(ctx->tuning_note, "rejected, defaults used:", 24) && strstr(ctx->tuning_note, "not a regular file");
+  clattn_destroy(ctx);
+  return ok ? 0 : 1;
+}
+
+/* Runs "--create" with CLATTN_TUNING_FILE=path: its exit status, or 128 +
+ * the signal that ended it (SIGALRM: the watchdog). */
+static int create_in_child(const char *path)
+{
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("CLATTN_TUNING_FILE", path, 1);
+    execl("/proc/self/exe", "test_tuning", "--create", (char *)NULL);
+    _exit(4);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid)
+    return -1;
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+static void fifo_and_devices_do_not_block_creation(void)
+{
+  char fifo[320];
+  snprintf(fifo, sizeof fifo, "%s/fifo", g_dir);
+  REQUIRE(mkfifo(fifo, 0600) == 0 || errno == EEXIST);
+  const char *paths[] = {fifo, "/dev/zero", "/dev/null"};
+  for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+    int rc = create_in_child(paths[i]);
+    CHECKF(rc == 0, "CLATTN_TUNING_FILE=%s: the creating process %s %d%s", paths[i],
+           rc > 128 ? "died of signal" : "exited", rc > 128 ? rc - 128 : rc,
+           rc == 128 + SIGALRM ? " (watchdog: it hung)" : "");
+  }
+  unlink(fifo);
+  /* A file over the size cap is refused before it is read. */
+  FILE *f = fopen(g_path, "w");
+  REQUIRE(f);
+  for (int i = 0; i < 70000; i++)
+    fputc('\n', f);
+  REQUIRE(fclose(f) == 0);
+  ca_tuning t;
+  char err[512];
+  CHECKF(ca_tuning_read(g_path, &t, err, sizeof err) == -1 && strstr(err, "larger than 65536 bytes"), "%s", err);
+}
+
+/* Issue 18, item 8: CLATTN_FLASH_WG and CLATTN_SCRATCH_BYTES follow the
+ * tuning file's rule, with its message; a value that breaks it is ignored
+ * and named in clattn_describe. */
+static void environment_overrides_follow_the_file_rule(void)
+{
+  clattn_context *plain = open_with("");
+  REQUIRE(plain);
+  static const struct { const char *var, *value, *says; } bad[] = {
+    { "CLATTN_FLASH_WG", "-5", "ignored CLATTN_FLASH_WG = -5: must be 0 or a power of two up to 1024" },
+    { "CLATTN_FLASH_WG", "48", "ignored CLATTN_FLASH_WG = 48: must be 0 or a power of two up to 1024" },
+    { "CLATTN_SCRATCH_BYTES", "-5", "ignored CLATTN_SCRATCH_BYTES = -5: must be from 1 to 2^40 bytes" },
+    { "CLATTN_SCRATCH_BYTES", "4k", "ignored CLATTN_SCRATCH_BYTES = 4k: must be an integer" },
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    REQUIRE(setenv(bad[i].var, bad[i].value, 1) == 0);
+    clattn_context *ctx = open_with("");
+    unsetenv(bad[i].var);
+    if (!ctx)
+      continue;
+    CHECKF(strstr(clattn_describe(ctx), bad[i].says) != NULL, "%s=%s: describe lacks '%s':\n%s", bad[i].var,
+           bad[i].value, bad[i].says, clattn_describe(ctx));
+    CHECK(!memcmp(&ctx->tiles, &plain->tiles, sizeof ctx->tiles));
+    CHECK(ctx->scratch_budget == plain->scratch_budget);
+    CHECK(ctx->origin[CA_T_FLASH_WG] != CA_FROM_ENV && ctx->origin[CA_T_SCRATCH_BYTES] != CA_FROM_ENV);
+    clattn_destroy(ctx);
+  }
+  /* Valid values still apply (the tests' small scratch budgets among them). */
+  REQUIRE(setenv("CLATTN_SCRATCH_BYTES", "256", 1) == 0);
+  REQUIRE(setenv("CLATTN_FLASH_WG", "16", 1) == 0);
+  clattn_context *ctx = open_with("");
+  unsetenv("CLATTN_SCRATCH_BYTES");
+  unsetenv("CLATTN_FLASH_WG");
+  if (ctx) {
+    CHECK(ctx->scratch_budget == 256 && ctx->origin[CA_T_SCRATCH_BYTES] == CA_FROM_ENV);
+    CHECK(ctx->tiles.flash_wg == 16 && ctx->origin[CA_T_FLASH_WG] == CA_FROM_ENV);
+    CHECKF(strstr(clattn_describe(ctx), "environment: no values ignored") != NULL, "%s", clattn_describe(ctx));
+    clattn_destroy(ctx);
+  }
+  clattn_destroy(plain);
 }
 
 static void write_then_read_round_trips(void)
@@ -243,8 +390,13 @@ static void cleanup(void)
 
 int main(int argc, char **argv)
 {
+  if (argc == 2 && !strcmp(argv[1], "--create"))
+    return create_main();
   static const ct_test tests[] = {
     CT_TEST(format_errors_name_the_line_and_value),
+    CT_TEST(long_lines_and_nul_bytes_are_rejected),
+    CT_TEST(fifo_and_devices_do_not_block_creation),
+    CT_TEST(environment_overrides_follow_the_file_rule),
     CT_TEST(write_then_read_round_trips),
     CT_TEST(matching_file_is_applied_with_origins),
     CT_TEST(decode_class_uses_its_choice),

@@ -1,36 +1,40 @@
 #!/usr/bin/env bash
-# Fuzzes clattn_forward (or, with FUZZ_TARGET=npy, the .npy reader of
-# `clattn run`: tests/fuzz/fuzz_npy.c, seeds in tests/fuzz/npy/) with
-# libFuzzer for a bounded time.
+# Fuzzes clattn with libFuzzer for a bounded time.
 #
-#   tools/fuzz.sh [SECONDS] [libFuzzer flags...]     default: 60 seconds
-#   FUZZ_TARGET=npy tools/fuzz.sh [SECONDS] ...
+#   tools/fuzz.sh [TARGET] [SECONDS] [libFuzzer flags...]     default: forward, 60 seconds
+#
+# TARGET: forward (clattn_forward, tests/fuzz/fuzz_forward.c), npy (the
+# .npy reader of `clattn run`, tests/fuzz/fuzz_npy.c, seeds in
+# tests/fuzz/npy/), cache-entry or tuning-file (the parsers of program cache
+# entries and tuning files, tests/fuzz/fuzz_parsers.c). All but forward take
+# bytes in, need no device, and must never crash or hang.
 #
 # Installs what is missing (clang, libclang-rt-14-dev and tools/setup.sh's
 # packages; apt-get as root, else through sudo), configures build-fuzz with
 # CC=clang, AddressSanitizer + UndefinedBehaviorSanitizer and libFuzzer's
 # coverage instrumentation on the whole build, then runs
-# build-fuzz/tests/fuzz_forward on a working corpus seeded from
-# tests/fuzz/corpus (the committed seeds stay as they are). A failing input
-# is written to build-fuzz/fuzz-artifacts/; copy it to tests/fuzz/regressions/
-# under a name saying what it found, and the opencl suite replays it
-# (test_fuzz_regressions). Exit status: 0 when the run ended without a
-# failure, non-zero on a crash, a check's violation, a timeout or a leak.
+# build-fuzz/tests/fuzz_<target> on a working corpus seeded from
+# tests/fuzz/corpus (forward) or tests/fuzz/corpus-<target> (the committed
+# seeds stay as they are). A failing input is written to
+# build-fuzz/fuzz-artifacts/; copy it to tests/fuzz/regressions/ (forward) or
+# tests/fuzz/corpus-<target>/ under a name saying what it found (starting
+# with "valid" when the parser must accept it), and test_fuzz_regressions
+# replays it (the opencl suite for forward, the unit suite's fuzz-parsers
+# for the parsers). Exit status: 0 when the run ended without a failure,
+# non-zero on a crash, a check's violation, a timeout or a leak.
 #
 # Environment: CLATTN_FUZZ_KNOWN=alias,nan-row-weights,ref-inf-row-diag tolerates known
 # library bugs (tests/fuzz/fuzz_case.c names them), to explore past them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+target=forward
+case "${1:-}" in forward|npy|cache-entry|tuning-file) target=$1; shift;; esac
 seconds=${1:-60}
 shift || true
-case "$seconds" in ''|*[!0-9]*) echo "usage: tools/fuzz.sh [SECONDS] [libFuzzer flags...]" >&2; exit 2;; esac
-target=${FUZZ_TARGET:-forward}
-case "$target" in
-  forward) seeds=tests/fuzz/corpus regressions=tests/fuzz/regressions corpus_name=fuzz-corpus ;;
-  npy) seeds=tests/fuzz/npy/corpus regressions=tests/fuzz/npy/regressions corpus_name=fuzz-npy-corpus ;;
-  *) echo "fuzz: FUZZ_TARGET=$target: expected forward or npy" >&2; exit 2 ;;
-esac
+case "$seconds" in ''|*[!0-9]*)
+  echo "usage: tools/fuzz.sh [forward|npy|cache-entry|tuning-file] [SECONDS] [libFuzzer flags...]" >&2; exit 2;; esac
+exe=fuzz_${target//-/_}
 
 tools/packages.sh clang libclang-rt-14-dev
 
@@ -42,15 +46,19 @@ if [ -f "$build/build.ninja" ]; then
 else
   CC=clang meson setup "$build" "${opts[@]}" >/dev/null
 fi
-fuzzer=$build/tests/fuzz_$target
-ninja -C "$build" "tests/fuzz_$target" >/dev/null
-if [ ! -x "$fuzzer" ]; then
-  echo "fuzz: $fuzzer was not built (the compiler must be clang with -fsanitize=fuzzer)" >&2
+ninja -C "$build" "tests/$exe" >/dev/null
+if [ ! -x "$build/tests/$exe" ]; then
+  echo "fuzz: $build/tests/$exe was not built (the compiler must be clang with -fsanitize=fuzzer)" >&2
   exit 1
 fi
 
-corpus=$build/$corpus_name
 artifacts=$build/fuzz-artifacts
+regressions=()
+case "$target" in
+  forward) corpus=$build/fuzz-corpus seeds=tests/fuzz/corpus ;;
+  npy) corpus=$build/fuzz-corpus-npy seeds=tests/fuzz/npy/corpus regressions=(tests/fuzz/npy/regressions) ;;
+  *) corpus=$build/fuzz-corpus-$target seeds=tests/fuzz/corpus-$target ;;
+esac
 mkdir -p "$corpus" "$artifacts"
 cp -n "$seeds"/* "$corpus"/ 2>/dev/null || true
 
@@ -59,6 +67,16 @@ cp -n "$seeds"/* "$corpus"/ 2>/dev/null || true
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:fast_unwind_on_malloc=0:malloc_context_size=30:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
+if [ "$target" != forward ]; then
+  # The parsers need no device and no warm-up; inputs up to 8 KiB reach
+  # past the 1023-byte line limit and the 48-byte headers alike.
+  echo "fuzz: running $build/tests/$exe for ${seconds}s (corpus $corpus, failures to $artifacts/)" >&2
+  status=0
+  "$build/tests/$exe" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
+    -print_final_stats=1 -artifact_prefix="$artifacts/$target-" "$@" "$corpus" "${regressions[@]}" || status=$?
+  echo "fuzz: corpus now $(ls "$corpus" | wc -l) inputs; exit status $status" >&2
+  exit $status
+fi
 # POCL's kernel builds happen once per process (program binaries are cached
 # on disk by clattn and POCL); the context is created before the first input.
 # libFuzzer counts -max_total_time from the process start, so the first
@@ -66,20 +84,18 @@ export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_supp
 # caches) go in a run of their own before the timed one.
 warm=$(mktemp -d)
 trap 'rm -rf "$warm"' EXIT
-if [ "$target" = forward ]; then   # the .npy reader builds no kernels
-  echo "fuzz: building the kernels the harness uses (slow only the first time)" >&2
-  # Without leak checking: full allocation stacks make every allocation of
-  # POCL's compiler unwind its stack, and the builds ten times slower.
-  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0 \
-    "$build/tests/fuzz_forward" -runs=0 "$warm" >"$build/fuzz-warm-up.log" 2>&1 || {
-    echo "fuzz: the warm-up failed:" >&2
-    grep -v "^    #" "$build/fuzz-warm-up.log" | tail -30 >&2
-    exit 1
-  }
-fi
-echo "fuzz: running $fuzzer for ${seconds}s (corpus $corpus, failures to $artifacts/)" >&2
+echo "fuzz: building the kernels the harness uses (slow only the first time)" >&2
+# Without leak checking: full allocation stacks make every allocation of
+# POCL's compiler unwind its stack, and the builds ten times slower.
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0 \
+  "$build/tests/fuzz_forward" -runs=0 "$warm" >"$build/fuzz-warm-up.log" 2>&1 || {
+  echo "fuzz: the warm-up failed:" >&2
+  grep -v "^    #" "$build/fuzz-warm-up.log" | tail -30 >&2
+  exit 1
+}
+echo "fuzz: running $build/tests/fuzz_forward for ${seconds}s (corpus $corpus, failures to $artifacts/)" >&2
 status=0
-"$fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=4096 \
-  -print_final_stats=1 -artifact_prefix="$artifacts/" "$@" "$corpus" "$regressions" || status=$?
+"$build/tests/fuzz_forward" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=4096 \
+  -print_final_stats=1 -artifact_prefix="$artifacts/" "$@" "$corpus" tests/fuzz/regressions || status=$?
 echo "fuzz: corpus now $(ls "$corpus" | wc -l) inputs; exit status $status" >&2
 exit $status

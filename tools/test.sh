@@ -71,7 +71,7 @@ if [ $quick -eq 0 ]; then
   stage "oclgrind" tools/oclgrind.sh build-test
   stage "sanitizers" tools/sanitize.sh all
   stage "fuzz" tools/fuzz.sh 60
-  stage "fuzz (npy)" env FUZZ_TARGET=npy tools/fuzz.sh 30
+  stage "fuzz (npy)" tools/fuzz.sh npy 30
 fi
 
 echo "==== summary"
