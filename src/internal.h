@@ -3,6 +3,7 @@
 #define CLATTN_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include "clattn.h"
 #include "tiles.h"
@@ -32,6 +33,7 @@ struct clattn_context {
   cl_ulong max_alloc;         /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
   size_t scratch_budget;      /* bytes of score scratch the staged path may hold */
   size_t peak_scratch;        /* largest scratch of one call; guarded by programs_lock */
+  atomic_int blast_ready;     /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
   char description[6144];
 };
 
