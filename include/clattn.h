@@ -87,7 +87,8 @@ typedef enum { CLATTN_EMPTY_ZERO, CLATTN_EMPTY_ERROR } clattn_empty_rows;
 typedef enum { CLATTN_SCORE_DOT, CLATTN_SCORE_ADDITIVE } clattn_score;
 
 typedef struct {            /* a strided view of a cl_mem; buf NULL = absent */
-  cl_mem buf;
+  cl_mem buf;               /* a buffer (not an image) of the clattn context's cl_context; not
+                               CL_MEM_READ_ONLY for an output, not CL_MEM_WRITE_ONLY for an input */
   size_t offset;            /* in elements */
   size_t stride[4];         /* in elements: batch, head, row, column; 0 broadcasts (inputs only).
                                Outputs must not overlap themselves: ordered by stride, each

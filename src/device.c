@@ -30,7 +30,7 @@ static int contains_nocase(const char *hay, const char *needle) {
   return n == 0;
 }
 
-clattn_status ca_pick_device(const char *match, cl_platform_id *platform, cl_device_id *device) {
+static clattn_status pick_device(const char *match, cl_platform_id *platform, cl_device_id *device) {
   cl_platform_id platforms[16];
   cl_uint n_platforms = 0;
   cl_int err = clGetPlatformIDs(16, platforms, &n_platforms);
@@ -74,6 +74,18 @@ clattn_status ca_pick_device(const char *match, cl_platform_id *platform, cl_dev
     return match ? ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL device matches \"%s\" (CLATTN_DEVICE or device_match)", match)
                  : ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL device found");
   return CLATTN_OK;
+}
+
+/* The ICD loader and POCL initialise themselves on the first enumeration and
+ * are not safe against concurrent first calls (threads creating contexts at
+ * once crashed, or saw no platform): one discovery at a time per process. */
+static pthread_mutex_t discovery_lock = PTHREAD_MUTEX_INITIALIZER;
+
+clattn_status ca_pick_device(const char *match, cl_platform_id *platform, cl_device_id *device) {
+  pthread_mutex_lock(&discovery_lock);
+  clattn_status st = pick_device(match, platform, device);
+  pthread_mutex_unlock(&discovery_lock);
+  return st;
 }
 
 clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *max_alloc) {

@@ -1,9 +1,9 @@
 /*
  * The GEMM path: per chunk of query rows (ca_plan_chunks),
- *   S = Q K^T             CLBlast batched SGEMM, one matrix per (batch, head)
+ *   S = Q K^T             CLBlast strided batched SGEMM, one matrix per (batch, head)
  *   gemm_mask_scores      scale, bias, mask, window, kv_lens -> -inf
  *   softmax_rows          softmax.cl's row softmax (A, lse, weights)
- *   O = A V               CLBlast batched SGEMM into scratch
+ *   O = A V               CLBlast strided batched SGEMM into scratch
  *   gemm_store_rows       O to the out view, recomputing any row a 0 x NaN
  *                         product poisoned
  * Views with a column stride other than 1 (or rows shorter than a row) are
@@ -11,6 +11,7 @@
  * with kv_lens, V is copied with the padding rows zeroed so uninitialised
  * cache memory never meets the GEMM.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -108,25 +109,73 @@ static void scratch_offsets(size_t scratch_stride, int heads, size_t *out) {
   for (int g = 0; g < heads; g++) out[g] = (size_t)g * scratch_stride;
 }
 
-/* C[g] = A[g] op(B[g]) for g = 0 .. heads-1 (offsets: A's, B's, C's in a row). */
+/* CLBlast 1.5.3's first use is not thread-safe: it fills its kernel
+ * database (a static vector) and its program caches unguarded, and threads
+ * making their first GEMM calls at once read freed memory. Calls on a
+ * context go one at a time, process-wide, until one has succeeded there. */
+static pthread_mutex_t blast_first_use = PTHREAD_MUTEX_INITIALIZER;
+
+/* How many pairs from g0 on have A, B and C offsets that each step evenly
+ * (one strided batched GEMM), and the steps. */
+static int even_run(const size_t *offsets, int heads, int g0, size_t step[3]) {
+  int len = 1;
+  for (; g0 + len < heads; len++) {
+    int even = 1;
+    for (int m = 0; m < 3 && even; m++) {
+      const size_t *o = offsets + (size_t)m * (size_t)heads, at = o[g0 + len - 1], next = o[g0 + len];
+      if (next < at) even = 0;
+      else if (len == 1) step[m] = next - at;
+      else even = next - at == step[m];
+    }
+    if (!even) break;
+  }
+  if (len == 1) step[0] = step[1] = 0, step[2] = 1; /* CLBlast wants a C stride; one matrix never uses it */
+  return len;
+}
+
+/* C[g] = A[g] op(B[g]) for g = 0 .. heads-1 (offsets: A's, B's, C's in a
+ * row), one strided batched GEMM per even run. CLBlast's batched GEMM with
+ * offset arrays is not used: it writes them with a blocking write (clFinish
+ * on this queue), so a call would wait for its wait list to complete. */
 static clattn_status batched_gemm(clattn_context *ctx, int b_transposed, size_t m, size_t n, size_t k,
                                   cl_mem a, size_t a_ld, cl_mem b, size_t b_ld, cl_mem c, size_t c_ld,
                                   const size_t *offsets, int heads, const char *what, cl_uint n_wait,
                                   const cl_event *wait, cl_event *prev) {
   clattn_status st = order_after(ctx, n_wait, wait, prev);
   if (st != CLATTN_OK) return st;
-  float *scalars = malloc((size_t)heads * 2 * sizeof(float));
-  if (!scalars) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
-  for (int g = 0; g < heads; g++) scalars[g] = 1.0f, scalars[heads + g] = 0.0f;
-  cl_event ev = NULL;
-  CLBlastStatusCode code = CLBlastSgemmBatched(CLBlastLayoutRowMajor, CLBlastTransposeNo,
-                                               b_transposed ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k,
-                                               scalars, a, offsets, a_ld, b, offsets + heads, b_ld, scalars + heads,
-                                               c, offsets + 2 * heads, c_ld, (size_t)heads, &ctx->queue, &ev);
-  free(scalars);
-  if (code != CLBlastSuccess) return blast_fail(code, what);
+  cl_event *runs = malloc((size_t)heads * sizeof *runs);
+  if (!runs) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+  cl_uint n_runs = 0;
+  for (int g0 = 0, len; g0 < heads && st == CLATTN_OK; g0 += len) {
+    size_t step[3];
+    len = even_run(offsets, heads, g0, step);
+    const int cold = !atomic_load(&ctx->blast_ready);
+    if (cold) pthread_mutex_lock(&blast_first_use);
+    cl_event ev = NULL;
+    CLBlastStatusCode code = CLBlastSgemmStridedBatched(
+        CLBlastLayoutRowMajor, CLBlastTransposeNo, b_transposed ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k,
+        1.0f, a, offsets[g0], a_ld, step[0], b, offsets[heads + g0], b_ld, step[1], 0.0f, c,
+        offsets[2 * heads + g0], c_ld, step[2], (size_t)len, &ctx->queue, &ev);
+    if (cold) {
+      if (code == CLBlastSuccess) atomic_store(&ctx->blast_ready, 1);
+      pthread_mutex_unlock(&blast_first_use);
+    }
+    if (code != CLBlastSuccess) st = blast_fail(code, what);
+    else runs[n_runs++] = ev;
+  }
+  /* The next step waits for *prev alone: on an out-of-order queue the runs
+   * may finish in any order, so one marker stands for them all. */
+  cl_event last = n_runs == 1 ? runs[0] : NULL;
+  if (st == CLATTN_OK && n_runs > 1) {
+    cl_int err = clEnqueueMarkerWithWaitList(ctx->queue, n_runs, runs, &last);
+    if (err != CL_SUCCESS) st = ca_cl_fail(err, "clEnqueueMarkerWithWaitList(after CLBlast)");
+  }
+  for (cl_uint i = 0; i < n_runs; i++)
+    if (runs[i] != last) clReleaseEvent(runs[i]);
+  free(runs);
+  if (st != CLATTN_OK) return st;
   if (*prev) clReleaseEvent(*prev);
-  *prev = ev;
+  *prev = last;
   return CLATTN_OK;
 }
 
@@ -141,7 +190,7 @@ static clattn_status product_scores(clattn_context *ctx, cl_kernel mask, cl_mem 
   view_offsets(k, p, plan->group, 1, bh0, heads, 0, offsets + heads);
   scratch_offsets(score_stride, heads, offsets + 2 * heads);
   if ((st = batched_gemm(ctx, 1, (size_t)rows, (size_t)p->kv_len, (size_t)p->head_dim, q->buf, q->ld, k->buf, k->ld,
-                         scores, (size_t)p->kv_len, offsets, heads, "CLBlastSgemmBatched(Q K^T)", n_wait, wait,
+                         scores, (size_t)p->kv_len, offsets, heads, "CLBlastSgemmStridedBatched(Q K^T)", n_wait, wait,
                          prev)))
     return st;
 
@@ -234,7 +283,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       scratch_offsets((size_t)rows * (size_t)p->value_dim, heads, offsets + 2 * heads);
       if ((st = batched_gemm(ctx, 0, (size_t)rows, (size_t)p->value_dim, (size_t)p->kv_len, scores,
                              (size_t)p->kv_len, v.buf, v.ld, o_rows, (size_t)p->value_dim, offsets, heads,
-                             "CLBlastSgemmBatched(A V)", n_wait, wait, &prev)))
+                             "CLBlastSgemmStridedBatched(A V)", n_wait, wait, &prev)))
         goto fail;
 
       ca_args o = {store, "gemm_store_rows", 0, 0, CL_SUCCESS};

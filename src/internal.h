@@ -3,6 +3,7 @@
 #define CLATTN_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stddef.h>
 #include "clattn.h"
@@ -37,6 +38,7 @@ struct clattn_context {
   cl_ulong max_alloc;         /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
   size_t scratch_budget;      /* bytes of score scratch the staged path may hold */
   size_t peak_scratch;        /* largest scratch of one call; guarded by programs_lock */
+  atomic_int blast_ready;     /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
   char description[6144];
 };
 
@@ -206,8 +208,8 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
 
 /* Checks that a view of dims[0..rank) fits its buffer (and, for an output,
  * neither broadcasts nor overlaps itself): BAD / BUFFER_TOO_SMALL. */
-clattn_status ca_check_view(const char *name, const clattn_tensor *t, const int *dims, int rank, size_t elem_size,
-                            int is_output);
+clattn_status ca_check_view(const clattn_context *ctx, const char *name, const clattn_tensor *t, const int *dims,
+                            int rank, size_t elem_size, int is_output);
 
 /* Checks a merge call like ca_validate checks a forward call. */
 clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp);

@@ -54,8 +54,46 @@ typedef struct {
   size_t first, end;
 } extent;
 
-static clattn_status check_view_at(const char *name, const clattn_tensor *t, const int *dims, int rank,
-                                   size_t elem_size, int is_output, extent *ext) {
+/* One clGetMemObjectInfo query of view `name`'s cl_mem; an error that says
+ * the handle is bad is the caller's INVALID_ARGUMENT. */
+static clattn_status mem_info(const char *name, cl_mem buf, cl_mem_info param, const char *param_name, size_t size,
+                              void *value) {
+  cl_int err = clGetMemObjectInfo(buf, param, size, value, NULL);
+  if (err == CL_SUCCESS) return CLATTN_OK;
+  char what[96];
+  snprintf(what, sizeof what, "%s.buf: clGetMemObjectInfo(%s)", name, param_name);
+  clattn_status s = ca_cl_fail(err, what);
+  return s == CLATTN_ERR_OPENCL ? ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "%s.buf is not a valid cl_mem: %s (%d)", name,
+                                          ca_cl_error_name(err), (int)err)
+                                : s;
+}
+
+/* The kernels take every view as a __global buffer of the context's
+ * cl_context, read inputs and write outputs: an image, a buffer of another
+ * context or one created without the access the call needs is refused here
+ * (a driver may accept it and then fail or corrupt memory). *size: CL_MEM_SIZE. */
+static clattn_status check_mem(cl_context context, const char *name, cl_mem buf, int is_output, size_t *size) {
+  cl_mem_object_type type = 0;
+  cl_context owner = NULL;
+  cl_mem_flags flags = 0;
+  clattn_status st;
+  if ((st = mem_info(name, buf, CL_MEM_SIZE, "CL_MEM_SIZE", sizeof *size, size)) ||
+      (st = mem_info(name, buf, CL_MEM_TYPE, "CL_MEM_TYPE", sizeof type, &type)) ||
+      (st = mem_info(name, buf, CL_MEM_CONTEXT, "CL_MEM_CONTEXT", sizeof owner, &owner)) ||
+      (st = mem_info(name, buf, CL_MEM_FLAGS, "CL_MEM_FLAGS", sizeof flags, &flags)))
+    return st;
+  if (type != CL_MEM_OBJECT_BUFFER)
+    return BAD("%s.buf is not a buffer (CL_MEM_TYPE 0x%x): views must be cl_mem buffers", name, (unsigned)type);
+  if (owner != context) return BAD("%s.buf belongs to another cl_context than the clattn context's", name);
+  if (is_output && (flags & CL_MEM_READ_ONLY))
+    return BAD("%s.buf was created CL_MEM_READ_ONLY: the kernels cannot write an output there", name);
+  if (!is_output && (flags & CL_MEM_WRITE_ONLY))
+    return BAD("%s.buf was created CL_MEM_WRITE_ONLY: the kernels cannot read an input there", name);
+  return CLATTN_OK;
+}
+
+static clattn_status check_view_at(cl_context context, const char *name, const clattn_tensor *t, const int *dims,
+                                   int rank, size_t elem_size, int is_output, extent *ext) {
   size_t last = t->offset;
   for (int d = 0; d < rank; d++) {
     size_t step;
@@ -71,15 +109,8 @@ static clattn_status check_view_at(const char *name, const clattn_tensor *t, con
     return BAD("%s: the view overlaps itself (strides %zu, %zu, %zu, %zu): two results would share an element", name,
                t->stride[0], t->stride[1], t->stride[2], t->stride[3]);
   size_t have = 0;
-  cl_int err = clGetMemObjectInfo(t->buf, CL_MEM_SIZE, sizeof have, &have, NULL);
-  if (err != CL_SUCCESS) {
-    char what[96];
-    snprintf(what, sizeof what, "%s.buf: clGetMemObjectInfo(CL_MEM_SIZE)", name);
-    clattn_status s = ca_cl_fail(err, what);
-    return s == CLATTN_ERR_OPENCL ? ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "%s.buf is not a valid cl_mem: %s (%d)",
-                                            name, ca_cl_error_name(err), (int)err)
-                                  : s;
-  }
+  clattn_status st = check_mem(context, name, t->buf, is_output, &have);
+  if (st != CLATTN_OK) return st;
   if (need > have)
     return ca_fail(CLATTN_ERR_BUFFER_TOO_SMALL, "%s: the view addresses %zu bytes but the buffer holds %zu", name,
                    need, have);
@@ -87,9 +118,9 @@ static clattn_status check_view_at(const char *name, const clattn_tensor *t, con
   return CLATTN_OK;
 }
 
-static clattn_status check_view(const char *name, const clattn_tensor *t, const int *dims, int rank,
-                                size_t elem_size, int is_output) {
-  return check_view_at(name, t, dims, rank, elem_size, is_output, NULL);
+static clattn_status check_view(cl_context context, const char *name, const clattn_tensor *t, const int *dims,
+                                int rank, size_t elem_size, int is_output) {
+  return check_view_at(context, name, t, dims, rank, elem_size, is_output, NULL);
 }
 
 /* Two outputs of one call that share a byte would race or overwrite each
@@ -163,7 +194,7 @@ static clattn_status check_varlen(const clattn_params *p) {
   return CLATTN_OK;
 }
 
-static clattn_status check_views(const clattn_params *p) {
+static clattn_status check_views(const clattn_context *ctx, const clattn_params *p) {
   clattn_status st;
   /* packed sequences: q, k, v, out are one batch of total_q / total_kv rows */
   const int varlen = p->cu_seqlens_q != NULL, qb = varlen ? 1 : p->batch;
@@ -179,9 +210,10 @@ static clattn_status check_views(const clattn_params *p) {
   for (size_t i = 0; i < 4; i++)
     if (!required[i].t->buf) return BAD("%s.buf is NULL (q, k, v and out are required)", required[i].name);
   const size_t elem = p->dtype == CLATTN_F32 ? sizeof(float) : 2; /* f16 and bf16: 16 bits */
-  if ((st = check_view("q", &p->q, q_dims, 4, elem, 0))) return st;
-  if ((st = check_view("k", &p->k, k_dims, 4, elem, 0))) return st;
-  if ((st = check_view("v", &p->v, v_dims, 4, elem, 0))) return st;
+  const cl_context cc = ctx->context;
+  if ((st = check_view(cc, "q", &p->q, q_dims, 4, elem, 0))) return st;
+  if ((st = check_view(cc, "k", &p->k, k_dims, 4, elem, 0))) return st;
+  if ((st = check_view(cc, "v", &p->v, v_dims, 4, elem, 0))) return st;
   /* the optional outputs; each output's extent is kept to check they are disjoint */
   const struct { const char *name; const clattn_tensor *t; const int *dims; int rank; size_t elem; } outs[] = {
       {"lse", &p->lse, lse_dims, 3, sizeof(float)},
@@ -192,33 +224,33 @@ static clattn_status check_views(const clattn_params *p) {
   };
   extent ext[1 + sizeof outs / sizeof outs[0]];
   int n_ext = 0;
-  if ((st = check_view_at("out", &p->out, o_dims, 4, elem, 1, &ext[n_ext++]))) return st;
-  if (p->mask.buf && (st = check_view("mask", &p->mask, s_dims, 4, 1, 0))) return st;
-  if (p->bias.buf && (st = check_view("bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
+  if ((st = check_view_at(cc, "out", &p->out, o_dims, 4, elem, 1, &ext[n_ext++]))) return st;
+  if (p->mask.buf && (st = check_view(cc, "mask", &p->mask, s_dims, 4, 1, 0))) return st;
+  if (p->bias.buf && (st = check_view(cc, "bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
   for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
-    if (outs[i].t->buf &&
-        (st = check_view_at(outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem, 1, &ext[n_ext++])))
+    if (outs[i].t->buf && (st = check_view_at(cc, outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem,
+                                              1, &ext[n_ext++])))
       return st;
   if ((st = check_outputs_disjoint(ext, n_ext))) return st;
   if (p->kv_lens) {
     clattn_tensor lens = {p->kv_lens, 0, {1, 0, 0, 0}};
     const int b_dims[] = {p->batch};
-    if ((st = check_view("kv_lens", &lens, b_dims, 1, sizeof(int32_t), 0))) return st;
+    if ((st = check_view(cc, "kv_lens", &lens, b_dims, 1, sizeof(int32_t), 0))) return st;
   }
   if (varlen) {
     const int cu_dims[] = {p->batch + 1};
     const clattn_tensor cq = {p->cu_seqlens_q, 0, {1, 0, 0, 0}}, ck = {p->cu_seqlens_k, 0, {1, 0, 0, 0}};
-    if ((st = check_view("cu_seqlens_q", &cq, cu_dims, 1, sizeof(int32_t), 0)) ||
-        (st = check_view("cu_seqlens_k", &ck, cu_dims, 1, sizeof(int32_t), 0)))
+    if ((st = check_view(cc, "cu_seqlens_q", &cq, cu_dims, 1, sizeof(int32_t), 0)) ||
+        (st = check_view(cc, "cu_seqlens_k", &ck, cu_dims, 1, sizeof(int32_t), 0)))
       return st;
   }
   const int h_dims[] = {p->q_heads};
   const clattn_tensor alibi = {p->alibi_slopes, 0, {1, 0, 0, 0}}, sinks = {p->sinks, 0, {1, 0, 0, 0}};
-  if (p->alibi_slopes && (st = check_view("alibi_slopes", &alibi, h_dims, 1, sizeof(float), 0))) return st;
-  if (p->sinks && (st = check_view("sinks", &sinks, h_dims, 1, sizeof(float), 0))) return st;
+  if (p->alibi_slopes && (st = check_view(cc, "alibi_slopes", &alibi, h_dims, 1, sizeof(float), 0))) return st;
+  if (p->sinks && (st = check_view(cc, "sinks", &sinks, h_dims, 1, sizeof(float), 0))) return st;
   const int d_dims[] = {p->head_dim};
   const clattn_tensor w = {p->additive_w, 0, {1, 0, 0, 0}};
-  if (p->additive_w && (st = check_view("additive_w", &w, d_dims, 1, sizeof(float), 0))) return st;
+  if (p->additive_w && (st = check_view(cc, "additive_w", &w, d_dims, 1, sizeof(float), 0))) return st;
   return CLATTN_OK;
 }
 
@@ -226,7 +258,7 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   clattn_status st;
   if (!ctx) return BAD("clattn_forward: ctx is NULL");
   if (!p) return BAD("clattn_forward: params is NULL");
-  if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_varlen(p)) || (st = check_views(p))) return st;
+  if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_varlen(p)) || (st = check_views(ctx, p))) return st;
 
   const int want_weights = p->weights.buf != NULL;
   /* AUTO: the tuning file's choice for the shape class, else the fused
@@ -282,16 +314,17 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
   if (!mul_ok((size_t)(mp->n_states - 1), mp->lse_state_stride, &shift) ||
       !add_ok(lse_last.offset, shift, &lse_last.offset))
     return BAD("lse: lse_state_stride overflows the address range");
-  if ((st = check_view("o", &o_last, o_dims, 4, sizeof(float), 0))) return st;
-  if ((st = check_view("lse", &lse_last, o_dims, 3, sizeof(float), 0))) return st;
+  const cl_context cc = ctx->context;
+  if ((st = check_view(cc, "o", &o_last, o_dims, 4, sizeof(float), 0))) return st;
+  if ((st = check_view(cc, "lse", &lse_last, o_dims, 3, sizeof(float), 0))) return st;
   extent ext[2];
-  if ((st = check_view_at("out", &mp->out, o_dims, 4, sizeof(float), 1, &ext[0]))) return st;
-  if (mp->out_lse.buf && (st = check_view_at("out_lse", &mp->out_lse, o_dims, 3, sizeof(float), 1, &ext[1])))
+  if ((st = check_view_at(cc, "out", &mp->out, o_dims, 4, sizeof(float), 1, &ext[0]))) return st;
+  if (mp->out_lse.buf && (st = check_view_at(cc, "out_lse", &mp->out_lse, o_dims, 3, sizeof(float), 1, &ext[1])))
     return st;
   return check_outputs_disjoint(ext, mp->out_lse.buf ? 2 : 1);
 }
 
-clattn_status ca_check_view(const char *name, const clattn_tensor *t, const int *dims, int rank, size_t elem_size,
-                            int is_output) {
-  return check_view(name, t, dims, rank, elem_size, is_output);
+clattn_status ca_check_view(const clattn_context *ctx, const char *name, const clattn_tensor *t, const int *dims,
+                            int rank, size_t elem_size, int is_output) {
+  return check_view(ctx->context, name, t, dims, rank, elem_size, is_output);
 }

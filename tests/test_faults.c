@@ -1085,7 +1085,14 @@ static char g_self[4096];
  * half-made buffer throws again during unwinding: std::terminate). */
 static int clblast_alloc_child(void)
 {
+  /* CLBlast allocates temporary (padded) matrices only in its indirect
+   * GEMM, which it runs when m n k reaches XGEMM_MIN_INDIRECT_SIZE^3 (896^3
+   * by default): Q K^T here is 1000 x 1000 x 728, in one chunk (setup's
+   * budget for this child). Its direct kernel allocates nothing. */
   cp_shape s = small_shape(CLATTN_ALGO_GEMM);
+  s.q_heads = s.kv_heads = 1;
+  s.q_len = s.kv_len = 1000;
+  s.head_dim = 728;
   char err[256];
   cp_problem *pb = cp_build(&s, err, sizeof err);
   cp_result r;
@@ -1222,15 +1229,15 @@ static void cleanup(void)
     (void)!system(cmd);
 }
 
-static void setup(void)
+/* scratch: the staged and GEMM paths' budget in bytes (CLATTN_SCRATCH_BYTES). */
+static void setup(const char *scratch)
 {
   snprintf(g_cache_dir, sizeof g_cache_dir, "%s/clattn-faults-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   if (!mkdtemp(g_cache_dir)) {
     printf("mkdtemp failed\n");
     exit(1);
   }
-  /* a small scratch budget: the staged and GEMM calls run in several chunks */
-  setenv("CLATTN_SCRATCH_BYTES", "256", 1);
+  setenv("CLATTN_SCRATCH_BYTES", scratch, 1);
   clattn_options opt = {0};
   opt.cache_dir = g_cache_dir;
   clattn_status st = clattn_create(&opt, &fx);
@@ -1273,7 +1280,7 @@ int main(int argc, char **argv)
   if (len > 0)
     g_self[len] = '\0';
   if (argc > 1 && strcmp(argv[1], "--clblast-alloc-child") == 0) {
-    setup();
+    setup("8000000");
     shim_spare_library_fn(NULL);
     int rc = clblast_alloc_child();
     clattn_destroy(fx);
@@ -1282,6 +1289,6 @@ int main(int argc, char **argv)
     (void)!system(cmd);
     return rc;
   }
-  setup();
+  setup("256");   /* a small scratch budget: the staged and GEMM calls run in several chunks */
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

@@ -416,6 +416,133 @@ static void outputs_overlapping_each_other_are_invalid(void)
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "lse", "FUSED: lse at out's start");
 }
 
+/* A merge call that must be rejected naming field, with nothing written. */
+static void merge_reject(cp_problem *pb, const clattn_merge_params *m, const char *field, const char *what)
+{
+  clattn_context *ctx = ct_context();
+  CHECK(cp_fill_outputs(pb, PATTERN) == 0);
+  cl_event done = NULL;
+  clattn_status st = clattn_merge_states(ctx, m, 0, NULL, &done);
+  clFinish(clattn_cl_queue(ctx));
+  const char *msg = clattn_last_error(ctx);
+  CHECKF(st == CLATTN_ERR_INVALID_ARGUMENT && names_field(msg, field) && !done, "%s: status %s, last error \"%s\"",
+         what, clattn_status_string(st), msg);
+  if (done)
+    clReleaseEvent(done);
+  CHECKF(untouched_violations(pb) == 0, "%s: a rejected merge changed an output", what);
+}
+
+/* Every view must be a buffer of the clattn context's cl_context that the
+ * kernels may read (inputs) or write (outputs): images, buffers of another
+ * context, CL_MEM_READ_ONLY outputs and CL_MEM_WRITE_ONLY inputs are
+ * rejected before anything is enqueued, for forward and merge_states. */
+static void unusable_cl_mem_objects_are_invalid(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_context *ctx = ct_context();
+  cl_context cc = clattn_cl_context(ctx);
+  cl_device_id dev = clattn_cl_device(ctx);
+  const size_t out_bytes = pb->out_elems * sizeof(float), q_bytes = pb->q_elems * sizeof(float);
+  cl_int e;
+  cl_context other = clCreateContext(NULL, 1, &dev, NULL, NULL, &e);
+  REQUIRE(e == CL_SUCCESS);
+  cl_mem foreign_out = clCreateBuffer(other, CL_MEM_READ_WRITE, out_bytes, NULL, &e);
+  cl_mem foreign_q = clCreateBuffer(other, CL_MEM_READ_WRITE, q_bytes, NULL, &e);
+  cl_mem read_only = clCreateBuffer(cc, CL_MEM_READ_ONLY, out_bytes, NULL, &e);
+  cl_mem write_only = clCreateBuffer(cc, CL_MEM_WRITE_ONLY, q_bytes, NULL, &e);
+  cl_mem lse_read_only = clCreateBuffer(cc, CL_MEM_READ_ONLY, pb->lse_elems * sizeof(float), NULL, &e);
+  if (!CHECK(foreign_out && foreign_q && read_only && write_only && lse_read_only))
+    goto out;
+  /* the read-only output holds PATTERN: a rejected call leaves it so */
+  float *pattern = malloc(out_bytes);
+  REQUIRE(pattern);
+  for (size_t i = 0; i < pb->out_elems; i++)
+    pattern[i] = PATTERN;
+  CHECK(clEnqueueWriteBuffer(clattn_cl_queue(ctx), read_only, CL_TRUE, 0, out_bytes, pattern, 0, NULL, NULL) ==
+        CL_SUCCESS);
+
+  clattn_params p = pb->params;
+  p.out.buf = read_only;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "out", "out created CL_MEM_READ_ONLY");
+  p = pb->params;
+  p.lse.buf = lse_read_only;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "lse", "lse created CL_MEM_READ_ONLY");
+  p = pb->params;
+  p.out.buf = foreign_out;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "out", "out from another cl_context");
+  p = pb->params;
+  p.q.buf = foreign_q;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "q", "q from another cl_context");
+  p = pb->params;
+  p.q.buf = write_only;
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "q", "q created CL_MEM_WRITE_ONLY");
+
+  cl_bool images = CL_FALSE;
+  clGetDeviceInfo(dev, CL_DEVICE_IMAGE_SUPPORT, sizeof images, &images, NULL);
+  if (images) {
+    /* RGBA float texels, 16 bytes: as many bytes as the views need */
+    const cl_image_format fmt = {CL_RGBA, CL_FLOAT};
+    cl_image_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.image_type = CL_MEM_OBJECT_IMAGE2D;
+    desc.image_width = q_bytes > out_bytes ? q_bytes / 16 + 1 : out_bytes / 16 + 1;
+    desc.image_height = 2;
+    cl_mem image = clCreateImage(cc, CL_MEM_READ_WRITE, &fmt, &desc, NULL, &e);
+    if (CHECKF(e == CL_SUCCESS, "clCreateImage: %d", e)) {
+      p = pb->params;
+      p.out.buf = image;
+      REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "out", "out is a 2-D image");
+      p = pb->params;
+      p.k.buf = image;
+      REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "k", "k is a 2-D image");
+      clReleaseMemObject(image);
+    }
+  } else {
+    printf("  (no image support: images not tried)\n");
+  }
+
+  /* merge_states: one state, the problem's out and lse as its o and lse */
+  clattn_merge_params mp;
+  memset(&mp, 0, sizeof mp);
+  mp.n_states = 1;
+  mp.batch = pb->params.batch;
+  mp.heads = pb->params.q_heads;
+  mp.q_len = pb->params.q_len;
+  mp.value_dim = pb->params.value_dim;
+  mp.o = pb->params.out;
+  mp.lse = pb->params.lse;
+  mp.out = pb->params.out;
+  mp.empty_rows = CLATTN_EMPTY_ZERO;
+  clattn_merge_params m = mp;
+  m.out.buf = read_only;
+  merge_reject(pb, &m, "out", "merge out created CL_MEM_READ_ONLY");
+  m = mp;
+  m.out.buf = foreign_out;
+  merge_reject(pb, &m, "out", "merge out from another cl_context");
+  m = mp;
+  m.o.buf = foreign_out;
+  merge_reject(pb, &m, "o", "merge o from another cl_context");
+  m = mp;
+  m.out_lse = pb->params.lse;
+  m.out_lse.buf = lse_read_only;
+  merge_reject(pb, &m, "out_lse", "merge out_lse created CL_MEM_READ_ONLY");
+
+  float *back = calloc(pb->out_elems, sizeof(float));
+  if (CHECK(back) && CHECK(clEnqueueReadBuffer(clattn_cl_queue(ctx), read_only, CL_TRUE, 0, out_bytes, back, 0,
+                                               NULL, NULL) == CL_SUCCESS))
+    CHECKF(!memcmp(back, pattern, out_bytes), "the CL_MEM_READ_ONLY output buffer was written");
+  free(back);
+  free(pattern);
+out:
+  if (foreign_out) clReleaseMemObject(foreign_out);
+  if (foreign_q) clReleaseMemObject(foreign_q);
+  if (read_only) clReleaseMemObject(read_only);
+  if (write_only) clReleaseMemObject(write_only);
+  if (lse_read_only) clReleaseMemObject(lse_read_only);
+  clReleaseContext(other);
+}
+
 static void valid_call_after_rejections_still_works(void)
 {
   cp_problem *pb = base();
@@ -447,6 +574,7 @@ int main(int argc, char **argv)
     CT_TEST(out_of_range_enums_are_invalid),
     CT_TEST(broadcast_output_view_is_invalid),
     CT_TEST(outputs_overlapping_each_other_are_invalid),
+    CT_TEST(unusable_cl_mem_objects_are_invalid),
     CT_TEST(valid_call_after_rejections_still_works),
   };
   ct_context();

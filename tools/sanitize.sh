@@ -6,8 +6,10 @@
 #   asan  build-asan: AddressSanitizer + UndefinedBehaviorSanitizer (and
 #         LeakSanitizer at exit); runs the WHOLE test suite.
 #   tsan  build-tsan: ThreadSanitizer; runs the threads test (eight host
-#         threads, 1000 clattn_forward calls on shared and own queues)
-#         twice: on the warm program cache and on an empty one.
+#         threads, 1000 clattn_forward calls on shared and own queues) and
+#         the first-use test (eight threads in clattn_create and in their
+#         first GEMM calls at once, each in a fresh process) twice: on the
+#         warm program cache and on an empty one.
 #
 # POCL, the OpenCL ICD loader, LLVM and CLBlast are not instrumented: the
 # suppression files (tests/lsan.supp, tests/tsan.supp) name only those
@@ -26,7 +28,7 @@ mode=${1:-all}
 shift || true
 case "$mode" in
   asan|tsan|all) ;;
-  -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
   *) echo "usage: tools/sanitize.sh [asan|tsan|all] [meson test args...]" >&2; exit 2 ;;
 esac
 
@@ -146,10 +148,10 @@ run_asan() {
 }
 
 run_tsan() {
-  echo "== TSan: build-tsan, the threads test ==" >&2
+  echo "== TSan: build-tsan, the threads and first-use tests ==" >&2
   configure build-tsan thread || { summary+=("tsan: build FAILED"); status=1; return; }
   local tests=("$@")
-  [ ${#tests[@]} -gt 0 ] || tests=(threads)
+  [ ${#tests[@]} -gt 0 ] || tests=(threads first-use)
   # Twice: on the warm program cache, then on an empty one of its own, so
   # six clattn contexts build (and store) their programs from source at
   # once, and the shared context's fused programs are first asked for by
