@@ -340,6 +340,9 @@ void clattn_destroy(clattn_context *ctx) {
   for (int i = 0; i < 2; i++)
     if (ctx->core_16[i]) clReleaseProgram(ctx->core_16[i]);
   for (int i = 0; i < ctx->n_fused; i++) clReleaseProgram(ctx->fused[i].program);
+  for (int s = 0; s < 3; s++)
+    for (int c = 0; c < 5; c++)
+      if (ctx->append[s][c]) clReleaseProgram(ctx->append[s][c]);
   free(ctx->fused);
   free(ctx->cache_dir);
   free(ctx->tuning_path);

@@ -22,11 +22,12 @@ static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 /* The fused program for (head_dim, value_dim): built on first use, then kept
  * for the context's life. */
 static clattn_status fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                                   cl_program *out) {
+                                   clattn_dtype kv_dtype, cl_program *out) {
   clattn_status st = CLATTN_OK;
   pthread_mutex_lock(&ctx->programs_lock);
   for (int i = 0; i < ctx->n_fused; i++)
-    if (ctx->fused[i].head_dim == head_dim && ctx->fused[i].value_dim == value_dim && ctx->fused[i].dtype == dtype) {
+    if (ctx->fused[i].head_dim == head_dim && ctx->fused[i].value_dim == value_dim && ctx->fused[i].dtype == dtype &&
+        ctx->fused[i].kv_dtype == kv_dtype) {
       *out = ctx->fused[i].program;
       goto done;
     }
@@ -41,14 +42,16 @@ static clattn_status fused_program(clattn_context *ctx, int head_dim, int value_
     ctx->cap_fused = cap;
   }
   ca_program_text text;
-  ca_fused_text(&ctx->tiles, &ctx->caps, head_dim, value_dim, dtype, &text);
+  ca_fused_text(&ctx->tiles, &ctx->caps, head_dim, value_dim, dtype, kv_dtype, &text);
   char name[64];
-  snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d", head_dim, value_dim, (int)dtype);
+  snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d kv_dtype=%d", head_dim, value_dim, (int)dtype,
+           (int)kv_dtype);
   cl_program program = NULL;
   if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &program)) == CLATTN_OK) {
     ctx->fused[ctx->n_fused].head_dim = head_dim;
     ctx->fused[ctx->n_fused].value_dim = value_dim;
     ctx->fused[ctx->n_fused].dtype = dtype;
+    ctx->fused[ctx->n_fused].kv_dtype = kv_dtype;
     ctx->fused[ctx->n_fused].program = program;
     ctx->n_fused++;
     *out = program;
@@ -81,9 +84,11 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   cl_event prev = NULL;
   const size_t rows_per_kv = (size_t)plan->group * (size_t)p->q_len;
   const int wg = ctx->tiles.flash_wg; /* > 0: flash_tiled (GPUs) */
-  /* Few rows per KV head (decode): read K and V in place, 1-8 rows per item. */
-  const int direct = !wg && rows_per_kv <= 8 && p->head_dim % 16 == 0 && p->value_dim % 16 == 0 && p->k.stride[3] == 1 &&
-                     p->v.stride[3] == 1;
+  /* Few rows per KV head (decode): read K and V in place, 1-8 rows per item
+   * (whole 16-column slices: unit column strides, or Q8_0's blocks). */
+  const size_t unit = plan->kv_dtype == CLATTN_Q8_0 ? 34 : 1;
+  const int direct = !wg && rows_per_kv <= 8 && p->head_dim % 16 == 0 && p->value_dim % 16 == 0 &&
+                     p->k.stride[3] == unit && p->v.stride[3] == unit;
   const int bm = wg ? wg : !direct ? ctx->tiles.flash_bm : rows_per_kv <= 1 ? 1 : rows_per_kv <= 2 ? 2 : rows_per_kv <= 4 ? 4 : 8;
   const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
   const size_t n_pad = round_up((size_t)p->kv_len, FLASH_BN);
@@ -107,7 +112,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
                    (unsigned long long)ctx->max_alloc);
 
   snprintf(rows_name, sizeof rows_name, wg ? "flash_tiled" : direct ? "flash_rows_direct%d" : "flash_rows", bm);
-  if ((st = fused_program(ctx, p->head_dim, p->value_dim, p->dtype, &program)) ||
+  if ((st = fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program)) ||
       (st = ca_create_kernel(program, rows_name, &rows)) || (st = ca_empty_flag_create(ctx, &empty_flag)))
     goto fail;
   if (packed) {
@@ -132,6 +137,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
     ca_arg_view(&a, &p->k);
     ca_arg_view(&a, &p->v);
     ca_arg_seq(&a, p);
+    ca_arg_kv(&a, p);
     ca_arg_int(&a, p->q_len);
     ca_arg_int(&a, p->kv_heads);
     ca_arg_int(&a, p->kv_len);
@@ -152,6 +158,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_view(&r, &p->v);
   ca_arg_score(&r, p);
   ca_arg_allowed(&r, p);
+  ca_arg_kv(&r, p);
   ca_arg_int(&r, p->q_heads);
   ca_arg_int(&r, p->kv_heads);
   ca_arg_int(&r, plan->group);

@@ -5,6 +5,12 @@
 
 #include "embedded_cl.h"
 
+void ca_append_text(clattn_dtype src_dtype, clattn_dtype kv_dtype, ca_program_text *out) {
+  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_append}, .n_sources = 2};
+  snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d", (int)src_dtype,
+           (int)(kv_dtype == CLATTN_DTYPE_SAME ? src_dtype : kv_dtype));
+}
+
 void ca_probe_text(ca_program_text *out) {
   static const char probe[] = "__kernel void ca_probe(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n";
   *out = (ca_program_text){.sources = {probe}, .n_sources = 1};
@@ -19,9 +25,11 @@ void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *ou
 }
 
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
-                   ca_program_text *out) {
+                   clattn_dtype kv_dtype, ca_program_text *out) {
   *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_flash}, .n_sources = 2};
-  snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D DK=%d -D DV=%d -D FLASH_TILE=%d",
-           (int)dtype, head_dim, value_dim, tl_flash_tile(dev, head_dim, value_dim));
+  snprintf(out->options, sizeof out->options,
+           "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d -D DK=%d -D DV=%d -D FLASH_TILE=%d", (int)dtype,
+           (int)(kv_dtype == CLATTN_DTYPE_SAME ? dtype : kv_dtype), head_dim, value_dim,
+           tl_flash_tile(dev, head_dim, value_dim));
   tl_build_options(tiles, out->options, sizeof out->options);
 }

@@ -26,8 +26,11 @@ void ca_probe_text(ca_program_text *out);
 /* qk_score, softmax_rows, mix_values, merge_states and the GEMM helpers for
  * one storage type. */
 void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *out);
-/* The fused kernels for one (head_dim, value_dim, storage type). */
+/* The fused kernels for one (head_dim, value_dim, storage type of q/out,
+ * storage type of k/v: CLATTN_DTYPE_SAME = dtype). */
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
-                   ca_program_text *out);
+                   clattn_dtype kv_dtype, ca_program_text *out);
+/* clattn_kv_append's kernel for one (source storage, cache storage). */
+void ca_append_text(clattn_dtype src_dtype, clattn_dtype kv_dtype, ca_program_text *out);
 
 #endif
