@@ -373,6 +373,12 @@ clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_
   const clattn_tensor pos = {ap->positions, 0, {1, 0, 0, 0}};
   const int b_dims[] = {ap->batch};
   if ((st = check_view("positions", &pos, b_dims, 1, sizeof(int32_t), 0))) return st;
+  const int slots = paged ? ap->num_pages : ap->batch, rows = paged ? ap->page_size : ap->capacity;
+  const int k_dims[] = {slots, ap->kv_heads, rows, ap->head_dim};
+  const int v_dims[] = {slots, ap->kv_heads, rows, ap->value_dim};
+  if ((st = check_kv_view("k", &ap->k, k_dims, kv, 1)) || (st = check_kv_view("v", &ap->v, v_dims, kv, 1)) ||
+      (st = check_kv_storage(kv, &ap->k_scale, &ap->v_scale, slots, ap->kv_heads, rows, 1)))
+    return st;
   if (ap->new_len > 0) {
     const size_t elem = ap->src_dtype == CLATTN_F32 ? sizeof(float) : 2;
     const int kn_dims[] = {ap->batch, ap->kv_heads, ap->new_len, ap->head_dim};
@@ -381,11 +387,5 @@ clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_
         (st = check_view("v_new", &ap->v_new, vn_dims, 4, elem, 0)))
       return st;
   }
-  const int slots = paged ? ap->num_pages : ap->batch, rows = paged ? ap->page_size : ap->capacity;
-  const int k_dims[] = {slots, ap->kv_heads, rows, ap->head_dim};
-  const int v_dims[] = {slots, ap->kv_heads, rows, ap->value_dim};
-  if ((st = check_kv_view("k", &ap->k, k_dims, kv, 1)) || (st = check_kv_view("v", &ap->v, v_dims, kv, 1)) ||
-      (st = check_kv_storage(kv, &ap->k_scale, &ap->v_scale, slots, ap->kv_heads, rows, 1)))
-    return st;
   return CLATTN_OK;
 }
