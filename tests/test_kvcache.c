@@ -708,8 +708,8 @@ static int kvprob_reference(const kvprob *p, double *out, double *lse, double *e
     in.mask = p->ref_mask;
     in.bias = p->bias;
     in.kv_lens = &len;
-    in.alibi_slopes = p->alibi;
-    in.sinks = p->sinks;
+    in.alibi_slopes = c->alibi ? p->alibi : NULL; /* the reference reads what is given */
+    in.sinks = c->sinks ? p->sinks : NULL;
     in.additive_w = c->additive ? p->addw : NULL;
     ref_outputs o = {0};
     o.out = out + o0 * c->dv;
@@ -1107,8 +1107,18 @@ done:
   release(&w);
 }
 
+static void debug_plain(void) {
+  static const int lens[2] = {20, 20};
+  const char *e = getenv("KVDBG");
+  int mode = e ? atoi(e) : 0;
+  kvcase c = {"dbg", 2, 2, 2, 4, 20, 64, 64, CLATTN_F32, CLATTN_F32, mode & 1, 7, 0, 0, 0, lens,
+              (mode & 2) != 0, -1, -1, 0, 0, 0, 0, 0, 1, 0, 0, 0};
+  kv_forward_case(&c, (mode & 4) ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED);
+}
+
 int main(int argc, char **argv) {
   static const ct_test tests[] = {
+      CT_TEST(debug_plain),
       CT_TEST(defaults_and_enum_values_follow_the_contract),
       CT_TEST(append_rejects_bad_input_and_touches_nothing),
       CT_TEST(forward_rejects_bad_kv_input_and_touches_nothing),
