@@ -24,7 +24,8 @@ struct clattn_context {
   cl_program core_16[2];      /* the same for f16 and bf16 storage, built on first use; under programs_lock */
   pthread_mutex_t programs_lock; /* guards the fused programs and peak_scratch */
   struct ca_fused_program { int head_dim, value_dim; clattn_dtype dtype, kv_dtype; cl_program program; } *fused;
-  cl_program append[3][5];    /* kv_append per (source dtype, cache dtype), built on first use; under programs_lock */
+  cl_program append[3][5];
+  cl_program core_kv[3][5];   /* core programs per (dtype, kv_dtype != dtype), built on first use; under programs_lock */    /* kv_append per (source dtype, cache dtype), built on first use; under programs_lock */
   int n_fused, cap_fused;     /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   double build_ms;            /* time to build the programs at creation */
   char *cache_dir;            /* the program cache's directory; NULL = no disk cache */
@@ -84,6 +85,9 @@ clattn_status ca_build_program(clattn_context *ctx, const char *name, const char
 /* The core program for a storage type (f32: ctx->core; f16, bf16 built on
  * first use and kept for the context's life). */
 clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_program *out);
+/* The core program for q/out stored as dtype and k/v as kv_dtype (SAME or
+ * equal: ca_core_program's); built on first use. */
+clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype kv_dtype, cl_program *out);
 
 /* A fresh kernel object: kernels are per call so threads never share state. */
 clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);

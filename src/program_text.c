@@ -17,10 +17,18 @@ void ca_probe_text(ca_program_text *out) {
 }
 
 void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *out) {
+  ca_core_kv_text(tiles, dtype, CLATTN_DTYPE_SAME, out);
+}
+
+void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_dtype, ca_program_text *out) {
   *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_qk_score, clattn_src_softmax, clattn_src_mix,
                                        clattn_src_merge, clattn_src_gemm},
                            .n_sources = 6};
-  snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d", (int)dtype);
+  if (kv_dtype == CLATTN_DTYPE_SAME || kv_dtype == dtype)
+    snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d", (int)dtype);
+  else
+    snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d", (int)dtype,
+             (int)kv_dtype);
   tl_build_options(tiles, out->options, sizeof out->options);
 }
 

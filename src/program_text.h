@@ -26,6 +26,8 @@ void ca_probe_text(ca_program_text *out);
 /* qk_score, softmax_rows, mix_values, merge_states and the GEMM helpers for
  * one storage type. */
 void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *out);
+/* The same with k and v stored as kv_dtype (paged or not, Q8_0, INT8, ...). */
+void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_dtype, ca_program_text *out);
 /* The fused kernels for one (head_dim, value_dim, storage type of q/out,
  * storage type of k/v: CLATTN_DTYPE_SAME = dtype). */
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,

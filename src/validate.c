@@ -274,18 +274,9 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
                : want_weights ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED;
   plan->kv_dtype = p->kv_dtype == CLATTN_DTYPE_SAME ? p->dtype : p->kv_dtype;
   plan->paged = p->block_table != NULL;
-  /* Paged or differently stored K/V: the fused kernels follow the block
-   * table and dequantise on load; the staged and GEMM paths do not yet. */
-  if (plan->paged || plan->kv_dtype != p->dtype) {
-    if (p->algo == CLATTN_ALGO_AUTO && plan->algo != CLATTN_ALGO_FUSED && !want_weights) plan->algo = CLATTN_ALGO_FUSED;
-    if (plan->algo != CLATTN_ALGO_FUSED)
-      return ca_fail(CLATTN_ERR_UNSUPPORTED,
-                     "%s K/V (kv_dtype %d, dtype %d): only CLATTN_ALGO_FUSED (or AUTO) reads paged or "
-                     "quantised/differently stored K/V so far; the %s path does not%s",
-                     plan->paged ? "paged" : "differently stored", (int)plan->kv_dtype, (int)p->dtype,
-                     clattn_algo_name(plan->algo),
-                     want_weights ? " (weights, which only the staged path forms, are not available with them)" : "");
-  }
+  /* Paged or quantised K/V run on every path: the fused and staged kernels
+   * follow the block table and dequantise on load, the GEMM path gathers
+   * into its scratch. */
   if (plan->algo == CLATTN_ALGO_FUSED && want_weights)
     return ca_fail(CLATTN_ERR_UNSUPPORTED,
                    "weights: the fused kernel never forms the routing matrix; use CLATTN_ALGO_STAGED or AUTO");
