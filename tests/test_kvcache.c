@@ -7,14 +7,13 @@
  *    byte against a host copy of ggml's quantize_row_q8_0_reference rules
  *    (and the INT8 and 16-bit rules), rows past the capacity, past the block
  *    table or on pages outside the pool skipped, everything else untouched;
- *  - the fused path over paged and quantised caches against the fp64
+ *  - every path (fused, staged, GEMM) over paged and quantised caches against the fp64
  *    reference over the dequantised values: odd page sizes, kv_lens that are
  *    not page multiples, shuffled and shared pages, entries outside the pool,
  *    NaN/Inf in unused rows of partly filled pages and in unused pages, GQA,
  *    masks, bias, windows, causal chunks, ALiBi, softcap, sinks, lse, route
  *    diagnostics, additive scores, decode with N = 4099 through split-KV;
- *  - bad input rejected before anything is enqueued, nothing touched; the
- *    staged and GEMM paths refuse paged/quantised K/V (UNSUPPORTED).
+ *  - bad input rejected before anything is enqueued, nothing touched.
  *
  * The cache on the host is the same bytes as on the device: the forward
  * tests quantise it on the host with ggml's rules (so clattn reads a cache
@@ -948,11 +947,11 @@ static void kv_forward_case(const kvcase *c, clattn_algo algo) {
 
 static const clattn_dtype all_kv[] = {CLATTN_Q8_0, CLATTN_INT8, CLATTN_F16, CLATTN_BF16, CLATTN_F32};
 
-/* Prefill chunks (several query rows per KV head: the packed kernel on
- * CPUs) over paged caches of every storage: page size 7, lengths that are
+/* Prefill chunks (several query rows per KV head: the fused path's packed
+ * kernel on CPUs) over paged caches of every storage: page size 7, lengths that are
  * not page multiples, shuffled and shared pages, an entry outside the
  * pool, spare poisoned pages; causal chunk alignment per row. */
-static void fused_paged_prefill_matches_reference(void) {
+static void paged_prefill_matches_reference(void) {
   static const int lens[3] = {29, 23, 9};
   for (size_t i = 0; i < sizeof all_kv / sizeof all_kv[0]; i++) {
     char label[96];
@@ -965,7 +964,7 @@ static void fused_paged_prefill_matches_reference(void) {
 
 /* Every score-shaping and output feature at once over Q8_0 and INT8 pages:
  * GQA, mask, bias, ALiBi, softcap, sinks, window, lse, diagnostics. */
-static void fused_paged_quantised_with_every_feature(void) {
+static void paged_quantised_with_every_feature(void) {
   static const int lens[2] = {40, 17};
   const clattn_dtype kvs[] = {CLATTN_Q8_0, CLATTN_INT8};
   for (size_t i = 0; i < 2; i++)
@@ -985,7 +984,7 @@ static void fused_paged_quantised_with_every_feature(void) {
 
 /* Contiguous quantised caches (no block table): kv_lens keeps its padding
  * meaning, rows past it poisoned. */
-static void fused_contiguous_quantised_matches_reference(void) {
+static void contiguous_quantised_matches_reference(void) {
   static const int lens[2] = {37, 50};
   for (size_t i = 0; i < 4; i++)
     for (int m = 1; m <= 9; m += 8) {
@@ -999,7 +998,7 @@ static void fused_contiguous_quantised_matches_reference(void) {
 
 /* Decode (one query row) over a long paged cache: N = 4099 keys split
  * across work-items and merged; page size 7 (4099 = 585 * 7 + 4). */
-static void fused_paged_decode_split_kv(void) {
+static void paged_decode_split_kv_matches_reference(void) {
   static const int lens[2] = {4099, 3001};
   const clattn_dtype kvs[] = {CLATTN_Q8_0, CLATTN_INT8, CLATTN_F16};
   for (size_t i = 0; i < 3; i++) {
@@ -1121,26 +1120,16 @@ done:
   release(&w);
 }
 
-static void debug_plain(void) {
-  static const int lens[2] = {20, 20};
-  const char *e = getenv("KVDBG");
-  int mode = e ? atoi(e) : 0;
-  kvcase c = {"dbg", 2, 2, 2, 4, 20, 64, 64, CLATTN_F32, CLATTN_F32, mode & 1, 7, 0, 0, 0, lens,
-              (mode & 2) != 0, -1, -1, 0, 0, 0, 0, 0, 1, 0, 0, 0};
-  kv_forward_case_on(&c, (mode & 4) ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED);
-}
-
 int main(int argc, char **argv) {
   static const ct_test tests[] = {
-      CT_TEST(debug_plain),
       CT_TEST(defaults_and_enum_values_follow_the_contract),
       CT_TEST(append_rejects_bad_input_and_touches_nothing),
       CT_TEST(forward_rejects_bad_kv_input_and_touches_nothing),
       CT_TEST(append_matches_ggml_rules_for_every_cache_storage),
-      CT_TEST(fused_paged_prefill_matches_reference),
-      CT_TEST(fused_paged_quantised_with_every_feature),
-      CT_TEST(fused_contiguous_quantised_matches_reference),
-      CT_TEST(fused_paged_decode_split_kv),
+      CT_TEST(paged_prefill_matches_reference),
+      CT_TEST(paged_quantised_with_every_feature),
+      CT_TEST(contiguous_quantised_matches_reference),
+      CT_TEST(paged_decode_split_kv_matches_reference),
       CT_TEST(auto_runs_paged_quantised_calls),
   };
   ct_context();
