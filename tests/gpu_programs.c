@@ -83,7 +83,11 @@ int main(int argc, char **argv) {
     {CLATTN_F32, "f32"}, {CLATTN_F16, "f16"}, {CLATTN_BF16, "bf16"}, {CLATTN_Q8_0, "q8_0"}, {CLATTN_INT8, "int8"}};
   for (size_t c = 3; c < 5; c++) {
     char name[64];
+    dev.head_dim = dev.value_dim = 0;
     tl_tiles tiles = tl_choose(&dev);
+    ca_core_kv_text(&tiles, CLATTN_F16, kv[c].dtype, &text);
+    snprintf(name, sizeof name, "core-f16-kv%s", kv[c].name);
+    if (write_program(argv[2], name, &text)) return 1;
     ca_fused_text(&tiles, &dev, 128, 128, CLATTN_F16, kv[c].dtype, &text);
     snprintf(name, sizeof name, "flash-f16-kv%s-d128-128", kv[c].name);
     if (write_program(argv[2], name, &text)) return 1;
