@@ -84,6 +84,16 @@ static inline ca_kv_pos ca_kv_locate(long b, long row, __global const int *block
   return at;
 }
 
+/* Whether rows row0 .. row0 + n - 1 of batch row b all lie on pages in the
+ * pool (always for contiguous K/V): one table entry per page spanned. */
+static inline bool ca_kv_rows_ok(long b, long row0, int n, __global const int *block_table, int bt_stride,
+                                 int page_size, int num_pages, int paged) {
+  if (!paged) return true;
+  for (long e = row0 / page_size; e <= (row0 + n - 1) / page_size; e++)
+    if (!ca_kv_locate(b, e * page_size, CA_PAGE_PASS).ok) return false;
+  return true;
+}
+
 /* The INT8 scale of a located row (1 for the other storages). */
 static inline float ca_kv_scale(__global const float *scale, ulong s_off, ulong4 s_st, ca_kv_pos at, long h) {
 #if CA_KV_DTYPE == 4

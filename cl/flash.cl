@@ -262,8 +262,9 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
       for (int r = 0; r < bm; r++) sv[r] = vload16(0, e[r]);
     }
     /* Every key of the block allowed for every row, inside this split? */
-    const bool full = !has_mask && !paged && j0 >= lo_max && j0 + FLASH_BN - 1 <= hi_min &&
-                      j0 >= split_begin && j0 + FLASH_BN <= split_end;
+    const bool full = !has_mask && j0 >= lo_max && j0 + FLASH_BN - 1 <= hi_min &&
+                      j0 >= split_begin && j0 + FLASH_BN <= split_end &&
+                      ca_kv_rows_ok(b, sq.k0 + j0, FLASH_BN, CA_PAGE_PASS);
     const bool per_key = !full || has_bias || has_alibi;   /* an element-wise pass is needed */
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
     for (int r = 0; r < bm; r++) {
