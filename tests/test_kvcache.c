@@ -815,7 +815,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   fp.head_dim = c->dk;
   fp.value_dim = c->dv;
   fp.dtype = c->dtype;
-  fp.kv_dtype = c->kv;
+  fp.kv_dtype = c->kv == c->dtype ? CLATTN_DTYPE_SAME : c->kv; /* SAME: stored like q */
   fp.q = (clattn_tensor){q_buf, 0, {(size_t)Hq * M * c->dk, (size_t)M * c->dk, (size_t)c->dk, 1}};
   fp.k = p.kc.view;
   fp.k.buf = k_buf;
@@ -965,13 +965,13 @@ static void paged_prefill_matches_reference(void) {
 /* Every score-shaping and output feature at once over Q8_0 and INT8 pages:
  * GQA, mask, bias, ALiBi, softcap, sinks, window, lse, diagnostics. */
 static void paged_quantised_with_every_feature(void) {
-  static const int lens[2] = {40, 17};
+  static const int lens[3] = {40, 17, 0}; /* the last sequence is empty: its rows too */
   const clattn_dtype kvs[] = {CLATTN_Q8_0, CLATTN_INT8};
   for (size_t i = 0; i < 2; i++)
     for (int m = 1; m <= 6; m += 5) {
       char label[96];
       snprintf(label, sizeof label, "features paged kv=%s M=%d", kv_name(kvs[i]), m);
-      kvcase c = {label, 2, 6, 2, m, 45, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 1, 0, lens,
+      kvcase c = {label, 3, 6, 2, m, 45, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 1, 0, lens,
                   0, 11, 2, 1, 1, 1, 1, 1, 1, 1, 0, 0};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
@@ -980,6 +980,22 @@ static void paged_quantised_with_every_feature(void) {
   kvcase a = {"additive f16 q over paged q8_0", 2, 2, 1, 3, 40, 32, 64, CLATTN_F16, CLATTN_Q8_0, 1, 16, 1, 0, 0,
               lens2, 1, -1, -1, 0, 0, 0, 0, 1, 1, 0, 1, 0};
   kv_forward_case(&a, CLATTN_ALGO_FUSED);
+}
+
+/* 16-bit queries and outputs over paged caches stored like them
+ * (kv_dtype CLATTN_DTYPE_SAME) and over INT8. */
+static void paged_16bit_storage_matches_reference(void) {
+  static const int lens[2] = {26, 11};
+  const struct { clattn_dtype q, kv; } types[] = {
+      {CLATTN_F16, CLATTN_F16}, {CLATTN_BF16, CLATTN_BF16}, {CLATTN_BF16, CLATTN_INT8}};
+  for (size_t i = 0; i < 3; i++)
+    for (int m = 1; m <= 7; m += 6) {
+      char label[96];
+      snprintf(label, sizeof label, "paged q=%s kv=%s M=%d", kv_name(types[i].q), kv_name(types[i].kv), m);
+      kvcase c = {label, 2, 4, 2, m, 30, 32, 32, types[i].q, types[i].kv, 1, 3, 1, 1, 1, lens,
+                  1, -1, -1, 0, 1, 0, 0, 0, 1, 0, 0, 0};
+      kv_forward_case(&c, CLATTN_ALGO_FUSED);
+    }
 }
 
 /* Contiguous quantised caches (no block table): kv_lens keeps its padding
@@ -1128,6 +1144,7 @@ int main(int argc, char **argv) {
       CT_TEST(append_matches_ggml_rules_for_every_cache_storage),
       CT_TEST(paged_prefill_matches_reference),
       CT_TEST(paged_quantised_with_every_feature),
+      CT_TEST(paged_16bit_storage_matches_reference),
       CT_TEST(contiguous_quantised_matches_reference),
       CT_TEST(paged_decode_split_kv_matches_reference),
       CT_TEST(auto_runs_paged_quantised_calls),
