@@ -238,9 +238,11 @@ static int upload_src(cl_mem *m, const float *x, size_t n, clattn_dtype src) {
 }
 
 /* One append call for (src, kv, paged), checked byte for byte. */
-static void append_case(clattn_dtype src, clattn_dtype kv, int paged) {
-  char label[64];
-  snprintf(label, sizeof label, "%s -> %s %s", kv_name(src), kv_name(kv), paged ? "paged" : "contiguous");
+static void append_case_with(clattn_dtype src, clattn_dtype kv, int paged, const int32_t *positions,
+                             const int32_t *table) {
+  char label[96];
+  snprintf(label, sizeof label, "%s -> %s %s (positions %d, %d)", kv_name(src), kv_name(kv),
+           paged ? "paged" : "contiguous", positions[0], positions[1]);
   const int slots = paged ? AP_PAGES : AP_B, rows = paged ? AP_PS : AP_CAP;
   hcache kc, vc;
   float *kn = malloc(sizeof(float) * AP_B * AP_H * AP_NEW * AP_DK), *vn = malloc(sizeof(float) * AP_B * AP_H * AP_NEW * AP_DV);
@@ -258,17 +260,12 @@ static void append_case(clattn_dtype src, clattn_dtype kv, int paged) {
   memset(kc.data, 0xa5, kc.units * kc.unit);
   memset(vc.data, 0x5a, vc.units * vc.unit);
   for (size_t i = 0; i < kc.scale_n; i++) kc.scale[i] = vc.scale[i] = -1.25f;
-  /* contiguous: b1's rows 12, 13 are past the capacity. paged (pages of 7,
-   * three entries a row): b0 positions 11.. -> entry 1 (page 1, rows 4-6),
-   * then entry 2 = 99, outside the pool; b1 positions 18.. -> entry 2
-   * (page 0, rows 4-6), then entry 3, past the table. */
-  const int32_t positions[AP_B] = {paged ? 11 : 3, paged ? 18 : 9};
-  const int32_t table[AP_B * AP_BTS] = {4, 1, 99, 2, -1, 0};
   for (int b = 0; b < AP_B; b++)
     for (int h = 0; h < AP_H; h++)
       for (int r = 0; r < AP_NEW; r++) {
-        const long pos = positions[b] + r;
+        const long pos = (long)positions[b] + r;
         int s = b, row = (int)pos;
+        if (pos < 0) continue; /* before the cache: skipped */
         if (paged) {
           const long e = pos / AP_PS;
           const int page = e < AP_BTS ? table[b * AP_BTS + e] : -1;
@@ -304,8 +301,8 @@ static void append_case(clattn_dtype src, clattn_dtype kv, int paged) {
       free(s0);
     }
   }
-  pos_buf = make_buf(sizeof positions, positions);
-  bt_buf = make_buf(sizeof table, table);
+  pos_buf = make_buf(sizeof(int32_t) * AP_B, positions);
+  bt_buf = make_buf(sizeof(int32_t) * AP_B * AP_BTS, table);
   if (!upload_src(&kn_buf, kn, (size_t)AP_B * AP_H * AP_NEW * AP_DK, src) ||
       !upload_src(&vn_buf, vn, (size_t)AP_B * AP_H * AP_NEW * AP_DV, src) || !k_buf || !v_buf || !pos_buf ||
       !bt_buf || (kv == CLATTN_INT8 && (!ks_buf || !vs_buf))) {
@@ -390,6 +387,30 @@ done:
   release(&vs_buf);
   release(&pos_buf);
   release(&bt_buf);
+}
+
+/* contiguous: b1's rows 12, 13 are past the capacity. paged (pages of 7,
+ * three entries a row): b0 positions 11.. -> entry 1 (page 1, rows 4-6),
+ * then entry 2 = 99, outside the pool; b1 positions 18.. -> entry 2
+ * (page 0, rows 4-6), then entry 3, past the table. */
+static const int32_t ap_table[AP_B * AP_BTS] = {4, 1, 99, 2, -1, 0};
+
+static void append_case(clattn_dtype src, clattn_dtype kv, int paged) {
+  const int32_t positions[AP_B] = {paged ? 11 : 3, paged ? 18 : 9};
+  append_case_with(src, kv, paged, positions, ap_table);
+}
+
+/* Hostile positions and tables: negative and near-INT32_MAX positions (no
+ * overflow: only the rows that land inside are written), entries at the
+ * int32 extremes. */
+static void append_skips_hostile_positions_and_entries(void) {
+  const int32_t positions[][AP_B] = {{-2, INT32_MAX - 1}, {INT32_MIN, 0}, {-7, 5}};
+  const int32_t table[AP_B * AP_BTS] = {INT32_MIN, 3, INT32_MAX, 0, AP_PAGES, -1};
+  for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
+    append_case_with(CLATTN_F32, CLATTN_Q8_0, 0, positions[i], table);
+    append_case_with(CLATTN_F32, CLATTN_INT8, 1, positions[i], table);
+    append_case_with(CLATTN_F32, CLATTN_F16, 1, positions[i], table);
+  }
 }
 
 static void append_matches_ggml_rules_for_every_cache_storage(void) {
@@ -509,6 +530,8 @@ typedef struct {
   int causal, window_left, window_right;
   int mask, bias, alibi, softcap, sinks, lse, diag, additive;
   int expect_split;  /* peak scratch shows split-KV partial states */
+  int hostile;       /* every cache row finite, then block-table entries random (many outside the pool) */
+  const int *dev_lens; /* kv_lens as given to the device (NULL: lens); lens is what it clamps them to */
 } kvcase;
 
 typedef struct {
@@ -609,6 +632,22 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
         hc_write(&p->kc, s, h, r, p->kl + (((size_t)b * Hkv + h) * N + j) * c->dk);
         hc_write(&p->vc, s, h, r, p->vl + (((size_t)b * Hkv + h) * N + j) * c->dv);
       }
+  if (c->hostile) { /* any page may now be reached: all finite, entries anywhere */
+    float *row = malloc(sizeof(float) * (size_t)(c->dk > c->dv ? c->dk : c->dv));
+    if (!row) return -1;
+    for (int s = 0; s < slots; s++)
+      for (int h = 0; h < Hkv; h++)
+        for (int r = 0; r < rows; r++) {
+          for (int d = 0; d < c->dk; d++) row[d] = urand(1.5f);
+          hc_write(&p->kc, s, h, r, row);
+          for (int d = 0; d < c->dv; d++) row[d] = urand(1.0f);
+          hc_write(&p->vc, s, h, r, row);
+        }
+    free(row);
+    const int32_t extremes[] = {INT32_MIN, INT32_MAX, -1, p->num_pages};
+    for (size_t i = 0; i < (size_t)B * p->bt_stride; i++)
+      p->table[i] = rnd() % 3 == 0 ? extremes[rnd() % 4] : (int32_t)(rnd() % (uint32_t)(p->num_pages + 3)) - 1;
+  }
   if (c->mask) {
     p->mask = malloc(ns);
     if (!p->mask) return -1;
@@ -782,7 +821,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
     vs_buf = make_buf(p.vc.scale_n * 4, p.vc.scale);
   }
   bt_buf = make_buf(sizeof(int32_t) * (size_t)B * p.bt_stride, p.table);
-  lens_buf = make_buf(sizeof(int32_t) * (size_t)B, c->lens);
+  lens_buf = make_buf(sizeof(int32_t) * (size_t)B, c->dev_lens ? c->dev_lens : c->lens);
   {
     unsigned char *nanfill = malloc(no * elem > rows * 4 ? no * elem : rows * 4);
     if (nanfill) {
@@ -957,7 +996,7 @@ static void paged_prefill_matches_reference(void) {
     char label[96];
     snprintf(label, sizeof label, "prefill paged kv=%s", kv_name(all_kv[i]));
     kvcase c = {label, 3, 4, 2, 5, 31, 64, 32, CLATTN_F32, all_kv[i], 1, 7, 3, 1, 1, lens,
-                1, -1, -1, 0, 0, 0, 0, 0, 1, 0, 0, 0};
+                1, -1, -1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, NULL};
     kv_forward_case(&c, CLATTN_ALGO_FUSED);
   }
 }
@@ -972,13 +1011,13 @@ static void paged_quantised_with_every_feature(void) {
       char label[96];
       snprintf(label, sizeof label, "features paged kv=%s M=%d", kv_name(kvs[i]), m);
       kvcase c = {label, 3, 6, 2, m, 45, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 1, 0, lens,
-                  0, 11, 2, 1, 1, 1, 1, 1, 1, 1, 0, 0};
+                  0, 11, 2, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, NULL};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
   /* additive scores and f16 queries/outputs over a Q8_0 cache */
   static const int lens2[2] = {33, 8};
   kvcase a = {"additive f16 q over paged q8_0", 2, 2, 1, 3, 40, 32, 64, CLATTN_F16, CLATTN_Q8_0, 1, 16, 1, 0, 0,
-              lens2, 1, -1, -1, 0, 0, 0, 0, 1, 1, 0, 1, 0};
+              lens2, 1, -1, -1, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, NULL};
   kv_forward_case(&a, CLATTN_ALGO_FUSED);
 }
 
@@ -993,7 +1032,7 @@ static void paged_16bit_storage_matches_reference(void) {
       char label[96];
       snprintf(label, sizeof label, "paged q=%s kv=%s M=%d", kv_name(types[i].q), kv_name(types[i].kv), m);
       kvcase c = {label, 2, 4, 2, m, 30, 32, 32, types[i].q, types[i].kv, 1, 3, 1, 1, 1, lens,
-                  1, -1, -1, 0, 1, 0, 0, 0, 1, 0, 0, 0};
+                  1, -1, -1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, NULL};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
 }
@@ -1007,7 +1046,7 @@ static void contiguous_quantised_matches_reference(void) {
       char label[96];
       snprintf(label, sizeof label, "contiguous kv=%s M=%d", kv_name(all_kv[i]), m);
       kvcase c = {label, 2, 4, 2, m, 50, 64, 32, CLATTN_F32, all_kv[i], 0, 0, 0, 0, 0, lens,
-                  1, -1, -1, 1, 0, 0, 0, 0, 1, 1, 0, 0};
+                  1, -1, -1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, NULL};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
 }
@@ -1021,16 +1060,34 @@ static void paged_decode_split_kv_matches_reference(void) {
     char label[96];
     snprintf(label, sizeof label, "decode N=4099 paged kv=%s", kv_name(kvs[i]));
     kvcase c = {label, 2, 4, 1, 1, 4099, 64, 32, CLATTN_F32, kvs[i], 1, 7, 2, 1, 0, lens,
-                1, -1, -1, 0, 0, 0, 0, 1, 1, 0, 0, 1};
+                1, -1, -1, 0, 0, 0, 0, 1, 1, 0, 0, 1, 0, NULL};
     kv_forward_case(&c, CLATTN_ALGO_FUSED);
   }
+}
+
+/* Hostile block tables and kv_lens: entries at the int32 extremes, -1,
+ * num_pages and random pages (shared by rows, in any order); kv_lens
+ * negative and past kv_len (clamped to [0, kv_len]). Keys on entries
+ * outside the pool are disallowed, nothing is read outside the views. */
+static void paged_hostile_tables_and_lengths(void) {
+  static const int dev_lens[3] = {-5, 1000, 20}, lens[3] = {0, 24, 20};
+  const clattn_dtype kvs[] = {CLATTN_Q8_0, CLATTN_F32};
+  for (int seed = 0; seed < 3; seed++)
+    for (size_t i = 0; i < 2; i++)
+      for (int m = 1; m <= 4; m += 3) {
+        char label[96];
+        snprintf(label, sizeof label, "hostile table #%d kv=%s M=%d", seed, kv_name(kvs[i]), m);
+        kvcase c = {label, 3, 4, 2, m, 24, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 0, 0, lens,
+                    1, -1, -1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 1, dev_lens};
+        kv_forward_case(&c, CLATTN_ALGO_FUSED);
+      }
 }
 
 /* AUTO takes the fused path for paged / quantised K/V. */
 static void auto_runs_paged_quantised_calls(void) {
   static const int lens[2] = {20, 13};
   kvcase c = {"auto paged q8_0", 2, 2, 2, 4, 21, 64, 64, CLATTN_F32, CLATTN_Q8_0, 1, 7, 1, 0, 0, lens,
-              1, -1, -1, 0, 0, 0, 0, 0, 1, 0, 0, 0};
+              1, -1, -1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, NULL};
   kv_forward_case(&c, CLATTN_ALGO_AUTO);
 }
 
@@ -1142,11 +1199,13 @@ int main(int argc, char **argv) {
       CT_TEST(append_rejects_bad_input_and_touches_nothing),
       CT_TEST(forward_rejects_bad_kv_input_and_touches_nothing),
       CT_TEST(append_matches_ggml_rules_for_every_cache_storage),
+      CT_TEST(append_skips_hostile_positions_and_entries),
       CT_TEST(paged_prefill_matches_reference),
       CT_TEST(paged_quantised_with_every_feature),
       CT_TEST(paged_16bit_storage_matches_reference),
       CT_TEST(contiguous_quantised_matches_reference),
       CT_TEST(paged_decode_split_kv_matches_reference),
+      CT_TEST(paged_hostile_tables_and_lengths),
       CT_TEST(auto_runs_paged_quantised_calls),
   };
   ct_context();
