@@ -1181,6 +1181,27 @@ static void forward_rejects_bad_kv_input_and_touches_nothing(void) {
   /* the valid call runs after the rejections (a zero cache: O = 0) */
   CHECK_STATUS(clattn_forward(ct_context(), &ok, 0, NULL, NULL), CLATTN_OK);
   CHECK(read_buf(out, back, sizeof back) && back[0] == 0.0f);
+  /* every entry outside the pool: every row is empty, on every path */
+  const int32_t outside[2] = {-1, PAGES};
+  cl_mem bt_out = make_buf(sizeof outside, outside);
+  if (bt_out) {
+    const clattn_algo algos[] = {CLATTN_ALGO_FUSED, CLATTN_ALGO_STAGED, CLATTN_ALGO_GEMM};
+    for (int i = 0; i < 3; i++) {
+      clattn_params e = ok;
+      e.block_table = bt_out;
+      e.algo = algos[i];
+      e.empty_rows = CLATTN_EMPTY_ERROR;
+      clattn_status st = clattn_forward(ct_context(), &e, 0, NULL, NULL);
+      CHECKF(st == CLATTN_ERR_EMPTY_ROW, "%s: no page in the pool: %s, expected an empty row", clattn_algo_name(algos[i]),
+             clattn_status_string(st));
+      int zeros = read_buf(out, back, sizeof back);
+      for (int j = 0; j < 64; j++) zeros = zeros && back[j] == 0.0f;
+      CHECKF(zeros, "%s: an empty row's output is not 0", clattn_algo_name(algos[i]));
+    }
+    release(&bt_out);
+  } else {
+    CHECK(0);
+  }
 done:
   release(&q);
   release(&k);
