@@ -38,6 +38,116 @@ static inline ulong ca_at(ulong offset, ulong4 stride, long b, long h, long r, l
   return offset + (ulong)b * stride.s0 + (ulong)h * stride.s1 + (ulong)r * stride.s2 + (ulong)c * stride.s3;
 }
 
+/* ---- K/V storage: -D CA_KV_DTYPE 0 f32, 1 f16, 2 bf16, 3 Q8_0, 4 INT8;
+ * default: like q (CA_DTYPE). Loads dequantise to f32. ---- */
+#ifndef CA_KV_DTYPE
+#define CA_KV_DTYPE CA_DTYPE
+#endif
+#if CA_KV_DTYPE == 0
+typedef float kv_t;
+#elif CA_KV_DTYPE == 1
+typedef half kv_t;
+#elif CA_KV_DTYPE == 2
+typedef ushort kv_t;
+#elif CA_KV_DTYPE == 3
+typedef uchar kv_t;  /* ggml block_q8_0: f16 d, then 32 int8; views count bytes */
+#else
+typedef char kv_t;   /* INT8: one f32 scale per (batch or page, head, row) */
+#endif
+
+/* Where key row `row` of batch row b lives: the view's dimension-0 index
+ * (b, or the page) and row. Paged: row % page_size of page
+ * block_table[b * bt_stride + row / page_size]; an entry outside
+ * [0, num_pages) (or past the table row) gives ok = false and page 0 row 0,
+ * an address inside the views that no output may use. */
+#define CA_KV_ARGS                                                                                  \
+  __global const int *block_table, int bt_stride, int page_size, int num_pages,                     \
+      __global const float *k_scale, ulong ks_off, ulong4 ks_st, __global const float *v_scale, ulong vs_off, \
+      ulong4 vs_st
+#define CA_KV_PASS block_table, bt_stride, page_size, num_pages, k_scale, ks_off, ks_st, v_scale, vs_off, vs_st
+#define CA_PAGE_PASS block_table, bt_stride, page_size, num_pages, paged
+typedef struct {
+  long slot, row;
+  bool ok;
+} ca_kv_pos;
+
+static inline ca_kv_pos ca_kv_locate(long b, long row, __global const int *block_table, int bt_stride, int page_size,
+                                     int num_pages, int paged) {
+  ca_kv_pos at = {b, row, true};
+  if (paged) {
+    const long entry = row / page_size;
+    const int page = row >= 0 && entry < bt_stride ? block_table[b * (long)bt_stride + entry] : -1;
+    at.ok = page >= 0 && page < num_pages;
+    at.slot = at.ok ? page : 0;
+    at.row = at.ok ? row % page_size : 0;
+  }
+  return at;
+}
+
+/* Whether rows row0 .. row0 + n - 1 of batch row b all lie on pages in the
+ * pool (always for contiguous K/V): one table entry per page spanned. */
+static inline bool ca_kv_rows_ok(long b, long row0, int n, __global const int *block_table, int bt_stride,
+                                 int page_size, int num_pages, int paged) {
+  if (!paged) return true;
+  for (long e = row0 / page_size; e <= (row0 + n - 1) / page_size; e++)
+    if (!ca_kv_locate(b, e * page_size, CA_PAGE_PASS).ok) return false;
+  return true;
+}
+
+/* The INT8 scale of a located row (1 for the other storages). */
+static inline float ca_kv_scale(__global const float *scale, ulong s_off, ulong4 s_st, ca_kv_pos at, long h) {
+#if CA_KV_DTYPE == 4
+  return scale[ca_at(s_off, s_st, at.slot, h, at.row, 0)];
+#else
+  return 1.0f;
+#endif
+}
+
+/* Column c of the row starting at `base` (ca_at of column 0); s3 the column
+ * stride (bytes of one block for Q8_0). */
+static inline float ca_kv_load(__global const kv_t *p, ulong base, ulong s3, int c, float scale) {
+#if CA_KV_DTYPE == 0
+  return p[base + (ulong)c * s3];
+#elif CA_KV_DTYPE == 1
+  return vload_half(0, p + base + (ulong)c * s3);
+#elif CA_KV_DTYPE == 2
+  return as_float((uint)p[base + (ulong)c * s3] << 16);
+#elif CA_KV_DTYPE == 3
+  const ulong blk = base + (ulong)(c / 32) * s3;
+  return vload_half(0, (__global const half *)(p + blk)) * (float)((__global const char *)p)[blk + 2 + c % 32];
+#else
+  return scale * (float)p[base + (ulong)c * s3];
+#endif
+}
+
+/* Columns c .. c+15 (c % 16 == 0) of a row with unit column stride (Q8_0:
+ * one block per 34 bytes; 16 columns never straddle a block). */
+static inline float16 ca_kv_load16(__global const kv_t *p, ulong base, int c, float scale) {
+#if CA_KV_DTYPE == 0
+  return vload16(0, p + base + c);
+#elif CA_KV_DTYPE == 1
+  return vload_half16(0, p + base + c);
+#elif CA_KV_DTYPE == 2
+  return as_float16(convert_uint16(vload16(0, p + base + c)) << 16);
+#elif CA_KV_DTYPE == 3
+  const ulong blk = base + (ulong)(c / 32) * 34;
+  return vload_half(0, (__global const half *)(p + blk)) *
+         convert_float16(vload16(0, (__global const char *)p + blk + 2 + c % 32));
+#else
+  return scale * convert_float16(vload16(0, p + base + c));
+#endif
+}
+
+/* Column c of key/value row `row` of (b, h), located, scaled and loaded;
+ * 0 for a row whose page is outside the pool. */
+static inline float ca_kv_get(__global const kv_t *p, ulong off, ulong4 st, __global const float *scale, ulong s_off,
+                              ulong4 s_st, long b, long h, long row, int c, __global const int *block_table,
+                              int bt_stride, int page_size, int num_pages, int paged) {
+  const ca_kv_pos at = ca_kv_locate(b, row, CA_PAGE_PASS);
+  if (!at.ok) return 0.0f;
+  return ca_kv_load(p, ca_at(off, st, at.slot, h, at.row, 0), st.s3, c, ca_kv_scale(scale, s_off, s_st, at, h));
+}
+
 /* Whether key j lies inside query i's window (bottom-right aligned: query i
  * sits at key position i + kv_len - q_len); a bound of -1 is unbounded. */
 static inline bool ca_in_window(long i, long j, int q_len, int kv_len, int window_left, int window_right) {
@@ -56,12 +166,13 @@ static inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, lo
  * 0, q_len rows, kv_lens[b] (or kv_len) keys, aligned on q_len / kv_len.
  * Packed variable-length batches (varlen): sequence b is rows cu_q[b] ..
  * cu_q[b+1]-1 of q and out and cu_k[b] .. cu_k[b+1]-1 of k and v, aligned
- * on its own lengths. The offsets are clamped to the totals and the
+ * on its own lengths. Paged K/V (paged): each batch row aligned on its own
+ * kv_lens[b]. The offsets are clamped to the totals and the
  * lengths to q_len / kv_len, so malformed cu_seqlens never leave the views. */
 #define CA_SEQ_ARGS                                                                                 \
   __global const int *kv_lens, int has_kv_lens, __global const int *cu_q, __global const int *cu_k, \
-      int varlen, int total_q, int total_kv
-#define CA_SEQ_PASS kv_lens, has_kv_lens, cu_q, cu_k, varlen, total_q, total_kv
+      int varlen, int total_q, int total_kv, int paged
+#define CA_SEQ_PASS kv_lens, has_kv_lens, cu_q, cu_k, varlen, total_q, total_kv, paged
 typedef struct {
   long q0, k0;          /* first physical row of q/out and of k/v */
   int rows, keys;       /* query rows that exist, keys that are valid */
@@ -76,7 +187,7 @@ static inline ca_seq ca_sequence(long b, int q_len, int kv_len, CA_SEQ_ARGS) {
     s.rows = q_len;
     s.keys = ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
     s.align_m = q_len;
-    s.align_n = kv_len;
+    s.align_n = paged ? s.keys : kv_len; /* a paged row is aligned on its own length */
     return s;
   }
   const int q0 = clamp(cu_q[b], 0, total_q), q1 = clamp(cu_q[b + 1], q0, total_q);

@@ -24,6 +24,11 @@
  * (O_s normalised, lse_s) to part_o [n_splits][B*Hq*M][DV] and part_lse
  * [n_splits][B*Hq*M], combined by merge.cl. split_keys is a multiple of FLASH_BN.
  *
+ * K/V storage (paged, Q8_0, INT8; common.h.cl's ca_kv_*) is located and
+ * dequantised on load: by flash_pack into the packed copies, in place by the
+ * direct and tiled kernels. A key whose page is outside the pool is
+ * disallowed (the per-key pass runs for every block of a paged call).
+ *
  * -D DK, DV: head dim and value dim (the program is specialised per pair).
  * -D FLASH_BM: rows per work-item (register block), FLASH_BN: keys per block.
  */
@@ -51,9 +56,9 @@
  *   kt[bh][d][j] = k[b, hk, j, d]     vp[bh][j][c] = v[b, hk, j, c] (c < DV, else 0)
  * NDRange: (n_pad, batch * kv_heads); any work-group shape.
  */
-__kernel void flash_pack(__global const store_t *k, ulong k_off, ulong4 k_st,
-                         __global const store_t *v, ulong v_off, ulong4 v_st,
-                         CA_SEQ_ARGS, int q_len, int kv_heads, int kv_len, long n_pad,
+__kernel void flash_pack(__global const kv_t *k, ulong k_off, ulong4 k_st,
+                         __global const kv_t *v, ulong v_off, ulong4 v_st,
+                         CA_SEQ_ARGS, CA_KV_ARGS, int q_len, int kv_heads, int kv_len, long n_pad,
                          __global float *kt, __global float *vp) {
   const long j = get_global_id(0);   /* n_pad reaches 2^31 for kv_len near INT_MAX */
   const int bh = get_global_id(1);
@@ -62,10 +67,16 @@ __kernel void flash_pack(__global const store_t *k, ulong k_off, ulong4 k_st,
   const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
   const bool valid = j < sq.keys;
   __global float *kt_head = kt + (ulong)bh * DK * (ulong)n_pad;
+  /* K/V storage (paged, quantised): located and dequantised here, once */
+  const ca_kv_pos at = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS);
+  const bool use = valid && at.ok;
+  const ulong k_row = ca_at(k_off, k_st, at.slot, hk, at.row, 0), v_row = ca_at(v_off, v_st, at.slot, hk, at.row, 0);
+  const float ks = use ? ca_kv_scale(k_scale, ks_off, ks_st, at, hk) : 0.0f;
+  const float vs = use ? ca_kv_scale(v_scale, vs_off, vs_st, at, hk) : 0.0f;
   for (int d = 0; d < DK; d++)
-    kt_head[(ulong)d * (ulong)n_pad + j] = valid ? ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + j, d)) : 0.0f;
+    kt_head[(ulong)d * (ulong)n_pad + j] = use ? ca_kv_load(k, k_row, k_st.s3, d, ks) : 0.0f;
   __global float *vp_row = vp + ((ulong)bh * (ulong)n_pad + (ulong)j) * DVP;
-  for (int c = 0; c < DVP; c++) vp_row[c] = (valid && c < DV) ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)) : 0.0f;
+  for (int c = 0; c < DVP; c++) vp_row[c] = (use && c < DV) ? ca_kv_load(v, v_row, v_st.s3, c, vs) : 0.0f;
 }
 
 /* The key range [lo, hi] that row (h, i) may see: window and kv_lens. */
@@ -185,10 +196,10 @@ static inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_
 }
 
 /* Columns c .. c+15 of value j of KV head (b, hk): packed (DVP floats per
- * key) or read in place from physical row v_row. */
-static inline float16 flash_value16(__global const float *vp, ulong vp_head, __global const store_t *v, ulong v_off,
-                             ulong4 v_st, int direct, int b, int hk, long v_row, long j, int c) {
-  return direct ? ca_load16(v + ca_at(v_off, v_st, b, hk, v_row, c)) : vload16(0, vp + vp_head + (ulong)j * DVP + c);
+ * key) or read in place from the row at v_base (scale: INT8's). */
+static inline float16 flash_value16(__global const float *vp, ulong vp_head, __global const kv_t *v, ulong v_base,
+                             float v_scale, int direct, long j, int c) {
+  return direct ? ca_kv_load16(v, v_base, c, v_scale) : vload16(0, vp + vp_head + (ulong)j * DVP + c);
 }
 
 /*
@@ -201,12 +212,12 @@ static inline float16 flash_value16(__global const float *vp, ulong vp_head, __g
  */
 static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
                        __global const float *kt, __global const float *vp, long n_pad,
-                       __global const store_t *k, ulong k_off, ulong4 k_st,
-                       __global const store_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS, const int direct,
+                       __global const kv_t *k, ulong k_off, ulong4 k_st,
+                       __global const kv_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS, const int direct,
                        const int bm,
                        __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                        __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
-                       CA_SEQ_ARGS, int q_heads, int kv_heads, int group, int q_len, int kv_len,
+                       CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int kv_heads, int group, int q_len, int kv_len,
                        float scale, CA_SHAPE_ARGS, __global const float *sinks, int has_sinks,
                        int window_left, int window_right, int split_keys,
                        __global store_t *out, ulong out_off, ulong4 out_st,
@@ -281,15 +292,17 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
       float e[FLASH_BM_MAX][FLASH_BN];
       for (int jj = 0; jj < FLASH_BN; jj++) {
         const long j = j0 + jj;
-        __global const store_t *krow = k + ca_at(k_off, k_st, b, hk, sq.k0 + min(j, (long)n_valid - 1), 0);
+        const ca_kv_pos at = ca_kv_locate(b, sq.k0 + min(j, (long)n_valid - 1), CA_PAGE_PASS);
+        const ulong krow = ca_at(k_off, k_st, at.slot, hk, at.row, 0);
+        const float ks = ca_kv_scale(k_scale, ks_off, ks_st, at, hk);
 #pragma unroll
         for (int r = 0; r < bm; r++) {
           float16 dot = (float16)(0.0f);
           if (additive)
             for (int d = 0; d < DK; d += 16)
-              dot = fma(vload16(0, add_w + d), tanh(vload16(0, qr[r] + d) + ca_load16(krow + d)), dot);
+              dot = fma(vload16(0, add_w + d), tanh(vload16(0, qr[r] + d) + ca_kv_load16(k, krow, d, ks)), dot);
           else
-            for (int d = 0; d < DK; d += 16) dot = fma(vload16(0, qr[r] + d), ca_load16(krow + d), dot);
+            for (int d = 0; d < DK; d += 16) dot = fma(vload16(0, qr[r] + d), ca_kv_load16(k, krow, d, ks), dot);
           e[r][jj] = flash_hsum(dot);
         }
       }
@@ -298,7 +311,8 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
     }
     /* Every key of the block allowed for every row, inside this split? */
     const bool full = !has_mask && j0 >= lo_max && j0 + FLASH_BN - 1 <= hi_min &&
-                      j0 >= split_begin && j0 + FLASH_BN <= split_end;
+                      j0 >= split_begin && j0 + FLASH_BN <= split_end &&
+                      ca_kv_rows_ok(b, sq.k0 + j0, FLASH_BN, CA_PAGE_PASS);
     const bool per_key = !full || has_bias || has_alibi;   /* an element-wise pass is needed */
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
     bool zero_weight = false;   /* an allowed key's weight underflowed to exactly 0 */
@@ -312,6 +326,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
         for (int jj = 0; jj < FLASH_BN; jj++) {
           const long j = j0 + jj;
           bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
+          if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
           if (allowed && has_bias) e[jj] += bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)];
           if (allowed && has_alibi) e[jj] += ca_alibi(is[r], j, sq.align_m, sq.align_n, alibi[hs[r]]);
@@ -332,19 +347,27 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
     /* Values: per 16-column slice, rescale the BM accumulators once, then
      * add the block's weighted value rows (only keys below kv_len are read). */
     const int n_block = (int)min((long)FLASH_BN, n_valid - j0);
+    ulong v_base[FLASH_BN];  /* direct: each key's value row, located once per block */
+    float v_sc[FLASH_BN];
+    if (direct)
+      for (int jj = 0; jj < FLASH_BN; jj++) {
+        const ca_kv_pos at = ca_kv_locate(b, sq.k0 + min(j0 + jj, (long)n_valid - 1), CA_PAGE_PASS);
+        v_base[jj] = ca_at(v_off, v_st, at.slot, hk, at.row, 0);
+        v_sc[jj] = ca_kv_scale(v_scale, vs_off, vs_st, at, hk);
+      }
     for (int c = 0; c < DVP; c += 16) {
       float16 a[FLASH_BM_MAX];
 #pragma unroll
       for (int r = 0; r < bm; r++) a[r] = vload16(0, acc[r] + c) * alpha[r];
       if (full && !zero_weight) {   /* no guard needed: every weight is nonzero */
         for (int jj = 0; jj < FLASH_BN; jj++) {
-          const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, sq.k0 + j0 + jj, j0 + jj, c);
+          const float16 vv = flash_value16(vp, vp_head, v, v_base[jj], v_sc[jj], direct, j0 + jj, c);
 #pragma unroll
           for (int r = 0; r < bm; r++) a[r] = fma((float16)(p[r][jj]), vv, a[r]);
         }
       } else {
         for (int jj = 0; jj < n_block; jj++) {
-          const float16 vv = flash_value16(vp, vp_head, v, v_off, v_st, direct, b, hk, sq.k0 + j0 + jj, j0 + jj, c);
+          const float16 vv = flash_value16(vp, vp_head, v, v_base[jj], v_sc[jj], direct, j0 + jj, c);
           /* a zero weight (disallowed, or underflowed) mixes nothing in, even a NaN or Inf value */
 #pragma unroll
           for (int r = 0; r < bm; r++)
@@ -376,11 +399,11 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
  */
 #define FLASH_KERNEL_ARGS                                                                          \
   __global const store_t *q, ulong q_off, ulong4 q_st, __global const float *kt,                  \
-      __global const float *vp, long n_pad, __global const store_t *k, ulong k_off, ulong4 k_st,   \
-      __global const store_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS,                           \
+      __global const float *vp, long n_pad, __global const kv_t *k, ulong k_off, ulong4 k_st,      \
+      __global const kv_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS,                              \
       __global const uchar *mask, ulong mask_off,                                                    \
       ulong4 mask_st, int has_mask, __global const float *bias, ulong bias_off, ulong4 bias_st,     \
-      int has_bias, CA_SEQ_ARGS, int q_heads, int kv_heads,                                         \
+      int has_bias, CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int kv_heads,                             \
       int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS, __global const float *sinks,    \
       int has_sinks, int window_left, int window_right,                                             \
       int split_keys, __global store_t *out, ulong out_off, ulong4 out_st, __global float *lse,     \
@@ -389,7 +412,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
 #define FLASH_BODY_ARGS(direct, bm)                                                                   \
   q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, CA_SCORE_PASS, direct, bm, mask,      \
       mask_off, mask_st,                                                                            \
-      has_mask, bias, bias_off, bias_st, has_bias, CA_SEQ_PASS, q_heads, kv_heads, group,         \
+      has_mask, bias, bias_off, bias_st, has_bias, CA_SEQ_PASS, CA_KV_PASS, q_heads, kv_heads, group, \
       q_len, kv_len, scale, CA_SHAPE_PASS, sinks, has_sinks, window_left, window_right, split_keys, \
       out, out_off, out_st, lse,                                                                    \
       lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag
@@ -476,12 +499,14 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     for (int e = lid; e < FLASH_TILE * DK; e += FLASH_WG) {
       const int jj = e / DK, d = e % DK;
       const long j = j0 + jj;
-      k_tile[jj][d] = j < n_valid ? ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + j, d)) : 0.0f;
+      k_tile[jj][d] = j < n_valid ? ca_kv_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS)
+                                  : 0.0f;
     }
     for (int e = lid; e < FLASH_TILE * DV; e += FLASH_WG) {
       const int jj = e / DV, c = e % DV;
       const long j = j0 + jj;
-      v_tile[jj][c] = j < n_valid ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)) : 0.0f;
+      v_tile[jj][c] = j < n_valid ? ca_kv_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
+                                  : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -490,6 +515,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     for (int jj = 0; jj < FLASH_TILE; jj++) {
       const long j = j0 + jj;
       bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
+      if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
       if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
       float x = -INFINITY;
       if (allowed) {

@@ -13,8 +13,10 @@
  *   the consumed K tile -> rescale, then P V into the accumulators.
  * The online softmax, sinks, split-KV partial states, lse and the empty-row
  * flag are flash.cl's (flash_store_row); tiles inside every row's key range
- * skip the per-key checks when there is no mask. A V tile with no NaN or
- * Inf skips the zero-weight guard (0 * finite = 0).
+ * skip the per-key checks when there is no mask and, with paged K/V, every
+ * key's page is in the pool. K and V are loaded through common.h.cl's
+ * ca_kv_get (paged, quantised: dequantised into the f32 tiles). A V tile
+ * with no NaN or Inf skips the zero-weight guard (0 * finite = 0).
  *
  * Same arguments as flash_rows. Route diagnostics and additive scoring stay
  * with flash_tiled (the host chooses).
@@ -120,7 +122,9 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
     for (int e = lid; e < BLOCK_N * DK4; e += BLOCK_WG) {
       const int jj = e / DK4, d = e % DK4;
       const long j = j0 + jj;
-      kv_tile[jj * KVS + d] = j < n_valid && d < DK ? ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + j, d)) : 0.0f;
+      kv_tile[jj * KVS + d] =
+          j < n_valid && d < DK ? ca_kv_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS)
+                                : 0.0f;
     }
     if (lid == 0) v_unsafe = 0;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -139,12 +143,14 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
     }
 
     /* Allowed keys keep their shaped score, the others -inf. */
-    const bool fast = !has_mask && j0 >= all_lo && j0 + BLOCK_N - 1 <= all_hi;
+    const bool fast = !has_mask && j0 >= all_lo && j0 + BLOCK_N - 1 <= all_hi &&
+                      ca_kv_rows_ok(b, sq.k0 + j0, BLOCK_N, CA_PAGE_PASS); /* every key's page in the pool */
     for (int r = 0; r < BLOCK_RM; r++) {
       float tile_max = -INFINITY;
       for (int c = 0; c < BLOCK_RN; c++) {
         const long j = j0 + tx * BLOCK_RN + c;
         bool allowed = fast || (j >= keys[r].x && j <= keys[r].y && j >= split_begin && j < split_end);
+        if (!fast && allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
         if (!fast && allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
         const float x = allowed ? ca_shape(scale * s[r][c], has_bias ? bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)] : 0.0f,
                                            hs[r], is[r], j, sq.align_m, sq.align_n, CA_SHAPE_PASS)
@@ -159,7 +165,9 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
     for (int e = lid; e < BLOCK_N * DVB; e += BLOCK_WG) {
       const int jj = e / DVB, c = e % DVB;
       const long j = j0 + jj;
-      const float x = j < n_valid && c < DV ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)) : 0.0f;
+      const float x =
+          j < n_valid && c < DV ? ca_kv_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
+                                : 0.0f;
       kv_tile[jj * KVS + c] = x;
       if (!isfinite(x)) v_unsafe = 1;
     }

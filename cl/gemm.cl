@@ -7,6 +7,11 @@
  *   and rows past their length (kv_lens, packed sequences) zeroed, so
  *   padding (often uninitialised cache memory) never reaches a GEMM.
  *   NDRange: (D, S, B * H); any work-group shape.
+ * gemm_kv_gather: the same for K or V stored paged or as Q8_0 / INT8 /
+ *   another storage than q (kv_t): located through the block table and
+ *   dequantised into dense f32 [B, Hkv, N, D], keys past kv_lens and keys
+ *   whose page is outside the pool zeroed.
+ *   NDRange: (D, N, B * Hkv); any work-group shape.
  * gemm_mask_scores: turns raw dot products into scores in place:
  *   s = scale * s + bias for allowed keys, -INFINITY otherwise (whatever the
  *   dot product was: NaN from a disallowed key stays out).
@@ -33,10 +38,22 @@ __kernel void gemm_dense_copy(__global const store_t *src, ulong src_off, ulong4
       keep ? ca_load(src, ca_at(src_off, src_st, b, h, row, c)) : 0.0f;
 }
 
+__kernel void gemm_kv_gather(__global const kv_t *src, ulong src_off, ulong4 src_st, __global const float *scale,
+                             ulong sc_off, ulong4 sc_st, int heads, int width, CA_SEQ_ARGS,
+                             __global const int *block_table, int bt_stride, int page_size, int num_pages, int q_len,
+                             int kv_len, __global float *dst) {
+  const int c = get_global_id(0), s = get_global_id(1), bh = get_global_id(2);
+  if (c >= width || s >= kv_len) return;
+  const int b = bh / heads, h = bh % heads;
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  dst[((ulong)bh * (ulong)kv_len + (ulong)s) * (ulong)width + (ulong)c] =
+      s < sq.keys ? ca_kv_get(src, src_off, src_st, scale, sc_off, sc_st, b, h, sq.k0 + s, c, CA_PAGE_PASS) : 0.0f;
+}
+
 __kernel void gemm_mask_scores(__global float *scores,
                                __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                                __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
-                               CA_SEQ_ARGS, int q_heads, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,
+                               CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,
                                int window_left, int window_right,
                                int bh0, int i0, int rows) {
   const int j = get_global_id(0), r = get_global_id(1), g = get_global_id(2);
@@ -44,6 +61,7 @@ __kernel void gemm_mask_scores(__global float *scores,
   const int bh = bh0 + g, b = bh / q_heads, h = bh % q_heads, i = i0 + r;
   const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
   bool allowed = i < sq.rows && j < sq.keys && ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right);
+  if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
   if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
   const ulong at = ((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j;
   float s = -INFINITY;
@@ -54,8 +72,8 @@ __kernel void gemm_mask_scores(__global float *scores,
 }
 
 __kernel void gemm_store_rows(__global const float *o_rows, __global const float *probs,
-                              __global const store_t *v, ulong v_off, ulong4 v_st,
-                              CA_SEQ_ARGS, int q_heads, int group, int q_len, int kv_len, int value_dim, int bh0,
+                              __global const kv_t *v, ulong v_off, ulong4 v_st,
+                              CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int group, int q_len, int kv_len, int value_dim, int bh0,
                               int i0, int rows, __global store_t *out, ulong out_off, ulong4 out_st) {
   const int r = get_global_id(0), g = get_global_id(1);
   if (r >= rows) return;
@@ -75,7 +93,8 @@ __kernel void gemm_store_rows(__global const float *o_rows, __global const float
   for (int c = 0; c < value_dim; c++) {
     float acc = 0.0f;
     for (int j = 0; j < sq.keys; j++)
-      if (a[j] != 0.0f) acc += a[j] * ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c));
+      if (a[j] != 0.0f)
+        acc += a[j] * ca_kv_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS);
     ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), acc);
   }
 }

@@ -4,7 +4,7 @@
  *   out[b, h, i, c] = sum_j a[g][r][j] * v[b, h / group, j, c]
  * A zero weight contributes nothing, even when its value holds NaN or Inf:
  * disallowed candidates (a = 0) are never mixed in. Keys past kv_lens[b]
- * are not read at all.
+ * are not read at all; V is located (paged) and dequantised on load.
  *
  * NDRange: (value columns rounded up to MIX_TV, rows rounded up to MIX_TM,
  * heads in the chunk); work-group (MIX_TV, MIX_TM, 1). The group stages a
@@ -24,8 +24,8 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(MIX_TV, MIX_TM, 1)))
-void mix_values(__global const float *probs, __global const store_t *v, ulong v_off, ulong4 v_st,
-         CA_SEQ_ARGS, int q_heads, int group, int q_len, int kv_len, int value_dim,
+void mix_values(__global const float *probs, __global const kv_t *v, ulong v_off, ulong4 v_st,
+         CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int group, int q_len, int kv_len, int value_dim,
          int bh0, int i0, int rows,
          __global store_t *out, ulong out_off, ulong4 out_st) {
   __local float a_tile[MIX_TM][MIX_TJ];
@@ -56,7 +56,9 @@ void mix_values(__global const float *probs, __global const store_t *v, ulong v_
       int cc = t % MIX_TV, jj = t / MIX_TV;
       const int vc = c0 + cc;
       const long j = j0 + jj;
-      v_tile[jj][cc] = (vc < value_dim && j < n_keys) ? ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, vc)) : 0.0f;
+      v_tile[jj][cc] = (vc < value_dim && j < n_keys)
+                           ? ca_kv_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, vc, CA_PAGE_PASS)
+                           : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int jj = 0; jj < MIX_TJ; jj++) {

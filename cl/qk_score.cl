@@ -7,6 +7,8 @@
  *                   = -INFINITY                       otherwise
  * with i = i0 + r and (b, h) = divmod(bh0 + g, q_heads). Disallowed keys are
  * replaced whatever they hold, so NaN or Inf there never reaches a score.
+ * K is located (paged) and dequantised (Q8_0, INT8) on load; a key whose
+ * page is outside the pool is disallowed.
  *
  * NDRange: (keys rounded up to SCORE_TN, rows rounded up to SCORE_TM, heads in
  * the chunk); work-group (SCORE_TN, SCORE_TM, 1). The group stages a
@@ -27,10 +29,10 @@
 
 __kernel __attribute__((reqd_work_group_size(SCORE_TN, SCORE_TM, 1)))
 void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
-              __global const store_t *k, ulong k_off, ulong4 k_st, CA_SCORE_ARGS,
+              __global const kv_t *k, ulong k_off, ulong4 k_st, CA_SCORE_ARGS,
               __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
               __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
-              CA_SEQ_ARGS, int q_heads, int group, int q_len, int kv_len, int head_dim,
+              CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int group, int q_len, int kv_len, int head_dim,
               float scale, CA_SHAPE_ARGS, int window_left, int window_right,
               int bh0, int i0, int rows,
               __global float *scores) {
@@ -60,7 +62,9 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
     for (int t = lid; t < SCORE_TK * SCORE_TN; t += SCORE_TM * SCORE_TN) {
       int jj = t % SCORE_TN, dd = t / SCORE_TN;
       int kj = key0 + jj, d = d0 + dd;
-      k_tile[dd][jj] = (kj < sq.keys && d < head_dim) ? ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + kj, d)) : 0.0f;
+      k_tile[dd][jj] = (kj < sq.keys && d < head_dim)
+                           ? ca_kv_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + kj, d, CA_PAGE_PASS)
+                           : 0.0f;
     }
     if (additive && lid < SCORE_TK) w_tile[lid] = d0 + lid < head_dim ? add_w[d0 + lid] : 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -74,6 +78,7 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
   const int i = i0 + r;
   if (r < rows && i < q_len && j < kv_len) {
     bool allowed = i < sq.rows && j < sq.keys && ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right);
+    if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
     if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
     float s = -INFINITY;
     if (allowed)

@@ -41,7 +41,7 @@ extern "C" {
  * value (docs/DESIGN.md, "ABI"). Initialise structs with the *_default()
  * functions, never field by field from zero: new fields get their absent
  * values there. */
-#define CLATTN_ABI_VERSION 0
+#define CLATTN_ABI_VERSION 1
 
 typedef enum {
   CLATTN_OK = 0,
@@ -81,7 +81,24 @@ CLATTN_EXPORT const char *clattn_status_string(clattn_status s);
  * name, the head of the build log. ctx may be NULL (e.g. after a failed create). */
 CLATTN_EXPORT const char *clattn_last_error(const clattn_context *ctx);
 
-typedef enum { CLATTN_F32, CLATTN_F16, CLATTN_BF16 } clattn_dtype;  /* storage; math is f32 */
+/* Storage; math is f32. Q8_0 and INT8 are K/V storage only (kv_dtype):
+ *   CLATTN_Q8_0: ggml's block_q8_0 along the head dim. Each run of 32
+ *     consecutive elements of a row is one 34-byte block: an f16 scale d,
+ *     then 32 int8 q; value = d * q. head_dim (k) / value_dim (v) must be
+ *     multiples of 32. A Q8_0 view's offset and strides count BYTES; offset
+ *     and strides are even and stride[3] is 34 (one block): element
+ *     (..., c) lives in block c / 32 at byte 2 + c % 32 of it.
+ *   CLATTN_INT8: int8 values, value = scale * q with one f32 scale per
+ *     (batch, kv head, key) in k_scale / v_scale.
+ *   CLATTN_DTYPE_SAME (kv_dtype only): k and v stored like q (dtype). */
+typedef enum {
+  CLATTN_DTYPE_SAME = -1,
+  CLATTN_F32 = 0,
+  CLATTN_F16,
+  CLATTN_BF16,
+  CLATTN_Q8_0,
+  CLATTN_INT8
+} clattn_dtype;
 typedef enum { CLATTN_ALGO_AUTO, CLATTN_ALGO_STAGED, CLATTN_ALGO_FUSED, CLATTN_ALGO_GEMM } clattn_algo;
 typedef enum { CLATTN_EMPTY_ZERO, CLATTN_EMPTY_ERROR } clattn_empty_rows;
 typedef enum { CLATTN_SCORE_DOT, CLATTN_SCORE_ADDITIVE } clattn_score;
@@ -151,9 +168,25 @@ typedef struct {
    * lengths; total_q and total_kv are the last entries. */
   cl_mem cu_seqlens_q, cu_seqlens_k;
   int total_q, total_kv;
+  /* K/V caches as inference engines keep them (ABI 1; docs/DESIGN.md
+   * "Contract, second wave"). Paged K/V: key j of batch row b is row
+   * j % page_size of page block_table[b * block_table_stride + j / page_size];
+   * k, v (and k_scale, v_scale) then index [page, kv head, row in page,
+   * column], stride[0] stepping one page. kv_lens is required with a block
+   * table and each row is aligned on its own length: p_i = i + kv_lens[b] -
+   * q_len (kv_len is an upper bound of kv_lens). An entry outside
+   * [0, num_pages) is never followed: its keys are disallowed. cu_seqlens
+   * with a block table is INVALID_ARGUMENT. */
+  clattn_dtype kv_dtype;          /* storage of k and v; CLATTN_DTYPE_SAME = dtype. q and out stay in dtype */
+  clattn_tensor k_scale, v_scale; /* INT8 only: f32 [b, kv head, key] (stride[0..2]); paged: [page, kv head, row] */
+  cl_mem block_table;             /* int32 [batch * block_table_stride]; NULL = contiguous K/V */
+  int block_table_stride;         /* entries per batch row, >= ceil(kv_len / page_size) */
+  int page_size;                  /* keys per page, > 0 with a block table */
+  int num_pages;                  /* pages in the pool, > 0 with a block table: views are checked for this many */
 } clattn_params;
 
-/* Everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO. */
+/* Everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO, kv_dtype
+ * CLATTN_DTYPE_SAME, no block table. */
 CLATTN_EXPORT clattn_params clattn_params_default(void);
 
 /* Enqueues one attention call on the context's queue after the n_wait events;
@@ -175,6 +208,41 @@ CLATTN_EXPORT clattn_params clattn_params_default(void);
  * lse is the natural-log sum of exp of the allowed scores. */
 CLATTN_EXPORT clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p,
                                            cl_uint n_wait, const cl_event *wait, cl_event *done);
+
+/* Writes new K/V rows into a cache (contiguous or paged, any kv dtype),
+ * quantising on the way: the kernel an inference engine calls once per step.
+ * Quantisation follows ggml's reference rules, so caches are interchangeable
+ * with llama.cpp's: Q8_0 per 32-block d = amax / 127 stored as f16 (round to
+ * nearest even), q = roundf(x * (d ? 1/d : 0)) with 1/d from the f32 d; INT8
+ * per (b, head, row) scale = amax / 127 (f32), same rounding. New row r of
+ * batch row b goes to cache position positions[b] + r: in a contiguous cache
+ * row (b, head, position) of k / v, which hold `capacity` rows per (b, head);
+ * in a paged cache row position % page_size of page
+ * block_table[b * block_table_stride + position / page_size]. A row past
+ * capacity (or past block_table_stride * page_size), or to a page outside
+ * [0, num_pages), is skipped by the kernel (only that row; the call returns
+ * OK): positions are on the device. new_len > capacity (or > the rows a
+ * block-table row addresses) is INVALID_ARGUMENT. new_len 0 is a valid no-op. */
+typedef struct {
+  int batch, kv_heads, new_len, head_dim, value_dim;
+  clattn_dtype src_dtype;         /* F32, F16 or BF16: k_new / v_new storage */
+  clattn_tensor k_new, v_new;     /* [B, Hkv, new_len, dk | dv], element strides */
+  cl_mem positions;               /* int32 [B]: cache position of new row 0 of each batch row */
+  clattn_dtype kv_dtype;          /* the cache's storage: F32, F16, BF16, Q8_0, INT8; SAME = src_dtype */
+  clattn_tensor k, v;             /* the cache, described exactly as in clattn_params */
+  clattn_tensor k_scale, v_scale; /* INT8 caches */
+  cl_mem block_table;             /* paged caches, as in clattn_params */
+  int block_table_stride, page_size, num_pages;
+  int capacity;                   /* contiguous caches: rows per (b, head); positions + new_len must fit */
+} clattn_append_params;
+
+/* Every view and buffer absent, every count 0, src_dtype CLATTN_F32,
+ * kv_dtype CLATTN_DTYPE_SAME. */
+CLATTN_EXPORT clattn_append_params clattn_append_params_default(void);
+/* Enqueues the append (validated first, like forward: a rejected call
+ * enqueues nothing and touches nothing). */
+CLATTN_EXPORT clattn_status clattn_kv_append(clattn_context *ctx, const clattn_append_params *ap, cl_uint n_wait,
+                                             const cl_event *wait, cl_event *done);
 
 /* Partial attention states of the same query rows, to be combined into one:
  * S states computed elsewhere (over different key ranges, on another device,

@@ -189,6 +189,23 @@ clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_progra
   return st;
 }
 
+clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype kv_dtype, cl_program *out) {
+  if (kv_dtype == CLATTN_DTYPE_SAME || kv_dtype == dtype) return ca_core_program(ctx, dtype, out);
+  clattn_status st = CLATTN_OK;
+  pthread_mutex_lock(&ctx->programs_lock);
+  cl_program *slot = &ctx->core_kv[dtype][kv_dtype];
+  if (!*slot) {
+    ca_program_text text;
+    ca_core_kv_text(&ctx->tiles, dtype, kv_dtype, &text);
+    char name[40];
+    snprintf(name, sizeof name, "core dtype=%d kv_dtype=%d", (int)dtype, (int)kv_dtype);
+    st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, slot);
+  }
+  *out = *slot;
+  pthread_mutex_unlock(&ctx->programs_lock);
+  return st;
+}
+
 /* The largest group each core kernel can run with, as built: a GPU
  * compiler may allow fewer work-items than the device maximum (registers). */
 static clattn_status core_kernel_limit(clattn_context *ctx, size_t *limit) {
@@ -345,6 +362,11 @@ void clattn_destroy(clattn_context *ctx) {
   for (int i = 0; i < 2; i++)
     if (ctx->core_16[i]) clReleaseProgram(ctx->core_16[i]);
   for (int i = 0; i < ctx->n_fused; i++) clReleaseProgram(ctx->fused[i].program);
+  for (int s = 0; s < 3; s++)
+    for (int c = 0; c < 5; c++) {
+      if (ctx->append[s][c]) clReleaseProgram(ctx->append[s][c]);
+      if (ctx->core_kv[s][c]) clReleaseProgram(ctx->core_kv[s][c]);
+    }
   free(ctx->fused);
   for (int i = 0; i < ctx->n_backward; i++) clReleaseProgram(ctx->backward[i].program);
   free(ctx->backward);

@@ -11,6 +11,7 @@ clattn_params clattn_params_default(void) {
   p.window_right = -1;
   p.empty_rows = CLATTN_EMPTY_ZERO;
   p.algo = CLATTN_ALGO_AUTO;
+  p.kv_dtype = CLATTN_DTYPE_SAME;
   return p;
 }
 

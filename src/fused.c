@@ -23,11 +23,12 @@ static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 /* The fused program for (head_dim, value_dim): built on first use, then kept
  * for the context's life. */
 static clattn_status fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                                   cl_program *out) {
+                                   clattn_dtype kv_dtype, cl_program *out) {
   clattn_status st = CLATTN_OK;
   pthread_mutex_lock(&ctx->programs_lock);
   for (int i = 0; i < ctx->n_fused; i++)
-    if (ctx->fused[i].head_dim == head_dim && ctx->fused[i].value_dim == value_dim && ctx->fused[i].dtype == dtype) {
+    if (ctx->fused[i].head_dim == head_dim && ctx->fused[i].value_dim == value_dim && ctx->fused[i].dtype == dtype &&
+        ctx->fused[i].kv_dtype == kv_dtype) {
       *out = ctx->fused[i].program;
       goto done;
     }
@@ -42,14 +43,16 @@ static clattn_status fused_program(clattn_context *ctx, int head_dim, int value_
     ctx->cap_fused = cap;
   }
   ca_program_text text;
-  ca_fused_text(&ctx->tiles, &ctx->caps, head_dim, value_dim, dtype, &text);
+  ca_fused_text(&ctx->tiles, &ctx->caps, head_dim, value_dim, dtype, kv_dtype, &text);
   char name[64];
-  snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d", head_dim, value_dim, (int)dtype);
+  snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d kv_dtype=%d", head_dim, value_dim, (int)dtype,
+           (int)kv_dtype);
   cl_program program = NULL;
   if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &program)) == CLATTN_OK) {
     ctx->fused[ctx->n_fused].head_dim = head_dim;
     ctx->fused[ctx->n_fused].value_dim = value_dim;
     ctx->fused[ctx->n_fused].dtype = dtype;
+    ctx->fused[ctx->n_fused].kv_dtype = kv_dtype;
     ctx->fused[ctx->n_fused].program = program;
     ctx->n_fused++;
     *out = program;
@@ -98,16 +101,18 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   const size_t rows_per_kv = (size_t)plan->group * (size_t)p->q_len;
   const int wg = ctx->tiles.flash_wg; /* > 0: the work-group kernels (GPUs) */
   if (done) *done = NULL;
-  if ((st = fused_program(ctx, p->head_dim, p->value_dim, p->dtype, &program))) return st;
+  if ((st = fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program))) return st;
   /* flash_block where it applies; flash_tiled keeps the route diagnostics
    * and additive scoring. */
   tl_block blk = {0, 0};
   const int block = wg && ctx->flash_block && !plan->diag && p->score != CLATTN_SCORE_ADDITIVE &&
                     tl_flash_block(&ctx->caps, p->head_dim, p->value_dim, &blk) == 0 &&
                     block_kernel_runs(ctx, program);
-  /* Few rows per KV head (decode): read K and V in place, 1-8 rows per item. */
-  const int direct = !wg && rows_per_kv <= 8 && p->head_dim % 16 == 0 && p->value_dim % 16 == 0 && p->k.stride[3] == 1 &&
-                     p->v.stride[3] == 1;
+  /* Few rows per KV head (decode): read K and V in place, 1-8 rows per item
+   * (whole 16-column slices: unit column strides, or Q8_0's blocks). */
+  const size_t unit = plan->kv_dtype == CLATTN_Q8_0 ? 34 : 1;
+  const int direct = !wg && rows_per_kv <= 8 && p->head_dim % 16 == 0 && p->value_dim % 16 == 0 &&
+                     p->k.stride[3] == unit && p->v.stride[3] == unit;
   /* rows per work-item (flash_rows*) or per work-group (flash_block, flash_tiled) */
   const int bm = block ? 16 * blk.rm : wg ? wg : !direct ? ctx->tiles.flash_bm : rows_per_kv <= 1 ? 1 : rows_per_kv <= 2 ? 2 : rows_per_kv <= 4 ? 4 : 8;
   const size_t group_items = block ? BLOCK_WG : (size_t)wg;
@@ -160,6 +165,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
     ca_arg_view(&a, &p->k);
     ca_arg_view(&a, &p->v);
     ca_arg_seq(&a, p);
+    ca_arg_kv(&a, p);
     ca_arg_int(&a, p->q_len);
     ca_arg_int(&a, p->kv_heads);
     ca_arg_int(&a, p->kv_len);
@@ -180,6 +186,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_view(&r, &p->v);
   ca_arg_score(&r, p);
   ca_arg_allowed(&r, p);
+  ca_arg_kv(&r, p);
   ca_arg_int(&r, p->q_heads);
   ca_arg_int(&r, p->kv_heads);
   ca_arg_int(&r, plan->group);

@@ -9,7 +9,10 @@
  * Views with a column stride other than 1 (or rows shorter than a row) are
  * copied dense first (so are 16-bit storage and packed sequences, in f32);
  * with kv_lens, V is copied with the padding rows zeroed so uninitialised
- * cache memory never meets the GEMM.
+ * cache memory never meets the GEMM. Paged or quantised K/V (or K/V stored
+ * otherwise than q) are gathered through the block table and dequantised
+ * into dense f32 scratch (gemm_kv_gather); keys on pages outside the pool
+ * are masked out of the scores.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -38,6 +41,51 @@ typedef struct {
  * f32, first. */
 static int gemm_ready(const clattn_params *p, const clattn_tensor *t, int width) {
   return p->dtype == CLATTN_F32 && !p->cu_seqlens_q && t->stride[3] == 1 && t->stride[2] >= (size_t)width;
+}
+
+/* Enqueues gemm_kv_gather of K or V stored paged or quantised (or in another
+ * storage than q) into a new dense f32 [B, Hkv, N, width] buffer. */
+static clattn_status kv_gather(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
+                               const clattn_tensor *t, const clattn_tensor *scale, int width, cl_uint n_wait,
+                               const cl_event *wait, cl_event *prev, operand *out) {
+  const int heads = p->kv_heads, len = p->kv_len, paged = plan->paged;
+  clattn_status st = CLATTN_OK;
+  cl_int err = CL_SUCCESS;
+  cl_kernel kernel = NULL;
+  size_t bytes = (size_t)p->batch * heads * (size_t)len * (size_t)width * sizeof(float);
+  out->buf = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+  CA_CHECK_CL(st, err, "clCreateBuffer(GEMM K/V gather)");
+  out->offset = 0;
+  out->ld = (size_t)width;
+  out->stride_h = (size_t)len * (size_t)width;
+  out->stride_b = (size_t)heads * out->stride_h;
+  cl_program core = NULL;
+  if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
+      (st = ca_create_kernel(core, "gemm_kv_gather", &kernel)))
+    goto fail;
+  ca_args a = {kernel, "gemm_kv_gather", 0, 0, CL_SUCCESS};
+  ca_arg_view(&a, t);
+  ca_arg_view(&a, scale);
+  ca_arg_int(&a, heads);
+  ca_arg_int(&a, width);
+  ca_arg_seq(&a, p);
+  ca_arg_mem(&a, p->block_table);
+  ca_arg_int(&a, paged ? p->block_table_stride : 0);
+  ca_arg_int(&a, paged ? p->page_size : 1);
+  ca_arg_int(&a, paged ? p->num_pages : 0);
+  ca_arg_int(&a, p->q_len);
+  ca_arg_int(&a, p->kv_len);
+  ca_arg_mem(&a, out->buf);
+  if ((st = ca_args_done(&a))) goto fail;
+  const size_t global[3] = {(size_t)width, (size_t)len, (size_t)p->batch * (size_t)heads};
+  st = ca_enqueue(ctx, kernel, "gemm_kv_gather", 3, global, NULL, n_wait, wait, prev);
+fail:
+  if (kernel) clReleaseKernel(kernel);
+  if (st != CLATTN_OK && out->buf) {
+    clReleaseMemObject(out->buf);
+    out->buf = NULL;
+  }
+  return st;
 }
 
 /* Enqueues gemm_dense_copy of view t ([batch, heads, len, width], query or
@@ -197,6 +245,7 @@ static clattn_status product_scores(clattn_context *ctx, cl_kernel mask, cl_mem 
   ca_args a = {mask, "gemm_mask_scores", 0, 0, CL_SUCCESS};
   ca_arg_mem(&a, scores);
   ca_arg_allowed(&a, p);
+  ca_arg_kv(&a, p);
   ca_arg_int(&a, p->q_heads);
   ca_arg_int(&a, p->q_len);
   ca_arg_int(&a, p->kv_len);
@@ -228,7 +277,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
   cl_program core = NULL;
   /* Additive scores are no matrix product: qk_score computes them, shaped and masked. */
   const int additive = p->score == CLATTN_SCORE_ADDITIVE;
-  if ((st = ca_core_program(ctx, p->dtype, &core)) ||
+  if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
       (st = ca_create_kernel(core, additive ? "qk_score" : "gemm_mask_scores", &mask)) ||
       (st = ca_create_kernel(core, "softmax_rows", &softmax)) || (st = ca_create_kernel(core, "gemm_store_rows", &store)) ||
       (st = ca_empty_flag_create(ctx, &empty_flag)))
@@ -250,13 +299,19 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
     q_copy = q.buf;
     copies += (size_t)pairs * p->q_len * p->head_dim;
   }
-  if (!additive && !gemm_ready(p, &p->k, p->head_dim)) {
-    if ((st = dense_copy(ctx, p, &p->k, 1, p->kv_heads, p->head_dim, n_wait, wait, &prev, &k))) goto fail;
+  /* K/V paged or stored otherwise than q: gathered and dequantised into scratch */
+  const int kv_stored = plan->paged || plan->kv_dtype != p->dtype;
+  if (!additive && (kv_stored || !gemm_ready(p, &p->k, p->head_dim))) {
+    if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->k, &p->k_scale, p->head_dim, n_wait, wait, &prev, &k)
+                        : dense_copy(ctx, p, &p->k, 1, p->kv_heads, p->head_dim, n_wait, wait, &prev, &k)))
+      goto fail;
     k_copy = k.buf;
     copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
   }
-  if (!gemm_ready(p, &p->v, p->value_dim) || plan->has_kv_lens) {   /* zero what a GEMM must not see */
-    if ((st = dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, &v))) goto fail;
+  if (kv_stored || !gemm_ready(p, &p->v, p->value_dim) || plan->has_kv_lens) {   /* zero what a GEMM must not see */
+    if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->v, &p->v_scale, p->value_dim, n_wait, wait, &prev, &v)
+                        : dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, &v)))
+      goto fail;
     v_copy = v.buf;
     copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->value_dim;
   }
@@ -291,6 +346,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       ca_arg_mem(&o, scores);
       ca_arg_view(&o, &p->v);
       ca_arg_seq(&o, p);
+      ca_arg_kv(&o, p);
       ca_arg_int(&o, p->q_heads);
       ca_arg_int(&o, plan->group);
       ca_arg_int(&o, p->q_len);

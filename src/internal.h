@@ -27,7 +27,9 @@ struct clattn_context {
   cl_program core;            /* built at creation (f32 storage): qk_score, softmax_rows, mix_values, merge_states, gemm */
   cl_program core_16[2];      /* the same for f16 and bf16 storage, built on first use; under programs_lock */
   pthread_mutex_t programs_lock; /* guards the fused programs and peak_scratch */
-  struct ca_fused_program { int head_dim, value_dim; clattn_dtype dtype; cl_program program; } *fused;
+  struct ca_fused_program { int head_dim, value_dim; clattn_dtype dtype, kv_dtype; cl_program program; } *fused;
+  cl_program append[3][5];
+  cl_program core_kv[3][5];   /* core programs per (dtype, kv_dtype != dtype), built on first use; under programs_lock */    /* kv_append per (source dtype, cache dtype), built on first use; under programs_lock */
   int n_fused, cap_fused;     /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   struct ca_fused_program *backward; /* backward programs, likewise; under programs_lock */
   int n_backward, cap_backward;
@@ -90,6 +92,9 @@ clattn_status ca_build_program(clattn_context *ctx, const char *name, const char
 /* The core program for a storage type (f32: ctx->core; f16, bf16 built on
  * first use and kept for the context's life). */
 clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_program *out);
+/* The core program for q/out stored as dtype and k/v as kv_dtype (SAME or
+ * equal: ca_core_program's); built on first use. */
+clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype kv_dtype, cl_program *out);
 
 /* A fresh kernel object: kernels are per call so threads never share state. */
 clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);
@@ -146,8 +151,11 @@ void ca_arg_diag(ca_args *a, const clattn_params *p, int diag);
 /* The score shaping's arguments (common.h.cl's CA_SHAPE_ARGS): softcap, ALiBi slopes. */
 void ca_arg_shape(ca_args *a, const clattn_params *p);
 /* Where each sequence lies (common.h.cl's CA_SEQ_ARGS): kv_lens, packed
- * variable-length batches' cu_seqlens and totals. */
+ * variable-length batches' cu_seqlens and totals, whether K/V are paged. */
 void ca_arg_seq(ca_args *a, const clattn_params *p);
+/* K/V storage (common.h.cl's CA_KV_ARGS): block table, its stride, page
+ * size, pool size, INT8 scale views. */
+void ca_arg_kv(ca_args *a, const clattn_params *p);
 /* What decides the allowed keys and adds to scores, as the scoring kernels
  * take it: mask view and flag, bias view and flag, then ca_arg_seq. */
 void ca_arg_allowed(ca_args *a, const clattn_params *p);
@@ -197,6 +205,8 @@ typedef struct {
   int group;                       /* q_heads / kv_heads */
   int has_mask, has_bias, has_kv_lens, want_lse, want_weights;
   int diag;                        /* route diagnostics asked for: CA_DIAG_* bits */
+  clattn_dtype kv_dtype;           /* K/V storage, CLATTN_DTYPE_SAME resolved */
+  int paged;                       /* K/V through a block table */
   clattn_algo algo;                /* AUTO resolved */
 } ca_plan;
 
@@ -234,6 +244,8 @@ clattn_status ca_enqueue_qk_score(clattn_context *ctx, cl_kernel score, cl_mem s
 clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem scores, const clattn_params *p,
                                  const ca_plan *plan, int bh0, int i0, int rows, int heads, cl_mem empty_flag,
                                  cl_uint n_wait, const cl_event *wait, cl_event *prev);
+/* Validates an append call (see clattn_kv_append). */
+clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_params *ap);
 clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                 cl_uint n_wait, const cl_event *wait, cl_event *done);
 

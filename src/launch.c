@@ -50,6 +50,16 @@ void ca_arg_seq(ca_args *a, const clattn_params *p) {
   ca_arg_int(a, varlen);
   ca_arg_int(a, varlen ? p->total_q : 0);
   ca_arg_int(a, varlen ? p->total_kv : 0);
+  ca_arg_int(a, p->block_table != NULL);
+}
+
+void ca_arg_kv(ca_args *a, const clattn_params *p) {
+  ca_arg_mem(a, p->block_table);
+  ca_arg_int(a, p->block_table ? p->block_table_stride : 0);
+  ca_arg_int(a, p->block_table ? p->page_size : 1);
+  ca_arg_int(a, p->block_table ? p->num_pages : 0);
+  ca_arg_view(a, &p->k_scale);
+  ca_arg_view(a, &p->v_scale);
 }
 
 void ca_arg_allowed(ca_args *a, const clattn_params *p) {

@@ -26,11 +26,16 @@ void ca_probe_text(ca_program_text *out);
 /* qk_score, softmax_rows, mix_values, merge_states and the GEMM helpers for
  * one storage type. */
 void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *out);
-/* The fused kernels for one (head_dim, value_dim, storage type);
- * flash_block is in it when tl_flash_block fits and tiles->flash_wg > 0. */
+/* The same with k and v stored as kv_dtype (paged or not, Q8_0, INT8, ...). */
+void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_dtype, ca_program_text *out);
+/* The fused kernels for one (head_dim, value_dim, storage type of q/out,
+ * storage type of k/v: CLATTN_DTYPE_SAME = dtype); flash_block is in it
+ * when tl_flash_block fits and tiles->flash_wg > 0. */
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
-                   ca_program_text *out);
+                   clattn_dtype kv_dtype, ca_program_text *out);
 /* The backward kernels (cl/backward.cl) for one (head_dim, value_dim, storage type). */
 void ca_backward_text(const tl_tiles *tiles, int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out);
+/* clattn_kv_append's kernel for one (source storage, cache storage). */
+void ca_append_text(clattn_dtype src_dtype, clattn_dtype kv_dtype, ca_program_text *out);
 
 #endif

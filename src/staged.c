@@ -20,6 +20,7 @@ clattn_status ca_enqueue_qk_score(clattn_context *ctx, cl_kernel score, cl_mem s
   ca_arg_view(&a, &p->k);
   ca_arg_score(&a, p);
   ca_arg_allowed(&a, p);
+  ca_arg_kv(&a, p);
   ca_arg_int(&a, p->q_heads);
   ca_arg_int(&a, plan->group);
   ca_arg_int(&a, p->q_len);
@@ -79,7 +80,7 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
 
   if (done) *done = NULL;
   cl_program core = NULL;
-  if ((st = ca_core_program(ctx, p->dtype, &core)) || (st = ca_create_kernel(core, "qk_score", &score)) ||
+  if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) || (st = ca_create_kernel(core, "qk_score", &score)) ||
       (st = ca_create_kernel(core, "softmax_rows", &softmax)) || (st = ca_create_kernel(core, "mix_values", &mix)))
     goto fail;
 
@@ -106,6 +107,7 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
       ca_arg_mem(&m, scratch);
       ca_arg_view(&m, &p->v);
       ca_arg_seq(&m, p);
+      ca_arg_kv(&m, p);
       ca_arg_int(&m, p->q_heads);
       ca_arg_int(&m, plan->group);
       ca_arg_int(&m, p->q_len);

@@ -139,6 +139,66 @@ static clattn_status check_outputs_disjoint(const extent *ext, int n) {
   return CLATTN_OK;
 }
 
+/* A Q8_0 view (offset and strides in bytes, stride[3] = 34) of rows of
+ * `cols` elements, checked as the bytes it addresses: each row's blocks as
+ * one run of cols / 32 * 34 bytes. */
+static clattn_status check_q8_0_view(cl_context cc, const char *name, const clattn_tensor *t, const int *dims,
+                                     int cols, int is_output) {
+  if (cols % 32 != 0)
+    return BAD("%s: Q8_0 stores rows in blocks of 32 elements, but the row has %d (not a multiple of 32)", name,
+               cols);
+  if (t->stride[3] != 34)
+    return BAD("%s.stride[3] must be 34 for Q8_0 (one 34-byte block of 32 elements; got %zu)", name, t->stride[3]);
+  if (t->offset % 2 || t->stride[0] % 2 || t->stride[1] % 2 || t->stride[2] % 2)
+    return BAD("%s: a Q8_0 view's offset and strides must be even (its f16 scales are 2-byte aligned)", name);
+  const clattn_tensor bytes = {t->buf, t->offset, {t->stride[0], t->stride[1], t->stride[2], 1}};
+  const int byte_dims[] = {dims[0], dims[1], dims[2], cols / 32 * 34};
+  return check_view(cc, name, &bytes, byte_dims, 4, 1, is_output);
+}
+
+/* A K or V view (or a cache of clattn_kv_append) in storage kv_dtype:
+ * dims[3] elements per row. */
+static clattn_status check_kv_view(cl_context cc, const char *name, const clattn_tensor *t, const int *dims,
+                                   clattn_dtype kv_dtype, int is_output) {
+  if (kv_dtype == CLATTN_Q8_0) return check_q8_0_view(cc, name, t, dims, dims[3], is_output);
+  const size_t elem = kv_dtype == CLATTN_F32 ? sizeof(float) : kv_dtype == CLATTN_INT8 ? 1 : 2;
+  return check_view(cc, name, t, dims, 4, elem, is_output);
+}
+
+/* The K/V storage fields shared by forward and append: kv dtype, INT8
+ * scales, block table. slots = dimension 0 of the views (batch, or pages),
+ * rows = dimension 2 (keys, or rows per page). */
+static clattn_status check_kv_storage(cl_context cc, clattn_dtype kv_dtype, const clattn_tensor *k_scale,
+                                      const clattn_tensor *v_scale, int slots, int kv_heads, int rows,
+                                      int is_output) {
+  clattn_status st;
+  if (kv_dtype == CLATTN_INT8) {
+    if (!k_scale->buf || !v_scale->buf)
+      return BAD("kv_dtype CLATTN_INT8 needs k_scale and v_scale (f32, one per key row; %s is absent)",
+                 k_scale->buf ? "v_scale" : "k_scale");
+    const int dims[] = {slots, kv_heads, rows};
+    if ((st = check_view(cc, "k_scale", k_scale, dims, 3, sizeof(float), is_output)) ||
+        (st = check_view(cc, "v_scale", v_scale, dims, 3, sizeof(float), is_output)))
+      return st;
+  } else if (k_scale->buf || v_scale->buf) {
+    return BAD("k_scale / v_scale are set but kv_dtype is not CLATTN_INT8");
+  }
+  return CLATTN_OK;
+}
+
+static clattn_status check_block_table(cl_context cc, cl_mem table, int batch, int stride, int page_size, int num_pages,
+                                       long long rows_needed) {
+  if (page_size <= 0) return BAD("page_size must be positive with a block table (got %d)", page_size);
+  if (num_pages <= 0) return BAD("num_pages must be positive with a block table (got %d)", num_pages);
+  const long long need = (rows_needed + page_size - 1) / page_size;
+  if (stride <= 0 || stride < need)
+    return BAD("block_table_stride %d: each batch row needs at least %lld entries (%lld keys in pages of %d)", stride,
+               need, rows_needed, page_size);
+  const clattn_tensor t = {table, 0, {(size_t)stride, 1, 0, 0}};
+  const int dims[] = {batch, stride};
+  return check_view(cc, "block_table", &t, dims, 2, sizeof(int32_t), 0);
+}
+
 static clattn_status check_dims(const clattn_params *p) {
   const struct { const char *name; int value; } dims[] = {
       {"batch", p->batch},       {"q_heads", p->q_heads},     {"kv_heads", p->kv_heads},
@@ -156,8 +216,13 @@ static clattn_status check_dims(const clattn_params *p) {
 }
 
 static clattn_status check_enums(const clattn_params *p) {
+  if (p->dtype == CLATTN_Q8_0 || p->dtype == CLATTN_INT8)
+    return BAD("dtype %s: quantised storage is for k and v only (kv_dtype); q and out are F32, F16 or BF16",
+               p->dtype == CLATTN_Q8_0 ? "CLATTN_Q8_0" : "CLATTN_INT8");
   if (p->dtype != CLATTN_F32 && p->dtype != CLATTN_F16 && p->dtype != CLATTN_BF16)
-    return BAD("dtype %d is not a clattn_dtype", (int)p->dtype);
+    return BAD("dtype %d is not a storage type of q and out", (int)p->dtype);
+  if (p->kv_dtype < CLATTN_DTYPE_SAME || p->kv_dtype > CLATTN_INT8)
+    return BAD("kv_dtype %d is not a clattn_dtype", (int)p->kv_dtype);
   if (p->empty_rows != CLATTN_EMPTY_ZERO && p->empty_rows != CLATTN_EMPTY_ERROR)
     return BAD("empty_rows %d is not a clattn_empty_rows", (int)p->empty_rows);
   if (p->algo < CLATTN_ALGO_AUTO || p->algo > CLATTN_ALGO_GEMM)
@@ -182,6 +247,7 @@ static clattn_status check_varlen(const clattn_params *p) {
   if (!p->cu_seqlens_q || !p->cu_seqlens_k)
     return BAD("cu_seqlens_q and cu_seqlens_k come together (got only %s)", p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
   if (p->kv_lens) return BAD("kv_lens with cu_seqlens: packed sequences carry their own lengths");
+  if (p->block_table) return BAD("cu_seqlens with a block table: paged K/V is indexed per batch row, not packed");
   if (p->batch == INT32_MAX) return BAD("batch %d: cu_seqlens would need batch + 1 entries", p->batch);
   if (p->total_q <= 0 || p->total_kv <= 0)
     return BAD("total_q and total_kv must be positive with cu_seqlens (got %d, %d)", p->total_q, p->total_kv);
@@ -200,8 +266,11 @@ static clattn_status check_views(const clattn_context *ctx, const clattn_params 
   const int varlen = p->cu_seqlens_q != NULL, qb = varlen ? 1 : p->batch;
   const int q_rows = varlen ? p->total_q : p->q_len, k_rows = varlen ? p->total_kv : p->kv_len;
   const int q_dims[] = {qb, p->q_heads, q_rows, p->head_dim};
-  const int k_dims[] = {qb, p->kv_heads, k_rows, p->head_dim};
-  const int v_dims[] = {qb, p->kv_heads, k_rows, p->value_dim};
+  /* paged K/V: [page, kv head, row in page, column] */
+  const int paged = p->block_table != NULL, kv_slots = paged ? p->num_pages : qb, kv_rows = paged ? p->page_size : k_rows;
+  const int k_dims[] = {kv_slots, p->kv_heads, kv_rows, p->head_dim};
+  const int v_dims[] = {kv_slots, p->kv_heads, kv_rows, p->value_dim};
+  const clattn_dtype kv_dtype = p->kv_dtype == CLATTN_DTYPE_SAME ? p->dtype : p->kv_dtype;
   const int o_dims[] = {qb, p->q_heads, q_rows, p->value_dim};
   const int s_dims[] = {p->batch, p->q_heads, p->q_len, p->kv_len};
   const int lse_dims[] = {p->batch, p->q_heads, p->q_len};
@@ -212,8 +281,12 @@ static clattn_status check_views(const clattn_context *ctx, const clattn_params 
   const size_t elem = p->dtype == CLATTN_F32 ? sizeof(float) : 2; /* f16 and bf16: 16 bits */
   const cl_context cc = ctx->context;
   if ((st = check_view(cc, "q", &p->q, q_dims, 4, elem, 0))) return st;
-  if ((st = check_view(cc, "k", &p->k, k_dims, 4, elem, 0))) return st;
-  if ((st = check_view(cc, "v", &p->v, v_dims, 4, elem, 0))) return st;
+  if (paged && (st = check_block_table(cc, p->block_table, p->batch, p->block_table_stride, p->page_size,
+                                       p->num_pages, p->kv_len)))
+    return st;
+  if ((st = check_kv_view(cc, "k", &p->k, k_dims, kv_dtype, 0))) return st;
+  if ((st = check_kv_view(cc, "v", &p->v, v_dims, kv_dtype, 0))) return st;
+  if ((st = check_kv_storage(cc, kv_dtype, &p->k_scale, &p->v_scale, kv_slots, p->kv_heads, kv_rows, 0))) return st;
   /* the optional outputs; each output's extent is kept to check they are disjoint */
   const struct { const char *name; const clattn_tensor *t; const int *dims; int rank; size_t elem; } outs[] = {
       {"lse", &p->lse, lse_dims, 3, sizeof(float)},
@@ -258,7 +331,10 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   clattn_status st;
   if (!ctx) return BAD("clattn_forward: ctx is NULL");
   if (!p) return BAD("clattn_forward: params is NULL");
-  if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_varlen(p)) || (st = check_views(ctx, p))) return st;
+  if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_varlen(p))) return st;
+  if (p->block_table && !p->kv_lens)
+    return BAD("block_table without kv_lens: a paged cache needs each batch row's length");
+  if ((st = check_views(ctx, p))) return st;
 
   const int want_weights = p->weights.buf != NULL;
   /* AUTO: the tuning file's choice for the shape class, else the fused
@@ -268,6 +344,11 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo
                : ctx->auto_algo[cls] != CLATTN_ALGO_AUTO ? ctx->auto_algo[cls]
                : want_weights ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED;
+  plan->kv_dtype = p->kv_dtype == CLATTN_DTYPE_SAME ? p->dtype : p->kv_dtype;
+  plan->paged = p->block_table != NULL;
+  /* Paged or quantised K/V run on every path: the fused and staged kernels
+   * follow the block table and dequantise on load, the GEMM path gathers
+   * into its scratch. */
   if (plan->algo == CLATTN_ALGO_FUSED && want_weights)
     return ca_fail(CLATTN_ERR_UNSUPPORTED,
                    "weights: the fused kernel never forms the routing matrix; use CLATTN_ALGO_STAGED or AUTO");
@@ -327,4 +408,56 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
 clattn_status ca_check_view(const clattn_context *ctx, const char *name, const clattn_tensor *t, const int *dims,
                             int rank, size_t elem_size, int is_output) {
   return check_view(ctx->context, name, t, dims, rank, elem_size, is_output);
+}
+
+clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_params *ap) {
+  clattn_status st;
+  if (!ctx) return BAD("clattn_kv_append: ctx is NULL");
+  if (!ap) return BAD("clattn_kv_append: params is NULL");
+  const struct { const char *name; int value; } dims[] = {
+      {"batch", ap->batch}, {"kv_heads", ap->kv_heads}, {"head_dim", ap->head_dim}, {"value_dim", ap->value_dim}};
+  for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+    if (dims[i].value <= 0) return BAD("%s must be positive (got %d)", dims[i].name, dims[i].value);
+  if (ap->new_len < 0) return BAD("new_len must be >= 0 (got %d)", ap->new_len);
+  if ((long long)ap->batch * ap->kv_heads > INT32_MAX)
+    return BAD("batch * kv_heads (%lld) exceeds 2^31 - 1", (long long)ap->batch * ap->kv_heads);
+  if (ap->src_dtype != CLATTN_F32 && ap->src_dtype != CLATTN_F16 && ap->src_dtype != CLATTN_BF16)
+    return BAD("src_dtype %d: new rows are F32, F16 or BF16", (int)ap->src_dtype);
+  if (ap->kv_dtype < CLATTN_DTYPE_SAME || ap->kv_dtype > CLATTN_INT8)
+    return BAD("kv_dtype %d is not a clattn_dtype", (int)ap->kv_dtype);
+  const clattn_dtype kv = ap->kv_dtype == CLATTN_DTYPE_SAME ? ap->src_dtype : ap->kv_dtype;
+  const struct { const char *name; const clattn_tensor *t; } required[] = {
+      {"k_new", &ap->k_new}, {"v_new", &ap->v_new}, {"k", &ap->k}, {"v", &ap->v}};
+  for (size_t i = 0; i < 4; i++)
+    if (!required[i].t->buf) return BAD("%s.buf is NULL (k_new, v_new, k and v are required)", required[i].name);
+  if (!ap->positions) return BAD("positions is NULL: each batch row's cache position is required");
+  const int paged = ap->block_table != NULL;
+  if (paged) {
+    if ((st = check_block_table(ctx->context, ap->block_table, ap->batch, ap->block_table_stride, ap->page_size, ap->num_pages,
+                                ap->new_len)))
+      return st;
+  } else {
+    if (ap->capacity <= 0) return BAD("capacity must be positive for a contiguous cache (got %d)", ap->capacity);
+    if (ap->new_len > ap->capacity)
+      return BAD("new_len %d exceeds the cache's capacity of %d rows", ap->new_len, ap->capacity);
+  }
+  const clattn_tensor pos = {ap->positions, 0, {1, 0, 0, 0}};
+  const int b_dims[] = {ap->batch};
+  if ((st = check_view(ctx->context, "positions", &pos, b_dims, 1, sizeof(int32_t), 0))) return st;
+  const int slots = paged ? ap->num_pages : ap->batch, rows = paged ? ap->page_size : ap->capacity;
+  const int k_dims[] = {slots, ap->kv_heads, rows, ap->head_dim};
+  const int v_dims[] = {slots, ap->kv_heads, rows, ap->value_dim};
+  if ((st = check_kv_view(ctx->context, "k", &ap->k, k_dims, kv, 1)) ||
+      (st = check_kv_view(ctx->context, "v", &ap->v, v_dims, kv, 1)) ||
+      (st = check_kv_storage(ctx->context, kv, &ap->k_scale, &ap->v_scale, slots, ap->kv_heads, rows, 1)))
+    return st;
+  if (ap->new_len > 0) {
+    const size_t elem = ap->src_dtype == CLATTN_F32 ? sizeof(float) : 2;
+    const int kn_dims[] = {ap->batch, ap->kv_heads, ap->new_len, ap->head_dim};
+    const int vn_dims[] = {ap->batch, ap->kv_heads, ap->new_len, ap->value_dim};
+    if ((st = check_view(ctx->context, "k_new", &ap->k_new, kn_dims, 4, elem, 0)) ||
+        (st = check_view(ctx->context, "v_new", &ap->v_new, vn_dims, 4, elem, 0)))
+      return st;
+  }
+  return CLATTN_OK;
 }

@@ -72,13 +72,34 @@ int main(int argc, char **argv) {
     if (write_program(argv[2], name, &text)) return 1;
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
       if (t > 0 && d > 1) continue; /* 16-bit storage changes loads and stores only: two dims suffice */
-      ca_fused_text(&tiles, &dev, dims[d][0], dims[d][1], dtypes[t].dtype, &text);
+      ca_fused_text(&tiles, &dev, dims[d][0], dims[d][1], dtypes[t].dtype, CLATTN_DTYPE_SAME, &text);
       snprintf(name, sizeof name, "flash-%s-d%d-%d", dtypes[t].name, dims[d][0], dims[d][1]);
       if (write_program(argv[2], name, &text)) return 1;
       ca_backward_text(&tiles, dims[d][0], dims[d][1], dtypes[t].dtype, &text);
       snprintf(name, sizeof name, "backward-%s-d%d-%d", dtypes[t].name, dims[d][0], dims[d][1]);
       if (write_program(argv[2], name, &text)) return 1;
     }
+  }
+  /* Paged/quantised K/V: the fused kernels over Q8_0 and INT8 caches, and
+   * clattn_kv_append for every cache storage. */
+  static const struct { clattn_dtype dtype; const char *name; } kv[] = {
+    {CLATTN_F32, "f32"}, {CLATTN_F16, "f16"}, {CLATTN_BF16, "bf16"}, {CLATTN_Q8_0, "q8_0"}, {CLATTN_INT8, "int8"}};
+  for (size_t c = 3; c < 5; c++) {
+    char name[64];
+    dev.head_dim = dev.value_dim = 0;
+    tl_tiles tiles = tl_choose(&dev);
+    ca_core_kv_text(&tiles, CLATTN_F16, kv[c].dtype, &text);
+    snprintf(name, sizeof name, "core-f16-kv%s", kv[c].name);
+    if (write_program(argv[2], name, &text)) return 1;
+    ca_fused_text(&tiles, &dev, 128, 128, CLATTN_F16, kv[c].dtype, &text);
+    snprintf(name, sizeof name, "flash-f16-kv%s-d128-128", kv[c].name);
+    if (write_program(argv[2], name, &text)) return 1;
+  }
+  for (size_t c = 0; c < 5; c++) {
+    char name[64];
+    ca_append_text(CLATTN_F16, kv[c].dtype, &text);
+    snprintf(name, sizeof name, "append-f16-%s", kv[c].name);
+    if (write_program(argv[2], name, &text)) return 1;
   }
   return 0;
 }

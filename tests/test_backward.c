@@ -692,6 +692,14 @@ static void validation_rejects_before_enqueue(void)
   bp = w.bp;
   bp.d_additive_w = w.d_q.t.buf;  /* with dot scoring */
   expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "d_additive_w with dot scoring");
+  /* the K/V caches of inference engines are forward-only */
+  bp = w.bp;
+  bp.fwd.kv_dtype = CLATTN_F16;   /* q in f32, k and v in f16 */
+  expect_rejected(&w, &bp, CLATTN_ERR_UNSUPPORTED, "kv_dtype other than q's");
+  bp = w.bp;
+  bp.fwd.block_table = w.d_q.t.buf;
+  bp.fwd.page_size = bp.fwd.block_table_stride = bp.fwd.num_pages = 1;
+  expect_rejected(&w, &bp, CLATTN_ERR_UNSUPPORTED, "paged K/V");
   CHECK_STATUS(clattn_backward(ct_context(), NULL, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
   CHECK(clattn_backward(NULL, &w.bp, 0, NULL, NULL) == CLATTN_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(clattn_backward(ct_context(), &w.bp, 1, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);

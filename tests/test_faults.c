@@ -570,6 +570,162 @@ static void faults_merge(void)
  * faults in clCreateProgramWithSource / clBuildProgram fail the call
  * cleanly, and a later call builds it. clBuildProgram failing for lack of
  * memory is an out-of-memory status like any other call's. */
+/* ---------- paged Q8_0 caches: clattn_kv_append, then forward on every path ---------- */
+
+enum { KVF_H = 2, KVF_HQ = 4, KVF_D = 32, KVF_ROW = 34, KVF_PS = 4, KVF_PAGES = 3, KVF_NEW = 5, KVF_M = 5 };
+#define KVF_CACHE_BYTES ((size_t)KVF_PAGES * KVF_H * KVF_PS * KVF_ROW)
+
+typedef struct {
+  cl_mem k, v, kn, vn, pos, bt, lens, q, out;
+  clattn_append_params ap;
+  clattn_params fp;
+  unsigned char want_k[KVF_CACHE_BYTES], want_v[KVF_CACHE_BYTES];
+  float want_out[KVF_HQ * KVF_M * KVF_D];
+} kvf_arg;
+
+static clattn_status kvf_append_call(void *arg, cl_event *done)
+{
+  kvf_arg *a = arg;
+  return clattn_kv_append(fx, &a->ap, 0, NULL, done);
+}
+
+static int kvf_append_prepare(void *arg)
+{
+  kvf_arg *a = arg;
+  unsigned char pattern = 0x33;
+  cl_command_queue q = clattn_cl_queue(fx);
+  if (clEnqueueFillBuffer(q, a->k, &pattern, 1, 0, KVF_CACHE_BYTES, 0, NULL, NULL) ||
+      clEnqueueFillBuffer(q, a->v, &pattern, 1, 0, KVF_CACHE_BYTES, 0, NULL, NULL))
+    return -1;
+  return clFinish(q) == CL_SUCCESS ? 0 : -1;
+}
+
+/* The caches as a clean append left them (the bytes themselves are checked
+ * against ggml's rules in test_kvcache). */
+static int kvf_append_verify(void *arg, clattn_status st)
+{
+  kvf_arg *a = arg;
+  unsigned char k[KVF_CACHE_BYTES], v[KVF_CACHE_BYTES];
+  cl_command_queue q = clattn_cl_queue(fx);
+  (void)st;
+  return clEnqueueReadBuffer(q, a->k, CL_TRUE, 0, sizeof k, k, 0, NULL, NULL) == CL_SUCCESS &&
+         clEnqueueReadBuffer(q, a->v, CL_TRUE, 0, sizeof v, v, 0, NULL, NULL) == CL_SUCCESS &&
+         memcmp(k, a->want_k, sizeof k) == 0 && memcmp(v, a->want_v, sizeof v) == 0;
+}
+
+static clattn_status kvf_forward_call(void *arg, cl_event *done)
+{
+  kvf_arg *a = arg;
+  return clattn_forward(fx, &a->fp, 0, NULL, done);
+}
+
+static int kvf_forward_prepare(void *arg)
+{
+  kvf_arg *a = arg;
+  float nan = NAN;
+  cl_command_queue q = clattn_cl_queue(fx);
+  if (clEnqueueFillBuffer(q, a->out, &nan, sizeof nan, 0, sizeof a->want_out, 0, NULL, NULL)) return -1;
+  return clFinish(q) == CL_SUCCESS ? 0 : -1;
+}
+
+/* Bitwise the output of a clean call on the same path. */
+static int kvf_forward_verify(void *arg, clattn_status st)
+{
+  kvf_arg *a = arg;
+  float out[KVF_HQ * KVF_M * KVF_D];
+  (void)st;
+  return clEnqueueReadBuffer(clattn_cl_queue(fx), a->out, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL) ==
+             CL_SUCCESS &&
+         memcmp(out, a->want_out, sizeof out) == 0;
+}
+
+static void faults_paged_q8_0(void)
+{
+  static kvf_arg a;
+  cl_context cc = clattn_cl_context(fx);
+  cl_int e = 0;
+  float src[KVF_H * KVF_NEW * KVF_D], q[KVF_HQ * KVF_M * KVF_D];
+  for (size_t i = 0; i < sizeof src / sizeof src[0]; i++) src[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+  for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) q[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+  const int32_t pos = 1, table[2] = {2, 0}, len = KVF_NEW + 1;
+  memset(&a, 0, sizeof a);
+  a.k = clCreateBuffer(cc, CL_MEM_READ_WRITE, KVF_CACHE_BYTES, NULL, &e);
+  a.v = clCreateBuffer(cc, CL_MEM_READ_WRITE, KVF_CACHE_BYTES, NULL, &e);
+  a.kn = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof src, src, &e);
+  a.vn = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof src, src, &e);
+  a.pos = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof pos, (void *)&pos, &e);
+  a.bt = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof table, (void *)table, &e);
+  a.lens = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof len, (void *)&len, &e);
+  a.q = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof q, q, &e);
+  a.out = clCreateBuffer(cc, CL_MEM_READ_WRITE, sizeof a.want_out, NULL, &e);
+  if (!CHECK(a.k && a.v && a.kn && a.vn && a.pos && a.bt && a.lens && a.q && a.out)) goto done;
+  const clattn_tensor cache = {NULL, 0, {(size_t)KVF_H * KVF_PS * KVF_ROW, (size_t)KVF_PS * KVF_ROW, KVF_ROW, 34}};
+  a.ap = clattn_append_params_default();
+  a.ap.batch = 1;
+  a.ap.kv_heads = KVF_H;
+  a.ap.new_len = KVF_NEW;
+  a.ap.head_dim = a.ap.value_dim = KVF_D;
+  a.ap.k_new = (clattn_tensor){a.kn, 0, {0, (size_t)KVF_NEW * KVF_D, KVF_D, 1}};
+  a.ap.v_new = (clattn_tensor){a.vn, 0, {0, (size_t)KVF_NEW * KVF_D, KVF_D, 1}};
+  a.ap.positions = a.pos;
+  a.ap.kv_dtype = CLATTN_Q8_0;
+  a.ap.k = cache;
+  a.ap.k.buf = a.k;
+  a.ap.v = cache;
+  a.ap.v.buf = a.v;
+  a.ap.block_table = a.bt;
+  a.ap.block_table_stride = 2;
+  a.ap.page_size = KVF_PS;
+  a.ap.num_pages = KVF_PAGES;
+  /* the wanted caches: a clean append */
+  if (!CHECK(kvf_append_prepare(&a) == 0 && clattn_kv_append(fx, &a.ap, 0, NULL, NULL) == CLATTN_OK && finish()))
+    goto done;
+  cl_command_queue cq = clattn_cl_queue(fx);
+  if (!CHECK(clEnqueueReadBuffer(cq, a.k, CL_TRUE, 0, KVF_CACHE_BYTES, a.want_k, 0, NULL, NULL) == CL_SUCCESS &&
+             clEnqueueReadBuffer(cq, a.v, CL_TRUE, 0, KVF_CACHE_BYTES, a.want_v, 0, NULL, NULL) == CL_SUCCESS))
+    goto done;
+  call_case c = {"kv_append paged Q8_0", kvf_append_call, kvf_append_prepare, kvf_append_verify, &a, CLATTN_OK};
+  sweep(&c);
+  /* forward over that cache: 6 keys on pages 2 and 0, causal, lse-free */
+  a.fp = clattn_params_default();
+  a.fp.batch = 1;
+  a.fp.q_heads = KVF_HQ;
+  a.fp.kv_heads = KVF_H;
+  a.fp.q_len = KVF_M;
+  a.fp.kv_len = 2 * KVF_PS;
+  a.fp.head_dim = a.fp.value_dim = KVF_D;
+  a.fp.q = (clattn_tensor){a.q, 0, {0, (size_t)KVF_M * KVF_D, KVF_D, 1}};
+  a.fp.out = (clattn_tensor){a.out, 0, {0, (size_t)KVF_M * KVF_D, KVF_D, 1}};
+  a.fp.kv_dtype = CLATTN_Q8_0;
+  a.fp.k = a.ap.k;
+  a.fp.v = a.ap.v;
+  a.fp.block_table = a.bt;
+  a.fp.block_table_stride = 2;
+  a.fp.page_size = KVF_PS;
+  a.fp.num_pages = KVF_PAGES;
+  a.fp.kv_lens = a.lens;
+  a.fp.causal = 1;
+  const clattn_algo algos[] = {CLATTN_ALGO_FUSED, CLATTN_ALGO_STAGED, CLATTN_ALGO_GEMM};
+  const char *labels[] = {"fused paged Q8_0", "staged paged Q8_0", "gemm paged Q8_0 (gathered)"};
+  for (int i = 0; i < 3; i++) {
+    if (kc_algo_filtered_out(algos[i])) continue;
+    a.fp.algo = algos[i];
+    if (!CHECK(kvf_forward_prepare(&a) == 0 && clattn_forward(fx, &a.fp, 0, NULL, NULL) == CLATTN_OK && finish() &&
+               clEnqueueReadBuffer(cq, a.out, CL_TRUE, 0, sizeof a.want_out, a.want_out, 0, NULL, NULL) ==
+                   CL_SUCCESS))
+      continue;
+    int finite = 1;
+    for (size_t j = 0; j < sizeof a.want_out / sizeof a.want_out[0]; j++) finite &= isfinite(a.want_out[j]) != 0;
+    CHECKF(finite, "%s: the clean output is not finite", labels[i]);
+    call_case f = {labels[i], kvf_forward_call, kvf_forward_prepare, kvf_forward_verify, &a, CLATTN_OK};
+    sweep(&f);
+  }
+done:;
+  cl_mem all[] = {a.k, a.v, a.kn, a.vn, a.pos, a.bt, a.lens, a.q, a.out};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    if (all[i]) clReleaseMemObject(all[i]);
+}
+
 static void faults_fused_first_build(void)
 {
   cp_shape s = small_shape(CLATTN_ALGO_FUSED);
@@ -1266,6 +1422,7 @@ int main(int argc, char **argv)
     CT_TEST(faults_empty_error),
     CT_TEST(faults_storage_sequences_shaping),
     CT_TEST(faults_merge),
+    CT_TEST(faults_paged_q8_0),
     CT_TEST(faults_fused_first_build),
     CT_TEST(faults_backward),
     CT_TEST(faults_backward_first_build),

@@ -15,6 +15,12 @@
  * then the median of up to --reps calls, stopping once the next call would
  * take the measured time past --cap seconds (at least one timed call).
  *
+ * --paged PAGE_SIZE and --kv-dtype f32|f16|bf16|q8_0|int8 add, per shape,
+ * FUSED over the same keys and values written by clattn_kv_append into a
+ * paged (pages handed out in reverse order) and/or differently stored
+ * cache, with its largest difference from the f32 FUSED output (the
+ * quantisation error, not a failure).
+ *
  * --readme FILE replaces the block between <!-- bench:begin --> and
  * <!-- bench:end --> in FILE (creating it at the end of the "## Performance"
  * section, or that section at the end of the file, when absent).
@@ -38,6 +44,7 @@ const char bench_usage[] =
     "       clattn bench [--quick] [--readme FILE] [--only prefill,gqa,decode,memory]\n"
     "                    [--shape H,HKV,M,N,D[,causal]]... [--reps R] [--cap SECONDS]\n"
     "                    [--no-staged] [--no-host] [--baseline-max-len L] [--no-check] [--verbose]\n"
+    "                    [--paged PAGE_SIZE] [--kv-dtype f32|f16|bf16|q8_0|int8]\n"
     "       clattn bench --backward [--quick] [--shape H,HKV,M,N,D[,causal]]... [--reps R] [--cap SECONDS]\n"
     "                    [--no-host]\n";
 
@@ -95,6 +102,8 @@ typedef struct {
   const char *readme;
   bench_shape custom[MAX_ROWS];
   int n_custom;
+  int kv_paged;           /* --paged: keys per page; 0 = contiguous */
+  clattn_dtype kv_dtype;  /* --kv-dtype; CLATTN_DTYPE_SAME = f32 like q */
 } bench_cfg;
 
 typedef enum { CELL_NONE, CELL_OK, CELL_FAIL } cell_state;
@@ -110,6 +119,8 @@ typedef struct {
   double flops, bytes;
   cell a, f, st, h;
   cell f16, bf16;           /* FUSED with q, k, v, out stored in 16 bits */
+  cell kv;                  /* FUSED over the --paged / --kv-dtype cache */
+  double diff_kv;           /* max |FUSED over that cache - FUSED f32|; NAN = not run */
   double diff_st, diff_h;   /* max |FUSED - baseline|; NAN = not compared */
   size_t scratch;           /* memory row: peak scratch */
   int finite;               /* memory row: output all finite */
@@ -147,8 +158,24 @@ static int parse_only(const char *v, unsigned *only) {
   return *only ? 0 : -1;
 }
 
+static int parse_kv_dtype(const char *v, clattn_dtype *out) {
+  static const struct { const char *name; clattn_dtype dtype; } names[] = {
+      {"f32", CLATTN_F32}, {"f16", CLATTN_F16}, {"bf16", CLATTN_BF16}, {"q8_0", CLATTN_Q8_0}, {"int8", CLATTN_INT8}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(v, names[i].name)) {
+      *out = names[i].dtype;
+      return 0;
+    }
+  return -1;
+}
+
+static const char *kv_dtype_name(clattn_dtype d) {
+  return d == CLATTN_F16 ? "f16" : d == CLATTN_BF16 ? "bf16" : d == CLATTN_Q8_0 ? "q8_0" : d == CLATTN_INT8 ? "int8" : "f32";
+}
+
 static int parse_args(int argc, char **argv, bench_cfg *c) {
   memset(c, 0, sizeof *c);
+  c->kv_dtype = CLATTN_DTYPE_SAME;
   c->staged = c->host = c->check = 1;
   c->max_reps = 7;
   c->cap_ms = 2000.0;
@@ -168,6 +195,8 @@ static int parse_args(int argc, char **argv, bench_cfg *c) {
     else if (!strcmp(o, "--cap") && v && strtod(v, NULL) > 0) c->cap_ms = strtod(v, NULL) * 1e3, i++;
     else if (!strcmp(o, "--baseline-max-len") && v && atoi(v) > 0) c->baseline_max_len = atoi(v), i++;
     else if (!strcmp(o, "--only") && v && parse_only(v, &c->only) == 0) i++;
+    else if (!strcmp(o, "--paged") && v && atoi(v) > 0) c->kv_paged = atoi(v), i++;
+    else if (!strcmp(o, "--kv-dtype") && v && parse_kv_dtype(v, &c->kv_dtype) == 0) i++;
     else if (!strcmp(o, "--shape") && v && c->n_custom < MAX_ROWS && parse_shape(v, &c->custom[c->n_custom]) == 0)
       c->n_custom++, i++;
     else {
@@ -405,6 +434,121 @@ static cp_problem *build_problem(clattn_context *ctx, const bb_shape *s, clattn_
 
 #define DIFF_TOL 1e-4
 
+/* FUSED over pb's keys and values written by clattn_kv_append into the
+ * --paged / --kv-dtype cache; fused_out (or NULL) is the f32 FUSED output. */
+static void run_kv_cell(clattn_context *ctx, const bench_cfg *c, cp_problem *pb, row *r, const char *label,
+                        const float *fused_out, size_t out_count, int *failures) {
+  const bb_shape *s = &r->sh.s;
+  const clattn_dtype kv = c->kv_dtype == CLATTN_DTYPE_SAME ? CLATTN_F32 : c->kv_dtype;
+  const int ps = c->kv_paged, paged = ps > 0, d = s->dim;
+  if (kv == CLATTN_Q8_0 && d % 32) {
+    fprintf(stderr, "clattn bench: %s: q8_0 needs a head dim that is a multiple of 32: skipped\n", label);
+    return;
+  }
+  const int per_seq = paged ? (s->kv_len + ps - 1) / ps : 1, pool = s->batch * per_seq;
+  const int slots = paged ? pool : s->batch, rows = paged ? ps : s->kv_len;
+  const size_t row_units = kv == CLATTN_Q8_0 ? (size_t)d / 32 * 34 : (size_t)d;
+  const size_t unit = kv == CLATTN_F32 ? 4 : (kv == CLATTN_F16 || kv == CLATTN_BF16) ? 2 : 1;
+  const size_t cache_bytes = (size_t)slots * s->kv_heads * rows * row_units * unit;
+  const size_t n_scales = (size_t)slots * s->kv_heads * rows;
+  cl_context cc = clattn_cl_context(ctx);
+  cl_command_queue q = clattn_cl_queue(ctx);
+  cl_int e = CL_SUCCESS;
+  int32_t *table = malloc(sizeof(int32_t) * (size_t)pool), *zeros = calloc((size_t)s->batch, sizeof(int32_t)),
+          *lens = malloc(sizeof(int32_t) * (size_t)s->batch);
+  float *out = malloc(out_count * sizeof(float));
+  cl_mem k = NULL, v = NULL, ks = NULL, vs = NULL, bt = NULL, pos = NULL, kl = NULL;
+  clattn_status st;
+  char err[256];
+  if (!table || !zeros || !lens || !out) goto oom;
+  for (int i = 0; i < pool; i++) table[i] = pool - 1 - i; /* any order: the last page first */
+  for (int b = 0; b < s->batch; b++) lens[b] = s->kv_len;
+  k = clCreateBuffer(cc, CL_MEM_READ_WRITE, cache_bytes, NULL, &e);
+  if (e == CL_SUCCESS) v = clCreateBuffer(cc, CL_MEM_READ_WRITE, cache_bytes, NULL, &e);
+  if (e == CL_SUCCESS && kv == CLATTN_INT8) ks = clCreateBuffer(cc, CL_MEM_READ_WRITE, n_scales * 4, NULL, &e);
+  if (e == CL_SUCCESS && kv == CLATTN_INT8) vs = clCreateBuffer(cc, CL_MEM_READ_WRITE, n_scales * 4, NULL, &e);
+  if (e == CL_SUCCESS)
+    bt = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(int32_t) * (size_t)pool, table, &e);
+  if (e == CL_SUCCESS)
+    pos = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(int32_t) * (size_t)s->batch, zeros, &e);
+  if (e == CL_SUCCESS)
+    kl = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof(int32_t) * (size_t)s->batch, lens, &e);
+  if (e != CL_SUCCESS) {
+    fprintf(stderr, "clattn bench: %s: kv cache: clCreateBuffer: %s (%d)\n", label, cp_cl_error_name(e), e);
+    goto fail;
+  }
+  const clattn_tensor view = {NULL, 0,
+                              {(size_t)s->kv_heads * rows * row_units, (size_t)rows * row_units, row_units,
+                               kv == CLATTN_Q8_0 ? 34 : 1}};
+  const clattn_tensor scale_view = {NULL, 0, {(size_t)s->kv_heads * rows, (size_t)rows, 1, 0}};
+  clattn_append_params ap = clattn_append_params_default();
+  ap.batch = s->batch;
+  ap.kv_heads = s->kv_heads;
+  ap.new_len = s->kv_len;
+  ap.head_dim = ap.value_dim = d;
+  ap.k_new = pb->params.k;
+  ap.v_new = pb->params.v;
+  ap.positions = pos;
+  ap.kv_dtype = kv;
+  ap.k = view;
+  ap.k.buf = k;
+  ap.v = view;
+  ap.v.buf = v;
+  if (kv == CLATTN_INT8) {
+    ap.k_scale = scale_view;
+    ap.k_scale.buf = ks;
+    ap.v_scale = scale_view;
+    ap.v_scale.buf = vs;
+  }
+  if (paged) {
+    ap.block_table = bt;
+    ap.block_table_stride = per_seq;
+    ap.page_size = ps;
+    ap.num_pages = pool;
+  } else {
+    ap.capacity = s->kv_len;
+  }
+  if ((st = clattn_kv_append(ctx, &ap, 0, NULL, NULL)) != CLATTN_OK || clFinish(q) != CL_SUCCESS) {
+    fprintf(stderr, "clattn bench: %s: clattn_kv_append: %s: %s\n", label, clattn_status_string(st),
+            clattn_last_error(ctx));
+    goto fail;
+  }
+  clattn_params p = pb->params;
+  p.algo = CLATTN_ALGO_FUSED;
+  p.kv_dtype = kv;
+  p.k = ap.k;
+  p.v = ap.v;
+  p.k_scale = ap.k_scale;
+  p.v_scale = ap.v_scale;
+  if (paged) {
+    p.block_table = bt;
+    p.block_table_stride = per_seq;
+    p.page_size = ps;
+    p.num_pages = pool;
+    p.kv_lens = kl;
+  }
+  clattn_arg ca = {ctx, &p, q};
+  measure("clattn FUSED kv", label, clattn_once, &ca, 1, c, r->flops, NULL, &r->kv, failures);
+  if (r->kv.state == CELL_OK && fused_out) {
+    if (read_buf(q, pb->out_buf, out, out_count, err, sizeof err) == 0) r->diff_kv = max_abs_diff(fused_out, out, out_count);
+    else fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
+  }
+  goto done;
+oom:
+  fprintf(stderr, "clattn bench: %s: kv cache: out of host memory\n", label);
+fail:
+  r->kv.state = CELL_FAIL;
+  (*failures)++;
+done:;
+  cl_mem all[] = {k, v, ks, vs, bt, pos, kl};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    if (all[i]) clReleaseMemObject(all[i]);
+  free(table);
+  free(zeros);
+  free(lens);
+  free(out);
+}
+
 /* Runs every column of one shape. */
 static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench_cfg *c, row *r, int ref_check,
                     double rates[6], int *failures) {
@@ -413,7 +557,7 @@ static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench
   const bb_shape *s = &r->sh.s;
   r->flops = shape_flops(s);
   r->bytes = shape_bytes(s);
-  r->diff_st = r->diff_h = NAN;
+  r->diff_st = r->diff_h = r->diff_kv = NAN;
   cp_problem *pb = build_problem(ctx, s, CLATTN_F32, label, failures);
   if (!pb) {
     r->a.state = r->f.state = CELL_FAIL;
@@ -454,6 +598,14 @@ static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench
   if (r->f.state == CELL_OK) {
     if (read_buf(q, pb->out_buf, fused_out, out_count, err, sizeof err) == 0) have_fused_out = 1;
     else fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
+  }
+
+  if (c->kv_paged || c->kv_dtype != CLATTN_DTYPE_SAME) {
+    run_kv_cell(ctx, c, pb, r, label, have_fused_out ? fused_out : NULL, out_count, failures);
+    if (r->kv.state == CELL_OK)
+      printf("  %s: FUSED over a %s%s cache: %.1f GFLOP/s (%.2f ms), max |diff| vs f32 FUSED %.3g\n", label,
+             c->kv_paged ? "paged " : "", kv_dtype_name(c->kv_dtype), r->flops / (r->kv.ms * 1e6), r->kv.ms,
+             r->diff_kv);
   }
 
   /* FUSED again with 16-bit storage (f32 arithmetic) */
@@ -524,7 +676,7 @@ static void run_memory(clattn_context *ctx, const bench_cfg *c, row *r, int *fai
   const bb_shape *s = &r->sh.s;
   r->flops = shape_flops(s);
   r->bytes = shape_bytes(s);
-  r->diff_st = r->diff_h = NAN;
+  r->diff_st = r->diff_h = r->diff_kv = NAN;
   cp_problem *pb = build_problem(ctx, s, CLATTN_F32, label, failures);
   if (!pb) {
     r->f.state = CELL_FAIL;
@@ -809,6 +961,22 @@ static void readme_block(sbuf *b, int argc, char **argv, const machine *mc, cons
             "openblas_get_num_threads() threads. Decode GB/s count K and V read once plus Q and O (a K/V cache smaller than the CPU's last-level cache can beat the copy bandwidth). The "
             "last column is the largest absolute difference between clattn FUSED's output and each baseline's.\n",
          c->max_reps, c->cap_ms / 1e3);
+  if (c->kv_paged || c->kv_dtype != CLATTN_DTYPE_SAME) {
+    sb_add(b, "\nFUSED over the same keys and values written by clattn_kv_append into a ");
+    if (c->kv_paged) sb_add(b, "paged (%d keys per page, pages in reverse order) ", c->kv_paged);
+    sb_add(b, "%s cache (`--paged` / `--kv-dtype`):\n\n", kv_dtype_name(c->kv_dtype));
+    for (int i = 0; i < nrows; i++) {
+      const row *r = &rows[i];
+      if (r->sh.kind == K_MEMORY || r->kv.state == CELL_NONE) continue;
+      char label[128];
+      shape_label(&r->sh, label, sizeof label);
+      if (r->kv.state == CELL_OK)
+        sb_add(b, "- %s: %.1f GFLOP/s (%.2f ms; f32 FUSED %.2f ms), max |diff| vs f32 FUSED %.3g\n", label,
+               r->flops / (r->kv.ms * 1e6), r->kv.ms, r->f.state == CELL_OK ? r->f.ms : NAN, r->diff_kv);
+      else
+        sb_add(b, "- %s: FAILED\n", label);
+    }
+  }
   for (int i = 0; i < nrows; i++) {
     const row *r = &rows[i];
     if (r->sh.kind != K_MEMORY) continue;

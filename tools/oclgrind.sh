@@ -71,5 +71,21 @@ for t in "${backward_tests[@]}"; do
     failed=$((failed + 1))
   fi
 done
-echo "oclgrind: $(( ${#cases[@]} + ${#backward_tests[@]} )) cases, $failed failed"
+# Paged and quantised K/V (tests/test_kvcache.c's groups, each on the fused,
+# staged and GEMM paths): block tables with entries outside the pool,
+# hostile positions and lengths, clattn_kv_append into every cache storage.
+kv_groups=(append_matches append_skips forward_rejects paged_prefill every_feature 16bit contiguous hostile_tables)
+[ -x "$build/tests/test_kvcache" ] || ninja -C "$build" tests/test_kvcache >/dev/null
+for g in "${kv_groups[@]}"; do
+  log="$logs/kvcache-$g.log"
+  if oclgrind --data-races --check-api --max-errors 20 --log "$log" "$build/tests/test_kvcache" "$g" \
+      >"$logs/kvcache-$g.out" 2>&1 && [ ! -s "$log" ]; then
+    echo "oclgrind: kvcache $g: ok"
+  else
+    echo "oclgrind: kvcache $g: FAILED"
+    cat "$logs/kvcache-$g.out" "$log" | tail -30
+    failed=$((failed + 1))
+  fi
+done
+echo "oclgrind: $(( ${#cases[@]} + ${#backward_tests[@]} + ${#kv_groups[@]} )) cases, $failed failed"
 [ "$failed" -eq 0 ]

@@ -78,6 +78,10 @@ class Params(ctypes.Structure):
         ("additive_w", c_void_p),
         ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
         ("total_q", c_int), ("total_kv", c_int),
+        ("kv_dtype", c_int),  # ABI 1: K/V caches (clattn_params_default sets them absent)
+        ("k_scale", Tensor), ("v_scale", Tensor),
+        ("block_table", c_void_p),
+        ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
         ("_reserved", ctypes.c_char * RESERVED),
     ]
 
