@@ -101,34 +101,15 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   const size_t rows_per_kv = (size_t)plan->group * (size_t)p->q_len;
   const int wg = ctx->tiles.flash_wg; /* > 0: the work-group kernels (GPUs) */
   if (done) *done = NULL;
-  if ((st = fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program))) return st;
-  /* flash_block where it applies; flash_tiled keeps the route diagnostics
-   * and additive scoring. */
-  tl_block blk = {0, 0};
-  const int block = wg && ctx->flash_block && !plan->diag && p->score != CLATTN_SCORE_ADDITIVE &&
-                    tl_flash_block(&ctx->caps, p->head_dim, p->value_dim, &blk) == 0 &&
-                    block_kernel_runs(ctx, program);
   /* Few rows per KV head (decode): read K and V in place, 1-8 rows per item
    * (whole 16-column slices: unit column strides, or Q8_0's blocks). */
   const size_t unit = plan->kv_dtype == CLATTN_Q8_0 ? 34 : 1;
   const int direct = !wg && rows_per_kv <= 8 && p->head_dim % 16 == 0 && p->value_dim % 16 == 0 &&
                      p->k.stride[3] == unit && p->v.stride[3] == unit;
-  /* rows per work-item (flash_rows*) or per work-group (flash_block, flash_tiled) */
-  const int bm = block ? 16 * blk.rm : wg ? wg : !direct ? ctx->tiles.flash_bm : rows_per_kv <= 1 ? 1 : rows_per_kv <= 2 ? 2 : rows_per_kv <= 4 ? 4 : 8;
-  const size_t group_items = block ? BLOCK_WG : (size_t)wg;
   const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
   const size_t n_pad = round_up((size_t)p->kv_len, FLASH_BN);   /* 2^31 for kv_len near INT_MAX: a long */
   const cl_long n_pad_arg = (cl_long)n_pad;
   const size_t dvp = round_up((size_t)p->value_dim, 16);
-  const size_t row_blocks = (rows_per_kv + (size_t)bm - 1) / (size_t)bm;
-  /* The diagnostics are not merged across splits, nor are packed sequences'
-   * rows mapped by the merge: with either, one pass. */
-  const ca_splits splits = plan->diag || p->cu_seqlens_q ? (ca_splits){p->kv_len, 1}
-                                                        : ca_plan_splits(ctx->caps.compute_units, row_blocks * kv_pairs, p->kv_len);
-  const int split_keys = splits.split_keys;
-  const size_t n_splits = splits.n_splits;
-  const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
-
   /* Dimensions are positive ints, so these products of at most three fit in 64 bits. */
   const cl_ulong kt_bytes = (cl_ulong)kv_pairs * (cl_ulong)p->head_dim * n_pad * sizeof(float);
   const cl_ulong vp_bytes = (cl_ulong)kv_pairs * n_pad * dvp * sizeof(float);
@@ -138,6 +119,25 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
                    "fused: packed keys (%llu bytes) or values (%llu bytes) exceed the device's largest allocation "
                    "(%llu bytes)", (unsigned long long)kt_bytes, (unsigned long long)vp_bytes,
                    (unsigned long long)ctx->max_alloc);
+
+  if ((st = fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program))) return st;
+  /* flash_block where it applies; flash_tiled keeps the route diagnostics
+   * and additive scoring. */
+  tl_block blk = {0, 0};
+  const int block = wg && ctx->flash_block && !plan->diag && p->score != CLATTN_SCORE_ADDITIVE &&
+                    tl_flash_block(&ctx->caps, p->head_dim, p->value_dim, &blk) == 0 &&
+                    block_kernel_runs(ctx, program);
+  /* rows per work-item (flash_rows*) or per work-group (flash_block, flash_tiled) */
+  const int bm = block ? 16 * blk.rm : wg ? wg : !direct ? ctx->tiles.flash_bm : rows_per_kv <= 1 ? 1 : rows_per_kv <= 2 ? 2 : rows_per_kv <= 4 ? 4 : 8;
+  const size_t group_items = block ? BLOCK_WG : (size_t)wg;
+  const size_t row_blocks = (rows_per_kv + (size_t)bm - 1) / (size_t)bm;
+  /* The diagnostics are not merged across splits, nor are packed sequences'
+   * rows mapped by the merge: with either, one pass. */
+  const ca_splits splits = plan->diag || p->cu_seqlens_q ? (ca_splits){p->kv_len, 1}
+                                                        : ca_plan_splits(ctx->caps.compute_units, row_blocks * kv_pairs, p->kv_len);
+  const int split_keys = splits.split_keys;
+  const size_t n_splits = splits.n_splits;
+  const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
 
   snprintf(rows_name, sizeof rows_name,
            block ? "flash_block" : wg ? "flash_tiled" : direct ? "flash_rows_direct%d" : "flash_rows", bm);
