@@ -109,6 +109,8 @@ static void bad_values_name_the_option_and_its_form(void) {
       {"run --seed -3", "--seed -3", "non-negative integer"},
       {"run --reps x", "--reps x", "non-negative integer"},
       {"run --heatmap", "--heatmap", "needs a value"},
+      {"run --paged 0", "--paged 0", "a positive integer"},
+      {"run --kv-dtype q4_0", "--kv-dtype q4_0", "f32|f16|bf16|q8_0|int8"},
       {"run --frobnicate", "--frobnicate", "--help"},
       {"run --causal=1", "--causal=1", "a value given to a flag"},
       {"run stray", "unexpected argument 'stray'", "--help"},
@@ -232,6 +234,29 @@ static void on_device_16_bit_runs_verified_at_default_tolerance(void) {
   /* an explicit tolerance still applies: f16 storage cannot meet 1e-7 */
   rc = tool("run --dtype f16 --q-len 64 --kv-len 80 --reps 0 --tol 1e-7");
   CHECKF(rc == 1 && strstr(output, "within 1e-07: NO"), "f16 at 1e-7: exit %d:\n%s", rc, output);
+}
+
+/* --paged / --kv-dtype: K/V written into the cache by clattn_kv_append and
+ * the reference computed from the values read back, so the check is exact. */
+static void on_device_paged_quantised_runs_verified(void) {
+  ct_context();
+  static const char *const runs[] = {
+      "run --paged 7 --kv-dtype q8_0 --q-len 37 --kv-len 53 --causal --lse --reps 0",
+      "run --paged 5 --kv-dtype int8 --heads 8 --kv-heads 2 --q-len 1 --kv-len 4099 --head-dim 128 --value-dim 128 "
+      "--algo fused --reps 0",
+      "run --kv-dtype f16 --q-len 20 --kv-len 30 --algo staged --reps 0",
+  };
+  for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+    int rc = tool("%s", runs[i]);
+    CHECKF(rc == 0 && strstr(output, "K/V cache: ") && strstr(output, "written by clattn_kv_append") &&
+               strstr(output, "(the default for f32 storage): yes"),
+           "clattn %s: exit %d:\n%s", runs[i], rc, output);
+  }
+  int rc = tool("run --paged 4 --kv-lens --reps 0");
+  CHECKF(rc == 1 && strstr(output, "--paged") && strstr(output, "--kv-lens"), "--paged with --kv-lens: exit %d:\n%s",
+         rc, output);
+  rc = tool("run --kv-dtype q8_0 --head-dim 40 --reps 0");
+  CHECKF(rc == 1 && strstr(output, "multiples of 32"), "q8_0 at d=40: exit %d:\n%s", rc, output);
 }
 
 static void on_device_heatmap_failures_give_the_reason(void) {
@@ -372,6 +397,7 @@ int main(int argc, char **argv) {
       CT_TEST(on_device_16_bit_runs_verified_at_default_tolerance),
       CT_TEST(on_device_heatmap_failures_give_the_reason),
       CT_TEST(on_device_npy_round_trip),
+      CT_TEST(on_device_paged_quantised_runs_verified),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

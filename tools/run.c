@@ -21,6 +21,7 @@
 #include "internal.h"   /* ca_validate: the algorithm AUTO resolves to; the context's fused kernel */
 #include "npy.h"
 #include "reference.h"
+#include "run_cache.h"
 
 const char run_usage[] =
     "       clattn run [--q-len M] [--kv-len N] [--heads H] ... | [--q Q.npy --k K.npy --v V.npy --out O.npy]\n";
@@ -74,6 +75,14 @@ static const char run_help[] =
     "  --heatmap FILE.png   draw batch 0, head 0's routing matrix (implies --weights);\n"
     "                       disallowed cells are hatched\n"
     "\n"
+    "K/V cache (as an inference engine keeps it; written by clattn_kv_append, and the\n"
+    "reference computed from the values read back, so the check stays exact):\n"
+    "  --paged PAGE_SIZE    keys in pages of PAGE_SIZE (a positive integer) addressed by a\n"
+    "                       block table, pages in reverse order; not with --varlen, --kv-lens\n"
+    "  --kv-dtype f32|f16|bf16|q8_0|int8\n"
+    "                       storage of k and v (default: like q); q8_0 needs head and value\n"
+    "                       dims that are multiples of 32\n"
+    "\n"
     ".npy files (NumPy's format, versions 1.0-3.0, C or Fortran order):\n"
     "  --q FILE.npy         queries, '<f4' or '<f2', shape [B, H, M, DK]\n"
     "  --k FILE.npy         keys, the same dtype, shape [B, HKV, N, DK]\n"
@@ -97,7 +106,7 @@ static const double DEFAULT_TOL[] = {1e-5, 1e-3, 8e-3};  /* per dtype: tests/tes
 enum {
   O_BATCH = 256, O_HEADS, O_KV_HEADS, O_Q_LEN, O_KV_LEN, O_HEAD_DIM, O_VALUE_DIM, O_DTYPE, O_LAYOUT, O_VARLEN,
   O_SEED, O_CAUSAL, O_WINDOW, O_KV_LENS, O_MASK, O_EMPTY, O_SCALE, O_BIAS, O_SOFTCAP, O_ALIBI, O_SINKS, O_ADDITIVE,
-  O_ALGO, O_LSE, O_WEIGHTS, O_DIAG, O_HEATMAP, O_Q, O_K, O_V, O_OUT, O_TOL, O_REPS, O_POISON
+  O_ALGO, O_LSE, O_WEIGHTS, O_DIAG, O_HEATMAP, O_Q, O_K, O_V, O_OUT, O_TOL, O_REPS, O_POISON, O_PAGED, O_KV_DTYPE
 };
 
 static const struct option RUN_OPTS[] = {
@@ -116,6 +125,7 @@ static const struct option RUN_OPTS[] = {
     {"weights", no_argument, NULL, O_WEIGHTS},         {"diag", no_argument, NULL, O_DIAG},
     {"heatmap", required_argument, NULL, O_HEATMAP},   {"q", required_argument, NULL, O_Q},
     {"k", required_argument, NULL, O_K},               {"v", required_argument, NULL, O_V},
+    {"paged", required_argument, NULL, O_PAGED},       {"kv-dtype", required_argument, NULL, O_KV_DTYPE},
     {"out", required_argument, NULL, O_OUT},           {"tol", required_argument, NULL, O_TOL},
     {"reps", required_argument, NULL, O_REPS},         {"poison", no_argument, NULL, O_POISON},
     {"help", no_argument, NULL, 'h'},                  {NULL, 0, NULL, 0},
@@ -134,6 +144,8 @@ typedef struct {
   const char *heatmap;
   run_files f;
   const char *shape_opt;       /* a shape option given (refused with --q), without "--" */
+  int page_size;               /* --paged: keys per page; 0 = contiguous K/V */
+  clattn_dtype kv_dtype;       /* --kv-dtype; CLATTN_DTYPE_SAME = like q */
 } run_cfg;
 
 static const char *opt_name(int code) {
@@ -199,6 +211,13 @@ static int on_run_option(int code, const char *arg, void *ctxp) {
       for (k = 0; k < 3 && strcmp(arg, names[k]) != 0; k++) continue;
       if (k == 3) return fprintf(stderr, "clattn run: --mask %s: expected random, block, none or FILE.npy\n", arg), -1;
       s->mask = kinds[k], c->f.mask = NULL;
+      return 0;
+    }
+    case O_PAGED: return cli_int("run", name, arg, 1, INT_MAX, &c->page_size);
+    case O_KV_DTYPE: {
+      static const char *const names[] = {"f32", "f16", "bf16", "q8_0", "int8"}; /* clattn_dtype order */
+      if (cli_choice("run", name, arg, names, 5, &k)) return -1;
+      c->kv_dtype = (clattn_dtype)k;
       return 0;
     }
     case O_EMPTY: {
@@ -498,7 +517,7 @@ static int write_run_heatmap(const cp_problem *pb, const char *desc, const char 
 
 /* Runs pb, prints what ran and how well; returns 0 when verified within
  * tol. heatmap, files: may be NULL. */
-static int run_problem(clattn_context *ctx, cp_problem *pb, int reps, double tol, const char *tol_note,
+static int run_checked(clattn_context *ctx, cp_problem *pb, int reps, double tol, const char *tol_note,
                        const char *heatmap, const run_files *files) {
   const cp_shape *s = &pb->shape;
   char line[512], desc[512];
@@ -535,11 +554,33 @@ static int run_problem(clattn_context *ctx, cp_problem *pb, int reps, double tol
   return rc;
 }
 
+/* run_checked, with K and V first moved into a paged and/or differently
+ * stored cache when page_size > 0 or kv_dtype is not CLATTN_DTYPE_SAME. */
+static int run_problem(clattn_context *ctx, cp_problem *pb, int reps, double tol, const char *tol_note,
+                       const char *heatmap, const run_files *files, int page_size, clattn_dtype kv_dtype) {
+  static const char *const kv_names[] = {"f32", "f16", "bf16", "q8_0", "int8"};
+  if (!page_size && kv_dtype == CLATTN_DTYPE_SAME) return run_checked(ctx, pb, reps, tol, tol_note, heatmap, files);
+  rc_cache cache;
+  char err[512];
+  if (cp_upload(pb, ctx) != 0) return fprintf(stderr, "clattn run: %s\n", pb->err), 1;
+  if (rc_use_cache(pb, ctx, page_size, kv_dtype, &cache, err, sizeof err) != 0) {
+    rc_free(&cache);
+    return fprintf(stderr, "clattn run: %s\n", err), 1;
+  }
+  printf("  K/V cache: %s%s, %.0f bytes per token (all KV heads), written by clattn_kv_append\n",
+         page_size ? "paged, pages in reverse order, " : "contiguous, ", kv_names[pb->params.kv_dtype],
+         cache.bytes_per_token);
+  if (page_size) printf("  pages: %d keys each, %d in the pool\n", page_size, pb->params.num_pages);
+  const int rc = run_checked(ctx, pb, reps, tol, tol_note, heatmap, files);
+  rc_free(&cache);
+  return rc;
+}
+
 int run_verified(clattn_context *ctx, const cp_shape *s, int reps, double tol) {
   char err[512];
   cp_problem *pb = cp_build(s, err, sizeof err);
   if (!pb) return fprintf(stderr, "clattn run: %s\n", err), 1;
-  int rc = run_problem(ctx, pb, reps, tol, "", NULL, NULL);
+  int rc = run_problem(ctx, pb, reps, tol, "", NULL, NULL, 0, CLATTN_DTYPE_SAME);
   cp_free(pb);
   return rc;
 }
@@ -548,6 +589,7 @@ int run_main(int argc, char **argv) {
   run_cfg c;
   memset(&c, 0, sizeof c);
   c.s = cp_shape_default();
+  c.kv_dtype = CLATTN_DTYPE_SAME;
   c.s.q_len = c.s.kv_len = 256;
   c.s.head_dim = c.s.value_dim = 64;
   c.s.q_heads = c.s.kv_heads = 4;
@@ -581,7 +623,8 @@ int run_main(int argc, char **argv) {
   int rc = 1;
   if (st != CLATTN_OK)
     fprintf(stderr, "clattn run: cannot create a context: %s: %s\n", clattn_status_string(st), clattn_last_error(NULL));
-  else rc = run_problem(ctx, pb, c.reps, c.tol, note, c.heatmap, from_files || f->mask ? f : NULL);
+  else rc = run_problem(ctx, pb, c.reps, c.tol, note, c.heatmap, from_files || f->mask ? f : NULL, c.page_size,
+                        c.kv_dtype);
   cp_free(pb);
   clattn_destroy(ctx);
   return rc;
