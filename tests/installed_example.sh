@@ -22,6 +22,12 @@ pc_dir=$(dirname "$(find "$work/root" -name clattn.pc | head -n 1)")
 export PKG_CONFIG_PATH=$pc_dir PKG_CONFIG_SYSROOT_DIR=$work/root
 flags=$(pkg-config --cflags --libs clattn)
 echo "pkg-config --cflags --libs clattn: $flags"
-cc -std=c11 -Wall -Wextra -Werror "$src/examples/basic.c" $flags -lm -o "$work/basic"
 lib_dir=$(dirname "$(find "$work/root" -name 'libclattn.so' | head -n 1)")
+# A sanitizer build (tools/sanitize.sh) installs an instrumented library:
+# the program links the same runtime first.
+sanitize=()
+ldd "$lib_dir/libclattn.so" | grep -q libasan && sanitize+=(-fsanitize=address)
+ldd "$lib_dir/libclattn.so" | grep -q libubsan && sanitize+=(-fsanitize=undefined)
+ldd "$lib_dir/libclattn.so" | grep -q libtsan && sanitize+=(-fsanitize=thread)
+cc -std=c11 -Wall -Wextra -Werror "${sanitize[@]}" "$src/examples/basic.c" $flags -lm -o "$work/basic"
 LD_LIBRARY_PATH=$lib_dir "$work/basic"
