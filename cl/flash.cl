@@ -27,7 +27,7 @@
  * K/V storage (paged, Q8_0, INT8; common.h.cl's ca_kv_*) is located and
  * dequantised on load: by flash_pack into the packed copies, in place by the
  * direct and tiled kernels. A key whose page is outside the pool is
- * disallowed (the per-key pass runs for every block of a paged call).
+ * disallowed (a block spanning such a page takes the per-key pass).
  *
  * -D DK, DV: head dim and value dim (the program is specialised per pair).
  * -D FLASH_BM: rows per work-item (register block), FLASH_BN: keys per block.

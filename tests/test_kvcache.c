@@ -587,6 +587,7 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
   for (int b = 0; b < B; b++) used += (c->lens[b] + ps - 1) / ps;
   if (c->shared) used--;
   p->num_pages = c->paged ? used + c->spare_pages : B;
+  if (p->num_pages < 1) p->num_pages = 1; /* a pool has a page, even when no sequence has a key */
   int *perm = malloc(sizeof(int) * (size_t)(p->num_pages > 0 ? p->num_pages : 1));
   p->table = malloc(sizeof(int32_t) * (size_t)B * p->bt_stride);
   if (!perm || !p->table) {
@@ -1083,6 +1084,61 @@ static void paged_hostile_tables_and_lengths(void) {
       }
 }
 
+/* A seeded random sweep over the combinations above: batch, heads, GQA
+ * group, rows, lengths (0 included), page sizes 1..17, storage, shared
+ * pages, entries outside the pool, hostile tables, and each feature on or
+ * off, every case on every path. Storage pairs are the ones the cases above
+ * already build programs for. */
+static void random_paged_quantised_sweep(void) {
+  const struct { clattn_dtype q, kv; int dk, dv; } combos[] = {
+      {CLATTN_F32, CLATTN_Q8_0, 64, 32}, {CLATTN_F32, CLATTN_INT8, 64, 32}, {CLATTN_F32, CLATTN_F16, 64, 32},
+      {CLATTN_F32, CLATTN_BF16, 64, 32}, {CLATTN_F32, CLATTN_F32, 64, 32},  {CLATTN_F16, CLATTN_F16, 32, 32},
+      {CLATTN_BF16, CLATTN_INT8, 32, 32}, {CLATTN_F16, CLATTN_Q8_0, 32, 64}};
+  const uint64_t saved = rng_state;
+  rng_state = 0x5eed13ull;
+  for (int n = 0; n < 40; n++) {
+    const size_t ci = rnd() % (sizeof combos / sizeof combos[0]);
+    kvcase c;
+    memset(&c, 0, sizeof c);
+    char label[160];
+    int lens[3];
+    c.B = 1 + (int)(rnd() % 3);
+    c.Hkv = 1 + (int)(rnd() % 2);
+    c.Hq = c.Hkv * (1 + (int)(rnd() % 3));
+    c.M = 1 + (int)(rnd() % 9);
+    c.N = 1 + (int)(rnd() % 70);
+    c.dk = combos[ci].dk;
+    c.dv = combos[ci].dv;
+    c.dtype = combos[ci].q;
+    c.kv = combos[ci].kv;
+    c.paged = rnd() % 4 != 0;
+    c.page_size = 1 + (int)(rnd() % 17);
+    c.spare_pages = (int)(rnd() % 3);
+    for (int b = 0; b < c.B; b++) lens[b] = rnd() % 6 == 0 ? 0 : 1 + (int)(rnd() % (uint32_t)c.N);
+    c.lens = lens;
+    c.shared = c.paged && c.B >= 2 && lens[0] >= c.page_size && lens[1] >= c.page_size && rnd() % 2;
+    c.bad_entry = c.paged && rnd() % 3 == 0;
+    c.hostile = c.paged && rnd() % 4 == 0;
+    c.causal = rnd() % 2;
+    c.window_left = rnd() % 3 == 0 ? (int)(rnd() % 9) : -1;
+    c.window_right = !c.causal && rnd() % 3 == 0 ? (int)(rnd() % 5) : -1;
+    c.mask = rnd() % 3 == 0;
+    c.bias = rnd() % 3 == 0;
+    c.alibi = rnd() % 4 == 0;
+    c.softcap = rnd() % 4 == 0;
+    c.sinks = rnd() % 4 == 0;
+    c.lse = 1;
+    c.diag = rnd() % 3 == 0;
+    c.additive = rnd() % 6 == 0;
+    snprintf(label, sizeof label, "random #%d: B=%d Hq=%d Hkv=%d M=%d N=%d q=%s kv=%s %s ps=%d%s%s%s", n, c.B, c.Hq,
+             c.Hkv, c.M, c.N, kv_name(c.dtype), kv_name(c.kv), c.paged ? "paged" : "contiguous", c.page_size,
+             c.shared ? " shared" : "", c.bad_entry ? " bad-entry" : "", c.hostile ? " hostile" : "");
+    c.label = label;
+    kv_forward_case(&c, CLATTN_ALGO_FUSED);
+  }
+  rng_state = saved;
+}
+
 /* AUTO takes the fused path for paged / quantised K/V. */
 static void auto_runs_paged_quantised_calls(void) {
   static const int lens[2] = {20, 13};
@@ -1227,6 +1283,7 @@ int main(int argc, char **argv) {
       CT_TEST(contiguous_quantised_matches_reference),
       CT_TEST(paged_decode_split_kv_matches_reference),
       CT_TEST(paged_hostile_tables_and_lengths),
+      CT_TEST(random_paged_quantised_sweep),
       CT_TEST(auto_runs_paged_quantised_calls),
   };
   ct_context();
