@@ -12,7 +12,7 @@
  * Reported every few steps: the loss and the retrieval accuracy (O_i is
  * nearer y_i than any other hidden value; the model's slots may be any
  * permutation of the hidden ones). The first step's gradients are also checked against the fp64
- * reference (src/reference_backward.c). Asserted: that check, the loss
+ * reference (tests/kit/reference_backward.c). Asserted: that check, the loss
  * falling below a tenth of its start, accuracy at least 0.9 at the end.
  */
 #include "lab_train.h"

@@ -10,7 +10,7 @@
  *     *done to NULL and leaves a message in clattn_last_error of its own;
  *   - an accepted call (OK, or EMPTY_ROW under EMPTY_ERROR) writes every
  *     element of every output view, no element outside them (canaries),
- *     and matches the fp64 reference (src/reference.h) within 1e-4
+ *     and matches the fp64 reference (tests/kit/reference.h) within 1e-4
  *     norm-wise with the NaN / +-inf class of every element exact.
  *
  * Shared by the libFuzzer harness (fuzz_forward.c) and the opencl-suite
