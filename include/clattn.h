@@ -281,6 +281,14 @@ CLATTN_EXPORT const char *clattn_describe(const clattn_context *ctx);
  * caller's own buffers. reset != 0 zeroes it after reading. */
 CLATTN_EXPORT size_t clattn_peak_scratch_bytes(clattn_context *ctx, int reset);
 
+/* Builds now every kernel program that clattn_forward would build on first
+ * use for calls like shapes[0 .. n) (their dtype, kv_dtype, head_dim and
+ * value_dim; the other fields are not read), for every algorithm, so an
+ * engine's first token pays no compile stall. The programs stay for the
+ * context's life (and in the disk cache). A bad shape is INVALID_ARGUMENT
+ * naming it; a build failure CLATTN_ERR_BUILD with the log. */
+CLATTN_EXPORT clattn_status clattn_prepare(clattn_context *ctx, const clattn_params *shapes, int n);
+
 /* Name of an algorithm ("auto", "staged", "fused", "gemm"). */
 CLATTN_EXPORT const char *clattn_algo_name(clattn_algo a);
 

@@ -20,11 +20,10 @@ enum { BLOCK_WG = 128 };         /* work-items per group of cl/flash_block.cl */
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-/* The fused program for (head_dim, value_dim): built on first use, then kept
- * for the context's life. */
-static clattn_status fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                                   clattn_dtype kv_dtype, cl_program *out) {
+clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
+                                clattn_dtype kv_dtype, cl_program *out) {
   clattn_status st = CLATTN_OK;
+  if (kv_dtype == CLATTN_DTYPE_SAME) kv_dtype = dtype; /* one program either way */
   pthread_mutex_lock(&ctx->programs_lock);
   for (int i = 0; i < ctx->n_fused; i++)
     if (ctx->fused[i].head_dim == head_dim && ctx->fused[i].value_dim == value_dim && ctx->fused[i].dtype == dtype &&
@@ -120,7 +119,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
                    "(%llu bytes)", (unsigned long long)kt_bytes, (unsigned long long)vp_bytes,
                    (unsigned long long)ctx->max_alloc);
 
-  if ((st = fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program))) return st;
+  if ((st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program))) return st;
   /* flash_block where it applies; flash_tiled keeps the route diagnostics
    * and additive scoring. */
   tl_block blk = {0, 0};

@@ -95,6 +95,10 @@ clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_progra
 /* The core program for q/out stored as dtype and k/v as kv_dtype (SAME or
  * equal: ca_core_program's); built on first use. */
 clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype kv_dtype, cl_program *out);
+/* The fused program for (head_dim, value_dim, dtype, kv_dtype): built on
+ * first use, then kept for the context's life (fused.c). */
+clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
+                               clattn_dtype kv_dtype, cl_program *out);
 
 /* A fresh kernel object: kernels are per call so threads never share state. */
 clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);

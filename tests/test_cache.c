@@ -700,6 +700,53 @@ static void empty_cache_dir_disables(void)
   CHECKF(l.n <= 0, "CLATTN_CACHE_DIR = \"\": %d files under XDG_CACHE_HOME/clattn", l.n);
 }
 
+/* clattn_prepare builds, ahead of the first call, every program that call
+ * would build: the first FUSED, STAGED and GEMM calls and a 16-bit one then
+ * build nothing. Bad shapes are refused naming them. */
+static void prepare_builds_what_the_first_calls_need(void)
+{
+  char dir[300];
+  make_dir(dir, sizeof dir, "prepare");
+  clattn_context *ctx = create_on(dir);
+  REQUIRE(ctx != NULL);
+  const cp_shape small = small_shape();
+  clattn_params shapes[2] = {clattn_params_default(), clattn_params_default()};
+  shapes[0].head_dim = shapes[1].head_dim = small.head_dim;
+  shapes[0].value_dim = shapes[1].value_dim = small.value_dim;
+  shapes[1].dtype = CLATTN_F16;
+  int src0 = 0, cache0 = 0, src = 0, cache = 0;
+  counts(ctx, &src0, &cache0);
+  CHECK_STATUS(clattn_prepare(ctx, shapes, 2), CLATTN_OK);
+  counts(ctx, &src, &cache);
+  CHECKF(src + cache > src0 + cache0, "clattn_prepare built nothing (%d, %d programs before and after)", src0 + cache0,
+         src + cache);
+  src0 = src, cache0 = cache;
+  size_t n = 0;
+  static const clattn_algo algos[] = {CLATTN_ALGO_FUSED, CLATTN_ALGO_STAGED, CLATTN_ALGO_GEMM};
+  for (int a = 0; a < 3; a++) free(run_small(ctx, algos[a], &n));
+  cp_shape s16 = small;
+  s16.dtype = CLATTN_F16;
+  char err[256] = "";
+  cp_problem *pb = cp_build(&s16, err, sizeof err);
+  cp_result r;
+  if (CHECKF(pb != NULL, "cp_build: %s", err))
+    CHECKF(cp_run(pb, ctx, &r) == 0 && r.status == CLATTN_OK, "f16 call: %s", pb->err);
+  cp_free(pb);
+  counts(ctx, &src, &cache);
+  CHECKF(src == src0 && cache == cache0, "the first calls after clattn_prepare built %d programs", (src + cache) -
+         (src0 + cache0));
+  shapes[1].dtype = (clattn_dtype)7;
+  CHECK_STATUS(clattn_prepare(ctx, shapes, 2), CLATTN_ERR_INVALID_ARGUMENT);
+  CHECKF(strstr(clattn_last_error(ctx), "shapes[1].dtype") != NULL, "message: %s", clattn_last_error(ctx));
+  shapes[1] = shapes[0];
+  shapes[1].value_dim = 0;
+  CHECK_STATUS(clattn_prepare(ctx, shapes, 2), CLATTN_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(clattn_prepare(ctx, NULL, 1), CLATTN_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(clattn_prepare(NULL, shapes, 1), CLATTN_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(clattn_prepare(ctx, NULL, 0), CLATTN_OK);
+  clattn_destroy(ctx);
+}
+
 /* The directory each source of the setting leads to (no device needed). */
 static void dir_resolution_order(void)
 {
@@ -858,6 +905,7 @@ int main(int argc, char **argv)
     CT_TEST(unwritable_cache_dir_still_works),
     CT_TEST(empty_cache_dir_disables),
     CT_TEST(concurrent_processes_fill_cache),
+    CT_TEST(prepare_builds_what_the_first_calls_need),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }
