@@ -130,16 +130,33 @@ static void hash_info(hash128 *h, cl_platform_id platform, cl_device_id device, 
   hash_field(h, "?", 1);
 }
 
+/* What identifies the device and its compiler: platform, device, driver. */
+static void hash_device(hash128 *h, const clattn_context *ctx) {
+  hash_info(h, ctx->platform, NULL, CL_PLATFORM_NAME);
+  hash_info(h, ctx->platform, NULL, CL_PLATFORM_VERSION);
+  hash_info(h, NULL, ctx->device, CL_DEVICE_NAME);
+  hash_info(h, NULL, ctx->device, CL_DEVICE_VERSION);
+  hash_info(h, NULL, ctx->device, CL_DRIVER_VERSION);
+}
+
+static void hash_final(const hash128 *h, ca_cache_key *key) {
+  put_u64(key->bytes, mix64(h->a));
+  put_u64(key->bytes + 8, mix64(h->b ^ 0x243f6a8885a308d3ull));
+}
+
+void ca_device_key_of(const clattn_context *ctx, ca_cache_key *key) {
+  hash128 h;
+  hash_init(&h);
+  hash_device(&h, ctx);
+  hash_final(&h, key);
+}
+
 void ca_cache_key_of(const clattn_context *ctx, const char *const *sources, cl_uint n_sources, const char *options,
                      ca_cache_key *key) {
   hash128 h;
   hash_init(&h);
   hash_field(&h, CLATTN_VERSION_STRING, strlen(CLATTN_VERSION_STRING));
-  hash_info(&h, ctx->platform, NULL, CL_PLATFORM_NAME);
-  hash_info(&h, ctx->platform, NULL, CL_PLATFORM_VERSION);
-  hash_info(&h, NULL, ctx->device, CL_DEVICE_NAME);
-  hash_info(&h, NULL, ctx->device, CL_DEVICE_VERSION);
-  hash_info(&h, NULL, ctx->device, CL_DRIVER_VERSION);
+  hash_device(&h, ctx);
   /* The sources as the compiler sees them: concatenated, in order. */
   size_t total = 0;
   for (cl_uint i = 0; i < n_sources; i++) total += strlen(sources[i]);
@@ -149,8 +166,7 @@ void ca_cache_key_of(const clattn_context *ctx, const char *const *sources, cl_u
   for (cl_uint i = 0; i < n_sources; i++) hash_bytes(&h, sources[i], strlen(sources[i]));
   const char *opt = options ? options : "";
   hash_field(&h, opt, strlen(opt));
-  put_u64(key->bytes, mix64(h.a));
-  put_u64(key->bytes + 8, mix64(h.b ^ 0x243f6a8885a308d3ull));
+  hash_final(&h, key);
 }
 
 /* ---- files ---- */

@@ -63,9 +63,8 @@ static void apply_environment(clattn_context *ctx) {
 
 char *ca_tuning_default_path(const clattn_context *ctx) {
   if (!ctx->cache_dir) return NULL;
-  const char *what[] = {"tuning file"};
   ca_cache_key key;
-  ca_cache_key_of(ctx, what, 1, "", &key);
+  ca_device_key_of(ctx, &key); /* not the library version: an upgrade keeps the tuning */
   size_t n = strlen(ctx->cache_dir) + 64;
   char *path = malloc(n);
   if (!path) return NULL;

@@ -109,6 +109,9 @@ clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *
 typedef struct { unsigned char bytes[16]; } ca_cache_key;
 void ca_cache_key_of(const clattn_context *ctx, const char *const *sources, cl_uint n_sources, const char *options,
                      ca_cache_key *key);
+/* 128 bits over platform, device and driver only: what a tuning file is for
+ * (a library upgrade keeps it; the program cache's key changes). */
+void ca_device_key_of(const clattn_context *ctx, ca_cache_key *key);
 /* The built program from a validated entry of ctx->cache_dir, or NULL (miss;
  * an entry that does not validate or build is deleted). Never fails a call. */
 cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const char *options);
