@@ -304,6 +304,7 @@ cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const cha
   }
   /* Not to be trusted: remove it (a store after the source build replaces it). */
   if (rc < 0) unlink(path);
+  if (program) utimensat(AT_FDCWD, path, NULL, 0); /* its last use, for the size cap */
   free(file);
   free(marker);
   free(path);
@@ -359,6 +360,7 @@ void ca_cache_store(clattn_context *ctx, const ca_cache_key *key, cl_program pro
   ok = (close(fd) == 0) && ok;
   fd = -1;
   if (!ok || rename(tmp, path) != 0) unlink(tmp);
+  else ca_cache_evict(ctx->cache_dir, path, ca_cache_cap());
 done:
   if (fd >= 0) close(fd);
   free(tmp);

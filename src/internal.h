@@ -125,6 +125,12 @@ uint64_t ca_cache_entry_checksum(const unsigned char *file, size_t n);
 /* Writes program's binary for ctx->device atomically (temp file + rename);
  * best effort, silent on failure. */
 void ca_cache_store(clattn_context *ctx, const ca_cache_key *key, cl_program program);
+/* The cache directory's size cap: CLATTN_CACHE_MAX_BYTES (a positive
+ * integer), else 512 MiB (cache_evict.c). */
+uint64_t ca_cache_cap(void);
+/* Removes dir's least recently used entries (oldest mtime first) until they
+ * total at most cap bytes; never the entry at path keep (may be NULL). */
+void ca_cache_evict(const char *dir, const char *keep, uint64_t cap);
 /* The cache directory: opt when non-NULL, else env CLATTN_CACHE_DIR, else
  * $XDG_CACHE_HOME/clattn, else $HOME/.cache/clattn, created when missing.
  * NULL (no cache) for "" or when it cannot be created or written. malloc'd. */

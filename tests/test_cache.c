@@ -700,6 +700,84 @@ static void empty_cache_dir_disables(void)
   CHECKF(l.n <= 0, "CLATTN_CACHE_DIR = \"\": %d files under XDG_CACHE_HOME/clattn", l.n);
 }
 
+/* Writes a file of n bytes at dir/name whose last use (mtime) is `when`. */
+static void fake_file(const char *dir, const char *name, size_t n, time_t when)
+{
+  char path[400];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "wb");
+  if (!CHECKF(f != NULL, "cannot write %s", path))
+    return;
+  for (size_t i = 0; i < n; i++)
+    fputc('x', f);
+  fclose(f);
+  const struct timespec t[2] = {{when, 0}, {when, 0}};
+  CHECK(utimensat(AT_FDCWD, path, t, 0) == 0);
+}
+
+/* The size cap removes the least recently used entries first, never the
+ * one just written, and counts nothing but entries. */
+static void size_cap_removes_least_recently_used_first(void)
+{
+  char dir[300], keep[400];
+  make_dir(dir, sizeof dir, "cap");
+  REQUIRE(mkdir(dir, 0755) == 0 || errno == EEXIST);
+  static const char *const names[] = {"00000000000000000000000000000000.bin", "11111111111111111111111111111111.bin",
+                                      "22222222222222222222222222222222.bin", "33333333333333333333333333333333.bin"};
+  for (int i = 0; i < 4; i++)
+    fake_file(dir, names[i], 1000, 1000000000 + 1000 * i);   /* names[0] the least recently used */
+  fake_file(dir, "tuning-0123456789abcdef.txt", 5000, 1);  /* not an entry: neither counted nor removed */
+  fake_file(dir, ".tmp-abcdef", 5000, 1);
+  snprintf(keep, sizeof keep, "%s/%s", dir, names[0]);     /* as if just written */
+  ca_cache_evict(dir, keep, 2500);
+  listing l = list_dir(dir);
+  CHECKF(l.n == 4 && has_name(&l, names[0]) && has_name(&l, names[3]) && has_name(&l, "tuning-0123456789abcdef.txt") &&
+             has_name(&l, ".tmp-abcdef"),
+         "after the cap: %d files; want the kept entry, the most recent one and the two other files", l.n);
+  ca_cache_evict(dir, NULL, 1000000);                       /* under the cap: nothing goes */
+  CHECK(list_dir(dir).n == 4);
+}
+
+/* With a 1-byte cap only the newest entry stays, and contexts keep working;
+ * a load marks its entry used. */
+static void size_cap_keeps_the_cache_working(void)
+{
+  char dir[300];
+  make_dir(dir, sizeof dir, "cap-1");
+  REQUIRE(setenv("CLATTN_CACHE_MAX_BYTES", "1", 1) == 0);
+  clattn_context *ctx = create_on(dir);
+  size_t n = 0;
+  if (ctx)
+    free(run_small(ctx, CLATTN_ALGO_FUSED, &n));
+  clattn_destroy(ctx);
+  listing l = list_dir(dir);
+  CHECKF(l.n == 1 && is_entry_name(l.name[0]), "with a 1-byte cap: %d files, want the newest entry alone", l.n);
+  unsetenv("CLATTN_CACHE_MAX_BYTES");
+  ctx = create_on(dir);
+  if (ctx)
+    run_and_compare(ctx, "after the cap emptied the cache");
+  clattn_destroy(ctx);
+  /* a load marks its entry used: age every entry, load them again */
+  l = list_dir(dir);
+  for (int i = 0; i < l.n; i++) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, l.name[i]);
+    const struct timespec old[2] = {{1000000000, 0}, {1000000000, 0}};
+    utimensat(AT_FDCWD, path, old, 0);
+  }
+  ctx = create_on(dir);
+  clattn_destroy(ctx);
+  int touched = 0;
+  for (int i = 0; i < l.n; i++) {
+    char path[600];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", dir, l.name[i]);
+    if (stat(path, &sb) == 0 && sb.st_mtime > 1000000000)
+      touched++;
+  }
+  CHECKF(touched >= 2, "loading the probe and core programs marked %d entries used (want 2)", touched);
+}
+
 /* clattn_prepare builds, ahead of the first call, every program that call
  * would build: the first FUSED, STAGED and GEMM calls and a 16-bit one then
  * build nothing. Bad shapes are refused naming them. */
@@ -906,6 +984,8 @@ int main(int argc, char **argv)
     CT_TEST(empty_cache_dir_disables),
     CT_TEST(concurrent_processes_fill_cache),
     CT_TEST(prepare_builds_what_the_first_calls_need),
+    CT_TEST(size_cap_removes_least_recently_used_first),
+    CT_TEST(size_cap_keeps_the_cache_working),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }
