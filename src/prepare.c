@@ -15,8 +15,10 @@ clattn_status clattn_prepare(clattn_context *ctx, const clattn_params *shapes, i
       return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_prepare: shapes[%d].kv_dtype %d is not a clattn_dtype", i,
                      (int)p->kv_dtype);
     if (p->head_dim <= 0 || p->value_dim <= 0)
-      return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_prepare: shapes[%d]: head_dim %d and value_dim %d must be "
-                                                  "positive", i, p->head_dim, p->value_dim);
+      return ca_fail(CLATTN_ERR_INVALID_ARGUMENT,
+                     "clattn_prepare: shapes[%d]: head_dim %d and value_dim %d must be "
+                     "positive",
+                     i, p->head_dim, p->value_dim);
     cl_program program;
     clattn_status st;
     /* STAGED and GEMM read K/V through the core program of (dtype, kv_dtype);

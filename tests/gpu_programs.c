@@ -16,13 +16,16 @@
 #include "program_text.h"
 
 static int find_profile(const char *name, tl_device *dev) {
-  static const struct { const char *name; tl_device dev; } profiles[] = {
-    /* CDNA (MI200/MI300): 64-wide wavefronts, 64 KiB LDS, 1024-item groups */
-    {"amd-wave64", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0}},
-    /* RDNA 3 (gfx1100): 32-wide waves */
-    {"amd-wave32", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0}},
-    /* NVIDIA's OpenCL: 32-wide warps, 48 KiB local memory */
-    {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0}},
+  static const struct {
+    const char *name;
+    tl_device dev;
+  } profiles[] = {
+      /* CDNA (MI200/MI300): 64-wide wavefronts, 64 KiB LDS, 1024-item groups */
+      {"amd-wave64", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0}},
+      /* RDNA 3 (gfx1100): 32-wide waves */
+      {"amd-wave32", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0}},
+      /* NVIDIA's OpenCL: 32-wide warps, 48 KiB local memory */
+      {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0}},
   };
   for (size_t i = 0; i < sizeof profiles / sizeof profiles[0]; i++)
     if (strcmp(name, profiles[i].name) == 0) {
@@ -55,8 +58,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: gpu_programs amd-wave64|amd-wave32|nvidia OUT_DIR\n");
     return 2;
   }
-  static const struct { clattn_dtype dtype; const char *name; } dtypes[] = {
-    {CLATTN_F32, "f32"}, {CLATTN_F16, "f16"}, {CLATTN_BF16, "bf16"}};
+  static const struct {
+    clattn_dtype dtype;
+    const char *name;
+  } dtypes[] = {{CLATTN_F32, "f32"}, {CLATTN_F16, "f16"}, {CLATTN_BF16, "bf16"}};
   /* Head dims: the common ones, one that is not a multiple of 16 (no direct
    * decode kernels) and one with dk != dv. */
   static const int dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {80, 80}, {40, 24}};
@@ -82,8 +87,11 @@ int main(int argc, char **argv) {
   }
   /* Paged/quantised K/V: the fused kernels over Q8_0 and INT8 caches, and
    * clattn_kv_append for every cache storage. */
-  static const struct { clattn_dtype dtype; const char *name; } kv[] = {
-    {CLATTN_F32, "f32"}, {CLATTN_F16, "f16"}, {CLATTN_BF16, "bf16"}, {CLATTN_Q8_0, "q8_0"}, {CLATTN_INT8, "int8"}};
+  static const struct {
+    clattn_dtype dtype;
+    const char *name;
+  } kv[] = {
+      {CLATTN_F32, "f32"}, {CLATTN_F16, "f16"}, {CLATTN_BF16, "bf16"}, {CLATTN_Q8_0, "q8_0"}, {CLATTN_INT8, "int8"}};
   for (size_t c = 3; c < 5; c++) {
     char name[64];
     dev.head_dim = dev.value_dim = 0;

@@ -77,8 +77,9 @@ int rc_use_cache(cp_problem *pb, clattn_context *ctx, int page_size, clattn_dtyp
   const clattn_dtype kv = kv_dtype == CLATTN_DTYPE_SAME ? p->dtype : kv_dtype;
   const int paged = page_size > 0, B = p->batch, H = p->kv_heads, N = p->kv_len;
   if (paged && (s->varlen || s->kv_lens))
-    return fail(err, n, "--paged: a paged cache aligns each row on its own length; use it without --varlen and "
-                        "--kv-lens (every sequence here holds kv_len keys)");
+    return fail(err, n,
+                "--paged: a paged cache aligns each row on its own length; use it without --varlen and "
+                "--kv-lens (every sequence here holds kv_len keys)");
   const int per_seq = paged ? (N + page_size - 1) / page_size : 1;
   const int slots = paged ? B * per_seq : B, rows = paged ? page_size : N;
   const size_t k_bytes = (size_t)slots * H * rows * row_bytes(kv, p->head_dim);
@@ -87,8 +88,10 @@ int rc_use_cache(cp_problem *pb, clattn_context *ctx, int page_size, clattn_dtyp
   cl_context cl = clattn_cl_context(ctx);
   cl_command_queue q = clattn_cl_queue(ctx);
   if (kv == CLATTN_Q8_0 && (p->head_dim % 32 || p->value_dim % 32))
-    return fail(err, n, "--kv-dtype q8_0 stores rows in blocks of 32: head and value dims must be multiples of 32 "
-                        "(got %d, %d)", p->head_dim, p->value_dim);
+    return fail(err, n,
+                "--kv-dtype q8_0 stores rows in blocks of 32: head and value dims must be multiples of 32 "
+                "(got %d, %d)",
+                p->head_dim, p->value_dim);
 
   /* Pages handed out in reverse order, so no sequence's pages are in order. */
   int32_t *table = NULL, *positions = calloc((size_t)B, sizeof *positions);
@@ -106,8 +109,8 @@ int rc_use_cache(cp_problem *pb, clattn_context *ctx, int page_size, clattn_dtyp
   if (!(kc = new_buffer(cl, k_bytes, NULL, c, err, n)) || !(vc = new_buffer(cl, v_bytes, NULL, c, err, n)) ||
       !(pos = new_buffer(cl, (size_t)B * sizeof *positions, positions, c, err, n)))
     goto done;
-  if (kv == CLATTN_INT8 && (!(ks = new_buffer(cl, scale_bytes, NULL, c, err, n)) ||
-                            !(vs = new_buffer(cl, scale_bytes, NULL, c, err, n))))
+  if (kv == CLATTN_INT8 &&
+      (!(ks = new_buffer(cl, scale_bytes, NULL, c, err, n)) || !(vs = new_buffer(cl, scale_bytes, NULL, c, err, n))))
     goto done;
   if (paged && !(tb = new_buffer(cl, (size_t)B * per_seq * sizeof *table, table, c, err, n))) goto done;
   ap.positions = pos;
@@ -117,8 +120,10 @@ int rc_use_cache(cp_problem *pb, clattn_context *ctx, int page_size, clattn_dtyp
     ap.k_scale = (clattn_tensor){ks, 0, {(size_t)H * rows, (size_t)rows, 1, 0}};
     ap.v_scale = (clattn_tensor){vs, 0, {(size_t)H * rows, (size_t)rows, 1, 0}};
   }
-  if (paged) ap.block_table = tb, ap.block_table_stride = per_seq, ap.page_size = page_size, ap.num_pages = slots;
-  else ap.capacity = N;
+  if (paged)
+    ap.block_table = tb, ap.block_table_stride = per_seq, ap.page_size = page_size, ap.num_pages = slots;
+  else
+    ap.capacity = N;
   clattn_status st = clattn_kv_append(ctx, &ap, 0, NULL, NULL);
   if (st != CLATTN_OK) {
     fail(err, n, "clattn_kv_append: %s: %s", clattn_status_string(st), clattn_last_error(ctx));

@@ -16,9 +16,9 @@
 #include "problem.h"
 
 typedef struct {
-  cl_mem bufs[8];          /* the cache, its scales, positions, block table, kv_lens */
+  cl_mem bufs[8]; /* the cache, its scales, positions, block table, kv_lens */
   int n_bufs;
-  double bytes_per_token;  /* K and V (and INT8 scales) per cached token, all KV heads */
+  double bytes_per_token; /* K and V (and INT8 scales) per cached token, all KV heads */
 } rc_cache;
 
 /* After cp_upload(pb, ctx). page_size 0 = contiguous; kv_dtype
