@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 #include "problem.h"
+#include "internal.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -43,20 +44,7 @@ size_t cp_index(const clattn_tensor *t, int b, int h, int row, int col)
 
 const char *cp_cl_error_name(cl_int code)
 {
-  switch (code) {
-#define N(c) case c: return #c;
-    N(CL_SUCCESS) N(CL_DEVICE_NOT_FOUND) N(CL_DEVICE_NOT_AVAILABLE)
-    N(CL_COMPILER_NOT_AVAILABLE) N(CL_MEM_OBJECT_ALLOCATION_FAILURE)
-    N(CL_OUT_OF_RESOURCES) N(CL_OUT_OF_HOST_MEMORY) N(CL_BUILD_PROGRAM_FAILURE)
-    N(CL_MISALIGNED_SUB_BUFFER_OFFSET) N(CL_INVALID_VALUE) N(CL_INVALID_DEVICE)
-    N(CL_INVALID_CONTEXT) N(CL_INVALID_COMMAND_QUEUE) N(CL_INVALID_HOST_PTR)
-    N(CL_INVALID_MEM_OBJECT) N(CL_INVALID_BUFFER_SIZE) N(CL_INVALID_EVENT_WAIT_LIST)
-    N(CL_INVALID_OPERATION) N(CL_INVALID_EVENT)
-    N(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
-#undef N
-  default:
-    return "CL_ERROR";
-  }
+  return ca_cl_error_name(code);   /* the library's table: one list of names */
 }
 
 /* splitmix64: small, seedable, the same everywhere. */
