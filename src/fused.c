@@ -15,13 +15,24 @@
 #include "internal.h"
 
 enum { FLASH_BN = 16 };          /* keys per block; cl/flash.cl's FLASH_BN */
-enum { MIN_SPLIT_KEYS = 256 };
-enum { BLOCK_WG = 128 };         /* work-items per group of cl/flash_block.cl */   /* a split smaller than this costs more than it hides */
+enum { MIN_SPLIT_KEYS = 256 };   /* a split smaller than this costs more than it hides */
+enum { BLOCK_WG = 128 };         /* work-items per group of cl/flash_block.cl */
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
+/* Whether the built flash_block can run its 128 work-items per group: a
+ * GPU compiler may allow fewer (registers); flash_tiled then runs instead. */
+static int block_kernel_runs(clattn_context *ctx, cl_program program) {
+  cl_kernel kernel = NULL;
+  size_t max_items = 0;
+  if (ca_create_kernel(program, "flash_block", &kernel) != CLATTN_OK) return 0;
+  cl_int err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof max_items, &max_items, NULL);
+  clReleaseKernel(kernel);
+  return err == CL_SUCCESS && max_items >= BLOCK_WG;
+}
+
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                                clattn_dtype kv_dtype, cl_program *out) {
+                                clattn_dtype kv_dtype, cl_program *out, int *block_runs) {
   clattn_status st = CLATTN_OK;
   if (kv_dtype == CLATTN_DTYPE_SAME) kv_dtype = dtype; /* one program either way */
   pthread_mutex_lock(&ctx->programs_lock);
@@ -29,6 +40,7 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
     if (ctx->fused[i].head_dim == head_dim && ctx->fused[i].value_dim == value_dim && ctx->fused[i].dtype == dtype &&
         ctx->fused[i].kv_dtype == kv_dtype) {
       *out = ctx->fused[i].program;
+      if (block_runs) *block_runs = ctx->fused[i].block_runs;
       goto done;
     }
   if (ctx->n_fused == ctx->cap_fused) {
@@ -53,23 +65,19 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
     ctx->fused[ctx->n_fused].dtype = dtype;
     ctx->fused[ctx->n_fused].kv_dtype = kv_dtype;
     ctx->fused[ctx->n_fused].program = program;
+    /* asked once per program, not per call; the program holds flash_block
+     * under ca_fused_text's condition */
+    tl_block blk;
+    ctx->fused[ctx->n_fused].block_runs = ctx->tiles.flash_wg > 0 &&
+                                          tl_flash_block(&ctx->caps, head_dim, value_dim, &blk) == 0 &&
+                                          block_kernel_runs(ctx, program);
+    if (block_runs) *block_runs = ctx->fused[ctx->n_fused].block_runs;
     ctx->n_fused++;
     *out = program;
   }
 done:
   pthread_mutex_unlock(&ctx->programs_lock);
   return st;
-}
-
-/* Whether the built flash_block can run its 128 work-items per group: a
- * GPU compiler may allow fewer (registers); flash_tiled then runs instead. */
-static int block_kernel_runs(clattn_context *ctx, cl_program program) {
-  cl_kernel kernel = NULL;
-  size_t max_items = 0;
-  if (ca_create_kernel(program, "flash_block", &kernel) != CLATTN_OK) return 0;
-  cl_int err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof max_items, &max_items, NULL);
-  clReleaseKernel(kernel);
-  return err == CL_SUCCESS && max_items >= BLOCK_WG;
 }
 
 /* Splits the keys when the row blocks alone would leave compute units idle
@@ -119,13 +127,14 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
                    "(%llu bytes)", (unsigned long long)kt_bytes, (unsigned long long)vp_bytes,
                    (unsigned long long)ctx->max_alloc);
 
-  if ((st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program))) return st;
+  int block_runs = 0;
+  if ((st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program, &block_runs)))
+    return st;
   /* flash_block where it applies; flash_tiled keeps the route diagnostics
    * and additive scoring. */
   tl_block blk = {0, 0};
-  const int block = wg && ctx->flash_block && !plan->diag && p->score != CLATTN_SCORE_ADDITIVE &&
-                    tl_flash_block(&ctx->caps, p->head_dim, p->value_dim, &blk) == 0 &&
-                    block_kernel_runs(ctx, program);
+  const int block = wg && ctx->flash_block && !plan->diag && p->score != CLATTN_SCORE_ADDITIVE && block_runs &&
+                    tl_flash_block(&ctx->caps, p->head_dim, p->value_dim, &blk) == 0;
   /* rows per work-item (flash_rows*) or per work-group (flash_block, flash_tiled) */
   const int bm = block ? 16 * blk.rm : wg ? wg : !direct ? ctx->tiles.flash_bm : rows_per_kv <= 1 ? 1 : rows_per_kv <= 2 ? 2 : rows_per_kv <= 4 ? 4 : 8;
   const size_t group_items = block ? BLOCK_WG : (size_t)wg;

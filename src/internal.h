@@ -27,7 +27,12 @@ struct clattn_context {
   cl_program core;            /* built at creation (f32 storage): qk_score, softmax_rows, mix_values, merge_states, gemm */
   cl_program core_16[2];      /* the same for f16 and bf16 storage, built on first use; under programs_lock */
   pthread_mutex_t programs_lock; /* guards the fused programs and peak_scratch */
-  struct ca_fused_program { int head_dim, value_dim; clattn_dtype dtype, kv_dtype; cl_program program; } *fused;
+  struct ca_fused_program {
+    int head_dim, value_dim;
+    clattn_dtype dtype, kv_dtype;
+    cl_program program;
+    int block_runs; /* fused: flash_block built and able to run its work-group */
+  } *fused;
   cl_program append[3][5];
   cl_program core_kv[3][5];   /* core programs per (dtype, kv_dtype != dtype), built on first use; under programs_lock */    /* kv_append per (source dtype, cache dtype), built on first use; under programs_lock */
   int n_fused, cap_fused;     /* fused programs, one per (head_dim, value_dim), kept for the context's life */
@@ -96,9 +101,10 @@ clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_progra
  * equal: ca_core_program's); built on first use. */
 clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype kv_dtype, cl_program *out);
 /* The fused program for (head_dim, value_dim, dtype, kv_dtype): built on
- * first use, then kept for the context's life (fused.c). */
+ * first use, then kept for the context's life (fused.c). *block_runs (when
+ * non-NULL): whether its flash_block can run. */
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                               clattn_dtype kv_dtype, cl_program *out);
+                               clattn_dtype kv_dtype, cl_program *out, int *block_runs);
 
 /* A fresh kernel object: kernels are per call so threads never share state. */
 clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);

@@ -25,7 +25,7 @@ clattn_status clattn_prepare(clattn_context *ctx, const clattn_params *shapes, i
      * the split-KV merge writes out through dtype's; FUSED has its own. */
     if ((st = ca_core_program_kv(ctx, p->dtype, p->kv_dtype, &program)) ||
         (st = ca_core_program(ctx, p->dtype, &program)) ||
-        (st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, p->kv_dtype, &program)))
+        (st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, p->kv_dtype, &program, NULL)))
       return st;
   }
   return CLATTN_OK;
