@@ -39,20 +39,6 @@ static void find_device(void)
   exit(CT_SKIP);
 }
 
-static cl_uint context_refs(cl_context c)
-{
-  cl_uint n = 0;
-  clGetContextInfo(c, CL_CONTEXT_REFERENCE_COUNT, sizeof n, &n, NULL);
-  return n;
-}
-
-static cl_uint queue_refs(cl_command_queue q)
-{
-  cl_uint n = 0;
-  clGetCommandQueueInfo(q, CL_QUEUE_REFERENCE_COUNT, sizeof n, &n, NULL);
-  return n;
-}
-
 static void embedded_context_runs_and_leaves_caller_objects_working(void)
 {
   cl_int e;
@@ -64,7 +50,7 @@ static void embedded_context_runs_and_leaves_caller_objects_working(void)
     clReleaseContext(cc);
     return;
   }
-  const cl_uint ctx_refs0 = context_refs(cc), queue_refs0 = queue_refs(cq);
+  const cl_uint ctx_refs0 = cp_context_refs(cc), queue_refs0 = cp_queue_refs(cq);
 
   clattn_options opt;
   memset(&opt, 0, sizeof opt);
@@ -117,15 +103,15 @@ static void embedded_context_runs_and_leaves_caller_objects_working(void)
    * (POCL under load), so the counts may settle a little after destroy. */
   clFinish(cq);
   for (int tries = 0; tries < 300; tries++) {
-    if (context_refs(cc) == ctx_refs0 && queue_refs(cq) == queue_refs0)
+    if (cp_context_refs(cc) == ctx_refs0 && cp_queue_refs(cq) == queue_refs0)
       break;
     struct timespec ts = { 0, 10 * 1000 * 1000 };
     nanosleep(&ts, NULL);
   }
-  CHECKF(context_refs(cc) == ctx_refs0, "context reference count %u after destroy, %u before",
-         context_refs(cc), ctx_refs0);
-  CHECKF(queue_refs(cq) == queue_refs0, "queue reference count %u after destroy, %u before",
-         queue_refs(cq), queue_refs0);
+  CHECKF(cp_context_refs(cc) == ctx_refs0, "context reference count %u after destroy, %u before",
+         cp_context_refs(cc), ctx_refs0);
+  CHECKF(cp_queue_refs(cq) == queue_refs0, "queue reference count %u after destroy, %u before",
+         cp_queue_refs(cq), queue_refs0);
 
   /* the caller's queue and context still work */
   float host[64], back[64];

@@ -373,20 +373,6 @@ out:
   return NULL;
 }
 
-static cl_uint context_refs(cl_context c)
-{
-  cl_uint n = 0;
-  clGetContextInfo(c, CL_CONTEXT_REFERENCE_COUNT, sizeof n, &n, NULL);
-  return n;
-}
-
-static cl_uint queue_refs(cl_command_queue q)
-{
-  cl_uint n = 0;
-  clGetCommandQueueInfo(q, CL_QUEUE_REFERENCE_COUNT, sizeof n, &n, NULL);
-  return n;
-}
-
 static void threads_match_single_threaded_results(void)
 {
   clattn_context *ctx = ct_context();
@@ -419,7 +405,7 @@ static void threads_match_single_threaded_results(void)
    * (one per head_dim/value_dim, however many threads ask at once). */
   const cl_context cl_ctx = clattn_cl_context(ctx);
   const cl_command_queue shared_queue = clattn_cl_queue(ctx);
-  const cl_uint ctx_refs0 = context_refs(cl_ctx), queue_refs0 = queue_refs(shared_queue);
+  const cl_uint ctx_refs0 = cp_context_refs(cl_ctx), queue_refs0 = cp_queue_refs(shared_queue);
   int src0, cache0;
   ca_cache_counts(ctx, &src0, &cache0);
 
@@ -488,16 +474,16 @@ static void threads_match_single_threaded_results(void)
   const cl_uint ctx_refs1 = ctx_refs0 + (cl_uint)built;
   clFinish(shared_queue);
   for (int tries = 0; tries < 300; tries++) {
-    if (context_refs(cl_ctx) == ctx_refs1 && queue_refs(shared_queue) == queue_refs0)
+    if (cp_context_refs(cl_ctx) == ctx_refs1 && cp_queue_refs(shared_queue) == queue_refs0)
       break;
     struct timespec ts = { 0, 10 * 1000 * 1000 };
     nanosleep(&ts, NULL);
   }
-  CHECKF(context_refs(cl_ctx) == ctx_refs1,
+  CHECKF(cp_context_refs(cl_ctx) == ctx_refs1,
          "cl_context reference count %u after the threads, %u before and %d programs kept: an OpenCL "
-         "object leaked", context_refs(cl_ctx), ctx_refs0, built);
-  CHECKF(queue_refs(shared_queue) == queue_refs0,
-         "shared queue reference count %u after the threads, %u before", queue_refs(shared_queue),
+         "object leaked", cp_context_refs(cl_ctx), ctx_refs0, built);
+  CHECKF(cp_queue_refs(shared_queue) == queue_refs0,
+         "shared queue reference count %u after the threads, %u before", cp_queue_refs(shared_queue),
          queue_refs0);
 }
 

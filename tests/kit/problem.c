@@ -36,6 +36,20 @@ double cp_now_ms(void)
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+cl_uint cp_context_refs(cl_context c)
+{
+  cl_uint n = 0;
+  clGetContextInfo(c, CL_CONTEXT_REFERENCE_COUNT, sizeof n, &n, NULL);
+  return n;
+}
+
+cl_uint cp_queue_refs(cl_command_queue q)
+{
+  cl_uint n = 0;
+  clGetCommandQueueInfo(q, CL_QUEUE_REFERENCE_COUNT, sizeof n, &n, NULL);
+  return n;
+}
+
 size_t cp_index(const clattn_tensor *t, int b, int h, int row, int col)
 {
   return t->offset + (size_t)b * t->stride[0] + (size_t)h * t->stride[1] +
