@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kit_checks.h"
+#include "worked.h"
 
 /* ---------- the seeds' worked examples ---------- */
 
@@ -71,49 +72,52 @@ static void check_example(cp_problem *pb, const double *want_out, const double *
   cp_free(pb);
 }
 
-static const float pos_q[] = { 2, 0 }, pos_k[] = { 2, 0, 0, 2, 1.2f, 0.8f },
-                   pos_v[] = { 10, 0, 0, 10, 6, 4 };
-
-static void positive_read_gives_worked_example_output(void)
+/* Every worked example of the seeds on every algorithm: the printed numbers
+ * within their rounding (and the fp64 reference, in check_example). */
+static void worked_examples_give_the_seeds_numbers(void)
 {
-  const double out[] = { 8.638325843083024, 1.3616741569169766 };
-  check_example(example(3, 2, 2, pos_q, pos_k, pos_v, NULL, NAN), out, NULL, 1e-5);
-  /* the example's rounded weights */
-  const double w[] = { 0.724, 0.043, 0.233 };
-  check_example(example(3, 2, 2, pos_q, pos_k, pos_v, NULL, NAN), out, w, 5e-4);
+  for (int i = 0; i < CP_N_WORKED; i++) {
+    const cp_worked *e = &cp_worked_examples[i];
+    double out[2], w[3];
+    for (int d = 0; d < e->dv; d++)
+      out[d] = e->want_out[d];
+    for (int j = 0; j < e->n; j++)
+      w[j] = e->want_w[j];
+    check_example(example(e->n, e->dk, e->dv, e->q, e->k, e->v, e->allowed, e->scale), out, w,
+                  e->tol * (1 + fabs(out[0])));
+  }
 }
 
-static void structural_mask_gives_worked_example_output(void)
+/* The positive read to full precision; exact splits and means. */
+static void positive_read_gives_worked_example_output(void)
 {
-  const unsigned char mask[] = { 0, 1, 1 };
-  const double out[] = { 5.071, 4.929 }, w[] = { 0.0, 0.155, 0.845 };
-  check_example(example(3, 2, 2, pos_q, pos_k, pos_v, mask, NAN), out, w, 5e-4);
+  const cp_worked *e = &cp_worked_examples[0];
+  const double out[] = { 8.638325843083024, 1.3616741569169766 };
+  check_example(example(e->n, e->dk, e->dv, e->q, e->k, e->v, NULL, NAN), out, NULL, 1e-5);
 }
 
 static void key_collision_gives_even_split(void)
 {
-  const float q[] = { 1, 0 }, k[] = { 1, 0, 1, 0 }, v[] = { 0, 100 };
+  const cp_worked *e = &cp_worked_examples[2];
   const double out[] = { 50.0 }, w[] = { 0.5, 0.5 };
-  check_example(example(2, 2, 1, q, k, v, NULL, NAN), out, w, 1e-5);
+  check_example(example(e->n, e->dk, e->dv, e->q, e->k, e->v, NULL, NAN), out, w, 1e-5);
 }
 
 static void zero_scale_gives_uniform_mean(void)
 {
-  const float q[] = { 3, -1 }, k[] = { 1, 0, 0, 1, -5, 2 }, v[] = { 2, 8, 14 };
+  const cp_worked *e = &cp_worked_examples[3];
   const double out[] = { 8.0 }, w[] = { 1.0 / 3, 1.0 / 3, 1.0 / 3 };
-  check_example(example(3, 2, 1, q, k, v, NULL, 0.0f), out, w, 1e-5);
+  check_example(example(e->n, e->dk, e->dv, e->q, e->k, e->v, NULL, 0.0f), out, w, 1e-5);
 }
 
 static void three_key_scalar_read_gives_17_04(void)
 {
-  const float q[] = { 1, 0 }, k[] = { 1, 0, 0, 1, -1, 0 }, v[] = { 10, 20, 40 };
+  const cp_worked *e = &cp_worked_examples[4];
   const double s = 1.0 / sqrt(2.0), z = exp(s) + 1.0 + exp(-s);
   const double w[] = { exp(s) / z, 1.0 / z, exp(-s) / z };
   const double out[] = { 10 * w[0] + 20 * w[1] + 40 * w[2] };
-  check_example(example(3, 2, 1, q, k, v, NULL, NAN), out, w, 1e-5);
+  check_example(example(e->n, e->dk, e->dv, e->q, e->k, e->v, NULL, NAN), out, w, 1e-5);
   CHECKF(fabs(out[0] - 17.04) < 5e-3, "the exact mixture %.6f rounds to 17.04", out[0]);
-  const double rounded[] = { 17.04 };
-  check_example(example(3, 2, 1, q, k, v, NULL, NAN), rounded, NULL, 5e-3);
 }
 
 /* Checks row n's diagnostics after a run: entropy, max_weight, argmax. */
@@ -969,7 +973,7 @@ int main(int argc, char **argv)
 {
   static const ct_test tests[] = {
     CT_TEST(positive_read_gives_worked_example_output),
-    CT_TEST(structural_mask_gives_worked_example_output),
+    CT_TEST(worked_examples_give_the_seeds_numbers),
     CT_TEST(key_collision_gives_even_split),
     CT_TEST(zero_scale_gives_uniform_mean),
     CT_TEST(three_key_scalar_read_gives_17_04),

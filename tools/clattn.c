@@ -16,6 +16,7 @@
 #include "problem.h"
 #include "run.h"
 #include "tune.h"
+#include "worked.h"
 
 /* meson's project version (tools/meson.build) */
 #ifndef CLATTN_TOOL_VERSION
@@ -100,32 +101,7 @@ static int cmd_info(void) {
 
 /* ---- demo: the seeds' worked examples on the device ---- */
 
-typedef struct {
-  const char *name;
-  int n, dk, dv;            /* candidates, key width, value width */
-  float q[2];
-  float k[3][2], v[3][2];
-  float scale;              /* NAN = 1/sqrt(dk) */
-  unsigned char allowed[3];
-  double want_out[2], want_w[3];
-  double tol;
-} worked_example;
-
-static const worked_example examples[] = {
-    {"positive read", 3, 2, 2, {2, 0}, {{2, 0}, {0, 2}, {1.2f, 0.8f}}, {{10, 0}, {0, 10}, {6, 4}}, NAN, {1, 1, 1},
-     {8.638, 1.362}, {0.724, 0.043, 0.233}, 5e-4},
-    {"structural mask", 3, 2, 2, {2, 0}, {{2, 0}, {0, 2}, {1.2f, 0.8f}}, {{10, 0}, {0, 10}, {6, 4}}, NAN, {0, 1, 1},
-     {5.071, 4.929}, {0.0, 0.155, 0.845}, 5e-4},
-    {"key collision", 2, 2, 1, {1, 0}, {{1, 0}, {1, 0}}, {{0}, {100}}, NAN, {1, 1}, {50}, {0.5, 0.5}, 1e-4},
-    {"uniform control", 3, 2, 1, {1, 0}, {{2, 0}, {0, 2}, {1.2f, 0.8f}}, {{2}, {8}, {14}}, 0.0f, {1, 1, 1}, {8},
-     {1.0 / 3, 1.0 / 3, 1.0 / 3}, 1e-4},
-    {"memory read", 3, 2, 1, {1, 0}, {{1, 0}, {0, 1}, {-1, 0}}, {{10}, {20}, {40}}, NAN, {1, 1, 1}, {17.04},
-     {0.576, 0.284, 0.140}, 5e-3},
-    {"two-key mixture", 2, 2, 2, {1, 0}, {{1, 0}, {0, 1}}, {{2, 0}, {0, 4}}, NAN, {1, 1}, {1.34, 1.32},
-     {0.67, 0.33}, 1e-2},
-};
-
-static int run_example(clattn_context *ctx, const worked_example *e) {
+static int run_example(clattn_context *ctx, const cp_worked *e) {
   cp_shape s = cp_shape_default();
   s.q_len = 1;
   s.kv_len = e->n;
@@ -140,8 +116,8 @@ static int run_example(clattn_context *ctx, const worked_example *e) {
   const clattn_params *p = &pb->params;
   for (int d = 0; d < e->dk; d++) pb->q[cp_index(&p->q, 0, 0, 0, d)] = e->q[d];
   for (int j = 0; j < e->n; j++) {
-    for (int d = 0; d < e->dk; d++) pb->k[cp_index(&p->k, 0, 0, j, d)] = e->k[j][d];
-    for (int d = 0; d < e->dv; d++) pb->v[cp_index(&p->v, 0, 0, j, d)] = e->v[j][d];
+    for (int d = 0; d < e->dk; d++) pb->k[cp_index(&p->k, 0, 0, j, d)] = e->k[j * e->dk + d];
+    for (int d = 0; d < e->dv; d++) pb->v[cp_index(&p->v, 0, 0, j, d)] = e->v[j * e->dv + d];
     pb->mask[cp_index(&p->mask, 0, 0, 0, j)] = e->allowed[j];
   }
   cp_result r;
@@ -174,7 +150,7 @@ static int cmd_demo(void) {
   printf("clattn %s: scaled dot-product attention on OpenCL\n\n%s\n", CLATTN_VERSION_STRING, clattn_describe(ctx));
   int failed = 0;
   printf("the seeds' worked examples, computed on the device:\n");
-  for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) failed += run_example(ctx, &examples[i]);
+  for (int i = 0; i < CP_N_WORKED; i++) failed += run_example(ctx, &cp_worked_examples[i]);
 
   printf("\na larger verified run (causal, GQA, padding with NaN past kv_lens):\n");
   cp_shape s = cp_shape_default();
