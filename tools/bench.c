@@ -15,11 +15,13 @@
  * then the median of up to --reps calls, stopping once the next call would
  * take the measured time past --cap seconds (at least one timed call).
  *
- * --paged PAGE_SIZE and --kv-dtype f32|f16|bf16|q8_0|int8 add, per shape,
- * FUSED over the same keys and values written by clattn_kv_append into a
- * paged (pages handed out in reverse order) and/or differently stored
- * cache, with its largest difference from the f32 FUSED output (the
- * quantisation error, not a failure).
+ * --paged P[,P...] and --kv-dtype T[,T...] (f32|f16|bf16|q8_0|int8) add, per
+ * shape, FUSED over the same keys and values written by clattn_kv_append
+ * into a cache of each type and paging (page size 0: contiguous; pages are
+ * handed out in reverse order), side by side: cache bytes per token, time,
+ * the cache's read rate, time relative to the first cache listed, the cost
+ * of paging against the same type contiguous, and the largest difference
+ * from the f32 FUSED output (the quantisation error, not a failure).
  *
  * --readme FILE replaces the block between <!-- bench:begin --> and
  * <!-- bench:end --> in FILE (creating it at the end of the "## Performance"
@@ -44,13 +46,15 @@ const char bench_usage[] =
     "       clattn bench [--quick] [--readme FILE] [--only prefill,gqa,decode,memory]\n"
     "                    [--shape H,HKV,M,N,D[,causal]]... [--reps R] [--cap SECONDS]\n"
     "                    [--no-staged] [--no-host] [--baseline-max-len L] [--no-check] [--verbose]\n"
-    "                    [--paged PAGE_SIZE] [--kv-dtype f32|f16|bf16|q8_0|int8]\n"
+    "                    [--paged P[,P...]] [--kv-dtype T[,T...]]  (P: keys per page, 0 contiguous;\n"
+    "                    T: f32|f16|bf16|q8_0|int8)\n"
     "       clattn bench --backward [--quick] [--shape H,HKV,M,N,D[,causal]]... [--reps R] [--cap SECONDS]\n"
     "                    [--no-host]\n";
 
 #define BEGIN_MARK "<!-- bench:begin -->"
 #define END_MARK "<!-- bench:end -->"
 #define MAX_ROWS 64
+#define MAX_KV 5 /* entries of --kv-dtype and of --paged */
 #define MIB (1024.0 * 1024.0)
 
 /* ---- a growable string ---- */
@@ -102,8 +106,10 @@ typedef struct {
   const char *readme;
   bench_shape custom[MAX_ROWS];
   int n_custom;
-  int kv_paged;           /* --paged: keys per page; 0 = contiguous */
-  clattn_dtype kv_dtype;  /* --kv-dtype; CLATTN_DTYPE_SAME = f32 like q */
+  clattn_dtype kv_types[MAX_KV]; /* --kv-dtype list (none: f32 like q) */
+  int n_kv_types;
+  int kv_pages[MAX_KV];          /* --paged list: keys per page, 0 = contiguous (none: contiguous) */
+  int n_kv_pages;
 } bench_cfg;
 
 typedef enum { CELL_NONE, CELL_OK, CELL_FAIL } cell_state;
@@ -119,8 +125,8 @@ typedef struct {
   double flops, bytes;
   cell a, f, st, h;
   cell f16, bf16;           /* FUSED with q, k, v, out stored in 16 bits */
-  cell kv;                  /* FUSED over the --paged / --kv-dtype cache */
-  double diff_kv;           /* max |FUSED over that cache - FUSED f32|; NAN = not run */
+  cell kv[MAX_KV * MAX_KV]; /* FUSED over each --kv-dtype x --paged cache (kv_cache()) */
+  double diff_kv[MAX_KV * MAX_KV]; /* max |FUSED over that cache - FUSED f32|; NAN = not run */
   double diff_st, diff_h;   /* max |FUSED - baseline|; NAN = not compared */
   size_t scratch;           /* memory row: peak scratch */
   int finite;               /* memory row: output all finite */
@@ -173,9 +179,60 @@ static const char *kv_dtype_name(clattn_dtype d) {
   return d == CLATTN_F16 ? "f16" : d == CLATTN_BF16 ? "bf16" : d == CLATTN_Q8_0 ? "q8_0" : d == CLATTN_INT8 ? "int8" : "f32";
 }
 
+/* --kv-dtype T[,T...]: at most MAX_KV names. */
+static int parse_kv_types(const char *v, bench_cfg *c) {
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", v);
+  c->n_kv_types = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+    if (c->n_kv_types == MAX_KV || parse_kv_dtype(t, &c->kv_types[c->n_kv_types++]) != 0) return -1;
+  return c->n_kv_types ? 0 : -1;
+}
+
+/* --paged P[,P...]: at most MAX_KV page sizes, 0 = contiguous. */
+static int parse_kv_pages(const char *v, bench_cfg *c) {
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", v);
+  c->n_kv_pages = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    char *end;
+    long ps = strtol(t, &end, 10);
+    if (c->n_kv_pages == MAX_KV || *end || ps < 0 || ps > 1 << 20) return -1;
+    c->kv_pages[c->n_kv_pages++] = (int)ps;
+  }
+  return c->n_kv_pages ? 0 : -1;
+}
+
+/* The caches the run compares: every --kv-dtype with every --paged, the
+ * first listed first; none without either option. */
+static int kv_caches(const bench_cfg *c) {
+  if (!c->n_kv_types && !c->n_kv_pages) return 0;
+  return (c->n_kv_types ? c->n_kv_types : 1) * (c->n_kv_pages ? c->n_kv_pages : 1);
+}
+
+static void kv_cache(const bench_cfg *c, int i, clattn_dtype *type, int *page_size) {
+  const int n_pages = c->n_kv_pages ? c->n_kv_pages : 1;
+  *type = c->n_kv_types ? c->kv_types[i / n_pages] : CLATTN_F32;
+  *page_size = c->n_kv_pages ? c->kv_pages[i % n_pages] : 0;
+}
+
+/* Bytes one token takes in the cache, K and V of every KV head (INT8: with
+ * its f32 scale per row). */
+static double kv_token_bytes(clattn_dtype type, int kv_heads, int dim) {
+  const double row = type == CLATTN_Q8_0 ? dim / 32 * 34.0
+                     : type == CLATTN_INT8 ? dim + 4.0
+                     : dim * (type == CLATTN_F32 ? 4.0 : 2.0);
+  return 2.0 * kv_heads * row;
+}
+
+static char *kv_cache_name(clattn_dtype type, int page_size, char *buf, size_t n) {
+  if (page_size) snprintf(buf, n, "%s paged %d", kv_dtype_name(type), page_size);
+  else snprintf(buf, n, "%s contiguous", kv_dtype_name(type));
+  return buf;
+}
+
 static int parse_args(int argc, char **argv, bench_cfg *c) {
   memset(c, 0, sizeof *c);
-  c->kv_dtype = CLATTN_DTYPE_SAME;
   c->staged = c->host = c->check = 1;
   c->max_reps = 7;
   c->cap_ms = 2000.0;
@@ -195,8 +252,8 @@ static int parse_args(int argc, char **argv, bench_cfg *c) {
     else if (!strcmp(o, "--cap") && v && strtod(v, NULL) > 0) c->cap_ms = strtod(v, NULL) * 1e3, i++;
     else if (!strcmp(o, "--baseline-max-len") && v && atoi(v) > 0) c->baseline_max_len = atoi(v), i++;
     else if (!strcmp(o, "--only") && v && parse_only(v, &c->only) == 0) i++;
-    else if (!strcmp(o, "--paged") && v && atoi(v) > 0) c->kv_paged = atoi(v), i++;
-    else if (!strcmp(o, "--kv-dtype") && v && parse_kv_dtype(v, &c->kv_dtype) == 0) i++;
+    else if (!strcmp(o, "--paged") && v && parse_kv_pages(v, c) == 0) i++;
+    else if (!strcmp(o, "--kv-dtype") && v && parse_kv_types(v, c) == 0) i++;
     else if (!strcmp(o, "--shape") && v && c->n_custom < MAX_ROWS && parse_shape(v, &c->custom[c->n_custom]) == 0)
       c->n_custom++, i++;
     else {
@@ -434,13 +491,15 @@ static cp_problem *build_problem(clattn_context *ctx, const bb_shape *s, clattn_
 
 #define DIFF_TOL 1e-4
 
-/* FUSED over pb's keys and values written by clattn_kv_append into the
- * --paged / --kv-dtype cache; fused_out (or NULL) is the f32 FUSED output. */
-static void run_kv_cell(clattn_context *ctx, const bench_cfg *c, cp_problem *pb, row *r, const char *label,
-                        const float *fused_out, size_t out_count, int *failures) {
+/* FUSED over pb's keys and values written by clattn_kv_append into cache
+ * `which` (kv_cache()); fused_out (or NULL) is the f32 FUSED output. */
+static void run_kv_cell(clattn_context *ctx, const bench_cfg *c, cp_problem *pb, row *r, int which,
+                        const char *label, const float *fused_out, size_t out_count, int *failures) {
   const bb_shape *s = &r->sh.s;
-  const clattn_dtype kv = c->kv_dtype == CLATTN_DTYPE_SAME ? CLATTN_F32 : c->kv_dtype;
-  const int ps = c->kv_paged, paged = ps > 0, d = s->dim;
+  clattn_dtype kv;
+  int ps;
+  kv_cache(c, which, &kv, &ps);
+  const int paged = ps > 0, d = s->dim;
   if (kv == CLATTN_Q8_0 && d % 32) {
     fprintf(stderr, "clattn bench: %s: q8_0 needs a head dim that is a multiple of 32: skipped\n", label);
     return;
@@ -528,16 +587,17 @@ static void run_kv_cell(clattn_context *ctx, const bench_cfg *c, cp_problem *pb,
     p.kv_lens = kl;
   }
   clattn_arg ca = {ctx, &p, q};
-  measure("clattn FUSED kv", label, clattn_once, &ca, 1, c, r->flops, NULL, &r->kv, failures);
-  if (r->kv.state == CELL_OK && fused_out) {
-    if (read_buf(q, pb->out_buf, out, out_count, err, sizeof err) == 0) r->diff_kv = max_abs_diff(fused_out, out, out_count);
+  measure("clattn FUSED kv", label, clattn_once, &ca, 1, c, r->flops, NULL, &r->kv[which], failures);
+  if (r->kv[which].state == CELL_OK && fused_out) {
+    if (read_buf(q, pb->out_buf, out, out_count, err, sizeof err) == 0)
+      r->diff_kv[which] = max_abs_diff(fused_out, out, out_count);
     else fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
   }
   goto done;
 oom:
   fprintf(stderr, "clattn bench: %s: kv cache: out of host memory\n", label);
 fail:
-  r->kv.state = CELL_FAIL;
+  r->kv[which].state = CELL_FAIL;
   (*failures)++;
 done:;
   cl_mem all[] = {k, v, ks, vs, bt, pos, kl};
@@ -549,6 +609,43 @@ done:;
   free(out);
 }
 
+/* One line per cache of kv_cache(): bytes per token, time, the cache's read
+ * rate, time against the first cache, paging's cost against the same type
+ * contiguous (when both ran), difference from f32 FUSED. */
+static void kv_lines(sbuf *b, const bench_cfg *c, const row *r, const char *indent) {
+  char label[128], name[48];
+  shape_label(&r->sh, label, sizeof label);
+  const bb_shape *s = &r->sh.s;
+  for (int i = 0; i < kv_caches(c); i++) {
+    clattn_dtype type;
+    int ps;
+    kv_cache(c, i, &type, &ps);
+    const double token = kv_token_bytes(type, s->kv_heads, s->dim);
+    sb_add(b, "%s%s: FUSED over a %s cache (%.0f bytes per token): ", indent, label,
+           kv_cache_name(type, ps, name, sizeof name), token);
+    const cell *k = &r->kv[i];
+    if (k->state != CELL_OK) {
+      sb_add(b, "%s\n", k->state == CELL_FAIL ? "FAILED" : "not run");
+      continue;
+    }
+    sb_add(b, "%.2f ms, %.1f GB/s of cache", k->ms, token * s->batch * (double)s->kv_len / (k->ms * 1e6));
+    if (i > 0 && r->kv[0].state == CELL_OK) {
+      clattn_dtype t0;
+      int p0;
+      kv_cache(c, 0, &t0, &p0);
+      sb_add(b, ", %.2fx the %s time", k->ms / r->kv[0].ms, kv_cache_name(t0, p0, name, sizeof name));
+    }
+    for (int j = 0; ps && j < kv_caches(c); j++) {
+      clattn_dtype tj;
+      int pj;
+      kv_cache(c, j, &tj, &pj);
+      if (tj == type && pj == 0 && r->kv[j].state == CELL_OK)
+        sb_add(b, ", paging %+.1f%%", 100.0 * (k->ms / r->kv[j].ms - 1.0));
+    }
+    sb_add(b, ", max |diff| vs f32 FUSED %.3g\n", r->diff_kv[i]);
+  }
+}
+
 /* Runs every column of one shape. */
 static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench_cfg *c, row *r, int ref_check,
                     double rates[6], int *failures) {
@@ -557,7 +654,8 @@ static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench
   const bb_shape *s = &r->sh.s;
   r->flops = shape_flops(s);
   r->bytes = shape_bytes(s);
-  r->diff_st = r->diff_h = r->diff_kv = NAN;
+  r->diff_st = r->diff_h = NAN;
+  for (int i = 0; i < MAX_KV * MAX_KV; i++) r->diff_kv[i] = NAN;
   cp_problem *pb = build_problem(ctx, s, CLATTN_F32, label, failures);
   if (!pb) {
     r->a.state = r->f.state = CELL_FAIL;
@@ -600,12 +698,13 @@ static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench
     else fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
   }
 
-  if (c->kv_paged || c->kv_dtype != CLATTN_DTYPE_SAME) {
-    run_kv_cell(ctx, c, pb, r, label, have_fused_out ? fused_out : NULL, out_count, failures);
-    if (r->kv.state == CELL_OK)
-      printf("  %s: FUSED over a %s%s cache: %.1f GFLOP/s (%.2f ms), max |diff| vs f32 FUSED %.3g\n", label,
-             c->kv_paged ? "paged " : "", kv_dtype_name(c->kv_dtype), r->flops / (r->kv.ms * 1e6), r->kv.ms,
-             r->diff_kv);
+  for (int i = 0; i < kv_caches(c); i++)
+    run_kv_cell(ctx, c, pb, r, i, label, have_fused_out ? fused_out : NULL, out_count, failures);
+  if (kv_caches(c)) {
+    sbuf lines = {0};
+    kv_lines(&lines, c, r, "  ");
+    if (lines.s) printf("%s", lines.s);
+    free(lines.s);
   }
 
   /* FUSED again with 16-bit storage (f32 arithmetic) */
@@ -676,7 +775,8 @@ static void run_memory(clattn_context *ctx, const bench_cfg *c, row *r, int *fai
   const bb_shape *s = &r->sh.s;
   r->flops = shape_flops(s);
   r->bytes = shape_bytes(s);
-  r->diff_st = r->diff_h = r->diff_kv = NAN;
+  r->diff_st = r->diff_h = NAN;
+  for (int i = 0; i < MAX_KV * MAX_KV; i++) r->diff_kv[i] = NAN;
   cp_problem *pb = build_problem(ctx, s, CLATTN_F32, label, failures);
   if (!pb) {
     r->f.state = CELL_FAIL;
@@ -961,21 +1061,11 @@ static void readme_block(sbuf *b, int argc, char **argv, const machine *mc, cons
             "openblas_get_num_threads() threads. Decode GB/s count K and V read once plus Q and O (a K/V cache smaller than the CPU's last-level cache can beat the copy bandwidth). The "
             "last column is the largest absolute difference between clattn FUSED's output and each baseline's.\n",
          c->max_reps, c->cap_ms / 1e3);
-  if (c->kv_paged || c->kv_dtype != CLATTN_DTYPE_SAME) {
-    sb_add(b, "\nFUSED over the same keys and values written by clattn_kv_append into a ");
-    if (c->kv_paged) sb_add(b, "paged (%d keys per page, pages in reverse order) ", c->kv_paged);
-    sb_add(b, "%s cache (`--paged` / `--kv-dtype`):\n\n", kv_dtype_name(c->kv_dtype));
-    for (int i = 0; i < nrows; i++) {
-      const row *r = &rows[i];
-      if (r->sh.kind == K_MEMORY || r->kv.state == CELL_NONE) continue;
-      char label[128];
-      shape_label(&r->sh, label, sizeof label);
-      if (r->kv.state == CELL_OK)
-        sb_add(b, "- %s: %.1f GFLOP/s (%.2f ms; f32 FUSED %.2f ms), max |diff| vs f32 FUSED %.3g\n", label,
-               r->flops / (r->kv.ms * 1e6), r->kv.ms, r->f.state == CELL_OK ? r->f.ms : NAN, r->diff_kv);
-      else
-        sb_add(b, "- %s: FAILED\n", label);
-    }
+  if (kv_caches(c)) {
+    sb_add(b, "\nFUSED over the same keys and values written by clattn_kv_append into each cache of "
+              "`--kv-dtype` x `--paged` (pages handed out in reverse order):\n\n");
+    for (int i = 0; i < nrows; i++)
+      if (rows[i].sh.kind != K_MEMORY) kv_lines(b, c, &rows[i], "- ");
   }
   for (int i = 0; i < nrows; i++) {
     const row *r = &rows[i];
