@@ -295,16 +295,24 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
         const ca_kv_pos at = ca_kv_locate(b, sq.k0 + min(j, (long)n_valid - 1), CA_PAGE_PASS);
         const ulong krow = ca_at(k_off, k_st, at.slot, hk, at.row, 0);
         const float ks = ca_kv_scale(k_scale, ks_off, ks_st, at, hk);
+        /* each 16 columns of the key loaded (and dequantised) once for all
+         * the rows; every row's sum keeps its order */
+        float16 dot[FLASH_BM_MAX];
 #pragma unroll
-        for (int r = 0; r < bm; r++) {
-          float16 dot = (float16)(0.0f);
-          if (additive)
-            for (int d = 0; d < DK; d += 16)
-              dot = fma(vload16(0, add_w + d), tanh(vload16(0, qr[r] + d) + ca_kv_load16(k, krow, d, ks)), dot);
-          else
-            for (int d = 0; d < DK; d += 16) dot = fma(vload16(0, qr[r] + d), ca_kv_load16(k, krow, d, ks), dot);
-          e[r][jj] = flash_hsum(dot);
+        for (int r = 0; r < bm; r++) dot[r] = (float16)(0.0f);
+        for (int d = 0; d < DK; d += 16) {
+          const float16 kd = ca_kv_load16(k, krow, d, ks);
+          if (additive) {
+            const float16 wd = vload16(0, add_w + d);
+#pragma unroll
+            for (int r = 0; r < bm; r++) dot[r] = fma(wd, tanh(vload16(0, qr[r] + d) + kd), dot[r]);
+          } else {
+#pragma unroll
+            for (int r = 0; r < bm; r++) dot[r] = fma(vload16(0, qr[r] + d), kd, dot[r]);
+          }
         }
+#pragma unroll
+        for (int r = 0; r < bm; r++) e[r][jj] = flash_hsum(dot[r]);
       }
 #pragma unroll
       for (int r = 0; r < bm; r++) sv[r] = vload16(0, e[r]);
