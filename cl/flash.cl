@@ -265,8 +265,15 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
   const ulong kt_head = (ulong)bhk * DK * (ulong)n_pad;
   const ulong vp_head = (ulong)bhk * (ulong)n_pad * DVP;
 
+  /* Pages holding whole blocks (blocks start at multiples of FLASH_BN, and
+   * paged calls have no packed sequences: k0 = 0): direct mode locates each
+   * block once, not each key (a division each). */
+  const bool page_blocks = direct && paged && page_size % FLASH_BN == 0;
   for (long j0 = j_begin; j0 < j_end; j0 += FLASH_BN) {
     float16 sv[FLASH_BM_MAX];
+    /* with page_blocks, key j0 + jj is row at0.row + jj of page at0.slot:
+     * keys past n_valid then read rows of that page, never used */
+    const ca_kv_pos at0 = page_blocks ? ca_kv_locate(b, j0, CA_PAGE_PASS) : (ca_kv_pos){0, 0, true};
     if (!direct) {
       /* Scores: BM x 16 outer products over the head dimension, the BM
        * accumulators held in registers (the loops over r unroll). */
@@ -292,7 +299,8 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
       float e[FLASH_BM_MAX][FLASH_BN];
       for (int jj = 0; jj < FLASH_BN; jj++) {
         const long j = j0 + jj;
-        const ca_kv_pos at = ca_kv_locate(b, sq.k0 + min(j, (long)n_valid - 1), CA_PAGE_PASS);
+        const ca_kv_pos at = page_blocks ? (ca_kv_pos){at0.slot, at0.row + jj, at0.ok}
+                                         : ca_kv_locate(b, sq.k0 + min(j, (long)n_valid - 1), CA_PAGE_PASS);
         const ulong krow = ca_at(k_off, k_st, at.slot, hk, at.row, 0);
         const float ks = ca_kv_scale(k_scale, ks_off, ks_st, at, hk);
         /* each 16 columns of the key loaded (and dequantised) once for all
@@ -320,7 +328,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
     /* Every key of the block allowed for every row, inside this split? */
     const bool full = !has_mask && j0 >= lo_max && j0 + FLASH_BN - 1 <= hi_min &&
                       j0 >= split_begin && j0 + FLASH_BN <= split_end &&
-                      ca_kv_rows_ok(b, sq.k0 + j0, FLASH_BN, CA_PAGE_PASS);
+                      (page_blocks ? at0.ok : ca_kv_rows_ok(b, sq.k0 + j0, FLASH_BN, CA_PAGE_PASS));
     const bool per_key = !full || has_bias || has_alibi;   /* an element-wise pass is needed */
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
     bool zero_weight = false;   /* an allowed key's weight underflowed to exactly 0 */
@@ -334,7 +342,8 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
         for (int jj = 0; jj < FLASH_BN; jj++) {
           const long j = j0 + jj;
           bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
-          if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
+          if (allowed && paged) /* page in the pool */
+            allowed = page_blocks ? at0.ok : ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
           if (allowed && has_bias) e[jj] += bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)];
           if (allowed && has_alibi) e[jj] += ca_alibi(is[r], j, sq.align_m, sq.align_n, alibi[hs[r]]);
@@ -359,7 +368,8 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
     float v_sc[FLASH_BN];
     if (direct)
       for (int jj = 0; jj < FLASH_BN; jj++) {
-        const ca_kv_pos at = ca_kv_locate(b, sq.k0 + min(j0 + jj, (long)n_valid - 1), CA_PAGE_PASS);
+        const ca_kv_pos at = page_blocks ? (ca_kv_pos){at0.slot, at0.row + jj, at0.ok}
+                                         : ca_kv_locate(b, sq.k0 + min(j0 + jj, (long)n_valid - 1), CA_PAGE_PASS);
         v_base[jj] = ca_at(v_off, v_st, at.slot, hk, at.row, 0);
         v_sc[jj] = ca_kv_scale(v_scale, vs_off, vs_st, at, hk);
       }
