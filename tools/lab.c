@@ -36,7 +36,8 @@
 #include "problem.h"
 
 const char lab_usage[] = "       clattn lab [--json] [--heatmap FILE.png] [--seed S]\n"
-                         "       clattn lab --train [--quick] [--seeds N] [--steps S] [--lr LR] [--seed S] [--plot FILE.png]\n";
+                         "       clattn lab --train [--quick] [--seeds N] [--steps S] [--lr LR] [--seed S]\n"
+                         "                          [--plot FILE.png]\n";
 
 #define SEED_TOL 1e-3      /* seeds' numbers printed to 3 decimals */
 #define DIAG_TOL 1e-4      /* library diagnostics vs the same from its weights */

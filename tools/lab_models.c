@@ -145,7 +145,8 @@ static float model_scale(const model *m) { return m->kind == MODEL_UNIFORM ? 0.0
 
 /* After a clattn call: its status, then its event (done) waited for. */
 static int call(lab_device *d, clattn_status st, cl_event done, const char *what, char *err, size_t errlen) {
-  if (st != CLATTN_OK) return fail(err, errlen, "%s: %s: %s", what, clattn_status_string(st), clattn_last_error(d->ctx));
+  if (st != CLATTN_OK)
+    return fail(err, errlen, "%s: %s: %s", what, clattn_status_string(st), clattn_last_error(d->ctx));
   return finish(done, what, err, errlen);
 }
 
@@ -441,7 +442,8 @@ int model_step(model *m, lab_device *d, const task_set *batch, double lr, double
 
 int model_accuracy(const model *m, lab_device *d, const task_set *s, intervention intv, uint64_t seed, double *acc,
                    char *err, size_t errlen) {
-  if (intv != INTV_NONE && m->kind == MODEL_MLP) return fail(err, errlen, "interventions are on the attention models' read");
+  if (intv != INTV_NONE && m->kind == MODEL_MLP)
+    return fail(err, errlen, "interventions are on the attention models' read");
   int correct = 0;
   for (int b0 = 0; b0 < s->n; b0 += CHUNK) {
     const int nb = s->n - b0 < CHUNK ? s->n - b0 : CHUNK;

@@ -142,7 +142,8 @@ static int parse(int argc, char **argv, train_opts *o) {
     else if (!strcmp(a, "--lr") && val && (o->lr = strtod(val, &end), !*end) && o->lr > 0 && o->lr < 1) i++;
     else if (!strcmp(a, "--seed") && val && val[0] != '-' && (o->seed = strtoull(val, &end, 10), !*end)) i++;
     else if (!strcmp(a, "--plot") && val) o->plot = val, i++;
-    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) return printf("usage:\n%s%s", lab_train_usage, lab_train_help), 0;
+    else if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+      return printf("usage:\n%s%s", lab_train_usage, lab_train_help), 0;
     else {
       fprintf(stderr, "clattn lab --train: bad option or value: %s\nusage:\n%s", a, lab_train_usage);
       return 2;
@@ -225,7 +226,8 @@ done:
 }
 
 const char lab_train_usage[] =
-    "       clattn lab --train [--quick] [--seeds N] [--steps S] [--lr LR] [--seed S] [--plot FILE.png]\n";
+    "       clattn lab --train [--quick] [--seeds N] [--steps S] [--lr LR] [--seed S]\n"
+    "                          [--plot FILE.png]\n";
 
 const char lab_train_help[] =
     "  The seeds' training experiment: a key-value lookup among distractors learned by attention with\n"

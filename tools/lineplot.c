@@ -54,7 +54,7 @@ int lineplot_write_png(const lineplot *p, const char *path, char *err, size_t er
     return snprintf(err, errlen, "line plot: nothing to draw (points, 1 to %d series, y_min < y_max)", MAX_SERIES), -1;
   for (int k = 0; k < p->n_series; k++)
     if (!p->series[k].y) return snprintf(err, errlen, "line plot: series %d has no values", k), -1;
-  const double x_lo = p->x[0], x_hi = p->n_points > 1 && p->x[p->n_points - 1] > x_lo ? p->x[p->n_points - 1] : x_lo + 1;
+  const double x_lo = p->x[0], x_last = p->x[p->n_points - 1], x_hi = x_last > x_lo ? x_last : x_lo + 1;
   const double x_step = nice_step(x_hi - x_lo, 8), y_step = nice_step(p->y_max - p->y_min, 8);
   char buf[64];
 
