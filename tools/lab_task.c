@@ -39,6 +39,7 @@ int task_set_alloc(task_set *s, int n) {
 }
 
 void task_set_draw(task_set *s, const task_embedding *e, uint64_t *rng) {
+  s->bag_ceiling = 0.0;
   for (int b = 0; b < s->n; b++) {
     int keys[TASK_KEYS];
     for (int k = 0; k < TASK_KEYS; k++) keys[k] = k;
@@ -52,6 +53,10 @@ void task_set_draw(task_set *s, const task_embedding *e, uint64_t *rng) {
       classes[j] = (int)(task_unit(rng) * TASK_CLASSES);
       for (int c = 0; c < TASK_D; c++) x[j * TASK_D + c] = e->key[keys[j]][c] + e->value[classes[j]][c];
     }
+    int count[TASK_CLASSES] = {0}, commonest = 0;
+    for (int j = 0; j < TASK_PAIRS; j++)
+      if (++count[classes[j]] > commonest) commonest = count[classes[j]];
+    s->bag_ceiling += (double)commonest / TASK_PAIRS / s->n;
     const int m = (int)(task_unit(rng) * TASK_PAIRS);
     for (int c = 0; c < TASK_D; c++) x[TASK_PAIRS * TASK_D + c] = e->key[keys[m]][c] + e->query_mark[c];
     s->match[b] = m;

@@ -32,6 +32,9 @@ typedef struct {
   float *x;                       /* [n, TASK_T, TASK_D] tokens, row-major */
   int *label;                     /* [n] the answer class */
   int *match;                     /* [n] the position of the pair whose key matches the query */
+  double bag_ceiling;             /* the best accuracy without binding keys to values: the mean over
+                                     sequences of (count of the commonest value class) / TASK_PAIRS,
+                                     since every pair is then equally likely to be the match */
 } task_set;
 
 /* splitmix64 and what the lab draws from it. */

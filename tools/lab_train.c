@@ -195,6 +195,8 @@ int lab_train_main(int argc, char **argv) {
            mean_of(res[k].acc, o.seeds), sd_of(res[k].acc, o.seeds));
   const model_result *a = &res[MODEL_ATTENTION];
   const double acc = mean_of(a->acc, o.seeds);
+  printf("without binding keys to values (uniform pooling, the MLP) at most %.3f: each sequence's commonest value\n",
+         test.bag_ceiling);
   printf("\ninterventions on the trained attention model (test accuracy, mean ± sd over seeds):\n");
   for (int v = 0; v < INTV_KINDS; v++)
     printf("  %-30s %.3f ± %.3f\n", v == INTV_NONE ? "none (as trained)" : intervention_name[v],
