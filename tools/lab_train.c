@@ -167,11 +167,13 @@ int lab_train_main(int argc, char **argv) {
   const double t0 = now();
   task_embedding emb;
   task_embedding_init(&emb, TASK_SEED);
-  task_set test, batch;
+  task_set test = {0}, batch = {0};
   model_result *res = calloc(MODEL_KINDS, sizeof *res);
+  int rc = 0;
   if (!res || task_set_alloc(&test, TEST_N) || task_set_alloc(&batch, CHUNK)) {
     fprintf(stderr, "clattn lab --train: out of host memory\n");
-    return free(res), lab_device_close(d), 1;
+    rc = 1;
+    goto done;
   }
   uint64_t test_rng = TASK_SEED + 1;
   task_set_draw(&test, &emb, &test_rng);
@@ -182,7 +184,6 @@ int lab_train_main(int argc, char **argv) {
   printf("training: Adam lr %g, batch %d, %d steps, seeds %llu..%llu\n\n", o.lr, CHUNK, o.steps,
          (unsigned long long)o.seed, (unsigned long long)(o.seed + (uint64_t)o.seeds - 1));
   grad_check check = {NAN, NAN};
-  int rc = 0;
   for (int k = 0; k < MODEL_KINDS && !rc; k++)
     rc = train_kind((model_kind)k, &o, d, &emb, &test, &batch, &res[k], &check, err, sizeof err);
   if (rc) {
