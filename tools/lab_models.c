@@ -39,8 +39,14 @@ struct lab_device {
   clattn_context *ctx;
   cl_command_queue queue;
   char name[128];
-  cl_mem x, w, qkv, out, lse, d_out, d_q, d_k, d_v, d_w, mask;
+  cl_mem x, w, qkv, out, lse, d_out, d_q, d_k, d_v, d_w, mask, argmax, max_weight;
 };
+
+typedef struct {                  /* the route of one read, per sequence */
+  int key_at[CHUNK];              /* where the query's matching key is after the intervention; -1: removed */
+  int argmax[CHUNK];              /* the top-weighted key (clattn's route diagnostics) */
+  float max_weight[CHUNK];        /* its weight */
+} read_route;
 
 /* ---- the device ---- */
 
@@ -72,7 +78,8 @@ int lab_device_open(lab_device **out, char *err, size_t errlen) {
       {&d->lse, sizeof(float) * CHUNK},       {&d->d_out, sizeof(float) * CHUNK * DV},
       {&d->d_q, sizeof(float) * CHUNK * DK},  {&d->d_k, sizeof(float) * ROWS * DK},
       {&d->d_v, sizeof(float) * ROWS * DV},   {&d->d_w, sizeof(float) * W_PROJ},
-      {&d->mask, ROWS}};
+      {&d->mask, ROWS},                       {&d->argmax, sizeof(cl_int) * CHUNK},
+      {&d->max_weight, sizeof(float) * CHUNK}};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     cl_int e = CL_SUCCESS;
     *all[i].m = clCreateBuffer(clattn_cl_context(d->ctx), CL_MEM_READ_WRITE, all[i].bytes, NULL, &e);
@@ -87,7 +94,8 @@ int lab_device_open(lab_device **out, char *err, size_t errlen) {
 
 void lab_device_close(lab_device *d) {
   if (!d) return;
-  cl_mem all[] = {d->x, d->w, d->qkv, d->out, d->lse, d->d_out, d->d_q, d->d_k, d->d_v, d->d_w, d->mask};
+  cl_mem all[] = {d->x,   d->w,   d->qkv, d->out,  d->lse,    d->d_out,
+                  d->d_q, d->d_k, d->d_v, d->d_w, d->mask, d->argmax, d->max_weight};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (all[i]) clReleaseMemObject(all[i]);
   clattn_destroy(d->ctx);
@@ -125,8 +133,9 @@ static int sgemm(lab_device *d, int a_trans, size_t m, size_t n, size_t k, cl_me
 }
 
 /* The read of nb sequences' query tokens as clattn takes it: Q, K, V are
- * column blocks of the projection's output (row stride QKV). */
-static clattn_params read_params(lab_device *d, int nb, float scale, int masked) {
+ * column blocks of the projection's output (row stride QKV); route: with
+ * the top key and its weight per row. */
+static clattn_params read_params(lab_device *d, int nb, float scale, int masked, int route) {
   clattn_params p = clattn_params_default();
   p.batch = nb, p.q_heads = p.kv_heads = 1;
   p.q_len = 1, p.kv_len = TASK_T, p.head_dim = DK, p.value_dim = DV;
@@ -138,6 +147,10 @@ static clattn_params read_params(lab_device *d, int nb, float scale, int masked)
   p.out = (clattn_tensor){d->out, 0, {DV, DV, DV, 1}};
   p.lse = (clattn_tensor){d->lse, 0, {1, 1, 1, 0}};
   if (masked) p.mask = (clattn_tensor){d->mask, 0, {TASK_T, 0, TASK_T, 1}};
+  if (route) {
+    p.argmax = (clattn_tensor){d->argmax, 0, {1, 1, 1, 0}};
+    p.max_weight = (clattn_tensor){d->max_weight, 0, {1, 1, 1, 0}};
+  }
   return p;
 }
 
@@ -161,10 +174,13 @@ static void rotate_pairs(float *seq, int c0, int c1, int shift) {
 
 /* The attention family's forward for nb sequences from x (and match, for
  * the ablation): projection, intervention, read; o receives the query
- * tokens' outputs [nb, DV]; qkv_host (non-NULL) the projection as read. */
+ * tokens' outputs [nb, DV]; qkv_host (non-NULL) the projection as read;
+ * route (non-NULL) the route. */
 static int attention_read(const model *m, lab_device *d, const float *x, const int *match, int nb, intervention intv,
-                          uint64_t *rng, float *o, float *qkv_host, char *err, size_t errlen) {
+                          uint64_t *rng, float *o, float *qkv_host, read_route *route, char *err, size_t errlen) {
   const size_t rows = (size_t)nb * TASK_T;
+  if (route)
+    for (int b = 0; b < nb; b++) route->key_at[b] = intv == INTV_ABLATE ? -1 : match[b];
   if (put(d, d->x, x, rows * TASK_D * sizeof *x, "tokens", err, errlen) ||
       put(d, d->w, m->w, W_PROJ * sizeof *m->w, "projection", err, errlen) ||
       sgemm(d, 0, rows, QKV, TASK_D, d->x, 0, TASK_D, d->w, QKV, d->qkv, 0, QKV, "[Q K V] = X [Wq Wk Wv]", err,
@@ -177,8 +193,11 @@ static int attention_read(const model *m, lab_device *d, const float *x, const i
     int rc = get(d, d->qkv, h, rows * QKV * sizeof *h, "Q K V", err, errlen);
     if (!rc && shuffle) {
       const int c0 = intv == INTV_VALUE_SHUFFLE ? 2 * DK : DK, c1 = intv == INTV_KEY_SHUFFLE ? 2 * DK : QKV;
-      for (int b = 0; b < nb; b++)
-        rotate_pairs(h + (size_t)b * TASK_T * QKV, c0, c1, 1 + (int)(task_rng(rng) % (TASK_PAIRS - 1)));
+      for (int b = 0; b < nb; b++) {
+        const int shift = 1 + (int)(task_rng(rng) % (TASK_PAIRS - 1));
+        rotate_pairs(h + (size_t)b * TASK_T * QKV, c0, c1, shift);
+        if (route && intv != INTV_VALUE_SHUFFLE) route->key_at[b] = (match[b] - shift + TASK_PAIRS) % TASK_PAIRS;
+      }
       rc = put(d, d->qkv, h, rows * QKV * sizeof *h, "Q K V", err, errlen);
     }
     if (!qkv_host) free(h);
@@ -190,10 +209,13 @@ static int attention_read(const model *m, lab_device *d, const float *x, const i
     for (int b = 0; b < nb; b++) mask[b * TASK_T + match[b]] = 0;
     if (put(d, d->mask, mask, rows, "mask", err, errlen)) return -1;
   }
-  const clattn_params p = read_params(d, nb, model_scale(m), intv == INTV_ABLATE);
+  const clattn_params p = read_params(d, nb, model_scale(m), intv == INTV_ABLATE, route != NULL);
   cl_event ev = NULL;
   const clattn_status st = clattn_forward(d->ctx, &p, 0, NULL, &ev);
   if (call(d, st, ev, "clattn_forward", err, errlen)) return -1;
+  if (route && (get(d, d->argmax, route->argmax, (size_t)nb * sizeof(cl_int), "argmax", err, errlen) ||
+                get(d, d->max_weight, route->max_weight, (size_t)nb * sizeof(float), "max_weight", err, errlen)))
+    return -1;
   return get(d, d->out, o, (size_t)nb * DV * sizeof *o, "O", err, errlen);
 }
 
@@ -375,13 +397,13 @@ static int attention_step(model *m, lab_device *d, const task_set *s, double *lo
   float *qkv = check ? malloc(rows * QKV * sizeof *qkv) : NULL;
   if (check && !qkv) return fail(err, errlen, "out of host memory");
   int rc = -1, correct = 0;
-  if (attention_read(m, d, s->x, s->match, nb, INTV_NONE, NULL, o, qkv, err, errlen)) goto done;
+  if (attention_read(m, d, s->x, s->match, nb, INTV_NONE, NULL, o, qkv, NULL, err, errlen)) goto done;
   float *r = m->w + W_READ, *rb = r + DV * TASK_CLASSES;
   *loss = readout(r, rb, o, DV, nb, s->label, d_logits, &correct);
   readout_backward(r, o, DV, nb, d_logits, m->g + W_READ, m->g + W_READ + DV * TASK_CLASSES, d_h);
   for (int i = 0; i < nb * DV; i++) d_o[i] = (float)d_h[i];
   clattn_backward_params bp = clattn_backward_params_default();
-  bp.fwd = read_params(d, nb, model_scale(m), 0);
+  bp.fwd = read_params(d, nb, model_scale(m), 0, 0);
   bp.d_out = (clattn_tensor){d->d_out, 0, {DV, DV, DV, 1}};
   bp.d_q = (clattn_tensor){d->d_q, 0, {DK, DK, DK, 1}};
   bp.d_k = (clattn_tensor){d->d_k, 0, {TASK_T * DK, TASK_T * DK, DK, 1}};
@@ -441,10 +463,11 @@ int model_step(model *m, lab_device *d, const task_set *batch, double lr, double
 }
 
 int model_accuracy(const model *m, lab_device *d, const task_set *s, intervention intv, uint64_t seed, double *acc,
-                   char *err, size_t errlen) {
-  if (intv != INTV_NONE && m->kind == MODEL_MLP)
-    return fail(err, errlen, "interventions are on the attention models' read");
-  int correct = 0;
+                   route_summary *route, char *err, size_t errlen) {
+  if ((intv != INTV_NONE || route) && m->kind == MODEL_MLP)
+    return fail(err, errlen, "interventions and routes are the attention models'");
+  int correct = 0, to_key = 0;
+  double weight = 0.0;
   for (int b0 = 0; b0 < s->n; b0 += CHUNK) {
     const int nb = s->n - b0 < CHUNK ? s->n - b0 : CHUNK;
     const float *x = s->x + (size_t)b0 * TASK_T * TASK_D;
@@ -454,10 +477,13 @@ int model_accuracy(const model *m, lab_device *d, const task_set *s, interventio
       readout(m->w + M_W2, m->w + M_B2, h, MLP_HIDDEN, nb, s->label + b0, NULL, &correct);
     } else {
       float o[CHUNK * DV];
-      if (attention_read(m, d, x, s->match + b0, nb, intv, &seed, o, NULL, err, errlen)) return -1;
+      read_route r;
+      if (attention_read(m, d, x, s->match + b0, nb, intv, &seed, o, NULL, route ? &r : NULL, err, errlen)) return -1;
+      for (int b = 0; b < nb && route; b++) to_key += r.argmax[b] == r.key_at[b], weight += r.max_weight[b];
       readout(m->w + W_READ, m->w + W_READ + DV * TASK_CLASSES, o, DV, nb, s->label + b0, NULL, &correct);
     }
   }
   *acc = (double)correct / s->n;
+  if (route) route->to_key = (double)to_key / s->n, route->max_weight = weight / s->n;
   return 0;
 }

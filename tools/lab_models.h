@@ -72,10 +72,19 @@ void model_free(model *m);
 int model_step(model *m, lab_device *d, const task_set *batch, double lr, double *loss, grad_check *check,
                char *err, size_t errlen);
 
+/* The route of the attention models' read over a set (clattn's route
+ * diagnostics argmax and max_weight). */
+typedef struct {
+  double to_key;                  /* the fraction of sequences whose top-weighted key is the query's
+                                     matching key, wherever the intervention moved it (0 when removed) */
+  double max_weight;              /* the top key's weight, mean over sequences */
+} route_summary;
+
 /* Accuracy on s under the intervention (INTV_NONE for any model; the
- * others for the attention models), shuffles drawn from seed. Returns 0,
- * or -1 with a message in err. */
+ * others for the attention models), shuffles drawn from seed; route
+ * (non-NULL, attention models): the route. Returns 0, or -1 with a message
+ * in err. */
 int model_accuracy(const model *m, lab_device *d, const task_set *s, intervention intv, uint64_t seed, double *acc,
-                   char *err, size_t errlen);
+                   route_summary *route, char *err, size_t errlen);
 
 #endif

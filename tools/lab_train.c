@@ -14,7 +14,10 @@
  * dQ, dK, dV and the CLBlast projections' gradients); attention's mean test
  * accuracy at least MIN_ACC and MARGIN above the uniform and MLP baselines';
  * the paired permutation changes accuracy by at most PAIRED_TOL, the other
- * interventions drop it by at least MARGIN.
+ * interventions drop it by at least MARGIN; and, but for the ablation, the
+ * top-weighted key is the query's matching key wherever the intervention
+ * moved it (in at least MIN_ACC of the test sequences, every seed): the
+ * route follows the key's content, not its position.
  */
 #include "lab_train.h"
 
@@ -30,7 +33,7 @@
 #include "lineplot.h"
 
 #define GRAD_TOL 1e-4   /* relative error of the first step's gradients against fp64 */
-#define MIN_ACC 0.8     /* attention's mean test accuracy, at least */
+#define MIN_ACC 0.8     /* attention's mean test accuracy, at least; also how often its route finds the key */
 #define MARGIN 0.3      /* attention over uniform pooling and the MLP; the breaking interventions' drop */
 #define PAIRED_TOL 0.01 /* the paired permutation's change of accuracy, at most */
 
@@ -47,6 +50,7 @@ typedef struct {
   double acc[MAX_SEEDS];                       /* final test accuracy per seed */
   double curve[MAX_POINTS];                    /* test accuracy at each evaluation, mean over seeds */
   double intv[INTV_KINDS][MAX_SEEDS];          /* attention only: accuracy under each intervention */
+  route_summary route[INTV_KINDS][MAX_SEEDS];  /* attention only: the route under each intervention */
   int n_params, n_trained;
 } model_result;
 
@@ -83,7 +87,7 @@ static int train_kind(model_kind kind, const train_opts *o, lab_device *d, const
     for (int step = 0, pt = 0; step <= o->steps && !rc; step++) {
       if (step % o->every == 0 || step == o->steps) {
         double acc = 0.0;
-        rc = model_accuracy(&m, d, test, INTV_NONE, 0, &acc, err, errlen);
+        rc = model_accuracy(&m, d, test, INTV_NONE, 0, &acc, NULL, err, errlen);
         r->curve[pt++] += acc / o->seeds;
         if (step == o->steps) r->acc[s] = acc;
       }
@@ -94,7 +98,8 @@ static int train_kind(model_kind kind, const train_opts *o, lab_device *d, const
                       err, errlen);
     }
     for (int v = 0; v < INTV_KINDS && !rc && kind == MODEL_ATTENTION; v++)
-      rc = model_accuracy(&m, d, test, (intervention)v, 99 + (uint64_t)s, &r->intv[v][s], err, errlen);
+      rc = model_accuracy(&m, d, test, (intervention)v, 99 + (uint64_t)s, &r->intv[v][s], &r->route[v][s], err,
+                          errlen);
     model_free(&m);
     if (rc) return -1;
   }
@@ -198,22 +203,30 @@ int lab_train_main(int argc, char **argv) {
   const double acc = mean_of(a->acc, o.seeds);
   printf("without binding keys to values (uniform pooling, the MLP) at most %.3f: each sequence's commonest value\n",
          test.bag_ceiling);
-  printf("\ninterventions on the trained attention model (test accuracy, mean ± sd over seeds):\n");
-  for (int v = 0; v < INTV_KINDS; v++)
-    printf("  %-30s %.3f ± %.3f\n", v == INTV_NONE ? "none (as trained)" : intervention_name[v],
-           mean_of(a->intv[v], o.seeds), sd_of(a->intv[v], o.seeds));
+  printf("\ninterventions on the trained attention model (means over seeds; route: clattn's argmax and max_weight)\n");
+  printf("  %-30s %15s   %s   %s\n", "", "test accuracy", "top key = the matching key", "top weight");
+  for (int v = 0; v < INTV_KINDS; v++) {
+    double to_key[MAX_SEEDS], weight[MAX_SEEDS];
+    for (int s = 0; s < o.seeds; s++) to_key[s] = a->route[v][s].to_key, weight[s] = a->route[v][s].max_weight;
+    printf("  %-30s %.3f ± %.3f   %26.3f   %10.3f\n", v == INTV_NONE ? "none (as trained)" : intervention_name[v],
+           mean_of(a->intv[v], o.seeds), sd_of(a->intv[v], o.seeds), mean_of(to_key, o.seeds),
+           mean_of(weight, o.seeds));
+  }
 
   const int grad_ok = check.attention <= GRAD_TOL && check.projection <= GRAD_TOL;
   const double uni = mean_of(res[MODEL_UNIFORM].acc, o.seeds), mlp = mean_of(res[MODEL_MLP].acc, o.seeds);
   const int beats = acc >= MIN_ACC && acc - uni >= MARGIN && acc - mlp >= MARGIN;
   int intv_ok = fabs(mean_of(a->intv[INTV_PAIRED], o.seeds) - mean_of(a->intv[INTV_NONE], o.seeds)) <= PAIRED_TOL;
   for (int v = INTV_KEY_SHUFFLE; v < INTV_KINDS; v++) intv_ok &= acc - mean_of(a->intv[v], o.seeds) >= MARGIN;
+  for (int v = INTV_NONE; v < INTV_ABLATE; v++)   /* the route follows the matching key wherever it is */
+    for (int s = 0; s < o.seeds; s++) intv_ok &= a->route[v][s].to_key >= MIN_ACC;
   printf("\nfirst step's gradients vs fp64: dQ dK dV (clattn_backward) %.2e, dWq dWk dWv (CLBlast) %.2e (%s: <= %g)\n",
          check.attention, check.projection, grad_ok ? "ok" : "FAIL", GRAD_TOL);
   printf("attention %.3f vs uniform %.3f and MLP %.3f (%s: at least %.1f, and %.1f above both)\n", acc, uni, mlp,
          beats ? "ok" : "FAIL", MIN_ACC, MARGIN);
-  printf("interventions (%s: paired permutation within %.2f, key shuffle, value shuffle, ablation %.1f below)\n",
-         intv_ok ? "ok" : "FAIL", PAIRED_TOL, MARGIN);
+  printf("interventions (%s: paired permutation within %.2f, key shuffle, value shuffle, ablation %.1f below; "
+         "the top key the matching one, wherever moved, in at least %.1f)\n",
+         intv_ok ? "ok" : "FAIL", PAIRED_TOL, MARGIN, MIN_ACC);
   rc = grad_ok && beats && intv_ok ? 0 : 1;
   if (o.plot) {
     if (write_plot(&o, res, err, sizeof err)) fprintf(stderr, "clattn lab --train: %s\n", err), rc = 1;
