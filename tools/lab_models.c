@@ -44,7 +44,7 @@ struct lab_device {
 
 typedef struct {                  /* the route of one read, per sequence */
   int key_at[CHUNK];              /* where the query's matching key is after the intervention; -1: removed */
-  int argmax[CHUNK];              /* the top-weighted key (clattn's route diagnostics) */
+  cl_int argmax[CHUNK];           /* the top-weighted key (clattn's route diagnostics) */
   float max_weight[CHUNK];        /* its weight */
 } read_route;
 
@@ -213,9 +213,11 @@ static int attention_read(const model *m, lab_device *d, const float *x, const i
   cl_event ev = NULL;
   const clattn_status st = clattn_forward(d->ctx, &p, 0, NULL, &ev);
   if (call(d, st, ev, "clattn_forward", err, errlen)) return -1;
-  if (route && (get(d, d->argmax, route->argmax, (size_t)nb * sizeof(cl_int), "argmax", err, errlen) ||
-                get(d, d->max_weight, route->max_weight, (size_t)nb * sizeof(float), "max_weight", err, errlen)))
-    return -1;
+  if (route) {
+    if (get(d, d->argmax, route->argmax, (size_t)nb * sizeof *route->argmax, "argmax", err, errlen) ||
+        get(d, d->max_weight, route->max_weight, (size_t)nb * sizeof *route->max_weight, "max_weight", err, errlen))
+      return -1;
+  }
   return get(d, d->out, o, (size_t)nb * DV * sizeof *o, "O", err, errlen);
 }
 

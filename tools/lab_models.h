@@ -9,7 +9,7 @@
  *              output to the readout; dQ, dK, dV by clattn_backward, dWq =
  *              Xᵀ dQ, dWk = Xᵀ dK, dWv = Xᵀ dV by CLBlast GEMMs.
  *   uniform    the same with scale 0: every token weighs 1/TASK_T, so Wq and
- *              Wk have no effect (not counted, not trained).
+ *              Wk have no effect (counted in n_params, not trained).
  *   fixed      the same with Wq and Wk frozen at their random start: a fixed
  *              random routing geometry; Wv and the readout learn.
  *   mlp        a matched-parameter MLP over the mean-pooled tokens:
