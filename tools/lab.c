@@ -36,7 +36,8 @@
 #include "problem.h"
 
 const char lab_usage[] = "       clattn lab [--json] [--heatmap FILE.png] [--seed S]\n"
-                         "       clattn lab --train [--steps S] [--lr LR] [--seed S]\n";
+                         "       clattn lab --train [--quick] [--seeds N] [--steps S] [--lr LR] [--seed S]\n"
+                         "                          [--plot FILE.png]\n";
 
 #define SEED_TOL 1e-3      /* seeds' numbers printed to 3 decimals */
 #define DIAG_TOL 1e-4      /* library diagnostics vs the same from its weights */
@@ -921,7 +922,8 @@ int lab_main(int argc, char **argv) {
     if (!strcmp(o, "--json")) json = 1;
     else if (!strcmp(o, "--heatmap") && val) heat = val, i++;
     else if (!strcmp(o, "--seed") && val && val[0] != '-' && (L->seed = strtoull(val, &end, 10), !*end)) i++;
-    else if (!strcmp(o, "-h") || !strcmp(o, "--help")) return free(L), printf("usage:\n%s", lab_usage), 0;
+    else if (!strcmp(o, "-h") || !strcmp(o, "--help"))
+      return free(L), printf("usage:\n%s\n--train:\n%s", lab_usage, lab_train_help), 0;
     else {
       if (!strcmp(o, "--heatmap") || !strcmp(o, "--seed"))
         fprintf(stderr, "clattn lab: %s needs %s\n", o, !strcmp(o, "--seed") ? "a non-negative integer" : "a file name");

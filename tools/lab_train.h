@@ -1,6 +1,7 @@
 /*
- * `clattn lab --train`: the routing lab's retrieval task learned by
- * gradient descent through clattn_forward and clattn_backward (lab_train.c).
+ * `clattn lab --train`: the seeds' training experiment (lab_train.c): a
+ * key-value lookup learned by attention with learned projections and by
+ * three baselines, from several seeds, with the lab's interventions.
  */
 #ifndef CLATTN_TOOLS_LAB_TRAIN_H
 #define CLATTN_TOOLS_LAB_TRAIN_H
@@ -9,6 +10,7 @@
  * hold, 1 otherwise, 2 on bad usage. */
 int lab_train_main(int argc, char **argv);
 
-extern const char lab_train_usage[];
+extern const char lab_train_usage[];   /* the synopsis line */
+extern const char lab_train_help[];    /* the options */
 
 #endif
