@@ -130,12 +130,12 @@ static int run_example(clattn_context *ctx, const cp_worked *e) {
   printf("  %-16s weights [", e->name);
   for (int j = 0; j < e->n; j++) {
     printf("%s%.3f", j ? ", " : "", pb->weights[j]);
-    ok = ok && fabs(pb->weights[j] - e->want_w[j]) <= e->tol * 2;
+    ok = ok && fabs(pb->weights[j] - e->want_w[j]) <= e->tol_w;
   }
   printf("]  output [");
   for (int d = 0; d < e->dv; d++) {
     printf("%s%.3f", d ? ", " : "", pb->out[d]);
-    ok = ok && fabs(pb->out[d] - e->want_out[d]) <= e->tol * (1 + fabs(e->want_out[d]));
+    ok = ok && fabs(pb->out[d] - e->want_out[d]) <= e->tol_out;
   }
   printf("]  %s\n", ok ? "ok" : "MISMATCH");
   rc = ok ? 0 : 1;

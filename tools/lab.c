@@ -34,6 +34,7 @@
 #include "heatmap.h"
 #include "lab_train.h"
 #include "problem.h"
+#include "worked.h"
 
 const char lab_usage[] = "       clattn lab [--json] [--heatmap FILE.png] [--seed S]\n"
                          "       clattn lab --train [--quick] [--seeds N] [--steps S] [--lr LR] [--seed S]\n"
@@ -325,46 +326,42 @@ static void finish_check(lab_check *c) {
       if (!(fabs(c->vec[k].got[i] - c->vec[k].expected[i]) <= c->vec[k].tol)) c->pass = 0;
 }
 
-/* The seeds' three candidates: keys [2,0] [0,2] [1.2,0.8], values [10,0] [0,10] [6,4]. */
-static const float pos_q[] = {2, 0}, pos_k[] = {2, 0, 0, 2, 1.2f, 0.8f}, pos_v[] = {10, 0, 0, 10, 6, 4};
-
-static void seed_checks(lab *L) {
-  lab_read r, r2;
-
-  lab_check *c = new_check(L, "positive read");
-  lab_input in = {1, 3, 2, 2, pos_q, pos_k, pos_v, NULL, NAN};
-  const double pos_w[] = {0.724, 0.043, 0.233}, pos_o[] = {8.638, 1.362};
-  double orig[2] = {NAN, NAN};
-  if (lab_attend(L, c->name, &in, &r) == 0) {
-    add_vecf(c, "weights", 3, pos_w, r.w, SEED_TOL);
-    add_vecf(c, "output", 2, pos_o, r.out, SEED_TOL);
-    orig[0] = r.out[0], orig[1] = r.out[1];
-    read_free(&r);
+/* One worked example of the table: its weights and output against the
+ * seeds' printed numbers (within their rounding, at least SEED_TOL); keep
+ * (or NULL) receives the read for the caller. */
+static void worked_check(lab *L, const cp_worked *e, lab_read *keep) {
+  lab_check *c = new_check(L, e->name);
+  const double tol_w = fmax(e->tol_w, SEED_TOL), tol_out = fmax(e->tol_out, SEED_TOL);
+  lab_input in = {1, e->n, e->dk, e->dv, e->q, e->k, e->v, e->allowed, e->scale};
+  lab_read r;
+  if (lab_attend(L, c ? c->name : e->name, &in, &r) == 0) {
+    add_vecf(c, "weights", e->n, e->want_w, r.w, tol_w);
+    add_vecf(c, "output", e->dv, e->want_out, r.out, tol_out);
+    if (keep) *keep = r;
+    else read_free(&r);
   }
   finish_check(c);
+}
 
-  /* keys and values moved together by the seeds' order [2, 0, 1] */
-  c = new_check(L, "paired permutation");
+static void seed_checks(lab *L) {
+  lab_read r, r2, first = {0};
+  for (int i = 0; i < CP_N_WORKED; i++) worked_check(L, &cp_worked_examples[i], i == 0 ? &first : NULL);
+
+  /* the positive read's keys and values moved together by the seeds' order [2, 0, 1] */
+  const cp_worked *pos = &cp_worked_examples[0];
+  lab_check *c = new_check(L, "paired permutation");
   const int order[] = {2, 0, 1};
   float pk[6], pv[6];
   for (int j = 0; j < 3; j++)
-    for (int d = 0; d < 2; d++) pk[j * 2 + d] = pos_k[order[j] * 2 + d], pv[j * 2 + d] = pos_v[order[j] * 2 + d];
-  in = (lab_input){1, 3, 2, 2, pos_q, pk, pv, NULL, NAN};
-  if (lab_attend(L, c->name, &in, &r) == 0) {
+    for (int d = 0; d < 2; d++) pk[j * 2 + d] = pos->k[order[j] * 2 + d], pv[j * 2 + d] = pos->v[order[j] * 2 + d];
+  lab_input in = {1, 3, 2, 2, pos->q, pk, pv, NULL, NAN};
+  if (first.out && lab_attend(L, c->name, &in, &r) == 0) {
+    const double orig[2] = {first.out[0], first.out[1]};
     add_vecf(c, "output unchanged", 2, orig, r.out, 1e-5);
-    add_vecf(c, "output", 2, pos_o, r.out, SEED_TOL);
+    add_vecf(c, "output", 2, pos->want_out, r.out, SEED_TOL);
     read_free(&r);
   }
-  finish_check(c);
-
-  c = new_check(L, "key collision");
-  const float cq[] = {1, 0}, ck[] = {1, 0, 1, 0}, cv[] = {0, 100};
-  in = (lab_input){1, 2, 2, 1, cq, ck, cv, NULL, NAN};
-  if (lab_attend(L, c->name, &in, &r) == 0) {
-    add_vecf(c, "weights", 2, (const double[]){0.5, 0.5}, r.w, SEED_TOL);
-    add_vecf(c, "output", 1, (const double[]){50}, r.out, SEED_TOL);
-    read_free(&r);
-  }
+  read_free(&first);
   finish_check(c);
 
   /* The seeds mix fixed routes by hand; here the masks and scale 0 make the
@@ -373,8 +370,8 @@ static void seed_checks(lab *L) {
   c = new_check(L, "different routes, same output");
   const float dv_[] = {1, 0, 0, 1, 0.5f, 0.5f};
   const unsigned char mask_a[] = {1, 1, 0}, mask_b[] = {0, 0, 1};
-  in = (lab_input){1, 3, 2, 2, pos_q, pos_k, dv_, mask_a, 0.0f};
-  lab_input in_b = {1, 3, 2, 2, pos_q, pos_k, dv_, mask_b, 0.0f};
+  in = (lab_input){1, 3, 2, 2, pos->q, pos->k, dv_, mask_a, 0.0f};
+  lab_input in_b = {1, 3, 2, 2, pos->q, pos->k, dv_, mask_b, 0.0f};
   if (lab_attend(L, "route A", &in, &r) == 0) {
     if (lab_attend(L, "route B", &in_b, &r2) == 0) {
       add_vecf(c, "route A weights", 3, (const double[]){0.5, 0.5, 0}, r.w, SEED_TOL);
@@ -383,38 +380,6 @@ static void seed_checks(lab *L) {
       add_vecf(c, "route B output", 2, (const double[]){0.5, 0.5}, r2.out, SEED_TOL);
       read_free(&r2);
     }
-    read_free(&r);
-  }
-  finish_check(c);
-
-  /* scale 0: every allowed key scores the same, whatever the query */
-  c = new_check(L, "negative control: uniform mean");
-  const float uq[] = {3, -1}, uk[] = {1, 0, 0, 1, -5, 2}, uv[] = {2, 8, 14};
-  in = (lab_input){1, 3, 2, 1, uq, uk, uv, NULL, 0.0f};
-  if (lab_attend(L, c->name, &in, &r) == 0) {
-    add_vecf(c, "weights", 3, (const double[]){1.0 / 3, 1.0 / 3, 1.0 / 3}, r.w, SEED_TOL);
-    add_vecf(c, "output", 1, (const double[]){8}, r.out, SEED_TOL);
-    read_free(&r);
-  }
-  finish_check(c);
-
-  c = new_check(L, "structural mask");
-  const unsigned char smask[] = {0, 1, 1};
-  in = (lab_input){1, 3, 2, 2, pos_q, pos_k, pos_v, smask, NAN};
-  if (lab_attend(L, c->name, &in, &r) == 0) {
-    add_vecf(c, "weights", 3, (const double[]){0.0, 0.155, 0.845}, r.w, SEED_TOL);
-    add_vecf(c, "output", 2, (const double[]){5.071, 4.929}, r.out, SEED_TOL);
-    read_free(&r);
-  }
-  finish_check(c);
-
-  /* the memory-interface example, printed to 2 decimals (17.04) */
-  c = new_check(L, "memory-interface read");
-  const float mq[] = {1, 0}, mk[] = {1, 0, 0, 1, -1, 0}, mv[] = {10, 20, 40};
-  in = (lab_input){1, 3, 2, 1, mq, mk, mv, NULL, NAN};
-  if (lab_attend(L, c->name, &in, &r) == 0) {
-    add_vecf(c, "weights", 3, (const double[]){0.576, 0.284, 0.140}, r.w, SEED_TOL);
-    add_vecf(c, "output", 1, (const double[]){17.04}, r.out, 5e-3);
     read_free(&r);
   }
   finish_check(c);

@@ -12,7 +12,7 @@ typedef struct {
   float scale;                /* NAN: 1/sqrt(dk) */
   unsigned char allowed[3];
   double want_out[2], want_w[3];
-  double tol;                 /* of the seeds' rounding */
+  double tol_w, tol_out;      /* of the seeds' rounding: weights, outputs */
 } cp_worked;
 
 enum { CP_N_WORKED = 6 };
