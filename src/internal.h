@@ -46,6 +46,7 @@ struct clattn_context {
   size_t scratch_budget;      /* bytes of score scratch the staged path may hold */
   size_t peak_scratch;        /* largest scratch of one call; guarded by programs_lock */
   atomic_int blast_ready;     /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
+  atomic_ulong kernels_enqueued; /* kernel launches by ca_enqueue so far (`clattn bench --host`'s floor) */
   char description[6144];
 };
 

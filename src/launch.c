@@ -100,6 +100,7 @@ clattn_status ca_enqueue(clattn_context *ctx, cl_kernel kernel, const char *name
   }
   if (*prev) clReleaseEvent(*prev);
   *prev = ev;
+  atomic_fetch_add_explicit(&ctx->kernels_enqueued, 1, memory_order_relaxed);
   return CLATTN_OK;
 }
 

@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "bench_backward.h"
+#include "bench_host.h"
 #include "bench_base.h"
 #include "clattn.h"
 #include "problem.h"
@@ -46,7 +47,8 @@ const char bench_usage[] =
     "                    [--no-staged] [--no-host] [--baseline-max-len L] [--no-check] [--verbose]\n"
     "                    [--paged PAGE_SIZE] [--kv-dtype f32|f16|bf16|q8_0|int8]\n"
     "       clattn bench --backward [--quick] [--shape H,HKV,M,N,D[,causal]]... [--reps R] [--cap SECONDS]\n"
-    "                    [--no-host]\n";
+    "                    [--no-host]\n"
+    "       clattn bench --host [--shape H,HKV,M,N,D] [--reps R] [--calls C]\n";
 
 #define BEGIN_MARK "<!-- bench:begin -->"
 #define END_MARK "<!-- bench:end -->"
@@ -997,6 +999,8 @@ static void readme_block(sbuf *b, int argc, char **argv, const machine *mc, cons
 int bench_main(int argc, char **argv) {
   for (int i = 2; i < argc; i++)
     if (!strcmp(argv[i], "--backward")) return bench_backward_main(argc, argv);
+  for (int i = 2; i < argc; i++)
+    if (!strcmp(argv[i], "--host")) return bench_host_main(argc, argv);
   bench_cfg c;
   int pa = parse_args(argc, argv, &c);
   if (pa != 0) return pa < 0 ? 2 : 0;
