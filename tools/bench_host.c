@@ -207,6 +207,11 @@ int bench_host_main(int argc, char **argv) {
          c.calls, rate, 1e6 / rate, floor_rate, floor_rate / rate);
   printf("  of which enqueueing, per call: clattn %.1f us, floor %.1f us, ratio %.2f\n", loop_ms * 1e3,
          floor_loop_ms * 1e3, loop_ms / floor_loop_ms);
+  int buffers = 0;
+  size_t bytes = 0;
+  ca_scratch_stats(ctx, &buffers, &bytes);
+  printf("  the context holds %d kernel objects and %d scratch buffers (%zu bytes), created once\n",
+         ca_kernel_pool_size(ctx), buffers, bytes);
   rc = 0;
   goto done;
 call_failed:
