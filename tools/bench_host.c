@@ -26,13 +26,10 @@
 
 const char bench_host_usage[] = "       clattn bench --host [--shape H,HKV,M,N,D] [--reps R] [--calls C]\n";
 
-typedef struct {
-  int heads, kv_heads, q_len, kv_len, dim;
-  int reps, calls;
-} host_cfg;
+bench_host_cfg bench_host_defaults(void) { return (bench_host_cfg){32, 8, 1, 512, 128, 500, 1000}; }
 
-static int parse(int argc, char **argv, host_cfg *c) {
-  *c = (host_cfg){32, 8, 1, 512, 128, 500, 1000};
+static int parse(int argc, char **argv, bench_host_cfg *c) {
+  *c = bench_host_defaults();
   for (int i = 2; i < argc; i++) {
     const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(o, "--host")) continue;
@@ -151,7 +148,7 @@ static int loop_rate(call_fn fn, void *arg, cl_command_queue q, int calls, doubl
 }
 
 int bench_host_main(int argc, char **argv) {
-  host_cfg c;
+  bench_host_cfg c;
   if (parse(argc, argv, &c) != 0) return 2;
   clattn_context *ctx = NULL;
   clattn_status st = clattn_create(NULL, &ctx);
@@ -160,7 +157,14 @@ int bench_host_main(int argc, char **argv) {
             clattn_last_error(NULL));
     return 1;
   }
-  int rc = 1;
+  int rc = bench_host_run(ctx, &c) == 0 ? 0 : 1;
+  clattn_destroy(ctx);
+  return rc;
+}
+
+int bench_host_run(clattn_context *ctx, const bench_host_cfg *cfg) {
+  const bench_host_cfg c = *cfg;
+  int rc = -1;
   floor_kernels fl = {0};
   cp_shape s = cp_shape_default();
   s.q_heads = c.heads;
@@ -222,6 +226,5 @@ floor_failed:
 done:
   floor_release(&fl);
   cp_free(pb);
-  clattn_destroy(ctx);
   return rc;
 }
