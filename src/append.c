@@ -78,7 +78,8 @@ clattn_status clattn_kv_append(clattn_context *ctx, const clattn_append_params *
   cl_program program = NULL;
   cl_kernel kernel = NULL;
   cl_event prev = NULL;
-  if ((st = append_program(ctx, ap->src_dtype, kv, &program)) || (st = ca_kernel_take(ctx, program, "kv_append", &kernel)))
+  if ((st = append_program(ctx, ap->src_dtype, kv, &program)) ||
+      (st = ca_kernel_take(ctx, program, "kv_append", &kernel)))
     goto fail;
   /* kernel arguments are copied at enqueue, so one kernel serves both halves */
   if ((st = enqueue_half(ctx, kernel, ap, &ap->k_new, &ap->k, &ap->k_scale, ap->head_dim, n_wait, wait, &prev)) ||

@@ -81,7 +81,8 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
   cl_program core = NULL;
   size_t scratch_bytes = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len * sizeof(float);
   if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
-      (st = ca_kernel_take(ctx, core, "qk_score", &score)) || (st = ca_kernel_take(ctx, core, "softmax_rows", &softmax)) ||
+      (st = ca_kernel_take(ctx, core, "qk_score", &score)) ||
+      (st = ca_kernel_take(ctx, core, "softmax_rows", &softmax)) ||
       (st = ca_kernel_take(ctx, core, "mix_values", &mix)) ||
       (st = ca_scratch_take(ctx, scratch_bytes, "staged score scratch", &scratch)) ||
       (st = ca_flag_take(ctx, p->empty_rows, &empty_flag)))

@@ -1366,8 +1366,9 @@ static long creations(const char **first)
   *first = "";
   for (long i = 1; i <= shim_calls(); i++) {
     const char *fn = shim_trace_fn(i);
-    if (fn && shim_trace_in_main(i) && (!strcmp(fn, "clCreateKernel") || !strcmp(fn, "clCreateBuffer") || !strcmp(fn, "clCreateSubBuffer") ||
-               !strncmp(fn, "clCreateProgram", 15))) {
+    if (fn && shim_trace_in_main(i) &&
+        (!strcmp(fn, "clCreateKernel") || !strcmp(fn, "clCreateBuffer") || !strcmp(fn, "clCreateSubBuffer") ||
+         !strncmp(fn, "clCreateProgram", 15))) {
       if (!n)
         *first = fn;
       n++;
