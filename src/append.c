@@ -78,18 +78,15 @@ clattn_status clattn_kv_append(clattn_context *ctx, const clattn_append_params *
   cl_program program = NULL;
   cl_kernel kernel = NULL;
   cl_event prev = NULL;
-  if ((st = append_program(ctx, ap->src_dtype, kv, &program)) || (st = ca_create_kernel(program, "kv_append", &kernel)))
+  if ((st = append_program(ctx, ap->src_dtype, kv, &program)) ||
+      (st = ca_kernel_take(ctx, program, "kv_append", &kernel)))
     goto fail;
   /* kernel arguments are copied at enqueue, so one kernel serves both halves */
   if ((st = enqueue_half(ctx, kernel, ap, &ap->k_new, &ap->k, &ap->k_scale, ap->head_dim, n_wait, wait, &prev)) ||
       (st = enqueue_half(ctx, kernel, ap, &ap->v_new, &ap->v, &ap->v_scale, ap->value_dim, n_wait, wait, &prev)))
     goto fail;
-  if (done) {
-    *done = prev;
-    prev = NULL;
-  }
 fail:
-  if (prev) clReleaseEvent(prev);
-  if (kernel) clReleaseKernel(kernel);
+  ca_kernel_give(ctx, kernel);
+  ca_hand_out(st, &prev, done);
   return st;
 }

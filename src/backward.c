@@ -174,7 +174,6 @@ static clattn_status enqueue_sum(clattn_context *ctx, cl_kernel sum, cl_mem x, i
 clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params *bp, cl_uint n_wait,
                               const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
-  cl_int err = CL_SUCCESS;
   ca_plan plan;
   if (done) *done = NULL;
   if (!ctx) return BAD("clattn_backward: ctx is NULL");
@@ -209,21 +208,15 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
     return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "backward: per-row scratch exceeds the device's largest allocation");
 
   if ((st = backward_program(ctx, p.head_dim, p.value_dim, p.dtype, &program)) ||
-      (st = ca_create_kernel(program, "bwd_rowdot", &rowdot)) || (st = ca_create_kernel(program, "bwd_dkdv", &dkdv)) ||
-      (st = ca_create_kernel(program, "bwd_dq", &dq)))
+      (st = ca_kernel_take(ctx, program, "bwd_rowdot", &rowdot)) ||
+      (st = ca_kernel_take(ctx, program, "bwd_dkdv", &dkdv)) || (st = ca_kernel_take(ctx, program, "bwd_dq", &dq)))
     goto fail;
-  if ((want_sinks || want_dw) && (st = ca_create_kernel(program, "bwd_sum", &sum))) goto fail;
-  if (varlen && (st = ca_create_kernel(program, "bwd_zero", &zero))) goto fail;
-  dsum = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, rows_total * sizeof(float), NULL, &err);
-  CA_CHECK_CL(st, err, "clCreateBuffer(backward row sums D)");
-  if (p.sinks) {
-    sinkt = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, rows_total * sizeof(float), NULL, &err);
-    CA_CHECK_CL(st, err, "clCreateBuffer(backward sink terms)");
-  }
-  if (want_dw) {
-    dw_rows = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)dw_bytes, NULL, &err);
-    CA_CHECK_CL(st, err, "clCreateBuffer(backward additive-w row terms)");
-  }
+  if ((want_sinks || want_dw) && (st = ca_kernel_take(ctx, program, "bwd_sum", &sum))) goto fail;
+  if (varlen && (st = ca_kernel_take(ctx, program, "bwd_zero", &zero))) goto fail;
+  if ((st = ca_scratch_take(ctx, rows_total * sizeof(float), "backward row sums D", &dsum)) ||
+      (p.sinks && (st = ca_scratch_take(ctx, rows_total * sizeof(float), "backward sink terms", &sinkt))) ||
+      (want_dw && (st = ca_scratch_take(ctx, (size_t)dw_bytes, "backward additive-w row terms", &dw_rows))))
+    goto fail;
   ca_note_scratch(ctx, rows_total * sizeof(float) * (p.sinks ? 2 : 1) + (size_t)dw_bytes);
 
   if (varlen) {
@@ -271,16 +264,13 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
       (st = enqueue_sum(ctx, sum, dw_rows, p.head_dim, 1, (cl_ulong)rows_total, 0, 1, (cl_ulong)p.head_dim,
                         bp->d_additive_w, n_wait, wait, &prev)))
     goto fail;
-  st = ca_finish_call(ctx, CLATTN_EMPTY_ZERO, NULL, &prev, done);
-fail:
-  if (prev) clReleaseEvent(prev);
-  if (rowdot) clReleaseKernel(rowdot);
-  if (dkdv) clReleaseKernel(dkdv);
-  if (dq) clReleaseKernel(dq);
-  if (sum) clReleaseKernel(sum);
-  if (zero) clReleaseKernel(zero);
-  if (dsum) clReleaseMemObject(dsum);
-  if (sinkt) clReleaseMemObject(sinkt);
-  if (dw_rows) clReleaseMemObject(dw_rows);
+fail:;
+  const cl_event used = st == CLATTN_OK ? prev : NULL; /* a failed call's last event may not follow all it enqueued */
+  const cl_kernel kernels[] = {rowdot, dkdv, dq, sum, zero};
+  for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) ca_kernel_give(ctx, kernels[i]);
+  ca_scratch_give(ctx, dsum, used);
+  ca_scratch_give(ctx, sinkt, used);
+  ca_scratch_give(ctx, dw_rows, used);
+  ca_hand_out(st, &prev, done);
   return st;
 }

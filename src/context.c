@@ -303,6 +303,10 @@ static clattn_status attach(clattn_context *ctx, const clattn_options *opt) {
     ctx->context = opt->context;
     CA_CHECK_CL(st, clRetainCommandQueue(opt->queue), "clRetainCommandQueue(options.queue)");
     ctx->queue = opt->queue;
+    cl_command_queue_properties props = 0;
+    CA_CHECK_CL(st, clGetCommandQueueInfo(opt->queue, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL),
+                "options.queue: clGetCommandQueueInfo(CL_QUEUE_PROPERTIES)");
+    ctx->out_of_order = (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
     CA_CHECK_CL(st, clRetainDevice(opt->device), "clRetainDevice(options.device)");
     ctx->device = opt->device;
     ctx->retained_device = 1;
@@ -329,6 +333,8 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
   clattn_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "clattn_create: out of host memory");
   pthread_mutex_init(&ctx->programs_lock, NULL);
+  pthread_mutex_init(&ctx->kernels_lock, NULL);
+  pthread_mutex_init(&ctx->scratch_lock, NULL);
   st = attach(ctx, opt ? opt : &defaults);
   if (st != CLATTN_OK) goto fail;
   st = ca_query_device(ctx->device, &ctx->caps, &ctx->max_alloc);
@@ -357,6 +363,10 @@ fail:
 
 void clattn_destroy(clattn_context *ctx) {
   if (!ctx) return;
+  ca_kernel_pool_trim(ctx); /* no call is in progress: every pooled object is idle */
+  ca_scratch_pool_trim(ctx);
+  pthread_mutex_destroy(&ctx->kernels_lock);
+  pthread_mutex_destroy(&ctx->scratch_lock);
   if (ctx->core) clReleaseProgram(ctx->core);
   for (int i = 0; i < 2; i++)
     if (ctx->core_16[i]) clReleaseProgram(ctx->core_16[i]);

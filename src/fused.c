@@ -99,7 +99,6 @@ ca_splits ca_plan_splits(cl_uint compute_units, size_t items, int kv_len) {
 clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                cl_uint n_wait, const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
-  cl_int err = CL_SUCCESS;
   cl_program program = NULL;
   cl_kernel pack = NULL, rows = NULL;
   char rows_name[32];
@@ -149,22 +148,17 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
 
   snprintf(rows_name, sizeof rows_name,
            block ? "flash_block" : wg ? "flash_tiled" : direct ? "flash_rows_direct%d" : "flash_rows", bm);
-  if ((st = ca_create_kernel(program, rows_name, &rows)) || (st = ca_empty_flag_create(ctx, &empty_flag)))
+  if ((st = ca_kernel_take(ctx, program, rows_name, &rows)) || (st = ca_flag_take(ctx, p->empty_rows, &empty_flag)))
     goto fail;
-  if (packed) {
-    if ((st = ca_create_kernel(program, "flash_pack", &pack))) goto fail;
-    kt = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)kt_bytes, NULL, &err);
-    CA_CHECK_CL(st, err, "clCreateBuffer(fused packed keys)");
-    vp = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, (size_t)vp_bytes, NULL, &err);
-    CA_CHECK_CL(st, err, "clCreateBuffer(fused packed values)");
-  }
-  if (n_splits > 1) {
-    part_o = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE,
-                            n_splits * rows_total * (size_t)p->value_dim * sizeof(float), NULL, &err);
-    CA_CHECK_CL(st, err, "clCreateBuffer(split-KV partial outputs)");
-    part_lse = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, n_splits * rows_total * sizeof(float), NULL, &err);
-    CA_CHECK_CL(st, err, "clCreateBuffer(split-KV partial lse)");
-  }
+  if (packed && ((st = ca_kernel_take(ctx, program, "flash_pack", &pack)) ||
+                 (st = ca_scratch_take(ctx, (size_t)kt_bytes, "fused packed keys", &kt)) ||
+                 (st = ca_scratch_take(ctx, (size_t)vp_bytes, "fused packed values", &vp))))
+    goto fail;
+  if (n_splits > 1 &&
+      ((st = ca_scratch_take(ctx, n_splits * rows_total * (size_t)p->value_dim * sizeof(float),
+                             "split-KV partial outputs", &part_o)) ||
+       (st = ca_scratch_take(ctx, n_splits * rows_total * sizeof(float), "split-KV partial lse", &part_lse))))
+    goto fail;
   ca_note_scratch(ctx, (packed ? (size_t)(kt_bytes + vp_bytes) : 0) + sizeof(cl_int) +
                            (n_splits > 1 ? n_splits * rows_total * ((size_t)p->value_dim + 1) * sizeof(float) : 0));
 
@@ -230,15 +224,16 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
     };
     if ((st = ca_enqueue_merge(ctx, &mp, p->dtype, p->sinks, empty_flag, n_wait, wait, &prev))) goto fail;
   }
-  st = ca_finish_call(ctx, p->empty_rows, empty_flag, &prev, done);
-fail:
-  if (prev) clReleaseEvent(prev);
-  if (pack) clReleaseKernel(pack);
-  if (rows) clReleaseKernel(rows);
-  if (kt) clReleaseMemObject(kt);
-  if (vp) clReleaseMemObject(vp);
-  if (part_o) clReleaseMemObject(part_o);
-  if (part_lse) clReleaseMemObject(part_lse);
-  if (empty_flag) clReleaseMemObject(empty_flag);
+  st = ca_finish_call(ctx, p->empty_rows, &empty_flag, prev);
+fail:;
+  const cl_event used = st == CLATTN_OK ? prev : NULL; /* a failed call's last event may not follow all it enqueued */
+  ca_kernel_give(ctx, pack);
+  ca_kernel_give(ctx, rows);
+  ca_scratch_give(ctx, kt, used);
+  ca_scratch_give(ctx, vp, used);
+  ca_scratch_give(ctx, part_o, used);
+  ca_scratch_give(ctx, part_lse, used);
+  ca_flag_give(ctx, empty_flag, 0, used);
+  ca_hand_out(st, &prev, done);
   return st;
 }

@@ -50,18 +50,16 @@ static clattn_status kv_gather(clattn_context *ctx, const clattn_params *p, cons
                                const cl_event *wait, cl_event *prev, operand *out) {
   const int heads = p->kv_heads, len = p->kv_len, paged = plan->paged;
   clattn_status st = CLATTN_OK;
-  cl_int err = CL_SUCCESS;
   cl_kernel kernel = NULL;
   size_t bytes = (size_t)p->batch * heads * (size_t)len * (size_t)width * sizeof(float);
-  out->buf = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
-  CA_CHECK_CL(st, err, "clCreateBuffer(GEMM K/V gather)");
+  if ((st = ca_scratch_take(ctx, bytes, "GEMM K/V gather", &out->buf))) goto fail;
   out->offset = 0;
   out->ld = (size_t)width;
   out->stride_h = (size_t)len * (size_t)width;
   out->stride_b = (size_t)heads * out->stride_h;
   cl_program core = NULL;
   if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
-      (st = ca_create_kernel(core, "gemm_kv_gather", &kernel)))
+      (st = ca_kernel_take(ctx, core, "gemm_kv_gather", &kernel)))
     goto fail;
   ca_args a = {kernel, "gemm_kv_gather", 0, 0, CL_SUCCESS};
   ca_arg_view(&a, t);
@@ -80,9 +78,9 @@ static clattn_status kv_gather(clattn_context *ctx, const clattn_params *p, cons
   const size_t global[3] = {(size_t)width, (size_t)len, (size_t)p->batch * (size_t)heads};
   st = ca_enqueue(ctx, kernel, "gemm_kv_gather", 3, global, NULL, n_wait, wait, prev);
 fail:
-  if (kernel) clReleaseKernel(kernel);
-  if (st != CLATTN_OK && out->buf) {
-    clReleaseMemObject(out->buf);
+  ca_kernel_give(ctx, kernel);
+  if (st != CLATTN_OK) { /* the caller only holds a gather that was enqueued */
+    ca_scratch_give(ctx, out->buf, NULL);
     out->buf = NULL;
   }
   return st;
@@ -95,17 +93,15 @@ static clattn_status dense_copy(clattn_context *ctx, const clattn_params *p, con
                                 operand *out) {
   const int batch = p->batch, len = key_side ? p->kv_len : p->q_len;
   clattn_status st = CLATTN_OK;
-  cl_int err = CL_SUCCESS;
   cl_kernel kernel = NULL;
   size_t bytes = (size_t)batch * heads * (size_t)len * (size_t)width * sizeof(float);
-  out->buf = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
-  CA_CHECK_CL(st, err, "clCreateBuffer(GEMM dense copy)");
+  if ((st = ca_scratch_take(ctx, bytes, "GEMM dense copy", &out->buf))) goto fail;
   out->offset = 0;
   out->ld = (size_t)width;
   out->stride_h = (size_t)len * (size_t)width;
   out->stride_b = (size_t)heads * out->stride_h;
   cl_program core = NULL;
-  if ((st = ca_core_program(ctx, p->dtype, &core)) || (st = ca_create_kernel(core, "gemm_dense_copy", &kernel)))
+  if ((st = ca_core_program(ctx, p->dtype, &core)) || (st = ca_kernel_take(ctx, core, "gemm_dense_copy", &kernel)))
     goto fail;
   ca_args a = {kernel, "gemm_dense_copy", 0, 0, CL_SUCCESS};
   ca_arg_view(&a, t);
@@ -120,9 +116,9 @@ static clattn_status dense_copy(clattn_context *ctx, const clattn_params *p, con
   const size_t global[3] = {(size_t)width, (size_t)len, (size_t)batch * (size_t)heads};
   st = ca_enqueue(ctx, kernel, "gemm_dense_copy", 3, global, NULL, n_wait, wait, prev);
 fail:
-  if (kernel) clReleaseKernel(kernel);
-  if (st != CLATTN_OK && out->buf) { /* the caller only owns a copy that was enqueued */
-    clReleaseMemObject(out->buf);
+  ca_kernel_give(ctx, kernel);
+  if (st != CLATTN_OK) { /* the caller only holds a copy that was enqueued */
+    ca_scratch_give(ctx, out->buf, NULL);
     out->buf = NULL;
   }
   return st;
@@ -264,7 +260,6 @@ static clattn_status product_scores(clattn_context *ctx, cl_kernel mask, cl_mem 
 clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
                               const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
-  cl_int err = CL_SUCCESS;
   cl_kernel mask = NULL, softmax = NULL, store = NULL;
   cl_mem scores = NULL, o_rows = NULL, empty_flag = NULL, q_copy = NULL, k_copy = NULL, v_copy = NULL;
   cl_event prev = NULL;
@@ -277,17 +272,16 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
   cl_program core = NULL;
   /* Additive scores are no matrix product: qk_score computes them, shaped and masked. */
   const int additive = p->score == CLATTN_SCORE_ADDITIVE;
-  if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
-      (st = ca_create_kernel(core, additive ? "qk_score" : "gemm_mask_scores", &mask)) ||
-      (st = ca_create_kernel(core, "softmax_rows", &softmax)) || (st = ca_create_kernel(core, "gemm_store_rows", &store)) ||
-      (st = ca_empty_flag_create(ctx, &empty_flag)))
-    goto fail;
   size_t score_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len;
   size_t o_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->value_dim;
-  scores = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, score_floats * sizeof(float), NULL, &err);
-  CA_CHECK_CL(st, err, "clCreateBuffer(GEMM score scratch)");
-  o_rows = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, o_floats * sizeof(float), NULL, &err);
-  CA_CHECK_CL(st, err, "clCreateBuffer(GEMM output rows)");
+  if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
+      (st = ca_kernel_take(ctx, core, additive ? "qk_score" : "gemm_mask_scores", &mask)) ||
+      (st = ca_kernel_take(ctx, core, "softmax_rows", &softmax)) ||
+      (st = ca_kernel_take(ctx, core, "gemm_store_rows", &store)) ||
+      (st = ca_flag_take(ctx, p->empty_rows, &empty_flag)) ||
+      (st = ca_scratch_take(ctx, score_floats * sizeof(float), "GEMM score scratch", &scores)) ||
+      (st = ca_scratch_take(ctx, o_floats * sizeof(float), "GEMM output rows", &o_rows)))
+    goto fail;
   offsets = malloc((size_t)chunk.heads * 3 * sizeof(size_t));
   if (!offsets) {
     st = ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "GEMM path: out of host memory");
@@ -361,15 +355,16 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       if ((st = ca_enqueue(ctx, store, "gemm_store_rows", 2, store_global, NULL, n_wait, wait, &prev))) goto fail;
     }
   }
-  st = ca_finish_call(ctx, p->empty_rows, empty_flag, &prev, done);
-fail:
-  if (prev) clReleaseEvent(prev);
-  if (mask) clReleaseKernel(mask);
-  if (softmax) clReleaseKernel(softmax);
-  if (store) clReleaseKernel(store);
+  st = ca_finish_call(ctx, p->empty_rows, &empty_flag, prev);
+fail:;
+  const cl_event used = st == CLATTN_OK ? prev : NULL; /* a failed call's last event may not follow all it enqueued */
+  ca_kernel_give(ctx, mask);
+  ca_kernel_give(ctx, softmax);
+  ca_kernel_give(ctx, store);
   free(offsets);
-  cl_mem owned[] = {scores, o_rows, empty_flag, q_copy, k_copy, v_copy};
-  for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++)
-    if (owned[i]) clReleaseMemObject(owned[i]);
+  const cl_mem held[] = {scores, o_rows, q_copy, k_copy, v_copy};
+  for (size_t i = 0; i < sizeof held / sizeof held[0]; i++) ca_scratch_give(ctx, held[i], used);
+  ca_flag_give(ctx, empty_flag, 0, used);
+  ca_hand_out(st, &prev, done);
   return st;
 }

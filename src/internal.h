@@ -46,6 +46,14 @@ struct clattn_context {
   size_t scratch_budget;      /* bytes of score scratch the staged path may hold */
   size_t peak_scratch;        /* largest scratch of one call; guarded by programs_lock */
   atomic_int blast_ready;     /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
+  atomic_ulong kernels_enqueued; /* kernel launches by ca_enqueue so far (`clattn bench --host`'s floor) */
+  int out_of_order;           /* the queue runs commands out of order (scratch_pool.c orders reuse by events) */
+  pthread_mutex_t kernels_lock; /* guards kernels */
+  struct ca_pooled_kernel *kernels; /* kernel objects, reused across calls (kernel_pool.c) */
+  pthread_mutex_t scratch_lock; /* guards scratch, flags, sink_flag, scratch_bytes */
+  struct ca_pooled_buffer *scratch, *flags; /* device scratch and EMPTY_ERROR flags, reused (scratch_pool.c) */
+  cl_mem sink_flag;           /* the empty-row flag of calls that never read it */
+  size_t scratch_bytes;       /* bytes the scratch pool holds */
   char description[6144];
 };
 
@@ -106,8 +114,34 @@ clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
                                clattn_dtype kv_dtype, cl_program *out, int *block_runs);
 
-/* A fresh kernel object: kernels are per call so threads never share state. */
+/* A fresh kernel object (calls take theirs from the pool: ca_kernel_take). */
 clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);
+
+/* ---- context-owned kernels and scratch (kernel_pool.c, scratch_pool.c) ---- */
+
+/* An idle kernel object of (program, name) for this call alone, created
+ * when none is idle; give it back once its last enqueue has returned. */
+clattn_status ca_kernel_take(clattn_context *ctx, cl_program program, const char *name, cl_kernel *out);
+void ca_kernel_give(clattn_context *ctx, cl_kernel kernel); /* NULL: nothing */
+int ca_kernel_pool_size(clattn_context *ctx);
+/* A device buffer of at least `bytes` for this call alone, ordered after
+ * its previous use; a buffer is created or grown when none idle fits (what
+ * names it in the error). */
+clattn_status ca_scratch_take(clattn_context *ctx, size_t bytes, const char *what, cl_mem *out);
+/* Gives a buffer back; last_use: the event of the call's last command
+ * (after every command that used it), NULL when not known (a failed call). */
+void ca_scratch_give(clattn_context *ctx, cl_mem mem, cl_event last_use);
+/* The empty-row flag of a call: under CLATTN_EMPTY_ERROR a zeroed device int
+ * of its own, otherwise the context's sink flag (never read). */
+clattn_status ca_flag_take(clattn_context *ctx, clattn_empty_rows policy, cl_mem *flag);
+/* Gives a flag back: clean when read as zero after the call's last command,
+ * else zeroed after last_use (NULL: not known) when next taken. */
+void ca_flag_give(clattn_context *ctx, cl_mem flag, int clean, cl_event last_use);
+void ca_scratch_stats(clattn_context *ctx, int *buffers, size_t *bytes);
+/* Release what the pools hold idle (kernels; scratch and flags); the sink
+ * flag too, so only while no call is in progress (context destruction, tests). */
+void ca_kernel_pool_trim(clattn_context *ctx);
+void ca_scratch_pool_trim(clattn_context *ctx);
 
 /* ---- program cache (cache.c) ---- */
 
@@ -197,12 +231,13 @@ typedef struct {
 } ca_chunk;
 ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget);
 
-/* A device int, zero, that kernels raise when a row had no allowed key. */
-clattn_status ca_empty_flag_create(clattn_context *ctx, cl_mem *flag);
-/* Ends a call: under EMPTY_ERROR waits for *last and reads the flag; hands
- * *last to *done (when asked for) on success. */
-clattn_status ca_finish_call(clattn_context *ctx, clattn_empty_rows policy, cl_mem flag, cl_event *last,
-                             cl_event *done);
+/* Ends a call's enqueues: under EMPTY_ERROR waits for last and reads the
+ * flag (CLATTN_ERR_EMPTY_ROW when raised). Gives *flag back (ca_flag_take's)
+ * and sets it NULL. */
+clattn_status ca_finish_call(clattn_context *ctx, clattn_empty_rows policy, cl_mem *flag, cl_event last);
+/* Hands a call's last event on: to *done on success when asked for, else
+ * released. */
+void ca_hand_out(clattn_status st, cl_event *last, cl_event *done);
 
 /* How the fused path splits kv_len keys across work-items when `items` row
  * blocks alone would leave compute units idle: ranges of split_keys keys (a

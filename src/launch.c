@@ -1,5 +1,5 @@
 /* Launch helpers shared by the paths: kernel arguments in order, chained
- * enqueues, and the empty-row flag. */
+ * enqueues, and the end of a call (the empty-row flag, the last event). */
 #include <stdint.h>
 #include <stdio.h>
 
@@ -100,33 +100,29 @@ clattn_status ca_enqueue(clattn_context *ctx, cl_kernel kernel, const char *name
   }
   if (*prev) clReleaseEvent(*prev);
   *prev = ev;
+  atomic_fetch_add_explicit(&ctx->kernels_enqueued, 1, memory_order_relaxed);
   return CLATTN_OK;
 }
 
-clattn_status ca_empty_flag_create(clattn_context *ctx, cl_mem *flag) {
-  cl_int zero = 0, err = CL_SUCCESS;
-  *flag = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zero, &zero, &err);
-  if (err != CL_SUCCESS) {
-    *flag = NULL;
-    return ca_cl_fail(err, "clCreateBuffer(empty-row flag)");
-  }
-  return CLATTN_OK;
-}
-
-clattn_status ca_finish_call(clattn_context *ctx, clattn_empty_rows policy, cl_mem flag, cl_event *last,
-                             cl_event *done) {
+clattn_status ca_finish_call(clattn_context *ctx, clattn_empty_rows policy, cl_mem *flag, cl_event last) {
+  clattn_status st = CLATTN_OK;
+  cl_int raised = 0;
   if (policy == CLATTN_EMPTY_ERROR) {
-    cl_int raised = 0;
-    cl_int err = clEnqueueReadBuffer(ctx->queue, flag, CL_TRUE, 0, sizeof raised, &raised, 1, last, NULL);
-    if (err != CL_SUCCESS) return ca_cl_fail(err, "clEnqueueReadBuffer(empty-row flag)");
-    if (raised)
-      return ca_fail(CLATTN_ERR_EMPTY_ROW, "a query row had no allowed key (empty_rows = CLATTN_EMPTY_ERROR)");
+    cl_int err = clEnqueueReadBuffer(ctx->queue, *flag, CL_TRUE, 0, sizeof raised, &raised, last ? 1 : 0,
+                                     last ? &last : NULL, NULL);
+    if (err != CL_SUCCESS) st = ca_cl_fail(err, "clEnqueueReadBuffer(empty-row flag)");
+    else if (raised)
+      st = ca_fail(CLATTN_ERR_EMPTY_ROW, "a query row had no allowed key (empty_rows = CLATTN_EMPTY_ERROR)");
   }
-  if (done) {
-    *done = *last;
-    *last = NULL;
-  }
-  return CLATTN_OK;
+  ca_flag_give(ctx, *flag, st == CLATTN_OK, st == CLATTN_ERR_EMPTY_ROW ? last : NULL);
+  *flag = NULL;
+  return st;
+}
+
+void ca_hand_out(clattn_status st, cl_event *last, cl_event *done) {
+  if (st == CLATTN_OK && done) *done = *last;
+  else if (*last) clReleaseEvent(*last);
+  *last = NULL;
 }
 
 ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget) {

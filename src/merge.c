@@ -7,7 +7,7 @@ clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *m
   cl_kernel kernel = NULL;
   cl_program core = NULL;
   clattn_status st = ca_core_program(ctx, out_dtype, &core);
-  if (st == CLATTN_OK) st = ca_create_kernel(core, "merge_states", &kernel);
+  if (st == CLATTN_OK) st = ca_kernel_take(ctx, core, "merge_states", &kernel);
   if (st != CLATTN_OK) return st;
   cl_ulong o_state = mp->o_state_stride, lse_state = mp->lse_state_stride;
   ca_args a = {kernel, "merge_states", 0, 0, CL_SUCCESS};
@@ -29,7 +29,7 @@ clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *m
                             (size_t)mp->heads * (size_t)mp->batch};
   if ((st = ca_args_done(&a)) == CLATTN_OK)
     st = ca_enqueue(ctx, kernel, "merge_states", 3, global, NULL, n_wait, wait, prev);
-  clReleaseKernel(kernel);
+  ca_kernel_give(ctx, kernel);
   return st;
 }
 
@@ -41,10 +41,10 @@ clattn_status clattn_merge_states(clattn_context *ctx, const clattn_merge_params
   if (n_wait > 0 && !wait)
     return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_merge_states: n_wait is %u but wait is NULL", n_wait);
   clattn_status st = ca_validate_merge(ctx, mp);
-  if (st == CLATTN_OK) st = ca_empty_flag_create(ctx, &flag);
+  if (st == CLATTN_OK) st = ca_flag_take(ctx, mp->empty_rows, &flag);
   if (st == CLATTN_OK) st = ca_enqueue_merge(ctx, mp, CLATTN_F32, NULL, flag, n_wait, wait, &last);
-  if (st == CLATTN_OK) st = ca_finish_call(ctx, mp->empty_rows, flag, &last, done);
-  if (last) clReleaseEvent(last);
-  if (flag) clReleaseMemObject(flag);
+  if (st == CLATTN_OK) st = ca_finish_call(ctx, mp->empty_rows, &flag, last);
+  ca_flag_give(ctx, flag, 0, NULL); /* a failed call's */
+  ca_hand_out(st, &last, done);
   return st;
 }

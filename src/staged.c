@@ -70,7 +70,6 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
 clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                 cl_uint n_wait, const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
-  cl_int err = CL_SUCCESS;
   cl_kernel score = NULL, softmax = NULL, mix = NULL;
   cl_mem scratch = NULL, empty_flag = NULL;
   cl_event prev = NULL;
@@ -80,14 +79,14 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
 
   if (done) *done = NULL;
   cl_program core = NULL;
-  if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) || (st = ca_create_kernel(core, "qk_score", &score)) ||
-      (st = ca_create_kernel(core, "softmax_rows", &softmax)) || (st = ca_create_kernel(core, "mix_values", &mix)))
-    goto fail;
-
   size_t scratch_bytes = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len * sizeof(float);
-  scratch = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, scratch_bytes, NULL, &err);
-  CA_CHECK_CL(st, err, "clCreateBuffer(staged score scratch)");
-  if ((st = ca_empty_flag_create(ctx, &empty_flag))) goto fail;
+  if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
+      (st = ca_kernel_take(ctx, core, "qk_score", &score)) ||
+      (st = ca_kernel_take(ctx, core, "softmax_rows", &softmax)) ||
+      (st = ca_kernel_take(ctx, core, "mix_values", &mix)) ||
+      (st = ca_scratch_take(ctx, scratch_bytes, "staged score scratch", &scratch)) ||
+      (st = ca_flag_take(ctx, p->empty_rows, &empty_flag)))
+    goto fail;
   ca_note_scratch(ctx, scratch_bytes + sizeof(cl_int));
 
   /* Step by what was done, not by the chunk: i0 + chunk.rows can pass INT_MAX. */
@@ -125,13 +124,14 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
     }
   }
 
-  st = ca_finish_call(ctx, p->empty_rows, empty_flag, &prev, done);
-fail:
-  if (prev) clReleaseEvent(prev);
-  if (scratch) clReleaseMemObject(scratch);
-  if (empty_flag) clReleaseMemObject(empty_flag);
-  if (score) clReleaseKernel(score);
-  if (softmax) clReleaseKernel(softmax);
-  if (mix) clReleaseKernel(mix);
+  st = ca_finish_call(ctx, p->empty_rows, &empty_flag, prev);
+fail:;
+  const cl_event used = st == CLATTN_OK ? prev : NULL; /* a failed call's last event may not follow all it enqueued */
+  ca_scratch_give(ctx, scratch, used);
+  ca_flag_give(ctx, empty_flag, 0, used);
+  ca_kernel_give(ctx, score);
+  ca_kernel_give(ctx, softmax);
+  ca_kernel_give(ctx, mix);
+  ca_hand_out(st, &prev, done);
   return st;
 }

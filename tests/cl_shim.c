@@ -27,6 +27,7 @@ static const char *spare_fn;
 static shim_fault last_fault;
 enum { TRACE_MAX = 4096 };
 static const char *trace[TRACE_MAX];
+static void *trace_caller[TRACE_MAX];
 static void *main_base;
 
 typedef struct {
@@ -71,8 +72,10 @@ static cl_int fault(const char *fn, void *caller, cl_int dflt)
   pthread_mutex_lock(&lock);
   total_calls++;
   calls++;
-  if (calls <= TRACE_MAX)
+  if (calls <= TRACE_MAX) {
     trace[calls - 1] = fn;
+    trace_caller[calls - 1] = caller;
+  }
   if (armed_n > 0 && !fired && (!armed_fn || strcmp(armed_fn, fn) == 0) && (!library_only || !is_main(caller))) {
     armed_seen++;
     if (armed_seen == armed_n && spare_fn && strcmp(spare_fn, fn) == 0 && !is_main(caller)) {
@@ -272,6 +275,16 @@ const char *shim_trace_fn(long i)
   const char *s = trace[i - 1];
   pthread_mutex_unlock(&lock);
   return s;
+}
+
+int shim_trace_in_main(long i)
+{
+  if (i < 1 || i > TRACE_MAX)
+    return 0;
+  pthread_mutex_lock(&lock);
+  void *caller = trace_caller[i - 1];
+  pthread_mutex_unlock(&lock);
+  return caller && is_main(caller);
 }
 
 long shim_live(void)

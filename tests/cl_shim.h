@@ -60,6 +60,9 @@ int shim_fired(shim_fault *f);
 /* The name of the function of fallible call i (1-based) since shim_reset,
  * when tracing (recorded for the first 4096 calls); NULL otherwise. */
 const char *shim_trace_fn(long i);
+/* Whether fallible call i was made from the main executable (clattn's
+ * objects, the test), not a library such as CLBlast; 0 when not traced. */
+int shim_trace_in_main(long i);
 /* Live objects created or retained through the shim, in all or by kind. */
 long shim_live(void);
 long shim_live_kind(shim_kind k);

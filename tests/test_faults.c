@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "cl_shim.h"
+#include "internal.h" /* the context's pools: trimmed, counted */
 #include "kit_checks.h"
 #include "reference_backward.h"
 
@@ -162,6 +163,15 @@ typedef struct {
 static int finish(void)
 {
   return clFinish(clattn_cl_queue(fx)) == CL_SUCCESS;
+}
+
+/* Releases what the context's pools hold idle, so the next call creates its
+ * kernels and scratch again (and live counts can be compared). */
+static void trim_pools(void)
+{
+  finish();
+  ca_kernel_pool_trim(fx);
+  ca_scratch_pool_trim(fx);
 }
 
 /* Runs the call once with no fault: 1 when it returned the baseline status
@@ -740,6 +750,7 @@ static void faults_fused_first_build(void)
   }
   const char *build_fns[] = {"clCreateProgramWithSource", "clBuildProgram"};
   const cl_int codes[] = {CL_OUT_OF_HOST_MEMORY, CL_OUT_OF_RESOURCES, CL_INVALID_OPERATION};
+  trim_pools();
   for (int i = 0; i < 2; i++)
     for (int k = 0; k < 3; k++) {
       finish();
@@ -774,6 +785,7 @@ static void faults_fused_first_build(void)
   CHECK(cp_run(pb, fx, &r) == 0);
   CHECKF(cp_result_ok(&r, 2e-4), "after the failed builds: %s: %s", clattn_status_string(r.status),
          clattn_last_error(NULL));
+  trim_pools(); /* the call's pooled kernels and scratch */
   CHECK(shim_live() == live0 + 1); /* the program, kept for the context's life */
   cp_free(pb);
 }
@@ -934,6 +946,7 @@ static void faults_backward_first_build(void)
   }
   const char *build_fns[] = {"clCreateProgramWithSource", "clBuildProgram"};
   const cl_int codes[] = {CL_OUT_OF_HOST_MEMORY, CL_INVALID_OPERATION};
+  trim_pools();
   for (int i = 0; i < 2; i++)
     for (int k = 0; k < 2; k++) {
       finish();
@@ -968,6 +981,7 @@ static void faults_backward_first_build(void)
   CHECK_STATUS(clattn_backward(fx, &a.bp, 0, NULL, NULL), CLATTN_OK);
   finish();
   CHECKF(bwd_verify(&a, CLATTN_OK), "after the failed builds: gradients differ from the reference");
+  trim_pools(); /* the call's pooled kernels and scratch */
   CHECK(shim_live() == live0 + 1); /* the program, kept for the context's life */
   bwd_free(&a);
 }
@@ -1197,7 +1211,7 @@ static void oom_injected_alloc(void)
       continue;
     }
     for (long n = 1;; n++) {
-      finish();
+      trim_pools(); /* the call creates its scratch anew */
       long live0 = shim_live();
       cl_event done = NULL;
       shim_reset();
@@ -1223,6 +1237,7 @@ static void oom_injected_alloc(void)
       CHECKF(st == CLATTN_ERR_OUT_OF_MEMORY, "%s: clCreateBuffer #%ld failing: %s: %s", clattn_algo_name(algos[a]),
              n, clattn_status_string(st), msg);
       CHECKF(strstr(msg, "clCreateBuffer") && strstr(msg, "CL_MEM_OBJECT_ALLOCATION_FAILURE"), "message: %s", msg);
+      trim_pools(); /* what the call pooled before the failure; nothing may be left taken */
       CHECKF(shim_live() == live0, "%s: clCreateBuffer #%ld failing: live objects %ld -> %ld",
              clattn_algo_name(algos[a]), n, live0, shim_live());
     }
@@ -1301,6 +1316,7 @@ static void shim_interposes(void)
   CHECK(st == CLATTN_OK);
   CHECKF(calls > 10, "a staged call made %ld OpenCL calls through the shim", calls);
   CHECK(shim_trace_fn(1) != NULL);
+  trim_pools(); /* the call creates its kernels anew */
   shim_reset();
   shim_arm(1, 0, "clCreateKernel");
   st = clattn_forward(fx, &pb->params, 0, NULL, NULL);
@@ -1337,6 +1353,142 @@ static void shim_interposes(void)
     }
   }
   printf("    staged call: %ld OpenCL calls seen; CLBlast's enqueues seen: %s\n", calls, lib_seen ? "yes" : "no");
+  cp_free(pb);
+}
+
+/* ---------- the context's kernels and scratch ---------- */
+
+/* Objects clattn created since shim_reset (kernels, buffers, programs;
+ * CLBlast's own kernel objects per GEMM are not clattn's). */
+static long creations(const char **first)
+{
+  long n = 0;
+  *first = "";
+  for (long i = 1; i <= shim_calls(); i++) {
+    const char *fn = shim_trace_fn(i);
+    if (fn && shim_trace_in_main(i) &&
+        (!strcmp(fn, "clCreateKernel") || !strcmp(fn, "clCreateBuffer") || !strcmp(fn, "clCreateSubBuffer") ||
+         !strncmp(fn, "clCreateProgram", 15))) {
+      if (!n)
+        *first = fn;
+      n++;
+    }
+  }
+  return n;
+}
+
+/* Issue #12 item 4: a second identical call creates no OpenCL object. */
+static void no_setup_on_repeat_calls(void)
+{
+  cp_shape decode = cp_shape_default();
+  decode.q_heads = 8;
+  decode.kv_heads = 2;
+  decode.q_len = 1;
+  decode.kv_len = 515;
+  decode.head_dim = decode.value_dim = 64;
+  decode.seed = 3;
+  cp_shape split = decode; /* one row block per KV head, many keys: split-KV and merge_states */
+  split.q_heads = split.kv_heads = 1;
+  split.kv_len = 1037;
+  cp_shape error = decode;
+  error.empty_rows = CLATTN_EMPTY_ERROR;
+  error.kv_lens = 1;
+  cp_shape staged = small_shape(CLATTN_ALGO_STAGED), gemm = small_shape(CLATTN_ALGO_GEMM);
+  staged.want_lse = gemm.want_lse = 1;
+  gemm.kv_lens = 1; /* a dense copy of V too */
+  const struct {
+    const char *label;
+    const cp_shape *s;
+  } cases[] = {{"decode (AUTO)", &decode}, {"split-KV decode", &split}, {"decode, EMPTY_ERROR", &error},
+               {"staged, chunked", &staged}, {"GEMM, V copied", &gemm}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    cp_problem *pb;
+    KC_BUILD(pb, cases[c].s);
+    cp_result r;
+    if (!CHECKF(cp_run(pb, fx, &r) == 0 && cp_result_ok(&r, 2e-4), "%s: first call: %s", cases[c].label,
+                clattn_last_error(NULL))) {
+      cp_free(pb);
+      continue;
+    }
+    for (int rep = 0; rep < 2; rep++) {
+      finish();
+      long live0 = shim_live();
+      cl_event done = NULL;
+      shim_reset();
+      clattn_status st = clattn_forward(fx, &pb->params, 0, NULL, &done);
+      const char *first;
+      long made = creations(&first), calls = shim_calls();
+      if (done)
+        clReleaseEvent(done);
+      finish();
+      CHECKF(st == CLATTN_OK, "%s: %s", cases[c].label, clattn_last_error(NULL));
+      CHECKF(made == 0, "%s: call %d after the first created %ld OpenCL objects (first: %s)", cases[c].label, rep + 2,
+             made, first);
+      CHECKF(shim_live() == live0, "%s: live objects %ld -> %ld", cases[c].label, live0, shim_live());
+      if (rep == 1)
+        printf("    %s: %ld OpenCL calls, none creating an object\n", cases[c].label, calls);
+    }
+    cp_free(pb);
+  }
+  int buffers;
+  size_t bytes;
+  ca_scratch_stats(fx, &buffers, &bytes);
+  printf("    the context holds %d kernel objects and %d scratch buffers (%zu bytes)\n", ca_kernel_pool_size(fx),
+         buffers, bytes);
+}
+
+/* A failure while the pools grow (a new scratch buffer, a grown one, a new
+ * kernel object) fails that call cleanly and leaves the context usable: the
+ * next call succeeds, and nothing is left taken (a trim frees it all). */
+static void pool_growth_failure(void)
+{
+  cp_shape small = small_shape(CLATTN_ALGO_STAGED);
+  cp_shape big = small;
+  big.kv_len = 1500; /* a score row of 6000 bytes: more scratch than small's call took (4 KiB) */
+  const struct {
+    const char *fn;
+    int trim; /* 1: from empty pools (new objects), 0: grow the scratch small's call left */
+  } steps[] = {{"clCreateBuffer", 1}, {"clCreateBuffer", 0}, {"clCreateKernel", 1}};
+  cp_problem *ps, *pb;
+  KC_BUILD(ps, &small);
+  KC_BUILD(pb, &big);
+  for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+    cp_result r;
+    trim_pools();
+    if (!steps[i].trim && !CHECK(cp_run(ps, fx, &r) == 0 && cp_result_ok(&r, 2e-4)))
+      continue;
+    if (!CHECK(cp_upload(pb, fx) == 0 && cp_fill_outputs(pb, NAN) == 0))
+      continue;
+    finish();
+    long live0 = shim_live();
+    cl_event done = NULL;
+    shim_reset();
+    shim_arm(1, 0, steps[i].fn);
+    clattn_status st = clattn_forward(fx, &pb->params, 0, NULL, &done);
+    shim_fault f;
+    int fired = shim_fired(&f);
+    shim_disarm();
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", clattn_last_error(NULL));
+    finish();
+    if (!CHECKF(fired, "%s (%s pools): not called", steps[i].fn, steps[i].trim ? "empty" : "warm"))
+      continue;
+    g_injected++;
+    g_in_main++;
+    g_failed_cleanly += st != CLATTN_OK;
+    CHECKF(st == CLATTN_ERR_OUT_OF_MEMORY && done == NULL, "%s failing: status %s, done %p: %s", steps[i].fn,
+           clattn_status_string(st), (void *)done, msg);
+    CHECKF(strstr(msg, steps[i].fn) != NULL, "the message names no %s: %s", steps[i].fn, msg);
+    /* what the failed call took went back: a trim releases it all */
+    trim_pools();
+    CHECKF(shim_live() <= live0, "%s failing: %ld objects left taken", steps[i].fn, shim_live() - live0);
+    /* the next calls succeed, the grown one and the small one */
+    CHECKF(cp_run(pb, fx, &r) == 0 && cp_result_ok(&r, 2e-4), "after %s failed: %s: %s", steps[i].fn,
+           clattn_status_string(r.status), clattn_last_error(NULL));
+    CHECKF(cp_run(ps, fx, &r) == 0 && cp_result_ok(&r, 2e-4), "after %s failed, the small call: %s", steps[i].fn,
+           clattn_status_string(r.status));
+  }
+  cp_free(ps);
   cp_free(pb);
 }
 
@@ -1432,6 +1584,8 @@ int main(int argc, char **argv)
     CT_TEST(oom_past_max_alloc),
     CT_TEST(oom_injected_alloc),
     CT_TEST(gemm_clblast_temp_buffer_failure),
+    CT_TEST(no_setup_on_repeat_calls),
+    CT_TEST(pool_growth_failure),
   };
   ssize_t len = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
   if (len > 0)

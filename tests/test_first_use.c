@@ -330,6 +330,65 @@ static void pending_wait_list_in_order_child(void)
   ct_destroy_context();
 }
 
+/* A context's scratch reused on an out-of-order queue: a second call (no
+ * wait list) takes the buffer the first call, waiting on a user event,
+ * still has to use, so it is ordered after that call's last command (a
+ * barrier on its event) instead of overtaking it, and both results are
+ * right. A context of its own: its pool holds just that one buffer. */
+static void scratch_reuse_is_ordered(const clattn_options *opt)
+{
+  cp_shape s = cp_shape_default();
+  s.q_len = 9;
+  s.kv_len = 37;
+  s.head_dim = s.value_dim = 24;
+  s.want_lse = 1;
+  s.algo = CLATTN_ALGO_STAGED;
+  clattn_context *ctx = NULL;
+  cp_problem *a = NULL, *b = NULL;
+  cl_event user = NULL, done[2] = {NULL, NULL};
+  cp_result r;
+  if (!CHECKF(clattn_create(opt, &ctx) == CLATTN_OK, "embedded: %s", clattn_last_error(NULL)))
+    return;
+  char err[256];
+  a = cp_build(&s, err, sizeof err);
+  s.seed = 2;
+  b = cp_build(&s, err, sizeof err);
+  if (!CHECKF(a && b, "cp_build: %s", err) || !CHECK(cp_run(a, ctx, &r) == 0 && cp_result_ok(&r, TOL)) ||
+      !CHECK(cp_upload(b, ctx) == 0) || !CHECK(cp_fill_outputs(a, NAN) == 0 && cp_fill_outputs(b, NAN) == 0))
+    goto out;
+  cl_int e;
+  user = clCreateUserEvent(a->cl_ctx, &e);
+  if (!CHECK(e == CL_SUCCESS))
+    goto out;
+  CHECK_STATUS(clattn_forward(ctx, &a->params, 1, &user, &done[0]), CLATTN_OK);
+  CHECK_STATUS(clattn_forward(ctx, &b->params, 0, NULL, &done[1]), CLATTN_OK);
+  struct timespec ts = {0, 100 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  cl_int second = CL_COMPLETE;
+  CHECK(done[1] && clGetEventInfo(done[1], CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof second, &second, NULL) == 0);
+  if (CHECKF(second != CL_COMPLETE, "the second call finished while the first, sharing its scratch, had not started"))
+    printf("  staged, out-of-order queue: a call reusing the scratch of a pending call waits for it\n");
+  clSetUserEventStatus(user, CL_COMPLETE);
+  CHECK(clWaitForEvents(2, done) == CL_SUCCESS);
+  cp_problem *both[2] = {a, b};
+  for (int i = 0; i < 2; i++)
+    if (CHECK(cp_read_outputs(both[i]) == 0) && CHECK(cp_compare(both[i], &r) == 0)) {
+      r.status = CLATTN_OK;
+      char f[400];
+      CHECKF(cp_result_ok(&r, TOL), "call %d of two sharing a scratch buffer: %s", i + 1,
+             cp_result_format(&r, f, sizeof f));
+    }
+out:
+  for (int i = 0; i < 2; i++)
+    if (done[i])
+      clReleaseEvent(done[i]);
+  if (user)
+    clReleaseEvent(user);
+  cp_free(a);
+  cp_free(b);
+  clattn_destroy(ctx);
+}
+
 static void pending_wait_list_out_of_order_child(void)
 {
   clattn_context *base = ct_context();
@@ -355,6 +414,7 @@ static void pending_wait_list_out_of_order_child(void)
       call_after_user_event(ctx, g_wait_algos[i], "out-of-order embedded");
     clattn_destroy(ctx);
   }
+  scratch_reuse_is_ordered(&opt);
   clReleaseCommandQueue(ooo);
   ct_destroy_context();
 }

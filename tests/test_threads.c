@@ -470,9 +470,14 @@ static void threads_match_single_threaded_results(void)
   CHECKF(built <= pairs, "the shared context built %d programs for %d (head_dim, value_dim) pairs", built,
          pairs);
 
-  /* POCL releases the objects behind finished commands asynchronously. */
+  /* POCL releases the objects behind finished commands asynchronously. The
+   * context's pooled kernels and scratch (as many as calls held at once) go
+   * with a trim; the programs stay. */
   const cl_uint ctx_refs1 = ctx_refs0 + (cl_uint)built;
   clFinish(shared_queue);
+  printf("  the shared context pooled %d kernel objects in the threads\n", ca_kernel_pool_size(ctx));
+  ca_kernel_pool_trim(ctx);
+  ca_scratch_pool_trim(ctx);
   for (int tries = 0; tries < 300; tries++) {
     if (cp_context_refs(cl_ctx) == ctx_refs1 && cp_queue_refs(shared_queue) == queue_refs0)
       break;

@@ -9,7 +9,9 @@
  * (K and V read once, plus Q and O) against the device's copy bandwidth.
  * Every output is compared with clattn FUSED's (max abs difference), and the
  * smallest prefill shape also with the fp64 reference. A memory row runs
- * FUSED at M = N = 32768 and reports clattn_peak_scratch_bytes.
+ * FUSED at M = N = 32768 and reports clattn_peak_scratch_bytes. A host
+ * section (bench_host.c, also `clattn bench --host`) times what one decode
+ * call costs the host against a floor of empty kernel enqueues.
  *
  * Times are wall clock around the call and its clFinish: one warm-up call,
  * then the median of up to --reps calls, stopping once the next call would
@@ -38,18 +40,20 @@
 #include <time.h>
 
 #include "bench_backward.h"
+#include "bench_host.h"
 #include "bench_base.h"
 #include "clattn.h"
 #include "problem.h"
 
 const char bench_usage[] =
-    "       clattn bench [--quick] [--readme FILE] [--only prefill,gqa,decode,memory]\n"
+    "       clattn bench [--quick] [--readme FILE] [--only prefill,gqa,decode,memory,host]\n"
     "                    [--shape H,HKV,M,N,D[,causal]]... [--reps R] [--cap SECONDS]\n"
     "                    [--no-staged] [--no-host] [--baseline-max-len L] [--no-check] [--verbose]\n"
     "                    [--paged P[,P...]] [--kv-dtype T[,T...]]  (P: keys per page, 0 contiguous;\n"
     "                    T: f32|f16|bf16|q8_0|int8)\n"
     "       clattn bench --backward [--quick] [--shape H,HKV,M,N,D[,causal]]... [--reps R] [--cap SECONDS]\n"
-    "                    [--no-host]\n";
+    "                    [--no-host]\n"
+    "       clattn bench --host [--shape H,HKV,M,N,D] [--reps R] [--calls C]\n";
 
 #define BEGIN_MARK "<!-- bench:begin -->"
 #define END_MARK "<!-- bench:end -->"
@@ -91,7 +95,7 @@ static void sb_add(sbuf *b, const char *f, ...) {
 
 /* ---- configuration ---- */
 
-enum { K_PREFILL = 1, K_GQA = 2, K_DECODE = 4, K_MEMORY = 8 };
+enum { K_PREFILL = 1, K_GQA = 2, K_DECODE = 4, K_MEMORY = 8, K_HOST = 16 };
 
 typedef struct {
   int kind;
@@ -159,6 +163,7 @@ static int parse_only(const char *v, unsigned *only) {
     else if (!strcmp(t, "gqa")) *only |= K_GQA;
     else if (!strcmp(t, "decode")) *only |= K_DECODE;
     else if (!strcmp(t, "memory")) *only |= K_MEMORY;
+    else if (!strcmp(t, "host")) *only |= K_HOST;
     else return -1;
   }
   return *only ? 0 : -1;
@@ -236,7 +241,7 @@ static int parse_args(int argc, char **argv, bench_cfg *c) {
   c->staged = c->host = c->check = 1;
   c->max_reps = 7;
   c->cap_ms = 2000.0;
-  c->only = K_PREFILL | K_GQA | K_DECODE | K_MEMORY;
+  c->only = K_PREFILL | K_GQA | K_DECODE | K_MEMORY | K_HOST;
   for (int i = 2; i < argc; i++) {
     const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -1087,6 +1092,8 @@ static void readme_block(sbuf *b, int argc, char **argv, const machine *mc, cons
 int bench_main(int argc, char **argv) {
   for (int i = 2; i < argc; i++)
     if (!strcmp(argv[i], "--backward")) return bench_backward_main(argc, argv);
+  for (int i = 2; i < argc; i++)
+    if (!strcmp(argv[i], "--host")) return bench_host_main(argc, argv);
   bench_cfg c;
   int pa = parse_args(argc, argv, &c);
   if (pa != 0) return pa < 0 ? 2 : 0;
@@ -1163,6 +1170,12 @@ int bench_main(int argc, char **argv) {
            "output %s\n",
            shape_label(&r->sh, label, sizeof label), r->scratch, r->scratch / MIB,
            4.0 * len * (double)len / (MIB * 1024.0), r->finite ? "all finite" : "NOT all finite");
+  }
+  if ((c.only & K_HOST) && !c.n_custom) { /* what one decode call costs the host (bench_host.c) */
+    printf("\n");
+    bench_host_cfg hc = bench_host_defaults();
+    if (c.quick) hc.reps = 200;
+    if (bench_host_run(ctx, &hc) != 0) failures++;
   }
   /* the correctness guard, spelled out for the smallest prefill shape */
   for (int i = 0; i < nrows; i++) {

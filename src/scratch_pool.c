@@ -1,0 +1,261 @@
+/*
+ * The context's device scratch: buffers created on first need, grown when a
+ * call needs more, kept for the context's life (never shrunk), and the
+ * empty-row flags.
+ *
+ * A buffer serves one call at a time, and a call must not overtake the
+ * commands of the call that used it before. On an in-order queue the new
+ * call's commands run after those in queue order, so an idle buffer is
+ * reused at once. On an out-of-order queue a buffer keeps the event of its
+ * last use; a call that takes it before that event completes enqueues a
+ * barrier on it first. Waiting beats a fresh buffer per call: calls enqueued
+ * faster than they run would otherwise grow the pool without bound, while
+ * this way it holds as many buffers as calls ever held at once.
+ *
+ * Empty-row flags: a call under CLATTN_EMPTY_ERROR takes a zeroed int of its
+ * own, pooled the same way. It reads the flag after its last command, so the
+ * flag comes back clean, or marked dirty (raised, or given back by a failed
+ * call) and is zeroed, after its last use, when next taken. Every other call
+ * gets the context's sink flag, which kernels raise and nobody reads.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+struct ca_pooled_buffer {
+  struct ca_pooled_buffer *next;
+  cl_mem mem;
+  size_t bytes;
+  int busy;
+  int dirty;         /* flags: may hold a raised value */
+  int unordered;     /* out-of-order queue: its last use is not known; the next waits for every earlier command */
+  cl_event last_use; /* out-of-order queue: its last use, NULL when none may be pending */
+};
+
+/* Orders the caller's next commands after b's last use (out-of-order queues). */
+static clattn_status order_after_last_use(clattn_context *ctx, struct ca_pooled_buffer *b) {
+  if (!b->last_use && !b->unordered) return CLATTN_OK;
+  if (b->last_use) {
+    cl_int status = CL_QUEUED; /* not known: ordered like a pending one */
+    clGetEventInfo(b->last_use, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
+    if (status <= CL_COMPLETE && !b->unordered) { /* done (or ended by an error): nothing to wait for */
+      clReleaseEvent(b->last_use);
+      b->last_use = NULL;
+      return CLATTN_OK;
+    }
+  }
+  const int all = b->unordered || !b->last_use;
+  cl_int err = clEnqueueBarrierWithWaitList(ctx->queue, all ? 0 : 1, all ? NULL : &b->last_use, NULL);
+  if (err != CL_SUCCESS) return ca_cl_fail(err, "clEnqueueBarrierWithWaitList(after a scratch buffer's last use)");
+  if (b->last_use) clReleaseEvent(b->last_use);
+  b->last_use = NULL;
+  b->unordered = 0;
+  return CLATTN_OK;
+}
+
+/* Keeps last_use as b's last use (out-of-order queues); NULL: not known. */
+static void note_use(clattn_context *ctx, struct ca_pooled_buffer *b, cl_event last_use) {
+  if (!ctx->out_of_order) return;
+  if (b->last_use) clReleaseEvent(b->last_use);
+  b->last_use = NULL;
+  if (last_use && clRetainEvent(last_use) == CL_SUCCESS)
+    b->last_use = last_use;
+  else
+    b->unordered = 1;
+}
+
+static void unlink_buffer(struct ca_pooled_buffer **list, struct ca_pooled_buffer *b) {
+  for (struct ca_pooled_buffer **at = list; *at; at = &(*at)->next)
+    if (*at == b) {
+      *at = b->next;
+      return;
+    }
+}
+
+/* A new buffer's size: 1/8 headroom (a decode's cache grows by a row per
+ * step), in whole 4 KiB, within the device's largest allocation. */
+static size_t grown_size(const clattn_context *ctx, size_t bytes) {
+  size_t size = bytes + bytes / 8;
+  size = size / 4096 * 4096 + 4096;
+  if (size < bytes || size > ctx->max_alloc) size = bytes;
+  return size;
+}
+
+clattn_status ca_scratch_take(clattn_context *ctx, size_t bytes, const char *what, cl_mem *out) {
+  *out = NULL;
+  if (bytes == 0) bytes = sizeof(cl_int);
+  struct ca_pooled_buffer *b = NULL, *largest = NULL;
+  pthread_mutex_lock(&ctx->scratch_lock);
+  for (struct ca_pooled_buffer *s = ctx->scratch; s; s = s->next) {
+    if (s->busy) continue;
+    if (s->bytes >= bytes && (!b || s->bytes < b->bytes)) b = s; /* the smallest that fits */
+    if (!largest || s->bytes > largest->bytes) largest = s;
+  }
+  if (!b) b = largest; /* grown in place */
+  cl_mem old = NULL;
+  if (b) {
+    b->busy = 1;
+    if (b->bytes < bytes) { /* its handle leaves the list before it is released (and may be reused) */
+      old = b->mem;
+      b->mem = NULL;
+      ctx->scratch_bytes -= b->bytes;
+    }
+  }
+  pthread_mutex_unlock(&ctx->scratch_lock);
+
+  clattn_status st = CLATTN_OK;
+  if (b && !old) {
+    if ((st = order_after_last_use(ctx, b)) != CLATTN_OK) {
+      ca_scratch_give(ctx, b->mem, NULL);
+      return st;
+    }
+    *out = b->mem;
+    return CLATTN_OK;
+  }
+  const int fresh = !b;
+  if (fresh && !(b = calloc(1, sizeof *b)))
+    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "scratch pool: out of host memory");
+  if (!fresh) { /* commands still using the old buffer keep it alive until they are done */
+    clReleaseMemObject(old);
+    if (b->last_use) clReleaseEvent(b->last_use);
+    b->last_use = NULL;
+    b->unordered = 0;
+  }
+  cl_int err = CL_SUCCESS;
+  const size_t size = grown_size(ctx, bytes);
+  cl_mem m = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, size, NULL, &err);
+  pthread_mutex_lock(&ctx->scratch_lock); /* ca_scratch_give reads every buffer's mem */
+  if (err == CL_SUCCESS) {
+    b->mem = m;
+    b->bytes = size;
+    b->busy = 1;
+    ctx->scratch_bytes += size;
+    if (fresh) {
+      b->next = ctx->scratch;
+      ctx->scratch = b;
+    }
+  } else {
+    unlink_buffer(&ctx->scratch, b); /* the pool stays as it was, less the buffer that was to grow */
+  }
+  pthread_mutex_unlock(&ctx->scratch_lock);
+  if (err != CL_SUCCESS) {
+    free(b);
+    char msg[96];
+    snprintf(msg, sizeof msg, "clCreateBuffer(%s)", what);
+    return ca_cl_fail(err, msg);
+  }
+  *out = b->mem;
+  return CLATTN_OK;
+}
+
+void ca_scratch_give(clattn_context *ctx, cl_mem mem, cl_event last_use) {
+  if (!mem) return;
+  pthread_mutex_lock(&ctx->scratch_lock);
+  for (struct ca_pooled_buffer *b = ctx->scratch; b; b = b->next)
+    if (b->mem == mem) {
+      note_use(ctx, b, last_use);
+      b->busy = 0;
+      break;
+    }
+  pthread_mutex_unlock(&ctx->scratch_lock);
+}
+
+static clattn_status sink_flag(clattn_context *ctx, cl_mem *flag) {
+  cl_int err = CL_SUCCESS;
+  pthread_mutex_lock(&ctx->scratch_lock);
+  if (!ctx->sink_flag) {
+    cl_mem m = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, sizeof(cl_int), NULL, &err);
+    if (err == CL_SUCCESS) ctx->sink_flag = m;
+  }
+  *flag = ctx->sink_flag;
+  pthread_mutex_unlock(&ctx->scratch_lock);
+  return err == CL_SUCCESS ? CLATTN_OK : ca_cl_fail(err, "clCreateBuffer(empty-row flag)");
+}
+
+clattn_status ca_flag_take(clattn_context *ctx, clattn_empty_rows policy, cl_mem *flag) {
+  *flag = NULL;
+  if (policy != CLATTN_EMPTY_ERROR) return sink_flag(ctx, flag);
+  struct ca_pooled_buffer *b = NULL;
+  pthread_mutex_lock(&ctx->scratch_lock);
+  for (b = ctx->flags; b && b->busy; b = b->next) {
+  }
+  if (b) b->busy = 1;
+  pthread_mutex_unlock(&ctx->scratch_lock);
+
+  cl_int zero = 0, err = CL_SUCCESS;
+  if (b) {
+    clattn_status st = CLATTN_OK;
+    if (b->dirty) {
+      if ((st = order_after_last_use(ctx, b)) == CLATTN_OK) {
+        err = clEnqueueWriteBuffer(ctx->queue, b->mem, CL_TRUE, 0, sizeof zero, &zero, 0, NULL, NULL);
+        if (err != CL_SUCCESS) st = ca_cl_fail(err, "clEnqueueWriteBuffer(zeroing an empty-row flag)");
+      }
+      if (st == CLATTN_OK) b->dirty = 0;
+    }
+    if (st != CLATTN_OK) {
+      ca_flag_give(ctx, b->mem, 0, NULL);
+      return st;
+    }
+    *flag = b->mem;
+    return CLATTN_OK;
+  }
+  if (!(b = calloc(1, sizeof *b))) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "flag pool: out of host memory");
+  b->mem = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zero, &zero, &err);
+  if (err != CL_SUCCESS) {
+    free(b);
+    return ca_cl_fail(err, "clCreateBuffer(empty-row flag)");
+  }
+  b->bytes = sizeof zero;
+  b->busy = 1;
+  pthread_mutex_lock(&ctx->scratch_lock);
+  b->next = ctx->flags;
+  ctx->flags = b;
+  pthread_mutex_unlock(&ctx->scratch_lock);
+  *flag = b->mem;
+  return CLATTN_OK;
+}
+
+void ca_flag_give(clattn_context *ctx, cl_mem flag, int clean, cl_event last_use) {
+  if (!flag) return;
+  pthread_mutex_lock(&ctx->scratch_lock);
+  for (struct ca_pooled_buffer *b = ctx->flags; b; b = b->next)
+    if (b->mem == flag) {
+      if (!clean) {
+        b->dirty = 1;
+        note_use(ctx, b, last_use);
+      }
+      b->busy = 0;
+      break;
+    }
+  pthread_mutex_unlock(&ctx->scratch_lock);
+}
+
+void ca_scratch_stats(clattn_context *ctx, int *buffers, size_t *bytes) {
+  pthread_mutex_lock(&ctx->scratch_lock);
+  *buffers = 0;
+  for (struct ca_pooled_buffer *b = ctx->scratch; b; b = b->next) (*buffers)++;
+  *bytes = ctx->scratch_bytes;
+  pthread_mutex_unlock(&ctx->scratch_lock);
+}
+
+void ca_scratch_pool_trim(clattn_context *ctx) {
+  pthread_mutex_lock(&ctx->scratch_lock);
+  struct ca_pooled_buffer **lists[2] = {&ctx->scratch, &ctx->flags};
+  for (int i = 0; i < 2; i++)
+    for (struct ca_pooled_buffer **at = lists[i]; *at;) {
+      struct ca_pooled_buffer *b = *at;
+      if (b->busy) {
+        at = &b->next;
+        continue;
+      }
+      *at = b->next;
+      if (i == 0) ctx->scratch_bytes -= b->bytes;
+      if (b->last_use) clReleaseEvent(b->last_use);
+      clReleaseMemObject(b->mem); /* commands still using it keep it alive until they are done */
+      free(b);
+    }
+  if (ctx->sink_flag) clReleaseMemObject(ctx->sink_flag);
+  ctx->sink_flag = NULL;
+  pthread_mutex_unlock(&ctx->scratch_lock);
+}
