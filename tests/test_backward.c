@@ -7,6 +7,13 @@
  * four threads building programs at once, and validation (rejected calls
  * enqueue nothing and leave every buffer as it was).
  *
+ * CLATTN_TEST_BACKWARD picks the path every check runs: unset, the FA2
+ * kernels (fwd.algo FUSED, deterministic); "staged", the staged backward
+ * (fwd.algo STAGED; meson runs it with a tiny scratch budget, so chunks of
+ * rows and of heads across KV groups are exercised); "atomics", FA2 with
+ * deterministic = 0 (dQ added atomically: checked within tolerance, not
+ * bitwise). The staged-vs-fused and atomics checks below run in every mode.
+ *
  * Gradient views reuse the forward's view shapes (offsets, row gaps,
  * layouts) in NaN-poisoned buffers of their own, so elements outside the
  * views are checked untouched too.
@@ -17,6 +24,10 @@
 
 #include "kit_checks.h"
 #include "reference_backward.h"
+
+/* The path under test (CLATTN_TEST_BACKWARD), set in main. */
+static clattn_algo g_algo = CLATTN_ALGO_FUSED;
+static int g_deterministic = 1;
 
 static size_t elem_bytes(clattn_dtype t) { return t == CLATTN_F32 ? 4 : 2; }
 
@@ -207,6 +218,8 @@ static int bwd_setup(bwd *w, cp_shape s, void (*edit)(cp_problem *))
     return -1;
   w->bp = clattn_backward_params_default();
   w->bp.fwd = *p;
+  w->bp.fwd.algo = g_algo;
+  w->bp.deterministic = g_deterministic;
   w->bp.d_out = w->d_out.t;
   w->bp.d_q = w->d_q.t;
   w->bp.d_k = w->d_k.t;
@@ -531,8 +544,8 @@ static void bitwise_deterministic_20_runs(void)
   float s0[64], s1[64];
   if (!CHECK(q0 && k0 && v0))
     goto done;
+  w.bp.deterministic = 1;   /* the atomics variant's last bits depend on scheduling */
   for (int run = 0; run < 20; run++) {
-    w.bp.deterministic = run % 2 ? 0 : 1;   /* 0 runs the same kernels: same bits */
     if (!CHECK(grad_reset(w.pb, &w.d_q) == 0))
       break;
     CHECK_STATUS(bwd_run(&w), CLATTN_OK);
@@ -738,5 +751,14 @@ int main(int argc, char **argv)
     CT_TEST(concurrent_first_builds),
     CT_TEST(validation_rejects_before_enqueue),
   };
+  const char *path = getenv("CLATTN_TEST_BACKWARD");
+  if (path && !strcmp(path, "staged"))
+    g_algo = CLATTN_ALGO_STAGED;
+  else if (path && !strcmp(path, "atomics"))
+    g_deterministic = 0;
+  else if (path && *path) {
+    fprintf(stderr, "CLATTN_TEST_BACKWARD=%s: expected staged or atomics\n", path);
+    return 1;
+  }
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }
