@@ -19,8 +19,10 @@
  *
  * Determinism: every output element is written by exactly one work-item
  * that walks its partners in a fixed order (dK, dV of a KV head sum over
- * the group's query heads in head order), so no atomics and no order that
- * depends on scheduling: results are bitwise repeatable.
+ * the group's query heads in head order), so no order that depends on
+ * scheduling: results are bitwise repeatable. The one exception is asked
+ * for: deterministic = 0 lets bwd_dkdv add dQ atomically (FA2's single
+ * pass, dq_atomic below).
  *
  * A pair (i, j) takes part only when allowed (kv_lens, window, mask) and
  * its recomputed weight is nonzero, so NaN/Inf in a disallowed key or value
