@@ -5,6 +5,7 @@
  *   bwds_pairs   P = exp(S - lse), G = P (dO Vᵀ - D) dshape
  *   bwds_dq      dQ = G dscore/dq                (whole for the chunk's rows)
  *   bwds_dkdv    dK += Gᵀ dscore/dk, dV += Pᵀ dO   (f32 accumulators)
+ * each a tiled product in local memory (the staged forward's way),
  * then bwd_store writes the accumulators to d_k and d_v. S is the forward's
  * shaped score recomputed (softcap, bias, ALiBi, mask, window, kv_lens,
  * additive scoring), so every feature of the fused backward holds here;
@@ -15,6 +16,10 @@
 #include <stdint.h>
 
 #include "backward.h"
+
+enum { BS_TM = 8, BS_TN = 16 };   /* cl/backward_staged.cl's work-group tiles */
+
+static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 clattn_status ca_backward_staged_init(clattn_context *ctx, cl_program program, const clattn_params *p,
                                       ca_backward_staged *s, size_t *scratch_bytes) {
@@ -71,6 +76,8 @@ clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_stag
                                      cl_event *prev) {
   clattn_status st;
   const int pairs = p->batch * p->q_heads, dk = p->head_dim, dv = p->value_dim;
+  const size_t tile[3] = {BS_TN, BS_TM, 1};
+  const size_t col_tiles = (size_t)((dk + BS_TN - 1) / BS_TN + (dv + BS_TN - 1) / BS_TN);   /* dK's, then dV's */
   const cl_ulong acc_elems = (cl_ulong)p->batch * (cl_ulong)p->kv_heads * (cl_ulong)p->kv_len * (cl_ulong)(dk + dv);
   if ((st = ca_backward_fill(ctx, s->fill, s->acc, acc_elems, n_wait, wait, prev))) return st;
   /* Step by what was done, not by the chunk: i0 + chunk.rows can pass INT_MAX. */
@@ -84,9 +91,9 @@ clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_stag
       arg_chunk(&a, bh0, i0, rows);
       ca_arg_mem(&a, s->pw);
       ca_arg_mem(&a, s->gw);
-      const size_t pair_global[3] = {(size_t)p->kv_len, (size_t)rows, (size_t)heads};
+      const size_t pair_global[3] = {round_up((size_t)p->kv_len, BS_TN), round_up((size_t)rows, BS_TM), (size_t)heads};
       if ((st = ca_args_done(&a)) ||
-          (st = ca_enqueue(ctx, s->pairs, "bwds_pairs", 3, pair_global, NULL, n_wait, wait, prev)))
+          (st = ca_enqueue(ctx, s->pairs, "bwds_pairs", 3, pair_global, tile, n_wait, wait, prev)))
         return st;
 
       a = (ca_args){s->dq, "bwds_dq", 0, 0, CL_SUCCESS};
@@ -96,8 +103,8 @@ clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_stag
       ca_arg_view(&a, &bp->d_q);
       ca_arg_mem(&a, dw_rows);
       ca_arg_int(&a, dw_rows != NULL);
-      const size_t dq_global[3] = {(size_t)dk, (size_t)rows, (size_t)heads};
-      if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, s->dq, "bwds_dq", 3, dq_global, NULL, n_wait, wait, prev)))
+      const size_t dq_global[3] = {round_up((size_t)dk, BS_TN), round_up((size_t)rows, BS_TM), (size_t)heads};
+      if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, s->dq, "bwds_dq", 3, dq_global, tile, n_wait, wait, prev)))
         return st;
 
       a = (ca_args){s->dkdv, "bwds_dkdv", 0, 0, CL_SUCCESS};
@@ -107,9 +114,9 @@ clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_stag
       ca_arg_mem(&a, s->pw);
       ca_arg_mem(&a, s->gw);
       ca_arg_mem(&a, s->acc);
-      const size_t kv_global[2] = {(size_t)p->kv_len, kv_pairs};
+      const size_t kv_global[3] = {col_tiles * BS_TN, round_up((size_t)p->kv_len, BS_TM), kv_pairs};
       if ((st = ca_args_done(&a)) ||
-          (st = ca_enqueue(ctx, s->dkdv, "bwds_dkdv", 2, kv_global, NULL, n_wait, wait, prev)))
+          (st = ca_enqueue(ctx, s->dkdv, "bwds_dkdv", 3, kv_global, tile, n_wait, wait, prev)))
         return st;
     }
   }
