@@ -143,7 +143,7 @@ static inline void bwd_atomic_add(volatile __global float *x, float v) {
   atomic_fetch_add_explicit((volatile __global atomic_float *)x, v, memory_order_relaxed);
 #else
   union { uint u; float f; } seen, want;
-  seen.f = *x;
+  seen.f = 0.0f;   /* a guess (rows start at 0): no plain read racing with the other adds */
   for (;;) {
     want.f = seen.f + v;
     const uint got = atomic_cmpxchg((volatile __global uint *)x, seen.u, want.u);
