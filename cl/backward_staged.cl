@@ -20,7 +20,8 @@
  * Each kernel is a tiled product like qk_score and mix_values: a work-group
  * of BS_TN x BS_TM items stages blocks of its two operands in local memory
  * per step over the summed dimension (src/backward_staged.c sizes the
- * NDRanges by the same tiles).
+ * NDRanges by the same tiles). Tiles and steps no allowed pair's window
+ * reaches are skipped (causal shapes do about half the work).
  */
 #define BS_TM 8    /* rows (bwds_pairs, bwds_dq) or keys (bwds_dkdv) per tile */
 #define BS_TN 16   /* keys (bwds_pairs) or columns (bwds_dq, bwds_dkdv) per tile */
@@ -51,7 +52,13 @@ void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __globa
   const int row0 = i0 + get_group_id(1) * BS_TM, row_end = min(i0 + rows, sq.rows);
   const long key0 = (long)get_group_id(0) * BS_TN;
   float raw = 0.0f, dp = 0.0f;
-  for (int d0 = 0; d0 < DK; d0 += BS_TK) {
+  /* a tile no allowed pair's window reaches skips its products (the same
+   * for the whole work-group, so its barriers are too) */
+  const long shift = (long)sq.align_n - (long)sq.align_m, last_row = min(row0 + BS_TM, row_end) - 1;
+  bool tile_live = row0 < row_end && key0 < sq.keys;
+  if (window_right >= 0) tile_live = tile_live && key0 <= last_row + shift + window_right;
+  if (window_left >= 0) tile_live = tile_live && key0 + BS_TN - 1 >= (long)row0 + shift - window_left;
+  for (int d0 = 0; tile_live && d0 < DK; d0 += BS_TK) {
     for (int t = lid; t < BS_TM * BS_TK; t += BS_TM * BS_TN) {
       const int qi = row0 + t / BS_TK, d = d0 + t % BS_TK;
       a_tile[t / BS_TK][t % BS_TK] = qi < row_end && d < DK ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + qi, d)) : 0.0f;
@@ -69,7 +76,7 @@ void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __globa
       for (int dd = 0; dd < BS_TK; dd++) raw = fma(a_tile[ly][dd], b_tile[dd][lx], raw);
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  for (int c0 = 0; c0 < DV; c0 += BS_TK) {
+  for (int c0 = 0; tile_live && c0 < DV; c0 += BS_TK) {
     for (int t = lid; t < BS_TM * BS_TK; t += BS_TM * BS_TN) {
       const int qi = row0 + t / BS_TK, c = c0 + t % BS_TK;
       a_tile[t / BS_TK][t % BS_TK] =
@@ -135,7 +142,14 @@ void bwds_dq(BWD_ARGS, int bh0, int i0, int rows, __global const float *gw, __gl
   const float qd = additive && live ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d)) : 0.0f;
   const float wd = additive && d < DK ? add_w[d] : 0.0f;
   float acc = 0.0f, acc_w = 0.0f;
-  for (long j0 = 0; j0 < sq.keys; j0 += BS_TK) {   /* 64 bits: j0 + BS_TK may pass INT_MAX */
+  /* the keys the tile's rows' windows reach (G is 0 elsewhere) */
+  const long shift = (long)sq.align_n - (long)sq.align_m, first_row = (long)i0 + r0;
+  const long last_row = min((long)i0 + min(r0 + BS_TM, rows), (long)sq.rows) - 1;
+  long j_lo = window_left >= 0 ? first_row + shift - window_left : 0;
+  long j_hi = window_right >= 0 ? last_row + shift + window_right : (long)sq.keys - 1;
+  j_lo = max(j_lo, 0L);
+  j_hi = first_row <= last_row ? min(j_hi, (long)sq.keys - 1) : -1;
+  for (long j0 = j_lo; j0 <= j_hi; j0 += BS_TK) {   /* 64 bits: j0 + BS_TK may pass INT_MAX */
     for (int t = lid; t < BS_TM * BS_TK; t += BS_TM * BS_TN) {
       const int ar = r0 + t / BS_TK;
       const long j = j0 + t % BS_TK;
@@ -197,20 +211,26 @@ void bwds_dkdv(BWD_ARGS, int bh0, int i0, int rows, int heads, __global const fl
   const float wd = additive && !is_v && c < DK ? add_w[c] : 0.0f;
   float sum = live ? acc[at] : 0.0f;
   const int n_rows = min(rows, sq.rows - i0);   /* may be <= 0: the chunk is past the sequence */
+  /* the chunk's rows whose windows reach the tile's keys (P and G are 0 elsewhere) */
+  const long shift = (long)sq.align_n - (long)sq.align_m, key_last = min(key0 + BS_TM, (long)sq.keys) - 1;
+  long r_lo = window_right >= 0 ? key0 - shift - window_right - i0 : 0;
+  long r_hi = window_left >= 0 ? key_last - shift + window_left - i0 : (long)n_rows - 1;
+  r_lo = max(r_lo, 0L);
+  r_hi = key0 <= key_last ? min(r_hi, (long)n_rows - 1) : -1;
   for (int h = hk * group; h < (hk + 1) * group; h++) {
     const int g = b * q_heads + h - bh0;
     if (g < 0 || g >= heads) continue;
-    for (int r0 = 0; r0 < n_rows; r0 += BS_TK) {
+    for (long r0 = r_lo; r0 <= r_hi; r0 += BS_TK) {
       for (int t = lid; t < BS_TM * BS_TK; t += BS_TM * BS_TN) {
         const long kj = key0 + t / BS_TK;
-        const int rr = r0 + t % BS_TK;
-        a_tile[t / BS_TK][t % BS_TK] = kj < sq.keys && rr < n_rows ? weights[bwds_at(g, rows, rr, kv_len, kj)] : 0.0f;
+        const int rr = (int)r0 + t % BS_TK;
+        a_tile[t / BS_TK][t % BS_TK] = kj < sq.keys && rr <= r_hi ? weights[bwds_at(g, rows, rr, kv_len, kj)] : 0.0f;
       }
       for (int t = lid; t < BS_TK * BS_TN; t += BS_TM * BS_TN) {
-        const int rr = r0 + t / BS_TN, cc = c0 + t % BS_TN;
+        const int rr = (int)r0 + t / BS_TN, cc = c0 + t % BS_TN;
         const long qi = sq.q0 + i0 + rr;
         float x = 0.0f;
-        if (rr < n_rows && cc < width)
+        if (rr <= r_hi && cc < width)
           x = is_v ? ca_load(d_o, ca_at(do_off, do_st, b, h, qi, cc)) : ca_load(q, ca_at(q_off, q_st, b, h, qi, cc));
         x_tile[t / BS_TN][t % BS_TN] = x;
       }
