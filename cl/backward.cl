@@ -19,8 +19,10 @@
  *
  * Determinism: every output element is written by exactly one work-item
  * that walks its partners in a fixed order (dK, dV of a KV head sum over
- * the group's query heads in head order), so no atomics and no order that
- * depends on scheduling: results are bitwise repeatable.
+ * the group's query heads in head order), so no order that depends on
+ * scheduling: results are bitwise repeatable. The one exception is asked
+ * for: deterministic = 0 lets bwd_dkdv add dQ atomically (FA2's single
+ * pass, dq_atomic below).
  *
  * A pair (i, j) takes part only when allowed (kv_lens, window, mask) and
  * its recomputed weight is nonzero, so NaN/Inf in a disallowed key or value
@@ -133,6 +135,31 @@ __kernel void bwd_rowdot(BWD_ARGS) {
   }
 }
 
+/* x += v, atomically: cl_ext_float_atomics' native add where the device
+ * has it (the host then builds with -D BWD_FLOAT_ATOMICS), else a
+ * compare-and-swap loop on the bits, which OpenCL 1.2 has everywhere. */
+static inline void bwd_atomic_add(volatile __global float *x, float v) {
+#if defined(BWD_FLOAT_ATOMICS) && defined(__opencl_c_ext_fp32_global_atomic_add)
+  atomic_fetch_add_explicit((volatile __global atomic_float *)x, v, memory_order_relaxed);
+#else
+  union { uint u; float f; } seen, want;
+  seen.f = 0.0f;   /* a guess (rows start at 0): no plain read racing with the other adds */
+  for (;;) {
+    want.f = seen.f + v;
+    const uint got = atomic_cmpxchg((volatile __global uint *)x, seen.u, want.u);
+    if (got == seen.u) break;
+    seen.u = got;
+  }
+#endif
+}
+
+static inline float bwd_hsum(float16 x) {
+  const float8 a = x.lo + x.hi;
+  const float4 c = a.lo + a.hi;
+  const float2 e = c.lo + c.hi;
+  return e.x + e.y;
+}
+
 /* Partner rows (bwd_dkdv) or keys (bwd_dq) taken together, so each
  * private K/V or Q/dO vector loaded serves BWD_R multiply-adds. */
 #define BWD_R 4
@@ -144,10 +171,14 @@ __kernel void bwd_rowdot(BWD_ARGS) {
  * and dV of its keys. A pair that is not allowed adds nothing, not even a
  * NaN times 0 (the accumulations select). Keys past kv_lens get zero
  * gradients; keys past a packed sequence's end are left to bwd_zero.
+ * With dq_atomic (deterministic = 0), each pair's dQ share is also added
+ * to the f32 rows dq_acc [B * Hq * q_len][DK] (zeroed first) by
+ * bwd_atomic_add, and bwd_dq is not run: the order of the additions, and
+ * so the last bits of dQ, depend on scheduling.
  * NDRange: (ceil(kv_len / 16), batch * kv_heads).
  */
 __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_st, __global store_t *d_v,
-                       ulong dv_off, ulong4 dv_st) {
+                       ulong dv_off, ulong4 dv_st, __global float *dq_acc, int dq_atomic) {
   (void)o; (void)o_off; (void)o_st; (void)sinkt;
   const long j0l = (long)get_global_id(0) * BWD_BN;   /* no int overflow near kv_len = 2^31 - 1 */
   if (j0l >= kv_len) return;
@@ -243,6 +274,22 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
         }
         vstore16(g, 0, gka[d]);
       }
+      if (dq_atomic)   /* FA2's single pass: the block's share of each row's dQ, added at once */
+        for (int r = 0; r < BWD_R; r++) {
+          if (!any(ok[r])) continue;
+          const ulong at = bwd_row(b, h, ib + r, q_heads, q_len) * DK;
+          for (int d = 0; d < DK; d++) {
+            const float16 kd = vload16(0, ka[d]);
+            float16 t;
+            if (additive) {
+              const float16 th = tanh(qv[r][d] + kd);
+              t = ds[r] * add_w[d] * (1.0f - th * th);
+            } else {
+              t = ds[r] * kd;
+            }
+            bwd_atomic_add(dq_acc + at + d, bwd_hsum(select((float16)(0.0f), t, ok[r])));
+          }
+        }
     }
   const int n_out = min(BWD_BN, (varlen ? sq.keys : kv_len) - j0);
   for (int l = 0; l < n_out; l++) {
@@ -392,4 +439,33 @@ __kernel void bwd_zero(__global store_t *x, ulong x_off, ulong4 x_st, int rows, 
   const int r = get_global_id(0), h = get_global_id(1);
   if (r >= rows) return;
   for (int c = 0; c < cols; c++) ca_store(x, ca_at(x_off, x_st, 0, h, r, c), 0.0f);
+}
+
+/*
+ * bwd_fill — x[0 .. n) = 0 (f32 accumulators). NDRange: (n).
+ */
+__kernel void bwd_fill(__global float *x, ulong n) {
+  const ulong e = get_global_id(0);
+  if (e < n) x[e] = 0.0f;
+}
+
+/*
+ * bwd_store — writes f32 accumulators acc [heads * batch][len][acc_cols]
+ * (columns col0 .. col0 + cols - 1) to a gradient view: query rows
+ * (key_side 0: rows that exist, at the sequence's first row) or keys
+ * (key_side 1: every key of a padded batch, whose accumulators are 0 past
+ * kv_lens, or a packed sequence's keys). NDRange: (len, batch * heads).
+ */
+__kernel void bwd_store(__global const float *acc, int acc_cols, int col0, int cols, int heads, int key_side,
+                        CA_SEQ_ARGS, int q_len, int kv_len, __global store_t *x, ulong x_off, ulong4 x_st) {
+  const int r = get_global_id(0), bh = get_global_id(1);
+  const int len = key_side ? kv_len : q_len;
+  if (r >= len) return;
+  const int b = bh / heads, h = bh % heads;
+  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+  const int n = key_side ? (varlen ? sq.keys : kv_len) : sq.rows;
+  if (r >= n) return;
+  const long row = (key_side ? sq.k0 : sq.q0) + r;
+  const ulong at = ((ulong)bh * (ulong)len + (ulong)r) * (ulong)acc_cols + (ulong)col0;
+  for (int c = 0; c < cols; c++) ca_store(x, ca_at(x_off, x_st, b, h, row, c), acc[at + c]);
 }

@@ -292,9 +292,12 @@ CLATTN_EXPORT clattn_status clattn_prepare(clattn_context *ctx, const clattn_par
 /* Name of an algorithm ("auto", "staged", "fused", "gemm"). */
 CLATTN_EXPORT const char *clattn_algo_name(clattn_algo a);
 
-/* Backward pass: the gradients of clattn_forward by FlashAttention-2's
- * recomputation (P rebuilt from q, k and the forward's lse, never stored).
- * Exact derivatives of the forward as defined above: scale, causal/window,
+/* Backward pass: the gradients of clattn_forward. fwd.algo picks the path:
+ * FUSED or AUTO, FlashAttention-2's recomputation (P rebuilt from q, k and
+ * the forward's lse, never stored); STAGED or GEMM, the staged backward (P
+ * and dS materialised per chunk of query rows within the context's scratch
+ * budget, dK/dV summed in f32 scratch), a second path and cross-check.
+ * Both: exact derivatives of the forward as defined above: scale, causal/window,
  * kv_lens, mask, bias, softcap (1 - tanh^2), ALiBi, sinks, additive scoring,
  * GQA/MQA, cu_seqlens, f16/bf16 storage (f32 arithmetic). */
 typedef struct {
@@ -305,7 +308,8 @@ typedef struct {
                                      [B,Hkv,N,dv]; with GQA d_k, d_v sum over the group */
   cl_mem d_sinks;                 /* optional out, f32 [q_heads], when fwd.sinks is given */
   cl_mem d_additive_w;            /* optional out, f32 [head_dim], additive scoring */
-  int deterministic;              /* default 1: bitwise identical across runs */
+  int deterministic;              /* default 1: bitwise identical across runs; 0 lets the
+                                     FUSED path add dQ atomically in its dK/dV pass */
 } clattn_backward_params;
 
 /* fwd = clattn_params_default(), every view and buffer absent, deterministic 1. */
@@ -317,8 +321,12 @@ CLATTN_EXPORT clattn_backward_params clattn_backward_params_default(void);
  * overwritten, never accumulated into; disallowed keys get zero gradient,
  * an empty row d_q = 0, and NaN/Inf in disallowed keys and values reaches no
  * output. fwd's weights and route diagnostics are ignored (not written) and
- * empty_rows has no effect (never CLATTN_ERR_EMPTY_ROW). The kernels are
- * deterministic whatever `deterministic` holds (no atomics variant yet). */
+ * empty_rows has no effect (never CLATTN_ERR_EMPTY_ROW). With deterministic
+ * = 1 every path is bitwise repeatable. deterministic = 0 on the FUSED/AUTO
+ * path runs FA2's single pass: dQ added atomically (cl_ext_float_atomics'
+ * add where the device has it, else a compare-and-swap loop) into f32
+ * scratch [B, Hq, M, dk], so its last bits may vary from run to run; with
+ * d_additive_w wanted, and on the staged path, it changes nothing. */
 CLATTN_EXPORT clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params *bp,
                                             cl_uint n_wait, const cl_event *wait, cl_event *done);
 

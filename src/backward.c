@@ -3,19 +3,26 @@
  * passes in order on the context's queue:
  *   (packed sequences: bwd_zero over d_q, d_k, d_v)
  *   bwd_rowdot   D_i = rowsum(dO o O), sinks' per-row terms
- *   bwd_dkdv     dK, dV, one work-item per 16 keys (one float16 lane each)
- *   bwd_dq       dQ, one work-item per 16 query rows (+ additive w's row terms)
+ *   fwd.algo FUSED / AUTO, FlashAttention-2's kernels:
+ *     bwd_dkdv   dK, dV, one work-item per 16 keys (one float16 lane each)
+ *     bwd_dq     dQ, one work-item per 16 query rows (+ additive w's row terms)
+ *     or, with deterministic = 0 (and no d_additive_w), FA2's single pass:
+ *     bwd_dkdv adds dQ's shares atomically to f32 rows (bwd_fill first,
+ *     bwd_store after)
+ *   fwd.algo STAGED / GEMM: the staged path (backward_staged.c)
  *   bwd_sum      d_sinks, d_additive_w in a fixed order
- * Every pass writes each output element from one work-item in a fixed
- * order, so results are bitwise repeatable; deterministic = 0 runs the same
- * kernels. Scratch is O(B Hq M) (O(B Hq M dk) for d_additive_w).
+ * Every deterministic pass writes each output element from one work-item
+ * in a fixed order, so results are bitwise repeatable; the atomic dQ's
+ * last bits depend on scheduling. Scratch is O(B Hq M) (O(B Hq M dk) for
+ * d_additive_w and the atomic dQ).
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "backward.h"
 #include "program_text.h"
-#include "internal.h"
 
 enum { BWD_BN = 16 }; /* keys / rows per work-item: cl/backward.cl's BWD_BN */
 
@@ -26,6 +33,13 @@ clattn_backward_params clattn_backward_params_default(void) {
   bp.fwd = clattn_params_default();
   bp.deterministic = 1;
   return bp;
+}
+
+int ca_device_float_atomics(cl_device_id device) {
+  char version[64] = "", ext[8192] = "";
+  ca_device_string(device, CL_DEVICE_VERSION, version, sizeof version);
+  ca_device_string(device, CL_DEVICE_EXTENSIONS, ext, sizeof ext);
+  return strncmp(version, "OpenCL 3.", 9) == 0 && strstr(ext, "cl_ext_float_atomics") != NULL;
 }
 
 /* The backward program for (head_dim, value_dim, dtype): built on first
@@ -52,6 +66,7 @@ static clattn_status backward_program(clattn_context *ctx, int head_dim, int val
   }
   ca_program_text text;
   ca_backward_text(&ctx->tiles, head_dim, value_dim, dtype, &text);
+  if (ca_device_float_atomics(ctx->device)) ca_backward_float_atomics(&text);
   char name[64];
   snprintf(name, sizeof name, "backward dk=%d dv=%d dtype=%d", head_dim, value_dim, (int)dtype);
   cl_program program = NULL;
@@ -113,9 +128,8 @@ static clattn_status validate_backward(const clattn_context *ctx, const clattn_b
   return CLATTN_OK;
 }
 
-/* BWD_ARGS (cl/backward.cl), in order. */
-static void arg_common(ca_args *a, const clattn_params *p, const ca_plan *plan, const clattn_backward_params *bp,
-                       cl_mem dsum, cl_mem sinkt) {
+void ca_backward_args(ca_args *a, const clattn_params *p, const ca_plan *plan, const clattn_backward_params *bp,
+                      cl_mem dsum, cl_mem sinkt) {
   ca_arg_view(a, &p->q);
   ca_arg_view(a, &p->k);
   ca_arg_view(a, &p->v);
@@ -149,6 +163,37 @@ static clattn_status enqueue_zero(clattn_context *ctx, cl_kernel zero, const cla
   if (st) return st;
   const size_t global[2] = {(size_t)rows, (size_t)heads};
   return ca_enqueue(ctx, zero, "bwd_zero", 2, global, NULL, n_wait, wait, prev);
+}
+
+clattn_status ca_backward_fill(clattn_context *ctx, cl_kernel fill, cl_mem x, cl_ulong n, cl_uint n_wait,
+                               const cl_event *wait, cl_event *prev) {
+  ca_args a = {fill, "bwd_fill", 0, 0, CL_SUCCESS};
+  ca_arg_mem(&a, x);
+  ca_arg(&a, sizeof n, &n);
+  clattn_status st = ca_args_done(&a);
+  if (st) return st;
+  const size_t global[1] = {(size_t)n};
+  return ca_enqueue(ctx, fill, "bwd_fill", 1, global, NULL, n_wait, wait, prev);
+}
+
+clattn_status ca_backward_store(clattn_context *ctx, cl_kernel store, cl_mem acc, int acc_cols, int col0, int cols,
+                                int heads, int key_side, const clattn_params *p, const clattn_tensor *view,
+                                cl_uint n_wait, const cl_event *wait, cl_event *prev) {
+  ca_args a = {store, "bwd_store", 0, 0, CL_SUCCESS};
+  ca_arg_mem(&a, acc);
+  ca_arg_int(&a, acc_cols);
+  ca_arg_int(&a, col0);
+  ca_arg_int(&a, cols);
+  ca_arg_int(&a, heads);
+  ca_arg_int(&a, key_side);
+  ca_arg_seq(&a, p);
+  ca_arg_int(&a, p->q_len);
+  ca_arg_int(&a, p->kv_len);
+  ca_arg_view(&a, view);
+  clattn_status st = ca_args_done(&a);
+  if (st) return st;
+  const size_t global[2] = {(size_t)(key_side ? p->kv_len : p->q_len), (size_t)p->batch * (size_t)heads};
+  return ca_enqueue(ctx, store, "bwd_store", 2, global, NULL, n_wait, wait, prev);
 }
 
 /* bwd_sum: out[c] = sum over a < n_outer, r < n_inner of x[a so + c sc + r si]. */
@@ -190,10 +235,12 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   p.weights.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
   p.algo = CLATTN_ALGO_FUSED;
   if ((st = ca_validate(ctx, &p, &plan)) || (st = validate_backward(ctx, bp))) return st;
+  p.algo = bp->fwd.algo;
 
   cl_program program = NULL;
-  cl_kernel rowdot = NULL, dkdv = NULL, dq = NULL, sum = NULL, zero = NULL;
-  cl_mem dsum = NULL, sinkt = NULL, dw_rows = NULL;
+  cl_kernel rowdot = NULL, dkdv = NULL, dq = NULL, sum = NULL, zero = NULL, fill = NULL, store = NULL;
+  cl_mem dsum = NULL, sinkt = NULL, dw_rows = NULL, dq_acc = NULL;
+  ca_backward_staged staged = {0};
   cl_event prev = NULL;
   const size_t rows_total = (size_t)p.batch * (size_t)p.q_heads * (size_t)p.q_len;
   const int varlen = p.cu_seqlens_q != NULL;
@@ -206,18 +253,34 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
                    (unsigned long long)dw_bytes);
   if ((cl_ulong)rows_total * sizeof(float) > ctx->max_alloc)
     return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "backward: per-row scratch exceeds the device's largest allocation");
+  const int use_staged = p.algo == CLATTN_ALGO_STAGED || p.algo == CLATTN_ALGO_GEMM;
+  /* FA2's single pass: dQ added atomically to f32 rows; d_additive_w's row
+   * terms come from bwd_dq, so with them the two deterministic passes run */
+  const int use_atomics = !use_staged && !bp->deterministic && !want_dw;
+  const cl_ulong dq_bytes = use_atomics ? (cl_ulong)rows_total * (cl_ulong)p.head_dim * sizeof(float) : 0;
+  if (use_atomics && (dq_bytes > ctx->max_alloc || dq_bytes > SIZE_MAX))
+    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "backward: the atomic dQ's f32 rows (%llu bytes) exceed the device's "
+                   "largest allocation", (unsigned long long)dq_bytes);
 
+  size_t scratch_bytes = rows_total * sizeof(float) * (p.sinks ? 2 : 1) + (size_t)dw_bytes + (size_t)dq_bytes;
   if ((st = backward_program(ctx, p.head_dim, p.value_dim, p.dtype, &program)) ||
-      (st = ca_kernel_take(ctx, program, "bwd_rowdot", &rowdot)) ||
-      (st = ca_kernel_take(ctx, program, "bwd_dkdv", &dkdv)) || (st = ca_kernel_take(ctx, program, "bwd_dq", &dq)))
+      (st = ca_kernel_take(ctx, program, "bwd_rowdot", &rowdot)))
+    goto fail;
+  if (use_staged && (st = ca_backward_staged_init(ctx, program, &p, &staged, &scratch_bytes))) goto fail;
+  if (!use_staged &&
+      ((st = ca_kernel_take(ctx, program, "bwd_dkdv", &dkdv)) || (st = ca_kernel_take(ctx, program, "bwd_dq", &dq))))
+    goto fail;
+  if (use_atomics &&
+      ((st = ca_kernel_take(ctx, program, "bwd_fill", &fill)) || (st = ca_kernel_take(ctx, program, "bwd_store", &store))))
     goto fail;
   if ((want_sinks || want_dw) && (st = ca_kernel_take(ctx, program, "bwd_sum", &sum))) goto fail;
   if (varlen && (st = ca_kernel_take(ctx, program, "bwd_zero", &zero))) goto fail;
   if ((st = ca_scratch_take(ctx, rows_total * sizeof(float), "backward row sums D", &dsum)) ||
       (p.sinks && (st = ca_scratch_take(ctx, rows_total * sizeof(float), "backward sink terms", &sinkt))) ||
-      (want_dw && (st = ca_scratch_take(ctx, (size_t)dw_bytes, "backward additive-w row terms", &dw_rows))))
+      (want_dw && (st = ca_scratch_take(ctx, (size_t)dw_bytes, "backward additive-w row terms", &dw_rows))) ||
+      (use_atomics && (st = ca_scratch_take(ctx, (size_t)dq_bytes, "backward atomic dQ rows", &dq_acc))))
     goto fail;
-  ca_note_scratch(ctx, rows_total * sizeof(float) * (p.sinks ? 2 : 1) + (size_t)dw_bytes);
+  ca_note_scratch(ctx, scratch_bytes);
 
   if (varlen) {
     /* rows no sequence covers (and rows past q_len / kv_len) still get 0 */
@@ -236,25 +299,43 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   const size_t one[2] = {1, 1};
   const size_t *block_local = ctx->tiles.flash_wg ? NULL : one;
   ca_args a = {rowdot, "bwd_rowdot", 0, 0, CL_SUCCESS};
-  arg_common(&a, &p, &plan, bp, dsum, sinkt);
+  ca_backward_args(&a, &p, &plan, bp, dsum, sinkt);
   if ((st = ca_args_done(&a)) ||
       (st = ca_enqueue(ctx, rowdot, "bwd_rowdot", 2, row_global, NULL, n_wait, wait, &prev)))
     goto fail;
 
-  a = (ca_args){dkdv, "bwd_dkdv", 0, 0, CL_SUCCESS};
-  arg_common(&a, &p, &plan, bp, dsum, sinkt);
-  ca_arg_view(&a, &bp->d_k);
-  ca_arg_view(&a, &bp->d_v);
-  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dkdv, "bwd_dkdv", 2, key_blocks, block_local, n_wait, wait, &prev)))
-    goto fail;
+  if (use_staged) {
+    if ((st = ca_backward_staged_run(ctx, &staged, &p, &plan, bp, dsum, sinkt, dw_rows, n_wait, wait, &prev)))
+      goto fail;
+  } else {
+    if (use_atomics && (st = ca_backward_fill(ctx, fill, dq_acc, (cl_ulong)rows_total * (cl_ulong)p.head_dim, n_wait,
+                                              wait, &prev)))
+      goto fail;
+    a = (ca_args){dkdv, "bwd_dkdv", 0, 0, CL_SUCCESS};
+    ca_backward_args(&a, &p, &plan, bp, dsum, sinkt);
+    ca_arg_view(&a, &bp->d_k);
+    ca_arg_view(&a, &bp->d_v);
+    ca_arg_mem(&a, dq_acc);
+    ca_arg_int(&a, use_atomics);
+    if ((st = ca_args_done(&a)) ||
+        (st = ca_enqueue(ctx, dkdv, "bwd_dkdv", 2, key_blocks, block_local, n_wait, wait, &prev)))
+      goto fail;
 
-  a = (ca_args){dq, "bwd_dq", 0, 0, CL_SUCCESS};
-  arg_common(&a, &p, &plan, bp, dsum, sinkt);
-  ca_arg_view(&a, &bp->d_q);
-  ca_arg_mem(&a, dw_rows);
-  ca_arg_int(&a, want_dw);
-  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, dq, "bwd_dq", 2, row_blocks, block_local, n_wait, wait, &prev)))
-    goto fail;
+    if (use_atomics) {
+      if ((st = ca_backward_store(ctx, store, dq_acc, p.head_dim, 0, p.head_dim, p.q_heads, 0, &p, &bp->d_q, n_wait,
+                                  wait, &prev)))
+        goto fail;
+    } else {
+      a = (ca_args){dq, "bwd_dq", 0, 0, CL_SUCCESS};
+      ca_backward_args(&a, &p, &plan, bp, dsum, sinkt);
+      ca_arg_view(&a, &bp->d_q);
+      ca_arg_mem(&a, dw_rows);
+      ca_arg_int(&a, want_dw);
+      if ((st = ca_args_done(&a)) ||
+          (st = ca_enqueue(ctx, dq, "bwd_dq", 2, row_blocks, block_local, n_wait, wait, &prev)))
+        goto fail;
+    }
+  }
 
   const cl_ulong m = (cl_ulong)p.q_len, hq = (cl_ulong)p.q_heads;
   if (want_sinks &&   /* d_sinks[h] = sum over b, then i, of sinkt[(b Hq + h) M + i] */
@@ -266,11 +347,11 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
     goto fail;
 fail:;
   const cl_event used = st == CLATTN_OK ? prev : NULL; /* a failed call's last event may not follow all it enqueued */
-  const cl_kernel kernels[] = {rowdot, dkdv, dq, sum, zero};
+  const cl_kernel kernels[] = {rowdot, dkdv, dq, sum, zero, fill, store};
   for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) ca_kernel_give(ctx, kernels[i]);
-  ca_scratch_give(ctx, dsum, used);
-  ca_scratch_give(ctx, sinkt, used);
-  ca_scratch_give(ctx, dw_rows, used);
+  const cl_mem bufs[] = {dsum, sinkt, dw_rows, dq_acc};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ca_scratch_give(ctx, bufs[i], used);
+  ca_backward_staged_release(ctx, &staged, used);
   ca_hand_out(st, &prev, done);
   return st;
 }

@@ -2,6 +2,7 @@
 #include "program_text.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "embedded_cl.h"
 
@@ -49,8 +50,16 @@ void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, in
 }
 
 void ca_backward_text(const tl_tiles *tiles, int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out) {
-  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_backward}, .n_sources = 2};
+  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_backward, clattn_src_backward_staged},
+                           .n_sources = 3};
   snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D DK=%d -D DV=%d", (int)dtype, head_dim,
            value_dim);
   tl_build_options(tiles, out->options, sizeof out->options);
+}
+
+void ca_backward_float_atomics(ca_program_text *text) {
+  char *std = strstr(text->options, "-cl-std=CL1.2");
+  if (std) memcpy(std, "-cl-std=CL3.0", strlen("-cl-std=CL3.0"));
+  const size_t used = strlen(text->options);
+  snprintf(text->options + used, sizeof text->options - used, " -D BWD_FLOAT_ATOMICS");
 }

@@ -7,6 +7,13 @@
  * four threads building programs at once, and validation (rejected calls
  * enqueue nothing and leave every buffer as it was).
  *
+ * CLATTN_TEST_BACKWARD picks the path every check runs: unset, the FA2
+ * kernels (fwd.algo FUSED, deterministic); "staged", the staged backward
+ * (fwd.algo STAGED; meson runs it with a tiny scratch budget, so chunks of
+ * rows and of heads across KV groups are exercised); "atomics", FA2 with
+ * deterministic = 0 (dQ added atomically: checked within tolerance, not
+ * bitwise). The staged-vs-fused and atomics checks below run in every mode.
+ *
  * Gradient views reuse the forward's view shapes (offsets, row gaps,
  * layouts) in NaN-poisoned buffers of their own, so elements outside the
  * views are checked untouched too.
@@ -17,6 +24,10 @@
 
 #include "kit_checks.h"
 #include "reference_backward.h"
+
+/* The path under test (CLATTN_TEST_BACKWARD), set in main. */
+static clattn_algo g_algo = CLATTN_ALGO_FUSED;
+static int g_deterministic = 1;
 
 static size_t elem_bytes(clattn_dtype t) { return t == CLATTN_F32 ? 4 : 2; }
 
@@ -207,6 +218,8 @@ static int bwd_setup(bwd *w, cp_shape s, void (*edit)(cp_problem *))
     return -1;
   w->bp = clattn_backward_params_default();
   w->bp.fwd = *p;
+  w->bp.fwd.algo = g_algo;
+  w->bp.deterministic = g_deterministic;
   w->bp.d_out = w->d_out.t;
   w->bp.d_q = w->d_q.t;
   w->bp.d_k = w->d_k.t;
@@ -531,8 +544,8 @@ static void bitwise_deterministic_20_runs(void)
   float s0[64], s1[64];
   if (!CHECK(q0 && k0 && v0))
     goto done;
+  w.bp.deterministic = 1;   /* the atomics variant's last bits depend on scheduling */
   for (int run = 0; run < 20; run++) {
-    w.bp.deterministic = run % 2 ? 0 : 1;   /* 0 runs the same kernels: same bits */
     if (!CHECK(grad_reset(w.pb, &w.d_q) == 0))
       break;
     CHECK_STATUS(bwd_run(&w), CLATTN_OK);
@@ -552,6 +565,117 @@ done:
   free(q0);
   free(k0);
   free(v0);
+  bwd_free(&w);
+}
+
+/* ---------- the paths against each other ---------- */
+
+/* Dense logical gradients (dQ, dK, dV in turn) read back from the last run, as doubles. */
+static double *dense_grads(bwd *w)
+{
+  const clattn_params *p = &w->pb->params;
+  const size_t n = w->nq + w->nk + w->nv;
+  float *f = malloc(n * sizeof *f);
+  double *d = malloc(n * sizeof *d);
+  if (!f || !d || gather(w, &w->d_q, p->q_heads, p->q_len, p->head_dim, 0, f) != 0 ||
+      gather(w, &w->d_k, p->kv_heads, p->kv_len, p->head_dim, 1, f + w->nq) != 0 ||
+      gather(w, &w->d_v, p->kv_heads, p->kv_len, p->value_dim, 1, f + w->nq + w->nk) != 0) {
+    free(f);
+    free(d);
+    return NULL;
+  }
+  for (size_t e = 0; e < n; e++)
+    d[e] = f[e];
+  free(f);
+  return d;
+}
+
+/* The staged backward and the FA2 kernels compute the same gradients by
+ * different sums: they agree far inside the reference's tolerance, on a
+ * problem with every shaping feature, GQA and poisoned disallowed keys. */
+static void staged_agrees_with_fused(void)
+{
+  cp_shape s = base_shape(37, 53);
+  s.causal = 1;
+  s.kv_lens = 1;
+  s.mask = CP_MASK_RANDOM;
+  s.mask_density = 0.8;
+  s.bias = CP_BIAS_RANDOM;
+  s.softcap = 4.0f;
+  s.alibi = 1;
+  s.sinks = 1;
+  s.poison_disallowed = 1;
+  s.seed = 21;
+  bwd w;
+  if (bwd_setup(&w, s, NULL) == 0) {
+    w.bp.deterministic = 1;
+    w.bp.fwd.algo = CLATTN_ALGO_FUSED;
+    bwd_check(&w, 1e-4, "fused");
+    double *fused = dense_grads(&w);
+    float *staged = malloc((w.nq + w.nk + w.nv) * sizeof *staged);
+    if (CHECK(fused && staged) && CHECK(grad_reset(w.pb, &w.d_q) == 0 && grad_reset(w.pb, &w.d_k) == 0 &&
+                                        grad_reset(w.pb, &w.d_v) == 0)) {
+      w.bp.fwd.algo = CLATTN_ALGO_STAGED;
+      bwd_check(&w, 1e-4, "staged");
+      const clattn_params *p = &w.pb->params;
+      if (CHECK(gather(&w, &w.d_q, p->q_heads, p->q_len, p->head_dim, 0, staged) == 0 &&
+                gather(&w, &w.d_k, p->kv_heads, p->kv_len, p->head_dim, 1, staged + w.nq) == 0 &&
+                gather(&w, &w.d_v, p->kv_heads, p->kv_len, p->value_dim, 1, staged + w.nq + w.nk) == 0)) {
+        const double eq = cp_rel_err(staged, fused, w.nq), ek = cp_rel_err(staged + w.nq, fused + w.nq, w.nk),
+                     ev = cp_rel_err(staged + w.nq + w.nk, fused + w.nq + w.nk, w.nv);
+        CHECKF(eq <= 1e-5 && ek <= 1e-5 && ev <= 1e-5, "staged vs fused: d_q %.3g, d_k %.3g, d_v %.3g", eq, ek, ev);
+      }
+      w.bp.fwd.algo = CLATTN_ALGO_GEMM;   /* GEMM names the staged path too */
+      bwd_check(&w, 1e-4, "fwd.algo GEMM");
+    }
+    free(fused);
+    free(staged);
+  }
+  bwd_free(&w);
+}
+
+/* deterministic = 0: FA2's single pass adds dQ atomically into f32 rows of
+ * its own (seen in the call's scratch), within the reference's tolerance;
+ * its last bits may differ from run to run, so nothing here is bitwise.
+ * With d_additive_w wanted, the two deterministic passes run instead. */
+static void atomic_dq_within_tolerance(void)
+{
+  cp_shape s = base_shape(53, 37);
+  s.causal = 1;
+  s.sinks = 1;
+  s.poison_disallowed = 1;
+  bwd w;
+  if (bwd_setup(&w, s, NULL) == 0) {
+    const clattn_params *p = &w.pb->params;
+    const size_t dq_rows = (size_t)p->batch * p->q_heads * p->q_len * p->head_dim * sizeof(float);
+    w.bp.fwd.algo = CLATTN_ALGO_FUSED;
+    w.bp.deterministic = 1;
+    clattn_peak_scratch_bytes(ct_context(), 1);
+    bwd_check(&w, 1e-4, "deterministic");
+    const size_t two_pass = clattn_peak_scratch_bytes(ct_context(), 1);
+    for (int run = 0; run < 3; run++) {
+      w.bp.deterministic = 0;
+      CHECK(grad_reset(w.pb, &w.d_q) == 0);
+      bwd_check(&w, 1e-4, "deterministic = 0");
+      const size_t one_pass = clattn_peak_scratch_bytes(ct_context(), 1);
+      CHECKF(one_pass == two_pass + dq_rows, "deterministic = 0: scratch %zu, expected %zu + %zu (atomic dQ rows)",
+             one_pass, two_pass, dq_rows);
+    }
+  }
+  bwd_free(&w);
+  s = base_shape(37, 53);
+  s.additive = 1;
+  if (bwd_setup(&w, s, NULL) == 0) {
+    w.bp.fwd.algo = CLATTN_ALGO_FUSED;
+    w.bp.deterministic = 0;
+    bwd_check(&w, 1e-4, "additive, deterministic = 0 (two passes for d_additive_w)");
+    w.bp.d_additive_w = NULL;
+    CHECK(grad_reset(w.pb, &w.d_q) == 0);
+    cl_mem keep = w.d_w;
+    w.d_w = NULL;   /* not compared: not asked for */
+    bwd_check(&w, 1e-4, "additive, deterministic = 0, atomic dQ");
+    w.d_w = keep;
+  }
   bwd_free(&w);
 }
 
@@ -735,8 +859,19 @@ int main(int argc, char **argv)
     CT_TEST(additive_scores),
     CT_TEST(packed_sequences),
     CT_TEST(bitwise_deterministic_20_runs),
+    CT_TEST(staged_agrees_with_fused),
+    CT_TEST(atomic_dq_within_tolerance),
     CT_TEST(concurrent_first_builds),
     CT_TEST(validation_rejects_before_enqueue),
   };
+  const char *path = getenv("CLATTN_TEST_BACKWARD");
+  if (path && !strcmp(path, "staged"))
+    g_algo = CLATTN_ALGO_STAGED;
+  else if (path && !strcmp(path, "atomics"))
+    g_deterministic = 0;
+  else if (path && *path) {
+    fprintf(stderr, "CLATTN_TEST_BACKWARD=%s: expected staged or atomics\n", path);
+    return 1;
+  }
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

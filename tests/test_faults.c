@@ -792,7 +792,8 @@ static void faults_fused_first_build(void)
 
 /* ---------- the backward pass ---------- */
 
-/* clattn_backward with sinks (d_sinks) and additive scoring (d_additive_w):
+/* clattn_backward with sinks (d_sinks) and additive scoring (d_additive_w),
+ * on each path (FA2, staged, FA2 with atomic dQ without d_additive_w):
  * a fault at each OpenCL call of the call in turn (its program is built
  * by the sweep's warm-up call), the forward's out and lse computed once
  * beforehand. */
@@ -801,6 +802,7 @@ typedef struct {
   clattn_backward_params bp;
   cl_mem bufs[6];            /* d_out, d_q, d_k, d_v, d_sinks, d_additive_w */
   size_t n[6];
+  int outputs;               /* bufs[1 .. outputs) are checked: 5 without d_additive_w */
   ref_grads ref;
 } bwd_arg;
 
@@ -834,7 +836,7 @@ static int bwd_verify(void *arg, clattn_status st)
   if (st != CLATTN_OK)
     return 0;
   const double *want[6] = {NULL, a->ref.d_q, a->ref.d_k, a->ref.d_v, a->ref.d_sinks, a->ref.d_additive_w};
-  for (int i = 1; i < 6; i++) {
+  for (int i = 1; i < a->outputs; i++) {
     float *got = malloc(a->n[i] * sizeof(float));
     int ok = got && clEnqueueReadBuffer(clattn_cl_queue(fx), a->bufs[i], CL_TRUE, 0, a->n[i] * sizeof(float), got,
                                         0, NULL, NULL) == CL_SUCCESS;
@@ -917,6 +919,7 @@ static int bwd_setup(bwd_arg *a, int dk_, int dv_)
   a->bp.d_v = (clattn_tensor){a->bufs[3], 0, {Hk * N * dv, N * dv, dv, 1}};
   a->bp.d_sinks = a->bufs[4];
   a->bp.d_additive_w = a->bufs[5];
+  a->outputs = 6;
   rc = 0;
 done:
   free(dout);
@@ -930,6 +933,15 @@ static void faults_backward(void)
   if (bwd_setup(&a, 8, 24) == 0) {
     call_case c = {"backward (sinks, additive)", bwd_call, bwd_prepare, bwd_verify, &a, CLATTN_OK};
     sweep(&c);
+    a.bp.fwd.algo = CLATTN_ALGO_STAGED;
+    call_case staged = {"staged backward (sinks, additive)", bwd_call, bwd_prepare, bwd_verify, &a, CLATTN_OK};
+    sweep(&staged);
+    a.bp.fwd.algo = CLATTN_ALGO_FUSED;
+    a.bp.deterministic = 0;   /* FA2's single pass, which d_additive_w would turn off */
+    a.bp.d_additive_w = NULL;
+    a.outputs = 5;
+    call_case atomic = {"backward, atomic dQ (sinks, additive)", bwd_call, bwd_prepare, bwd_verify, &a, CLATTN_OK};
+    sweep(&atomic);
   }
   bwd_free(&a);
 }

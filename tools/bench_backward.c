@@ -1,6 +1,8 @@
 /*
  * `clattn bench --backward`: per shape, clattn's FUSED forward (with lse)
- * and clattn_backward on the chosen device, the backward/forward time
+ * and clattn_backward's three ways on the chosen device, side by side: FA2
+ * deterministic (the default), FA2 with atomic dQ (deterministic = 0) and
+ * the staged backward (fwd.algo STAGED); the FA2 backward/forward time
  * ratio, and a host OpenBLAS backward from the same O and lse (five SGEMMs
  * per head: S = scale Q Kᵀ, dP = dO Vᵀ, dV += Pᵀ dO, dQ = scale dS K,
  * dK += scale dSᵀ Q, with P = exp(S - lse) and dS = P (dP - D) between them,
@@ -11,7 +13,8 @@
  * backward (halved for causal), FlashAttention-2's convention. Times: one
  * warm-up call, then the median of up to --reps calls within --cap seconds
  * (bench_base.c's bb_time). The device's gradients are compared with the
- * host's (max abs difference over dQ, dK, dV, relative to their largest).
+ * host's (max abs difference over dQ, dK, dV, relative to their largest;
+ * the largest over the three device paths).
  */
 #include "bench_backward.h"
 
@@ -163,39 +166,54 @@ static int bench_shape(clattn_context *ctx, const bb_shape *s, int host, int max
   c.bp.d_q = (clattn_tensor){bgq, 0, {H * M * d, M * d, d, 1}};
   c.bp.d_k = (clattn_tensor){bgk, 0, {Hk * N * d, N * d, d, 1}};
   c.bp.d_v = (clattn_tensor){bgv, 0, {Hk * N * d, N * d, d, 1}};
-  double f_ms, b_ms, h_ms = NAN;
+  double f_ms, b_ms[3], h_ms = NAN, diff = NAN;
   int f_reps, b_reps, h_reps = 0;
-  if (bb_time(run_fwd, &c, 1, max_reps, cap_ms, &f_ms, &f_reps, err, sizeof err) != 0 ||
-      bb_time(run_bwd, &c, 1, max_reps, cap_ms, &b_ms, &b_reps, err, sizeof err) != 0) {
+  cl_command_queue qu = c.queue;
+  if (bb_time(run_fwd, &c, 1, max_reps, cap_ms, &f_ms, &f_reps, err, sizeof err) != 0) {
     printf("| %s |\n", err);
     goto done;
   }
-  cl_command_queue qu = c.queue;
   if (clEnqueueReadBuffer(qu, bo, CL_TRUE, 0, qn * 4, o, 0, NULL, NULL) ||
-      clEnqueueReadBuffer(qu, bl, CL_TRUE, 0, ln * 4, lse, 0, NULL, NULL) ||
-      clEnqueueReadBuffer(qu, bgq, CL_TRUE, 0, qn * 4, gq, 0, NULL, NULL) ||
-      clEnqueueReadBuffer(qu, bgk, CL_TRUE, 0, kn * 4, gk, 0, NULL, NULL) ||
-      clEnqueueReadBuffer(qu, bgv, CL_TRUE, 0, kn * 4, gv, 0, NULL, NULL)) {
+      clEnqueueReadBuffer(qu, bl, CL_TRUE, 0, ln * 4, lse, 0, NULL, NULL)) {
     printf("| clEnqueueReadBuffer failed |\n");
     goto done;
   }
-  double diff = NAN;
   if (host) {
     host_bwd hb = {*s, q, k, v, o, lse, d_o, hq, hk, hv, sc, dp, dsum};
     if (bb_time(run_host, &hb, 1, max_reps, cap_ms, &h_ms, &h_reps, err, sizeof err) != 0) {
       printf("| %s |\n", err);
       goto done;
     }
-    diff = fmax(max_rel_diff(gq, hq, qn), fmax(max_rel_diff(gk, hk, kn), max_rel_diff(gv, hv, kn)));
+  }
+  /* FA2 deterministic, FA2 atomic dQ, staged: each timed, each compared with the host */
+  static const struct { clattn_algo algo; int deterministic; } paths[3] = {
+      {CLATTN_ALGO_FUSED, 1}, {CLATTN_ALGO_FUSED, 0}, {CLATTN_ALGO_STAGED, 1}};
+  for (int w = 0; w < 3; w++) {
+    c.bp.fwd.algo = paths[w].algo;
+    c.bp.deterministic = paths[w].deterministic;
+    if (bb_time(run_bwd, &c, 1, max_reps, cap_ms, &b_ms[w], &b_reps, err, sizeof err) != 0) {
+      printf("| %s |\n", err);
+      goto done;
+    }
+    if (clEnqueueReadBuffer(qu, bgq, CL_TRUE, 0, qn * 4, gq, 0, NULL, NULL) ||
+        clEnqueueReadBuffer(qu, bgk, CL_TRUE, 0, kn * 4, gk, 0, NULL, NULL) ||
+        clEnqueueReadBuffer(qu, bgv, CL_TRUE, 0, kn * 4, gv, 0, NULL, NULL)) {
+      printf("| clEnqueueReadBuffer failed |\n");
+      goto done;
+    }
+    if (host) {
+      const double d = fmax(max_rel_diff(gq, hq, qn), fmax(max_rel_diff(gk, hk, kn), max_rel_diff(gv, hv, kn)));
+      diff = w == 0 || !(d <= diff) ? d : diff;   /* the largest; NaN sticks */
+    }
   }
   const double work = (double)s->batch * H * M * N * d * (s->causal ? 0.5 : 1.0);
   char label[96];
   snprintf(label, sizeof label, "B%d H%d/%d M=%d N=%d d%d%s", s->batch, s->heads, s->kv_heads, s->q_len, s->kv_len,
            s->dim, s->causal ? " causal" : "");
-  printf("| %s | %.1f | %.1f | %.1f | %.1f | %.2f |", label, f_ms, 4.0 * work / f_ms / 1e6, b_ms,
-         10.0 * work / b_ms / 1e6, b_ms / f_ms);
+  printf("| %s | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f |", label, f_ms, 4.0 * work / f_ms / 1e6, b_ms[0],
+         10.0 * work / b_ms[0] / 1e6, b_ms[0] / f_ms, b_ms[1], b_ms[2]);
   if (host)
-    printf(" %.1f | %.1f | %.2f | %.1e |\n", h_ms, 10.0 * work / h_ms / 1e6, h_ms / b_ms, diff);
+    printf(" %.1f | %.1f | %.2f | %.1e |\n", h_ms, 10.0 * work / h_ms / 1e6, h_ms / b_ms[0], diff);
   else
     printf(" - | - | - | - |\n");
   rc = diff > 1e-3 ? -1 : 0;   /* NaN (no host run) passes */
@@ -252,11 +270,17 @@ int bench_backward_main(int argc, char **argv) {
   }
   char dev[256] = "?";
   clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_NAME, sizeof dev - 1, dev, NULL);
-  printf("clattn bench --backward (clattn %s, f32): device %s; openblas %s, %d threads\n\n", CLATTN_VERSION_STRING, dev,
-         bb_openblas_config(), bb_openblas_threads());
-  printf("| shape | forward ms | forward GFLOP/s | backward ms | backward GFLOP/s | backward ÷ forward | host OpenBLAS "
-         "backward ms | host GFLOP/s | host ÷ clattn | max rel diff vs host |\n");
-  printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  char version[64] = "", ext[8192] = "";
+  clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_VERSION, sizeof version - 1, version, NULL);
+  if (clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_EXTENSIONS, sizeof ext - 1, ext, NULL) != CL_SUCCESS) ext[0] = 0;
+  const int native = !strncmp(version, "OpenCL 3.", 9) && strstr(ext, "cl_ext_float_atomics");
+  printf("clattn bench --backward (clattn %s, f32): device %s; openblas %s, %d threads; atomic dQ by %s\n\n",
+         CLATTN_VERSION_STRING, dev, bb_openblas_config(), bb_openblas_threads(),
+         native ? "cl_ext_float_atomics" : "compare-and-swap");
+  printf("| shape | forward ms | forward GFLOP/s | FA2 backward ms | FA2 backward GFLOP/s | FA2 backward ÷ forward | "
+         "FA2 atomic dQ ms | staged backward ms | host OpenBLAS backward ms | host GFLOP/s | host ÷ FA2 | "
+         "max rel diff vs host |\n");
+  printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   int failures = 0;
   const double t0 = bb_now_ms();
   for (int i = 0; i < n; i++) failures += bench_shape(ctx, &shapes[i], host, max_reps, cap_ms) != 0;

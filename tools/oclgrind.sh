@@ -60,16 +60,20 @@ done
 backward_tests=(packed_sequences causal_window_kv_lens_mask_bias_poisoned empty_rows_give_zero
                 nan_in_allowed_key_stays_in_its_rows softcap_alibi_sinks f16_and_bf16_storage additive_scores
                 validation_rejects_before_enqueue)
-for t in "${backward_tests[@]}"; do
-  log="$logs/backward-$t.log"
-  if oclgrind --data-races --check-api --max-errors 20 --log "$log" \
-      "$build/tests/test_backward" "$t" >"$logs/backward-$t.out" 2>&1 && [ ! -s "$log" ]; then
-    echo "oclgrind: backward $t: ok"
-  else
-    echo "oclgrind: backward $t: FAILED"
-    cat "$logs/backward-$t.out" "$log" | tail -30
-    failed=$((failed + 1))
-  fi
+# Each on the FA2 path, the staged one (chunks of a few rows) and with atomic dQ.
+backward_paths=("" "CLATTN_TEST_BACKWARD=staged CLATTN_SCRATCH_BYTES=4096" "CLATTN_TEST_BACKWARD=atomics")
+for path in "${backward_paths[@]}"; do
+  for t in "${backward_tests[@]}"; do
+    log="$logs/backward-$t.log"
+    if env $path oclgrind --data-races --check-api --max-errors 20 --log "$log" \
+        "$build/tests/test_backward" "$t" >"$logs/backward-$t.out" 2>&1 && [ ! -s "$log" ]; then
+      echo "oclgrind: backward $t ${path:-FA2}: ok"
+    else
+      echo "oclgrind: backward $t ${path:-FA2}: FAILED"
+      cat "$logs/backward-$t.out" "$log" | tail -30
+      failed=$((failed + 1))
+    fi
+  done
 done
 # Paged and quantised K/V (tests/test_kvcache.c's groups, each on the fused,
 # staged and GEMM paths): block tables with entries outside the pool,
@@ -87,5 +91,5 @@ for g in "${kv_groups[@]}"; do
     failed=$((failed + 1))
   fi
 done
-echo "oclgrind: $(( ${#cases[@]} + ${#backward_tests[@]} + ${#kv_groups[@]} )) cases, $failed failed"
+echo "oclgrind: $(( ${#cases[@]} + ${#backward_paths[@]} * ${#backward_tests[@]} + ${#kv_groups[@]} )) cases, $failed failed"
 [ "$failed" -eq 0 ]
