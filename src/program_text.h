@@ -34,7 +34,7 @@ void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                    clattn_dtype kv_dtype, ca_program_text *out);
 /* The backward kernels (cl/backward.cl) for one (head_dim, value_dim, storage type). */
-void ca_backward_text(const tl_tiles *tiles, int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out);
+void ca_backward_text(int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out);
 /* clattn_kv_append's kernel for one (source storage, cache storage). */
 void ca_append_text(clattn_dtype src_dtype, clattn_dtype kv_dtype, ca_program_text *out);
 
