@@ -216,7 +216,8 @@ void ca_tuning_describe(const clattn_context *ctx, char *buf, size_t size) {
 const char *clattn_tuning_name(int i) { return i >= 0 && i < CA_T_COUNT ? ca_tunable_name((ca_tunable)i) : NULL; }
 
 clattn_status clattn_tuning_get(const clattn_context *ctx, const char *name, long long *value, const char **origin) {
-  if (!ctx || !name || !value) return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_tuning_get: ctx, name or value is NULL");
+  if (!ctx || !name || !value)
+    return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_tuning_get: ctx, name or value is NULL");
   const ca_tunable t = ca_tunable_by_name(name);
   if (t == CA_T_COUNT) return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_tuning_get: no tunable value '%s'", name);
   *value = ca_tunable_get(&ctx->tiles, ctx->scratch_budget, t);

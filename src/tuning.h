@@ -24,23 +24,21 @@ typedef enum { CA_FROM_QUERY, CA_FROM_TABLE, CA_FROM_FILE, CA_FROM_ENV } ca_orig
 
 const char *ca_origin_name(ca_origin o);
 
-struct clattn_context;
-
 /* Fills the context's tiles, scratch budget, flash_block switch, origins,
  * AUTO choices and tuning notes from the layers above. tuning_file: the
  * caller's option (NULL: the environment's, else the cache directory's; ""
  * none). Needs the device's description (ctx->caps, max_alloc) and
  * cache_dir; never fails (a file or variable that cannot be used is noted
  * and left out). */
-void ca_tuning_choose(struct clattn_context *ctx, const char *tuning_file);
+void ca_tuning_choose(clattn_context *ctx, const char *tuning_file);
 
 /* AUTO's rule, the only one: the tuning file's choice for the call's shape
  * class (weights asked for; decode: q_len <= CA_DECODE_ROWS; else prefill),
  * else FUSED, or STAGED when the routing matrix is asked for. */
-clattn_algo ca_auto_algo(const struct clattn_context *ctx, int q_len, int want_weights);
+clattn_algo ca_auto_algo(const clattn_context *ctx, int q_len, int want_weights);
 
 /* Appends clattn_describe's tuning lines (each value with its origin, the
  * file's and the environment's notes, AUTO's picks) to buf. */
-void ca_tuning_describe(const struct clattn_context *ctx, char *buf, size_t size);
+void ca_tuning_describe(const clattn_context *ctx, char *buf, size_t size);
 
 #endif

@@ -298,7 +298,8 @@ static void matching_file_is_applied_with_origins(void)
   const int gemm = ca_gemm_available();
   const char *d = clattn_describe(ctx);
   CHECKF(strstr(d, "score_tm       4          (tuning file)") && strstr(d, "(default from device query)") &&
-         strstr(d, gemm ? "prefill: gemm, decode: staged, weights: gemm" : "prefill: fused, decode: staged, weights: staged"),
+         strstr(d, gemm ? "prefill: gemm, decode: staged, weights: gemm"
+                        : "prefill: fused, decode: staged, weights: staged"),
          "describe:\n%s", d);
   CHECKF(gemm || strstr(ctx->tuning_note, "auto_weights = gemm left out"), "note: %s", ctx->tuning_note);
 
@@ -402,7 +403,8 @@ static void public_api_reads_values_and_writes_candidates(void)
   const char *origin = NULL;
   for (int i = 0; i < n; i++) {
     CHECK(clattn_tuning_get(plain, clattn_tuning_name(i), &v, &origin) == CLATTN_OK);
-    CHECKF(v == ca_tunable_get(&plain->tiles, plain->scratch_budget, (ca_tunable)i), "%s = %lld", clattn_tuning_name(i), v);
+    CHECKF(v == ca_tunable_get(&plain->tiles, plain->scratch_budget, (ca_tunable)i), "%s = %lld",
+           clattn_tuning_name(i), v);
     CHECK(origin && !strcmp(origin, ca_origin_name(plain->origin[i])));
   }
   CHECK(clattn_tuning_get(plain, "score_tx", &v, NULL) == CLATTN_ERR_INVALID_ARGUMENT &&
