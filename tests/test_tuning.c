@@ -7,6 +7,7 @@
  * as `clattn tune` uses it. Contexts are embedded in ct_context()'s OpenCL
  * objects.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -449,6 +450,64 @@ static void public_api_reads_values_and_writes_candidates(void)
   clattn_destroy(plain);
 }
 
+/* Removes dir and the files in it. */
+static void remove_dir(const char *dir)
+{
+  DIR *d = opendir(dir);
+  if (!d)
+    return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+      unlink(path);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+/* Each program's options carry only its kernels' tiles: retuning a staged
+ * tile rebuilds the core program, and the fused program built under the old
+ * tuning still loads from the disk cache. */
+static void retuned_staged_tile_keeps_the_fused_binary(void)
+{
+  char dir[] = "/tmp/clattn-tuning-cache-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  clattn_options o = { 0 };
+  o.context = clattn_cl_context(ct_context());
+  o.device = clattn_cl_device(ct_context());
+  o.queue = clattn_cl_queue(ct_context());
+  o.cache_dir = dir;
+  o.tuning_file = "";
+  clattn_context *before = NULL, *after = NULL;
+  cp_problem *pb = small_problem(0);
+  cp_result r;
+  if (!CHECKF(clattn_create(&o, &before) == CLATTN_OK, "%s", clattn_last_error(NULL)) || !pb)
+    goto done;
+  pb->params.algo = CLATTN_ALGO_FUSED;
+  CHECKF(cp_run(pb, before, &r) == 0 && r.status == CLATTN_OK, "%s", pb->err);
+  char text[64];
+  snprintf(text, sizeof text, "score_tn = %d\n", before->tiles.score_tn > 1 ? before->tiles.score_tn / 2 : 2);
+  REQUIRE(clattn_tuning_write(before, text, g_path) == CLATTN_OK);
+  o.tuning_file = g_path;
+  if (!CHECKF(clattn_create(&o, &after) == CLATTN_OK, "%s", clattn_last_error(NULL)))
+    goto done;
+  int applied = 0, source0, cache0, source1, cache1;
+  CHECKF(clattn_tuning_note(after, &applied) && applied, "note: %s", clattn_tuning_note(after, NULL));
+  ca_cache_counts(after, &source0, &cache0);
+  CHECKF(source0 >= 1, "the core program with the new tile came from the cache (%d from source)", source0);
+  CHECKF(cp_run(pb, after, &r) == 0 && r.status == CLATTN_OK && cp_result_ok(&r, 1e-5), "%s", pb->err);
+  ca_cache_counts(after, &source1, &cache1);
+  CHECKF(source1 == source0 && cache1 == cache0 + 1, "fused program: %d built from source, %d loaded from cache",
+         source1 - source0, cache1 - cache0);
+done:
+  cp_free(pb);
+  clattn_destroy(after);
+  clattn_destroy(before);
+  remove_dir(dir);
+}
+
 static void cleanup(void)
 {
   unlink(g_path);
@@ -469,6 +528,7 @@ int main(int argc, char **argv)
     CT_TEST(decode_class_uses_its_choice),
     CT_TEST(other_device_bad_value_or_misfit_use_defaults),
     CT_TEST(public_api_reads_values_and_writes_candidates),
+    CT_TEST(retuned_staged_tile_keeps_the_fused_binary),
   };
   if (!mkdtemp(g_dir))
     return fprintf(stderr, "mkdtemp failed\n"), 1;
