@@ -276,6 +276,40 @@ CLATTN_EXPORT clattn_status clattn_merge_states(clattn_context *ctx, const clatt
  * destroyed. */
 CLATTN_EXPORT const char *clattn_describe(const clattn_context *ctx);
 
+/* Tuning (README "Tuning"; functions added in ABI 1, no struct changed).
+ * A context's tunable values are its kernels' tile sizes and the staged and
+ * GEMM paths' scratch budget, each named as in a tuning file: score_tm,
+ * score_tn, score_tk, softmax_wg, mix_tm, mix_tv, mix_tj, flash_bm, flash_wg,
+ * scratch_bytes. Each comes from one of: "default from device query",
+ * "built-in table", "tuning file", "environment" (the last over the first). */
+
+/* The name of tunable value i = 0, 1, ...; NULL past the last. */
+CLATTN_EXPORT const char *clattn_tuning_name(int i);
+/* The value ctx uses for the tunable `name` and (when origin is non-NULL)
+ * where it came from, a static string as above. INVALID_ARGUMENT for a name
+ * that is not a tunable value. */
+CLATTN_EXPORT clattn_status clattn_tuning_get(const clattn_context *ctx, const char *name, long long *value,
+                                              const char **origin);
+/* What became of the tuning file at creation, in words: "applied: PATH",
+ * "none (...)", "ignored: ..." (another device's) or "rejected, defaults
+ * used: ..." (why). *applied (when non-NULL): 1 when its values are in use.
+ * Valid until the context is destroyed. */
+CLATTN_EXPORT const char *clattn_tuning_note(const clattn_context *ctx, int *applied);
+/* Where clattn_create looks for this device's tuning file when none is named
+ * (in the cache directory); NULL without a cache directory. Valid until the
+ * context is destroyed. */
+CLATTN_EXPORT const char *clattn_tuning_default_path(const clattn_context *ctx);
+/* Writes a tuning file for ctx's device (its platform, device and driver)
+ * holding `settings`: text of `key = value` lines, `#` comments, keys among
+ * the tunable names and auto_prefill, auto_decode (staged, fused or gemm),
+ * auto_weights (staged or gemm), each checked by the tuning file's rules.
+ * path NULL = clattn_tuning_default_path(ctx). Written atomically (temp file
+ * + rename). A context created with options.tuning_file = path uses the
+ * values when the device can run them (clattn_tuning_note says whether):
+ * how `clattn tune` tries each candidate. INVALID_ARGUMENT naming the bad
+ * line, or the file that could not be written. */
+CLATTN_EXPORT clattn_status clattn_tuning_write(const clattn_context *ctx, const char *settings, const char *path);
+
 /* The most device scratch memory (bytes) that one call on this context has
  * allocated since creation or the last reset: what clattn adds to the
  * caller's own buffers. reset != 0 zeroes it after reading. */

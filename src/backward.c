@@ -65,7 +65,7 @@ static clattn_status backward_program(clattn_context *ctx, int head_dim, int val
     ctx->cap_backward = cap;
   }
   ca_program_text text;
-  ca_backward_text(&ctx->tiles, head_dim, value_dim, dtype, &text);
+  ca_backward_text(head_dim, value_dim, dtype, &text);
   if (ca_device_float_atomics(ctx->device)) ca_backward_float_atomics(&text);
   char name[64];
   snprintf(name, sizeof name, "backward dk=%d dv=%d dtype=%d", head_dim, value_dim, (int)dtype);

@@ -1,14 +1,11 @@
-/* Context life: device choice or embedding, tile choice, load-time builds. */
+/* Context life: device choice or embedding, tuning (tuning.c), load-time builds. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "program_text.h"
 #include "internal.h"
-
-enum { DEFAULT_SCRATCH_BYTES = 64 << 20 };
 
 static double now_ms(void) {
   struct timespec ts;
@@ -34,135 +31,6 @@ fail:
   if (kernel) clReleaseKernel(kernel);
   if (program) clReleaseProgram(program);
   return st;
-}
-
-/* CLATTN_FLASH_WG=n forces the work-group fused kernel (flash_tiled) with
- * n rows per group, CLATTN_FLASH_WG=0 the register-blocked one (flash_rows):
- * how the tests run both on one device. CLATTN_SCRATCH_BYTES sets the
- * staged and GEMM paths' scratch budget. Each is checked by the tuning
- * file's rule; a value that breaks it is ignored, and ctx->env_note says why. */
-static void apply_environment(clattn_context *ctx) {
-  static const struct {
-    const char *name;
-    ca_tunable t;
-  } vars[] = {{"CLATTN_FLASH_WG", CA_T_FLASH_WG}, {"CLATTN_SCRATCH_BYTES", CA_T_SCRATCH_BYTES}};
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-    const char *env = getenv(vars[i].name);
-    if (!env || !*env) continue;
-    long long v = 0;
-    char why[256];
-    if (ca_tunable_parse(vars[i].t, vars[i].name, env, &v, why, sizeof why) != 0) {
-      size_t at = strlen(ctx->env_note);
-      snprintf(ctx->env_note + at, sizeof ctx->env_note - at, "%signored %s", at ? "; " : "", why);
-      continue;
-    }
-    ca_tunable_set(&ctx->tiles, &ctx->scratch_budget, vars[i].t, v);
-    ctx->origin[vars[i].t] = CA_FROM_ENV;
-  }
-}
-
-char *ca_tuning_default_path(const clattn_context *ctx) {
-  if (!ctx->cache_dir) return NULL;
-  ca_cache_key key;
-  ca_device_key_of(ctx, &key); /* not the library version: an upgrade keeps the tuning */
-  size_t n = strlen(ctx->cache_dir) + 64;
-  char *path = malloc(n);
-  if (!path) return NULL;
-  int at = snprintf(path, n, "%s/tuning-", ctx->cache_dir);
-  for (int i = 0; i < 8; i++) at += snprintf(path + at, n - (size_t)at, "%02x", key.bytes[i]);
-  snprintf(path + at, n - (size_t)at, ".txt");
-  return path;
-}
-
-/* The tuning file to look for: the option, else CLATTN_TUNING_FILE, else
- * the cache directory's file for this device. *explicit: named by the caller. */
-static char *tuning_path(const clattn_context *ctx, const char *opt, int *explicit) {
-  const char *named = opt ? opt : getenv("CLATTN_TUNING_FILE");
-  *explicit = named != NULL;
-  if (named) return *named ? strdup(named) : NULL;
-  return ca_tuning_default_path(ctx);
-}
-
-/* Applies a tuning file's values when it is for this device and every value
- * fits the device's limits; otherwise leaves the tiles as they were and says
- * why in ctx->tuning_note. */
-static void apply_tuning_file(clattn_context *ctx, const char *opt) {
-  int explicit = 0;
-  ctx->tuning_path = tuning_path(ctx, opt, &explicit);
-  const char *path = ctx->tuning_path;
-  if (!path) {
-    snprintf(ctx->tuning_note, sizeof ctx->tuning_note, "none (turned off)");
-    return;
-  }
-  if (!explicit && access(path, F_OK) != 0) {
-    snprintf(ctx->tuning_note, sizeof ctx->tuning_note, "none (no %s; `clattn tune` writes it)", path);
-    return;
-  }
-  ca_tuning file;
-  char err[512];
-  if (ca_tuning_read(path, &file, err, sizeof err) != 0) {
-    snprintf(ctx->tuning_note, sizeof ctx->tuning_note, "rejected, defaults used: %s", err);
-    return;
-  }
-  char platform[256], device[256], driver[256];
-  ca_platform_string(ctx->platform, CL_PLATFORM_NAME, platform, sizeof platform);
-  ca_device_string(ctx->device, CL_DEVICE_NAME, device, sizeof device);
-  ca_device_string(ctx->device, CL_DRIVER_VERSION, driver, sizeof driver);
-  if (strcmp(platform, file.platform) || strcmp(device, file.device) || strcmp(driver, file.driver)) {
-    snprintf(ctx->tuning_note, sizeof ctx->tuning_note, "ignored: %s is for %s / %s / driver %s", path,
-             file.platform, file.device, file.driver);
-    return;
-  }
-  tl_tiles tiles = ctx->tiles;
-  size_t scratch = ctx->scratch_budget;
-  for (int t = 0; t < CA_T_COUNT; t++)
-    if (file.has[t]) ca_tunable_set(&tiles, &scratch, (ca_tunable)t, file.value[t]);
-  /* Values the device cannot run would be changed by the clamp: refuse them. */
-  tl_tiles clamped = tiles;
-  int fits = tl_clamp(&clamped, &ctx->caps) == 0;
-  for (int t = 0; t < CA_T_SCRATCH_BYTES && fits; t++)
-    if (file.has[t] && ca_tunable_get(&clamped, 0, (ca_tunable)t) != file.value[t]) {
-      snprintf(ctx->tuning_note, sizeof ctx->tuning_note,
-               "rejected, defaults used: %s: %s = %lld does not fit this device (work-group %zu, local memory %llu)",
-               path, ca_tunable_name((ca_tunable)t), file.value[t], ctx->caps.max_wg,
-               (unsigned long long)ctx->caps.local_mem);
-      return;
-    }
-  if (!fits) {
-    snprintf(ctx->tuning_note, sizeof ctx->tuning_note,
-             "rejected, defaults used: %s: its tiles together do not fit this device", path);
-    return;
-  }
-  if (file.has[CA_T_SCRATCH_BYTES] && ctx->max_alloc && scratch > ctx->max_alloc) {
-    snprintf(ctx->tuning_note, sizeof ctx->tuning_note,
-             "rejected, defaults used: %s: scratch_bytes = %zu exceeds the device's largest allocation", path,
-             scratch);
-    return;
-  }
-  ctx->tiles = tiles;
-  ctx->scratch_budget = scratch;
-  for (int t = 0; t < CA_T_COUNT; t++)
-    if (file.has[t]) ctx->origin[t] = CA_FROM_FILE;
-  memcpy(ctx->auto_algo, file.auto_algo, sizeof ctx->auto_algo);
-  snprintf(ctx->tuning_note, sizeof ctx->tuning_note, "applied: %s", path);
-}
-
-/* Tiles and scratch budget: device-query defaults, then the built-in table,
- * the tuning file and the environment, each over the one before. */
-static void choose_tiles(clattn_context *ctx, const clattn_options *opt) {
-  ctx->tiles = tl_choose(&ctx->caps);
-  ctx->scratch_budget = DEFAULT_SCRATCH_BYTES;
-  for (int t = 0; t < CA_T_COUNT; t++) ctx->origin[t] = CA_FROM_QUERY;
-  for (int c = 0; c < CA_CLASS_COUNT; c++) ctx->auto_algo[c] = CLATTN_ALGO_AUTO;
-  char platform[256], device[256];
-  ca_platform_string(ctx->platform, CL_PLATFORM_NAME, platform, sizeof platform);
-  ca_device_string(ctx->device, CL_DEVICE_NAME, device, sizeof device);
-  ca_tuning_builtin(platform, device, ctx->caps.type, &ctx->tiles, ctx->origin);
-  apply_tuning_file(ctx, opt->tuning_file);
-  apply_environment(ctx);
-  const char *block = getenv("CLATTN_FLASH_BLOCK");
-  ctx->flash_block = !(block && strcmp(block, "0") == 0);
-  if (ctx->max_alloc && ctx->scratch_budget > ctx->max_alloc) ctx->scratch_budget = (size_t)ctx->max_alloc;
 }
 
 static clattn_status build_core_for(clattn_context *ctx, clattn_dtype dtype, cl_program *out) {
@@ -256,29 +124,19 @@ static void describe(clattn_context *ctx) {
   else
     snprintf(fused, sizeof fused, "flash_rows, %d rows per work-item, 16-wide vectors; decode reads K/V in place",
              t->flash_bm);
-  char values[1024] = "", autos[256] = "";
-  for (int i = 0, at = 0; i < CA_T_COUNT; i++)
-    at += snprintf(values + at, sizeof values - (size_t)at, "  %-14s %-10lld (%s)\n", ca_tunable_name((ca_tunable)i),
-                   ca_tunable_get(t, ctx->scratch_budget, (ca_tunable)i), ca_origin_name(ctx->origin[i]));
-  for (int i = 0, at = 0; i < CA_CLASS_COUNT; i++)
-    at += snprintf(autos + at, sizeof autos - (size_t)at, "%s%s: %s", i ? ", " : "", ca_class_name((ca_shape_class)i),
-                   ctx->auto_algo[i] != CLATTN_ALGO_AUTO ? clattn_algo_name(ctx->auto_algo[i])
-                   : i == CA_CLASS_WEIGHTS ? "staged" : "fused");
   snprintf(ctx->description, sizeof ctx->description,
            "platform: %s\n"
            "device: %s (%s, driver %s)\n"
            "compute units: %u, max work-group: %zu, preferred multiple: %zu, local memory: %llu bytes\n"
-           "tiles and budgets (value, origin):\n%s"
-           "fused kernel: %s\n"
-           "tuning file: %s\n"
-           "environment: %s\n"
-           "AUTO picks: %s\n"
+           "fused kernel: %s\n",
+           platform, device, (c->type & CL_DEVICE_TYPE_GPU) ? "GPU" : (c->type & CL_DEVICE_TYPE_CPU) ? "CPU" : "other",
+           driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem, fused);
+  ca_tuning_describe(ctx, ctx->description, sizeof ctx->description);
+  size_t at = strlen(ctx->description);
+  snprintf(ctx->description + at, sizeof ctx->description - at,
            "program build at creation: %.1f ms\n"
            "program cache: %s (at creation: %d built from source, %d loaded from cache)\n",
-           platform, device, (c->type & CL_DEVICE_TYPE_GPU) ? "GPU" : (c->type & CL_DEVICE_TYPE_CPU) ? "CPU" : "other",
-           driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem, values, fused,
-           ctx->tuning_note, ctx->env_note[0] ? ctx->env_note : "no values ignored", autos, ctx->build_ms,
-           ctx->cache_dir ? ctx->cache_dir : "off", ctx->builds_from_source, ctx->builds_from_cache);
+           ctx->build_ms, ctx->cache_dir ? ctx->cache_dir : "off", ctx->builds_from_source, ctx->builds_from_cache);
 }
 
 static clattn_status attach(clattn_context *ctx, const clattn_options *opt) {
@@ -344,7 +202,7 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
   double t0 = now_ms();
   st = probe_preferred_multiple(ctx, &ctx->caps.pref_multiple);
   if (st != CLATTN_OK) goto fail;
-  choose_tiles(ctx, opt ? opt : &defaults);
+  ca_tuning_choose(ctx, (opt ? opt : &defaults)->tuning_file);
   if (tl_clamp(&ctx->tiles, &ctx->caps) != 0) {
     st = ca_fail(CLATTN_ERR_UNSUPPORTED, "device limits (work-group %zu, local memory %llu bytes) fit no tile shape",
                  ctx->caps.max_wg, (unsigned long long)ctx->caps.local_mem);
@@ -381,6 +239,7 @@ void clattn_destroy(clattn_context *ctx) {
   free(ctx->backward);
   free(ctx->cache_dir);
   free(ctx->tuning_path);
+  free(ctx->tuning_default_path);
   pthread_mutex_destroy(&ctx->programs_lock);
   if (ctx->queue) clReleaseCommandQueue(ctx->queue);
   if (ctx->context) clReleaseContext(ctx->context);

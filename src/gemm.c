@@ -22,6 +22,8 @@
 
 #include "internal.h"
 
+int ca_gemm_available(void) { return 1; }
+
 static clattn_status blast_fail(CLBlastStatusCode code, const char *what) {
   if (code == CLBlastOpenCLOutOfResources || code == CLBlastTempBufferAllocFailure || code == CLBlastOpenCLOutOfHostMemory)
     return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "%s failed: CLBlast status %d", what, (int)code);

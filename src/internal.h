@@ -22,7 +22,9 @@ struct clattn_context {
   ca_origin origin[CA_T_COUNT]; /* where each tile value (and the scratch budget) came from */
   clattn_algo auto_algo[CA_CLASS_COUNT]; /* AUTO's choice per shape class; AUTO = built-in rule */
   char *tuning_path;          /* the tuning file looked for; NULL = none */
-  char tuning_note[1280];      /* what became of it: applied, absent, ignored or rejected (and why) */
+  char *tuning_default_path;  /* where `clattn tune` writes this device's file; NULL = no cache directory */
+  char tuning_note[1280];     /* what became of it: applied, absent, ignored or rejected (and why) */
+  int tuning_applied;         /* its values are in use */
   char env_note[320];         /* an environment override that was ignored, and why; "" = none */
   cl_program core;            /* built at creation (f32 storage): qk_score, softmax_rows, mix_values, merge_states, gemm */
   cl_program core_16[2];      /* the same for f16 and bf16 storage, built on first use; under programs_lock */
@@ -178,12 +180,6 @@ char *ca_cache_dir_resolve(const char *opt);
 /* Programs built from source and loaded from the cache so far (for tests). */
 void ca_cache_counts(const clattn_context *ctx, int *from_source, int *from_cache);
 
-/* ---- tuning (context.c) ---- */
-
-/* Where `clattn tune` writes this device's tuning file by default (in the
- * cache directory), malloc'd; NULL without a cache directory. */
-char *ca_tuning_default_path(const clattn_context *ctx);
-
 /* ---- launching (launch.c) ---- */
 
 /* Sets a kernel's arguments in order; the first failure is kept for
@@ -286,6 +282,9 @@ clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *m
                                cl_mem sinks, cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev);
 clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                cl_uint n_wait, const cl_event *wait, cl_event *done);
+/* Whether this build has the GEMM path: 1 with CLBlast (gemm.c), else 0
+ * (gemm_unsupported.c: ca_gemm_forward returns CLATTN_ERR_UNSUPPORTED). */
+int ca_gemm_available(void);
 clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                               cl_uint n_wait, const cl_event *wait, cl_event *done);
 /* Enqueues qk_score for a chunk (heads x rows x N scores: scaled, shaped,

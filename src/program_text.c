@@ -30,7 +30,7 @@ void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_
   else
     snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d", (int)dtype,
              (int)kv_dtype);
-  tl_build_options(tiles, out->options, sizeof out->options);
+  tl_core_options(tiles, out->options, sizeof out->options);
 }
 
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
@@ -46,15 +46,14 @@ void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, in
     snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_RM=%d -D BLOCK_RN=%d", blk.rm, blk.rn);
   else
     snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_NO_BLOCK");
-  tl_build_options(tiles, out->options, sizeof out->options);
+  tl_fused_options(tiles, out->options, sizeof out->options);
 }
 
-void ca_backward_text(const tl_tiles *tiles, int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out) {
+void ca_backward_text(int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out) {
   *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_backward, clattn_src_backward_staged},
                            .n_sources = 3};
   snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D DK=%d -D DV=%d", (int)dtype, head_dim,
-           value_dim);
-  tl_build_options(tiles, out->options, sizeof out->options);
+           value_dim); /* cl/backward.cl reads no tile value */
 }
 
 void ca_backward_float_atomics(ca_program_text *text) {

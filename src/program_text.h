@@ -34,7 +34,7 @@ void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                    clattn_dtype kv_dtype, ca_program_text *out);
 /* The backward kernels (cl/backward.cl, cl/backward_staged.cl) for one (head_dim, value_dim, storage type). */
-void ca_backward_text(const tl_tiles *tiles, int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out);
+void ca_backward_text(int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out);
 /* The backward text's options for a device with cl_ext_float_atomics: OpenCL
  * C 3.0 and -D BWD_FLOAT_ATOMICS, so the atomics variant's dQ adds are native. */
 void ca_backward_float_atomics(ca_program_text *text);

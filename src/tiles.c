@@ -113,11 +113,15 @@ int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *
   return -1;
 }
 
-void tl_build_options(const tl_tiles *t, char *buf, size_t size) {
+void tl_core_options(const tl_tiles *t, char *buf, size_t size) {
   size_t len = strlen(buf);
   snprintf(buf + len, size > len ? size - len : 0,
-           " -D SCORE_TM=%d -D SCORE_TN=%d -D SCORE_TK=%d -D SOFTMAX_WG=%d"
-           " -D MIX_TM=%d -D MIX_TV=%d -D MIX_TJ=%d -D FLASH_BM=%d -D FLASH_WG=%d",
-           t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv, t->mix_tj, t->flash_bm,
+           " -D SCORE_TM=%d -D SCORE_TN=%d -D SCORE_TK=%d -D SOFTMAX_WG=%d -D MIX_TM=%d -D MIX_TV=%d -D MIX_TJ=%d",
+           t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv, t->mix_tj);
+}
+
+void tl_fused_options(const tl_tiles *t, char *buf, size_t size) {
+  size_t len = strlen(buf);
+  snprintf(buf + len, size > len ? size - len : 0, " -D FLASH_BM=%d -D FLASH_WG=%d", t->flash_bm,
            t->flash_wg > 0 ? t->flash_wg : 1);
 }

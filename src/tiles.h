@@ -54,7 +54,12 @@ int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *
 /* Local memory (bytes) of flash_block with that tile. */
 size_t tl_block_local_bytes(tl_block blk, int head_dim, int value_dim);
 
-/* Appends the -D options that carry the tiles to buf. */
-void tl_build_options(const tl_tiles *t, char *buf, size_t size);
+/* The -D options that carry the tiles, appended to buf: each program gets
+ * only those its kernels read, so retuning one kernel's tile changes one
+ * program's options (and cache key) and leaves the others' binaries valid.
+ * The core program: qk_score's SCORE_*, softmax_rows' SOFTMAX_WG, mix_values' MIX_*. */
+void tl_core_options(const tl_tiles *t, char *buf, size_t size);
+/* The fused program: flash_rows' FLASH_BM, flash_tiled's FLASH_WG. */
+void tl_fused_options(const tl_tiles *t, char *buf, size_t size);
 
 #endif

@@ -1,26 +1,15 @@
-/* Tuning files and the built-in table (see tuning.h). */
+/* Tuning policy: the layers, their origins and notes, AUTO's rule, and the
+ * public tuning API (see tuning.h). */
 #include "tuning.h"
 
-#include <ctype.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "file.h"
+#include "internal.h"
 
-/* LINE_MAX_BYTES: longer is not a line `clattn tune` wrote (and a split line
- * must not be read as two); FILE_MAX_BYTES: likewise for the whole file. */
-enum { TUNING_FORMAT = 1, LINE_MAX_BYTES = 1023, FILE_MAX_BYTES = 1 << 16 };
-
-static const char *const tunable_names[CA_T_COUNT] = {
-  "score_tm", "score_tn", "score_tk", "softmax_wg", "mix_tm", "mix_tv", "mix_tj",
-  "flash_bm", "flash_wg", "scratch_bytes",
-};
-static const char *const class_keys[CA_CLASS_COUNT] = {"auto_prefill", "auto_decode", "auto_weights"};
-
-const char *ca_tunable_name(ca_tunable t) { return t < CA_T_COUNT ? tunable_names[t] : "?"; }
+enum { DEFAULT_SCRATCH_BYTES = 64 << 20 };
 
 const char *ca_origin_name(ca_origin o) {
   switch (o) {
@@ -32,213 +21,228 @@ const char *ca_origin_name(ca_origin o) {
   return "?";
 }
 
-const char *ca_class_name(ca_shape_class c) { return c < CA_CLASS_COUNT ? class_keys[c] + 5 : "?"; }
-
-static int *tile_field(tl_tiles *t, ca_tunable k) {
-  switch (k) {
-    case CA_T_SCORE_TM: return &t->score_tm;
-    case CA_T_SCORE_TN: return &t->score_tn;
-    case CA_T_SCORE_TK: return &t->score_tk;
-    case CA_T_SOFTMAX_WG: return &t->softmax_wg;
-    case CA_T_MIX_TM: return &t->mix_tm;
-    case CA_T_MIX_TV: return &t->mix_tv;
-    case CA_T_MIX_TJ: return &t->mix_tj;
-    case CA_T_FLASH_BM: return &t->flash_bm;
-    case CA_T_FLASH_WG: return &t->flash_wg;
-    default: return NULL;
-  }
-}
-
-long long ca_tunable_get(const tl_tiles *tiles, size_t scratch, ca_tunable t) {
-  int *f = tile_field((tl_tiles *)tiles, t);
-  return f ? *f : t == CA_T_SCRATCH_BYTES ? (long long)scratch : 0;
-}
-
-void ca_tunable_set(tl_tiles *tiles, size_t *scratch, ca_tunable t, long long v) {
-  int *f = tile_field(tiles, t);
-  if (f) *f = (int)v;
-  else if (t == CA_T_SCRATCH_BYTES) *scratch = (size_t)v;
-}
-
-static int is_pow2(long long v) { return v > 0 && (v & (v - 1)) == 0; }
-
-/* The absolute range of each value (the device's limits are checked when a
- * context applies the file). NULL when v is fine, else what it must be. */
-static const char *out_of_range(ca_tunable t, long long v) {
-  switch (t) {
-    case CA_T_FLASH_BM: return is_pow2(v) && v <= 16 ? NULL : "a power of two from 1 to 16";
-    case CA_T_FLASH_WG: return v == 0 || (is_pow2(v) && v <= 1024) ? NULL : "0 or a power of two up to 1024";
-    /* Any budget runs: below one score row the staged path goes a row at a time. */
-    case CA_T_SCRATCH_BYTES: return v >= 1 && v <= (1LL << 40) ? NULL : "from 1 to 2^40 bytes";
-    default: return is_pow2(v) && v <= 1024 ? NULL : "a power of two from 1 to 1024";
-  }
-}
-
-static clattn_algo algo_from_name(const char *s) {
-  if (!strcmp(s, "staged")) return CLATTN_ALGO_STAGED;
-  if (!strcmp(s, "fused")) return CLATTN_ALGO_FUSED;
-  if (!strcmp(s, "gemm")) return CLATTN_ALGO_GEMM;
-  return CLATTN_ALGO_AUTO;
-}
-
-static char *trim(char *s) {
-  while (isspace((unsigned char)*s)) s++;
-  size_t n = strlen(s);
-  while (n && isspace((unsigned char)s[n - 1])) s[--n] = '\0';
-  return s;
-}
-
-int ca_tunable_parse(ca_tunable t, const char *key, const char *text, long long *v, char *why, size_t n) {
-  char *end = NULL;
-  errno = 0;
-  long long x = strtoll(text, &end, 10);
-  const char *range = (errno || !end || end == text || *end) ? "an integer" : out_of_range(t, x);
-  if (range) {
-    snprintf(why, n, "%s = %s: must be %s", key, text, range);
-    return -1;
-  }
-  *v = x;
-  return 0;
-}
-
-/* One `key = value` line into out; NULL, or what is wrong with it. */
-static const char *parse_line(char *key, char *value, ca_tuning *out, int *format, char *why, size_t n) {
-  if (!strcmp(key, "format")) {
-    *format = atoi(value);
-    return *format == TUNING_FORMAT ? NULL : "format: this library reads format 1";
-  }
-  char *strings[] = {out->platform, out->device, out->driver};
-  const char *string_keys[] = {"platform", "device", "driver"};
-  for (int i = 0; i < 3; i++)
-    if (!strcmp(key, string_keys[i])) {
-      snprintf(strings[i], sizeof out->platform, "%s", value);
-      return NULL;
-    }
-  for (int c = 0; c < CA_CLASS_COUNT; c++)
-    if (!strcmp(key, class_keys[c])) {
-      clattn_algo a = algo_from_name(value);
-      if (a == CLATTN_ALGO_AUTO || (c == CA_CLASS_WEIGHTS && a == CLATTN_ALGO_FUSED)) {
-        snprintf(why, n, "%s = %s: must be %s", key, value, c == CA_CLASS_WEIGHTS ? "staged or gemm" : "staged, fused or gemm");
-        return why;
-      }
-      out->auto_algo[c] = a;
-      return NULL;
-    }
-  for (int t = 0; t < CA_T_COUNT; t++)
-    if (!strcmp(key, tunable_names[t])) {
-      if (ca_tunable_parse((ca_tunable)t, key, value, &out->value[t], why, n) != 0) return why;
-      out->has[t] = 1;
-      return NULL;
-    }
-  snprintf(why, n, "unknown key '%s'", key);
-  return why;
-}
-
-int ca_tuning_parse(const char *text, size_t size, const char *name, ca_tuning *out, char *err, size_t errlen) {
-  memset(out, 0, sizeof *out);
-  char line[LINE_MAX_BYTES + 1], why[320];
-  int lineno = 0, format = 0;
-  for (size_t at = 0; at < size;) {
-    const char *p = text + at, *nl = memchr(p, '\n', size - at);
-    size_t len = nl ? (size_t)(nl - p) : size - at;
-    lineno++;
-    /* C strings would end the line at a NUL and apply what precedes it. */
-    if (memchr(p, '\0', len)) return snprintf(err, errlen, "%s:%d: a NUL byte in the line", name, lineno), -1;
-    if (len > LINE_MAX_BYTES)
-      return snprintf(err, errlen, "%s:%d: line longer than %d bytes", name, lineno, LINE_MAX_BYTES), -1;
-    memcpy(line, p, len);
-    line[len] = '\0';
-    at += len + (nl != NULL);
-    char *hash = strchr(line, '#');
-    if (hash) *hash = '\0';
-    char *s = trim(line);
-    if (!*s) continue;
-    char *eq = strchr(s, '=');
-    const char *bad = "expected 'key = value'";
-    if (eq) {
-      *eq = '\0';
-      bad = parse_line(trim(s), trim(eq + 1), out, &format, why, sizeof why);
-    }
-    if (bad) return snprintf(err, errlen, "%s:%d: %s", name, lineno, bad), -1;
-  }
-  if (format != TUNING_FORMAT) return snprintf(err, errlen, "%s: no 'format = 1' line", name), -1;
-  if (!out->platform[0] || !out->device[0] || !out->driver[0])
-    return snprintf(err, errlen, "%s: needs platform, device and driver lines", name), -1;
-  return 0;
-}
-
-int ca_tuning_read(const char *path, ca_tuning *out, char *err, size_t errlen) {
-  memset(out, 0, sizeof *out);
-  unsigned char *text = NULL;
-  size_t size = 0;
-  if (ca_read_file(path, FILE_MAX_BYTES, &text, &size, err, errlen) != 0) return -1;
-  int rc = ca_tuning_parse((const char *)text, size, path, out, err, errlen);
-  free(text);
-  return rc;
-}
-
-int ca_tuning_write(const char *path, const ca_tuning *t, char *err, size_t errlen) {
-  size_t n = strlen(path) + 16;
-  char *tmp = malloc(n);
-  if (!tmp) return snprintf(err, errlen, "out of memory"), -1;
-  snprintf(tmp, n, "%s.XXXXXX", path);
-  int fd = mkstemp(tmp);
-  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-  if (!f) {
-    char why[128];
-    snprintf(err, errlen, "cannot create a file beside %s: %s", path, ca_errno_text(errno, why, sizeof why));
-    if (fd >= 0) close(fd), unlink(tmp);
-    free(tmp);
-    return -1;
-  }
-  fprintf(f, "# clattn tuning file, written by `clattn tune`; read by clattn_create for this device only\n");
-  fprintf(f, "format = %d\nplatform = %s\ndevice = %s\ndriver = %s\n", TUNING_FORMAT, t->platform, t->device,
-          t->driver);
-  for (int i = 0; i < CA_T_COUNT; i++)
-    if (t->has[i]) fprintf(f, "%s = %lld\n", tunable_names[i], t->value[i]);
-  for (int c = 0; c < CA_CLASS_COUNT; c++)
-    if (t->auto_algo[c] != CLATTN_ALGO_AUTO) fprintf(f, "%s = %s\n", class_keys[c], clattn_algo_name(t->auto_algo[c]));
-  int bad = ferror(f);
-  bad = (fclose(f) != 0) || bad;
-  if (bad || rename(tmp, path) != 0) {
-    char why[128];
-    snprintf(err, errlen, "cannot write %s: %s", path, ca_errno_text(errno, why, sizeof why));
-    unlink(tmp);
-    free(tmp);
-    return -1;
-  }
-  free(tmp);
-  return 0;
-}
-
-/* ---- the built-in table ---- */
+/* ---- layer 2: the built-in table ---- */
 
 /* Values measured with `clattn tune` on known devices (matched by substrings
- * of the platform and device names, and the device type). */
+ * of the platform and device names, and the device type), only where they
+ * differ from tl_choose's defaults for that device: a row that repeats a
+ * default would only mislabel its origin. None differs yet: POCL's
+ * measurements (README "Tuning") are tl_choose's CPU preset itself. */
 typedef struct {
-  const char *platform, *device;
+  const char *platform, *device; /* NULL platform ends the table */
   cl_device_type type;
   ca_tunable key;
   int value;
 } builtin_entry;
 
 static const builtin_entry builtin[] = {
-  /* POCL's CPU device (measured on 2-core AMD EPYC, AVX-512, README's
-   * "Tuning"): register-blocked flash_rows with 8 rows per work-item. */
-  {"Portable Computing Language", "", CL_DEVICE_TYPE_CPU, CA_T_FLASH_BM, 8},
-  {"Portable Computing Language", "", CL_DEVICE_TYPE_CPU, CA_T_FLASH_WG, 0},
+  {NULL, NULL, 0, CA_T_COUNT, 0},
 };
 
-int ca_tuning_builtin(const char *platform, const char *device, cl_device_type type, tl_tiles *tiles,
-                      ca_origin origin[CA_T_COUNT]) {
-  int set = 0;
-  for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++) {
-    const builtin_entry *e = &builtin[i];
-    int *field = tile_field(tiles, e->key);
-    if (!field || !(type & e->type) || !strstr(platform, e->platform) || !strstr(device, e->device)) continue;
-    *field = e->value;
-    origin[e->key] = CA_FROM_TABLE;
-    set++;
+static void apply_builtin(clattn_context *ctx) {
+  char platform[256], device[256];
+  ca_platform_string(ctx->platform, CL_PLATFORM_NAME, platform, sizeof platform);
+  ca_device_string(ctx->device, CL_DEVICE_NAME, device, sizeof device);
+  for (const builtin_entry *e = builtin; e->platform; e++) {
+    if (!(ctx->caps.type & e->type) || !strstr(platform, e->platform) || !strstr(device, e->device)) continue;
+    ca_tunable_set(&ctx->tiles, &ctx->scratch_budget, e->key, e->value);
+    ctx->origin[e->key] = CA_FROM_TABLE;
   }
-  return set;
+}
+
+/* ---- layer 3: the tuning file ---- */
+
+/* This device's platform, device and driver: what a tuning file is for. */
+static void device_identity(const clattn_context *ctx, ca_tuning *t) {
+  ca_platform_string(ctx->platform, CL_PLATFORM_NAME, t->platform, sizeof t->platform);
+  ca_device_string(ctx->device, CL_DEVICE_NAME, t->device, sizeof t->device);
+  ca_device_string(ctx->device, CL_DRIVER_VERSION, t->driver, sizeof t->driver);
+}
+
+/* The cache directory's file for this device (not keyed by the library
+ * version: an upgrade keeps the tuning), malloc'd; NULL without a cache. */
+static char *default_path(const clattn_context *ctx) {
+  if (!ctx->cache_dir) return NULL;
+  ca_cache_key key;
+  ca_device_key_of(ctx, &key);
+  size_t n = strlen(ctx->cache_dir) + 64;
+  char *path = malloc(n);
+  if (!path) return NULL;
+  int at = snprintf(path, n, "%s/tuning-", ctx->cache_dir);
+  for (int i = 0; i < 8; i++) at += snprintf(path + at, n - (size_t)at, "%02x", key.bytes[i]);
+  snprintf(path + at, n - (size_t)at, ".txt");
+  return path;
+}
+
+/* Applies the tuning file (the option, else CLATTN_TUNING_FILE, else the
+ * cache directory's) when it is for this device and every value fits the
+ * device's limits; otherwise leaves the values as they were and says why in
+ * ctx->tuning_note. */
+static void apply_file(clattn_context *ctx, const char *opt) {
+  const char *named = opt ? opt : getenv("CLATTN_TUNING_FILE");
+  ctx->tuning_path = named ? (*named ? strdup(named) : NULL) : default_path(ctx);
+  const char *path = ctx->tuning_path;
+  char *note = ctx->tuning_note;
+  const size_t nn = sizeof ctx->tuning_note;
+  if (!path) {
+    snprintf(note, nn, "none (turned off)");
+    return;
+  }
+  if (!named && access(path, F_OK) != 0) {
+    snprintf(note, nn, "none (no %s; `clattn tune` writes it)", path);
+    return;
+  }
+  ca_tuning file, here;
+  char err[512];
+  if (ca_tuning_read(path, &file, err, sizeof err) != 0) {
+    snprintf(note, nn, "rejected, defaults used: %s", err);
+    return;
+  }
+  device_identity(ctx, &here);
+  if (strcmp(here.platform, file.platform) || strcmp(here.device, file.device) || strcmp(here.driver, file.driver)) {
+    snprintf(note, nn, "ignored: %s is for %s / %s / driver %s", path, file.platform, file.device, file.driver);
+    return;
+  }
+  tl_tiles tiles = ctx->tiles;
+  size_t scratch = ctx->scratch_budget;
+  for (int t = 0; t < CA_T_COUNT; t++)
+    if (file.has[t]) ca_tunable_set(&tiles, &scratch, (ca_tunable)t, file.value[t]);
+  /* Values the device cannot run would be changed by the clamp: refuse them. */
+  tl_tiles clamped = tiles;
+  int fits = tl_clamp(&clamped, &ctx->caps) == 0;
+  for (int t = 0; t < CA_T_SCRATCH_BYTES && fits; t++)
+    if (file.has[t] && ca_tunable_get(&clamped, 0, (ca_tunable)t) != file.value[t]) {
+      snprintf(note, nn,
+               "rejected, defaults used: %s: %s = %lld does not fit this device (work-group %zu, local memory %llu)",
+               path, ca_tunable_name((ca_tunable)t), file.value[t], ctx->caps.max_wg,
+               (unsigned long long)ctx->caps.local_mem);
+      return;
+    }
+  if (!fits) {
+    snprintf(note, nn, "rejected, defaults used: %s: its tiles together do not fit this device", path);
+    return;
+  }
+  if (file.has[CA_T_SCRATCH_BYTES] && ctx->max_alloc && scratch > ctx->max_alloc) {
+    snprintf(note, nn, "rejected, defaults used: %s: scratch_bytes = %zu exceeds the device's largest allocation",
+             path, scratch);
+    return;
+  }
+  ctx->tiles = tiles;
+  ctx->scratch_budget = scratch;
+  for (int t = 0; t < CA_T_COUNT; t++)
+    if (file.has[t]) ctx->origin[t] = CA_FROM_FILE;
+  ctx->tuning_applied = 1;
+  int at = snprintf(note, nn, "applied: %s", path);
+  for (int c = 0; c < CA_CLASS_COUNT; c++) {
+    /* A build without CLBlast keeps the rule for a class the file gives to GEMM. */
+    if (file.auto_algo[c] == CLATTN_ALGO_GEMM && !ca_gemm_available()) {
+      at += snprintf(note + at, nn - (size_t)at, " (auto_%s = gemm left out: no GEMM path in this build)",
+                     ca_class_name((ca_shape_class)c));
+      continue;
+    }
+    ctx->auto_algo[c] = file.auto_algo[c];
+  }
+}
+
+/* ---- layer 4: the environment ---- */
+
+/* CLATTN_FLASH_WG=n forces the work-group fused kernel (flash_tiled) with
+ * n rows per group, CLATTN_FLASH_WG=0 the register-blocked one (flash_rows):
+ * how the tests run both on one device. CLATTN_SCRATCH_BYTES sets the
+ * staged and GEMM paths' scratch budget. Each is checked by the tuning
+ * file's rule; a value that breaks it is ignored, and ctx->env_note says why.
+ * CLATTN_FLASH_BLOCK=0 keeps flash_block out of the work-group fused calls. */
+static void apply_environment(clattn_context *ctx) {
+  static const struct {
+    const char *name;
+    ca_tunable t;
+  } vars[] = {{"CLATTN_FLASH_WG", CA_T_FLASH_WG}, {"CLATTN_SCRATCH_BYTES", CA_T_SCRATCH_BYTES}};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *env = getenv(vars[i].name);
+    if (!env || !*env) continue;
+    long long v = 0;
+    char why[256];
+    if (ca_tunable_parse(vars[i].t, vars[i].name, env, &v, why, sizeof why) != 0) {
+      size_t at = strlen(ctx->env_note);
+      snprintf(ctx->env_note + at, sizeof ctx->env_note - at, "%signored %s", at ? "; " : "", why);
+      continue;
+    }
+    ca_tunable_set(&ctx->tiles, &ctx->scratch_budget, vars[i].t, v);
+    ctx->origin[vars[i].t] = CA_FROM_ENV;
+  }
+  const char *block = getenv("CLATTN_FLASH_BLOCK");
+  ctx->flash_block = !(block && strcmp(block, "0") == 0);
+}
+
+void ca_tuning_choose(clattn_context *ctx, const char *tuning_file) {
+  ctx->tiles = tl_choose(&ctx->caps);
+  ctx->scratch_budget = DEFAULT_SCRATCH_BYTES;
+  for (int t = 0; t < CA_T_COUNT; t++) ctx->origin[t] = CA_FROM_QUERY;
+  for (int c = 0; c < CA_CLASS_COUNT; c++) ctx->auto_algo[c] = CLATTN_ALGO_AUTO;
+  ctx->tuning_default_path = default_path(ctx);
+  apply_builtin(ctx);
+  apply_file(ctx, tuning_file);
+  apply_environment(ctx);
+  if (ctx->max_alloc && ctx->scratch_budget > ctx->max_alloc) ctx->scratch_budget = (size_t)ctx->max_alloc;
+}
+
+clattn_algo ca_auto_algo(const clattn_context *ctx, int q_len, int want_weights) {
+  const ca_shape_class cls = want_weights ? CA_CLASS_WEIGHTS : q_len <= CA_DECODE_ROWS ? CA_CLASS_DECODE
+                                                                                        : CA_CLASS_PREFILL;
+  if (ctx->auto_algo[cls] != CLATTN_ALGO_AUTO) return ctx->auto_algo[cls];
+  return want_weights ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED;
+}
+
+void ca_tuning_describe(const clattn_context *ctx, char *buf, size_t size) {
+  size_t at = strlen(buf);
+#define PUT(...) (at += (size_t)snprintf(buf + at, size > at ? size - at : 0, __VA_ARGS__))
+  PUT("tiles and budgets (value, origin):\n");
+  for (int i = 0; i < CA_T_COUNT; i++)
+    PUT("  %-14s %-10lld (%s)\n", ca_tunable_name((ca_tunable)i),
+        ca_tunable_get(&ctx->tiles, ctx->scratch_budget, (ca_tunable)i), ca_origin_name(ctx->origin[i]));
+  PUT("tuning file: %s\nenvironment: %s\nAUTO picks: ", ctx->tuning_note,
+      ctx->env_note[0] ? ctx->env_note : "no values ignored");
+  const struct { int q_len, weights; } class_call[CA_CLASS_COUNT] = {
+    [CA_CLASS_PREFILL] = {CA_DECODE_ROWS + 1, 0}, [CA_CLASS_DECODE] = {1, 0}, [CA_CLASS_WEIGHTS] = {1, 1}};
+  for (int c = 0; c < CA_CLASS_COUNT; c++)
+    PUT("%s%s: %s", c ? ", " : "", ca_class_name((ca_shape_class)c),
+        clattn_algo_name(ca_auto_algo(ctx, class_call[c].q_len, class_call[c].weights)));
+  PUT("\n");
+#undef PUT
+}
+
+/* ---- the public tuning API (clattn.h) ---- */
+
+const char *clattn_tuning_name(int i) { return i >= 0 && i < CA_T_COUNT ? ca_tunable_name((ca_tunable)i) : NULL; }
+
+clattn_status clattn_tuning_get(const clattn_context *ctx, const char *name, long long *value, const char **origin) {
+  if (!ctx || !name || !value)
+    return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_tuning_get: ctx, name or value is NULL");
+  const ca_tunable t = ca_tunable_by_name(name);
+  if (t == CA_T_COUNT) return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_tuning_get: no tunable value '%s'", name);
+  *value = ca_tunable_get(&ctx->tiles, ctx->scratch_budget, t);
+  if (origin) *origin = ca_origin_name(ctx->origin[t]);
+  return CLATTN_OK;
+}
+
+const char *clattn_tuning_note(const clattn_context *ctx, int *applied) {
+  if (applied) *applied = ctx ? ctx->tuning_applied : 0;
+  return ctx ? ctx->tuning_note : "";
+}
+
+const char *clattn_tuning_default_path(const clattn_context *ctx) { return ctx ? ctx->tuning_default_path : NULL; }
+
+clattn_status clattn_tuning_write(const clattn_context *ctx, const char *settings, const char *path) {
+  if (!ctx || !settings) return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_tuning_write: ctx or settings is NULL");
+  if (!path) path = ctx->tuning_default_path;
+  if (!path || !*path)
+    return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_tuning_write: no path and no cache directory to write into");
+  ca_tuning t;
+  char err[512];
+  if (ca_tuning_parse_values(settings, strlen(settings), "settings", &t, err, sizeof err) != 0)
+    return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_tuning_write: %s", err);
+  device_identity(ctx, &t);
+  if (ca_tuning_write(path, &t, err, sizeof err) != 0)
+    return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_tuning_write: %s", err);
+  return CLATTN_OK;
 }

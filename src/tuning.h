@@ -1,75 +1,44 @@
 /*
- * Tuning: where each tile value comes from (the device-query default, the
- * built-in table of measured devices, a tuning file written by `clattn
- * tune`, or an environment override) and the tuning file's format.
+ * Tuning policy: where each tunable value of a context comes from, in layers
+ * each over the one before,
  *
- * A tuning file is text, one `key = value` per line, `#` starts a comment:
+ *   1. the device-query defaults (tiles.c's tl_choose; a 64 MiB scratch budget)
+ *   2. the built-in table: values measured on known devices where they differ
+ *      from those defaults
+ *   3. a tuning file (format in tuning_file.h) for exactly this device:
+ *      options.tuning_file, else CLATTN_TUNING_FILE, else the one `clattn
+ *      tune` wrote into the cache directory
+ *   4. the environment: CLATTN_FLASH_WG, CLATTN_SCRATCH_BYTES (checked by the
+ *      tuning file's rules), CLATTN_FLASH_BLOCK=0
  *
- *   format = 1
- *   platform = <CL_PLATFORM_NAME>     the file applies only to the device
- *   device = <CL_DEVICE_NAME>         whose three strings match exactly
- *   driver = <CL_DRIVER_VERSION>
- *   score_tm = 8   (and any other tile value below; absent = not tuned)
- *   scratch_bytes = 67108864          staged / GEMM score scratch per call
- *   auto_prefill = fused              AUTO's choice per shape class:
- *   auto_decode = fused                 staged, fused or gemm (weights
- *   auto_weights = staged               requested: staged or gemm)
- *
- * Decode means q_len <= CA_DECODE_ROWS. A file with an unknown key, a
- * malformed line or a value out of range is rejected as a whole.
+ * with each value's origin and a note on what became of the file and the
+ * environment; AUTO's rule, which takes the file's choice per shape class;
+ * and the public tuning API (clattn.h, clattn_tuning_*).
  */
 #ifndef CLATTN_TUNING_H
 #define CLATTN_TUNING_H
 
-#include <stddef.h>
-
-#include "clattn.h"
-#include "tiles.h"
-
-enum { CA_DECODE_ROWS = 16 };
-
-/* The tunable values: the tile struct's fields, then the scratch budget. */
-typedef enum {
-  CA_T_SCORE_TM, CA_T_SCORE_TN, CA_T_SCORE_TK, CA_T_SOFTMAX_WG, CA_T_MIX_TM, CA_T_MIX_TV, CA_T_MIX_TJ,
-  CA_T_FLASH_BM, CA_T_FLASH_WG, CA_T_SCRATCH_BYTES, CA_T_COUNT
-} ca_tunable;
+#include "tuning_file.h"
 
 typedef enum { CA_FROM_QUERY, CA_FROM_TABLE, CA_FROM_FILE, CA_FROM_ENV } ca_origin;
 
-/* AUTO's choice per shape class; CLATTN_ALGO_AUTO = not tuned. */
-typedef enum { CA_CLASS_PREFILL, CA_CLASS_DECODE, CA_CLASS_WEIGHTS, CA_CLASS_COUNT } ca_shape_class;
-
-typedef struct {
-  char platform[256], device[256], driver[256];
-  int has[CA_T_COUNT];
-  long long value[CA_T_COUNT];
-  clattn_algo auto_algo[CA_CLASS_COUNT];
-} ca_tuning;
-
-const char *ca_tunable_name(ca_tunable t);
 const char *ca_origin_name(ca_origin o);
-const char *ca_class_name(ca_shape_class c);
 
-/* The value of t in tiles (scratch: *scratch), and setting it. */
-long long ca_tunable_get(const tl_tiles *tiles, size_t scratch, ca_tunable t);
-void ca_tunable_set(tl_tiles *tiles, size_t *scratch, ca_tunable t, long long v);
+/* Fills the context's tiles, scratch budget, flash_block switch, origins,
+ * AUTO choices and tuning notes from the layers above. tuning_file: the
+ * caller's option (NULL: the environment's, else the cache directory's; ""
+ * none). Needs the device's description (ctx->caps, max_alloc) and
+ * cache_dir; never fails (a file or variable that cannot be used is noted
+ * and left out). */
+void ca_tuning_choose(clattn_context *ctx, const char *tuning_file);
 
-/* Parses and checks one value of t: the rule for tuning files and the
- * environment alike. 0, or -1 with "key = text: must be ..." in why. */
-int ca_tunable_parse(ca_tunable t, const char *key, const char *text, long long *v, char *why, size_t n);
+/* AUTO's rule, the only one: the tuning file's choice for the call's shape
+ * class (weights asked for; decode: q_len <= CA_DECODE_ROWS; else prefill),
+ * else FUSED, or STAGED when the routing matrix is asked for. */
+clattn_algo ca_auto_algo(const clattn_context *ctx, int q_len, int want_weights);
 
-/* Parses and checks a tuning file's bytes (syntax and each value's absolute
- * range; a line over 1023 bytes or holding a NUL is malformed). name: the
- * file in messages. 0, or -1 with a message naming the line and the value. */
-int ca_tuning_parse(const char *text, size_t size, const char *name, ca_tuning *out, char *err, size_t errlen);
-/* Reads (a regular file of at most 64 KiB; never blocks) and parses one. */
-int ca_tuning_read(const char *path, ca_tuning *out, char *err, size_t errlen);
-/* Writes it atomically (temp file + rename). 0, or -1 with a message. */
-int ca_tuning_write(const char *path, const ca_tuning *t, char *err, size_t errlen);
-
-/* The built-in table: values measured on known devices, applied over the
- * device-query defaults (origin CA_FROM_TABLE). Returns how many it set. */
-int ca_tuning_builtin(const char *platform, const char *device, cl_device_type type, tl_tiles *tiles,
-                      ca_origin origin[CA_T_COUNT]);
+/* Appends clattn_describe's tuning lines (each value with its origin, the
+ * file's and the environment's notes, AUTO's picks) to buf. */
+void ca_tuning_describe(const clattn_context *ctx, char *buf, size_t size);
 
 #endif

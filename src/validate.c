@@ -337,13 +337,7 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   if ((st = check_views(ctx, p))) return st;
 
   const int want_weights = p->weights.buf != NULL;
-  /* AUTO: the tuning file's choice for the shape class, else the fused
-   * kernel unless the routing matrix is asked for. */
-  const ca_shape_class cls = want_weights ? CA_CLASS_WEIGHTS : p->q_len <= CA_DECODE_ROWS ? CA_CLASS_DECODE
-                                                                                          : CA_CLASS_PREFILL;
-  plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo
-               : ctx->auto_algo[cls] != CLATTN_ALGO_AUTO ? ctx->auto_algo[cls]
-               : want_weights ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED;
+  plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo : ca_auto_algo(ctx, p->q_len, want_weights);
   plan->kv_dtype = p->kv_dtype == CLATTN_DTYPE_SAME ? p->dtype : p->kv_dtype;
   plan->paged = p->block_table != NULL;
   /* Paged or quantised K/V run on every path: the fused and staged kernels

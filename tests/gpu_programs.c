@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
       ca_fused_text(&tiles, &dev, dims[d][0], dims[d][1], dtypes[t].dtype, CLATTN_DTYPE_SAME, &text);
       snprintf(name, sizeof name, "flash-%s-d%d-%d", dtypes[t].name, dims[d][0], dims[d][1]);
       if (write_program(argv[2], name, &text)) return 1;
-      ca_backward_text(&tiles, dims[d][0], dims[d][1], dtypes[t].dtype, &text);
+      ca_backward_text(dims[d][0], dims[d][1], dtypes[t].dtype, &text);
       snprintf(name, sizeof name, "backward-%s-d%d-%d", dtypes[t].name, dims[d][0], dims[d][1]);
       if (write_program(argv[2], name, &text)) return 1;
     }

@@ -5,10 +5,12 @@
 #define CLATTN_TESTS_KIT_CHECKS_H
 
 #include "check.h"
+#include "internal.h"
 #include "problem.h"
 
-/* The algorithms every device test runs. STAGED, GEMM and AUTO must run,
- * FUSED too unless the routing matrix (weights) is asked for. */
+/* The algorithms every device test runs. STAGED and AUTO must run, GEMM too
+ * when the build has it (CLBlast), FUSED unless the routing matrix (weights)
+ * is asked for. */
 static const clattn_algo kc_algos[] = {
   CLATTN_ALGO_STAGED, CLATTN_ALGO_AUTO, CLATTN_ALGO_FUSED, CLATTN_ALGO_GEMM,
 };
@@ -16,7 +18,7 @@ static const clattn_algo kc_algos[] = {
 
 static inline int kc_algo_optional(clattn_algo a, const clattn_params *p)
 {
-  return a == CLATTN_ALGO_FUSED && p->weights.buf != NULL;
+  return (a == CLATTN_ALGO_FUSED && p->weights.buf != NULL) || (a == CLATTN_ALGO_GEMM && !ca_gemm_available());
 }
 
 /* Builds a problem; records a failure (with the kit's message) on error. */

@@ -1,6 +1,9 @@
 /* Tile choice from made-up device descriptions: every result fits the
  * device's limits, and each class of device gets a sensible shape. */
+#include <string.h>
+
 #include "check.h"
+#include "program_text.h"
 #include "tiles.h"
 
 static tl_device nvidia_like(void) {
@@ -90,14 +93,60 @@ static void device_that_fits_nothing_is_refused(void) {
   CHECK(tl_clamp(&t, &d) == -1);
 }
 
-static void build_options_carry_every_tile(void) {
+/* Each program's options carry the tiles its kernels read and no others. */
+static void each_program_gets_only_its_tiles(void) {
   tl_device d = nvidia_like();
   tl_tiles t = tl_choose(&d);
-  char opts[512] = "-cl-std=CL1.2";
-  tl_build_options(&t, opts, sizeof opts);
-  const char *names[] = {"SCORE_TM=", "SCORE_TN=", "SCORE_TK=", "SOFTMAX_WG=", "MIX_TM=", "MIX_TV=", "MIX_TJ=", "FLASH_BM="};
-  for (int i = 0; i < 8; i++) CHECKF(strstr(opts, names[i]) != NULL, "options lack %s: %s", names[i], opts);
-  CHECK(strncmp(opts, "-cl-std=CL1.2 ", 14) == 0);
+  ca_program_text core, fused, backward;
+  ca_core_text(&t, CLATTN_F32, &core);
+  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused);
+  ca_backward_text(64, 64, CLATTN_F32, &backward);
+  const char *core_names[] = {"SCORE_TM=", "SCORE_TN=", "SCORE_TK=", "SOFTMAX_WG=", "MIX_TM=", "MIX_TV=", "MIX_TJ="};
+  const char *fused_names[] = {"FLASH_BM=", "FLASH_WG="};
+  for (int i = 0; i < 7; i++) {
+    CHECKF(strstr(core.options, core_names[i]) != NULL, "core options lack %s: %s", core_names[i], core.options);
+    CHECKF(strstr(fused.options, core_names[i]) == NULL, "fused options carry %s: %s", core_names[i], fused.options);
+    CHECKF(strstr(backward.options, core_names[i]) == NULL, "backward options carry %s", core_names[i]);
+  }
+  for (int i = 0; i < 2; i++) {
+    CHECKF(strstr(fused.options, fused_names[i]) != NULL, "fused options lack %s: %s", fused_names[i], fused.options);
+    CHECKF(strstr(core.options, fused_names[i]) == NULL, "core options carry %s: %s", fused_names[i], core.options);
+    CHECKF(strstr(backward.options, fused_names[i]) == NULL, "backward options carry %s", fused_names[i]);
+  }
+  CHECK(strncmp(core.options, "-cl-std=CL1.2 ", 14) == 0 && strncmp(fused.options, "-cl-std=CL1.2 ", 14) == 0);
+}
+
+/* Retuning one kernel's tile changes only its program's options, hence only
+ * its cache key: the other programs' cached binaries stay valid. */
+static void retuning_one_tile_leaves_other_programs_alone(void) {
+  tl_device d = nvidia_like();
+  const tl_tiles base = tl_choose(&d);
+  ca_program_text core0, fused0, core1, fused1;
+  ca_core_text(&base, CLATTN_F32, &core0);
+  ca_fused_text(&base, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &fused0);
+  /* the staged score tile: the core program changes, the fused one does not */
+  tl_tiles t = base;
+  t.score_tn *= 2;
+  ca_core_text(&t, CLATTN_F32, &core1);
+  ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &fused1);
+  CHECKF(strcmp(core0.options, core1.options) != 0, "core options unchanged: %s", core1.options);
+  CHECKF(strcmp(fused0.options, fused1.options) == 0, "fused options changed: %s -> %s", fused0.options,
+         fused1.options);
+  /* each other staged value likewise */
+  for (int i = 0; i < 6; i++) {
+    t = base;
+    int *staged[] = {&t.score_tm, &t.score_tk, &t.softmax_wg, &t.mix_tm, &t.mix_tv, &t.mix_tj};
+    *staged[i] *= 2;
+    ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &fused1);
+    CHECKF(strcmp(fused0.options, fused1.options) == 0, "staged value %d changed the fused options", i);
+  }
+  /* the fused rows per work-item: the fused program changes, the core one does not */
+  t = base;
+  t.flash_bm = t.flash_bm == 16 ? 8 : t.flash_bm * 2;
+  ca_core_text(&t, CLATTN_F32, &core1);
+  ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &fused1);
+  CHECKF(strcmp(core0.options, core1.options) == 0, "core options changed: %s -> %s", core0.options, core1.options);
+  CHECKF(strcmp(fused0.options, fused1.options) != 0, "fused options unchanged: %s", fused1.options);
 }
 
 static void block_tiles_fit_local_memory_and_registers(void) {
@@ -132,7 +181,8 @@ int main(int argc, char **argv) {
       CT_TEST(small_device_is_clamped_to_its_limits),
       CT_TEST(oversized_tiles_shrink_to_fit),
       CT_TEST(device_that_fits_nothing_is_refused),
-      CT_TEST(build_options_carry_every_tile),
+      CT_TEST(each_program_gets_only_its_tiles),
+      CT_TEST(retuning_one_tile_leaves_other_programs_alone),
       CT_TEST(block_tiles_fit_local_memory_and_registers),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);

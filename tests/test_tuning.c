@@ -1,10 +1,13 @@
 /*
- * Tuning files (src/tuning.c, applied in context.c): the format's checks,
- * a matching file's values and AUTO choices applied with their origin
- * shown, results still exact; a file for another device ignored; a file
- * with a bad or device-unfit value rejected whole, with a message, and the
- * defaults used. Contexts are embedded in ct_context()'s OpenCL objects.
+ * Tuning (src/tuning_file.c: the format; src/tuning.c: the layers): the
+ * format's checks, a matching file's values and AUTO choices applied with
+ * their origin shown, results still exact; a file for another device
+ * ignored; a file with a bad or device-unfit value rejected whole, with a
+ * message, and the defaults used; the public tuning API (clattn_tuning_*)
+ * as `clattn tune` uses it. Contexts are embedded in ct_context()'s OpenCL
+ * objects.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -292,19 +295,24 @@ static void matching_file_is_applied_with_origins(void)
   CHECK(ctx->scratch_budget == 2097152);
   CHECK(ctx->origin[CA_T_SCORE_TM] == CA_FROM_FILE && ctx->origin[CA_T_SCRATCH_BYTES] == CA_FROM_FILE);
   CHECK(ctx->origin[CA_T_SCORE_TN] != CA_FROM_FILE && ctx->origin[CA_T_SOFTMAX_WG] == CA_FROM_QUERY);
+  /* A build without CLBlast leaves the GEMM choices out (and says so). */
+  const int gemm = ca_gemm_available();
   const char *d = clattn_describe(ctx);
   CHECKF(strstr(d, "score_tm       4          (tuning file)") && strstr(d, "(default from device query)") &&
-         strstr(d, "prefill: gemm, decode: staged, weights: gemm"), "describe:\n%s", d);
+         strstr(d, gemm ? "prefill: gemm, decode: staged, weights: gemm"
+                        : "prefill: fused, decode: staged, weights: staged"),
+         "describe:\n%s", d);
+  CHECKF(gemm || strstr(ctx->tuning_note, "auto_weights = gemm left out"), "note: %s", ctx->tuning_note);
 
   cp_problem *pb = small_problem(0);
   if (pb) {
-    CHECK(auto_choice(ctx, pb) == CLATTN_ALGO_GEMM);      /* 37 rows: prefill */
+    CHECK(auto_choice(ctx, pb) == (gemm ? CLATTN_ALGO_GEMM : CLATTN_ALGO_FUSED));      /* 37 rows: prefill */
     exact_in(ctx, pb);
     cp_free(pb);
   }
   pb = small_problem(1);
   if (pb) {
-    CHECK(auto_choice(ctx, pb) == CLATTN_ALGO_GEMM);      /* weights */
+    CHECK(auto_choice(ctx, pb) == (gemm ? CLATTN_ALGO_GEMM : CLATTN_ALGO_STAGED));      /* weights */
     exact_in(ctx, pb);
     cp_free(pb);
   }
@@ -382,6 +390,124 @@ static void other_device_bad_value_or_misfit_use_defaults(void)
   clattn_destroy(plain);
 }
 
+/* The public API: every value with its origin, candidates written for this
+ * device and applied (or refused) by a context that names the file. */
+static void public_api_reads_values_and_writes_candidates(void)
+{
+  clattn_context *plain = open_with("");
+  REQUIRE(plain);
+  int n = 0;
+  while (clattn_tuning_name(n))
+    n++;
+  CHECK(n == CA_T_COUNT && clattn_tuning_name(-1) == NULL);
+  long long v = -1;
+  const char *origin = NULL;
+  for (int i = 0; i < n; i++) {
+    CHECK(clattn_tuning_get(plain, clattn_tuning_name(i), &v, &origin) == CLATTN_OK);
+    CHECKF(v == ca_tunable_get(&plain->tiles, plain->scratch_budget, (ca_tunable)i), "%s = %lld",
+           clattn_tuning_name(i), v);
+    CHECK(origin && !strcmp(origin, ca_origin_name(plain->origin[i])));
+  }
+  CHECK(clattn_tuning_get(plain, "score_tx", &v, NULL) == CLATTN_ERR_INVALID_ARGUMENT &&
+        strstr(clattn_last_error(NULL), "'score_tx'"));
+  CHECK(clattn_tuning_get(NULL, "score_tm", &v, NULL) == CLATTN_ERR_INVALID_ARGUMENT);
+  int applied = 1;
+  CHECK(!strncmp(clattn_tuning_note(plain, &applied), "none", 4) && applied == 0);
+  const char *def = clattn_tuning_default_path(plain);
+  CHECK(def ? plain->cache_dir && strstr(def, "/tuning-") != NULL : plain->cache_dir == NULL);
+
+  /* bad settings: refused with the line named, nothing written */
+  unlink(g_path);
+  CHECK(clattn_tuning_write(plain, "mix_tj = 32\nflash_bm = 5\n", g_path) == CLATTN_ERR_INVALID_ARGUMENT);
+  CHECKF(strstr(clattn_last_error(NULL), "settings:2: flash_bm = 5"), "%s", clattn_last_error(NULL));
+  CHECK(clattn_tuning_write(plain, "device = Other GPU\n", g_path) == CLATTN_ERR_INVALID_ARGUMENT);
+  CHECK(clattn_tuning_write(NULL, "", g_path) == CLATTN_ERR_INVALID_ARGUMENT);
+  CHECK(access(g_path, F_OK) != 0);
+  CHECK(clattn_tuning_write(plain, "mix_tj = 8\n", "/nonexistent/dir/tuning.txt") == CLATTN_ERR_INVALID_ARGUMENT);
+
+  /* a candidate: written for this device, applied by a context naming it */
+  REQUIRE(clattn_tuning_write(plain, "mix_tj = 8  # a candidate\nscratch_bytes = 1048576\nauto_decode = staged\n",
+                              g_path) == CLATTN_OK);
+  clattn_context *ctx = open_with(g_path);
+  if (ctx) {
+    const char *note = clattn_tuning_note(ctx, &applied);
+    CHECKF(!strncmp(note, "applied", 7) && applied == 1, "note: %s", note);
+    CHECK(clattn_tuning_get(ctx, "mix_tj", &v, &origin) == CLATTN_OK && v == 8 && !strcmp(origin, "tuning file"));
+    CHECK(clattn_tuning_get(ctx, "scratch_bytes", &v, &origin) == CLATTN_OK && v == 1048576);
+    CHECK(clattn_tuning_get(ctx, "score_tm", &v, &origin) == CLATTN_OK && strcmp(origin, "tuning file") != 0);
+    CHECK(ctx->auto_algo[CA_CLASS_DECODE] == CLATTN_ALGO_STAGED);
+    clattn_destroy(ctx);
+  }
+  /* a candidate the device cannot run: the context says so and keeps the defaults */
+  REQUIRE(clattn_tuning_write(plain, "score_tm = 1024\nscore_tn = 1024\n", g_path) == CLATTN_OK);
+  ctx = open_with(g_path);
+  if (ctx) {
+    const char *note = clattn_tuning_note(ctx, &applied);
+    CHECKF(applied == 0 && strstr(note, "does not fit this device"), "note: %s", note);
+    CHECK(clattn_tuning_get(ctx, "score_tm", &v, &origin) == CLATTN_OK && strcmp(origin, "tuning file") != 0);
+    clattn_destroy(ctx);
+  }
+  clattn_destroy(plain);
+}
+
+/* Removes dir and the files in it. */
+static void remove_dir(const char *dir)
+{
+  DIR *d = opendir(dir);
+  if (!d)
+    return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+      unlink(path);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+/* Each program's options carry only its kernels' tiles: retuning a staged
+ * tile rebuilds the core program, and the fused program built under the old
+ * tuning still loads from the disk cache. */
+static void retuned_staged_tile_keeps_the_fused_binary(void)
+{
+  char dir[] = "/tmp/clattn-tuning-cache-XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  clattn_options o = { 0 };
+  o.context = clattn_cl_context(ct_context());
+  o.device = clattn_cl_device(ct_context());
+  o.queue = clattn_cl_queue(ct_context());
+  o.cache_dir = dir;
+  o.tuning_file = "";
+  clattn_context *before = NULL, *after = NULL;
+  cp_problem *pb = small_problem(0);
+  cp_result r;
+  if (!CHECKF(clattn_create(&o, &before) == CLATTN_OK, "%s", clattn_last_error(NULL)) || !pb)
+    goto done;
+  pb->params.algo = CLATTN_ALGO_FUSED;
+  CHECKF(cp_run(pb, before, &r) == 0 && r.status == CLATTN_OK, "%s", pb->err);
+  char text[64];
+  snprintf(text, sizeof text, "score_tn = %d\n", before->tiles.score_tn > 1 ? before->tiles.score_tn / 2 : 2);
+  REQUIRE(clattn_tuning_write(before, text, g_path) == CLATTN_OK);
+  o.tuning_file = g_path;
+  if (!CHECKF(clattn_create(&o, &after) == CLATTN_OK, "%s", clattn_last_error(NULL)))
+    goto done;
+  int applied = 0, source0, cache0, source1, cache1;
+  CHECKF(clattn_tuning_note(after, &applied) && applied, "note: %s", clattn_tuning_note(after, NULL));
+  ca_cache_counts(after, &source0, &cache0);
+  CHECKF(source0 >= 1, "the core program with the new tile came from the cache (%d from source)", source0);
+  CHECKF(cp_run(pb, after, &r) == 0 && r.status == CLATTN_OK && cp_result_ok(&r, 1e-5), "%s", pb->err);
+  ca_cache_counts(after, &source1, &cache1);
+  CHECKF(source1 == source0 && cache1 == cache0 + 1, "fused program: %d built from source, %d loaded from cache",
+         source1 - source0, cache1 - cache0);
+done:
+  cp_free(pb);
+  clattn_destroy(after);
+  clattn_destroy(before);
+  remove_dir(dir);
+}
+
 static void cleanup(void)
 {
   unlink(g_path);
@@ -401,6 +527,8 @@ int main(int argc, char **argv)
     CT_TEST(matching_file_is_applied_with_origins),
     CT_TEST(decode_class_uses_its_choice),
     CT_TEST(other_device_bad_value_or_misfit_use_defaults),
+    CT_TEST(public_api_reads_values_and_writes_candidates),
+    CT_TEST(retuned_staged_tile_keeps_the_fused_binary),
   };
   if (!mkdtemp(g_dir))
     return fprintf(stderr, "mkdtemp failed\n"), 1;

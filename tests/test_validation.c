@@ -273,6 +273,18 @@ static void weights_with_fused_are_unsupported(void)
   REJECT(&p, CLATTN_ERR_UNSUPPORTED, NULL, "weights with FUSED");
 }
 
+/* A build without CLBlast (meson -Dclblast=disabled) refuses GEMM with a
+ * message naming CLBlast and touches nothing; with CLBlast the call runs. */
+static void gemm_runs_or_is_unsupported_without_clblast(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_params p = pb->params;
+  p.algo = CLATTN_ALGO_GEMM;
+  const int gemm = ca_gemm_available();
+  REJECT(&p, gemm ? CLATTN_OK : CLATTN_ERR_UNSUPPORTED, gemm ? NULL : "CLBlast", "GEMM");
+}
+
 static void null_context_or_params_are_invalid(void)
 {
   cp_problem *pb = base();
@@ -569,6 +581,7 @@ int main(int argc, char **argv)
     CT_TEST(views_past_the_buffer_are_too_small),
     CT_TEST(size_overflow_is_rejected_without_crash),
     CT_TEST(weights_with_fused_are_unsupported),
+    CT_TEST(gemm_runs_or_is_unsupported_without_clblast),
     CT_TEST(null_context_or_params_are_invalid),
     CT_TEST(half_precision_views_are_sized_in_16_bits),
     CT_TEST(out_of_range_enums_are_invalid),

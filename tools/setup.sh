@@ -15,6 +15,8 @@ shift || true
 if [ -f "$build_dir/build.ninja" ]; then
   meson configure "$build_dir" "$@" >/dev/null
 else
-  meson setup "$build_dir" "$@" >/dev/null
+  # Everything on: a missing dependency fails here instead of leaving its
+  # tests skipped (pass -Dclblast=disabled / -Dtools=disabled to leave out).
+  meson setup "$build_dir" -Dclblast=enabled -Dtools=enabled "$@" >/dev/null
 fi
 ninja -C "$build_dir" >/dev/null

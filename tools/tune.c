@@ -3,8 +3,9 @@
  * a tuning file (format in src/tuning.h) that clattn_create then loads.
  *
  * Each candidate is a whole configuration written to a scratch tuning file
- * and loaded by a fresh clattn context embedded in one shared OpenCL context,
- * so the library's own loading path is what gets measured. Groups of values
+ * (clattn_tuning_write) and loaded by a fresh clattn context embedded in one
+ * shared OpenCL context, so the library's own loading path is what gets
+ * measured. Only the public API (clattn.h's clattn_tuning_*) is used. Groups of values
  * are tuned one after another, each with the winners so far (coordinate
  * descent):
  *
@@ -29,7 +30,6 @@
 #include <unistd.h>
 
 #include "cli_args.h"
-#include "internal.h"
 #include "problem.h"
 
 const char tune_usage[] = "       clattn tune [--quick] [--output FILE] [--reps R]\n";
@@ -64,11 +64,42 @@ static int on_tune_option(int code, const char *arg, void *ctx) {
 
 enum { W_PREFILL, W_DECODE, W_STAGED, W_GEMM, W_WEIGHTS, W_COUNT };
 
+/* AUTO's shape classes as a tuning file names them. */
+enum { C_PREFILL, C_DECODE, C_WEIGHTS, C_COUNT };
+static const char *const class_keys[C_COUNT] = {"auto_prefill", "auto_decode", "auto_weights"};
+
+/* A configuration: a value for each tunable (indexed as clattn_tuning_name
+ * names them) and AUTO's path per shape class (AUTO = the built-in rule). */
+enum { MAX_TUNABLES = 32 };
+typedef struct {
+  int n;
+  long long value[MAX_TUNABLES];
+  clattn_algo auto_algo[C_COUNT];
+} config;
+
+/* The index of tunable `name`; -1 when this library has none of that name. */
+static int tunable_index(const char *name) {
+  for (int i = 0; clattn_tuning_name(i); i++)
+    if (!strcmp(clattn_tuning_name(i), name)) return i;
+  return -1;
+}
+
+/* c as tuning-file lines, for clattn_tuning_write. */
+static void config_text(const config *c, char *buf, size_t size) {
+  size_t at = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < c->n && at < size; i++)
+    at += (size_t)snprintf(buf + at, size - at, "%s = %lld\n", clattn_tuning_name(i), c->value[i]);
+  for (int k = 0; k < C_COUNT && at < size; k++)
+    if (c->auto_algo[k] != CLATTN_ALGO_AUTO)
+      at += (size_t)snprintf(buf + at, size - at, "%s = %s\n", class_keys[k], clattn_algo_name(c->auto_algo[k]));
+}
+
 typedef struct {
   clattn_context *base;          /* untuned defaults; its OpenCL objects are shared */
   cp_problem *work[W_COUNT];
   float *expected[W_COUNT];      /* the starting configuration's output */
-  ca_tuning best;                /* the winners so far */
+  config best;                   /* the winners so far */
   char scratch_file[4096];
   int reps, step, steps, tty;
   const char *what;
@@ -132,10 +163,11 @@ static int prepare(tuner *t, int quick) {
 }
 
 /* A context with configuration c, or NULL when the device cannot run it. */
-static clattn_context *open_config(tuner *t, const ca_tuning *c) {
-  char err[512];
-  if (ca_tuning_write(t->scratch_file, c, err, sizeof err) != 0) {
-    fprintf(stderr, "\nclattn tune: %s\n", err);
+static clattn_context *open_config(tuner *t, const config *c) {
+  char text[2048];
+  config_text(c, text, sizeof text);
+  if (clattn_tuning_write(t->base, text, t->scratch_file) != CLATTN_OK) {
+    fprintf(stderr, "\nclattn tune: %s\n", clattn_last_error(NULL));
     return NULL;
   }
   clattn_options o = {0};
@@ -145,7 +177,9 @@ static clattn_context *open_config(tuner *t, const ca_tuning *c) {
   o.tuning_file = t->scratch_file;
   clattn_context *ctx = NULL;
   if (clattn_create(&o, &ctx) != CLATTN_OK) return NULL;
-  if (strncmp(ctx->tuning_note, "applied", 7) != 0) {   /* does not fit this device */
+  int applied = 0;
+  clattn_tuning_note(ctx, &applied);
+  if (!applied) {   /* does not fit this device */
     clattn_destroy(ctx);
     return NULL;
   }
@@ -172,7 +206,7 @@ static double time_workload(tuner *t, clattn_context *ctx, int w, clattn_algo al
 
 /* Time of configuration c on the workloads in ws (relative to ref[] when
  * given, summed); INFINITY when it cannot run. */
-static double score(tuner *t, const ca_tuning *c, const int *ws, int nw, clattn_algo algo, const double *ref,
+static double score(tuner *t, const config *c, const int *ws, int nw, clattn_algo algo, const double *ref,
                     double *abs_ms) {
   clattn_context *ctx = open_config(t, c);
   if (!ctx) return INFINITY;
@@ -188,7 +222,7 @@ static double score(tuner *t, const ca_tuning *c, const int *ws, int nw, clattn_
 
 typedef struct {
   const char *name;
-  ca_tunable keys[2];
+  const char *keys[2];
   int nkeys;
   int values[8][2];
   int nvalues;
@@ -196,20 +230,20 @@ typedef struct {
 } group;
 
 static const group groups[] = {
-  {"fused rows per work-item", {CA_T_FLASH_WG, CA_T_FLASH_BM}, 2,
+  {"fused rows per work-item", {"flash_wg", "flash_bm"}, 2,
    {{0, 2}, {0, 4}, {0, 8}, {0, 16}, {32, 4}, {64, 4}, {128, 4}}, 7, {W_PREFILL, W_DECODE}, 2},
-  {"qk_score tile", {CA_T_SCORE_TM, CA_T_SCORE_TN}, 2, {{4, 16}, {8, 16}, {16, 16}, {8, 32}}, 4, {W_STAGED}, 1},
-  {"qk_score head-dim chunk", {CA_T_SCORE_TK}, 1, {{16}, {32}, {64}}, 3, {W_STAGED}, 1},
-  {"softmax width", {CA_T_SOFTMAX_WG}, 1, {{16}, {64}, {256}}, 3, {W_STAGED}, 1},
-  {"mix tile", {CA_T_MIX_TM, CA_T_MIX_TV}, 2, {{8, 16}, {16, 16}, {32, 8}, {4, 32}}, 4, {W_STAGED}, 1},
-  {"mix key chunk", {CA_T_MIX_TJ}, 1, {{16}, {32}, {64}}, 3, {W_STAGED}, 1},
-  {"gemm scratch MiB", {CA_T_SCRATCH_BYTES}, 1, {{16}, {64}, {256}}, 3, {W_GEMM}, 1},
+  {"qk_score tile", {"score_tm", "score_tn"}, 2, {{4, 16}, {8, 16}, {16, 16}, {8, 32}}, 4, {W_STAGED}, 1},
+  {"qk_score head-dim chunk", {"score_tk"}, 1, {{16}, {32}, {64}}, 3, {W_STAGED}, 1},
+  {"softmax width", {"softmax_wg"}, 1, {{16}, {64}, {256}}, 3, {W_STAGED}, 1},
+  {"mix tile", {"mix_tm", "mix_tv"}, 2, {{8, 16}, {16, 16}, {32, 8}, {4, 32}}, 4, {W_STAGED}, 1},
+  {"mix key chunk", {"mix_tj"}, 1, {{16}, {32}, {64}}, 3, {W_STAGED}, 1},
+  {"gemm scratch MiB", {"scratch_bytes"}, 1, {{16}, {64}, {256}}, 3, {W_GEMM}, 1},
 };
 #define N_GROUPS (sizeof groups / sizeof groups[0])
 
 static long long group_value(const group *g, int v, int k) {
   long long x = g->values[v][k];
-  return g->keys[k] == CA_T_SCRATCH_BYTES ? x << 20 : x;
+  return !strcmp(g->keys[k], "scratch_bytes") ? x << 20 : x;
 }
 
 /* Tunes one group: every candidate with the others at their best so far. */
@@ -220,12 +254,11 @@ static void tune_group(tuner *t, const group *g, FILE *log) {
   int best_v = -1;
   fprintf(log, "%s:", g->name);
   for (int v = 0; v < g->nvalues; v++) {
-    ca_tuning c = t->best;
+    config c = t->best;
     char label[96];
     int at = snprintf(label, sizeof label, "%s", g->name);
     for (int k = 0; k < g->nkeys; k++) {
-      c.has[g->keys[k]] = 1;
-      c.value[g->keys[k]] = group_value(g, v, k);
+      c.value[tunable_index(g->keys[k])] = group_value(g, v, k);
       at += snprintf(label + at, sizeof label - (size_t)at, " %d", g->values[v][k]);
     }
     progress(t, label);
@@ -236,25 +269,23 @@ static void tune_group(tuner *t, const group *g, FILE *log) {
     if (s < best_score * 0.98) best_score = s, best_v = v;   /* a 2% margin against noise */
   }
   if (best_v >= 0)
-    for (int k = 0; k < g->nkeys; k++) {
-      t->best.has[g->keys[k]] = 1;
-      t->best.value[g->keys[k]] = group_value(g, best_v, k);
-    }
+    for (int k = 0; k < g->nkeys; k++) t->best.value[tunable_index(g->keys[k])] = group_value(g, best_v, k);
   fprintf(log, "  (time relative to the start; kept %s)\n", best_v >= 0 ? "the best" : "the start");
 }
 
 /* AUTO per shape class: the fastest path on the class's workload. */
 static void tune_auto(tuner *t, FILE *log) {
-  static const struct { ca_shape_class cls; int w; } classes[] = {
-    {CA_CLASS_PREFILL, W_PREFILL}, {CA_CLASS_DECODE, W_DECODE}, {CA_CLASS_WEIGHTS, W_WEIGHTS}};
+  static const struct { int cls; int w; } classes[] = {
+    {C_PREFILL, W_PREFILL}, {C_DECODE, W_DECODE}, {C_WEIGHTS, W_WEIGHTS}};
   static const clattn_algo algos[] = {CLATTN_ALGO_FUSED, CLATTN_ALGO_STAGED, CLATTN_ALGO_GEMM};
   for (size_t i = 0; i < 3; i++) {
     double best = INFINITY;
-    fprintf(log, "AUTO for %s:", ca_class_name(classes[i].cls));
+    const char *cls = class_keys[classes[i].cls] + 5;   /* "prefill", ... */
+    fprintf(log, "AUTO for %s:", cls);
     for (size_t a = 0; a < 3; a++) {
-      if (classes[i].cls == CA_CLASS_WEIGHTS && algos[a] == CLATTN_ALGO_FUSED) continue;
+      if (classes[i].cls == C_WEIGHTS && algos[a] == CLATTN_ALGO_FUSED) continue;
       char label[64];
-      snprintf(label, sizeof label, "AUTO %s: %s", ca_class_name(classes[i].cls), clattn_algo_name(algos[a]));
+      snprintf(label, sizeof label, "AUTO %s: %s", cls, clattn_algo_name(algos[a]));
       progress(t, label);
       int w = classes[i].w;
       double ms = score(t, &t->best, &w, 1, algos[a], NULL, NULL);
@@ -283,21 +314,28 @@ int tune_main(int argc, char **argv) {
     fprintf(stderr, "clattn tune: cannot create a context: %s\n", clattn_last_error(NULL));
     return 1;
   }
-  char *path = output ? strdup(output) : ca_tuning_default_path(t.base);
+  const char *where = output ? output : clattn_tuning_default_path(t.base);
+  char *path = where ? strdup(where) : NULL;
   int rc = 1;
   if (!path) {
     fprintf(stderr, "clattn tune: no cache directory; give --output FILE\n");
     goto done;
   }
   snprintf(t.scratch_file, sizeof t.scratch_file, "%s.candidate", path);
-  ca_platform_string(t.base->platform, CL_PLATFORM_NAME, t.best.platform, sizeof t.best.platform);
-  ca_device_string(t.base->device, CL_DEVICE_NAME, t.best.device, sizeof t.best.device);
-  ca_device_string(t.base->device, CL_DRIVER_VERSION, t.best.driver, sizeof t.best.driver);
-  for (int k = 0; k < CA_T_COUNT; k++) {
-    t.best.has[k] = 1;
-    t.best.value[k] = ca_tunable_get(&t.base->tiles, t.base->scratch_budget, (ca_tunable)k);
-  }
-  printf("clattn tune on %s (%s)\n", t.best.device, t.best.platform);
+  for (int k = 0; clattn_tuning_name(k) && k < MAX_TUNABLES; k++, t.best.n++)
+    clattn_tuning_get(t.base, clattn_tuning_name(k), &t.best.value[k], NULL);
+  for (size_t g = 0; g < N_GROUPS; g++)
+    for (int k = 0; k < groups[g].nkeys; k++)
+      if (tunable_index(groups[g].keys[k]) < 0) {
+        fprintf(stderr, "clattn tune: this library has no tunable '%s'\n", groups[g].keys[k]);
+        goto done;
+      }
+  char device[256] = "?", platform[256] = "?";
+  cl_platform_id pid = NULL;
+  clGetDeviceInfo(clattn_cl_device(t.base), CL_DEVICE_NAME, sizeof device, device, NULL);
+  clGetDeviceInfo(clattn_cl_device(t.base), CL_DEVICE_PLATFORM, sizeof pid, &pid, NULL);
+  if (pid) clGetPlatformInfo(pid, CL_PLATFORM_NAME, sizeof platform, platform, NULL);
+  printf("clattn tune on %s (%s)\n", device, platform);
   if (prepare(&t, quick) != 0) goto done;
   t.tty = isatty(2);
   for (size_t g = 0; g < N_GROUPS; g++) t.steps += groups[g].nvalues;
@@ -305,9 +343,10 @@ int tune_main(int argc, char **argv) {
   for (size_t g = 0; g < N_GROUPS; g++) tune_group(&t, &groups[g], stdout);
   tune_auto(&t, stdout);
   if (t.tty) fprintf(stderr, "\n");
-  char err[512];
-  if (ca_tuning_write(path, &t.best, err, sizeof err) != 0) {
-    fprintf(stderr, "clattn tune: %s\n", err);
+  char text[2048];
+  config_text(&t.best, text, sizeof text);
+  if (clattn_tuning_write(t.base, text, path) != CLATTN_OK) {
+    fprintf(stderr, "clattn tune: %s\n", clattn_last_error(NULL));
     goto done;
   }
   printf("wrote %s\n", path);
