@@ -6,10 +6,10 @@
  *   0..6   batch q_heads kv_heads q_len kv_len head_dim value_dim: one byte
  *          each; < 0xF0 a small value (batch 1..3, q_heads 1..8, kv_heads
  *          1..4, q_len 1..33, kv_len 1..48, head/value dim one of
- *          1 3 4 16 17 32), >= 0xF0 fz_hostile_int[b - 0xF0] (0, -1,
+ *          1 3 4 16 17 32), >= 0xF0 hostile_int[b - 0xF0] (0, -1,
  *          INT_MAX, INT_MIN, ...)
- *   7      dtype (< 0xF0 F32, else out of range; 16-bit storage is
- *          test_precision's: the harness's buffers and canaries are f32)
+ *   7      dtype (< 0xF0 F32, else out of range; 16-bit storage: the
+ *          extension's byte 0)
  *   8      scale: scale_table[b % 16] (NaN, 0, +-inf, -0, FLT_MIN, ...)
  *   9      causal (bit 0; 0xFF = -7, "true" but not 1)
  *   10,11  window_left, window_right (< 0xF0: -1 0 1 2 3 4 7 16; else
@@ -39,7 +39,44 @@
  *          0 when b % 4 == 0, else b). Past the end: a PRNG seeded by the
  *          input's hash, finite values only.
  *
- * Outputs start filled with the canary 0x7FA5A5A5 (a NaN no kernel writes).
+ * The extension (tests/fuzz/fuzz_fields.c): an input that starts with the
+ * magic C1 A7 7E 02 carries 32 more header bytes, then an input of the
+ * format above (whose meaning is unchanged). Extension header:
+ *   0      dtype of q and out (b % 8): 1 F16, 2 BF16, 3 Q8_0 and 4 INT8
+ *          (refused), else byte 7's
+ *   1      kv_dtype (b % 8): 0 and 7 SAME, 1 F32, 2 F16, 3 BF16, 4 Q8_0,
+ *          5 INT8, 6 out of range (5, -2, INT_MAX, INT_MIN by (b >> 3) & 3)
+ *   2      score flags: 1 softcap, 2 alibi_slopes, 4 sinks, 8 ADDITIVE score
+ *          (with additive_w), 16 score out of range (bit 7: -1, else 2),
+ *          32 additive_w mismatched (ADDITIVE without it, DOT with it),
+ *          64 the alibi, sinks and additive_w buffers one float short
+ *   3      softcap: 5 1 0.5 30 2 0.25 10 50 NaN -1 inf -0 0 FLT_MIN -inf 1e-3
+ *   4      packed sequences: 1 cu_seqlens_q, 2 cu_seqlens_k, 4 their buffers
+ *          one int short, 8 q/k/v/out keep their batch stride (else 0);
+ *          bits 4-5 total_q, 6-7 total_kv: the last entry, +1, -1, 0
+ *   5      paged K/V: 1 block table (K/V, k_scale and v_scale then index
+ *          [page, head, row in page]), 2 its buffer one entry short
+ *   6, 7   page_size 1 + b % 16, num_pages 1 + b % 32 (>= 0xF0 hostile_int)
+ *   8      block_table_stride: ceil(kv_len / page_size) + 0, 1, 2 or -1
+ *          (b % 4; >= 0xF0 hostile_int)
+ *   9      bit 0 / 1: k_scale / v_scale present exactly when kv is NOT INT8
+ *   10..17 the k_scale and v_scale views (f32 [slot, kv head, key]), as above
+ *   18, 19 Q8_0 k / v view (decoded in 34-byte blocks, then in bytes):
+ *          1 odd offset, 2 odd stride[2], 4 stride[3] 32, 8 odd stride[0]
+ * Its data, after kv_lens: cu_seqlens_q and _k ([B + 1]; < 0xF0 steps of
+ * b % (len + 1) from 0, else -1, INT_MAX, INT_MIN, a decrease, a step past
+ * the longest length, ...), the block table ([B * stride]; < 0xF0 b %
+ * num_pages, else -1, num_pages, INT_MIN, INT_MAX, ...), alibi_slopes and
+ * sinks ([q_heads]) and additive_w ([head_dim]) as floats; then the views
+ * in their storage: 16-bit q/k/v hold the floats above; INT8 and Q8_0
+ * quants are b % 33 - 16 (>= 0xF0: -128, 127, ...), one per byte of the
+ * buffer, then Q8_0's f16 block scales (one per block the view reaches) and
+ * INT8's f32 scales (the scale views, after bias) are small powers of two,
+ * 0, a subnormal (0xFD..0xFF NaN +inf -inf). A valid call with storage other than f32 runs only
+ * for head and value dims 32 (each storage pair builds programs of its own).
+ *
+ * Outputs start filled with the canary 0x7FA5A5A5 (0x7FA5 for 16-bit out:
+ * NaNs no kernel writes).
  */
 #include "fuzz_case.h"
 
@@ -963,6 +1000,25 @@ int fz_warm_up(char *why, size_t n)
         if (!ok)
           return FZ_FAIL;
       }
+  /* every storage pair of the extension (q/out f32, f16, bf16; K/V f32,
+   * f16, bf16, Q8_0, INT8) on each path, head dims 32: inputs of the
+   * extended format, checked like any other */
+  for (int dtype = 0; dtype < 3; dtype++)
+    for (int kv = 1; kv <= 5; kv++)
+      for (int algo = 1; algo <= 3; algo++) {
+        uint8_t in[FZ_MAGIC_LEN + FZ_EXT + FZ_HEADER] = {0};
+        memcpy(in, FZ_MAGIC, FZ_MAGIC_LEN);
+        in[FZ_MAGIC_LEN + 0] = (uint8_t)dtype;
+        in[FZ_MAGIC_LEN + 1] = (uint8_t)kv;
+        uint8_t *h = in + FZ_MAGIC_LEN + FZ_EXT;
+        h[3] = 2;           /* q_len 3 */
+        h[4] = 4;           /* kv_len 5 */
+        h[5] = h[6] = 5;    /* head and value dim 32 */
+        h[13] = (uint8_t)algo;
+        char w[1024];
+        if (fz_run(in, sizeof in, w, sizeof w) != FZ_PASS)
+          return fail(why, n, "warm-up dtype %d kv_dtype %d algo %d: %s", dtype, kv - 1, algo, w);
+      }
   return FZ_PASS;
 }
 
@@ -1161,6 +1217,13 @@ void fz_describe(const uint8_t *data, size_t size, char *buf, size_t n)
                                p->batch, p->q_heads, p->kv_heads, p->q_len, p->kv_len, p->head_dim, p->value_dim,
                                (int)p->dtype, (double)p->scale, p->causal, p->window_left, p->window_right,
                                (int)p->empty_rows, (int)p->algo, c.kv_lens);
+  if (c.ext && at < n)
+    at += (size_t)snprintf(buf + at, n - at,
+                           " kv_dtype=%d softcap=%g score=%d alibi=%d sinks=%d additive_w=%d cu_seqlens=%d/%d "
+                           "total=%d/%d block_table=%d page_size=%d num_pages=%d bt_stride=%d",
+                           (int)p->kv_dtype, (double)p->softcap, (int)p->score, c.aux[A_ALIBI], c.aux[A_SINKS],
+                           c.aux[A_ADDW], c.aux[A_CU_Q], c.aux[A_CU_K], p->total_q, p->total_kv, c.aux[A_TABLE],
+                           p->page_size, p->num_pages, p->block_table_stride);
   for (int t = 0; t < T_COUNT && at < n; t++) {
     if (!c.present[t])
       continue;
