@@ -6,6 +6,8 @@ carry the format's extension (16-bit storage, quantised and paged K/V,
 score shaping, packed sequences), a few valid and a few hostile per field.
 
     tools/fuzz_seeds.py [OUT_DIR]       default: tests/fuzz/corpus
+
+and clattn_kv_append's (tests/fuzz/append_case.c) into corpus-append beside it.
 """
 import os
 import sys
@@ -198,6 +200,58 @@ SEEDS = {
 }
 
 
+APPEND_DIMS = {32: 0, 64: 1, 3: 2, 17: 3}
+APPEND_SRC = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3}
+APPEND_FLAGS = {"paged": 1, "scale_flip": 2, "positions_null": 4, "positions_short": 8, "table_short": 16}
+
+
+def append(B=1, H=1, new=3, dk=32, dv=32, src="f32", kv="same", flags=(), cap=8, ps=4, pages=6, bts=0,
+           views=None, data=b""):
+    """An input of tests/fuzz/append_case.c: views {name: (mode, offset, size, param)};
+    data: positions (x % (rows + 3) - 1), then block-table entries (x % num_pages)."""
+    head = [B - 1, H - 1, new, APPEND_DIMS[dk], APPEND_DIMS[dv], APPEND_SRC[src], KV[kv],
+            sum(APPEND_FLAGS[f] for f in flags), cap - 1 if cap < 0xF0 else cap, ps - 1 if ps < 0xF0 else ps,
+            pages - 1, bts]
+    views = views or {}
+    for name in ["k_new", "v_new", "k", "v", "k_scale", "v_scale"]:
+        head += list(views.get(name, (0, 0, 0, 0)))
+    assert len(head) == 36
+    return bytes(head) + data
+
+
+# positions byte x stands for x % (rows + 3) - 1: rows = capacity (8) or stride * page_size
+APPEND_SEEDS = {
+    "append_f32_contiguous": append(B=2, H=2, dv=17, data=bytes([3, 7])),
+    "append_q8_0_contiguous_gqa_gaps": append(B=2, H=2, new=4, dk=64, kv="q8_0", cap=9,
+                                              views={"k": (1, 2, 0, 1), "v_new": (1, 1, 2, 2)}, data=bytes([1, 6])),
+    "append_int8_paged_shared_pages": append(B=2, H=2, new=5, kv="int8", flags=("paged",), ps=3, pages=5, bts=1,
+                                             data=bytes([3, 7, 1, 4, 0, 2, 4, 1, 2, 3])),
+    "append_f16_to_bf16": append(src="f16", kv="bf16", dk=3, dv=17, data=bytes([0])),
+    "append_bf16_to_q8_0_paged": append(B=2, src="bf16", kv="q8_0", flags=("paged",), ps=2, pages=6, bts=2,
+                                        data=bytes([5, 2, 0, 1, 2, 0xF0, 3, 4, 5, 0xF1])),
+    "append_f16_same_paged_outside_pool": append(src="f16", flags=("paged",), ps=4, pages=3, bts=1,
+                                                 data=bytes([2, 0xF1, 0xF3])),
+    "append_hostile_positions": append(B=3, kv="q8_0", data=bytes([0xF0, 0xF1, 0xF3])),
+    "append_positions_past_capacity": append(B=2, kv="int8", cap=4, data=bytes([4, 6])),
+    "append_new_len_0": append(new=0, kv="q8_0"),
+    "append_new_len_past_capacity_invalid": append(new=5, cap=4),
+    "append_q8_0_dim17_invalid": append(kv="q8_0", dv=17),
+    "append_q8_0_odd_offset_invalid": append(kv="q8_0", views={"v": (0, 0, 0, 0x80)}),
+    "append_int8_without_scales_invalid": append(kv="int8", flags=("scale_flip",)),
+    "append_scales_without_int8_invalid": append(kv="f16", flags=("scale_flip",)),
+    "append_src_q8_0_invalid": append(src="q8_0"),
+    "append_kv_dtype_out_of_range": append(kv="hostile"),
+    "append_positions_null": append(flags=("positions_null",)),
+    "append_positions_short": append(B=2, flags=("positions_short",)),
+    "append_table_short": append(B=2, flags=("paged", "table_short")),
+    "append_page_size_0": append(flags=("paged",), ps=0xF0),
+    "append_table_stride_short": append(new=5, flags=("paged",), ps=2, bts=3),
+    "append_cache_broadcast_rows": append(views={"k": (3, 0, 0, 0)}),
+    "append_cache_too_small": append(kv="int8", views={"v": (0, 0, 1, 0)}),
+    "append_k_new_null": append(views={"k_new": (0xFF, 0, 0, 0)}),
+}
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "fuzz",
                                                              "corpus")
@@ -206,6 +260,12 @@ def main():
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
     print("wrote %d seeds to %s" % (len(SEEDS), os.path.normpath(out)))
+    append_out = os.path.join(os.path.dirname(out), "corpus-append")
+    os.makedirs(append_out, exist_ok=True)
+    for name, data in APPEND_SEEDS.items():
+        with open(os.path.join(append_out, name), "wb") as f:
+            f.write(data)
+    print("wrote %d seeds to %s" % (len(APPEND_SEEDS), os.path.normpath(append_out)))
 
 
 if __name__ == "__main__":
