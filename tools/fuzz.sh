@@ -73,8 +73,9 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
 if [ "$target" = append ]; then
   # The append programs (one per source and cache storage) are built on first
-  # use: a run over the seeds builds them before the timed one, without
-  # libFuzzer's per-input timeout.
+  # use: fuzz_append's initialisation builds them all (fz_append_warm_up), in a
+  # run of its own over the seeds before the timed one (whose clock starts with
+  # the process).
   echo "fuzz: building the append kernels (slow only the first time)" >&2
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0 \
     "$build/tests/$exe" -runs=0 -timeout=0 "$seeds" >"$build/fuzz-append-warm-up.log" 2>&1 || {

@@ -27,4 +27,8 @@
 /* Decodes and checks one input: FZ_PASS, FZ_SKIP or FZ_FAIL (why). */
 int fz_append_run(const uint8_t *data, size_t size, char *why, size_t n);
 
+/* Builds the append program of every (source, cache) storage pair through a
+ * checked call (seconds each the first time): FZ_PASS or FZ_FAIL. */
+int fz_append_warm_up(char *why, size_t n);
+
 #endif
