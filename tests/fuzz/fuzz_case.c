@@ -1173,6 +1173,7 @@ int fz_run(const uint8_t *data, size_t size, char *why, size_t n)
       clReleaseEvent(done);
     }
     stats.accepted++;
+    stats.ext_accepted += c.ext;
     if (st == CLATTN_ERR_EMPTY_ROW)
       stats.empty_row++;
     if (set) {

@@ -41,6 +41,7 @@ typedef struct {
   long skipped;       /* accepted by the rules but over the work cap / dims set */
   long accepted;      /* OK or EMPTY_ROW */
   long empty_row;     /* EMPTY_ROW under EMPTY_ERROR */
+  long ext_accepted;  /* accepted inputs of the extended format (fuzz_fields.h) */
   long rejected;      /* any other status (all predicted) */
   long known_good;    /* known-good calls run */
   long known_skipped; /* violations of known bugs tolerated (CLATTN_FUZZ_KNOWN) */
