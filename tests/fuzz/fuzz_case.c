@@ -410,7 +410,7 @@ static int decode(const uint8_t *input, size_t input_size, fz_case *c)
   c->kv_lens = (f1 >> 1) & 1;
   c->call_null_ctx = (f2 >> 2) & 1;
   c->call_null_params = (f2 >> 3) & 1;
-  c->kv = p->dtype;
+  c->kv = CLATTN_F32; /* the first format's k and v: f32 buffers, whatever byte 7 says */
   if (c->ext)
     fz_ext_header(c, c->ext_hdr);
 
