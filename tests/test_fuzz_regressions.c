@@ -3,7 +3,9 @@
  * tests/fuzz/regressions (inputs that once made the fuzzer fail, named for
  * what they found) through the fuzz harness's decoding and checks
  * (tests/fuzz/fuzz_case.c), so whatever the fuzzer finds stays a test of
- * the normal opencl suite. An argument filters the file names.
+ * the normal opencl suite; likewise tests/fuzz/corpus-append through
+ * clattn_kv_append's harness (tests/fuzz/append_case.c). An argument filters
+ * the file names.
  *
  * "--parsers [FILTER]" replays the parser targets' corpora instead
  * (tests/fuzz/corpus-cache-entry, corpus-tuning-file: seeds, and inputs that
@@ -19,6 +21,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "fuzz/append_case.h"
 #include "fuzz/fuzz_case.h"
 #include "fuzz/fuzz_parsers.h"
 
@@ -39,6 +42,12 @@ static int replay_forward(const uint8_t *data, size_t size, const char *name, ch
 {
   (void)name;
   return fz_run(data, size, why, n);
+}
+
+static int replay_append(const uint8_t *data, size_t size, const char *name, char *why, size_t n)
+{
+  (void)name;
+  return fz_append_run(data, size, why, n);
 }
 
 /* A parser's verdict must also be what the input's name says: accepted
@@ -146,6 +155,12 @@ static void test_regressions(void)
   replay_dir("regressions", 0, replay_forward);
 }
 
+/* clattn_kv_append's seeds and the inputs its fuzzer once failed on */
+static void test_append_corpus(void)
+{
+  replay_dir("corpus-append", 1, replay_append);
+}
+
 static void test_cache_entry_corpus(void)
 {
   replay_dir("corpus-cache-entry", 1, replay_cache_entry);
@@ -190,6 +205,7 @@ int main(int argc, char **argv)
   static const ct_test tests[] = {
       CT_TEST(test_corpus),
       CT_TEST(test_regressions),
+      CT_TEST(test_append_corpus),
       CT_TEST(test_known_good_after),
   };
   return ct_main(1, argv, tests, sizeof tests / sizeof tests[0]);

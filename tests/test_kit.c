@@ -1,9 +1,11 @@
 /*
  * The problem kit's host side (no device): views address disjoint elements
  * inside their buffers, builds are deterministic, poisoning touches only
- * unreachable keys, and the error measure is norm-wise.
+ * unreachable keys, the error measure is norm-wise, and the host
+ * quantisation follows ggml's rules.
  */
 #include <stdint.h>
+#include <string.h>
 
 #include "check.h"
 #include "problem.h"
@@ -164,6 +166,32 @@ static void bad_shapes_are_refused_with_a_message(void)
   cp_free(NULL);
 }
 
+/* ggml's rules: d = amax / 127 (Q8_0: stored f16), q = roundf(x / d), ties
+ * away from zero; an all-zero block has d = 0 and q = 0. */
+static void quantisation_follows_ggml_rules(void)
+{
+  float x[64];
+  for (int c = 0; c < 32; c++)
+    x[c] = c == 0 ? 127.0f : (float)(c % 7) - 3.5f; /* d = 1: q = x rounded away from zero */
+  for (int c = 32; c < 64; c++)
+    x[c] = 0.0f;
+  unsigned char y[68];
+  cp_quantize_q8_0_row(x, y, 64);
+  uint16_t d0, d1;
+  memcpy(&d0, y, 2);
+  memcpy(&d1, y + 34, 2);
+  CHECK(d0 == 0x3C00 && d1 == 0);
+  CHECK((int8_t)y[2] == 127 && (int8_t)y[2 + 1] == -3 && (int8_t)y[2 + 7] == -4 && (int8_t)y[2 + 6] == 3);
+  int zeros = 1;
+  for (int c = 0; c < 32; c++)
+    zeros &= y[36 + c] == 0;
+  CHECK(zeros);
+  const float row[3] = {254.0f, -1.0f, 0.5f};
+  unsigned char q[3];
+  CHECK(cp_quantize_int8_row(row, q, 3) == 2.0f);
+  CHECK((int8_t)q[0] == 127 && (int8_t)q[1] == -1 && (int8_t)q[2] == 0);
+}
+
 int main(int argc, char **argv)
 {
   static const ct_test tests[] = {
@@ -173,6 +201,7 @@ int main(int argc, char **argv)
     CT_TEST(poison_touches_only_unreachable_keys),
     CT_TEST(relative_error_is_normwise_over_finite_pairs),
     CT_TEST(bad_shapes_are_refused_with_a_message),
+    CT_TEST(quantisation_follows_ggml_rules),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

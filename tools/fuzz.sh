@@ -3,11 +3,13 @@
 #
 #   tools/fuzz.sh [TARGET] [SECONDS] [libFuzzer flags...]     default: forward, 60 seconds
 #
-# TARGET: forward (clattn_forward, tests/fuzz/fuzz_forward.c), npy (the
+# TARGET: forward (clattn_forward, tests/fuzz/fuzz_forward.c), append
+# (clattn_kv_append, tests/fuzz/fuzz_append.c, seeds in tests/fuzz/corpus-append,
+# checked byte for byte against the test kit's ggml quantisation), npy (the
 # .npy reader of `clattn run`, tests/fuzz/fuzz_npy.c, seeds in
 # tests/fuzz/npy/), cache-entry or tuning-file (the parsers of program cache
-# entries and tuning files, tests/fuzz/fuzz_parsers.c). All but forward take
-# bytes in, need no device, and must never crash or hang.
+# entries and tuning files, tests/fuzz/fuzz_parsers.c). All but forward and
+# append take bytes in, need no device, and must never crash or hang.
 #
 # Installs what is missing (clang, libclang-rt-14-dev and tools/setup.sh's
 # packages; apt-get as root, else through sudo), configures build-fuzz with
@@ -16,7 +18,8 @@
 # build-fuzz/tests/fuzz_<target> on a working corpus seeded from
 # tests/fuzz/corpus (forward) or tests/fuzz/corpus-<target> (the committed
 # seeds stay as they are). A failing input is written to
-# build-fuzz/fuzz-artifacts/; copy it to tests/fuzz/regressions/ (forward) or
+# build-fuzz/fuzz-artifacts/; copy it to tests/fuzz/regressions/ (forward),
+# tests/fuzz/corpus-append/ under a name saying what it found (append) or
 # tests/fuzz/corpus-<target>/ under a name saying what it found (starting
 # with "valid" when the parser must accept it), and test_fuzz_regressions
 # replays it (the opencl suite for forward, the unit suite's fuzz-parsers
@@ -29,11 +32,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target=forward
-case "${1:-}" in forward|npy|cache-entry|tuning-file) target=$1; shift;; esac
+case "${1:-}" in forward|append|npy|cache-entry|tuning-file) target=$1; shift;; esac
 seconds=${1:-60}
 shift || true
 case "$seconds" in ''|*[!0-9]*)
-  echo "usage: tools/fuzz.sh [forward|npy|cache-entry|tuning-file] [SECONDS] [libFuzzer flags...]" >&2; exit 2;; esac
+  echo "usage: tools/fuzz.sh [forward|append|npy|cache-entry|tuning-file] [SECONDS] [libFuzzer flags...]" >&2; exit 2;; esac
 exe=fuzz_${target//-/_}
 
 tools/packages.sh clang libclang-rt-14-dev
@@ -56,6 +59,7 @@ artifacts=$build/fuzz-artifacts
 regressions=()
 case "$target" in
   forward) corpus=$build/fuzz-corpus seeds=tests/fuzz/corpus ;;
+  append) corpus=$build/fuzz-corpus-append seeds=tests/fuzz/corpus-append ;;
   npy) corpus=$build/fuzz-corpus-npy seeds=tests/fuzz/npy/corpus regressions=(tests/fuzz/npy/regressions) ;;
   *) corpus=$build/fuzz-corpus-$target seeds=tests/fuzz/corpus-$target ;;
 esac
@@ -67,6 +71,25 @@ cp -n "$seeds"/* "$corpus"/ 2>/dev/null || true
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:fast_unwind_on_malloc=0:malloc_context_size=30:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
+if [ "$target" = append ]; then
+  # The append programs (one per source and cache storage) are built on first
+  # use: fuzz_append's initialisation builds them all (fz_append_warm_up), in a
+  # run of its own over the seeds before the timed one (whose clock starts with
+  # the process).
+  echo "fuzz: building the append kernels (slow only the first time)" >&2
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0 \
+    "$build/tests/$exe" -runs=0 -timeout=0 "$seeds" >"$build/fuzz-append-warm-up.log" 2>&1 || {
+    echo "fuzz: the append warm-up failed:" >&2
+    grep -v "^    #" "$build/fuzz-append-warm-up.log" | tail -30 >&2
+    exit 1
+  }
+  echo "fuzz: running $build/tests/$exe for ${seconds}s (corpus $corpus, failures to $artifacts/)" >&2
+  status=0
+  "$build/tests/$exe" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=1024 \
+    -print_final_stats=1 -artifact_prefix="$artifacts/append-" "$@" "$corpus" || status=$?
+  echo "fuzz: corpus now $(ls "$corpus" | wc -l) inputs; exit status $status" >&2
+  exit $status
+fi
 if [ "$target" != forward ]; then
   # The parsers need no device and no warm-up; inputs up to 8 KiB reach
   # past the 1023-byte line limit and the 48-byte headers alike.

@@ -8,8 +8,8 @@
  *          1..4, q_len 1..33, kv_len 1..48, head/value dim one of
  *          1 3 4 16 17 32), >= 0xF0 hostile_int[b - 0xF0] (0, -1,
  *          INT_MAX, INT_MIN, ...)
- *   7      dtype (< 0xF0 F32, else out of range; 16-bit storage is
- *          test_precision's: the harness's buffers and canaries are f32)
+ *   7      dtype (< 0xF0 F32, else out of range; 16-bit storage: the
+ *          extension's byte 0)
  *   8      scale: scale_table[b % 16] (NaN, 0, +-inf, -0, FLT_MIN, ...)
  *   9      causal (bit 0; 0xFF = -7, "true" but not 1)
  *   10,11  window_left, window_right (< 0xF0: -1 0 1 2 3 4 7 16; else
@@ -39,7 +39,44 @@
  *          0 when b % 4 == 0, else b). Past the end: a PRNG seeded by the
  *          input's hash, finite values only.
  *
- * Outputs start filled with the canary 0x7FA5A5A5 (a NaN no kernel writes).
+ * The extension (tests/fuzz/fuzz_fields.c): an input that starts with the
+ * magic C1 A7 7E 02 carries 32 more header bytes, then an input of the
+ * format above (whose meaning is unchanged). Extension header:
+ *   0      dtype of q and out (b % 8): 1 F16, 2 BF16, 3 Q8_0 and 4 INT8
+ *          (refused), else byte 7's
+ *   1      kv_dtype (b % 8): 0 and 7 SAME, 1 F32, 2 F16, 3 BF16, 4 Q8_0,
+ *          5 INT8, 6 out of range (5, -2, INT_MAX, INT_MIN by (b >> 3) & 3)
+ *   2      score flags: 1 softcap, 2 alibi_slopes, 4 sinks, 8 ADDITIVE score
+ *          (with additive_w), 16 score out of range (bit 7: -1, else 2),
+ *          32 additive_w mismatched (ADDITIVE without it, DOT with it),
+ *          64 the alibi, sinks and additive_w buffers one float short
+ *   3      softcap: 5 1 0.5 30 2 0.25 10 50 NaN -1 inf -0 0 FLT_MIN -inf 1e-3
+ *   4      packed sequences: 1 cu_seqlens_q, 2 cu_seqlens_k, 4 their buffers
+ *          one int short, 8 q/k/v/out keep their batch stride (else 0);
+ *          bits 4-5 total_q, 6-7 total_kv: the last entry, +1, -1, 0
+ *   5      paged K/V: 1 block table (K/V, k_scale and v_scale then index
+ *          [page, head, row in page]), 2 its buffer one entry short
+ *   6, 7   page_size 1 + b % 16, num_pages 1 + b % 32 (>= 0xF0 hostile_int)
+ *   8      block_table_stride: ceil(kv_len / page_size) + 0, 1, 2 or -1
+ *          (b % 4; >= 0xF0 hostile_int)
+ *   9      bit 0 / 1: k_scale / v_scale present exactly when kv is NOT INT8
+ *   10..17 the k_scale and v_scale views (f32 [slot, kv head, key]), as above
+ *   18, 19 Q8_0 k / v view (decoded in 34-byte blocks, then in bytes):
+ *          1 odd offset, 2 odd stride[2], 4 stride[3] 32, 8 odd stride[0]
+ * Its data, after kv_lens: cu_seqlens_q and _k ([B + 1]; < 0xF0 steps of
+ * b % (len + 1) from 0, else -1, INT_MAX, INT_MIN, a decrease, a step past
+ * the longest length, ...), the block table ([B * stride]; < 0xF0 b %
+ * num_pages, else -1, num_pages, INT_MIN, INT_MAX, ...), alibi_slopes and
+ * sinks ([q_heads]) and additive_w ([head_dim]) as floats; then the views
+ * in their storage: 16-bit q/k/v hold the floats above; INT8 and Q8_0
+ * quants are b % 33 - 16 (>= 0xF0: -128, 127, ...), one per byte of the
+ * buffer, then Q8_0's f16 block scales (one per block the view reaches) and
+ * INT8's f32 scales (the scale views, after bias) are small powers of two,
+ * 0, a subnormal (0xFD..0xFF NaN +inf -inf). A valid call with storage other than f32 runs only
+ * for head and value dims 32 (each storage pair builds programs of its own).
+ *
+ * Outputs start filled with the canary 0x7FA5A5A5 (0x7FA5 for 16-bit out:
+ * NaNs no kernel writes).
  */
 #include "fuzz_case.h"
 
@@ -51,26 +88,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_fields.h"
 #include "problem.h"
 #include "reference.h"
 
-#define FZ_BUF_CAP ((size_t)1 << 20) /* the largest buffer the harness allocates */
 #define FZ_WORK_CAP 1e6              /* B*Hq*M*N*(dk+dv) of a call that is run */
-#define FZ_HEADER 60
 #define FZ_TOL 1e-4                  /* norm-wise relative tolerance */
 #define FZ_KNOWN_GOOD_EVERY 100
 #define FZ_NDIMS 6                   /* head/value dims a run builds fused programs for */
 
 static const uint32_t CANARY = 0x7FA5A5A5u;
+static const uint16_t CANARY16 = 0x7FA5u; /* a NaN in f16 and bf16 alike */
 
-enum { T_Q, T_K, T_V, T_OUT, T_MASK, T_BIAS, T_LSE, T_W, T_ENT, T_MAXW, T_ARGMAX, T_COUNT };
-static const char *const t_name[T_COUNT] = {"q",    "k",   "v",       "out",     "mask",      "bias",
-                                            "lse",  "weights", "entropy", "max_weight", "argmax"};
-static const int t_output[T_COUNT] = {0, 0, 0, 1, 0, 0, 1, 1, 1, 1, 1};
-static const size_t t_esize[T_COUNT] = {4, 4, 4, 4, 1, 4, 4, 4, 4, 4, 4};
-static const int t_rank[T_COUNT] = {4, 4, 4, 4, 4, 4, 3, 4, 3, 3, 3};
+static const char *const t_name[T_COUNT] = {"q",       "k",       "v",          "out",    "mask",
+                                            "bias",    "lse",     "weights",    "entropy", "max_weight",
+                                            "argmax",  "k_scale", "v_scale"};
+static const int t_output[T_COUNT] = {0, 0, 0, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0};
+static const int t_rank[T_COUNT] = {4, 4, 4, 4, 4, 4, 3, 4, 3, 3, 3, 3, 3};
 
-static const int hostile_int[16] = {0,          -1,      INT_MAX,   INT_MIN,     INT_MAX / 2 + 1, 65536,
+const int fz_hostile_int[16] = {0,          -1,      INT_MAX,   INT_MIN,     INT_MAX / 2 + 1, 65536,
                                     46341,      1 << 20, 100000,    300,         -2,              INT_MAX - 1,
                                     0x10000001, 1 << 24, 3000,      40};
 static const int dim_table[FZ_NDIMS] = {1, 3, 4, 16, 17, 32};
@@ -150,13 +186,7 @@ void fz_shutdown(void)
 
 /* ---------- decoding ---------- */
 
-typedef struct {
-  const uint8_t *p;
-  size_t n, i;
-  uint64_t prng;
-} reader;
-
-static uint8_t rd(reader *r)
+uint8_t fz_rd(fz_reader *r)
 {
   if (r->i < r->n)
     return r->p[r->i++];
@@ -173,7 +203,7 @@ static uint8_t hdr(const uint8_t *data, size_t size, size_t i) { return i < size
 static int dec_dim(uint8_t b, int which)
 {
   if (b >= 0xF0)
-    return hostile_int[b - 0xF0];
+    return fz_hostile_int[b - 0xF0];
   switch (which) {
   case 0: return 1 + b % 3;
   case 1: return 1 + b % 8;
@@ -198,7 +228,7 @@ static int dec_window(uint8_t b)
   return b >= 0xF0 ? hostile[b & 3] : small[b % 8];
 }
 
-static float dec_float(uint8_t b)
+float fz_dec_float(uint8_t b)
 {
   if (b == 0xFD) return NAN;
   if (b == 0xFE) return INFINITY;
@@ -206,21 +236,6 @@ static float dec_float(uint8_t b)
   return float_table[b % 16];
 }
 
-typedef struct {
-  clattn_params p;
-  int present[T_COUNT];
-  size_t dims[T_COUNT][4]; /* logical dims as size_t (hostile ints wrap) */
-  int need_ok[T_COUNT];    /* the view's extent did not overflow */
-  size_t need[T_COUNT];    /* bytes the view addresses */
-  size_t bytes[T_COUNT];   /* bytes of the buffer allocated */
-  unsigned char *host[T_COUNT];
-  cl_mem mem[T_COUNT];
-  int kv_lens;
-  size_t kv_lens_bytes;
-  int32_t *kv_lens_host;
-  cl_mem kv_lens_mem;
-  int want_done, call_null_ctx, call_null_params;
-} fz_case;
 
 static size_t mul_w(size_t a, size_t b) { return a * b; } /* wrapping on purpose */
 
@@ -258,23 +273,16 @@ static void decode_view(fz_case *c, int t, const uint8_t vb[4], int present)
   case T_W: tv = &p->weights; break;
   case T_ENT: tv = &p->entropy; break;
   case T_MAXW: tv = &p->max_weight; break;
-  default: tv = &p->argmax; break;
+  case T_ARGMAX: tv = &p->argmax; break;
+  case T_KS: tv = &p->k_scale; break;
+  default: tv = &p->v_scale; break;
   }
   memset(tv, 0, sizeof *tv);
   c->present[t] = present && vb[0] != 0xFF;
   if (!c->present[t])
     return;
-  int heads = (t == T_K || t == T_V) ? p->kv_heads : p->q_heads;
-  int rows = (t == T_K || t == T_V) ? p->kv_len : p->q_len;
-  int cols = (t == T_Q || t == T_K) ? p->head_dim
-             : (t == T_V || t == T_OUT) ? p->value_dim
-             : (t == T_MASK || t == T_BIAS || t == T_W) ? p->kv_len
-                                                        : 1;
   size_t *D = c->dims[t];
-  D[0] = (size_t)(long)p->batch;
-  D[1] = (size_t)(long)heads;
-  D[2] = (size_t)(long)rows;
-  D[3] = (size_t)(long)cols;
+  fz_view_dims(c, t, D);
   const size_t B = D[0], H = D[1], R = D[2], C = D[3];
   (void)B;
   size_t *s = tv->stride;
@@ -304,7 +312,7 @@ static void decode_view(fz_case *c, int t, const uint8_t vb[4], int present)
     break;
   }
   tv->offset = off >= 0xF0 ? hostile_offset[off & 7] : (mode % 8 == 7 ? 0 : off % 5);
-  const size_t es = t_esize[t];
+  const size_t es = c->esize[t] = fz_view_esize(c, t);
   /* Dims that are not positive: allocate as if they were 1 (the call is
    * rejected before any view is looked at). */
   size_t Dn[4];
@@ -325,6 +333,7 @@ static void decode_view(fz_case *c, int t, const uint8_t vb[4], int present)
     }
   }
   c->bytes[t] = bytes;
+  fz_ext_adjust_view(c, t);
 }
 
 static void case_free(fz_case *c)
@@ -337,12 +346,17 @@ static void case_free(fz_case *c)
   if (c->kv_lens_mem)
     clReleaseMemObject(c->kv_lens_mem);
   free(c->kv_lens_host);
+  for (int a = 0; a < A_COUNT; a++) {
+    if (c->aux_mem[a])
+      clReleaseMemObject(c->aux_mem[a]);
+    free(c->aux_host[a]);
+  }
 }
 
-static void fill_canary(unsigned char *b, size_t bytes)
+static void fill_canary(unsigned char *b, size_t bytes, size_t esize)
 {
   for (size_t i = 0; i < bytes; i++)
-    b[i] = (unsigned char)(CANARY >> (8 * (i % 4)));
+    b[i] = esize == 2 ? (unsigned char)(CANARY16 >> (8 * (i % 2))) : (unsigned char)(CANARY >> (8 * (i % 4)));
 }
 
 static uint64_t fnv(const uint8_t *d, size_t n)
@@ -354,9 +368,20 @@ static uint64_t fnv(const uint8_t *d, size_t n)
 }
 
 /* Decodes the whole case (host side only). 0, or -1 out of host memory. */
-static int decode(const uint8_t *data, size_t size, fz_case *c)
+static int decode(const uint8_t *input, size_t input_size, fz_case *c)
 {
   memset(c, 0, sizeof *c);
+  /* the extension: the magic, its header, then an input of the first format */
+  const uint8_t *data = input;
+  size_t size = input_size;
+  if (size >= FZ_MAGIC_LEN && !memcmp(data, FZ_MAGIC, FZ_MAGIC_LEN)) {
+    c->ext = 1;
+    const size_t skip = size < FZ_MAGIC_LEN + FZ_EXT ? size : FZ_MAGIC_LEN + FZ_EXT;
+    for (size_t i = 0; i < FZ_EXT; i++)
+      c->ext_hdr[i] = hdr(data, size, FZ_MAGIC_LEN + i);
+    data += skip;
+    size -= skip;
+  }
   clattn_params *p = &c->p;
   *p = clattn_params_default();
   p->batch = dec_dim(hdr(data, size, 0), 0);
@@ -385,16 +410,11 @@ static int decode(const uint8_t *data, size_t size, fz_case *c)
   c->kv_lens = (f1 >> 1) & 1;
   c->call_null_ctx = (f2 >> 2) & 1;
   c->call_null_params = (f2 >> 3) & 1;
-  const int optional[T_COUNT] = {1, 1, 1, 1, (f1 >> 2) & 1, (f1 >> 3) & 1, (f1 >> 4) & 1,
-                                 (f1 >> 5) & 1, (f1 >> 6) & 1, (f1 >> 7) & 1, f2 & 1};
-  for (int t = 0; t < T_COUNT; t++) {
-    uint8_t vb[4];
-    for (int i = 0; i < 4; i++)
-      vb[i] = hdr(data, size, 16 + 4 * (size_t)t + i);
-    decode_view(c, t, vb, optional[t]);
-  }
+  c->kv = CLATTN_F32; /* the first format's k and v: f32 buffers, whatever byte 7 says */
+  if (c->ext)
+    fz_ext_header(c, c->ext_hdr);
 
-  reader r = {data, size, size < FZ_HEADER ? size : FZ_HEADER, fnv(data, size)};
+  fz_reader r = {data, size, size < FZ_HEADER ? size : FZ_HEADER, fnv(input, input_size)};
   if (c->kv_lens) {
     const long B = p->batch;
     size_t want = B > 0 && (size_t)B <= FZ_BUF_CAP / 4 ? (size_t)B * 4 : 64;
@@ -406,11 +426,27 @@ static int decode(const uint8_t *data, size_t size, fz_case *c)
       return -1;
     const int N = p->kv_len;
     for (size_t i = 0; i < want / 4; i++) {
-      uint8_t x = rd(&r);
+      uint8_t x = fz_rd(&r);
       const long long t[12] = {N, N, N - 1LL, 1, 0, -1, N / 2, N + 1LL, INT_MAX, INT_MIN, 2, N + 100LL};
       /* (hostile kv_len: wraps to int32 on purpose) */
       c->kv_lens_host[i] = x < 0xF0 ? (int32_t)(uint32_t)(unsigned long long)t[x % 12] : (int32_t)(x - 0xF8);
     }
+  }
+  if (fz_ext_data(c, &r) != 0)
+    return -1;
+
+  /* the views (their dims may depend on the extension's totals) */
+  const int optional[T_COUNT] = {1, 1, 1, 1, (f1 >> 2) & 1, (f1 >> 3) & 1, (f1 >> 4) & 1,
+                                 (f1 >> 5) & 1, (f1 >> 6) & 1, (f1 >> 7) & 1, f2 & 1, 0, 0};
+  for (int t = 0; t < T_COUNT; t++) {
+    uint8_t vb[4];
+    int present = optional[t];
+    if (t == T_KS || t == T_VS)
+      present = fz_ext_view(c, t, vb);
+    else
+      for (int i = 0; i < 4; i++)
+        vb[i] = hdr(data, size, 16 + 4 * (size_t)t + i);
+    decode_view(c, t, vb, present);
   }
   for (int t = 0; t < T_COUNT; t++) {
     if (!c->present[t])
@@ -419,19 +455,14 @@ static int decode(const uint8_t *data, size_t size, fz_case *c)
     if (!c->host[t])
       return -1;
     if (t_output[t]) {
-      fill_canary(c->host[t], c->bytes[t]);
+      fill_canary(c->host[t], c->bytes[t], c->esize[t]);
     } else if (t == T_MASK) {
       for (size_t i = 0; i < c->bytes[t]; i++) {
-        uint8_t x = rd(&r);
+        uint8_t x = fz_rd(&r);
         c->host[t][i] = x % 4 == 0 ? 0 : x;
       }
     } else {
-      float *f = (float *)c->host[t];
-      size_t n = c->bytes[t] / 4;
-      for (size_t i = 0; i < n; i++)
-        f[i] = dec_float(rd(&r));
-      for (size_t i = n * 4; i < c->bytes[t]; i++)
-        c->host[t][i] = 0x7F; /* the partial element past the last float */
+      fz_fill_input(c, t, &r);
     }
   }
   return 0;
@@ -450,7 +481,9 @@ static const clattn_tensor *view_of(const clattn_params *p, int t)
   case T_W: return &p->weights;
   case T_ENT: return &p->entropy;
   case T_MAXW: return &p->max_weight;
-  default: return &p->argmax;
+  case T_ARGMAX: return &p->argmax;
+  case T_KS: return &p->k_scale;
+  default: return &p->v_scale;
   }
 }
 
@@ -483,6 +516,24 @@ static int view_self_overlaps(const fz_case *c, int t)
 }
 
 #define BIT(s) (1u << (unsigned)(s))
+
+typedef struct {
+  unsigned set;
+  char *why;
+  size_t at, n;
+} prediction;
+
+/* Adds a status and its reason to a prediction (the extension's rules' callback). */
+static void add_reason(void *ctx, int status, const char *text)
+{
+  prediction *pr = ctx;
+  pr->set |= BIT(status);
+  if (pr->at < pr->n) {
+    int w = snprintf(pr->why + pr->at, pr->n - pr->at, "%s%s", pr->at ? "; " : "", text);
+    if (w > 0)
+      pr->at += (size_t)w;
+  }
+}
 
 /* The set of statuses the rules allow for the call (0 = it must be
  * accepted), with the reasons. */
@@ -560,6 +611,11 @@ static unsigned predict(const fz_case *c, char *why, size_t n)
   if (c->present[T_W] && algo == CLATTN_ALGO_FUSED)
     REASON(CLATTN_ERR_UNSUPPORTED, "weights with FUSED");
 #undef REASON
+  if (c->ext) {
+    prediction pr = {set, why, at, n};
+    fz_ext_rules(c, dims_ok, add_reason, &pr);
+    set = pr.set;
+  }
   return set;
 }
 
@@ -573,8 +629,13 @@ static int in_dim_table(int d)
   return 0;
 }
 
-static int is_canary(const unsigned char *b, size_t at)
+static int is_canary(const unsigned char *b, size_t at, size_t esize)
 {
+  if (esize == 2) {
+    uint16_t x;
+    memcpy(&x, b + at, 2);
+    return x == CANARY16;
+  }
   uint32_t x;
   memcpy(&x, b + at, 4);
   return x == CANARY;
@@ -583,7 +644,7 @@ static int is_canary(const unsigned char *b, size_t at)
 /* Norm-wise comparison with exact NaN / inf classes; skip (per row of
  * row_len elements) may be NULL. */
 static int compare(const char *name, const float *x, const double *r, size_t count, size_t row_len,
-                   const unsigned char *skip, double atol, const unsigned char *nan_rows, const char *knob,
+                   const unsigned char *skip, double tol, double atol, const unsigned char *nan_rows, const char *knob,
                    char *why, size_t n)
 {
   const int tolerate = knob && known(knob);
@@ -612,7 +673,7 @@ static int compare(const char *name, const float *x, const double *r, size_t cou
       used++;
     }
   }
-  if (sqrt(num) > FZ_TOL * sqrt(den) + atol * sqrt((double)used))
+  if (sqrt(num) > tol * sqrt(den) + atol * sqrt((double)used))
     return fail(why, n, "%s: error norm %.3g against reference norm %.3g over %zu entries", name, sqrt(num),
                 sqrt(den), used);
   return FZ_PASS;
@@ -649,11 +710,38 @@ static int mark_view(const fz_case *c, int t, unsigned char *mark)
   return alias;
 }
 
-/* Dense [B,Hq,M,C] gather of output view t from its read-back buffer. */
+/* Element e of output buffer t as a float (16-bit out in its storage). */
+static float out_value(const fz_case *c, int t, const unsigned char *raw, size_t e)
+{
+  if (c->esize[t] == 2) {
+    uint16_t h;
+    memcpy(&h, raw + e * 2, 2);
+    return c->p.dtype == CLATTN_F16 ? cp_f16_value(h) : cp_bf16_value(h);
+  }
+  float f;
+  memcpy(&f, raw + e * 4, 4);
+  return f;
+}
+
+/* Dense [B,Hq,M,C] gather of output view t from its read-back buffer. Rows
+ * that do not exist (past a packed sequence's end) gather 0; out's rows of
+ * a packed sequence lie at its q0 + i. */
 static void gather(const fz_case *c, int t, const unsigned char *raw, float *dst)
 {
-  for (size_t k = 0, n = view_count(c, t); k < n; k++)
-    memcpy(dst + k, raw + view_element(c, t, k) * 4, 4);
+  const clattn_params *p = &c->p;
+  const clattn_tensor *tv = view_of(p, t);
+  const size_t C = t_rank[t] == 4 ? c->dims[t][3] : 1;
+  size_t k = 0;
+  for (int b = 0; b < p->batch; b++)
+    for (int h = 0; h < p->q_heads; h++)
+      for (int i = 0; i < p->q_len; i++) {
+        long row;
+        const int here = fz_row_exists(c, b, i, &row);
+        if (t != T_OUT)
+          row = i;
+        for (size_t j = 0; j < C; j++, k++)
+          dst[k] = here ? out_value(c, t, raw, cp_index(tv, b, h, (int)row, (int)j)) : 0.0f;
+      }
 }
 
 static const char *status_name(int s)
@@ -668,12 +756,18 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
   const int B = p->batch, Hq = p->q_heads, M = p->q_len, N = p->kv_len, dv = p->value_dim;
   const size_t rows = (size_t)B * Hq * M;
   int verdict = FZ_PASS;
+  /* Packed sequences: rows past a sequence's end do not exist, and out rows
+   * that no sequence (or several: malformed offsets) claims have no
+   * defined value, so an output element may keep its canary; the
+   * comparisons below catch unwritten rows that do exist. */
+  const int may_keep_canary = c->p.cu_seqlens_q != NULL;
 
   /* every element of every output view written, nothing outside them */
   for (int t = T_OUT; t < T_COUNT; t++) {
     if (!t_output[t] || !c->present[t])
       continue;
-    unsigned char *mark = calloc(c->bytes[t] / t_esize[t] + 1, 1);
+    const size_t es = c->esize[t];
+    unsigned char *mark = calloc(c->bytes[t] / es + 1, 1);
     if (!mark)
       return fail(why, n, "harness: out of host memory");
     if (mark_view(c, t, mark)) {
@@ -688,16 +782,16 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
                   status_name(st), t_name[t], view_of(p, t)->stride[0], view_of(p, t)->stride[1],
                   view_of(p, t)->stride[2], view_of(p, t)->stride[3]);
     }
-    const size_t elems = c->bytes[t] / 4;
+    const size_t elems = c->bytes[t] / es;
     for (size_t e = 0; e < elems && verdict == FZ_PASS; e++) {
-      const int canary = is_canary(back[t], e * 4);
-      if (mark[e] && canary)
+      const int canary = is_canary(back[t], e * es, es);
+      if (mark[e] && canary && !may_keep_canary)
         verdict = fail(why, n, "%s[%zu] inside the view was not written (still the canary)", t_name[t], e);
       else if (!mark[e] && !canary)
-        verdict = fail(why, n, "%s[%zu] outside the view was written (0x%08x)", t_name[t], e,
-                       (unsigned)((const uint32_t *)(const void *)back[t])[e]);
+        verdict = fail(why, n, "%s[%zu] outside the view was written (%g)", t_name[t], e,
+                       (double)out_value(c, t, back[t], e));
     }
-    for (size_t e = elems * 4; e < c->bytes[t] && verdict == FZ_PASS; e++)
+    for (size_t e = elems * es; e < c->bytes[t] && verdict == FZ_PASS; e++)
       if (back[t][e] != c->host[t][e])
         verdict = fail(why, n, "%s: byte %zu past the last element was written", t_name[t], e);
     free(mark);
@@ -705,20 +799,50 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
       return verdict;
   }
 
-  /* the fp64 reference on host copies of exactly the uploaded buffers */
-  ref_inputs in = {.q = (const float *)c->host[T_Q], .k = (const float *)c->host[T_K],
-                   .v = (const float *)c->host[T_V], .mask = c->present[T_MASK] ? c->host[T_MASK] : NULL,
-                   .bias = c->present[T_BIAS] ? (const float *)c->host[T_BIAS] : NULL,
-                   .kv_lens = c->kv_lens ? c->kv_lens_host : NULL};
+  /* the fp64 reference on host copies of exactly the uploaded buffers, as
+   * the kernels read them (16-bit values widened, quantised ones
+   * dequantised, paged keys gathered) */
+  fz_ref fr;
   ref_outputs ro;
   memset(&ro, 0, sizeof ro);
   double *ref = calloc(rows * (size_t)dv + rows * 3 + rows * (size_t)N + 1, sizeof(double));
   int32_t *ref_arg = calloc(rows + 1, sizeof(int32_t));
   float *got = calloc(rows * ((size_t)dv + (size_t)N) + 1, sizeof(float));
-  unsigned char *skip = calloc(rows + 1, 1), *nan_rows = calloc(rows + 1, 1);
-  if (!ref || !ref_arg || !got || !skip || !nan_rows) {
+  unsigned char *skip = calloc(rows + 1, 1), *nan_rows = calloc(rows + 1, 1), *gone = calloc(rows + 1, 1);
+  unsigned char *claims = NULL;
+  const int built = fz_ref_build(c, &fr);
+  const clattn_params *rp = &fr.rp;
+  const ref_inputs in = fr.in;
+  if (!ref || !ref_arg || !got || !skip || !nan_rows || !gone || built != 0) {
     verdict = fail(why, n, "harness: out of host memory");
     goto done;
+  }
+  /* storage tolerances: 16-bit out rounds each element; quantised K/V and
+   * larger scores cost f32 digits */
+  const int quantised = c->kv == CLATTN_Q8_0 || c->kv == CLATTN_INT8;
+  const double tol = fmax(p->dtype == CLATTN_F16 ? 1e-3 : p->dtype == CLATTN_BF16 ? 8e-3 : FZ_TOL,
+                          quantised ? 1e-3 : FZ_TOL);
+  const double tol_f32 = quantised ? 1e-3 : FZ_TOL;
+  /* rows that do not exist, and out rows claimed by other than one sequence */
+  if (may_keep_canary) {
+    const size_t out_rows = c->dims[T_OUT][2] + 1;
+    claims = calloc(out_rows, 1);
+    if (!claims) {
+      verdict = fail(why, n, "harness: out of host memory");
+      goto done;
+    }
+    for (int b = 0; b < B; b++)
+      for (int i = 0; i < M; i++) {
+        long orow;
+        if (fz_row_exists(c, b, i, &orow) && orow >= 0 && (size_t)orow < out_rows && claims[orow] < 2)
+          claims[orow]++;
+      }
+    for (size_t row = 0; row < rows; row++) {
+      long orow;
+      const int b = (int)(row / ((size_t)Hq * M)), i = (int)(row % M);
+      gone[row] = !fz_row_exists(c, b, i, &orow);
+      skip[row] = gone[row] || orow < 0 || (size_t)orow >= out_rows || claims[orow] != 1;
+    }
   }
   ro.out = ref;
   ro.lse = ref + rows * (size_t)dv;
@@ -726,7 +850,7 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
   ro.max_weight = ro.entropy + rows;
   ro.weights = ro.max_weight + rows;
   ro.argmax = ref_arg;
-  if (ref_forward(p, &in, &ro) != 0) {
+  if (ref_forward(rp, &in, &ro) != 0) {
     verdict = fail(why, n, "harness: ref_forward rejected accepted params");
     goto done;
   }
@@ -744,12 +868,13 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
   const int group = Hq / p->kv_heads;
   for (size_t row = 0; row < rows; row++) {
     const int b = (int)(row / ((size_t)Hq * M)), h = (int)(row / M % Hq);
+    const ref_seq sq = ref_sequence(rp, &in, b);
     for (int j = 0; j < N && !skip[row]; j++) {
       const double w = ro.weights[row * N + j];
       if (!(w > 0.0 && w < 1e-30))
         continue;
       for (int d = 0; d < dv; d++)
-        if (!isfinite(((const float *)c->host[T_V])[cp_index(&p->v, b, h / group, j, d)]))
+        if (!isfinite(in.v[cp_index(&rp->v, b, h / group, (int)sq.k0 + j, d)]))
           skip[row] = 1;
     }
   }
@@ -761,26 +886,26 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
         nan_rows[row] = 1;
 
   gather(c, T_OUT, back[T_OUT], got);
-  if ((verdict = compare("out", got, ro.out, rows * (size_t)dv, (size_t)dv, skip, 1e-5, NULL, NULL, why, n)))
+  if ((verdict = compare("out", got, ro.out, rows * (size_t)dv, (size_t)dv, skip, tol, 1e-5, NULL, NULL, why, n)))
     goto done;
   if (c->present[T_LSE]) {
     gather(c, T_LSE, back[T_LSE], got);
-    if ((verdict = compare("lse", got, ro.lse, rows, 1, NULL, 1e-5, NULL, NULL, why, n)))
+    if ((verdict = compare("lse", got, ro.lse, rows, 1, gone, tol_f32, 1e-5, NULL, NULL, why, n)))
       goto done;
   }
   if (c->present[T_W]) {
     gather(c, T_W, back[T_W], got);
-    if ((verdict = compare("weights", got, ro.weights, rows * (size_t)N, (size_t)N, NULL, 1e-5, nan_rows, "nan-row-weights", why, n)))
+    if ((verdict = compare("weights", got, ro.weights, rows * (size_t)N, (size_t)N, gone, tol_f32, 1e-5, nan_rows, "nan-row-weights", why, n)))
       goto done;
   }
   if (c->present[T_ENT]) {
     gather(c, T_ENT, back[T_ENT], got);
-    if ((verdict = compare("entropy", got, ro.entropy, rows, 1, NULL, 1e-4, nan_rows, "ref-inf-row-diag", why, n)))
+    if ((verdict = compare("entropy", got, ro.entropy, rows, 1, gone, tol_f32, 1e-4, nan_rows, "ref-inf-row-diag", why, n)))
       goto done;
   }
   if (c->present[T_MAXW]) {
     gather(c, T_MAXW, back[T_MAXW], got);
-    if ((verdict = compare("max_weight", got, ro.max_weight, rows, 1, NULL, 1e-5, nan_rows, "ref-inf-row-diag", why, n)))
+    if ((verdict = compare("max_weight", got, ro.max_weight, rows, 1, gone, tol_f32, 1e-5, nan_rows, "ref-inf-row-diag", why, n)))
       goto done;
   }
   if (c->present[T_ARGMAX]) {
@@ -788,13 +913,13 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
     const int32_t *arg = (const int32_t *)(const void *)got;
     for (size_t row = 0; row < rows; row++) {
       const int32_t want = ref_arg[row], have = arg[row];
-      if (want == REF_ARGMAX_UNSPECIFIED || have == want)
+      if (want == REF_ARGMAX_UNSPECIFIED || have == want || gone[row])
         continue;
       const int b = (int)(row / ((size_t)Hq * M)), h = (int)(row / M % Hq), i = (int)(row % M);
-      int ok = want >= 0 && have >= 0 && have < N && ref_allowed(p, &in, b, h, i, have);
+      int ok = want >= 0 && have >= 0 && have < N && ref_allowed(rp, &in, b, h, i, have);
       if (ok) {
-        const double top = ref_score(p, &in, b, h, i, want);
-        ok = ref_score(p, &in, b, h, i, have) >= top - 1e-5 * fmax(1.0, fabs(top));
+        const double top = ref_score(rp, &in, b, h, i, want);
+        ok = ref_score(rp, &in, b, h, i, have) >= top - 1e-5 * fmax(1.0, fabs(top)) * (quantised ? 100 : 1);
       }
       if (!ok) {
         verdict = fail(why, n, "argmax[row %zu] = %d, reference %d", row, (int)have, (int)want);
@@ -803,6 +928,9 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
     }
   }
 done:
+  fz_ref_free(&fr);
+  free(claims);
+  free(gone);
   free(ref);
   free(ref_arg);
   free(got);
@@ -872,6 +1000,25 @@ int fz_warm_up(char *why, size_t n)
         if (!ok)
           return FZ_FAIL;
       }
+  /* every storage pair of the extension (q/out f32, f16, bf16; K/V f32,
+   * f16, bf16, Q8_0, INT8) on each path, head dims 32: inputs of the
+   * extended format, checked like any other */
+  for (int dtype = 0; dtype < 3; dtype++)
+    for (int kv = 1; kv <= 5; kv++)
+      for (int algo = 1; algo <= 3; algo++) {
+        uint8_t in[FZ_MAGIC_LEN + FZ_EXT + FZ_HEADER] = {0};
+        memcpy(in, FZ_MAGIC, FZ_MAGIC_LEN);
+        in[FZ_MAGIC_LEN + 0] = (uint8_t)dtype;
+        in[FZ_MAGIC_LEN + 1] = (uint8_t)kv;
+        uint8_t *h = in + FZ_MAGIC_LEN + FZ_EXT;
+        h[3] = 2;           /* q_len 3 */
+        h[4] = 4;           /* kv_len 5 */
+        h[5] = h[6] = 5;    /* head and value dim 32 */
+        h[13] = (uint8_t)algo;
+        char w[1024];
+        if (fz_run(in, sizeof in, w, sizeof w) != FZ_PASS)
+          return fail(why, n, "warm-up dtype %d kv_dtype %d algo %d: %s", dtype, kv - 1, algo, w);
+      }
   return FZ_PASS;
 }
 
@@ -897,8 +1044,11 @@ int fz_run(const uint8_t *data, size_t size, char *why, size_t n)
     /* a call the rules accept: run it only when it is cheap and its head
      * dims are among the few whose fused program is built (seconds each) */
     const double work = (double)p->batch * p->q_heads * p->q_len * p->kv_len * (p->head_dim + p->value_dim) +
-                        (double)p->batch * p->kv_heads * p->kv_len * (p->head_dim + p->value_dim);
-    if (work > FZ_WORK_CAP || !in_dim_table(p->head_dim) || !in_dim_table(p->value_dim)) {
+                        (double)c.dims[T_K][0] * p->kv_heads * c.dims[T_K][2] * (p->head_dim + p->value_dim);
+    /* storage other than f32 builds programs of its own: only for head dims 32 */
+    const int f32 = p->dtype == CLATTN_F32 && c.kv == CLATTN_F32;
+    if (work > FZ_WORK_CAP || !in_dim_table(p->head_dim) || !in_dim_table(p->value_dim) ||
+        (!f32 && (p->head_dim != 32 || p->value_dim != 32))) {
       stats.skipped++;
       case_free(&c);
       return FZ_SKIP;
@@ -929,6 +1079,16 @@ int fz_run(const uint8_t *data, size_t size, char *why, size_t n)
       goto out;
     }
   }
+  for (int a = 0; a < A_COUNT; a++) {
+    if (!c.aux[a])
+      continue;
+    cl_int e = CL_SUCCESS;
+    c.aux_mem[a] = clCreateBuffer(clc, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.aux_bytes[a], c.aux_host[a], &e);
+    if (e != CL_SUCCESS) {
+      verdict = fail(why, n, "harness: clCreateBuffer(extension buffer %d): %d", a, (int)e);
+      goto out;
+    }
+  }
   clattn_params *pp = &c.p;
   pp->q.buf = c.mem[T_Q];
   pp->k.buf = c.mem[T_K];
@@ -942,6 +1102,14 @@ int fz_run(const uint8_t *data, size_t size, char *why, size_t n)
   pp->max_weight.buf = c.mem[T_MAXW];
   pp->argmax.buf = c.mem[T_ARGMAX];
   pp->kv_lens = c.kv_lens_mem;
+  pp->k_scale.buf = c.mem[T_KS];
+  pp->v_scale.buf = c.mem[T_VS];
+  pp->cu_seqlens_q = c.aux_mem[A_CU_Q];
+  pp->cu_seqlens_k = c.aux_mem[A_CU_K];
+  pp->block_table = c.aux_mem[A_TABLE];
+  pp->alibi_slopes = c.aux_mem[A_ALIBI];
+  pp->sinks = c.aux_mem[A_SINKS];
+  pp->additive_w = c.aux_mem[A_ADDW];
 
   /* NULL context / params: rejected, nothing touched */
   if (c.call_null_ctx) {
@@ -1005,6 +1173,7 @@ int fz_run(const uint8_t *data, size_t size, char *why, size_t n)
       clReleaseEvent(done);
     }
     stats.accepted++;
+    stats.ext_accepted += c.ext;
     if (st == CLATTN_ERR_EMPTY_ROW)
       stats.empty_row++;
     if (set) {
@@ -1049,6 +1218,13 @@ void fz_describe(const uint8_t *data, size_t size, char *buf, size_t n)
                                p->batch, p->q_heads, p->kv_heads, p->q_len, p->kv_len, p->head_dim, p->value_dim,
                                (int)p->dtype, (double)p->scale, p->causal, p->window_left, p->window_right,
                                (int)p->empty_rows, (int)p->algo, c.kv_lens);
+  if (c.ext && at < n)
+    at += (size_t)snprintf(buf + at, n - at,
+                           " kv_dtype=%d softcap=%g score=%d alibi=%d sinks=%d additive_w=%d cu_seqlens=%d/%d "
+                           "total=%d/%d block_table=%d page_size=%d num_pages=%d bt_stride=%d",
+                           (int)p->kv_dtype, (double)p->softcap, (int)p->score, c.aux[A_ALIBI], c.aux[A_SINKS],
+                           c.aux[A_ADDW], c.aux[A_CU_Q], c.aux[A_CU_K], p->total_q, p->total_kv, c.aux[A_TABLE],
+                           p->page_size, p->num_pages, p->block_table_stride);
   for (int t = 0; t < T_COUNT && at < n; t++) {
     if (!c.present[t])
       continue;

@@ -11,7 +11,14 @@
  *   - an accepted call (OK, or EMPTY_ROW under EMPTY_ERROR) writes every
  *     element of every output view, no element outside them (canaries),
  *     and matches the fp64 reference (tests/kit/reference.h) within 1e-4
- *     norm-wise with the NaN / +-inf class of every element exact.
+ *     norm-wise with the NaN / +-inf class of every element exact. The
+ *     reference reads the stored values (16-bit widened, Q8_0 / INT8
+ *     dequantised in f32 as the kernels do, paged keys gathered through the
+ *     block table, keys on pages outside the pool masked out); 16-bit out
+ *     and quantised K/V widen the tolerance (f16 1e-3, bf16 8e-3, quantised
+ *     1e-3). With packed sequences, rows past a sequence's end and out rows
+ *     that malformed offsets give to no sequence or to several have no
+ *     defined value: they are not compared and may keep their canary.
  *
  * Shared by the libFuzzer harness (fuzz_forward.c) and the opencl-suite
  * test that replays tests/fuzz/corpus and tests/fuzz/regressions
@@ -34,6 +41,7 @@ typedef struct {
   long skipped;       /* accepted by the rules but over the work cap / dims set */
   long accepted;      /* OK or EMPTY_ROW */
   long empty_row;     /* EMPTY_ROW under EMPTY_ERROR */
+  long ext_accepted;  /* accepted inputs of the extended format (fuzz_fields.h) */
   long rejected;      /* any other status (all predicted) */
   long known_good;    /* known-good calls run */
   long known_skipped; /* violations of known bugs tolerated (CLATTN_FUZZ_KNOWN) */

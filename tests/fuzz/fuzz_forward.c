@@ -26,9 +26,9 @@ static void report_stats(void)
 {
   const fz_stats *s = fz_get_stats();
   fprintf(stderr,
-          "fuzz_forward: %ld inputs, %ld calls, %ld accepted (%ld empty-row), %ld rejected, %ld skipped "
-          "over the work cap, %ld known-good calls, %ld known-bug violations tolerated\n",
-          s->inputs, s->calls, s->accepted, s->empty_row, s->rejected, s->skipped, s->known_good,
+          "fuzz_forward: %ld inputs, %ld calls, %ld accepted (%ld empty-row, %ld of the extended format), "
+          "%ld rejected, %ld skipped over the work cap, %ld known-good calls, %ld known-bug violations tolerated\n",
+          s->inputs, s->calls, s->accepted, s->empty_row, s->ext_accepted, s->rejected, s->skipped, s->known_good,
           s->known_skipped);
 }
 

@@ -148,6 +148,31 @@ float cp_round_to(clattn_dtype dtype, float x)
   return x;
 }
 
+void cp_quantize_q8_0_row(const float *x, unsigned char *y, int k)
+{
+  for (int i = 0; i < k / 32; i++) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++)
+      amax = fmaxf(amax, fabsf(x[i * 32 + j]));
+    const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+    const uint16_t dh = cp_f16_bits(d);
+    memcpy(y + i * 34, &dh, 2);
+    for (int j = 0; j < 32; j++)
+      y[i * 34 + 2 + j] = (unsigned char)(int8_t)roundf(x[i * 32 + j] * id);
+  }
+}
+
+float cp_quantize_int8_row(const float *x, unsigned char *q, int k)
+{
+  float amax = 0.0f;
+  for (int i = 0; i < k; i++)
+    amax = fmaxf(amax, fabsf(x[i]));
+  const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+  for (int i = 0; i < k; i++)
+    q[i] = (unsigned char)(int8_t)roundf(x[i] * id);
+  return d;
+}
+
 /* Bytes of one q, k, v or out element. */
 static size_t storage_bytes(const cp_problem *pb)
 {

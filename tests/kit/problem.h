@@ -225,6 +225,14 @@ float cp_bf16_value(uint16_t h);
 /* x rounded to dtype's storage. */
 float cp_round_to(clattn_dtype dtype, float x);
 
+/* ggml's quantize_row_q8_0_reference: k (a multiple of 32) values into k / 32
+ * blocks of 34 bytes at y (per block d = amax / 127 stored as f16, round to
+ * nearest even; q = roundf(x * (d ? 1 / d : 0)), 1 / d from the f32 d). */
+void cp_quantize_q8_0_row(const float *x, unsigned char *y, int k);
+/* The same rule for one INT8 row of k values: the quants at q; returns the
+ * f32 scale amax / 127. */
+float cp_quantize_int8_row(const float *x, unsigned char *q, int k);
+
 /* Element index of view t at (b, h, row, col), size_t arithmetic. */
 size_t cp_index(const clattn_tensor *t, int b, int h, int row, int col);
 
