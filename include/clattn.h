@@ -80,6 +80,12 @@ CLATTN_EXPORT const char *clattn_status_string(clattn_status s);
 /* Detail of the last failure in this thread: what failed, the OpenCL error's
  * name, the head of the build log. ctx may be NULL (e.g. after a failed create). */
 CLATTN_EXPORT const char *clattn_last_error(const clattn_context *ctx);
+/* What this thread's last clattn_forward, clattn_backward, clattn_kv_append
+ * or clattn_merge_states enqueued, once validated: the call's algorithm,
+ * then each kernel in the order first enqueued, e.g. "fused: flash_rows_direct4,
+ * merge_states" or "gemm: gemm_mask_scores, CLBlast SGEMM, ..."; "" before
+ * any call. Per thread, like clattn_last_error. */
+CLATTN_EXPORT const char *clattn_last_route(void);
 
 /* Storage; math is f32. Q8_0 and INT8 are K/V storage only (kv_dtype):
  *   CLATTN_Q8_0: ggml's block_q8_0 along the head dim. Each run of 32

@@ -65,6 +65,7 @@ clattn_status clattn_kv_append(clattn_context *ctx, const clattn_append_params *
     return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_kv_append: n_wait is %u but wait is NULL", n_wait);
   clattn_status st = ca_validate_append(ctx, ap);
   if (st) return st;
+  ca_route_begin("kv_append");
   if (ap->new_len == 0) { /* a no-op that still orders after the caller's events */
     if (!done) return CLATTN_OK;
     cl_int err = clEnqueueMarkerWithWaitList(ctx->queue, n_wait, n_wait ? wait : NULL, done);

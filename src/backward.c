@@ -257,6 +257,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   /* FA2's single pass: dQ added atomically to f32 rows; d_additive_w's row
    * terms come from bwd_dq, so with them the two deterministic passes run */
   const int use_atomics = !use_staged && !bp->deterministic && !want_dw;
+  ca_route_begin(use_staged ? "backward staged" : use_atomics ? "backward fa2 atomic dq" : "backward fa2");
   const cl_ulong dq_bytes = use_atomics ? (cl_ulong)rows_total * (cl_ulong)p.head_dim * sizeof(float) : 0;
   if (use_atomics && (dq_bytes > ctx->max_alloc || dq_bytes > SIZE_MAX))
     return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "backward: the atomic dQ's f32 rows (%llu bytes) exceed the device's "

@@ -33,6 +33,7 @@ clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p, cl_uin
     return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_forward: n_wait is %u but wait is NULL", n_wait);
   clattn_status st = ca_validate(ctx, p, &plan);
   if (st != CLATTN_OK) return st;
+  ca_route_begin(clattn_algo_name(plan.algo)); /* each enqueue adds its kernel */
   switch (plan.algo) {
     case CLATTN_ALGO_FUSED: return ca_fused_forward(ctx, p, &plan, n_wait, wait, done);
     case CLATTN_ALGO_GEMM: return ca_gemm_forward(ctx, p, &plan, n_wait, wait, done);

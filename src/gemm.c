@@ -207,7 +207,7 @@ static clattn_status batched_gemm(clattn_context *ctx, int b_transposed, size_t 
       pthread_mutex_unlock(&blast_first_use);
     }
     if (code != CLBlastSuccess) st = blast_fail(code, what);
-    else runs[n_runs++] = ev;
+    else runs[n_runs++] = ev, ca_route_kernel("CLBlast SGEMM");
   }
   /* The next step waits for *prev alone: on an out-of-order queue the runs
    * may finish in any order, so one marker stands for them all. */

@@ -62,6 +62,13 @@ struct clattn_context {
 /* Records that one call holds `bytes` of scratch (for clattn_peak_scratch_bytes). */
 void ca_note_scratch(clattn_context *ctx, size_t bytes);
 
+/* ---- the thread's last route (route.c, clattn_last_route) ---- */
+
+/* Starts this thread's route afresh with what the call is ("fused", "kv_append"). */
+void ca_route_begin(const char *what);
+/* Adds a kernel (ca_enqueue does for every enqueue) unless already listed. */
+void ca_route_kernel(const char *name);
+
 /* ---- errors (error.c) ---- */
 
 /* Records a message for clattn_last_error() in this thread and returns s. */

@@ -101,6 +101,7 @@ clattn_status ca_enqueue(clattn_context *ctx, cl_kernel kernel, const char *name
   if (*prev) clReleaseEvent(*prev);
   *prev = ev;
   atomic_fetch_add_explicit(&ctx->kernels_enqueued, 1, memory_order_relaxed);
+  ca_route_kernel(name);
   return CLATTN_OK;
 }
 

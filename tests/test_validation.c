@@ -5,6 +5,7 @@
  */
 #include <ctype.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "internal.h"
@@ -571,6 +572,33 @@ static void valid_call_after_rejections_still_works(void)
   CHECK(clattn_forward(ct_context(), &d, 0, NULL, NULL) == CLATTN_ERR_INVALID_ARGUMENT);
 }
 
+static void *route_in_new_thread(void *out)
+{
+  snprintf(out, 64, "%s", clattn_last_route());
+  return NULL;
+}
+
+/* clattn_last_route names the algorithm and the kernels a call enqueued; a
+ * rejected call leaves it as it was; it belongs to the calling thread. */
+static void last_route_names_what_ran(void)
+{
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  KC_RUN_OK(pb, CLATTN_ALGO_STAGED, 1e-5);
+  const char *route = clattn_last_route();
+  CHECKF(!strcmp(route, "staged: qk_score, softmax_rows, mix_values"), "staged call's route \"%s\"", route);
+  clattn_params bad = pb->params;
+  bad.head_dim = 0;
+  CHECK(clattn_forward(ct_context(), &bad, 0, NULL, NULL) == CLATTN_ERR_INVALID_ARGUMENT);
+  CHECKF(!strncmp(clattn_last_route(), "staged:", 7), "a rejected call changed the route to \"%s\"",
+         clattn_last_route());
+  char other[64] = "unset";
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, route_in_new_thread, other) == 0);
+  pthread_join(t, NULL);
+  CHECKF(other[0] == 0, "a new thread's route is \"%s\", not empty", other);
+}
+
 int main(int argc, char **argv)
 {
   static const ct_test tests[] = {
@@ -589,6 +617,7 @@ int main(int argc, char **argv)
     CT_TEST(outputs_overlapping_each_other_are_invalid),
     CT_TEST(unusable_cl_mem_objects_are_invalid),
     CT_TEST(valid_call_after_rejections_still_works),
+    CT_TEST(last_route_names_what_ran),
   };
   ct_context();
   ct_cleanup = free_base;

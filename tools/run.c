@@ -18,7 +18,6 @@
 
 #include "cli_args.h"
 #include "heatmap.h"
-#include "internal.h"   /* ca_validate: the algorithm AUTO resolves to; the context's fused kernel */
 #include "npy.h"
 #include "reference.h"
 #include "run_cache.h"
@@ -441,28 +440,14 @@ static int write_outputs(const cp_problem *pb, const run_files *f) {
 
 /* ---- the report ---- */
 
-/* The algorithm that ran (AUTO resolved by the library's own validation)
- * and its kernels. */
-static void print_route(clattn_context *ctx, const cp_problem *pb) {
+/* The algorithm that ran (AUTO resolved) and its kernels, as the library
+ * reports them (clattn_last_route, read right after the call). */
+static void print_route(const cp_problem *pb, const char *route) {
   const clattn_params *p = &pb->params;
-  ca_plan plan;
-  if (ca_validate(ctx, p, &plan) != CLATTN_OK) return;
-  char kernels[256];
-  switch (plan.algo) {
-    case CLATTN_ALGO_STAGED: snprintf(kernels, sizeof kernels, "qk_score, softmax_rows, mix_values"); break;
-    case CLATTN_ALGO_GEMM:
-      snprintf(kernels, sizeof kernels, "%s, CLBlast GEMM, softmax_rows, gemm_store_rows",
-               p->score == CLATTN_SCORE_ADDITIVE ? "qk_score" : "gemm_mask_scores");
-      break;
-    default:
-      if (ctx->tiles.flash_wg > 0)
-        snprintf(kernels, sizeof kernels, "flash_tiled (%d rows per work-group)", ctx->tiles.flash_wg);
-      else
-        snprintf(kernels, sizeof kernels, "flash_rows (%d rows per work-item; flash_rows_direct when a KV head has "
-                 "at most 8 query rows)", ctx->tiles.flash_bm);
-  }
-  printf("  ran: %s storage (f32 arithmetic), algorithm %s%s, kernels %s\n", DTYPE_NAMES[p->dtype],
-         p->algo == CLATTN_ALGO_AUTO ? "auto -> " : "", clattn_algo_name(plan.algo), kernels);
+  const char *colon = strchr(route, ':');
+  printf("  ran: %s storage (f32 arithmetic), algorithm %s%.*s, kernels%s\n", DTYPE_NAMES[p->dtype],
+         p->algo == CLATTN_ALGO_AUTO ? "auto -> " : "", colon ? (int)(colon - route) : 0, route,
+         colon ? colon + 1 : " unknown");
 }
 
 static size_t mem_bytes(cl_mem m) {
@@ -524,6 +509,8 @@ static int run_checked(clattn_context *ctx, cp_problem *pb, int reps, double tol
   cp_result r;
   clattn_peak_scratch_bytes(ctx, 1);
   if (cp_run(pb, ctx, &r) != 0) return fprintf(stderr, "clattn run: %s\n", pb->err), 1;
+  char route[512];
+  snprintf(route, sizeof route, "%s", clattn_last_route());
   printf("%s\n", cp_describe(s, desc, sizeof desc));
   if (files) {   /* the description shows the kit's kinds (mask=ones): say where the values came from */
     const char *const opt[] = {"q", "k", "v", "mask", "bias"};
@@ -540,7 +527,7 @@ static int run_checked(clattn_context *ctx, cp_problem *pb, int reps, double tol
   double ms = r.ms;
   clattn_status st = CLATTN_OK;
   if (reps > 0 && cp_time_forward(pb, ctx, reps, &ms, &st) != 0) return fprintf(stderr, "clattn run: %s\n", pb->err), 1;
-  print_route(ctx, pb);
+  print_route(pb, route);
   print_memory(ctx, pb);
   double flops = 4.0 * s->batch * s->q_heads * (double)s->q_len * s->kv_len * 0.5 * (s->head_dim + s->value_dim);
   if (s->causal) flops *= 0.5;
