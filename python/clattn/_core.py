@@ -235,6 +235,11 @@ class Context:
         finally:
             self._leave()
 
+    def last_route(self):
+        """clattn_last_route: the algorithm and kernels this thread's last
+        call enqueued, e.g. "fused: flash_rows_direct4, merge_states"."""
+        return self._lib.last_route().decode("utf-8", "replace")
+
     def peak_scratch_bytes(self, reset=False):
         self._enter()
         try:

@@ -118,6 +118,7 @@ class _Lib:
         self.cl_device = _fn(lib, "clattn_cl_device", c_void_p, c_void_p)
         self.status_string = _fn(lib, "clattn_status_string", c_char_p, c_int)
         self.last_error = _fn(lib, "clattn_last_error", c_char_p, c_void_p)
+        self.last_route = _fn(lib, "clattn_last_route", c_char_p)
         self.params_default = _fn(lib, "clattn_params_default", Params)
         self.forward = _fn(lib, "clattn_forward", c_int, c_void_p, ctypes.POINTER(Params),
                            cl_uint, c_void_p, ctypes.POINTER(c_void_p))

@@ -69,3 +69,13 @@ def test_merge_states_empty_rows_and_errors(ctx):
         ctx.merge_states(o, lse[:, :, :, :2])
     with pytest.raises(ValueError):
         ctx.merge_states(o[0], lse[0])
+
+
+@pytest.mark.parametrize("algo", ["staged", "fused", "gemm"])
+def test_last_route_names_the_algorithm_and_kernels(ctx, rng, algo):
+    q, k, v = (rng.standard_normal((1, 2, 7, 16)).astype(np.float32) for _ in range(3))
+    ctx.attention(q, k, v, algo=algo)
+    name, _, kernels = ctx.last_route().partition(": ")
+    assert name == algo and kernels
+    if algo == "staged":
+        assert kernels == "qk_score, softmax_rows, mix_values"
