@@ -15,7 +15,9 @@
  * one row, computing each state's weight once for all of them (a decode
  * step's merge has few rows: parallel columns keep the device busy).
  */
-#define MERGE_COLS 4
+#ifndef MERGE_COLS
+#error "MERGE_COLS: the host gives it (src/program_text.h, CA_MERGE_COLS)"
+#endif
 __kernel void merge_states(__global const float *o, ulong o_off, ulong4 o_st, ulong o_state,
                            __global const float *lse, ulong lse_off, ulong4 lse_st, ulong lse_state,
                            int n_states, int value_dim, int heads,

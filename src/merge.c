@@ -1,6 +1,7 @@
 /* Combining partial attention states: the public clattn_merge_states and the
  * split-KV path's final step share one kernel (cl/merge.cl). */
 #include "internal.h"
+#include "program_text.h"
 
 clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype,
                                cl_mem sinks, cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
@@ -24,8 +25,7 @@ clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *m
   ca_arg_mem(&a, sinks);
   ca_arg_int(&a, sinks != NULL);
   ca_arg_mem(&a, empty_flag);
-  enum { MERGE_COLS = 4 }; /* cl/merge.cl's columns per work-item */
-  const size_t global[3] = {((size_t)mp->value_dim + MERGE_COLS - 1) / MERGE_COLS, (size_t)mp->q_len,
+  const size_t global[3] = {((size_t)mp->value_dim + CA_MERGE_COLS - 1) / CA_MERGE_COLS, (size_t)mp->q_len,
                             (size_t)mp->heads * (size_t)mp->batch};
   if ((st = ca_args_done(&a)) == CLATTN_OK)
     st = ca_enqueue(ctx, kernel, "merge_states", 3, global, NULL, n_wait, wait, prev);

@@ -26,10 +26,11 @@ void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_
                                        clattn_src_merge, clattn_src_gemm},
                            .n_sources = 6};
   if (kv_dtype == CLATTN_DTYPE_SAME || kv_dtype == dtype)
-    snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d", (int)dtype);
+    snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D MERGE_COLS=%d", (int)dtype,
+             CA_MERGE_COLS);
   else
-    snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d", (int)dtype,
-             (int)kv_dtype);
+    snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d -D MERGE_COLS=%d",
+             (int)dtype, (int)kv_dtype, CA_MERGE_COLS);
   tl_core_options(tiles, out->options, sizeof out->options);
 }
 

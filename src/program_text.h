@@ -14,6 +14,9 @@
 #include "tiles.h"
 
 enum { CA_MAX_SOURCES = 6, CA_OPTIONS_SIZE = 512 };
+/* merge_states' output columns per work-item (cl/merge.cl's MERGE_COLS):
+ * given to the core program, and the enqueue's NDRange follows it. */
+enum { CA_MERGE_COLS = 4 };
 
 typedef struct {
   const char *sources[CA_MAX_SOURCES];
