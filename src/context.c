@@ -162,6 +162,10 @@ static void choose_tiles(clattn_context *ctx, const clattn_options *opt) {
   apply_environment(ctx);
   const char *block = getenv("CLATTN_FLASH_BLOCK");
   ctx->flash_block = !(block && strcmp(block, "0") == 0);
+  /* CLATTN_BLOCK_HALF=1/0 forces flash_block's half K/V tiles on or off
+   * (they need no cl_khr_fp16: vload_half/vstore_half are core OpenCL) */
+  const char *half = getenv("CLATTN_BLOCK_HALF");
+  if (half && *half) ctx->tiles.block_half = strcmp(half, "0") != 0;
   if (ctx->max_alloc && ctx->scratch_budget > ctx->max_alloc) ctx->scratch_budget = (size_t)ctx->max_alloc;
 }
 

@@ -42,7 +42,8 @@ void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, in
   /* flash_block only where the work-group kernels are used (GPUs, or forced) and its tiles fit */
   tl_block blk;
   if (tiles->flash_wg > 0 && tl_flash_block(dev, head_dim, value_dim, &blk) == 0)
-    snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_RM=%d -D BLOCK_RN=%d", blk.rm, blk.rn);
+    snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_RM=%d -D BLOCK_RN=%d%s", blk.rm, blk.rn,
+             tiles->block_half ? " -D BLOCK_HALF" : "");
   else
     snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_NO_BLOCK");
   tl_build_options(tiles, out->options, sizeof out->options);
