@@ -166,6 +166,12 @@ static void choose_tiles(clattn_context *ctx, const clattn_options *opt) {
    * (they need no cl_khr_fp16: vload_half/vstore_half are core OpenCL) */
   const char *half = getenv("CLATTN_BLOCK_HALF");
   if (half && *half) ctx->tiles.block_half = strcmp(half, "0") != 0;
+  /* A GPU's flash_block with more private memory than this spilled
+   * registers (fused.c steps down); a CPU's private memory is its stack.
+   * CLATTN_BLOCK_PRIVATE_MAX=bytes sets the limit on any device (tests). */
+  ctx->block_private_max = (ctx->caps.type & CL_DEVICE_TYPE_GPU) ? 64 : CL_ULONG_MAX;
+  const char *private_max = getenv("CLATTN_BLOCK_PRIVATE_MAX");
+  if (private_max && *private_max) ctx->block_private_max = strtoull(private_max, NULL, 10);
   if (ctx->max_alloc && ctx->scratch_budget > ctx->max_alloc) ctx->scratch_budget = (size_t)ctx->max_alloc;
 }
 

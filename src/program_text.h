@@ -33,6 +33,9 @@ void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_
  * when tl_flash_block fits and tiles->flash_wg > 0. */
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                    clattn_dtype kv_dtype, ca_program_text *out);
+/* The same with flash_block's tile given (NULL: no flash_block). */
+void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
+                        clattn_dtype kv_dtype, const tl_block *block, ca_program_text *out);
 /* The backward kernels (cl/backward.cl) for one (head_dim, value_dim, storage type). */
 void ca_backward_text(const tl_tiles *tiles, int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out);
 /* clattn_kv_append's kernel for one (source storage, cache storage). */

@@ -111,18 +111,31 @@ int tl_block_budget(const tl_device *dev) {
   return rdna ? 18 : 48;
 }
 
-int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *out) {
-  static const tl_block choices[] = {{4, 4}, {2, 4}, {1, 4}, {1, 2}, {1, 1}};
+static const tl_block choices[] = {{4, 4}, {2, 4}, {1, 4}, {1, 2}, {1, 1}}; /* largest first */
+enum { N_CHOICES = sizeof choices / sizeof choices[0] };
+
+/* The first tile from choices[first] on that fits. */
+static int block_from(const tl_device *dev, int head_dim, int value_dim, size_t first, tl_block *out) {
   const size_t local = dev->local_mem < 48 * 1024 ? (size_t)dev->local_mem : 48 * 1024;
   const size_t dvb = round_to((size_t)value_dim, 32), budget = (size_t)tl_block_budget(dev);
   if (dev->max_wg < 128 || dev->max_item[0] < 128) return -1;
-  for (size_t c = 0; c < sizeof choices / sizeof choices[0]; c++) {
+  for (size_t c = first; c < N_CHOICES; c++) {
     const size_t rm = (size_t)choices[c].rm, rn = (size_t)choices[c].rn;
     if (rm * rn + rm * dvb / 8 <= budget && tl_block_local_bytes(choices[c], head_dim, value_dim) <= local) {
       *out = choices[c];
       return 0;
     }
   }
+  return -1;
+}
+
+int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *out) {
+  return block_from(dev, head_dim, value_dim, 0, out);
+}
+
+int tl_flash_block_below(const tl_device *dev, int head_dim, int value_dim, tl_block *blk) {
+  for (size_t c = 0; c < N_CHOICES; c++)
+    if (choices[c].rm == blk->rm && choices[c].rn == blk->rn) return block_from(dev, head_dim, value_dim, c + 1, blk);
   return -1;
 }
 

@@ -58,6 +58,9 @@ int tl_flash_tile(const tl_device *dev, int head_dim, int value_dim);
  * on most GPUs). Returns 0, or -1 when nothing fits (no flash_block). */
 typedef struct { int rm, rn; } tl_block;
 int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *out);
+/* The next smaller tile that fits after *blk (the step down when the built
+ * kernel cannot run its group or spills): 0, or -1 when there is none. */
+int tl_flash_block_below(const tl_device *dev, int head_dim, int value_dim, tl_block *blk);
 /* Floats of scores and accumulator a flash_block work-item may hold: 48
  * where it has 256 registers (CDNA, NVIDIA, Intel); 18 on RDNA (AMD with
  * 32-wide waves), whose work-items clang-15 gives 128 registers. */
