@@ -129,7 +129,7 @@ while read -r target program kernel _ spills scratch _; do
     echo "FAILED: $pick in $program on $target spills $spills registers, $scratch bytes of scratch per lane"
     failed=1
   fi
-done < <(grep -E '^gfx(90a|1100) +flash-[a-z0-9_]+-d(64-64|128-128) ' "$table")
+done < <(grep -E '^gfx(90a|1100) +flash-[a-z0-9_-]+-d(64-64|128-128) ' "$table")
 if [ $gated -eq 0 ]; then
   echo "FAILED: the gate found no fused kernel at d=64 or d=128 in the figures"
   failed=1
