@@ -454,12 +454,20 @@ static void print_route(clattn_context *ctx, const cp_problem *pb) {
       snprintf(kernels, sizeof kernels, "%s, CLBlast GEMM, softmax_rows, gemm_store_rows",
                p->score == CLATTN_SCORE_ADDITIVE ? "qk_score" : "gemm_mask_scores");
       break;
-    default:
-      if (ctx->tiles.flash_wg > 0)
+    default: {
+      tl_block blk = {0, 0};
+      cl_program program;
+      if (ctx->tiles.flash_wg > 0 && ctx->flash_block && !plan.diag && p->score != CLATTN_SCORE_ADDITIVE &&
+          ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan.kv_dtype, &program, &blk) == CLATTN_OK &&
+          blk.rm > 0)
+        snprintf(kernels, sizeof kernels, "flash_block (%dx%d score tile per work-item, %d rows per work-group)",
+                 blk.rm, blk.rn, 16 * blk.rm);
+      else if (ctx->tiles.flash_wg > 0)
         snprintf(kernels, sizeof kernels, "flash_tiled (%d rows per work-group)", ctx->tiles.flash_wg);
       else
         snprintf(kernels, sizeof kernels, "flash_rows (%d rows per work-item; flash_rows_direct when a KV head has "
                  "at most 8 query rows)", ctx->tiles.flash_bm);
+    }
   }
   printf("  ran: %s storage (f32 arithmetic), algorithm %s%s, kernels %s\n", DTYPE_NAMES[p->dtype],
          p->algo == CLATTN_ALGO_AUTO ? "auto -> " : "", clattn_algo_name(plan.algo), kernels);
