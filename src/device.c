@@ -115,6 +115,8 @@ clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *ma
               "clGetDeviceInfo(CL_DEVICE_VENDOR_ID)");
   CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_PARAMETER_SIZE, sizeof caps->max_param, &caps->max_param, NULL),
               "clGetDeviceInfo(CL_DEVICE_MAX_PARAMETER_SIZE)");
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_ADDRESS_BITS, sizeof caps->address_bits, &caps->address_bits, NULL),
+              "clGetDeviceInfo(CL_DEVICE_ADDRESS_BITS)");
   size_t ext_size = 0;
   CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_size),
               "clGetDeviceInfo(CL_DEVICE_EXTENSIONS)");

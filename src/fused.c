@@ -59,6 +59,16 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
     ctx->fused = grown;
     ctx->cap_fused = cap;
   }
+  /* every fused kernel takes FLASH_KERNEL_ARGS: refused before building
+   * when the device takes fewer bytes of arguments */
+  const size_t arg_bytes = ca_fused_arg_bytes(ctx->caps.address_bits ? ctx->caps.address_bits : 64);
+  if (ctx->caps.max_param && arg_bytes > ctx->caps.max_param) {
+    st = ca_fail(CLATTN_ERR_UNSUPPORTED,
+                 "fused: the kernels' %zu bytes of arguments exceed the device's CL_DEVICE_MAX_PARAMETER_SIZE (%zu "
+                 "bytes); use the staged or GEMM algorithm",
+                 arg_bytes, ctx->caps.max_param);
+    goto done;
+  }
   /* flash_block where the work-group kernels are used (GPUs, or forced) and
    * a tile fits; stepped down while the built kernel cannot run it */
   tl_block blk = {0, 0};

@@ -20,6 +20,7 @@ typedef struct {
   cl_uint vendor_id;        /* CL_DEVICE_VENDOR_ID: 0x1002 AMD, 0x10de NVIDIA, 0x8086 Intel; 0 = not known */
   int fp16;                 /* cl_khr_fp16 among CL_DEVICE_EXTENSIONS: half arithmetic and half local memory */
   size_t max_param;         /* CL_DEVICE_MAX_PARAMETER_SIZE: bytes of a kernel's arguments; 0 = not known */
+  cl_uint address_bits;     /* CL_DEVICE_ADDRESS_BITS: 32 or 64; 0 = not known */
 } tl_device;
 
 enum { TL_VENDOR_AMD = 0x1002 };
