@@ -24,7 +24,9 @@
  * work-group (128, 1, 1).
  * -D BLOCK_RM, BLOCK_RN: rows and keys of a work-item's score tile
  * (BLOCK_M = 16 BLOCK_RM, BLOCK_N = 8 BLOCK_RN), chosen by tl_flash_block
- * (src/tiles.c), which also counts the local memory; -D FLASH_NO_BLOCK
+ * (src/tiles.c), which also counts the local memory, and stepped down by
+ * src/fused.c when the built kernel cannot run its group or spills;
+ * -D BLOCK_HALF: half K/V tiles for f16 K/V (below); -D FLASH_NO_BLOCK
  * leaves the kernel out (CPUs, or no tile fits).
  */
 #ifndef FLASH_NO_BLOCK
@@ -46,16 +48,45 @@
 #define QS (DK4 + 4)
 #define KVS ((DK4 > DVB ? DK4 : DVB) + 4)
 #define PS (BLOCK_N + 4)
+/* -D BLOCK_HALF (devices with cl_khr_fp16) and f16 K/V: the K/V tile holds
+ * the half values as stored, half the local memory and its traffic, and
+ * vload_half4 widens them on use (core OpenCL: no half arithmetic). */
+#if defined(BLOCK_HALF) && CA_KV_DTYPE == 1
+typedef half kv_tile_t;
+#define KV_TILE_LOAD4(p) vload_half4(0, p)
+#define KV_TILE_STORE(x, p) vstore_half(x, 0, p)
+#define KV_TILE_FLOATS (BLOCK_N * KVS / 2)
+#else
+typedef float kv_tile_t;
+#define KV_TILE_LOAD4(p) vload4(0, p)
+#define KV_TILE_STORE(x, p) (*(p) = (x))
+#define KV_TILE_FLOATS (BLOCK_N * KVS)
+#endif
 
 __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(FLASH_KERNEL_ARGS) {
-  __local float q_tile[BLOCK_M * QS];
-  __local float kv_tile[BLOCK_N * KVS];
+  /* Q and the K/V tile in one array: the compiler cannot then prove the Q
+   * tile unchanged across key tiles and hoist it into registers (gfx1100
+   * spilled a whole Q row at rm = 1). */
+  __local float qkv_tiles[BLOCK_M * QS + KV_TILE_FLOATS];
   __local float p_tile[BLOCK_M * PS];
   __local float row_max[BLOCK_M * BLOCK_TX], row_sum[BLOCK_M * BLOCK_TX];
+  __local int row_h[BLOCK_M], row_i[BLOCK_M], row_live[BLOCK_M];
+  __local int2 row_keys[BLOCK_M];
   __local int range[4];
   __local int v_unsafe;
   (void)kt; (void)vp; (void)n_pad; (void)add_w; (void)additive;
   const int lid = get_local_id(0), ty = lid / BLOCK_TX, tx = lid % BLOCK_TX;
+  __local float *const q_tile = qkv_tiles;
+  __local kv_tile_t *const kv_tile = (__local kv_tile_t *)(qkv_tiles + BLOCK_M * QS);
+  /* This work-item's cells, as base pointers plus constant offsets (which
+   * the compiler folds into the local loads instead of keeping an address
+   * per cell in a register) */
+  __local const float *const my_q = q_tile + ty * BLOCK_RM * QS;       /* its rows of Q */
+  __local const kv_tile_t *const my_k = kv_tile + tx * BLOCK_RN * KVS; /* its keys of the K tile */
+  __local const kv_tile_t *const my_v = kv_tile + tx * BLOCK_CV;       /* its columns of the V tile */
+  __local float *const my_p = p_tile + ty * BLOCK_RM * PS;             /* its rows of P */
+  __local float *const my_max = row_max + ty * BLOCK_RM * BLOCK_TX;    /* its rows' partial maxima */
+  __local float *const my_sum = row_sum + ty * BLOCK_RM * BLOCK_TX;    /* and sums */
   const int rows_per_kv = group * q_len;
   const int t0 = get_group_id(0) * BLOCK_M;
   const int bhk = get_global_id(1);
@@ -72,26 +103,13 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
     q_tile[rr * QS + d] = real ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d)) : 0.0f;
   }
 
-  /* This work-item's rows; padding rows and rows past a packed sequence's
-   * end repeat a real row's indices and are never written. */
-  int hs[BLOCK_RM], is[BLOCK_RM];
-  bool live[BLOCK_RM];
-  int2 keys[BLOCK_RM];
-  float m[BLOCK_RM], l[BLOCK_RM];
-  float4 acc[BLOCK_RM][BLOCK_CV / 4];
-  for (int r = 0; r < BLOCK_RM; r++) {
-    const int rr = ty * BLOCK_RM + r, t = min(t0 + rr, rows_per_kv - 1);
-    hs[r] = hk * group + t / q_len;
-    is[r] = t % q_len;
-    live[r] = t0 + rr < rows_per_kv && is[r] < sq.rows;
-    keys[r] = flash_row_keys(is[r], sq.align_m, sq.align_n, n_valid, window_left, window_right);
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-    for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] = (float4)(0.0f);
-  }
-
-  /* The block's key range (the union of its rows' ranges) and the keys
-   * every row may see (their intersection), for skipping and fast tiles. */
+  /* The block's rows, one per work-item, in local memory: read where they
+   * are needed (masking, shaping, the stores) rather than kept in registers,
+   * where their loop-invariant address arithmetic would be hoisted and
+   * spilled (gfx1100). Padding rows and rows past a packed sequence's end
+   * repeat a real row's indices and are never written. The block's key
+   * range (the union of its rows' ranges) and the keys every row may see
+   * (their intersection), for skipping and fast tiles. */
   if (lid == 0) {
     range[0] = INT_MAX; /* lowest first key */
     range[1] = -1;      /* highest last key */
@@ -99,32 +117,47 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
     range[3] = INT_MAX; /* lowest last key */
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  if (tx == 0)
-    for (int r = 0; r < BLOCK_RM; r++) {
-      if (!live[r]) continue;
-      if (keys[r].x <= keys[r].y) {
-        atomic_min(&range[0], keys[r].x);
-        atomic_max(&range[1], keys[r].y);
+  if (lid < BLOCK_M) {
+    const int t = min(t0 + lid, rows_per_kv - 1), i = t % q_len;
+    const int2 keys = flash_row_keys(i, sq.align_m, sq.align_n, n_valid, window_left, window_right);
+    const bool live = t0 + lid < rows_per_kv && i < sq.rows;
+    row_h[lid] = hk * group + t / q_len;
+    row_i[lid] = i;
+    row_keys[lid] = keys;
+    row_live[lid] = live;
+    if (live) {
+      if (keys.x <= keys.y) {
+        atomic_min(&range[0], keys.x);
+        atomic_max(&range[1], keys.y);
       }
-      atomic_max(&range[2], keys[r].x <= keys[r].y ? keys[r].x : INT_MAX); /* an empty row: no fast tile */
-      atomic_min(&range[3], keys[r].y);
+      atomic_max(&range[2], keys.x <= keys.y ? keys.x : INT_MAX); /* an empty row: no fast tile */
+      atomic_min(&range[3], keys.y);
     }
+  }
+  float m[BLOCK_RM], l[BLOCK_RM];
+  float4 acc[BLOCK_RM][BLOCK_CV / 4];
+  for (int r = 0; r < BLOCK_RM; r++) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+    for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] = (float4)(0.0f);
+  }
   barrier(CLK_LOCAL_MEM_FENCE);
   /* Key positions in 64 bits: near kv_len = INT_MAX a split's end and the
    * next tile's start pass 2^31 - 1. */
   const long split_begin = (long)split * split_keys;
   const long split_end = min((long)kv_len, split_begin + split_keys);
   const long j_begin = max(split_begin, (long)range[0]) / BLOCK_N * BLOCK_N;
-  const long j_end = min(split_end, (long)range[1] + 1);
-  const long all_lo = max((long)range[2], split_begin), all_hi = min((long)range[3], split_end - 1);
 
-  for (long j0 = j_begin; j0 < j_end; j0 += BLOCK_N) {
+  /* The block's range is read from local memory per tile, not kept in
+   * registers across the loop (64-bit values: gfx1100 spilled them). */
+  for (long j0 = j_begin; j0 < min(split_end, (long)range[1] + 1); j0 += BLOCK_N) {
     for (int e = lid; e < BLOCK_N * DK4; e += BLOCK_WG) {
       const int jj = e / DK4, d = e % DK4;
       const long j = j0 + jj;
-      kv_tile[jj * KVS + d] =
+      KV_TILE_STORE(
           j < n_valid && d < DK ? ca_kv_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS)
-                                : 0.0f;
+                                : 0.0f,
+          kv_tile + jj * KVS + d);
     }
     if (lid == 0) v_unsafe = 0;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -135,30 +168,47 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
       for (int c = 0; c < BLOCK_RN; c++) s[r][c] = 0.0f;
     for (int d = 0; d < DK4; d += 4) {
       float4 qv[BLOCK_RM], kv[BLOCK_RN];
-      for (int r = 0; r < BLOCK_RM; r++) qv[r] = vload4(0, q_tile + (ty * BLOCK_RM + r) * QS + d);
-      for (int c = 0; c < BLOCK_RN; c++) kv[c] = vload4(0, kv_tile + (tx * BLOCK_RN + c) * KVS + d);
+      for (int r = 0; r < BLOCK_RM; r++) qv[r] = vload4(0, my_q + r * QS + d);
+      for (int c = 0; c < BLOCK_RN; c++) kv[c] = KV_TILE_LOAD4(my_k + c * KVS + d);
       for (int r = 0; r < BLOCK_RM; r++)
         for (int c = 0; c < BLOCK_RN; c++)
           s[r][c] = fma(qv[r].w, kv[c].w, fma(qv[r].z, kv[c].z, fma(qv[r].y, kv[c].y, fma(qv[r].x, kv[c].x, s[r][c]))));
     }
 
-    /* Allowed keys keep their shaped score, the others -inf. */
+    /* Allowed keys keep their shaped score, the others -inf. A fast tile
+     * without shaping only scales; any other goes one score at a time
+     * through this work-item's own cells of the P tile (free until the
+     * weights), so masking and shaping are compiled once, not per cell
+     * with every row's addresses live (registers: gfx1100 spilled). */
+    const long all_lo = max((long)range[2], split_begin), all_hi = min((long)range[3], split_end - 1);
     const bool fast = !has_mask && j0 >= all_lo && j0 + BLOCK_N - 1 <= all_hi &&
                       ca_kv_rows_ok(b, sq.k0 + j0, BLOCK_N, CA_PAGE_PASS); /* every key's page in the pool */
+    if (fast && !has_bias && !has_alibi && !(softcap > 0.0f)) { /* unshaped */
+      for (int r = 0; r < BLOCK_RM; r++)
+        for (int c = 0; c < BLOCK_RN; c++) s[r][c] *= scale;
+    } else {
+      for (int r = 0; r < BLOCK_RM; r++)
+        for (int c = 0; c < BLOCK_RN; c++) my_p[r * PS + tx * BLOCK_RN + c] = s[r][c];
+#pragma unroll 1
+      for (int e = 0; e < BLOCK_RM * BLOCK_RN; e++) {
+        const int row = ty * BLOCK_RM + e / BLOCK_RN, h = row_h[row], i = row_i[row];
+        const int2 keys = row_keys[row];
+        const long j = j0 + tx * BLOCK_RN + e % BLOCK_RN;
+        bool allowed = fast || (j >= keys.x && j <= keys.y && j >= split_begin && j < split_end);
+        if (!fast && allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
+        if (!fast && allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+        __local float *cell = p_tile + row * PS + tx * BLOCK_RN + e % BLOCK_RN;
+        *cell = allowed ? ca_shape(scale * *cell, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i,
+                                   j, sq.align_m, sq.align_n, CA_SHAPE_PASS)
+                        : -INFINITY;
+      }
+      for (int r = 0; r < BLOCK_RM; r++)
+        for (int c = 0; c < BLOCK_RN; c++) s[r][c] = my_p[r * PS + tx * BLOCK_RN + c];
+    }
     for (int r = 0; r < BLOCK_RM; r++) {
       float tile_max = -INFINITY;
-      for (int c = 0; c < BLOCK_RN; c++) {
-        const long j = j0 + tx * BLOCK_RN + c;
-        bool allowed = fast || (j >= keys[r].x && j <= keys[r].y && j >= split_begin && j < split_end);
-        if (!fast && allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
-        if (!fast && allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
-        const float x = allowed ? ca_shape(scale * s[r][c], has_bias ? bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)] : 0.0f,
-                                           hs[r], is[r], j, sq.align_m, sq.align_n, CA_SHAPE_PASS)
-                                : -INFINITY;
-        s[r][c] = x;
-        tile_max = fmax(tile_max, x);
-      }
-      row_max[(ty * BLOCK_RM + r) * BLOCK_TX + tx] = tile_max;
+      for (int c = 0; c < BLOCK_RN; c++) tile_max = fmax(tile_max, s[r][c]);
+      my_max[r * BLOCK_TX + tx] = tile_max;
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* maxima written; the K tile is consumed */
 
@@ -168,14 +218,13 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
       const float x =
           j < n_valid && c < DV ? ca_kv_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
                                 : 0.0f;
-      kv_tile[jj * KVS + c] = x;
+      KV_TILE_STORE(x, kv_tile + jj * KVS + c);
       if (!isfinite(x)) v_unsafe = 1;
     }
     float alpha[BLOCK_RM];
     for (int r = 0; r < BLOCK_RM; r++) {
-      const int row = ty * BLOCK_RM + r;
       float tile_max = -INFINITY;
-      for (int x = 0; x < BLOCK_TX; x++) tile_max = fmax(tile_max, row_max[row * BLOCK_TX + x]);
+      for (int x = 0; x < BLOCK_TX; x++) tile_max = fmax(tile_max, my_max[r * BLOCK_TX + x]);
       const float m_new = fmax(m[r], tile_max);
       const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
       alpha[r] = exp(m[r] - m_safe);
@@ -183,17 +232,16 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
       float part = 0.0f;
       for (int c = 0; c < BLOCK_RN; c++) {
         const float p = exp(s[r][c] - m_safe);
-        p_tile[row * PS + tx * BLOCK_RN + c] = p;
+        my_p[r * PS + tx * BLOCK_RN + c] = p;
         part += p;
       }
-      row_sum[row * BLOCK_TX + tx] = part;
+      my_sum[r * BLOCK_TX + tx] = part;
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* weights, sums and the V tile are in place */
 
     for (int r = 0; r < BLOCK_RM; r++) {
-      const int row = ty * BLOCK_RM + r;
       float tile_sum = 0.0f;
-      for (int x = 0; x < BLOCK_TX; x++) tile_sum += row_sum[row * BLOCK_TX + x];
+      for (int x = 0; x < BLOCK_TX; x++) tile_sum += my_sum[r * BLOCK_TX + x];
       l[r] = l[r] * alpha[r] + tile_sum;
       for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] *= alpha[r];
     }
@@ -201,9 +249,9 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
     const bool guard = v_unsafe;
     for (int jj = 0; jj < BLOCK_N; jj++) {
       float4 vv[BLOCK_CV / 4];
-      for (int g = 0; g < BLOCK_CV / 4; g++) vv[g] = vload4(0, kv_tile + jj * KVS + tx * BLOCK_CV + 4 * g);
+      for (int g = 0; g < BLOCK_CV / 4; g++) vv[g] = KV_TILE_LOAD4(my_v + jj * KVS + 4 * g);
       for (int r = 0; r < BLOCK_RM; r++) {
-        const float p = p_tile[(ty * BLOCK_RM + r) * PS + jj];
+        const float p = my_p[r * PS + jj];
         if (guard && p == 0.0f) continue;
         for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] = fma((float4)(p), vv[g], acc[r][g]);
       }
@@ -211,10 +259,15 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
     barrier(CLK_LOCAL_MEM_FENCE); /* P and V consumed before the next tile */
   }
 
-  for (int r = 0; r < BLOCK_RM; r++)
-    if (live[r])
-      flash_store_cols(acc[r], tx * BLOCK_CV, BLOCK_CV, tx == 0, m[r], l[r], has_sinks ? sinks[hs[r]] : -INFINITY, b,
-                       hs[r], is[r], sq.q0 + is[r], q_heads, kv_heads, q_len, split, n_splits, out, out_off, out_st,
-                       lse, lse_off, lse_st, want_lse, part_o, part_lse, empty_flag);
+  /* unrolled, however large the stores (f16's): a loop would index acc and
+   * so keep every accumulator in scratch memory (gfx90a) */
+#pragma unroll
+  for (int r = 0; r < BLOCK_RM; r++) {
+    const int row = ty * BLOCK_RM + r, h = row_h[row], i = row_i[row];
+    if (row_live[row])
+      flash_store_cols(acc[r], tx * BLOCK_CV, BLOCK_CV, tx == 0, m[r], l[r], has_sinks ? sinks[h] : -INFINITY, b, h,
+                       i, sq.q0 + i, q_heads, kv_heads, q_len, split, n_splits, out, out_off, out_st, lse, lse_off,
+                       lse_st, want_lse, part_o, part_lse, empty_flag);
+  }
 }
 #endif /* FLASH_NO_BLOCK */

@@ -30,6 +30,14 @@ static int contains_nocase(const char *hay, const char *needle) {
   return n == 0;
 }
 
+/* Whether the space-separated list holds word exactly. */
+static int has_word(const char *list, const char *word) {
+  const size_t n = strlen(word);
+  for (const char *at = strstr(list, word); at; at = strstr(at + 1, word))
+    if ((at == list || at[-1] == ' ') && (at[n] == ' ' || at[n] == '\0')) return 1;
+  return 0;
+}
+
 static clattn_status pick_device(const char *match, cl_platform_id *platform, cl_device_id *device) {
   cl_platform_id platforms[16];
   cl_uint n_platforms = 0;
@@ -103,6 +111,22 @@ clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *ma
               "clGetDeviceInfo(CL_DEVICE_MAX_COMPUTE_UNITS)");
   CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof *max_alloc, max_alloc, NULL),
               "clGetDeviceInfo(CL_DEVICE_MAX_MEM_ALLOC_SIZE)");
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_VENDOR_ID, sizeof caps->vendor_id, &caps->vendor_id, NULL),
+              "clGetDeviceInfo(CL_DEVICE_VENDOR_ID)");
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_PARAMETER_SIZE, sizeof caps->max_param, &caps->max_param, NULL),
+              "clGetDeviceInfo(CL_DEVICE_MAX_PARAMETER_SIZE)");
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_ADDRESS_BITS, sizeof caps->address_bits, &caps->address_bits, NULL),
+              "clGetDeviceInfo(CL_DEVICE_ADDRESS_BITS)");
+  size_t ext_size = 0;
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_size),
+              "clGetDeviceInfo(CL_DEVICE_EXTENSIONS)");
+  char *ext = malloc(ext_size + 1);
+  if (!ext) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "device extensions: out of host memory");
+  cl_int err = clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, ext_size, ext, NULL);
+  ext[err == CL_SUCCESS ? ext_size : 0] = '\0';
+  caps->fp16 = has_word(ext, "cl_khr_fp16");
+  free(ext);
+  CA_CHECK_CL(st, err, "clGetDeviceInfo(CL_DEVICE_EXTENSIONS)");
 fail:
   return st;
 }

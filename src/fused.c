@@ -20,19 +20,25 @@ enum { BLOCK_WG = 128 };         /* work-items per group of cl/flash_block.cl */
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-/* Whether the built flash_block can run its 128 work-items per group: a
- * GPU compiler may allow fewer (registers); flash_tiled then runs instead. */
+/* Whether the built flash_block can run as built: its 128 work-items per
+ * group (a GPU compiler may allow fewer: registers) and without more
+ * private memory than ctx->block_private_max (a GPU's spilled registers). If not,
+ * a smaller tile is built, and when none fits flash_tiled runs instead. */
 static int block_kernel_runs(clattn_context *ctx, cl_program program) {
   cl_kernel kernel = NULL;
   size_t max_items = 0;
+  cl_ulong private_bytes = 0;
   if (ca_create_kernel(program, "flash_block", &kernel) != CLATTN_OK) return 0;
   cl_int err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof max_items, &max_items, NULL);
+  if (err == CL_SUCCESS)
+    err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof private_bytes,
+                                   &private_bytes, NULL);
   clReleaseKernel(kernel);
-  return err == CL_SUCCESS && max_items >= BLOCK_WG;
+  return err == CL_SUCCESS && max_items >= BLOCK_WG && private_bytes <= ctx->block_private_max;
 }
 
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                                clattn_dtype kv_dtype, cl_program *out, int *block_runs) {
+                                clattn_dtype kv_dtype, cl_program *out, tl_block *block) {
   clattn_status st = CLATTN_OK;
   if (kv_dtype == CLATTN_DTYPE_SAME) kv_dtype = dtype; /* one program either way */
   pthread_mutex_lock(&ctx->programs_lock);
@@ -40,7 +46,7 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
     if (ctx->fused[i].head_dim == head_dim && ctx->fused[i].value_dim == value_dim && ctx->fused[i].dtype == dtype &&
         ctx->fused[i].kv_dtype == kv_dtype) {
       *out = ctx->fused[i].program;
-      if (block_runs) *block_runs = ctx->fused[i].block_runs;
+      if (block) *block = ctx->fused[i].block;
       goto done;
     }
   if (ctx->n_fused == ctx->cap_fused) {
@@ -53,25 +59,45 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
     ctx->fused = grown;
     ctx->cap_fused = cap;
   }
-  ca_program_text text;
-  ca_fused_text(&ctx->tiles, &ctx->caps, head_dim, value_dim, dtype, kv_dtype, &text);
-  char name[64];
-  snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d kv_dtype=%d", head_dim, value_dim, (int)dtype,
-           (int)kv_dtype);
+  /* every fused kernel takes FLASH_KERNEL_ARGS: refused before building
+   * when the device takes fewer bytes of arguments */
+  const size_t arg_bytes = ca_fused_arg_bytes(ctx->caps.address_bits ? ctx->caps.address_bits : 64);
+  if (ctx->caps.max_param && arg_bytes > ctx->caps.max_param) {
+    st = ca_fail(CLATTN_ERR_UNSUPPORTED,
+                 "fused: the kernels' %zu bytes of arguments exceed the device's CL_DEVICE_MAX_PARAMETER_SIZE (%zu "
+                 "bytes); use the staged or GEMM algorithm",
+                 arg_bytes, ctx->caps.max_param);
+    goto done;
+  }
+  /* flash_block where the work-group kernels are used (GPUs, or forced) and
+   * a tile fits; stepped down while the built kernel cannot run it */
+  tl_block blk = {0, 0};
+  int with_block = ctx->tiles.flash_wg > 0 && tl_flash_block(&ctx->caps, head_dim, value_dim, &blk) == 0;
   cl_program program = NULL;
-  if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &program)) == CLATTN_OK) {
+  for (;;) {
+    ca_program_text text;
+    ca_fused_text_tile(&ctx->tiles, &ctx->caps, head_dim, value_dim, dtype, kv_dtype, with_block ? &blk : NULL, &text);
+    char name[96];
+    snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d kv_dtype=%d block=%dx%d", head_dim, value_dim, (int)dtype,
+             (int)kv_dtype, with_block ? blk.rm : 0, with_block ? blk.rn : 0);
+    if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &program)) != CLATTN_OK) break;
+    if (!with_block || block_kernel_runs(ctx, program)) break;
+    if (tl_flash_block_below(&ctx->caps, head_dim, value_dim, &blk) != 0) {
+      with_block = 0; /* no smaller tile: this program's flash_tiled runs */
+      break;
+    }
+    clReleaseProgram(program);
+    program = NULL;
+  }
+  if (st == CLATTN_OK) {
     ctx->fused[ctx->n_fused].head_dim = head_dim;
     ctx->fused[ctx->n_fused].value_dim = value_dim;
     ctx->fused[ctx->n_fused].dtype = dtype;
     ctx->fused[ctx->n_fused].kv_dtype = kv_dtype;
     ctx->fused[ctx->n_fused].program = program;
-    /* asked once per program, not per call; the program holds flash_block
-     * under ca_fused_text's condition */
-    tl_block blk;
-    ctx->fused[ctx->n_fused].block_runs = ctx->tiles.flash_wg > 0 &&
-                                          tl_flash_block(&ctx->caps, head_dim, value_dim, &blk) == 0 &&
-                                          block_kernel_runs(ctx, program);
-    if (block_runs) *block_runs = ctx->fused[ctx->n_fused].block_runs;
+    /* asked once per program, not per call */
+    ctx->fused[ctx->n_fused].block = with_block ? blk : (tl_block){0, 0};
+    if (block) *block = ctx->fused[ctx->n_fused].block;
     ctx->n_fused++;
     *out = program;
   }
@@ -126,14 +152,12 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
                    "(%llu bytes)", (unsigned long long)kt_bytes, (unsigned long long)vp_bytes,
                    (unsigned long long)ctx->max_alloc);
 
-  int block_runs = 0;
-  if ((st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program, &block_runs)))
+  tl_block blk = {0, 0};
+  if ((st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program, &blk)))
     return st;
   /* flash_block where it applies; flash_tiled keeps the route diagnostics
    * and additive scoring. */
-  tl_block blk = {0, 0};
-  const int block = wg && ctx->flash_block && !plan->diag && p->score != CLATTN_SCORE_ADDITIVE && block_runs &&
-                    tl_flash_block(&ctx->caps, p->head_dim, p->value_dim, &blk) == 0;
+  const int block = wg && ctx->flash_block && !plan->diag && p->score != CLATTN_SCORE_ADDITIVE && blk.rm > 0;
   /* rows per work-item (flash_rows*) or per work-group (flash_block, flash_tiled) */
   const int bm = block ? 16 * blk.rm : wg ? wg : !direct ? ctx->tiles.flash_bm : rows_per_kv <= 1 ? 1 : rows_per_kv <= 2 ? 2 : rows_per_kv <= 4 ? 4 : 8;
   const size_t group_items = block ? BLOCK_WG : (size_t)wg;

@@ -19,6 +19,7 @@ struct clattn_context {
   tl_device caps;             /* what the device reports */
   tl_tiles tiles;             /* staged path's work-group shapes */
   int flash_block;            /* 0: CLATTN_FLASH_BLOCK=0, flash_tiled for every work-group fused call */
+  cl_ulong block_private_max; /* private bytes per work-item past which a built flash_block steps down (spills) */
   ca_origin origin[CA_T_COUNT]; /* where each tile value (and the scratch budget) came from */
   clattn_algo auto_algo[CA_CLASS_COUNT]; /* AUTO's choice per shape class; AUTO = built-in rule */
   char *tuning_path;          /* the tuning file looked for; NULL = none */
@@ -33,7 +34,7 @@ struct clattn_context {
     int head_dim, value_dim;
     clattn_dtype dtype, kv_dtype;
     cl_program program;
-    int block_runs; /* fused: flash_block built and able to run its work-group */
+    tl_block block; /* fused: flash_block's tile, built and able to run its work-group; rm 0 = none */
   } *fused;
   cl_program append[3][5];
   cl_program core_kv[3][5];   /* core programs per (dtype, kv_dtype != dtype), built on first use; under programs_lock */    /* kv_append per (source dtype, cache dtype), built on first use; under programs_lock */
@@ -118,10 +119,10 @@ clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_progra
  * equal: ca_core_program's); built on first use. */
 clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype kv_dtype, cl_program *out);
 /* The fused program for (head_dim, value_dim, dtype, kv_dtype): built on
- * first use, then kept for the context's life (fused.c). *block_runs (when
- * non-NULL): whether its flash_block can run. */
+ * first use, then kept for the context's life (fused.c). *block (when
+ * non-NULL): the tile its flash_block runs with, rm 0 when it cannot. */
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                               clattn_dtype kv_dtype, cl_program *out, int *block_runs);
+                               clattn_dtype kv_dtype, cl_program *out, tl_block *block);
 
 /* A fresh kernel object (calls take theirs from the pool: ca_kernel_take). */
 clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);

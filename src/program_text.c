@@ -34,17 +34,48 @@ void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_
   tl_core_options(tiles, out->options, sizeof out->options);
 }
 
+size_t ca_fused_arg_bytes(unsigned address_bits) {
+  enum { P = 0 }; /* a pointer */
+  static const unsigned char sizes[] = {
+      P, 8, 32, P, P, 8, P, 8, 32, P, 8, 32,  /* q, kt, vp, n_pad, k, v (buffer, offset, strides) */
+      P, 4,                                   /* add_w, additive */
+      P, 8, 32, 4, P, 8, 32, 4,               /* mask, bias */
+      P, 4, P, P, 4, 4, 4, 4,                 /* sequences: kv_lens .. paged */
+      P, 4, 4, 4, P, 8, 32, P, 8, 32,         /* pages and scales */
+      4, 4, 4, 4, 4, 4,                       /* q_heads .. scale */
+      4, P, 4,                                /* softcap, alibi */
+      P, 4, 4, 4, 4,                          /* sinks, window, split_keys */
+      P, 8, 32, P, 8, 32, 4,                  /* out, lse, want_lse */
+      P, 8, 32, P, 8, 32, P, 8, 32, 4,        /* diagnostics */
+      P, P, P,                                /* part_o, part_lse, empty_flag */
+  };
+  _Static_assert(sizeof sizes == CA_FUSED_ARGS, "one size per argument of FLASH_KERNEL_ARGS");
+  size_t bytes = 0;
+  for (size_t i = 0; i < CA_FUSED_ARGS; i++) {
+    const size_t size = sizes[i] ? sizes[i] : address_bits / 8;
+    bytes = (bytes + size - 1) / size * size + size;
+  }
+  return bytes;
+}
+
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                    clattn_dtype kv_dtype, ca_program_text *out) {
+  /* flash_block only where the work-group kernels are used (GPUs, or forced) and its tiles fit */
+  tl_block blk;
+  const int block = tiles->flash_wg > 0 && tl_flash_block(dev, head_dim, value_dim, &blk) == 0;
+  ca_fused_text_tile(tiles, dev, head_dim, value_dim, dtype, kv_dtype, block ? &blk : NULL, out);
+}
+
+void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
+                        clattn_dtype kv_dtype, const tl_block *blk, ca_program_text *out) {
   *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_flash, clattn_src_flash_block}, .n_sources = 3};
   int at = snprintf(out->options, sizeof out->options,
                     "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d -D DK=%d -D DV=%d -D FLASH_TILE=%d", (int)dtype,
                     (int)(kv_dtype == CLATTN_DTYPE_SAME ? dtype : kv_dtype), head_dim, value_dim,
                     tl_flash_tile(dev, head_dim, value_dim));
-  /* flash_block only where the work-group kernels are used (GPUs, or forced) and its tiles fit */
-  tl_block blk;
-  if (tiles->flash_wg > 0 && tl_flash_block(dev, head_dim, value_dim, &blk) == 0)
-    snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_RM=%d -D BLOCK_RN=%d", blk.rm, blk.rn);
+  if (blk)
+    snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_RM=%d -D BLOCK_RN=%d%s", blk->rm, blk->rn,
+             tiles->block_half ? " -D BLOCK_HALF" : "");
   else
     snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_NO_BLOCK");
   tl_fused_options(tiles, out->options, sizeof out->options);

@@ -36,6 +36,14 @@ void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_
  * when tl_flash_block fits and tiles->flash_wg > 0. */
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                    clattn_dtype kv_dtype, ca_program_text *out);
+/* Bytes of the fused kernels' argument block (FLASH_KERNEL_ARGS in
+ * cl/flash.cl, each argument at its natural alignment) on a device with
+ * address_bits-wide pointers, and how many arguments it has. */
+size_t ca_fused_arg_bytes(unsigned address_bits);
+enum { CA_FUSED_ARGS = 74 };
+/* The same with flash_block's tile given (NULL: no flash_block). */
+void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
+                        clattn_dtype kv_dtype, const tl_block *block, ca_program_text *out);
 /* The backward kernels (cl/backward.cl, cl/backward_staged.cl) for one (head_dim, value_dim, storage type). */
 void ca_backward_text(int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out);
 /* The backward text's options for a device with cl_ext_float_atomics: OpenCL

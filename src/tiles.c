@@ -23,6 +23,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.mix_tm = 8;    t.mix_tv = 16;   t.mix_tj = 32;
     t.flash_bm = 8;
     t.flash_wg = 0; /* register-blocked rows with 16-wide vectors: see cl/flash.cl */
+    t.block_half = 0;
   } else {
     /* GPUs: 256 work-items per group in 16-wide rows (a half warp, a quarter
      * wavefront), so global reads of a row coalesce and local reads broadcast. */
@@ -33,6 +34,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     if (dev->value_dim > 0 && dev->value_dim <= 8) t.mix_tv = 8, t.mix_tm = 32;
     t.flash_bm = 4;
     t.flash_wg = simd >= 64 ? simd : 64; /* one row per work-item, K/V tiles in local memory */
+    t.block_half = dev->fp16; /* a device with half arithmetic converts half loads natively */
   }
   tl_clamp(&t, dev);
   return t;
@@ -97,19 +99,43 @@ size_t tl_block_local_bytes(tl_block blk, int head_dim, int value_dim) {
                         + keys * ((dk4 > dvb ? dk4 : dvb) + 4)  /* K, then V tile */
                         + rows * (keys + 4)                     /* P tile */
                         + 2 * rows * 8;                         /* row maxima and sums */
-  return floats * sizeof(float) + 5 * sizeof(int);
+  return floats * sizeof(float) + rows * 5 * sizeof(int)        /* each row's head, index, keys, liveness */
+         + 5 * sizeof(int);
 }
 
-int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *out) {
-  static const tl_block choices[] = {{4, 4}, {2, 4}, {1, 4}, {1, 2}, {1, 1}};
+int tl_block_budget(const tl_device *dev) {
+  /* From tools/gpu-codegen.sh on gfx1100 (128 registers): 4 x 4 and 2 x 4
+   * spill at d=64, 1 x 4 at d=64 (4 + 8 floats) does not; at d=128 1 x 4
+   * (4 + 16) spills with f16 storage, 1 x 2 (2 + 16) does not. */
+  const int rdna = dev->vendor_id == TL_VENDOR_AMD && dev->pref_multiple == 32;
+  return rdna ? 18 : 48;
+}
+
+static const tl_block choices[] = {{4, 4}, {2, 4}, {1, 4}, {1, 2}, {1, 1}}; /* largest first */
+enum { N_CHOICES = sizeof choices / sizeof choices[0] };
+
+/* The first tile from choices[first] on that fits. */
+static int block_from(const tl_device *dev, int head_dim, int value_dim, size_t first, tl_block *out) {
   const size_t local = dev->local_mem < 48 * 1024 ? (size_t)dev->local_mem : 48 * 1024;
-  const size_t dvb = round_to((size_t)value_dim, 32);
+  const size_t dvb = round_to((size_t)value_dim, 32), budget = (size_t)tl_block_budget(dev);
   if (dev->max_wg < 128 || dev->max_item[0] < 128) return -1;
-  for (size_t c = 0; c < sizeof choices / sizeof choices[0]; c++)
-    if ((size_t)choices[c].rm * dvb / 8 <= 32 && tl_block_local_bytes(choices[c], head_dim, value_dim) <= local) {
+  for (size_t c = first; c < N_CHOICES; c++) {
+    const size_t rm = (size_t)choices[c].rm, rn = (size_t)choices[c].rn;
+    if (rm * rn + rm * dvb / 8 <= budget && tl_block_local_bytes(choices[c], head_dim, value_dim) <= local) {
       *out = choices[c];
       return 0;
     }
+  }
+  return -1;
+}
+
+int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *out) {
+  return block_from(dev, head_dim, value_dim, 0, out);
+}
+
+int tl_flash_block_below(const tl_device *dev, int head_dim, int value_dim, tl_block *blk) {
+  for (size_t c = 0; c < N_CHOICES; c++)
+    if (choices[c].rm == blk->rm && choices[c].rn == blk->rn) return block_from(dev, head_dim, value_dim, c + 1, blk);
   return -1;
 }
 

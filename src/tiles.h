@@ -17,7 +17,13 @@ typedef struct {
   size_t pref_multiple;     /* CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE */
   cl_uint compute_units;    /* CL_DEVICE_MAX_COMPUTE_UNITS */
   int head_dim, value_dim;  /* 0 = not known yet */
+  cl_uint vendor_id;        /* CL_DEVICE_VENDOR_ID: 0x1002 AMD, 0x10de NVIDIA, 0x8086 Intel; 0 = not known */
+  int fp16;                 /* cl_khr_fp16 among CL_DEVICE_EXTENSIONS: half arithmetic and half local memory */
+  size_t max_param;         /* CL_DEVICE_MAX_PARAMETER_SIZE: bytes of a kernel's arguments; 0 = not known */
+  cl_uint address_bits;     /* CL_DEVICE_ADDRESS_BITS: 32 or 64; 0 = not known */
 } tl_device;
+
+enum { TL_VENDOR_AMD = 0x1002 };
 
 /* The staged path's work-group shapes; every value is a power of two. */
 typedef struct {
@@ -26,6 +32,7 @@ typedef struct {
   int mix_tm, mix_tv, mix_tj;       /* mix: rows x value columns per group, key chunk in local memory */
   int flash_bm;                     /* fused, flash_rows: query rows per work-item */
   int flash_wg;                     /* fused, flash_tiled: rows (work-items) per group; 0 = use flash_rows */
+  int block_half;                   /* flash_block: f16 K/V tiles kept as half in local memory (cl_khr_fp16) */
 } tl_tiles;
 
 /* Defaults from the device description, clamped to its limits. */
@@ -46,11 +53,19 @@ int tl_flash_tile(const tl_device *dev, int head_dim, int value_dim);
 
 /* flash_block's score tile per work-item (cl/flash_block.cl): rows rm and
  * keys rn, so a group of 16 x 8 work-items owns 16 rm rows and 8 rn keys.
- * The largest that keeps a work-item's accumulator within 32 floats and the
- * group's local memory within the device's and 48 KiB (room for a second
- * group on most GPUs). Returns 0, or -1 when nothing fits (no flash_block). */
+ * The largest whose scores and accumulator (rm rn + rm dv / 8 floats, held
+ * across the key loop) fit the work-item's registers (tl_block_budget) and
+ * whose local memory fits the device's and 48 KiB (room for a second group
+ * on most GPUs). Returns 0, or -1 when nothing fits (no flash_block). */
 typedef struct { int rm, rn; } tl_block;
 int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *out);
+/* The next smaller tile that fits after *blk (the step down when the built
+ * kernel cannot run its group or spills): 0, or -1 when there is none. */
+int tl_flash_block_below(const tl_device *dev, int head_dim, int value_dim, tl_block *blk);
+/* Floats of scores and accumulator a flash_block work-item may hold: 48
+ * where it has 256 registers (CDNA, NVIDIA, Intel); 18 on RDNA (AMD with
+ * 32-wide waves), whose work-items clang-15 gives 128 registers. */
+int tl_block_budget(const tl_device *dev);
 /* Local memory (bytes) of flash_block with that tile. */
 size_t tl_block_local_bytes(tl_block blk, int head_dim, int value_dim);
 

@@ -172,6 +172,16 @@ static void apply_environment(clattn_context *ctx) {
   }
   const char *block = getenv("CLATTN_FLASH_BLOCK");
   ctx->flash_block = !(block && strcmp(block, "0") == 0);
+  /* CLATTN_BLOCK_HALF=1/0 forces flash_block's half K/V tiles on or off
+   * (they need no cl_khr_fp16: vload_half/vstore_half are core OpenCL) */
+  const char *half = getenv("CLATTN_BLOCK_HALF");
+  if (half && *half) ctx->tiles.block_half = strcmp(half, "0") != 0;
+  /* A GPU's flash_block with more private memory than this spilled
+   * registers (fused.c steps down); a CPU's private memory is its stack.
+   * CLATTN_BLOCK_PRIVATE_MAX=bytes sets the limit on any device (tests). */
+  ctx->block_private_max = (ctx->caps.type & CL_DEVICE_TYPE_GPU) ? 64 : CL_ULONG_MAX;
+  const char *private_max = getenv("CLATTN_BLOCK_PRIVATE_MAX");
+  if (private_max && *private_max) ctx->block_private_max = strtoull(private_max, NULL, 10);
 }
 
 void ca_tuning_choose(clattn_context *ctx, const char *tuning_file) {

@@ -596,11 +596,66 @@ CL_API_ENTRY cl_int CL_API_CALL clGetKernelInfo(cl_kernel kernel, cl_kernel_info
            param_value_size_ret);
 }
 
+/* Faked kernel answers (shim_fake_kernel_info). */
+static char fake_kernel[64];
+static cl_kernel_work_group_info fake_param;
+static cl_ulong fake_value;
+static long fake_left, fake_queries;
+
+void shim_fake_kernel_info(const char *kernel, cl_kernel_work_group_info param, cl_ulong value, long n)
+{
+  pthread_mutex_lock(&lock);
+  snprintf(fake_kernel, sizeof fake_kernel, "%s", kernel ? kernel : "");
+  fake_param = param;
+  fake_value = value;
+  fake_left = n;
+  fake_queries = 0;
+  pthread_mutex_unlock(&lock);
+}
+
+long shim_kernel_queries(void)
+{
+  pthread_mutex_lock(&lock);
+  long n = fake_queries;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+/* Whether this query is to be faked: the kernel's name and the param match
+ * and answers are left (one is used). */
+static int take_fake(cl_kernel kernel, cl_kernel_work_group_info param)
+{
+  REAL(clGetKernelInfo);
+  char name[64] = "";
+  if (!fake_kernel[0] || real_clGetKernelInfo(kernel, CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL) != CL_SUCCESS ||
+      strcmp(name, fake_kernel) != 0)
+    return 0;
+  pthread_mutex_lock(&lock);
+  fake_queries++;
+  const int take = param == fake_param && fake_left > 0;
+  if (take)
+    fake_left--;
+  pthread_mutex_unlock(&lock);
+  return take;
+}
+
 CL_API_ENTRY cl_int CL_API_CALL clGetKernelWorkGroupInfo(cl_kernel kernel, cl_device_id device,
                                                          cl_kernel_work_group_info param_name,
                                                          size_t param_value_size, void *param_value,
                                                          size_t *param_value_size_ret)
 {
+  if (take_fake(kernel, param_name)) {
+    const size_t as_size = (size_t)fake_value;
+    const int wide = param_name == CL_KERNEL_LOCAL_MEM_SIZE || param_name == CL_KERNEL_PRIVATE_MEM_SIZE;
+    const size_t need = wide ? sizeof fake_value : sizeof as_size;
+    if (param_value && param_value_size < need)
+      return CL_INVALID_VALUE;
+    if (param_value)
+      memcpy(param_value, wide ? (const void *)&fake_value : (const void *)&as_size, need);
+    if (param_value_size_ret)
+      *param_value_size_ret = need;
+    return CL_SUCCESS;
+  }
   FALLIBLE(clGetKernelWorkGroupInfo, CL_OUT_OF_RESOURCES, kernel, device, param_name, param_value_size,
            param_value, param_value_size_ret);
 }

@@ -67,6 +67,13 @@ int shim_trace_in_main(long i);
 long shim_live(void);
 long shim_live_kind(shim_kind k);
 const char *shim_kind_name(shim_kind k);
+/* Makes clGetKernelWorkGroupInfo answer param with value (a size_t or a
+ * cl_ulong, as param is) instead of the device's, for the next n queries of
+ * that param on kernels named kernel; n 0 stops. Returns nothing; queries
+ * of the kernel seen since (any param, faked or not) are counted by
+ * shim_kernel_queries. Not reset by shim_reset. */
+void shim_fake_kernel_info(const char *kernel, cl_kernel_work_group_info param, cl_ulong value, long n);
+long shim_kernel_queries(void);
 /* Calls of any wrapped function (fallible or not) since the process began. */
 long shim_total_calls(void);
 

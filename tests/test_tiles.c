@@ -7,19 +7,19 @@
 #include "tiles.h"
 
 static tl_device nvidia_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 128, 128};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 128, 128, 0x10de, 0, 4352, 64};
   return d;
 }
 static tl_device amd_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 256, {1024, 1024, 1024}, 64, 96, 64, 64};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 256, {1024, 1024, 1024}, 64, 96, 64, 64, 0x1002, 1, 1024, 64};
   return d;
 }
 static tl_device intel_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 16, 96, 128, 128};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 16, 96, 128, 128, 0x8086, 1, 1024, 64};
   return d;
 }
 static tl_device cpu_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_CPU, 1024 * 1024, 4096, {4096, 4096, 4096}, 8, 2, 0, 0};
+  tl_device d = {CL_DEVICE_TYPE_CPU, 1024 * 1024, 4096, {4096, 4096, 4096}, 8, 2, 0, 0, 0x8086, 0, 1024, 64};
   return d;
 }
 
@@ -43,9 +43,11 @@ static void check_fits(const tl_tiles *t, const tl_device *dev, const char *name
 }
 
 static void gpu_tiles_fit_and_fill_a_warp(void) {
-  const tl_device devs[] = {nvidia_like(), amd_like(), intel_like()};
-  const char *names[] = {"nvidia-like", "amd-like", "intel-like"};
-  for (int i = 0; i < 3; i++) {
+  tl_device rdna = amd_like();
+  rdna.pref_multiple = 32;
+  const tl_device devs[] = {nvidia_like(), amd_like(), intel_like(), rdna};
+  const char *names[] = {"nvidia-like", "amd-like", "intel-like", "rdna-like"};
+  for (int i = 0; i < 4; i++) {
     tl_tiles t = tl_choose(&devs[i]);
     check_fits(&t, &devs[i], names[i]);
     size_t group = (size_t)t.score_tm * t.score_tn;
@@ -73,7 +75,7 @@ static void cpu_tiles_are_wide_and_short(void) {
 }
 
 static void small_device_is_clamped_to_its_limits(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 2048, 64, {64, 8, 1}, 32, 4, 256, 256};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 2048, 64, {64, 8, 1}, 32, 4, 256, 256, 0, 0, 0, 0};
   tl_tiles t = tl_choose(&d);
   check_fits(&t, &d, "small");
   CHECK(tl_clamp(&t, &d) == 0);
@@ -81,14 +83,14 @@ static void small_device_is_clamped_to_its_limits(void) {
 
 static void oversized_tiles_shrink_to_fit(void) {
   tl_device d = amd_like();
-  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096};
+  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096, 0};
   CHECK(tl_clamp(&t, &d) == 0);
   check_fits(&t, &d, "clamped");
   CHECK(t.flash_bm <= 16 && (size_t)t.flash_wg <= d.max_wg);
 }
 
 static void device_that_fits_nothing_is_refused(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 0, 64, {64, 64, 64}, 32, 4, 64, 64};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 0, 64, {64, 64, 64}, 32, 4, 64, 64, 0, 0, 0, 0};
   tl_tiles t = tl_choose(&d);
   CHECK(tl_clamp(&t, &d) == -1);
 }
@@ -150,25 +152,36 @@ static void retuning_one_tile_leaves_other_programs_alone(void) {
 }
 
 static void block_tiles_fit_local_memory_and_registers(void) {
-  const tl_device devs[] = {nvidia_like(), amd_like(), intel_like()};
-  const char *names[] = {"nvidia-like", "amd-like", "intel-like"};
-  for (int i = 0; i < 3; i++)
+  tl_device rdna = amd_like();
+  rdna.pref_multiple = 32;
+  const tl_device devs[] = {nvidia_like(), amd_like(), intel_like(), rdna};
+  const char *names[] = {"nvidia-like", "amd-like", "intel-like", "rdna-like"};
+  for (int i = 0; i < 4; i++)
     for (int d = 1; d <= 256; d += d < 64 ? 7 : 16) {
       tl_block blk;
       if (tl_flash_block(&devs[i], d, d, &blk) != 0) {
-        CHECKF(devs[i].max_wg < 128, "%s: no flash_block tile at d=%d", names[i], d);
+        CHECKF(devs[i].max_wg < 128 || (i == 3 && d > 128), "%s: no flash_block tile at d=%d", names[i], d);
         continue;
       }
       const int dvb = (d + 31) / 32 * 32;
       CHECKF(tl_block_local_bytes(blk, d, d) <= devs[i].local_mem && tl_block_local_bytes(blk, d, d) <= 48 * 1024,
              "%s: flash_block tile %dx%d at d=%d needs %zu bytes of local memory", names[i], blk.rm, blk.rn, d,
              tl_block_local_bytes(blk, d, d));
-      CHECKF(blk.rm * dvb / 8 <= 32, "%s: flash_block accumulator of %d floats at d=%d", names[i], blk.rm * dvb / 8, d);
+      CHECKF(blk.rm * blk.rn + blk.rm * dvb / 8 <= tl_block_budget(&devs[i]),
+             "%s: flash_block scores and accumulator of %d floats at d=%d", names[i], blk.rm * blk.rn + blk.rm * dvb / 8,
+             d);
     }
   /* the largest tile wherever it fits: 4 x 4 at d = 64 */
   tl_device nv = nvidia_like();
   tl_block blk;
   CHECK(tl_flash_block(&nv, 64, 64, &blk) == 0 && blk.rm == 4 && blk.rn == 4);
+  /* RDNA's wave32 work-items have half the registers (tools/gpu-codegen.sh:
+   * 4 x 4 and 2 x 4 spill on gfx1100): one row each up to d = 128 */
+  CHECK(tl_flash_block(&rdna, 64, 64, &blk) == 0 && blk.rm == 1 && blk.rn == 4);
+  CHECK(tl_flash_block(&rdna, 128, 128, &blk) == 0 && blk.rm == 1 && blk.rn == 2);
+  CHECK(tl_flash_block(&rdna, 256, 256, &blk) != 0);
+  tl_device cdna = amd_like();
+  CHECK(tl_flash_block(&cdna, 64, 64, &blk) == 0 && blk.rm == 4 && blk.rn == 4);
   /* a device that cannot run 128 work-items per group gets none */
   nv.max_wg = 64;
   CHECK(tl_flash_block(&nv, 64, 64, &blk) != 0);

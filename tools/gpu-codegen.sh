@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Compiles and links every program the library would build on a GPU, as the
 # library assembles it (tests/gpu_programs.c), with Debian's clang-15 and
-# libclc for AMD (gfx90a, gfx1100: ld.lld -shared) and NVIDIA (sm_80: PTX,
-# then ptxas where the CUDA toolkit is present), and prints per kernel and
-# target: registers, spills, scratch or stack bytes per work-item, local
-# memory and occupancy. A program that does not compile or link fails the
-# run: that is what a clang-based GPU driver would refuse.
+# libclc for AMD (gfx90a, gfx1100: ld.lld -shared) and NVIDIA (sm_80, and
+# the fused programs for sm_90: PTX, then ptxas where the CUDA toolkit is
+# present), and prints per kernel and target: registers, spills, scratch or
+# stack bytes per work-item, local memory and occupancy. A program that does
+# not compile or link fails the run: that is what a clang-based GPU driver
+# would refuse. So does the fused kernel the library would pick at d=64 and
+# d=128 (flash_block where the program holds it, else flash_tiled) when it
+# spills or uses scratch on gfx90a or gfx1100.
 #
 #   tools/gpu-codegen.sh BUILD_DIR [WORK_DIR]
 #
-# Exit status: 0 all built, 1 a build failed, 77 clang-15 or libclc missing
-# (tools/test.sh installs them: clang-15 libclc-15 lld-15).
+# Exit status: 0 all built and the gate held, 1 a build failed or a gated
+# kernel spilled, 77 clang-15 or libclc missing (tools/test.sh installs
+# them: clang-15 libclc-15 lld-15).
 set -uo pipefail
 build=${1:?usage: tools/gpu-codegen.sh BUILD_DIR [WORK_DIR]}
 work=${2:-$build/gpu-codegen}
@@ -27,12 +31,16 @@ targets=(
   "gfx90a  amd-wave64 -target amdgcn--amdhsa -mcpu=gfx90a -nogpulib"
   "gfx1100 amd-wave32 -target amdgcn--amdhsa -mcpu=gfx1100 -nogpulib"
   "sm_80   nvidia     -target nvptx64--nvidiacl -march=sm_80"
+  "sm_90   nvidia     -target nvptx64--nvidiacl -march=sm_80"
 )
+# clang-15 knows no sm_90: its PTX for sm_80, assembled by ptxas for sm_90.
 rm -rf "$work"
 for t in "${targets[@]}"; do
   read -r target profile flags <<<"$t"
   mkdir -p "$work/$target"
   "$build/tests/gpu_programs" "$profile" "$work/$target" || exit 1
+  # sm_90: the fused programs only (the gate's kernels; the rest as sm_80)
+  [ "$target" = sm_90 ] && find "$work/$target" -type f ! -name 'flash-*' -delete
   echo "$flags" >"$work/$target/flags"
 done
 
@@ -67,7 +75,8 @@ done | xargs -P "$(nproc)" -n 2 bash -c 'compile "$0" "$1"'
 
 # The figures, one line per kernel: amdgcn from clang's resource-usage
 # remarks, nvptx from ptxas -v.
-printf '%-8s %-22s %-20s %5s %6s %8s %6s %5s\n' target program kernel regs spills scratch local occ
+table="$work/table"
+printf '%-8s %-22s %-20s %5s %6s %8s %6s %5s\n' target program kernel regs spills scratch local occ | tee "$table"
 failed=0
 for t in "${targets[@]}"; do
   target=${t%% *}
@@ -90,7 +99,7 @@ for t in "${targets[@]}"; do
         /VGPRs Spill:/           { split($0, a, "Spill: "); split(a[2], b, " "); sp = b[1] }
         /LDS Size/ { split($0, a, "block\\]: "); split(a[2], b, " ");
                      if (o > 0) printf "%-8s %-22s %-20s %5s %6s %8s %6s %5s\n", t, p, name, v (ag > 0 ? "+" ag : ""), sp, s, b[1], o }
-      ' "$base.log"
+      ' "$base.log" | tee -a "$table"
     elif [ -n "$ptxas" ]; then
       awk -v t="$target" -v p="$program" '
         /Compiling entry function/ { split($0, a, "'"'"'"); name = a[2] }
@@ -99,11 +108,31 @@ for t in "${targets[@]}"; do
         /Used [0-9]+ registers/    { for (i = 1; i <= NF; i++) if ($(i + 1) == "registers,") r = $i;
                                      smem = "0"; for (i = 1; i <= NF; i++) if ($(i) ~ /bytes/ && $(i + 1) ~ /^smem/) smem = $(i - 1);
                                      printf "%-8s %-22s %-20s %5s %6s %8s %6s %5s\n", t, p, name, r, spill, stack, smem, "-" }
-      ' "$base.log"
+      ' "$base.log" | tee -a "$table"
     else
       printf '%-8s %-22s %-20s %s\n' "$target" "$program" "(all)" "PTX only: ptxas not found"
     fi
   done
 done
 [ $failed -eq 0 ] && echo "gpu-codegen: every program compiled and linked for ${#targets[@]} targets"
+
+# The gate: at d=64 and d=128 on gfx90a and gfx1100, the fused kernel the
+# library would pick (flash_block where the program holds it) neither
+# spills nor uses scratch.
+gated=0
+while read -r target program kernel _ spills scratch _; do
+  pick=flash_tiled
+  grep -q -- '-D BLOCK_RM=' "$work/$target/$program.opts" && pick=flash_block
+  [ "$kernel" = "$pick" ] || continue
+  gated=$((gated + 1))
+  if [ "$spills" != 0 ] || [ "$scratch" != 0 ]; then
+    echo "FAILED: $pick in $program on $target spills $spills registers, $scratch bytes of scratch per lane"
+    failed=1
+  fi
+done < <(grep -E '^gfx(90a|1100) +flash-[a-z0-9_-]+-d(64-64|128-128) ' "$table")
+if [ $gated -eq 0 ]; then
+  echo "FAILED: the gate found no fused kernel at d=64 or d=128 in the figures"
+  failed=1
+fi
+[ $failed -eq 0 ] && echo "gpu-codegen: $gated fused kernels at d=64/128 on gfx90a and gfx1100 without spills or scratch"
 exit $failed

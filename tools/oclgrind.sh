@@ -30,6 +30,8 @@ cases=(
   "fused-decode-split|--algo fused --heads 8 --kv-heads 2 --q-len 1 --kv-len 600 --head-dim 32 --value-dim 16 --kv-lens"
   "fused-decode-diag|--algo fused --heads 4 --kv-heads 4 --q-len 2 --kv-len 300 --head-dim 16 --value-dim 16 --diag --window 100,-1"
   "fused-tiled|--algo fused --heads 2 --kv-heads 1 --q-len 37 --kv-len 53 --head-dim 24 --value-dim 20 --causal --diag --mask random --bias|CLATTN_FLASH_WG=16"
+  "fused-block|--algo fused --heads 4 --kv-heads 2 --q-len 37 --kv-len 53 --head-dim 24 --value-dim 20 --causal --mask random --bias --kv-lens --softcap 4 --alibi --sinks|CLATTN_FLASH_WG=64"
+  "fused-block-half|--algo fused --dtype f16 --heads 2 --kv-heads 1 --q-len 37 --kv-len 53 --head-dim 40 --value-dim 24 --causal --window 9,3 --tol 2e-3|CLATTN_FLASH_WG=64 CLATTN_BLOCK_HALF=1"
   "fused-tiled-decode-split|--algo fused --heads 8 --kv-heads 2 --q-len 1 --kv-len 600 --head-dim 32 --value-dim 16 --kv-lens|CLATTN_FLASH_WG=16"
   "staged-chunks|--algo staged --heads 3 --kv-heads 1 --q-len 53 --kv-len 37 --head-dim 8 --value-dim 8 --weights --diag|CLATTN_SCRATCH_BYTES=2048"
   "gemm-chunks|--algo gemm --heads 3 --kv-heads 1 --q-len 53 --kv-len 37 --head-dim 8 --value-dim 8 --layout bshd|CLATTN_SCRATCH_BYTES=2048"

@@ -1,0 +1,141 @@
+/*
+ * flash_block's step-down (src/fused.c): a device whose built kernel cannot
+ * run 128 work-items per group, or spills into private memory, gets the
+ * next smaller tile rebuilt, then flash_tiled; never a launch failure.
+ * The device's answers are faked through the OpenCL shim (tests/cl_shim.c)
+ * on POCL with the GPU kernels forced (CLATTN_FLASH_WG=64). And the
+ * argument block against CL_DEVICE_MAX_PARAMETER_SIZE.
+ */
+#include <stdlib.h>
+
+#include <string.h>
+
+#include "cl_shim.h"
+#include "internal.h"
+#include "kit_checks.h"
+#include "program_text.h"
+
+/* One fused call of a d=64 prefill on a fresh context (the fused program is
+ * built, and the step-down taken, once per context), with `n` answers of
+ * flash_block's `param` faked as `value`; *queries: flash_block's queries. */
+static void run_faked(cl_kernel_work_group_info param, cl_ulong value, long n, const char *what, long *queries) {
+  *queries = -1;
+  char cache[256];
+  snprintf(cache, sizeof cache, "%s/clattn-stepdown-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  REQUIREF(mkdtemp(cache) != NULL, "mkdtemp %s", cache);
+  clattn_options opt = {0};
+  opt.cache_dir = cache;
+  clattn_status st = clattn_create(&opt, &ct_ctx);
+  if (st == CLATTN_ERR_NO_DEVICE) {
+    printf("skipped: no OpenCL device (%s)\n", clattn_last_error(NULL));
+    exit(CT_SKIP);
+  }
+  REQUIREF(st == CLATTN_OK, "clattn_create: %s", clattn_last_error(NULL));
+  cp_shape s = cp_shape_default();
+  s.q_heads = 2; s.kv_heads = 1; s.q_len = 37; s.kv_len = 53; s.head_dim = 64; s.value_dim = 64;
+  s.causal = 1; s.want_lse = 1; s.poison_gaps = 1; s.poison_disallowed = 1;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  shim_fake_kernel_info("flash_block", param, value, n);
+  CHECKF(KC_RUN_OK(pb, CLATTN_ALGO_FUSED, 2e-5) == 1, "%s: the fused call failed or was wrong", what);
+  *queries = shim_kernel_queries();
+  shim_fake_kernel_info(NULL, 0, 0, 0);
+  cp_free(pb);
+  clattn_destroy(ct_ctx);
+  ct_ctx = NULL;
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
+  (void)!system(cmd);
+}
+
+/* Each built flash_block is asked twice (work-group size, private memory). */
+static void runs_as_built_without_a_step(void) {
+  long queries;
+  run_faked(CL_KERNEL_WORK_GROUP_SIZE, 0, 0, "real answers", &queries);
+  CHECKF(queries == 2, "%ld queries", queries);
+}
+
+static void small_work_group_steps_down_one_tile(void) {
+  long queries;
+  run_faked(CL_KERNEL_WORK_GROUP_SIZE, 64, 1, "one answer of 64 work-items", &queries);
+  CHECKF(queries == 4, "%ld queries", queries);
+}
+
+static void large_private_memory_steps_down_one_tile(void) {
+  long queries;
+  /* a CPU's private memory is its stack: the limit is set for the test,
+   * above POCL's answers and below the faked one */
+  setenv("CLATTN_BLOCK_PRIVATE_MAX", "1099511627776", 1);
+  run_faked(CL_KERNEL_PRIVATE_MEM_SIZE, 1ull << 41, 1, "one answer of 2 TiB private memory", &queries);
+  unsetenv("CLATTN_BLOCK_PRIVATE_MAX");
+  CHECKF(queries == 4, "%ld queries", queries);
+}
+
+/* No tile runs: every smaller one is built and asked (five at d=64 here),
+ * then flash_tiled computes the call. */
+static void no_tile_runs_falls_back_to_flash_tiled(void) {
+  long queries;
+  run_faked(CL_KERNEL_WORK_GROUP_SIZE, 32, 1000, "every answer 32 work-items", &queries);
+  CHECKF(queries == 10, "%ld queries", queries);
+}
+
+/* The argument block the host checks against CL_DEVICE_MAX_PARAMETER_SIZE
+ * is the kernels' own: as many arguments as the built kernels take. */
+static void argument_block_is_the_kernels(void) {
+  CHECK(ca_fused_arg_bytes(64) == 960 && ca_fused_arg_bytes(32) < 960);
+  clattn_context *ctx = ct_context();
+  cl_program program = NULL;
+  tl_block blk;
+  REQUIREF(ca_fused_program(ctx, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &program, &blk) == CLATTN_OK, "%s",
+           clattn_last_error(ctx));
+  const char *names[] = {"flash_block", "flash_tiled", "flash_rows"};
+  for (int i = 0; i < 3; i++) {
+    cl_int err;
+    cl_kernel k = clCreateKernel(program, names[i], &err);
+    REQUIREF(err == CL_SUCCESS, "clCreateKernel(%s): %d", names[i], err);
+    cl_uint n = 0;
+    CHECK(clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof n, &n, NULL) == CL_SUCCESS);
+    CHECKF(n == CA_FUSED_ARGS, "%s takes %u arguments, the host counts %d", names[i], n, (int)CA_FUSED_ARGS);
+    clReleaseKernel(k);
+  }
+}
+
+/* A device taking fewer bytes of arguments than the fused kernels need
+ * (as if it answered 512) is refused before anything is built or
+ * enqueued, with a message naming the limit; the outputs stay as they
+ * were. */
+static void small_parameter_size_is_refused(void) {
+  clattn_context *ctx = ct_context();
+  const size_t real = ctx->caps.max_param;
+  ctx->caps.max_param = 512;
+  cp_shape s = cp_shape_default();
+  s.q_len = 7; s.kv_len = 37; s.head_dim = 40; s.value_dim = 24; /* a program not built yet */
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  cp_result r;
+  if (kc_run(pb, CLATTN_ALGO_FUSED, &r, __FILE__, __LINE__) == 1) {
+    CHECKF(r.status == CLATTN_ERR_UNSUPPORTED, "status %s", clattn_status_string(r.status));
+    CHECKF(strstr(clattn_last_error(ctx), "CL_DEVICE_MAX_PARAMETER_SIZE") != NULL, "message: %s",
+           clattn_last_error(ctx));
+  }
+  ctx->caps.max_param = real;
+  CHECK(KC_RUN_OK(pb, CLATTN_ALGO_FUSED, 2e-5) == 1); /* the real limit: built and run */
+  cp_free(pb);
+}
+
+int main(int argc, char **argv) {
+  static const ct_test tests[] = {
+      CT_TEST(runs_as_built_without_a_step),
+      CT_TEST(small_work_group_steps_down_one_tile),
+      CT_TEST(large_private_memory_steps_down_one_tile),
+      CT_TEST(no_tile_runs_falls_back_to_flash_tiled),
+      CT_TEST(argument_block_is_the_kernels),
+      CT_TEST(small_parameter_size_is_refused),
+  };
+  if (!shim_active()) {
+    printf("skipped: the OpenCL shim found no OpenCL library\n");
+    return CT_SKIP;
+  }
+  setenv("CLATTN_FLASH_WG", "64", 1);
+  return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
+}
