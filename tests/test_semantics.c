@@ -966,6 +966,33 @@ done:
   cp_free(pb);
 }
 
+/* The fused kernel these tests exercise is the one the environment forces:
+ * flash_rows on a CPU device, flash_block under CLATTN_FLASH_WG (the -block
+ * variants), flash_tiled with CLATTN_FLASH_BLOCK=0 too (-tiled), as
+ * clattn_last_route reports what a prefill call enqueued. */
+static void fused_kernel_is_the_one_forced(void)
+{
+  cp_shape s = cp_shape_default();
+  s.q_len = 37;
+  s.kv_len = 53;
+  s.head_dim = s.value_dim = 64;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  if (KC_RUN_OK(pb, CLATTN_ALGO_FUSED, 1e-5) > 0) {
+    const char *wg = getenv("CLATTN_FLASH_WG"), *block = getenv("CLATTN_FLASH_BLOCK");
+    cl_device_type type = 0;
+    clGetDeviceInfo(clattn_cl_device(ct_context()), CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    const char *route = clattn_last_route();
+    CHECKF(!strncmp(route, "fused:", 6), "route \"%s\"", route);
+    if (wg && atoi(wg) > 0) /* forced: the kernel asked for (the device may still step flash_block down) */
+      CHECKF(strstr(route, block && !strcmp(block, "0") ? " flash_tiled" : " flash_block"), "route \"%s\" with "
+             "CLATTN_FLASH_WG=%s CLATTN_FLASH_BLOCK=%s", route, wg, block ? block : "(unset)");
+    else if (!wg && !(type & CL_DEVICE_TYPE_GPU))
+      CHECKF(strstr(route, " flash_rows"), "route \"%s\" on a CPU device", route);
+  }
+  cp_free(pb);
+}
+
 int main(int argc, char **argv)
 {
   static const ct_test tests[] = {
@@ -975,6 +1002,7 @@ int main(int argc, char **argv)
     CT_TEST(zero_scale_gives_uniform_mean),
     CT_TEST(three_key_scalar_read_gives_17_04),
     CT_TEST(two_key_mixture_gives_1_34_1_32),
+    CT_TEST(fused_kernel_is_the_one_forced),
     CT_TEST(route_diagnostics_of_uniform_rows),
     CT_TEST(route_diagnostics_of_one_hot_tied_and_empty_rows),
     CT_TEST(score_shaping_matches_reference),
