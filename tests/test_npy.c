@@ -1,5 +1,5 @@
 /*
- * The .npy reader and writer of `clattn run` (tools/npy.c), no device:
+ * The .npy reader and writer of `clattn run` (tools/cli/npy.c), no device:
  * versions 1.0-3.0, the four dtypes, C and Fortran order, NumPy's header
  * spellings; every kind of malformed file refused with a message saying
  * what is wrong; a written file read back. Then the fuzz seeds and every

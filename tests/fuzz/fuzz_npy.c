@@ -1,5 +1,5 @@
 /*
- * libFuzzer harness for the .npy reader of `clattn run` (tools/npy.c): each
+ * libFuzzer harness for the .npy reader of `clattn run` (tools/cli/npy.c): each
  * input is a whole file; npy_case_check's properties must hold, else it
  * prints what was violated and traps so that libFuzzer saves the input.
  * No device is involved. Built only with clang (-fsanitize=fuzzer); run it

@@ -1,5 +1,5 @@
 /*
- * One fuzz case of the .npy reader (tools/npy.c): bytes as a whole .npy
+ * One fuzz case of the .npy reader (tools/cli/npy.c): bytes as a whole .npy
  * file through npy_decode, then what must hold whatever the bytes:
  *
  *   - it returns 0 or -1, and the header parser alone agrees on the header;
