@@ -496,18 +496,33 @@ static cp_problem *build_problem(clattn_context *ctx, const bb_shape *s, clattn_
 
 #define DIFF_TOL 1e-4
 
-/* FUSED over pb's keys and values written by clattn_kv_append into cache
- * `which` (kv_cache()); fused_out (or NULL) is the f32 FUSED output. */
-static void run_kv_cell(clattn_context *ctx, const bench_cfg *c, cp_problem *pb, row *r, int which,
-                        const char *label, const float *fused_out, size_t out_count, int *failures) {
-  const bb_shape *s = &r->sh.s;
+/* A --kv-dtype x --paged cache: pb's keys and values written there by
+ * clattn_kv_append, and the FUSED call that reads it. */
+enum { KV_MEMS = 7 };
+typedef struct {
+  clattn_params p;
+  clattn_arg arg;
+  cl_mem mems[KV_MEMS]; /* k, v, scales, block table, positions, kv_lens */
+} kv_cell;
+
+static void kv_release(kv_cell *kc) {
+  for (int i = 0; i < KV_MEMS; i++)
+    if (kc->mems[i]) clReleaseMemObject(kc->mems[i]);
+  memset(kc, 0, sizeof *kc);
+}
+
+/* Builds cache `which` (kv_cache()); 0, 1 when the shape cannot have it, or
+ * -1 with a message (kv_release frees what was made either way). */
+static int kv_setup(clattn_context *ctx, const bench_cfg *c, const cp_problem *pb, const bb_shape *s, int which,
+                    const char *label, kv_cell *kc) {
   clattn_dtype kv;
   int ps;
   kv_cache(c, which, &kv, &ps);
   const int paged = ps > 0, d = s->dim;
+  memset(kc, 0, sizeof *kc);
   if (kv == CLATTN_Q8_0 && d % 32) {
     fprintf(stderr, "clattn bench: %s: q8_0 needs a head dim that is a multiple of 32: skipped\n", label);
-    return;
+    return 1;
   }
   const int per_seq = paged ? (s->kv_len + ps - 1) / ps : 1, pool = s->batch * per_seq;
   const int slots = paged ? pool : s->batch, rows = paged ? ps : s->kv_len;
@@ -520,11 +535,10 @@ static void run_kv_cell(clattn_context *ctx, const bench_cfg *c, cp_problem *pb,
   cl_int e = CL_SUCCESS;
   int32_t *table = malloc(sizeof(int32_t) * (size_t)pool), *zeros = calloc((size_t)s->batch, sizeof(int32_t)),
           *lens = malloc(sizeof(int32_t) * (size_t)s->batch);
-  float *out = malloc(out_count * sizeof(float));
   cl_mem k = NULL, v = NULL, ks = NULL, vs = NULL, bt = NULL, pos = NULL, kl = NULL;
   clattn_status st;
-  char err[256];
-  if (!table || !zeros || !lens || !out) goto oom;
+  int rc = -1;
+  if (!table || !zeros || !lens) goto oom;
   for (int i = 0; i < pool; i++) table[i] = pool - 1 - i; /* any order: the last page first */
   for (int b = 0; b < s->batch; b++) lens[b] = s->kv_len;
   k = clCreateBuffer(cc, CL_MEM_READ_WRITE, cache_bytes, NULL, &e);
@@ -577,40 +591,75 @@ static void run_kv_cell(clattn_context *ctx, const bench_cfg *c, cp_problem *pb,
             clattn_last_error(ctx));
     goto fail;
   }
-  clattn_params p = pb->params;
-  p.algo = CLATTN_ALGO_FUSED;
-  p.kv_dtype = kv;
-  p.k = ap.k;
-  p.v = ap.v;
-  p.k_scale = ap.k_scale;
-  p.v_scale = ap.v_scale;
+  clattn_params *p = &kc->p;
+  *p = pb->params;
+  p->algo = CLATTN_ALGO_FUSED;
+  p->kv_dtype = kv;
+  p->k = ap.k;
+  p->v = ap.v;
+  p->k_scale = ap.k_scale;
+  p->v_scale = ap.v_scale;
+  p->kv_lens = kl; /* contiguous or paged alike, as engines call */
   if (paged) {
-    p.block_table = bt;
-    p.block_table_stride = per_seq;
-    p.page_size = ps;
-    p.num_pages = pool;
-    p.kv_lens = kl;
+    p->block_table = bt;
+    p->block_table_stride = per_seq;
+    p->page_size = ps;
+    p->num_pages = pool;
   }
-  clattn_arg ca = {ctx, &p, q};
-  measure("clattn FUSED kv", label, clattn_once, &ca, 1, c, r->flops, NULL, &r->kv[which], failures);
-  if (r->kv[which].state == CELL_OK && fused_out) {
-    if (read_buf(q, pb->out_buf, out, out_count, err, sizeof err) == 0)
-      r->diff_kv[which] = max_abs_diff(fused_out, out, out_count);
-    else fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
-  }
+  rc = 0;
   goto done;
 oom:
   fprintf(stderr, "clattn bench: %s: kv cache: out of host memory\n", label);
 fail:
-  r->kv[which].state = CELL_FAIL;
-  (*failures)++;
 done:;
-  cl_mem all[] = {k, v, ks, vs, bt, pos, kl};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (all[i]) clReleaseMemObject(all[i]);
+  const cl_mem mems[KV_MEMS] = {k, v, ks, vs, bt, pos, kl};
+  memcpy(kc->mems, mems, sizeof mems);
+  kc->arg = (clattn_arg){ctx, &kc->p, q};
   free(table);
   free(zeros);
   free(lens);
+  return rc;
+}
+
+
+/* FUSED over every cache of kv_cache(), timed in turns (one call of each per
+ * round, so a noisy neighbour slows them alike), then each output against
+ * the f32 FUSED output (fused_out, or NULL). */
+static void run_kv_cells(clattn_context *ctx, const bench_cfg *c, cp_problem *pb, row *r, const char *label,
+                         const float *fused_out, size_t out_count, int *failures) {
+  kv_cell cells[MAX_KV * MAX_KV];
+  void *args[MAX_KV * MAX_KV];
+  int which[MAX_KV * MAX_KV], n = 0;
+  for (int i = 0; i < kv_caches(c); i++) {
+    const int made = kv_setup(ctx, c, pb, &r->sh.s, i, label, &cells[n]);
+    if (made != 0) {
+      kv_release(&cells[n]);
+      if (made < 0) r->kv[i].state = CELL_FAIL, (*failures)++;
+      continue;
+    }
+    args[n] = &cells[n].arg;
+    which[n++] = i;
+  }
+  double ms[MAX_KV * MAX_KV];
+  int reps = 0;
+  char err[768];
+  float *out = malloc(out_count * sizeof(float));
+  if (n && bb_time_rounds(clattn_once, args, n, c->max_reps, c->cap_ms, ms, &reps, err, sizeof err) != 0) {
+    fprintf(stderr, "clattn bench: %s, clattn FUSED kv: %s\n", label, err);
+    for (int j = 0; j < n; j++) r->kv[which[j]].state = CELL_FAIL;
+    (*failures)++;
+    n = 0;
+  }
+  for (int j = 0; j < n; j++) {
+    r->kv[which[j]] = (cell){CELL_OK, ms[j], reps};
+    if (!fused_out || !out) continue;
+    if (clattn_once(args[j], err, sizeof err) == 0 && read_buf(clattn_cl_queue(ctx), pb->out_buf, out, out_count, err,
+                                                               sizeof err) == 0)
+      r->diff_kv[which[j]] = max_abs_diff(fused_out, out, out_count);
+    else
+      fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
+  }
+  for (int j = 0; j < n; j++) kv_release(&cells[j]);
   free(out);
 }
 
@@ -703,9 +752,8 @@ static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench
     else fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
   }
 
-  for (int i = 0; i < kv_caches(c); i++)
-    run_kv_cell(ctx, c, pb, r, i, label, have_fused_out ? fused_out : NULL, out_count, failures);
   if (kv_caches(c)) {
+    run_kv_cells(ctx, c, pb, r, label, have_fused_out ? fused_out : NULL, out_count, failures);
     sbuf lines = {0};
     kv_lines(&lines, c, r, "  ");
     if (lines.s) printf("%s", lines.s);

@@ -92,6 +92,40 @@ int bb_time(bb_run_fn fn, void *arg, int warmup, int max_reps, double cap_ms, do
   return 0;
 }
 
+int bb_time_rounds(bb_run_fn fn, void *const *args, int n, int max_reps, double cap_ms, double *median_ms, int *reps,
+                   char *err, size_t errlen) {
+  *reps = 0;
+  if (max_reps < 1) max_reps = 1;
+  if (max_reps > BB_MAX_REPS) max_reps = BB_MAX_REPS;
+  double *t = malloc(sizeof(double) * (size_t)n * BB_MAX_REPS), *total = calloc((size_t)n, sizeof(double));
+  int rc = -1, k = 0;
+  if (!t || !total) {
+    snprintf(err, errlen, "out of host memory");
+    goto done;
+  }
+  for (int i = 0; i < n; i++)
+    if (fn(args[i], err, errlen) != 0) goto done;
+  for (int stop = 0; k < max_reps && !stop; k++)
+    for (int i = 0; i < n; i++) {
+      const double t0 = bb_now_ms();
+      if (fn(args[i], err, errlen) != 0) goto done;
+      t[i * BB_MAX_REPS + k] = bb_now_ms() - t0;
+      total[i] += t[i * BB_MAX_REPS + k];
+      if (total[i] + t[i * BB_MAX_REPS + k] > cap_ms) stop = 1;
+    }
+  for (int i = 0; i < n; i++) {
+    double *ti = t + i * BB_MAX_REPS;
+    qsort(ti, (size_t)k, sizeof ti[0], cmp_double);
+    median_ms[i] = k % 2 ? ti[k / 2] : 0.5 * (ti[k / 2 - 1] + ti[k / 2]);
+  }
+  *reps = k;
+  rc = 0;
+done:
+  free(t);
+  free(total);
+  return rc;
+}
+
 /* ---- device ---- */
 
 static const char softmax_src[] =

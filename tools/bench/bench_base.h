@@ -93,6 +93,12 @@ typedef int (*bb_run_fn)(void *arg, char *err, size_t errlen);
  * *median_ms: the median; *reps: how many were timed. */
 int bb_time(bb_run_fn fn, void *arg, int warmup, int max_reps, double cap_ms, double *median_ms, int *reps,
             char *err, size_t errlen);
+/* The same for n things measured side by side: one untimed round, then
+ * rounds of one call of each, until max_reps rounds or until one more round
+ * would take any one's measured time past cap_ms (at least one round).
+ * median_ms[i]: the median of args[i]'s calls; *reps: the rounds. */
+int bb_time_rounds(bb_run_fn fn, void *const *args, int n, int max_reps, double cap_ms, double *median_ms, int *reps,
+                   char *err, size_t errlen);
 
 double bb_now_ms(void);
 const char *bb_openblas_config(void);
