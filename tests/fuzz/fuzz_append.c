@@ -7,7 +7,6 @@
  * LLVMFuzzerInitialize builds the append program of every storage pair
  * (fz_append_warm_up), outside libFuzzer's per-input timeout.
  */
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,21 +18,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
   (void)argc;
   (void)argv;
-  char why[1024];
-  int no_device = 0;
-  if (!fz_context(why, sizeof why, &no_device)) {
-    fprintf(stderr, "fuzz_append: %s\n", why);
-    exit(no_device ? 77 : 1);
-  }
-  if (fz_append_warm_up(why, sizeof why) != FZ_PASS) {
-    fprintf(stderr, "fuzz_append: warm-up: %s\n", why);
-    exit(1);
-  }
-  /* as fuzz_forward.c: POCL's LLVM handlers back to the defaults */
-  signal(SIGILL, SIG_DFL);
-  signal(SIGABRT, SIG_DFL);
-  signal(SIGFPE, SIG_DFL);
-  signal(SIGBUS, SIG_DFL);
+  fz_initialize("fuzz_append", fz_append_warm_up);
   return 0;
 }
 

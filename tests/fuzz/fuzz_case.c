@@ -83,6 +83,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1234,4 +1235,28 @@ void fz_describe(const uint8_t *data, size_t size, char *buf, size_t n)
                            c.need_ok[t] ? c.need[t] : (size_t)0, c.bytes[t]);
   }
   case_free(&c);
+}
+
+void fz_initialize(const char *who, int (*warm_up)(char *why, size_t n))
+{
+  char why[1024];
+  int no_device = 0;
+  if (!fz_context(why, sizeof why, &no_device)) {
+    fprintf(stderr, "%s: %s\n", who, why);
+    exit(no_device ? 77 : 1);
+  }
+  if (warm_up(why, sizeof why) != FZ_PASS) {
+    fprintf(stderr, "%s: warm-up: %s\n", who, why);
+    exit(1);
+  }
+  /* POCL's LLVM installs its own handlers for SIGILL, SIGABRT, SIGFPE and
+   * SIGBUS while it builds kernels; libFuzzer never overrides an existing
+   * handler, and LLVM's re-raises the signal without libFuzzer saving the
+   * input. Back to the defaults, so libFuzzer installs its crash handler
+   * (installed after this function returns). SIGSEGV stays with ASan, whose
+   * report ends in libFuzzer's death callback. */
+  signal(SIGILL, SIG_DFL);
+  signal(SIGABRT, SIG_DFL);
+  signal(SIGFPE, SIG_DFL);
+  signal(SIGBUS, SIG_DFL);
 }

@@ -59,6 +59,12 @@ clattn_context *fz_context(char *why, size_t n, int *no_device);
  * Seconds per program the first time; the disk caches make it quick after. */
 int fz_warm_up(char *why, size_t n);
 
+/* A libFuzzer harness's LLVMFuzzerInitialize: the context (exit 77 without
+ * a device, 1 on another failure), warm_up outside the per-input timeout,
+ * and POCL's LLVM signal handlers back to the defaults. `who` names the
+ * harness in messages. */
+void fz_initialize(const char *who, int (*warm_up)(char *why, size_t n));
+
 /* Decodes and checks one input. FZ_PASS, FZ_SKIP (nothing to check: the
  * call would be valid but exceed the work cap), or FZ_FAIL with the
  * violation in why. Never aborts. */

@@ -15,7 +15,6 @@
  * CLATTN_FUZZ_KNOWN=alias,nan-row-weights,ref-inf-row-diag tolerates known library bugs
  * (fuzz_case.c) so a run can explore past them.
  */
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,26 +35,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
   (void)argc;
   (void)argv;
-  char why[1024];
-  int no_device = 0;
-  if (!fz_context(why, sizeof why, &no_device)) {
-    fprintf(stderr, "fuzz_forward: %s\n", why);
-    exit(no_device ? 77 : 1);
-  }
-  if (fz_warm_up(why, sizeof why) != FZ_PASS) {
-    fprintf(stderr, "fuzz_forward: %s\n", why);
-    exit(1);
-  }
-  /* POCL's LLVM installs its own handlers for SIGILL, SIGABRT, SIGFPE and
-   * SIGBUS while it builds kernels; libFuzzer never overrides an existing
-   * handler, and LLVM's re-raises the signal without libFuzzer saving the
-   * input. Back to the defaults, so libFuzzer installs its crash handler
-   * (installed after this function returns). SIGSEGV stays with ASan, whose
-   * report ends in libFuzzer's death callback. */
-  signal(SIGILL, SIG_DFL);
-  signal(SIGABRT, SIG_DFL);
-  signal(SIGFPE, SIG_DFL);
-  signal(SIGBUS, SIG_DFL);
+  fz_initialize("fuzz_forward", fz_warm_up);
   atexit(report_stats);
   return 0;
 }

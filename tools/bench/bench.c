@@ -700,16 +700,21 @@ static void kv_lines(sbuf *b, const bench_cfg *c, const row *r, const char *inde
   }
 }
 
+/* A row's label, work and bytes, and no difference measured yet. */
+static void row_begin(row *r, char *label, size_t n) {
+  shape_label(&r->sh, label, n);
+  r->flops = shape_flops(&r->sh.s);
+  r->bytes = shape_bytes(&r->sh.s);
+  r->diff_st = r->diff_h = NAN;
+  for (int i = 0; i < MAX_KV * MAX_KV; i++) r->diff_kv[i] = NAN;
+}
+
 /* Runs every column of one shape. */
 static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench_cfg *c, row *r, int ref_check,
                     double rates[6], int *failures) {
   char label[128];
-  shape_label(&r->sh, label, sizeof label);
+  row_begin(r, label, sizeof label);
   const bb_shape *s = &r->sh.s;
-  r->flops = shape_flops(s);
-  r->bytes = shape_bytes(s);
-  r->diff_st = r->diff_h = NAN;
-  for (int i = 0; i < MAX_KV * MAX_KV; i++) r->diff_kv[i] = NAN;
   cp_problem *pb = build_problem(ctx, s, CLATTN_F32, label, failures);
   if (!pb) {
     r->a.state = r->f.state = CELL_FAIL;
@@ -824,12 +829,8 @@ done:
 /* The memory row: FUSED once on a long sequence, its peak scratch. */
 static void run_memory(clattn_context *ctx, const bench_cfg *c, row *r, int *failures) {
   char label[128];
-  shape_label(&r->sh, label, sizeof label);
+  row_begin(r, label, sizeof label);
   const bb_shape *s = &r->sh.s;
-  r->flops = shape_flops(s);
-  r->bytes = shape_bytes(s);
-  r->diff_st = r->diff_h = NAN;
-  for (int i = 0; i < MAX_KV * MAX_KV; i++) r->diff_kv[i] = NAN;
   cp_problem *pb = build_problem(ctx, s, CLATTN_F32, label, failures);
   if (!pb) {
     r->f.state = CELL_FAIL;
