@@ -17,6 +17,7 @@ typedef struct {
   size_t pref_multiple;     /* CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE */
   cl_uint compute_units;    /* CL_DEVICE_MAX_COMPUTE_UNITS */
   int head_dim, value_dim;  /* 0 = not known yet */
+  cl_uint vendor_id;        /* CL_DEVICE_VENDOR_ID (0x8086: Intel, whose GPUs count EUs as compute units) */
 } tl_device;
 
 /* The staged path's work-group shapes; every value is a power of two. */
@@ -53,6 +54,14 @@ typedef struct { int rm, rn; } tl_block;
 int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *out);
 /* Local memory (bytes) of flash_block with that tile. */
 size_t tl_block_local_bytes(tl_block blk, int head_dim, int value_dim);
+
+/* flash_decode's keys per tile (cl/decode.cl): 32, or 16 when a 32-key
+ * tile with its Q and score tiles would pass the device's local memory or
+ * 48 KiB; 0 when nothing fits or the device cannot run 64 work-items per
+ * group (no flash_decode). */
+int tl_decode_keys(const tl_device *dev, int head_dim, int value_dim);
+/* Local memory (bytes) of flash_decode with `keys` keys per tile. */
+size_t tl_decode_local_bytes(int keys, int head_dim, int value_dim);
 
 /* Appends the -D options that carry the tiles to buf. */
 void tl_build_options(const tl_tiles *t, char *buf, size_t size);

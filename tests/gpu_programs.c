@@ -21,11 +21,11 @@ static int find_profile(const char *name, tl_device *dev) {
     tl_device dev;
   } profiles[] = {
       /* CDNA (MI200/MI300): 64-wide wavefronts, 64 KiB LDS, 1024-item groups */
-      {"amd-wave64", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0}},
+      {"amd-wave64", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0, 0}},
       /* RDNA 3 (gfx1100): 32-wide waves */
-      {"amd-wave32", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0}},
+      {"amd-wave32", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0, 0}},
       /* NVIDIA's OpenCL: 32-wide warps, 48 KiB local memory */
-      {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0}},
+      {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0, 0}},
   };
   for (size_t i = 0; i < sizeof profiles / sizeof profiles[0]; i++)
     if (strcmp(name, profiles[i].name) == 0) {
