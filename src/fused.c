@@ -86,8 +86,10 @@ done:
  * (num_splits_heuristic): no split when the groups fill 80% of the device's
  * slots; else, of the split counts that change the keys per split, the
  * smallest whose wave efficiency (groups / slots over the whole waves they
- * take) is within 85% of the best. Slots: on CPUs one group per compute
- * unit (a thread runs a group at a time); on GPUs a compute unit holds at
+ * take) is within 85% of the best. Slots: on CPUs four groups per compute
+ * unit (a thread runs one group at a time, and four per thread keep the
+ * threads evenly busy when rows differ in work: windows, causal, kv_lens);
+ * on GPUs a compute unit holds at
  * least one largest group's work-items (max_wg), so max_wg / group_items
  * groups of this kernel. Intel GPUs report EUs as compute units, 8 to a
  * subslice (Xe: vector engines per Xe core are 8 or 16), and a work-group
@@ -99,7 +101,7 @@ ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items,
   size_t units = dev->compute_units ? dev->compute_units : 1;
   const int gpu = !(dev->type & CL_DEVICE_TYPE_CPU);
   if (gpu && dev->vendor_id == 0x8086) units = units >= 8 ? units / 8 : 1;
-  const size_t per_unit = gpu && group_items && dev->max_wg > group_items ? dev->max_wg / group_items : 1;
+  const size_t per_unit = !gpu ? 4 : group_items && dev->max_wg > group_items ? dev->max_wg / group_items : 1;
   const size_t slots = units * per_unit;
   const size_t blocks = (size_t)kv_len / MIN_SPLIT_KEYS;
   if (items == 0 || (double)items >= 0.8 * (double)slots || blocks < 2) return sp;
