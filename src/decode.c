@@ -25,7 +25,8 @@ clattn_status ca_decode_forward(clattn_context *ctx, const clattn_params *p, con
   *taken = 0;
   /* Route diagnostics and additive scoring stay with flash_tiled; the
    * program holds flash_decode when its tile fits the device. */
-  if (plan->diag || p->score == CLATTN_SCORE_ADDITIVE || (size_t)plan->group * (size_t)p->q_len > CA_DECODE_KERNEL_ROWS ||
+  const size_t rows_per_kv = (size_t)plan->group * (size_t)p->q_len;
+  if (plan->diag || p->score == CLATTN_SCORE_ADDITIVE || rows_per_kv > CA_DECODE_KERNEL_ROWS ||
       tl_decode_keys(&ctx->caps, p->head_dim, p->value_dim) == 0)
     return CLATTN_OK;
   if ((st = ca_create_kernel(program, "flash_decode", &kernel))) {
@@ -56,7 +57,8 @@ clattn_status ca_decode_forward(clattn_context *ctx, const clattn_params *p, con
     part_lse = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, n_splits * rows_total * sizeof(float), NULL, &err);
     CA_CHECK_CL(st, err, "clCreateBuffer(decode split-KV partial lse)");
   }
-  ca_note_scratch(ctx, sizeof(cl_int) + (n_splits > 1 ? n_splits * rows_total * ((size_t)p->value_dim + 1) * sizeof(float) : 0));
+  const size_t states = n_splits > 1 ? n_splits * rows_total * ((size_t)p->value_dim + 1) * sizeof(float) : 0;
+  ca_note_scratch(ctx, sizeof(cl_int) + states);
 
   ca_args r = {kernel, "flash_decode", 0, 0, CL_SUCCESS};
   ca_arg_view(&r, &p->q);

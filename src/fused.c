@@ -87,15 +87,15 @@ done:
  * slots; else, of the split counts that change the keys per split, the
  * smallest whose wave efficiency (groups / slots over the whole waves they
  * take) is within 85% of the best. Slots: on CPUs four groups per compute
- * unit (a thread runs one group at a time, and four per thread keep the
- * threads evenly busy when rows differ in work: windows, causal, kv_lens);
- * on GPUs a compute unit holds at
- * least one largest group's work-items (max_wg), so max_wg / group_items
- * groups of this kernel. Intel GPUs report EUs as compute units, 8 to a
- * subslice (Xe: vector engines per Xe core are 8 or 16), and a work-group
- * runs inside one subslice: their slots count subslices. At least
- * MIN_SPLIT_KEYS keys per split, at most 128 splits. A fixed function of
- * the shape and the device, so results stay bitwise repeatable. */
+ * unit (a thread runs one group at a time; four per thread keep the threads
+ * evenly busy when rows differ in work: windows, causal, kv_lens). On GPUs a
+ * compute unit holds at least one largest group's work-items (max_wg), so
+ * max_wg / group_items groups of this kernel. Intel GPUs report EUs as
+ * compute units, and a work-group runs inside one subslice of 8 EUs (Gen9
+ * to Gen12; an Xe core's 8 or 16 vector engines likewise): their slots
+ * count subslices. At least MIN_SPLIT_KEYS keys per split, at most 128
+ * splits. A fixed function of the shape and the device, so results stay
+ * bitwise repeatable. */
 ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len) {
   ca_splits sp = {kv_len, 1};
   size_t units = dev->compute_units ? dev->compute_units : 1;
@@ -175,7 +175,8 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   /* The diagnostics are not merged across splits, nor are packed sequences'
    * rows mapped by the merge: with either, one pass. */
   const ca_splits splits = plan->diag || p->cu_seqlens_q ? (ca_splits){p->kv_len, 1}
-                                                        : ca_plan_splits(&ctx->caps, group_items, row_blocks * kv_pairs, p->kv_len);
+                                                        : ca_plan_splits(&ctx->caps, group_items, row_blocks * kv_pairs,
+                                                                         p->kv_len);
   const int split_keys = splits.split_keys;
   const size_t n_splits = splits.n_splits;
   const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;

@@ -93,7 +93,8 @@ static void the_rule_holds_over_a_grid(void) {
           if (max_s > 128) max_s = 128;
           double best = 0;
           for (size_t s = 1; s <= max_s; s++)
-            if (s == 1 || (blocks + s - 1) / s != (blocks + s - 2) / (s - 1)) best = fmax(best, efficiency(items[i], s, slots));
+            if (s == 1 || (blocks + s - 1) / s != (blocks + s - 2) / (s - 1))
+              best = fmax(best, efficiency(items[i], s, slots));
           size_t want = 1;
           for (size_t s = 1; s <= max_s; s++)
             if ((s == 1 || (blocks + s - 1) / s != (blocks + s - 2) / (s - 1)) &&
