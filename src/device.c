@@ -109,6 +109,8 @@ clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *ma
               "clGetDeviceInfo(CL_DEVICE_MAX_WORK_ITEM_SIZES)");
   CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof caps->compute_units, &caps->compute_units, NULL),
               "clGetDeviceInfo(CL_DEVICE_MAX_COMPUTE_UNITS)");
+  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_VENDOR_ID, sizeof caps->vendor_id, &caps->vendor_id, NULL),
+              "clGetDeviceInfo(CL_DEVICE_VENDOR_ID)");
   CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof *max_alloc, max_alloc, NULL),
               "clGetDeviceInfo(CL_DEVICE_MAX_MEM_ALLOC_SIZE)");
   CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_VENDOR_ID, sizeof caps->vendor_id, &caps->vendor_id, NULL),

@@ -7,6 +7,7 @@
  * bandwidth-bound call. Scratch is O(N d): nothing proportional to M x N is
  * ever allocated.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,16 +107,44 @@ done:
   return st;
 }
 
-/* Splits the keys when the row blocks alone would leave compute units idle
- * (decode: few query rows, many keys); the split is a fixed function of the
- * shape and the device, so results stay bitwise repeatable. */
-ca_splits ca_plan_splits(cl_uint compute_units, size_t items, int kv_len) {
+/* Splits the keys when the work-groups alone would leave the device partly
+ * idle (decode: few query rows, many keys), by FlashAttention-2's rule
+ * (num_splits_heuristic): no split when the groups fill 80% of the device's
+ * slots; else, of the split counts that change the keys per split, the
+ * smallest whose wave efficiency (groups / slots over the whole waves they
+ * take) is within 85% of the best. Slots: on CPUs four groups per compute
+ * unit (a thread runs one group at a time; four per thread keep the threads
+ * evenly busy when rows differ in work: windows, causal, kv_lens). On GPUs a
+ * compute unit holds at least one largest group's work-items (max_wg), so
+ * max_wg / group_items groups of this kernel. Intel GPUs report EUs as
+ * compute units, and a work-group runs inside one subslice of 8 EUs (Gen9
+ * to Gen12; an Xe core's 8 or 16 vector engines likewise): their slots
+ * count subslices. At least MIN_SPLIT_KEYS keys per split, at most 128
+ * splits. A fixed function of the shape and the device, so results stay
+ * bitwise repeatable. */
+ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len) {
   ca_splits sp = {kv_len, 1};
-  size_t target = 4 * (size_t)(compute_units ? compute_units : 1);
-  if (items >= target || kv_len < 2 * MIN_SPLIT_KEYS) return sp;
-  size_t splits = (target + items - 1) / items;
-  size_t max_splits = (size_t)kv_len / MIN_SPLIT_KEYS;
-  if (splits > max_splits) splits = max_splits;
+  size_t units = dev->compute_units ? dev->compute_units : 1;
+  const int gpu = !(dev->type & CL_DEVICE_TYPE_CPU);
+  if (gpu && dev->vendor_id == 0x8086) units = units >= 8 ? units / 8 : 1;
+  const size_t per_unit = !gpu ? 4 : group_items && dev->max_wg > group_items ? dev->max_wg / group_items : 1;
+  const size_t slots = units * per_unit;
+  const size_t blocks = (size_t)kv_len / MIN_SPLIT_KEYS;
+  if (items == 0 || (double)items >= 0.8 * (double)slots || blocks < 2) return sp;
+  size_t max_splits = 128;
+  if (max_splits > slots) max_splits = slots;
+  if (max_splits > blocks) max_splits = blocks;
+  double eff[129] = {0}, best = 0;
+  for (size_t s = 1; s <= max_splits; s++) {
+    /* only counts that change the blocks per split */
+    if (s > 1 && (blocks + s - 1) / s == (blocks + s - 2) / (s - 1)) continue;
+    const double waves = (double)items * (double)s / (double)slots;
+    eff[s] = waves / ceil(waves);
+    if (eff[s] > best) best = eff[s];
+  }
+  size_t splits = 1;
+  while (splits < max_splits && eff[splits] < 0.85 * best) splits++;
+  if (splits == 1) return sp;
   /* at most kv_len / 2 rounded up to 16: fits an int */
   sp.split_keys = (int)round_up(((size_t)kv_len + splits - 1) / splits, FLASH_BN);
   sp.n_splits = ((size_t)kv_len + (size_t)sp.split_keys - 1) / (size_t)sp.split_keys;
@@ -153,7 +182,12 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
                    (unsigned long long)ctx->max_alloc);
 
   tl_block blk = {0, 0};
+  int decoded = 0;
   if ((st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program, &blk)))
+    return st;
+  /* Decode shapes on GPUs: the key-parallel kernel (src/decode.c), where it applies. */
+  if (wg && ctx->flash_block && rows_per_kv <= CA_DECODE_KERNEL_ROWS &&
+      ((st = ca_decode_forward(ctx, p, plan, program, n_wait, wait, done, &decoded)) || decoded))
     return st;
   /* flash_block where it applies; flash_tiled keeps the route diagnostics
    * and additive scoring. */
@@ -165,7 +199,8 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   /* The diagnostics are not merged across splits, nor are packed sequences'
    * rows mapped by the merge: with either, one pass. */
   const ca_splits splits = plan->diag || p->cu_seqlens_q ? (ca_splits){p->kv_len, 1}
-                                                        : ca_plan_splits(ctx->caps.compute_units, row_blocks * kv_pairs, p->kv_len);
+                                                        : ca_plan_splits(&ctx->caps, group_items, row_blocks * kv_pairs,
+                                                                         p->kv_len);
   const int split_keys = splits.split_keys;
   const size_t n_splits = splits.n_splits;
   const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;

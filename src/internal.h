@@ -252,7 +252,11 @@ typedef struct {
   int split_keys;
   size_t n_splits;
 } ca_splits;
-ca_splits ca_plan_splits(cl_uint compute_units, size_t items, int kv_len);
+/* A pure function of the device (compute units, type, vendor, max_wg), the
+ * kernel's work-items per group, the number of work-groups per split
+ * (items) and kv_len: see fused.c. */
+ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len);
+
 
 /* ---- validation (validate.c) ---- */
 
@@ -267,6 +271,15 @@ typedef struct {
   int paged;                       /* K/V through a block table */
   clattn_algo algo;                /* AUTO resolved */
 } ca_plan;
+
+/* flash_decode (cl/decode.cl, decode.c): the fused call at up to
+ * CA_DECODE_KERNEL_ROWS query rows per KV head on GPUs. Sets *taken when it ran the
+ * call (enqueued it, or failed); leaves it 0 when the kernel does not apply
+ * (route diagnostics, additive scoring, no kernel in the program, or a
+ * device that cannot run its work-group), the caller then runs the call. */
+enum { CA_DECODE_KERNEL_ROWS = 16 };
+clattn_status ca_decode_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_program program,
+                                cl_uint n_wait, const cl_event *wait, cl_event *done, int *taken);
 
 /* The route diagnostics' bits (cl/common.h.cl's CA_DIAG_*). */
 enum { CA_DIAG_ENTROPY = 1, CA_DIAG_MAX_WEIGHT = 2, CA_DIAG_ARGMAX = 4 };

@@ -68,16 +68,23 @@ void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, in
 
 void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                         clattn_dtype kv_dtype, const tl_block *blk, ca_program_text *out) {
-  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_flash, clattn_src_flash_block}, .n_sources = 3};
+  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_flash, clattn_src_flash_block, clattn_src_decode},
+                           .n_sources = 4};
   int at = snprintf(out->options, sizeof out->options,
                     "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d -D DK=%d -D DV=%d -D FLASH_TILE=%d", (int)dtype,
                     (int)(kv_dtype == CLATTN_DTYPE_SAME ? dtype : kv_dtype), head_dim, value_dim,
                     tl_flash_tile(dev, head_dim, value_dim));
   if (blk)
-    snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_RM=%d -D BLOCK_RN=%d%s", blk->rm, blk->rn,
-             tiles->block_half ? " -D BLOCK_HALF" : "");
+    at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_RM=%d -D BLOCK_RN=%d%s", blk->rm,
+                   blk->rn, tiles->block_half ? " -D BLOCK_HALF" : "");
   else
-    snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_NO_BLOCK");
+    at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_NO_BLOCK");
+  /* flash_decode likewise: the work-group kernels, and a key tile that fits */
+  const int decode_keys = tiles->flash_wg > 0 ? tl_decode_keys(dev, head_dim, value_dim) : 0;
+  if (decode_keys > 0)
+    snprintf(out->options + at, sizeof out->options - (size_t)at, " -D DEC_N=%d", decode_keys);
+  else
+    snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_NO_DECODE");
   tl_fused_options(tiles, out->options, sizeof out->options);
 }
 

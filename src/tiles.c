@@ -139,6 +139,27 @@ int tl_flash_block_below(const tl_device *dev, int head_dim, int value_dim, tl_b
   return -1;
 }
 
+
+size_t tl_decode_local_bytes(int keys, int head_dim, int value_dim) {
+  /* cl/decode.cl's DEC_PVC, DEC_CV4 and DEC_VS: value columns in float4 groups over 16, 32 or 64 work-items */
+  const size_t dv4 = ((size_t)value_dim + 3) / 4, pvc = dv4 <= 16 ? 16 : dv4 <= 32 ? 32 : 64;
+  const size_t vs = 4 * pvc * ((dv4 + pvc - 1) / pvc), ks = (size_t)head_dim + 1;
+  const size_t floats = 16 * (size_t)head_dim              /* Q tile */
+                        + (size_t)keys * (ks > vs ? ks : vs) /* K, then V tile */
+                        + 16 * (size_t)keys                  /* scores and weights */
+                        + 3 * 16;                            /* row maxima, factors, sums */
+  return floats * sizeof(float);
+}
+
+int tl_decode_keys(const tl_device *dev, int head_dim, int value_dim) {
+  const size_t local = dev->local_mem < 48 * 1024 ? (size_t)dev->local_mem : 48 * 1024;
+  if (dev->max_wg < 64 || dev->max_item[0] < 64) return 0;
+  for (int keys = 32; keys >= 16; keys /= 2)
+    if (tl_decode_local_bytes(keys, head_dim, value_dim) <= local) return keys;
+  return 0;
+}
+
+
 void tl_core_options(const tl_tiles *t, char *buf, size_t size) {
   size_t len = strlen(buf);
   snprintf(buf + len, size > len ? size - len : 0,

@@ -69,6 +69,14 @@ int tl_block_budget(const tl_device *dev);
 /* Local memory (bytes) of flash_block with that tile. */
 size_t tl_block_local_bytes(tl_block blk, int head_dim, int value_dim);
 
+/* flash_decode's keys per tile (cl/decode.cl): 32, or 16 when a 32-key
+ * tile with its Q and score tiles would pass the device's local memory or
+ * 48 KiB; 0 when nothing fits or the device cannot run 64 work-items per
+ * group (no flash_decode). */
+int tl_decode_keys(const tl_device *dev, int head_dim, int value_dim);
+/* Local memory (bytes) of flash_decode with `keys` keys per tile. */
+size_t tl_decode_local_bytes(int keys, int head_dim, int value_dim);
+
 /* The -D options that carry the tiles, appended to buf: each program gets
  * only those its kernels read, so retuning one kernel's tile changes one
  * program's options (and cache key) and leaves the others' binaries valid.

@@ -281,7 +281,9 @@ static void key_ranges_are_planned_in_64_bits(void)
   for (size_t n = 0; n < sizeof lens / sizeof lens[0]; n++)
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++)
       for (size_t u = 0; u < sizeof cus / sizeof cus[0]; u++) {
-        const ca_splits sp = ca_plan_splits(cus[u], items[i], lens[n]);
+        const tl_device dev = {.type = u % 2 ? CL_DEVICE_TYPE_GPU : CL_DEVICE_TYPE_CPU, .compute_units = cus[u],
+                               .max_wg = 1024};
+        const ca_splits sp = ca_plan_splits(&dev, 64, items[i], lens[n]);
         const long long keys = sp.split_keys, last_begin = (long long)(sp.n_splits - 1) * keys;
         const int ok = sp.n_splits >= 1 && keys >= 1 && (sp.n_splits == 1 ? keys == lens[n] : keys % 16 == 0) &&
                        last_begin < lens[n] && last_begin + keys >= lens[n];

@@ -1,0 +1,114 @@
+/*
+ * The fused call at decode shapes on GPUs: flash_decode (cl/decode.cl), one
+ * work-group of 64 work-items per (batch, KV head, split) over keys and value
+ * columns instead of one row per work-item, then merge_states when the keys
+ * were split. The kernel is in the fused program and takes flash_rows'
+ * arguments; only the grid and the split plan differ: each split covers its
+ * share of the batch row's own length (kv_lens), so the host plans the
+ * number of splits from the kv_len bound alone.
+ */
+#include <stdio.h>
+
+#include "internal.h"
+#include "tiles.h"
+
+enum { DECODE_WG = 64 }; /* cl/decode.cl's DEC_WG */
+
+clattn_status ca_decode_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_program program,
+                                cl_uint n_wait, const cl_event *wait, cl_event *done, int *taken) {
+  clattn_status st = CLATTN_OK;
+  cl_int err = CL_SUCCESS;
+  cl_kernel kernel = NULL;
+  cl_mem part_o = NULL, part_lse = NULL, empty_flag = NULL;
+  cl_event prev = NULL;
+  size_t max_items = 0;
+  *taken = 0;
+  /* Route diagnostics and additive scoring stay with flash_tiled; the
+   * program holds flash_decode when its tile fits the device. */
+  const size_t rows_per_kv = (size_t)plan->group * (size_t)p->q_len;
+  if (plan->diag || p->score == CLATTN_SCORE_ADDITIVE || rows_per_kv > CA_DECODE_KERNEL_ROWS ||
+      tl_decode_keys(&ctx->caps, p->head_dim, p->value_dim) == 0)
+    return CLATTN_OK;
+  if ((st = ca_kernel_take(ctx, program, "flash_decode", &kernel))) {
+    *taken = 1;
+    return st;
+  }
+  /* A GPU compiler may allow fewer work-items per group (registers). */
+  err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof max_items, &max_items, NULL);
+  if (err != CL_SUCCESS || max_items < DECODE_WG) {
+    ca_kernel_give(ctx, kernel);
+    return CLATTN_OK;
+  }
+  *taken = 1;
+  if (done) *done = NULL;
+
+  const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
+  const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
+  const cl_long n_pad = 0; /* no packed copies */
+  /* Packed sequences' rows are not mapped by the merge: one pass. */
+  const ca_splits splits =
+      p->cu_seqlens_q ? (ca_splits){p->kv_len, 1} : ca_plan_splits(&ctx->caps, DECODE_WG, kv_pairs, p->kv_len);
+  const size_t n_splits = splits.n_splits;
+  if ((st = ca_flag_take(ctx, p->empty_rows, &empty_flag))) goto fail;
+  if (n_splits > 1 &&
+      ((st = ca_scratch_take(ctx, n_splits * rows_total * (size_t)p->value_dim * sizeof(float),
+                             "decode split-KV partial outputs", &part_o)) ||
+       (st = ca_scratch_take(ctx, n_splits * rows_total * sizeof(float), "decode split-KV partial lse", &part_lse))))
+    goto fail;
+  const size_t states = n_splits > 1 ? n_splits * rows_total * ((size_t)p->value_dim + 1) * sizeof(float) : 0;
+  ca_note_scratch(ctx, sizeof(cl_int) + states);
+
+  ca_args r = {kernel, "flash_decode", 0, 0, CL_SUCCESS};
+  ca_arg_view(&r, &p->q);
+  ca_arg_mem(&r, NULL); /* kt, vp: unused */
+  ca_arg_mem(&r, NULL);
+  ca_arg(&r, sizeof n_pad, &n_pad);
+  ca_arg_view(&r, &p->k);
+  ca_arg_view(&r, &p->v);
+  ca_arg_score(&r, p);
+  ca_arg_allowed(&r, p);
+  ca_arg_kv(&r, p);
+  ca_arg_int(&r, p->q_heads);
+  ca_arg_int(&r, p->kv_heads);
+  ca_arg_int(&r, plan->group);
+  ca_arg_int(&r, p->q_len);
+  ca_arg_int(&r, p->kv_len);
+  ca_arg_float(&r, plan->scale);
+  ca_arg_shape(&r, p);
+  ca_arg_sinks(&r, p);
+  ca_arg_int(&r, plan->window_left);
+  ca_arg_int(&r, plan->window_right);
+  ca_arg_int(&r, splits.split_keys); /* unused: each split follows its batch row's length */
+  ca_arg_view(&r, &p->out);
+  ca_arg_view(&r, &p->lse);
+  ca_arg_int(&r, plan->want_lse);
+  ca_arg_diag(&r, p, 0);
+  ca_arg_mem(&r, part_o);
+  ca_arg_mem(&r, part_lse);
+  ca_arg_mem(&r, empty_flag);
+  if ((st = ca_args_done(&r))) goto fail;
+  const size_t global[3] = {DECODE_WG, kv_pairs, n_splits}, local[3] = {DECODE_WG, 1, 1};
+  if ((st = ca_enqueue(ctx, kernel, "flash_decode", 3, global, local, n_wait, wait, &prev))) goto fail;
+
+  if (n_splits > 1) {
+    const size_t m = (size_t)p->q_len, h = (size_t)p->q_heads, dv = (size_t)p->value_dim;
+    clattn_merge_params mp = {
+        .n_states = (int)n_splits, .batch = p->batch, .heads = p->q_heads, .q_len = p->q_len,
+        .value_dim = p->value_dim,
+        .o = {part_o, 0, {h * m * dv, m * dv, dv, 1}},
+        .lse = {part_lse, 0, {h * m, m, 1, 0}},
+        .o_state_stride = rows_total * dv, .lse_state_stride = rows_total,
+        .out = p->out, .out_lse = p->lse, .empty_rows = p->empty_rows,
+    };
+    if ((st = ca_enqueue_merge(ctx, &mp, p->dtype, p->sinks, empty_flag, n_wait, wait, &prev))) goto fail;
+  }
+  st = ca_finish_call(ctx, p->empty_rows, &empty_flag, prev);
+fail:;
+  const cl_event used = st == CLATTN_OK ? prev : NULL; /* a failed call's last event may not follow all it enqueued */
+  ca_kernel_give(ctx, kernel);
+  ca_scratch_give(ctx, part_o, used);
+  ca_scratch_give(ctx, part_lse, used);
+  ca_flag_give(ctx, empty_flag, 0, used);
+  ca_hand_out(st, &prev, done);
+  return st;
+}
