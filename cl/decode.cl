@@ -118,10 +118,9 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
       const long j = j0 + kk;
       /* the key's own checks, once for all rows: split range, page in the pool */
       const bool key_ok = j >= split_begin && j < split_end && (!paged || ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok);
-      /* continue, not break, over rows past the last: a fixed trip count unrolls (s, acc in registers) */
       for (int u = 0; u < DEC_SR; u++) {
         const int t = rg + DEC_RG * u;
-        if (t >= rows) continue;
+        if (t >= rows) break;
         const int h = hk * group + t / q_len, i = t % q_len;
         const int2 keys = flash_row_keys(i, sq.align_m, sq.align_n, n_valid, window_left, window_right);
         bool allowed = key_ok && i < sq.rows && j >= keys.x && j <= keys.y;
@@ -154,7 +153,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
 
     for (int u = 0; u < DEC_SR; u++) {
       const int t = rg + DEC_RG * u;
-      if (t >= rows) continue;
+      if (t >= rows) break;
       s_tile[t * DEC_N + kk] = exp(s_tile[t * DEC_N + kk] - row_m[t]);
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* weights in place */
@@ -166,7 +165,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
     }
     for (int u = 0; u < DEC_PR; u++) {
       const int t = pg + DEC_PV_RG * u;
-      if (t >= rows) continue;
+      if (t >= rows) break;
       const float alpha = row_alpha[t];
       for (int g = 0; g < DEC_CV4; g++) acc[u][g] *= alpha;
       for (int jj = 0; jj < DEC_N; jj++) {
@@ -186,7 +185,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int u = 0; u < DEC_PR; u++) {
     const int t = pg + DEC_PV_RG * u;
-    if (t >= rows) continue;
+    if (t >= rows) break;
     const int h = hk * group + t / q_len, i = t % q_len;
     if (i < sq.rows)
       flash_store_cols(acc[u], 4 * cg, 4 * DEC_CV4, cg == 0, row_m[t], row_l[t], has_sinks ? sinks[h] : -INFINITY, b, h,
