@@ -44,7 +44,6 @@ clattn_status ca_decode_forward(clattn_context *ctx, const clattn_params *p, con
 
   const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
   const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
-  const cl_long n_pad = 0; /* no packed copies */
   /* Packed sequences' rows are not mapped by the merge: one pass. */
   const ca_splits splits =
       p->cu_seqlens_q ? (ca_splits){p->kv_len, 1} : ca_plan_splits(&ctx->caps, DECODE_WG, kv_pairs, p->kv_len);
@@ -59,49 +58,15 @@ clattn_status ca_decode_forward(clattn_context *ctx, const clattn_params *p, con
   ca_note_scratch(ctx, sizeof(cl_int) + states);
 
   ca_args r = {kernel, "flash_decode", 0, 0, CL_SUCCESS};
-  ca_arg_view(&r, &p->q);
-  ca_arg_mem(&r, NULL); /* kt, vp: unused */
-  ca_arg_mem(&r, NULL);
-  ca_arg(&r, sizeof n_pad, &n_pad);
-  ca_arg_view(&r, &p->k);
-  ca_arg_view(&r, &p->v);
-  ca_arg_score(&r, p);
-  ca_arg_allowed(&r, p);
-  ca_arg_kv(&r, p);
-  ca_arg_int(&r, p->q_heads);
-  ca_arg_int(&r, p->kv_heads);
-  ca_arg_int(&r, plan->group);
-  ca_arg_int(&r, p->q_len);
-  ca_arg_int(&r, p->kv_len);
-  ca_arg_float(&r, plan->scale);
-  ca_arg_shape(&r, p);
-  ca_arg_sinks(&r, p);
-  ca_arg_int(&r, plan->window_left);
-  ca_arg_int(&r, plan->window_right);
-  ca_arg_int(&r, splits.split_keys); /* unused: each split follows its batch row's length */
-  ca_arg_view(&r, &p->out);
-  ca_arg_view(&r, &p->lse);
-  ca_arg_int(&r, plan->want_lse);
-  ca_arg_diag(&r, p, 0);
-  ca_arg_mem(&r, part_o);
-  ca_arg_mem(&r, part_lse);
-  ca_arg_mem(&r, empty_flag);
+  /* no packed copies; split_keys unused: each split follows its batch row's length */
+  ca_arg_fused(&r, p, plan, NULL, NULL, 0, splits.split_keys, 0, part_o, part_lse, empty_flag);
   if ((st = ca_args_done(&r))) goto fail;
   const size_t global[3] = {DECODE_WG, kv_pairs, n_splits}, local[3] = {DECODE_WG, 1, 1};
   if ((st = ca_enqueue(ctx, kernel, "flash_decode", 3, global, local, n_wait, wait, &prev))) goto fail;
 
-  if (n_splits > 1) {
-    const size_t m = (size_t)p->q_len, h = (size_t)p->q_heads, dv = (size_t)p->value_dim;
-    clattn_merge_params mp = {
-        .n_states = (int)n_splits, .batch = p->batch, .heads = p->q_heads, .q_len = p->q_len,
-        .value_dim = p->value_dim,
-        .o = {part_o, 0, {h * m * dv, m * dv, dv, 1}},
-        .lse = {part_lse, 0, {h * m, m, 1, 0}},
-        .o_state_stride = rows_total * dv, .lse_state_stride = rows_total,
-        .out = p->out, .out_lse = p->lse, .empty_rows = p->empty_rows,
-    };
-    if ((st = ca_enqueue_merge(ctx, &mp, p->dtype, p->sinks, empty_flag, n_wait, wait, &prev))) goto fail;
-  }
+  if (n_splits > 1 &&
+      (st = ca_enqueue_split_merge(ctx, p, n_splits, part_o, part_lse, empty_flag, n_wait, wait, &prev)))
+    goto fail;
   st = ca_finish_call(ctx, p->empty_rows, &empty_flag, prev);
 fail:;
   const cl_event used = st == CLATTN_OK ? prev : NULL; /* a failed call's last event may not follow all it enqueued */

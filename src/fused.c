@@ -151,6 +151,53 @@ ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items,
   return sp;
 }
 
+void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_mem kt, cl_mem vp, cl_long n_pad,
+                  int split_keys, int diag, cl_mem part_o, cl_mem part_lse, cl_mem flag) {
+  ca_arg_view(r, &p->q);
+  ca_arg_mem(r, kt);
+  ca_arg_mem(r, vp);
+  ca_arg(r, sizeof n_pad, &n_pad);
+  ca_arg_view(r, &p->k);
+  ca_arg_view(r, &p->v);
+  ca_arg_score(r, p);
+  ca_arg_allowed(r, p);
+  ca_arg_kv(r, p);
+  ca_arg_int(r, p->q_heads);
+  ca_arg_int(r, p->kv_heads);
+  ca_arg_int(r, plan->group);
+  ca_arg_int(r, p->q_len);
+  ca_arg_int(r, p->kv_len);
+  ca_arg_float(r, plan->scale);
+  ca_arg_shape(r, p);
+  ca_arg_sinks(r, p);
+  ca_arg_int(r, plan->window_left);
+  ca_arg_int(r, plan->window_right);
+  ca_arg_int(r, split_keys);
+  ca_arg_view(r, &p->out);
+  ca_arg_view(r, &p->lse);
+  ca_arg_int(r, plan->want_lse);
+  ca_arg_diag(r, p, diag);
+  ca_arg_mem(r, part_o);
+  ca_arg_mem(r, part_lse);
+  ca_arg_mem(r, flag);
+}
+
+clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p, size_t n_splits, cl_mem part_o,
+                                     cl_mem part_lse, cl_mem flag, cl_uint n_wait, const cl_event *wait,
+                                     cl_event *prev) {
+  const size_t m = (size_t)p->q_len, h = (size_t)p->q_heads, dv = (size_t)p->value_dim;
+  const size_t rows_total = (size_t)p->batch * h * m;
+  clattn_merge_params mp = {
+      .n_states = (int)n_splits, .batch = p->batch, .heads = p->q_heads, .q_len = p->q_len,
+      .value_dim = p->value_dim,
+      .o = {part_o, 0, {h * m * dv, m * dv, dv, 1}},
+      .lse = {part_lse, 0, {h * m, m, 1, 0}},
+      .o_state_stride = rows_total * dv, .lse_state_stride = rows_total,
+      .out = p->out, .out_lse = p->lse, .empty_rows = p->empty_rows,
+  };
+  return ca_enqueue_merge(ctx, &mp, p->dtype, p->sinks, flag, n_wait, wait, prev);
+}
+
 clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
                                cl_uint n_wait, const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
@@ -239,50 +286,15 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   }
 
   ca_args r = {rows, rows_name, 0, 0, CL_SUCCESS};
-  ca_arg_view(&r, &p->q);
-  ca_arg_mem(&r, kt);
-  ca_arg_mem(&r, vp);
-  ca_arg(&r, sizeof n_pad_arg, &n_pad_arg);
-  ca_arg_view(&r, &p->k);
-  ca_arg_view(&r, &p->v);
-  ca_arg_score(&r, p);
-  ca_arg_allowed(&r, p);
-  ca_arg_kv(&r, p);
-  ca_arg_int(&r, p->q_heads);
-  ca_arg_int(&r, p->kv_heads);
-  ca_arg_int(&r, plan->group);
-  ca_arg_int(&r, p->q_len);
-  ca_arg_int(&r, p->kv_len);
-  ca_arg_float(&r, plan->scale);
-  ca_arg_shape(&r, p);
-  ca_arg_sinks(&r, p);
-  ca_arg_int(&r, plan->window_left);
-  ca_arg_int(&r, plan->window_right);
-  ca_arg_int(&r, split_keys);
-  ca_arg_view(&r, &p->out);
-  ca_arg_view(&r, &p->lse);
-  ca_arg_int(&r, plan->want_lse);
-  ca_arg_diag(&r, p, plan->diag);
-  ca_arg_mem(&r, part_o);
-  ca_arg_mem(&r, part_lse);
-  ca_arg_mem(&r, empty_flag);
+  ca_arg_fused(&r, p, plan, kt, vp, n_pad_arg, split_keys, plan->diag, part_o, part_lse, empty_flag);
   if ((st = ca_args_done(&r))) goto fail;
   const size_t rows_global[3] = {wg ? row_blocks * group_items : row_blocks, kv_pairs, n_splits};
   const size_t rows_local[3] = {wg ? group_items : 1, 1, 1};
   if ((st = ca_enqueue(ctx, rows, rows_name, 3, rows_global, rows_local, n_wait, wait, &prev))) goto fail;
 
-  if (n_splits > 1) {
-    const size_t m = (size_t)p->q_len, h = (size_t)p->q_heads, dv = (size_t)p->value_dim;
-    clattn_merge_params mp = {
-        .n_states = (int)n_splits, .batch = p->batch, .heads = p->q_heads, .q_len = p->q_len,
-        .value_dim = p->value_dim,
-        .o = {part_o, 0, {h * m * dv, m * dv, dv, 1}},
-        .lse = {part_lse, 0, {h * m, m, 1, 0}},
-        .o_state_stride = rows_total * dv, .lse_state_stride = rows_total,
-        .out = p->out, .out_lse = p->lse, .empty_rows = p->empty_rows,
-    };
-    if ((st = ca_enqueue_merge(ctx, &mp, p->dtype, p->sinks, empty_flag, n_wait, wait, &prev))) goto fail;
-  }
+  if (n_splits > 1 &&
+      (st = ca_enqueue_split_merge(ctx, p, n_splits, part_o, part_lse, empty_flag, n_wait, wait, &prev)))
+    goto fail;
   st = ca_finish_call(ctx, p->empty_rows, &empty_flag, prev);
 fail:;
   const cl_event used = st == CLATTN_OK ? prev : NULL; /* a failed call's last event may not follow all it enqueued */

@@ -277,6 +277,17 @@ typedef struct {
  * call (enqueued it, or failed); leaves it 0 when the kernel does not apply
  * (route diagnostics, additive scoring, no kernel in the program, or a
  * device that cannot run its work-group), the caller then runs the call. */
+/* The fused kernels' arguments (FLASH_KERNEL_ARGS in cl/flash.cl), which
+ * flash_decode takes too: kt, vp and n_pad the packed copies (NULL, NULL, 0
+ * when K and V are read in place), then the split, diagnostics, partial
+ * states and empty-row flag. */
+void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_mem kt, cl_mem vp, cl_long n_pad,
+                  int split_keys, int diag, cl_mem part_o, cl_mem part_lse, cl_mem flag);
+/* merge_states over n_splits partial states ([split][b][h][m] rows of
+ * value_dim, and their lse) into p's out and lse. */
+clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p, size_t n_splits, cl_mem part_o,
+                                     cl_mem part_lse, cl_mem flag, cl_uint n_wait, const cl_event *wait,
+                                     cl_event *prev);
 enum { CA_DECODE_KERNEL_ROWS = 16 };
 clattn_status ca_decode_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_program program,
                                 cl_uint n_wait, const cl_event *wait, cl_event *done, int *taken);
