@@ -31,15 +31,16 @@
 #include "reference.h" /* the fp64 reference */
 
 enum {
-  B = 2,              /* sequences decoded together */
+  B = 2, /* sequences decoded together */
   LAYERS = 2,
-  DM = 128,           /* model width */
-  HQ = 4, HKV = 2,    /* GQA: two query heads per KV head */
-  DH = 32,            /* head dim: a multiple of 32 for Q8_0 */
+  DM = 128, /* model width */
+  HQ = 4,
+  HKV = 2, /* GQA: two query heads per KV head */
+  DH = 32, /* head dim: a multiple of 32 for Q8_0 */
   VOCAB = 257,
   PROMPT = 23,
   STEPS = 64,
-  PAGE = 16,          /* keys per page */
+  PAGE = 16, /* keys per page */
   PAGES_PER_SEQ = (PROMPT + STEPS + PAGE - 1) / PAGE,
   POOL = B * PAGES_PER_SEQ + 1, /* one page never handed out */
   ROW_BYTES = DH / 32 * 34,     /* one key row: DH / 32 Q8_0 blocks */
@@ -47,37 +48,36 @@ enum {
 
 static float frand(void) { return (float)rand() / (float)RAND_MAX * 2.0f - 1.0f; }
 
-#define TRY_CL(call, what)                                                  \
-  do {                                                                      \
-    cl_int e_ = (call);                                                     \
-    if (e_ != CL_SUCCESS) {                                                 \
-      fprintf(stderr, "%s failed: OpenCL error %d\n", (what), (int)e_);     \
-      goto done;                                                            \
-    }                                                                       \
+#define TRY_CL(call, what)                                              \
+  do {                                                                  \
+    cl_int e_ = (call);                                                 \
+    if (e_ != CL_SUCCESS) {                                             \
+      fprintf(stderr, "%s failed: OpenCL error %d\n", (what), (int)e_); \
+      goto done;                                                        \
+    }                                                                   \
   } while (0)
-#define TRY_ATTN(call, what)                                                \
-  do {                                                                      \
-    clattn_status s_ = (call);                                              \
-    if (s_ != CLATTN_OK) {                                                  \
-      fprintf(stderr, "%s: %s: %s\n", (what), clattn_status_string(s_),     \
-              clattn_last_error(ctx));                                      \
-      goto done;                                                            \
-    }                                                                       \
+#define TRY_ATTN(call, what)                                                                     \
+  do {                                                                                           \
+    clattn_status s_ = (call);                                                                   \
+    if (s_ != CLATTN_OK) {                                                                       \
+      fprintf(stderr, "%s: %s: %s\n", (what), clattn_status_string(s_), clattn_last_error(ctx)); \
+      goto done;                                                                                 \
+    }                                                                                            \
   } while (0)
-#define TRY_BLAST(call, what)                                               \
-  do {                                                                      \
-    CLBlastStatusCode c_ = (call);                                          \
-    if (c_ != CLBlastSuccess) {                                             \
-      fprintf(stderr, "%s failed: CLBlast status %d\n", (what), (int)c_);   \
-      goto done;                                                            \
-    }                                                                       \
+#define TRY_BLAST(call, what)                                             \
+  do {                                                                    \
+    CLBlastStatusCode c_ = (call);                                        \
+    if (c_ != CLBlastSuccess) {                                           \
+      fprintf(stderr, "%s failed: CLBlast status %d\n", (what), (int)c_); \
+      goto done;                                                          \
+    }                                                                     \
   } while (0)
 
 /* C[m x n] = A[m x k] W[k x n] + beta C, row-major, on the queue. */
-static CLBlastStatusCode matmul(cl_command_queue *queue, size_t m, size_t n, size_t k, cl_mem a, cl_mem w,
-                                size_t w_off, float beta, cl_mem c) {
-  return CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, m, n, k, 1.0f, a, 0, k, w,
-                      w_off, n, beta, c, 0, n, queue, NULL);
+static CLBlastStatusCode matmul(cl_command_queue *queue, size_t m, size_t n, size_t k, cl_mem a, cl_mem w, size_t w_off,
+                                float beta, cl_mem c) {
+  return CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, m, n, k, 1.0f, a, 0, k, w, w_off,
+                      n, beta, c, 0, n, queue, NULL);
 }
 
 /* Dequantised element c of key row (page, head, row) of a Q8_0 cache copy. */
@@ -115,7 +115,7 @@ static double check_attention(cl_command_queue queue, cl_mem q_buf, cl_mem attn_
           k[((size_t)h * n + j) * DH + c] = q8_0_value(kc, page, h, j % PAGE, c);
           v[((size_t)h * n + j) * DH + c] = q8_0_value(vc, page, h, j % PAGE, c);
         }
-    clattn_params rp = clattn_params_default();   /* the reference's view of sequence b */
+    clattn_params rp = clattn_params_default(); /* the reference's view of sequence b */
     rp.batch = 1;
     rp.q_heads = HQ;
     rp.kv_heads = HKV;
@@ -177,7 +177,7 @@ int main(void) {
   for (size_t i = 0; i < n_weights; i++) w[i] = frand() / sqrtf((float)DM) * (i < n_embed ? 8.0f : 1.0f);
   const size_t rows_max = (size_t)B * PROMPT; /* activation rows: (sequence, token) */
   cl_int err = CL_SUCCESS;
-#define BUFFER(var, bytes, host)                                                         \
+#define BUFFER(var, bytes, host)                                                                                \
   var = clCreateBuffer(cl, CL_MEM_READ_WRITE | (host != NULL ? CL_MEM_COPY_HOST_PTR : 0), (bytes), host, &err); \
   TRY_CL(err, "clCreateBuffer(" #var ")")
   const float *weights_host = w;
@@ -224,7 +224,8 @@ int main(void) {
       TRY_BLAST(matmul(&queue, rows, act_kv, DM, x, weights, wl + n_q + n_kv, 0.0f, vp), "x Wv");
 
       /* the cache, as both calls describe it: [page, kv head, row, block] in bytes */
-      const clattn_tensor cache_view = {NULL, 0, {(size_t)HKV * PAGE * ROW_BYTES, (size_t)PAGE * ROW_BYTES, ROW_BYTES, 34}};
+      const clattn_tensor cache_view = {
+          NULL, 0, {(size_t)HKV * PAGE * ROW_BYTES, (size_t)PAGE * ROW_BYTES, ROW_BYTES, 34}};
       clattn_append_params ap = clattn_append_params_default();
       ap.batch = B;
       ap.kv_heads = HKV;
@@ -284,8 +285,8 @@ int main(void) {
     /* logits of each sequence's last row; greedy next token into x's first rows */
     for (int b = 0; b < B; b++)
       TRY_BLAST(CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, 1, VOCAB, DM, 1.0f, x,
-                             ((size_t)b * m + m - 1) * DM, DM, weights, n_embed + LAYERS * n_layer, VOCAB, 0.0f,
-                             attn, (size_t)b * VOCAB, VOCAB, &queue, NULL),
+                             ((size_t)b * m + m - 1) * DM, DM, weights, n_embed + LAYERS * n_layer, VOCAB, 0.0f, attn,
+                             (size_t)b * VOCAB, VOCAB, &queue, NULL),
                 "x Wout");
     TRY_CL(clEnqueueReadBuffer(queue, attn, CL_TRUE, 0, (size_t)B * VOCAB * sizeof(float), logits, 0, NULL, NULL),
            "read logits");

@@ -76,8 +76,8 @@ static int whole_forward(clattn_context *ctx, int M, int N, const float *q, floa
   p.q = view(qb, HQ, M), p.k = view(kb, HKV, N), p.v = view(vb, HKV, N), p.out = view(ob, HQ, M);
   cl_event done = NULL;
   ok = ok && clattn_forward(ctx, &p, 0, NULL, &done) == CLATTN_OK;
-  ok = ok && clEnqueueReadBuffer(clattn_cl_queue(ctx), ob, CL_TRUE, 0, (size_t)HQ * M * D * 4, out, 1, &done,
-                                 NULL) == CL_SUCCESS;
+  ok = ok && clEnqueueReadBuffer(clattn_cl_queue(ctx), ob, CL_TRUE, 0, (size_t)HQ * M * D * 4, out, 1, &done, NULL) ==
+                 CL_SUCCESS;
   if (done) clReleaseEvent(done);
   cl_mem all[] = {qb, kb, vb, ob};
   for (int i = 0; i < 4; i++)
@@ -102,16 +102,17 @@ static int by_value(const void *a, const void *b) {
 static void report(clattn_mpi *mh, const char *what, double *times, int steps) {
   clattn_mpi_stats s;
   clattn_mpi_get_stats(mh, &s, 1);
-  double all[7] = {s.seconds,     s.seconds_compute, s.seconds_wait, s.bytes_sent,
-                   s.ring_transfers, s.ring_hidden,   s.seconds_agree};
+  double all[7] = {s.seconds,        s.seconds_compute, s.seconds_wait, s.bytes_sent,
+                   s.ring_transfers, s.ring_hidden,     s.seconds_agree};
   double sum[7];
   MPI_Reduce(all, sum, 7, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
   qsort(times, (size_t)steps, sizeof *times, by_value);
   if (rank == 0)
-    printf("%s, %d rank(s), %d calls: median %.2f ms, fastest %.2f ms per call; per rank and call: compute %.2f ms, "
-           "exposed transfer wait %.2f ms, agreements %.2f ms, sent %.0f bytes\n",
-           what, nranks, steps, 1e3 * times[steps / 2], 1e3 * times[0], 1e3 * sum[1] / nranks / steps,
-           1e3 * sum[2] / nranks / steps, 1e3 * sum[6] / nranks / steps, sum[3] / nranks / steps);
+    printf(
+        "%s, %d rank(s), %d calls: median %.2f ms, fastest %.2f ms per call; per rank and call: compute %.2f ms, "
+        "exposed transfer wait %.2f ms, agreements %.2f ms, sent %.0f bytes\n",
+        what, nranks, steps, 1e3 * times[steps / 2], 1e3 * times[0], 1e3 * sum[1] / nranks / steps,
+        1e3 * sum[2] / nranks / steps, 1e3 * sum[6] / nranks / steps, sum[3] / nranks / steps);
   if (rank == 0 && sum[4] > 0)
     printf("ring transfers complete before their step's compute ended: %.0f of %.0f\n", sum[5], sum[4]);
 }
@@ -136,7 +137,8 @@ static int decode(clattn_context *ctx, clattn_mpi *mh, int N, int steps, int che
   float q[HQ * D], out[HQ * D], want[HQ * D];
   cl_mem kb = buffer(ctx, NULL, (size_t)HKV * cap * D), vb = buffer(ctx, NULL, (size_t)HKV * cap * D);
   cl_mem qb = buffer(ctx, NULL, HQ * D), ob = buffer(ctx, NULL, HQ * D);
-  const int filled = k && v && kb && vb && put_rows(ctx, kb, HKV, cap, 0, n0, k) && put_rows(ctx, vb, HKV, cap, 0, n0, v);
+  const int filled =
+      k && v && kb && vb && put_rows(ctx, kb, HKV, cap, 0, n0, k) && put_rows(ctx, vb, HKV, cap, 0, n0, v);
   free(k), free(v);
   if (!filled || !qb || !ob) return fprintf(stderr, "rank %d: buffers\n", rank), 1;
   clattn_params p = clattn_params_default();
@@ -160,8 +162,7 @@ static int decode(clattn_context *ctx, clattn_mpi *mh, int N, int steps, int che
     }
     total++;
     for (int i = 0; i < HQ * D; i++) q[i] = value_at(100 + (uint64_t)(t + 1), (uint64_t)i);
-    if (clEnqueueWriteBuffer(clattn_cl_queue(ctx), qb, CL_TRUE, 0, sizeof q, q, 0, NULL, NULL) != CL_SUCCESS)
-      return 1;
+    if (clEnqueueWriteBuffer(clattn_cl_queue(ctx), qb, CL_TRUE, 0, sizeof q, q, 0, NULL, NULL) != CL_SUCCESS) return 1;
     p.kv_len = n;
     const clattn_mpi_kv_shard shard = {off, total, -1};
     if (t == 0) clattn_mpi_get_stats(mh, NULL, 1);
@@ -278,10 +279,14 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--n") && i + 1 < argc) N = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) S = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--check")) check = 1;
+    if (!strcmp(argv[i], "--n") && i + 1 < argc)
+      N = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+      steps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
+      S = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--check"))
+      check = 1;
     else {
       if (rank == 0) fprintf(stderr, "usage: mpi_decode [--n KEYS] [--steps T] [--prefill TOKENS] [--check]\n");
       MPI_Finalize();

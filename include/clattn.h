@@ -32,9 +32,9 @@
 extern "C" {
 #endif
 
-#define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 1
-#define CLATTN_VERSION_PATCH 0
+#define CLATTN_VERSION_MAJOR  0
+#define CLATTN_VERSION_MINOR  1
+#define CLATTN_VERSION_PATCH  0
 #define CLATTN_VERSION_STRING "0.1.0"
 /* The library's soname (libclattn.so.N): bumped with every change to a public
  * struct's layout or an enum's values, since callers hold these structs by
@@ -45,20 +45,20 @@ extern "C" {
 
 typedef enum {
   CLATTN_OK = 0,
-  CLATTN_ERR_INVALID_ARGUMENT,  /* bad shape, stride, null, inconsistent fields */
-  CLATTN_ERR_UNSUPPORTED,       /* valid request this device/build cannot run */
-  CLATTN_ERR_BUFFER_TOO_SMALL,  /* a cl_mem is smaller than shape+strides need */
-  CLATTN_ERR_EMPTY_ROW,         /* a row had no allowed key, policy ERROR */
+  CLATTN_ERR_INVALID_ARGUMENT, /* bad shape, stride, null, inconsistent fields */
+  CLATTN_ERR_UNSUPPORTED,      /* valid request this device/build cannot run */
+  CLATTN_ERR_BUFFER_TOO_SMALL, /* a cl_mem is smaller than shape+strides need */
+  CLATTN_ERR_EMPTY_ROW,        /* a row had no allowed key, policy ERROR */
   CLATTN_ERR_OUT_OF_MEMORY,
-  CLATTN_ERR_BUILD,             /* kernel build failed; the log is in the message */
+  CLATTN_ERR_BUILD, /* kernel build failed; the log is in the message */
   CLATTN_ERR_NO_DEVICE,
-  CLATTN_ERR_OPENCL             /* any other OpenCL failure; code in the message */
+  CLATTN_ERR_OPENCL /* any other OpenCL failure; code in the message */
 } clattn_status;
 
 typedef struct clattn_context clattn_context;
 
 typedef struct {
-  cl_context context;       /* optional: all three given = embed in the caller's objects */
+  cl_context context; /* optional: all three given = embed in the caller's objects */
   cl_device_id device;
   cl_command_queue queue;
   const char *device_match; /* NULL: env CLATTN_DEVICE, else first GPU, else first device */
@@ -70,8 +70,7 @@ typedef struct {
 /* Creates a context and compiles the kernel programs for its device (load
  * time). In embedded mode clattn retains the caller's context, device and
  * queue and releases only those references on destroy. */
-CLATTN_EXPORT clattn_status clattn_create(const clattn_options *opt /* NULL = defaults */,
-                                          clattn_context **out);
+CLATTN_EXPORT clattn_status clattn_create(const clattn_options *opt /* NULL = defaults */, clattn_context **out);
 CLATTN_EXPORT void clattn_destroy(clattn_context *ctx);
 CLATTN_EXPORT cl_context clattn_cl_context(const clattn_context *ctx);
 CLATTN_EXPORT cl_command_queue clattn_cl_queue(const clattn_context *ctx);
@@ -97,48 +96,41 @@ CLATTN_EXPORT const char *clattn_last_route(void);
  *   CLATTN_INT8: int8 values, value = scale * q with one f32 scale per
  *     (batch, kv head, key) in k_scale / v_scale.
  *   CLATTN_DTYPE_SAME (kv_dtype only): k and v stored like q (dtype). */
-typedef enum {
-  CLATTN_DTYPE_SAME = -1,
-  CLATTN_F32 = 0,
-  CLATTN_F16,
-  CLATTN_BF16,
-  CLATTN_Q8_0,
-  CLATTN_INT8
-} clattn_dtype;
+typedef enum { CLATTN_DTYPE_SAME = -1, CLATTN_F32 = 0, CLATTN_F16, CLATTN_BF16, CLATTN_Q8_0, CLATTN_INT8 } clattn_dtype;
 typedef enum { CLATTN_ALGO_AUTO, CLATTN_ALGO_STAGED, CLATTN_ALGO_FUSED, CLATTN_ALGO_GEMM } clattn_algo;
 typedef enum { CLATTN_EMPTY_ZERO, CLATTN_EMPTY_ERROR } clattn_empty_rows;
 typedef enum { CLATTN_SCORE_DOT, CLATTN_SCORE_ADDITIVE } clattn_score;
 
-typedef struct {            /* a strided view of a cl_mem; buf NULL = absent */
-  cl_mem buf;               /* a buffer (not an image) of the clattn context's cl_context; not
-                               CL_MEM_READ_ONLY for an output, not CL_MEM_WRITE_ONLY for an input */
-  size_t offset;            /* in elements */
-  size_t stride[4];         /* in elements: batch, head, row, column; 0 broadcasts (inputs only).
-                               Outputs must not overlap themselves: ordered by stride, each
-                               dimension longer than 1 steps past the span of the smaller ones
-                               (so interleaved dimensions are refused too). Nor may two outputs
-                               of one call (out, lse, weights, entropy, max_weight, argmax;
-                               merge's out and out_lse) share bytes: in one cl_mem, their
-                               extents (first element to the end of the last) must be
-                               disjoint, else INVALID_ARGUMENT before anything is enqueued.
-                               Sub-buffers are cl_mems of their own and are not compared */
+typedef struct {    /* a strided view of a cl_mem; buf NULL = absent */
+  cl_mem buf;       /* a buffer (not an image) of the clattn context's cl_context; not
+                       CL_MEM_READ_ONLY for an output, not CL_MEM_WRITE_ONLY for an input */
+  size_t offset;    /* in elements */
+  size_t stride[4]; /* in elements: batch, head, row, column; 0 broadcasts (inputs only).
+                       Outputs must not overlap themselves: ordered by stride, each
+                       dimension longer than 1 steps past the span of the smaller ones
+                       (so interleaved dimensions are refused too). Nor may two outputs
+                       of one call (out, lse, weights, entropy, max_weight, argmax;
+                       merge's out and out_lse) share bytes: in one cl_mem, their
+                       extents (first element to the end of the last) must be
+                       disjoint, else INVALID_ARGUMENT before anything is enqueued.
+                       Sub-buffers are cl_mems of their own and are not compared */
 } clattn_tensor;
 
 typedef struct {
-  int batch, q_heads, kv_heads;   /* q_heads % kv_heads == 0 (MHA, GQA, MQA) */
-  int q_len, kv_len;              /* M queries, N candidates; M != N allowed */
-  int head_dim, value_dim;        /* dk for Q,K; dv for V,O; dk != dv allowed */
+  int batch, q_heads, kv_heads; /* q_heads % kv_heads == 0 (MHA, GQA, MQA) */
+  int q_len, kv_len;            /* M queries, N candidates; M != N allowed */
+  int head_dim, value_dim;      /* dk for Q,K; dv for V,O; dk != dv allowed */
   clattn_dtype dtype;
-  clattn_tensor q, k, v, out;     /* [B,Hq,M,dk] [B,Hkv,N,dk] [B,Hkv,N,dv] [B,Hq,M,dv] */
-  float scale;                    /* NAN = 1/sqrt(head_dim); any finite value as given (0 = uniform) */
-  int causal;                     /* bottom-right aligned, see Semantics */
-  int window_left, window_right;  /* -1 = unbounded */
-  cl_mem kv_lens;                 /* int32 [B]: valid keys per batch row (padding); NULL = all */
-  clattn_tensor mask;             /* uchar, nonzero = allowed, [B,H,M,N] with broadcast strides */
-  clattn_tensor bias;             /* f32 additive score bias, same indexing */
+  clattn_tensor q, k, v, out;    /* [B,Hq,M,dk] [B,Hkv,N,dk] [B,Hkv,N,dv] [B,Hq,M,dv] */
+  float scale;                   /* NAN = 1/sqrt(head_dim); any finite value as given (0 = uniform) */
+  int causal;                    /* bottom-right aligned, see Semantics */
+  int window_left, window_right; /* -1 = unbounded */
+  cl_mem kv_lens;                /* int32 [B]: valid keys per batch row (padding); NULL = all */
+  clattn_tensor mask;            /* uchar, nonzero = allowed, [B,H,M,N] with broadcast strides */
+  clattn_tensor bias;            /* f32 additive score bias, same indexing */
   clattn_empty_rows empty_rows;
-  clattn_tensor lse;              /* optional out, f32 [B,Hq,M]: natural-log sum of exp of scores */
-  clattn_tensor weights;          /* optional out, f32 [B,Hq,M,N]: the routing matrix A */
+  clattn_tensor lse;     /* optional out, f32 [B,Hq,M]: natural-log sum of exp of scores */
+  clattn_tensor weights; /* optional out, f32 [B,Hq,M,N]: the routing matrix A */
   clattn_algo algo;
   /* Route diagnostics, optional outs of one value per query row, indexed like
    * lse (stride[0..2]); every path computes them without the M x N matrix
@@ -162,11 +154,11 @@ typedef struct {
    *   softmax, with sinks[h] joining the denominator as a logit that carries
    *   no value: lse includes it, a row with no allowed key gets O = 0 and
    *   lse = sinks[h] (still an empty row for EMPTY_ERROR). */
-  float softcap;                  /* 0 = off; > 0 and finite */
-  cl_mem alibi_slopes;            /* f32 [q_heads]; NULL = none */
-  cl_mem sinks;                   /* f32 [q_heads]; NULL = none */
-  clattn_score score;             /* CLATTN_SCORE_DOT (default) or CLATTN_SCORE_ADDITIVE */
-  cl_mem additive_w;              /* f32 [head_dim]: s = scale * sum_t w_t tanh(q_it + k_jt) */
+  float softcap;       /* 0 = off; > 0 and finite */
+  cl_mem alibi_slopes; /* f32 [q_heads]; NULL = none */
+  cl_mem sinks;        /* f32 [q_heads]; NULL = none */
+  clattn_score score;  /* CLATTN_SCORE_DOT (default) or CLATTN_SCORE_ADDITIVE */
+  cl_mem additive_w;   /* f32 [head_dim]: s = scale * sum_t w_t tanh(q_it + k_jt) */
   /* Packed variable-length batches: int32 [batch + 1], 0 first, non-decreasing;
    * sequence b's query rows are cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of the
    * row dimension (stride[2]) of q and out (likewise k and v with
@@ -212,8 +204,8 @@ CLATTN_EXPORT clattn_params clattn_params_default(void);
  * weight underflows to exactly 0 in f32 (0 * Inf is never formed).
  *
  * lse is the natural-log sum of exp of the allowed scores. */
-CLATTN_EXPORT clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p,
-                                           cl_uint n_wait, const cl_event *wait, cl_event *done);
+CLATTN_EXPORT clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p, cl_uint n_wait,
+                                           const cl_event *wait, cl_event *done);
 
 /* Writes new K/V rows into a cache (contiguous or paged, any kv dtype),
  * quantising on the way: the kernel an inference engine calls once per step.
@@ -239,7 +231,7 @@ typedef struct {
   clattn_tensor k_scale, v_scale; /* INT8 caches */
   cl_mem block_table;             /* paged caches, as in clattn_params */
   int block_table_stride, page_size, num_pages;
-  int capacity;                   /* contiguous caches: rows per (b, head); positions + new_len must fit */
+  int capacity; /* contiguous caches: rows per (b, head); positions + new_len must fit */
 } clattn_append_params;
 
 /* Every view and buffer absent, every count 0, src_dtype CLATTN_F32,
@@ -265,17 +257,17 @@ CLATTN_EXPORT clattn_status clattn_kv_append(clattn_context *ctx, const clattn_a
 typedef struct {
   int n_states;
   int batch, heads, q_len, value_dim;
-  clattn_tensor o;                /* f32 [B,H,M,dv]: state 0 */
-  clattn_tensor lse;              /* f32 [B,H,M] (stride[0..2]): state 0 */
+  clattn_tensor o;   /* f32 [B,H,M,dv]: state 0 */
+  clattn_tensor lse; /* f32 [B,H,M] (stride[0..2]): state 0 */
   size_t o_state_stride, lse_state_stride;
-  clattn_tensor out;              /* f32 [B,H,M,dv] */
-  clattn_tensor out_lse;          /* optional f32 [B,H,M] */
+  clattn_tensor out;     /* f32 [B,H,M,dv] */
+  clattn_tensor out_lse; /* optional f32 [B,H,M] */
   clattn_empty_rows empty_rows;
 } clattn_merge_params;
 
 /* Enqueues the combination of mp's states (validated first, like forward). */
-CLATTN_EXPORT clattn_status clattn_merge_states(clattn_context *ctx, const clattn_merge_params *mp,
-                                                cl_uint n_wait, const cl_event *wait, cl_event *done);
+CLATTN_EXPORT clattn_status clattn_merge_states(clattn_context *ctx, const clattn_merge_params *mp, cl_uint n_wait,
+                                                const cl_event *wait, cl_event *done);
 
 /* A human-readable account of the context: platform, device, the tiles in use
  * and where each came from, program build time. Valid until the context is
@@ -341,15 +333,15 @@ CLATTN_EXPORT const char *clattn_algo_name(clattn_algo a);
  * kv_lens, mask, bias, softcap (1 - tanh^2), ALiBi, sinks, additive scoring,
  * GQA/MQA, cu_seqlens, f16/bf16 storage (f32 arithmetic). */
 typedef struct {
-  clattn_params fwd;              /* the forward call: q, k, v, out (its O), lse (required:
-                                     the forward's lse), every mask and score field */
-  clattn_tensor d_out;            /* dL/dO, [B, Hq, M, dv], storage fwd.dtype */
-  clattn_tensor d_q, d_k, d_v;    /* outputs, storage fwd.dtype: [B,Hq,M,dk] [B,Hkv,N,dk]
-                                     [B,Hkv,N,dv]; with GQA d_k, d_v sum over the group */
-  cl_mem d_sinks;                 /* optional out, f32 [q_heads], when fwd.sinks is given */
-  cl_mem d_additive_w;            /* optional out, f32 [head_dim], additive scoring */
-  int deterministic;              /* default 1: bitwise identical across runs; 0 lets the
-                                     FUSED path add dQ atomically in its dK/dV pass */
+  clattn_params fwd;           /* the forward call: q, k, v, out (its O), lse (required:
+                                  the forward's lse), every mask and score field */
+  clattn_tensor d_out;         /* dL/dO, [B, Hq, M, dv], storage fwd.dtype */
+  clattn_tensor d_q, d_k, d_v; /* outputs, storage fwd.dtype: [B,Hq,M,dk] [B,Hkv,N,dk]
+                                  [B,Hkv,N,dv]; with GQA d_k, d_v sum over the group */
+  cl_mem d_sinks;              /* optional out, f32 [q_heads], when fwd.sinks is given */
+  cl_mem d_additive_w;         /* optional out, f32 [head_dim], additive scoring */
+  int deterministic;           /* default 1: bitwise identical across runs; 0 lets the
+                                  FUSED path add dQ atomically in its dK/dV pass */
 } clattn_backward_params;
 
 /* fwd = clattn_params_default(), every view and buffer absent, deterministic 1. */
@@ -367,8 +359,8 @@ CLATTN_EXPORT clattn_backward_params clattn_backward_params_default(void);
  * add where the device has it, else a compare-and-swap loop) into f32
  * scratch [B, Hq, M, dk], so its last bits may vary from run to run; with
  * d_additive_w wanted, and on the staged path, it changes nothing. */
-CLATTN_EXPORT clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params *bp,
-                                            cl_uint n_wait, const cl_event *wait, cl_event *done);
+CLATTN_EXPORT clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params *bp, cl_uint n_wait,
+                                            const cl_event *wait, cl_event *done);
 
 #ifdef __cplusplus
 }

@@ -59,9 +59,9 @@ CLATTN_EXPORT const char *clattn_mpi_status_string(clattn_status s);
  * (UNSUPPORTED): f16/bf16, mask, bias, ALiBi, packed sequences, weights and
  * route diagnostics. */
 typedef struct {
-  int kv_offset;  /* global index of this rank's first key */
-  int kv_total;   /* N, the global number of keys */
-  int root;       /* -1: every rank receives out/lse (allgather); else only root (gather) */
+  int kv_offset; /* global index of this rank's first key */
+  int kv_total;  /* N, the global number of keys */
+  int root;      /* -1: every rank receives out/lse (allgather); else only root (gather) */
 } clattn_mpi_kv_shard;
 
 CLATTN_EXPORT clattn_status clattn_mpi_kv_sharded_forward(clattn_mpi *m, const clattn_params *p,
@@ -72,12 +72,11 @@ CLATTN_EXPORT clattn_status clattn_mpi_kv_sharded_forward(clattn_mpi *m, const c
  * differ by at most one); rank r holds chunks r and 2R-1-r, in that order,
  * as its local rows. */
 typedef struct {
-  int offset[2], len[2];  /* global first position and length of each chunk */
-  int rows;               /* len[0] + len[1]: the local q_len and kv_len */
+  int offset[2], len[2]; /* global first position and length of each chunk */
+  int rows;              /* len[0] + len[1]: the local q_len and kv_len */
 } clattn_mpi_ring_layout;
 
-CLATTN_EXPORT clattn_status clattn_mpi_ring_layout_of(int seq_len, int ranks, int rank,
-                                                      clattn_mpi_ring_layout *out);
+CLATTN_EXPORT clattn_status clattn_mpi_ring_layout_of(int seq_len, int ranks, int rank, clattn_mpi_ring_layout *out);
 
 /* p: this rank's rows in layout order: q, k, v, out, lse (optional) with
  * q_len = kv_len = layout.rows; kv_lens GLOBAL (padding past the valid
@@ -88,13 +87,13 @@ CLATTN_EXPORT clattn_status clattn_mpi_ring_forward(clattn_mpi *m, const clattn_
 /* What the calls on this handle did, summed since creation or the last reset. */
 typedef struct {
   int calls;
-  double bytes_sent;       /* payload this rank sent (O and lse states, K/V blocks) */
-  double seconds;          /* wall time inside the calls */
-  double seconds_compute;  /* local forwards, staging and merges, incl. device waits */
-  double seconds_wait;     /* waiting on data transfers that the compute did not hide */
-  double seconds_agree;    /* in the status agreements, incl. waiting for the last rank to arrive */
-  int ring_transfers;      /* ring steps that moved a K/V block */
-  int ring_hidden;         /* of those, the ones complete before the step's compute ended */
+  double bytes_sent;      /* payload this rank sent (O and lse states, K/V blocks) */
+  double seconds;         /* wall time inside the calls */
+  double seconds_compute; /* local forwards, staging and merges, incl. device waits */
+  double seconds_wait;    /* waiting on data transfers that the compute did not hide */
+  double seconds_agree;   /* in the status agreements, incl. waiting for the last rank to arrive */
+  int ring_transfers;     /* ring steps that moved a K/V block */
+  int ring_hidden;        /* of those, the ones complete before the step's compute ended */
 } clattn_mpi_stats;
 
 CLATTN_EXPORT void clattn_mpi_get_stats(clattn_mpi *m, clattn_mpi_stats *out, int reset);

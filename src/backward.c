@@ -89,8 +89,10 @@ static clattn_status validate_backward(const clattn_context *ctx, const clattn_b
   const clattn_params *p = &bp->fwd;
   clattn_status st;
   if (!p->lse.buf) return BAD("fwd.lse.buf is NULL: the backward recomputes the weights from the forward's lse");
-  const struct { const char *name; const clattn_tensor *t; } required[] = {
-      {"d_out", &bp->d_out}, {"d_q", &bp->d_q}, {"d_k", &bp->d_k}, {"d_v", &bp->d_v}};
+  const struct {
+    const char *name;
+    const clattn_tensor *t;
+  } required[] = {{"d_out", &bp->d_out}, {"d_q", &bp->d_q}, {"d_k", &bp->d_k}, {"d_v", &bp->d_v}};
   for (size_t i = 0; i < 4; i++)
     if (!required[i].t->buf) return BAD("%s.buf is NULL (d_out, d_q, d_k and d_v are required)", required[i].name);
   const int varlen = p->cu_seqlens_q != NULL, qb = varlen ? 1 : p->batch;
@@ -101,8 +103,10 @@ static clattn_status validate_backward(const clattn_context *ctx, const clattn_b
   const int o_dims[] = {qb, p->q_heads, q_rows, p->value_dim};
   const size_t elem = p->dtype == CLATTN_F32 ? sizeof(float) : 2;
   if (varlen) {
-    const struct { const char *name; const clattn_tensor *t; } views[] = {
-        {"d_out", &bp->d_out}, {"d_q", &bp->d_q}, {"d_k", &bp->d_k}, {"d_v", &bp->d_v}};
+    const struct {
+      const char *name;
+      const clattn_tensor *t;
+    } views[] = {{"d_out", &bp->d_out}, {"d_q", &bp->d_q}, {"d_k", &bp->d_k}, {"d_v", &bp->d_v}};
     for (size_t i = 0; i < 4; i++)
       if (views[i].t->stride[0] != 0)
         return BAD("%s.stride[0] must be 0 with cu_seqlens (got %zu)", views[i].name, views[i].t->stride[0]);
@@ -119,8 +123,7 @@ static clattn_status validate_backward(const clattn_context *ctx, const clattn_b
     if ((st = ca_check_view(ctx, "d_sinks", &t, h_dims, 1, sizeof(float), 1))) return st;
   }
   if (bp->d_additive_w) {
-    if (p->score != CLATTN_SCORE_ADDITIVE)
-      return BAD("d_additive_w is set but fwd.score is not CLATTN_SCORE_ADDITIVE");
+    if (p->score != CLATTN_SCORE_ADDITIVE) return BAD("d_additive_w is set but fwd.score is not CLATTN_SCORE_ADDITIVE");
     const int d_dims[] = {p->head_dim};
     const clattn_tensor t = {bp->d_additive_w, 0, {1, 0, 0, 0}};
     if ((st = ca_check_view(ctx, "d_additive_w", &t, d_dims, 1, sizeof(float), 1))) return st;
@@ -198,9 +201,8 @@ clattn_status ca_backward_store(clattn_context *ctx, cl_kernel store, cl_mem acc
 
 /* bwd_sum: out[c] = sum over a < n_outer, r < n_inner of x[a so + c sc + r si]. */
 static clattn_status enqueue_sum(clattn_context *ctx, cl_kernel sum, cl_mem x, int n_cols, cl_ulong n_outer,
-                                 cl_ulong n_inner,
-                                 cl_ulong s_outer, cl_ulong s_col, cl_ulong s_inner, cl_mem out, cl_uint n_wait,
-                                 const cl_event *wait, cl_event *prev) {
+                                 cl_ulong n_inner, cl_ulong s_outer, cl_ulong s_col, cl_ulong s_inner, cl_mem out,
+                                 cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   ca_args a = {sum, "bwd_sum", 0, 0, CL_SUCCESS};
   ca_arg_mem(&a, x);
   ca_arg_int(&a, n_cols);
@@ -229,8 +231,9 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   if (bp->fwd.algo < CLATTN_ALGO_AUTO || bp->fwd.algo > CLATTN_ALGO_GEMM)
     return BAD("fwd.algo %d is not a clattn_algo", (int)bp->fwd.algo);
   if (bp->fwd.block_table || (bp->fwd.kv_dtype != CLATTN_DTYPE_SAME && bp->fwd.kv_dtype != bp->fwd.dtype))
-    return ca_fail(CLATTN_ERR_UNSUPPORTED, "clattn_backward: paged K/V (fwd.block_table) and K/V stored otherwise "
-                                           "than q (fwd.kv_dtype) are forward-only");
+    return ca_fail(CLATTN_ERR_UNSUPPORTED,
+                   "clattn_backward: paged K/V (fwd.block_table) and K/V stored otherwise "
+                   "than q (fwd.kv_dtype) are forward-only");
   clattn_params p = bp->fwd;
   p.weights.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
   p.algo = CLATTN_ALGO_FUSED;
@@ -260,8 +263,10 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   ca_route_begin(use_staged ? "backward staged" : use_atomics ? "backward fa2 atomic dq" : "backward fa2");
   const cl_ulong dq_bytes = use_atomics ? (cl_ulong)rows_total * (cl_ulong)p.head_dim * sizeof(float) : 0;
   if (use_atomics && (dq_bytes > ctx->max_alloc || dq_bytes > SIZE_MAX))
-    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "backward: the atomic dQ's f32 rows (%llu bytes) exceed the device's "
-                   "largest allocation", (unsigned long long)dq_bytes);
+    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY,
+                   "backward: the atomic dQ's f32 rows (%llu bytes) exceed the device's "
+                   "largest allocation",
+                   (unsigned long long)dq_bytes);
 
   size_t scratch_bytes = rows_total * sizeof(float) * (p.sinks ? 2 : 1) + (size_t)dw_bytes + (size_t)dq_bytes;
   if ((st = backward_program(ctx, p.head_dim, p.value_dim, p.dtype, &program)) ||
@@ -271,8 +276,8 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   if (!use_staged &&
       ((st = ca_kernel_take(ctx, program, "bwd_dkdv", &dkdv)) || (st = ca_kernel_take(ctx, program, "bwd_dq", &dq))))
     goto fail;
-  if (use_atomics &&
-      ((st = ca_kernel_take(ctx, program, "bwd_fill", &fill)) || (st = ca_kernel_take(ctx, program, "bwd_store", &store))))
+  if (use_atomics && ((st = ca_kernel_take(ctx, program, "bwd_fill", &fill)) ||
+                      (st = ca_kernel_take(ctx, program, "bwd_store", &store))))
     goto fail;
   if ((want_sinks || want_dw) && (st = ca_kernel_take(ctx, program, "bwd_sum", &sum))) goto fail;
   if (varlen && (st = ca_kernel_take(ctx, program, "bwd_zero", &zero))) goto fail;
@@ -301,16 +306,15 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   const size_t *block_local = ctx->tiles.flash_wg ? NULL : one;
   ca_args a = {rowdot, "bwd_rowdot", 0, 0, CL_SUCCESS};
   ca_backward_args(&a, &p, &plan, bp, dsum, sinkt);
-  if ((st = ca_args_done(&a)) ||
-      (st = ca_enqueue(ctx, rowdot, "bwd_rowdot", 2, row_global, NULL, n_wait, wait, &prev)))
+  if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, rowdot, "bwd_rowdot", 2, row_global, NULL, n_wait, wait, &prev)))
     goto fail;
 
   if (use_staged) {
     if ((st = ca_backward_staged_run(ctx, &staged, &p, &plan, bp, dsum, sinkt, dw_rows, n_wait, wait, &prev)))
       goto fail;
   } else {
-    if (use_atomics && (st = ca_backward_fill(ctx, fill, dq_acc, (cl_ulong)rows_total * (cl_ulong)p.head_dim, n_wait,
-                                              wait, &prev)))
+    if (use_atomics &&
+        (st = ca_backward_fill(ctx, fill, dq_acc, (cl_ulong)rows_total * (cl_ulong)p.head_dim, n_wait, wait, &prev)))
       goto fail;
     a = (ca_args){dkdv, "bwd_dkdv", 0, 0, CL_SUCCESS};
     ca_backward_args(&a, &p, &plan, bp, dsum, sinkt);
@@ -339,10 +343,11 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   }
 
   const cl_ulong m = (cl_ulong)p.q_len, hq = (cl_ulong)p.q_heads;
-  if (want_sinks &&   /* d_sinks[h] = sum over b, then i, of sinkt[(b Hq + h) M + i] */
-      (st = enqueue_sum(ctx, sum, sinkt, p.q_heads, (cl_ulong)p.batch, m, hq * m, m, 1, bp->d_sinks, n_wait, wait, &prev)))
+  if (want_sinks && /* d_sinks[h] = sum over b, then i, of sinkt[(b Hq + h) M + i] */
+      (st = enqueue_sum(ctx, sum, sinkt, p.q_heads, (cl_ulong)p.batch, m, hq * m, m, 1, bp->d_sinks, n_wait, wait,
+                        &prev)))
     goto fail;
-  if (want_dw &&      /* d_w[t] = sum over rows r of dw_rows[r dk + t] */
+  if (want_dw && /* d_w[t] = sum over rows r of dw_rows[r dk + t] */
       (st = enqueue_sum(ctx, sum, dw_rows, p.head_dim, 1, (cl_ulong)rows_total, 0, 1, (cl_ulong)p.head_dim,
                         bp->d_additive_w, n_wait, wait, &prev)))
     goto fail;

@@ -29,7 +29,7 @@ clattn_status ca_backward_store(clattn_context *ctx, cl_kernel store, cl_mem acc
 /* The staged path's kernels and scratch, made before anything is enqueued. */
 typedef struct {
   cl_kernel pairs, dq, dkdv, fill, store;
-  cl_mem pw, gw, acc;   /* P and G of a chunk; dK | dV accumulators */
+  cl_mem pw, gw, acc; /* P and G of a chunk; dK | dV accumulators */
   ca_chunk chunk;
 } ca_backward_staged;
 
@@ -42,9 +42,8 @@ clattn_status ca_backward_staged_init(clattn_context *ctx, cl_program program, c
 /* Enqueues the staged passes after bwd_rowdot (dsum, sinkt): dQ (and with
  * dw_rows, d_additive_w's row terms), dK and dV. */
 clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_staged *s, const clattn_params *p,
-                                     const ca_plan *plan, const clattn_backward_params *bp, cl_mem dsum,
-                                     cl_mem sinkt, cl_mem dw_rows, cl_uint n_wait, const cl_event *wait,
-                                     cl_event *prev);
+                                     const ca_plan *plan, const clattn_backward_params *bp, cl_mem dsum, cl_mem sinkt,
+                                     cl_mem dw_rows, cl_uint n_wait, const cl_event *wait, cl_event *prev);
 
 /* Gives the kernels and scratch back to the context's pools (last_use: the
  * event after which the scratch is free, NULL after a failure). */

@@ -17,7 +17,7 @@
 
 #include "backward.h"
 
-enum { BS_TM = 8, BS_TN = 16 };   /* cl/backward_staged.cl's work-group tiles */
+enum { BS_TM = 8, BS_TN = 16 }; /* cl/backward_staged.cl's work-group tiles */
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
@@ -30,11 +30,15 @@ clattn_status ca_backward_staged_init(clattn_context *ctx, cl_program program, c
   const cl_ulong acc_bytes = (cl_ulong)p->batch * (cl_ulong)p->kv_heads * (cl_ulong)p->kv_len *
                              (cl_ulong)(p->head_dim + p->value_dim) * sizeof(float);
   if (pair_bytes > ctx->max_alloc || pair_bytes > SIZE_MAX)
-    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "staged backward: one row of weights (%llu bytes) exceeds the device's "
-                   "largest allocation", (unsigned long long)pair_bytes);
+    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY,
+                   "staged backward: one row of weights (%llu bytes) exceeds the device's "
+                   "largest allocation",
+                   (unsigned long long)pair_bytes);
   if (acc_bytes > ctx->max_alloc || acc_bytes > SIZE_MAX)
-    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "staged backward: the f32 dK, dV accumulators (%llu bytes) exceed the "
-                   "device's largest allocation", (unsigned long long)acc_bytes);
+    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY,
+                   "staged backward: the f32 dK, dV accumulators (%llu bytes) exceed the "
+                   "device's largest allocation",
+                   (unsigned long long)acc_bytes);
   if ((st = ca_kernel_take(ctx, program, "bwds_pairs", &s->pairs)) ||
       (st = ca_kernel_take(ctx, program, "bwds_dq", &s->dq)) ||
       (st = ca_kernel_take(ctx, program, "bwds_dkdv", &s->dkdv)) ||
@@ -66,13 +70,12 @@ static void arg_chunk(ca_args *a, int bh0, int i0, int rows) {
 }
 
 clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_staged *s, const clattn_params *p,
-                                     const ca_plan *plan, const clattn_backward_params *bp, cl_mem dsum,
-                                     cl_mem sinkt, cl_mem dw_rows, cl_uint n_wait, const cl_event *wait,
-                                     cl_event *prev) {
+                                     const ca_plan *plan, const clattn_backward_params *bp, cl_mem dsum, cl_mem sinkt,
+                                     cl_mem dw_rows, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   clattn_status st;
   const int pairs = p->batch * p->q_heads, dk = p->head_dim, dv = p->value_dim;
   const size_t tile[3] = {BS_TN, BS_TM, 1};
-  const size_t col_tiles = (size_t)((dk + BS_TN - 1) / BS_TN + (dv + BS_TN - 1) / BS_TN);   /* dK's, then dV's */
+  const size_t col_tiles = (size_t)((dk + BS_TN - 1) / BS_TN + (dv + BS_TN - 1) / BS_TN); /* dK's, then dV's */
   const cl_ulong acc_elems = (cl_ulong)p->batch * (cl_ulong)p->kv_heads * (cl_ulong)p->kv_len * (cl_ulong)(dk + dv);
   if ((st = ca_backward_fill(ctx, s->fill, s->acc, acc_elems, n_wait, wait, prev))) return st;
   /* Step by what was done, not by the chunk: i0 + chunk.rows can pass INT_MAX. */
@@ -115,8 +118,7 @@ clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_stag
         return st;
     }
   }
-  if ((st = ca_backward_store(ctx, s->store, s->acc, dk + dv, 0, dk, p->kv_heads, 1, p, &bp->d_k, n_wait, wait,
-                              prev)))
+  if ((st = ca_backward_store(ctx, s->store, s->acc, dk + dv, 0, dk, p->kv_heads, 1, p, &bp->d_k, n_wait, wait, prev)))
     return st;
   return ca_backward_store(ctx, s->store, s->acc, dk + dv, dk, dv, p->kv_heads, 1, p, &bp->d_v, n_wait, wait, prev);
 }

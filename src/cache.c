@@ -116,7 +116,8 @@ uint64_t ca_cache_entry_checksum(const unsigned char *file, size_t n) {
  * driver does not answer). */
 static void hash_info(hash128 *h, cl_platform_id platform, cl_device_id device, cl_uint what) {
   size_t len = 0;
-  cl_int err = platform ? clGetPlatformInfo(platform, what, 0, NULL, &len) : clGetDeviceInfo(device, what, 0, NULL, &len);
+  cl_int err =
+      platform ? clGetPlatformInfo(platform, what, 0, NULL, &len) : clGetDeviceInfo(device, what, 0, NULL, &len);
   char *buf = (err == CL_SUCCESS && len > 0) ? malloc(len) : NULL;
   if (buf) {
     err = platform ? clGetPlatformInfo(platform, what, len, buf, NULL) : clGetDeviceInfo(device, what, len, buf, NULL);
@@ -277,8 +278,10 @@ cl_program ca_cache_load(clattn_context *ctx, const ca_cache_key *key, const cha
   if (rc == 0 && ca_cache_entry_parse(file, n, key, &at, &len) != 0) rc = -1;
   if (rc == 0) {
     pthread_mutex_lock(&loads_lock);
-    if (loads_here == 0 && load_died(marker)) rc = -1;
-    else loads_here++;
+    if (loads_here == 0 && load_died(marker))
+      rc = -1;
+    else
+      loads_here++;
     pthread_mutex_unlock(&loads_lock);
   }
   if (rc == 0) {
@@ -359,8 +362,10 @@ void ca_cache_store(clattn_context *ctx, const ca_cache_key *key, cl_program pro
   int ok = write_all(fd, file, HEADER_BYTES + len) == 0;
   ok = (close(fd) == 0) && ok;
   fd = -1;
-  if (!ok || rename(tmp, path) != 0) unlink(tmp);
-  else ca_cache_evict(ctx->cache_dir, path, ca_cache_cap());
+  if (!ok || rename(tmp, path) != 0)
+    unlink(tmp);
+  else
+    ca_cache_evict(ctx->cache_dir, path, ca_cache_cap());
 done:
   if (fd >= 0) close(fd);
   free(tmp);

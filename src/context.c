@@ -24,8 +24,9 @@ static clattn_status probe_preferred_multiple(clattn_context *ctx, size_t *out) 
   if (st != CLATTN_OK) goto fail;
   st = ca_create_kernel(program, "ca_probe", &kernel);
   if (st != CLATTN_OK) goto fail;
-  CA_CHECK_CL(st, clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE,
-                                           sizeof *out, out, NULL),
+  CA_CHECK_CL(st,
+              clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE, sizeof *out,
+                                       out, NULL),
               "clGetKernelWorkGroupInfo(CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE)");
 fail:
   if (kernel) clReleaseKernel(kernel);
@@ -36,7 +37,10 @@ fail:
 static clattn_status build_core_for(clattn_context *ctx, clattn_dtype dtype, cl_program *out) {
   ca_program_text text;
   ca_core_text(&ctx->tiles, dtype, &text);
-  return ca_build_program(ctx, dtype == CLATTN_F32 ? "core" : dtype == CLATTN_F16 ? "core f16" : "core bf16",
+  return ca_build_program(ctx,
+                          dtype == CLATTN_F32   ? "core"
+                          : dtype == CLATTN_F16 ? "core f16"
+                                                : "core bf16",
                           text.sources, text.n_sources, text.options, out);
 }
 
@@ -85,8 +89,10 @@ static clattn_status core_kernel_limit(clattn_context *ctx, size_t *limit) {
     if ((st = ca_create_kernel(ctx->core, names[i], &k))) break;
     cl_int err = clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
     clReleaseKernel(k);
-    if (err != CL_SUCCESS) st = ca_cl_fail(err, "clGetKernelWorkGroupInfo(CL_KERNEL_WORK_GROUP_SIZE)");
-    else if (wg < *limit) *limit = wg;
+    if (err != CL_SUCCESS)
+      st = ca_cl_fail(err, "clGetKernelWorkGroupInfo(CL_KERNEL_WORK_GROUP_SIZE)");
+    else if (wg < *limit)
+      *limit = wg;
   }
   return st;
 }
@@ -134,7 +140,10 @@ static void describe(clattn_context *ctx) {
            "device: %s (%s, driver %s)\n"
            "compute units: %u, max work-group: %zu, preferred multiple: %zu, local memory: %llu bytes\n"
            "fused kernel: %s\n",
-           platform, device, (c->type & CL_DEVICE_TYPE_GPU) ? "GPU" : (c->type & CL_DEVICE_TYPE_CPU) ? "CPU" : "other",
+           platform, device,
+           (c->type & CL_DEVICE_TYPE_GPU)   ? "GPU"
+           : (c->type & CL_DEVICE_TYPE_CPU) ? "CPU"
+                                            : "other",
            driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem, fused);
   ca_tuning_describe(ctx, ctx->description, sizeof ctx->description);
   size_t at = strlen(ctx->description);
@@ -159,7 +168,8 @@ static clattn_status attach(clattn_context *ctx, const clattn_options *opt) {
     CA_CHECK_CL(st, clGetCommandQueueInfo(opt->queue, CL_QUEUE_DEVICE, sizeof queue_dev, &queue_dev, NULL),
                 "options.queue: clGetCommandQueueInfo(CL_QUEUE_DEVICE)");
     if (queue_ctx != opt->context || queue_dev != opt->device)
-      return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "options.queue does not belong to options.context and options.device");
+      return ca_fail(CLATTN_ERR_INVALID_ARGUMENT,
+                     "options.queue does not belong to options.context and options.device");
     CA_CHECK_CL(st, clGetDeviceInfo(opt->device, CL_DEVICE_PLATFORM, sizeof ctx->platform, &ctx->platform, NULL),
                 "options.device: clGetDeviceInfo(CL_DEVICE_PLATFORM)");
     CA_CHECK_CL(st, clRetainContext(opt->context), "clRetainContext(options.context)");

@@ -79,8 +79,9 @@ static clattn_status pick_device(const char *match, cl_platform_id *platform, cl
   }
   if (!found && first_err != CL_SUCCESS) return ca_cl_fail(first_err, "clGetDeviceIDs");
   if (!found)
-    return match ? ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL device matches \"%s\" (CLATTN_DEVICE or device_match)", match)
-                 : ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL device found");
+    return match
+               ? ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL device matches \"%s\" (CLATTN_DEVICE or device_match)", match)
+               : ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL device found");
   return CLATTN_OK;
 }
 
@@ -107,8 +108,9 @@ clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *ma
               "clGetDeviceInfo(CL_DEVICE_MAX_WORK_GROUP_SIZE)");
   CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof caps->max_item, caps->max_item, NULL),
               "clGetDeviceInfo(CL_DEVICE_MAX_WORK_ITEM_SIZES)");
-  CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof caps->compute_units, &caps->compute_units, NULL),
-              "clGetDeviceInfo(CL_DEVICE_MAX_COMPUTE_UNITS)");
+  CA_CHECK_CL(
+      st, clGetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof caps->compute_units, &caps->compute_units, NULL),
+      "clGetDeviceInfo(CL_DEVICE_MAX_COMPUTE_UNITS)");
   CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_VENDOR_ID, sizeof caps->vendor_id, &caps->vendor_id, NULL),
               "clGetDeviceInfo(CL_DEVICE_VENDOR_ID)");
   CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof *max_alloc, max_alloc, NULL),

@@ -15,9 +15,9 @@
 #include "program_text.h"
 #include "internal.h"
 
-enum { FLASH_BN = 16 };          /* keys per block; cl/flash.cl's FLASH_BN */
-enum { MIN_SPLIT_KEYS = 256 };   /* a split smaller than this costs more than it hides */
-enum { BLOCK_WG = 128 };         /* work-items per group of cl/flash_block.cl */
+enum { FLASH_BN = 16 };        /* keys per block; cl/flash.cl's FLASH_BN */
+enum { MIN_SPLIT_KEYS = 256 }; /* a split smaller than this costs more than it hides */
+enum { BLOCK_WG = 128 };       /* work-items per group of cl/flash_block.cl */
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
@@ -30,7 +30,8 @@ static int block_kernel_runs(clattn_context *ctx, cl_program program) {
   size_t max_items = 0;
   cl_ulong private_bytes = 0;
   if (ca_create_kernel(program, "flash_block", &kernel) != CLATTN_OK) return 0;
-  cl_int err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof max_items, &max_items, NULL);
+  cl_int err =
+      clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof max_items, &max_items, NULL);
   if (err == CL_SUCCESS)
     err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof private_bytes,
                                    &private_bytes, NULL);
@@ -39,7 +40,7 @@ static int block_kernel_runs(clattn_context *ctx, cl_program program) {
 }
 
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                                clattn_dtype kv_dtype, cl_program *out, tl_block *block) {
+                               clattn_dtype kv_dtype, cl_program *out, tl_block *block) {
   clattn_status st = CLATTN_OK;
   if (kv_dtype == CLATTN_DTYPE_SAME) kv_dtype = dtype; /* one program either way */
   pthread_mutex_lock(&ctx->programs_lock);
@@ -188,18 +189,24 @@ clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p
   const size_t m = (size_t)p->q_len, h = (size_t)p->q_heads, dv = (size_t)p->value_dim;
   const size_t rows_total = (size_t)p->batch * h * m;
   clattn_merge_params mp = {
-      .n_states = (int)n_splits, .batch = p->batch, .heads = p->q_heads, .q_len = p->q_len,
+      .n_states = (int)n_splits,
+      .batch = p->batch,
+      .heads = p->q_heads,
+      .q_len = p->q_len,
       .value_dim = p->value_dim,
       .o = {part_o, 0, {h * m * dv, m * dv, dv, 1}},
       .lse = {part_lse, 0, {h * m, m, 1, 0}},
-      .o_state_stride = rows_total * dv, .lse_state_stride = rows_total,
-      .out = p->out, .out_lse = p->lse, .empty_rows = p->empty_rows,
+      .o_state_stride = rows_total * dv,
+      .lse_state_stride = rows_total,
+      .out = p->out,
+      .out_lse = p->lse,
+      .empty_rows = p->empty_rows,
   };
   return ca_enqueue_merge(ctx, &mp, p->dtype, p->sinks, flag, n_wait, wait, prev);
 }
 
-clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
-                               cl_uint n_wait, const cl_event *wait, cl_event *done) {
+clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
+                               const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
   cl_program program = NULL;
   cl_kernel pack = NULL, rows = NULL;
@@ -215,7 +222,7 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   const int direct = !wg && rows_per_kv <= 8 && p->head_dim % 16 == 0 && p->value_dim % 16 == 0 &&
                      p->k.stride[3] == unit && p->v.stride[3] == unit;
   const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
-  const size_t n_pad = round_up((size_t)p->kv_len, FLASH_BN);   /* 2^31 for kv_len near INT_MAX: a long */
+  const size_t n_pad = round_up((size_t)p->kv_len, FLASH_BN); /* 2^31 for kv_len near INT_MAX: a long */
   const cl_long n_pad_arg = (cl_long)n_pad;
   const size_t dvp = round_up((size_t)p->value_dim, 16);
   /* Dimensions are positive ints, so these products of at most three fit in 64 bits. */
@@ -225,13 +232,12 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   if (packed && (kt_bytes > ctx->max_alloc || vp_bytes > ctx->max_alloc || kt_bytes > SIZE_MAX || vp_bytes > SIZE_MAX))
     return ca_fail(CLATTN_ERR_OUT_OF_MEMORY,
                    "fused: packed keys (%llu bytes) or values (%llu bytes) exceed the device's largest allocation "
-                   "(%llu bytes)", (unsigned long long)kt_bytes, (unsigned long long)vp_bytes,
-                   (unsigned long long)ctx->max_alloc);
+                   "(%llu bytes)",
+                   (unsigned long long)kt_bytes, (unsigned long long)vp_bytes, (unsigned long long)ctx->max_alloc);
 
   tl_block blk = {0, 0};
   int decoded = 0;
-  if ((st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program, &blk)))
-    return st;
+  if ((st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program, &blk))) return st;
   /* Decode shapes on GPUs: the key-parallel kernel (src/decode.c), where it applies. */
   if (wg && ctx->flash_block && rows_per_kv <= CA_DECODE_KERNEL_ROWS &&
       ((st = ca_decode_forward(ctx, p, plan, program, n_wait, wait, done, &decoded)) || decoded))
@@ -240,20 +246,30 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
    * and additive scoring. */
   const int block = wg && ctx->flash_block && !plan->diag && p->score != CLATTN_SCORE_ADDITIVE && blk.rm > 0;
   /* rows per work-item (flash_rows*) or per work-group (flash_block, flash_tiled) */
-  const int bm = block ? 16 * blk.rm : wg ? wg : !direct ? ctx->tiles.flash_bm : rows_per_kv <= 1 ? 1 : rows_per_kv <= 2 ? 2 : rows_per_kv <= 4 ? 4 : 8;
+  const int bm = block              ? 16 * blk.rm
+                 : wg               ? wg
+                 : !direct          ? ctx->tiles.flash_bm
+                 : rows_per_kv <= 1 ? 1
+                 : rows_per_kv <= 2 ? 2
+                 : rows_per_kv <= 4 ? 4
+                                    : 8;
   const size_t group_items = block ? BLOCK_WG : (size_t)wg;
   const size_t row_blocks = (rows_per_kv + (size_t)bm - 1) / (size_t)bm;
   /* The diagnostics are not merged across splits, nor are packed sequences'
    * rows mapped by the merge: with either, one pass. */
-  const ca_splits splits = plan->diag || p->cu_seqlens_q ? (ca_splits){p->kv_len, 1}
-                                                        : ca_plan_splits(&ctx->caps, group_items, row_blocks * kv_pairs,
-                                                                         p->kv_len);
+  const ca_splits splits = plan->diag || p->cu_seqlens_q
+                               ? (ca_splits){p->kv_len, 1}
+                               : ca_plan_splits(&ctx->caps, group_items, row_blocks * kv_pairs, p->kv_len);
   const int split_keys = splits.split_keys;
   const size_t n_splits = splits.n_splits;
   const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
 
   snprintf(rows_name, sizeof rows_name,
-           block ? "flash_block" : wg ? "flash_tiled" : direct ? "flash_rows_direct%d" : "flash_rows", bm);
+           block    ? "flash_block"
+           : wg     ? "flash_tiled"
+           : direct ? "flash_rows_direct%d"
+                    : "flash_rows",
+           bm);
   if ((st = ca_kernel_take(ctx, program, rows_name, &rows)) || (st = ca_flag_take(ctx, p->empty_rows, &empty_flag)))
     goto fail;
   if (packed && ((st = ca_kernel_take(ctx, program, "flash_pack", &pack)) ||

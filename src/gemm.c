@@ -25,10 +25,11 @@
 int ca_gemm_available(void) { return 1; }
 
 static clattn_status blast_fail(CLBlastStatusCode code, const char *what) {
-  if (code == CLBlastOpenCLOutOfResources || code == CLBlastTempBufferAllocFailure || code == CLBlastOpenCLOutOfHostMemory)
+  if (code == CLBlastOpenCLOutOfResources || code == CLBlastTempBufferAllocFailure ||
+      code == CLBlastOpenCLOutOfHostMemory)
     return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "%s failed: CLBlast status %d", what, (int)code);
-  return ca_fail(CLATTN_ERR_OPENCL, "%s failed: CLBlast status %d%s%s", what, (int)code,
-                 code > -100 ? ", " : "", code > -100 ? ca_cl_error_name((cl_int)code) : "");
+  return ca_fail(CLATTN_ERR_OPENCL, "%s failed: CLBlast status %d%s%s", what, (int)code, code > -100 ? ", " : "",
+                 code > -100 ? ca_cl_error_name((cl_int)code) : "");
 }
 
 /* A matrix operand as CLBlast takes it: buffer, element offset of (b, h) =
@@ -47,9 +48,9 @@ static int gemm_ready(const clattn_params *p, const clattn_tensor *t, int width)
 
 /* Enqueues gemm_kv_gather of K or V stored paged or quantised (or in another
  * storage than q) into a new dense f32 [B, Hkv, N, width] buffer. */
-static clattn_status kv_gather(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
-                               const clattn_tensor *t, const clattn_tensor *scale, int width, cl_uint n_wait,
-                               const cl_event *wait, cl_event *prev, operand *out) {
+static clattn_status kv_gather(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, const clattn_tensor *t,
+                               const clattn_tensor *scale, int width, cl_uint n_wait, const cl_event *wait,
+                               cl_event *prev, operand *out) {
   const int heads = p->kv_heads, len = p->kv_len, paged = plan->paged;
   clattn_status st = CLATTN_OK;
   cl_kernel kernel = NULL;
@@ -169,9 +170,12 @@ static int even_run(const size_t *offsets, int heads, int g0, size_t step[3]) {
     int even = 1;
     for (int m = 0; m < 3 && even; m++) {
       const size_t *o = offsets + (size_t)m * (size_t)heads, at = o[g0 + len - 1], next = o[g0 + len];
-      if (next < at) even = 0;
-      else if (len == 1) step[m] = next - at;
-      else even = next - at == step[m];
+      if (next < at)
+        even = 0;
+      else if (len == 1)
+        step[m] = next - at;
+      else
+        even = next - at == step[m];
     }
     if (!even) break;
   }
@@ -183,10 +187,9 @@ static int even_run(const size_t *offsets, int heads, int g0, size_t step[3]) {
  * row), one strided batched GEMM per even run. CLBlast's batched GEMM with
  * offset arrays is not used: it writes them with a blocking write (clFinish
  * on this queue), so a call would wait for its wait list to complete. */
-static clattn_status batched_gemm(clattn_context *ctx, int b_transposed, size_t m, size_t n, size_t k,
-                                  cl_mem a, size_t a_ld, cl_mem b, size_t b_ld, cl_mem c, size_t c_ld,
-                                  const size_t *offsets, int heads, const char *what, cl_uint n_wait,
-                                  const cl_event *wait, cl_event *prev) {
+static clattn_status batched_gemm(clattn_context *ctx, int b_transposed, size_t m, size_t n, size_t k, cl_mem a,
+                                  size_t a_ld, cl_mem b, size_t b_ld, cl_mem c, size_t c_ld, const size_t *offsets,
+                                  int heads, const char *what, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   clattn_status st = order_after(ctx, n_wait, wait, prev);
   if (st != CLATTN_OK) return st;
   cl_event *runs = malloc((size_t)heads * sizeof *runs);
@@ -200,14 +203,16 @@ static clattn_status batched_gemm(clattn_context *ctx, int b_transposed, size_t 
     cl_event ev = NULL;
     CLBlastStatusCode code = CLBlastSgemmStridedBatched(
         CLBlastLayoutRowMajor, CLBlastTransposeNo, b_transposed ? CLBlastTransposeYes : CLBlastTransposeNo, m, n, k,
-        1.0f, a, offsets[g0], a_ld, step[0], b, offsets[heads + g0], b_ld, step[1], 0.0f, c,
-        offsets[2 * heads + g0], c_ld, step[2], (size_t)len, &ctx->queue, &ev);
+        1.0f, a, offsets[g0], a_ld, step[0], b, offsets[heads + g0], b_ld, step[1], 0.0f, c, offsets[2 * heads + g0],
+        c_ld, step[2], (size_t)len, &ctx->queue, &ev);
     if (cold) {
       if (code == CLBlastSuccess) atomic_store(&ctx->blast_ready, 1);
       pthread_mutex_unlock(&blast_first_use);
     }
-    if (code != CLBlastSuccess) st = blast_fail(code, what);
-    else runs[n_runs++] = ev, ca_route_kernel("CLBlast SGEMM");
+    if (code != CLBlastSuccess)
+      st = blast_fail(code, what);
+    else
+      runs[n_runs++] = ev, ca_route_kernel("CLBlast SGEMM");
   }
   /* The next step waits for *prev alone: on an out-of-order queue the runs
    * may finish in any order, so one marker stands for them all. */
@@ -304,7 +309,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
     k_copy = k.buf;
     copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
   }
-  if (kv_stored || !gemm_ready(p, &p->v, p->value_dim) || plan->has_kv_lens) {   /* zero what a GEMM must not see */
+  if (kv_stored || !gemm_ready(p, &p->v, p->value_dim) || plan->has_kv_lens) { /* zero what a GEMM must not see */
     if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->v, &p->v_scale, p->value_dim, n_wait, wait, &prev, &v)
                         : dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, &v)))
       goto fail;
@@ -332,8 +337,8 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       scratch_offsets(score_stride, heads, offsets);
       view_offsets(&v, p, plan->group, 1, bh0, heads, 0, offsets + heads);
       scratch_offsets((size_t)rows * (size_t)p->value_dim, heads, offsets + 2 * heads);
-      if ((st = batched_gemm(ctx, 0, (size_t)rows, (size_t)p->value_dim, (size_t)p->kv_len, scores,
-                             (size_t)p->kv_len, v.buf, v.ld, o_rows, (size_t)p->value_dim, offsets, heads,
+      if ((st = batched_gemm(ctx, 0, (size_t)rows, (size_t)p->value_dim, (size_t)p->kv_len, scores, (size_t)p->kv_len,
+                             v.buf, v.ld, o_rows, (size_t)p->value_dim, offsets, heads,
                              "CLBlastSgemmStridedBatched(A V)", n_wait, wait, &prev)))
         goto fail;
 

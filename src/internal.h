@@ -15,48 +15,53 @@ struct clattn_context {
   cl_device_id device;
   cl_context context;
   cl_command_queue queue;
-  int retained_device;        /* clRetainDevice was called (embedded mode, OpenCL 1.2) */
-  tl_device caps;             /* what the device reports */
-  tl_tiles tiles;             /* staged path's work-group shapes */
-  int flash_block;            /* 0: CLATTN_FLASH_BLOCK=0, flash_tiled for every work-group fused call */
-  cl_ulong block_private_max; /* private bytes per work-item past which a built flash_block steps down (spills) */
+  int retained_device;          /* clRetainDevice was called (embedded mode, OpenCL 1.2) */
+  tl_device caps;               /* what the device reports */
+  tl_tiles tiles;               /* staged path's work-group shapes */
+  int flash_block;              /* 0: CLATTN_FLASH_BLOCK=0, flash_tiled for every work-group fused call */
+  cl_ulong block_private_max;   /* private bytes per work-item past which a built flash_block steps down (spills) */
   ca_origin origin[CA_T_COUNT]; /* where each tile value (and the scratch budget) came from */
   clattn_algo auto_algo[CA_CLASS_COUNT]; /* AUTO's choice per shape class; AUTO = built-in rule */
-  char *tuning_path;          /* the tuning file looked for; NULL = none */
-  char *tuning_default_path;  /* where `clattn tune` writes this device's file; NULL = no cache directory */
-  char tuning_note[1280];     /* what became of it: applied, absent, ignored or rejected (and why) */
-  int tuning_applied;         /* its values are in use */
-  char env_note[320];         /* an environment override that was ignored, and why; "" = none */
-  cl_program core;            /* built at creation (f32 storage): qk_score, softmax_rows, mix_values, merge_states, gemm */
-  cl_program core_16[2];      /* the same for f16 and bf16 storage, built on first use; under programs_lock */
+  char *tuning_path;                     /* the tuning file looked for; NULL = none */
+  char *tuning_default_path;             /* where `clattn tune` writes this device's file; NULL = no cache directory */
+  char tuning_note[1280];                /* what became of it: applied, absent, ignored or rejected (and why) */
+  int tuning_applied;                    /* its values are in use */
+  char env_note[320];                    /* an environment override that was ignored, and why; "" = none */
+  cl_program core;       /* built at creation (f32 storage): qk_score, softmax_rows, mix_values, merge_states, gemm */
+  cl_program core_16[2]; /* the same for f16 and bf16 storage, built on first use; under programs_lock */
   pthread_mutex_t programs_lock; /* guards the fused programs and peak_scratch */
   struct ca_fused_program {
     int head_dim, value_dim;
     clattn_dtype dtype, kv_dtype;
     cl_program program;
     tl_block block; /* fused: flash_block's tile, built and able to run its work-group; rm 0 = none */
-  } *fused;
+  } * fused;
   cl_program append[3][5];
-  cl_program core_kv[3][5];   /* core programs per (dtype, kv_dtype != dtype), built on first use; under programs_lock */    /* kv_append per (source dtype, cache dtype), built on first use; under programs_lock */
-  int n_fused, cap_fused;     /* fused programs, one per (head_dim, value_dim), kept for the context's life */
+  cl_program core_kv[3][5];
+      /* core programs per (dtype, kv_dtype != dtype), built on first use; under programs_lock */ /* kv_append per
+                                                                                                     (source dtype,
+                                                                                                     cache dtype), built
+                                                                                                     on first use; under
+                                                                                                     programs_lock */
+  int n_fused, cap_fused;            /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   struct ca_fused_program *backward; /* backward programs, likewise; under programs_lock */
   int n_backward, cap_backward;
-  double build_ms;            /* time to build the programs at creation */
-  char *cache_dir;            /* the program cache's directory; NULL = no disk cache */
-  int builds_from_source;     /* programs compiled from source; creation or under programs_lock */
-  int builds_from_cache;      /* programs loaded from the disk cache; likewise */
-  cl_ulong max_alloc;         /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
-  size_t scratch_budget;      /* bytes of score scratch the staged path may hold */
-  size_t peak_scratch;        /* largest scratch of one call; guarded by programs_lock */
-  atomic_int blast_ready;     /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
-  atomic_ulong kernels_enqueued; /* kernel launches by ca_enqueue so far (`clattn bench --host`'s floor) */
-  int out_of_order;           /* the queue runs commands out of order (scratch_pool.c orders reuse by events) */
-  pthread_mutex_t kernels_lock; /* guards kernels */
+  double build_ms;                  /* time to build the programs at creation */
+  char *cache_dir;                  /* the program cache's directory; NULL = no disk cache */
+  int builds_from_source;           /* programs compiled from source; creation or under programs_lock */
+  int builds_from_cache;            /* programs loaded from the disk cache; likewise */
+  cl_ulong max_alloc;               /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+  size_t scratch_budget;            /* bytes of score scratch the staged path may hold */
+  size_t peak_scratch;              /* largest scratch of one call; guarded by programs_lock */
+  atomic_int blast_ready;           /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
+  atomic_ulong kernels_enqueued;    /* kernel launches by ca_enqueue so far (`clattn bench --host`'s floor) */
+  int out_of_order;                 /* the queue runs commands out of order (scratch_pool.c orders reuse by events) */
+  pthread_mutex_t kernels_lock;     /* guards kernels */
   struct ca_pooled_kernel *kernels; /* kernel objects, reused across calls (kernel_pool.c) */
-  pthread_mutex_t scratch_lock; /* guards scratch, flags, sink_flag, scratch_bytes */
+  pthread_mutex_t scratch_lock;     /* guards scratch, flags, sink_flag, scratch_bytes */
   struct ca_pooled_buffer *scratch, *flags; /* device scratch and EMPTY_ERROR flags, reused (scratch_pool.c) */
-  cl_mem sink_flag;           /* the empty-row flag of calls that never read it */
-  size_t scratch_bytes;       /* bytes the scratch pool holds */
+  cl_mem sink_flag;                         /* the empty-row flag of calls that never read it */
+  size_t scratch_bytes;                     /* bytes the scratch pool holds */
   char description[6144];
 };
 
@@ -86,13 +91,13 @@ clattn_status ca_cl_status(cl_int err);
 const char *ca_cl_error_name(cl_int err);
 
 /* Runs an OpenCL call; on failure records it into `status` and jumps to `fail`. */
-#define CA_CHECK_CL(status, call, what)                 \
-  do {                                                  \
-    cl_int ca_err_ = (call);                            \
-    if (ca_err_ != CL_SUCCESS) {                        \
-      (status) = ca_cl_fail(ca_err_, (what));           \
-      goto fail;                                        \
-    }                                                   \
+#define CA_CHECK_CL(status, call, what)       \
+  do {                                        \
+    cl_int ca_err_ = (call);                  \
+    if (ca_err_ != CL_SUCCESS) {              \
+      (status) = ca_cl_fail(ca_err_, (what)); \
+      goto fail;                              \
+    }                                         \
   } while (0)
 
 /* ---- devices (device.c) ---- */
@@ -110,8 +115,8 @@ void ca_platform_string(cl_platform_id platform, cl_platform_info what, char *bu
 
 /* Builds a program from the embedded sources (concatenated in order) with
  * options; on failure the message carries the head of the build log. */
-clattn_status ca_build_program(clattn_context *ctx, const char *name, const char *const *sources,
-                               cl_uint n_sources, const char *options, cl_program *out);
+clattn_status ca_build_program(clattn_context *ctx, const char *name, const char *const *sources, cl_uint n_sources,
+                               const char *options, cl_program *out);
 /* The core program for a storage type (f32: ctx->core; f16, bf16 built on
  * first use and kept for the context's life). */
 clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_program *out);
@@ -156,7 +161,9 @@ void ca_scratch_pool_trim(clattn_context *ctx);
 /* ---- program cache (cache.c) ---- */
 
 /* 128 bits over library version, platform, device, driver, sources, options. */
-typedef struct { unsigned char bytes[16]; } ca_cache_key;
+typedef struct {
+  unsigned char bytes[16];
+} ca_cache_key;
 void ca_cache_key_of(const clattn_context *ctx, const char *const *sources, cl_uint n_sources, const char *options,
                      ca_cache_key *key);
 /* 128 bits over platform, device and driver only: what a tuning file is for
@@ -257,19 +264,18 @@ typedef struct {
  * (items) and kv_len: see fused.c. */
 ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len);
 
-
 /* ---- validation (validate.c) ---- */
 
 /* A validated call, resolved into what the kernels take. */
 typedef struct {
-  float scale;                     /* effective scale */
-  int window_left, window_right;   /* -1 = unbounded; causal folded in */
-  int group;                       /* q_heads / kv_heads */
+  float scale;                   /* effective scale */
+  int window_left, window_right; /* -1 = unbounded; causal folded in */
+  int group;                     /* q_heads / kv_heads */
   int has_mask, has_bias, has_kv_lens, want_lse, want_weights;
-  int diag;                        /* route diagnostics asked for: CA_DIAG_* bits */
-  clattn_dtype kv_dtype;           /* K/V storage, CLATTN_DTYPE_SAME resolved */
-  int paged;                       /* K/V through a block table */
-  clattn_algo algo;                /* AUTO resolved */
+  int diag;              /* route diagnostics asked for: CA_DIAG_* bits */
+  clattn_dtype kv_dtype; /* K/V storage, CLATTN_DTYPE_SAME resolved */
+  int paged;             /* K/V through a block table */
+  clattn_algo algo;      /* AUTO resolved */
 } ca_plan;
 
 /* flash_decode (cl/decode.cl, decode.c): the fused call at up to
@@ -310,15 +316,15 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
 /* Enqueues merge_states for validated params after *prev (see ca_enqueue);
  * out is stored as out_dtype; sinks (f32 [heads], or NULL) join each row as
  * a state with O = 0. */
-clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype,
-                               cl_mem sinks, cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev);
-clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
-                               cl_uint n_wait, const cl_event *wait, cl_event *done);
+clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype, cl_mem sinks,
+                               cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev);
+clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
+                               const cl_event *wait, cl_event *done);
 /* Whether this build has the GEMM path: 1 with CLBlast (gemm.c), else 0
  * (gemm_unsupported.c: ca_gemm_forward returns CLATTN_ERR_UNSUPPORTED). */
 int ca_gemm_available(void);
-clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
-                              cl_uint n_wait, const cl_event *wait, cl_event *done);
+clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
+                              const cl_event *wait, cl_event *done);
 /* Enqueues qk_score for a chunk (heads x rows x N scores: scaled, shaped,
  * masked) (staged, and GEMM for additive scores). */
 clattn_status ca_enqueue_qk_score(clattn_context *ctx, cl_kernel score, cl_mem scores, const clattn_params *p,
@@ -331,7 +337,7 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
                                  cl_uint n_wait, const cl_event *wait, cl_event *prev);
 /* Validates an append call (see clattn_kv_append). */
 clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_params *ap);
-clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
-                                cl_uint n_wait, const cl_event *wait, cl_event *done);
+clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
+                                const cl_event *wait, cl_event *done);
 
 #endif

@@ -90,9 +90,9 @@ clattn_status ca_args_done(const ca_args *a) {
 clattn_status ca_enqueue(clattn_context *ctx, cl_kernel kernel, const char *name, cl_uint dims, const size_t *global,
                          const size_t *local, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   cl_event ev = NULL;
-  cl_int err = *prev ? clEnqueueNDRangeKernel(ctx->queue, kernel, dims, NULL, global, local, 1, prev, &ev)
-                     : clEnqueueNDRangeKernel(ctx->queue, kernel, dims, NULL, global, local, n_wait,
-                                              n_wait ? wait : NULL, &ev);
+  cl_int err =
+      *prev ? clEnqueueNDRangeKernel(ctx->queue, kernel, dims, NULL, global, local, 1, prev, &ev)
+            : clEnqueueNDRangeKernel(ctx->queue, kernel, dims, NULL, global, local, n_wait, n_wait ? wait : NULL, &ev);
   if (err != CL_SUCCESS) {
     char what[96];
     snprintf(what, sizeof what, "clEnqueueNDRangeKernel(%s)", name);
@@ -111,7 +111,8 @@ clattn_status ca_finish_call(clattn_context *ctx, clattn_empty_rows policy, cl_m
   if (policy == CLATTN_EMPTY_ERROR) {
     cl_int err = clEnqueueReadBuffer(ctx->queue, *flag, CL_TRUE, 0, sizeof raised, &raised, last ? 1 : 0,
                                      last ? &last : NULL, NULL);
-    if (err != CL_SUCCESS) st = ca_cl_fail(err, "clEnqueueReadBuffer(empty-row flag)");
+    if (err != CL_SUCCESS)
+      st = ca_cl_fail(err, "clEnqueueReadBuffer(empty-row flag)");
     else if (raised)
       st = ca_fail(CLATTN_ERR_EMPTY_ROW, "a query row had no allowed key (empty_rows = CLATTN_EMPTY_ERROR)");
   }
@@ -121,8 +122,10 @@ clattn_status ca_finish_call(clattn_context *ctx, clattn_empty_rows policy, cl_m
 }
 
 void ca_hand_out(clattn_status st, cl_event *last, cl_event *done) {
-  if (st == CLATTN_OK && done) *done = *last;
-  else if (*last) clReleaseEvent(*last);
+  if (st == CLATTN_OK && done)
+    *done = *last;
+  else if (*last)
+    clReleaseEvent(*last);
   *last = NULL;
 }
 

@@ -3,8 +3,8 @@
 #include "internal.h"
 #include "program_text.h"
 
-clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype,
-                               cl_mem sinks, cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
+clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype, cl_mem sinks,
+                               cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   cl_kernel kernel = NULL;
   cl_program core = NULL;
   clattn_status st = ca_core_program(ctx, out_dtype, &core);

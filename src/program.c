@@ -9,8 +9,8 @@
 
 enum { LOG_HEAD = 2000 };
 
-clattn_status ca_build_program(clattn_context *ctx, const char *name, const char *const *sources,
-                               cl_uint n_sources, const char *options, cl_program *out) {
+clattn_status ca_build_program(clattn_context *ctx, const char *name, const char *const *sources, cl_uint n_sources,
+                               const char *options, cl_program *out) {
   clattn_status st = CLATTN_OK;
   cl_int err = CL_SUCCESS;
   *out = NULL;
@@ -40,8 +40,7 @@ clattn_status ca_build_program(clattn_context *ctx, const char *name, const char
       }
       free(full);
     }
-    st = ca_fail(ca_cl_status(err),
-                 "clBuildProgram(%s) failed: %s (%d); options: %s; build log:\n%s", name,
+    st = ca_fail(ca_cl_status(err), "clBuildProgram(%s) failed: %s (%d); options: %s; build log:\n%s", name,
                  ca_cl_error_name(err), (int)err, options, log);
     goto fail;
   }

@@ -37,17 +37,17 @@ void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_
 size_t ca_fused_arg_bytes(unsigned address_bits) {
   enum { P = 0 }; /* a pointer */
   static const unsigned char sizes[] = {
-      P, 8, 32, P, P, 8, P, 8, 32, P, 8, 32,  /* q, kt, vp, n_pad, k, v (buffer, offset, strides) */
-      P, 4,                                   /* add_w, additive */
-      P, 8, 32, 4, P, 8, 32, 4,               /* mask, bias */
-      P, 4, P, P, 4, 4, 4, 4,                 /* sequences: kv_lens .. paged */
-      P, 4, 4, 4, P, 8, 32, P, 8, 32,         /* pages and scales */
-      4, 4, 4, 4, 4, 4,                       /* q_heads .. scale */
-      4, P, 4,                                /* softcap, alibi */
-      P, 4, 4, 4, 4,                          /* sinks, window, split_keys */
-      P, 8, 32, P, 8, 32, 4,                  /* out, lse, want_lse */
-      P, 8, 32, P, 8, 32, P, 8, 32, 4,        /* diagnostics */
-      P, P, P,                                /* part_o, part_lse, empty_flag */
+      P, 8, 32, P, P, 8,  P,  8, 32, P,  8, 32, /* q, kt, vp, n_pad, k, v (buffer, offset, strides) */
+      P, 4,                                     /* add_w, additive */
+      P, 8, 32, 4, P, 8,  32, 4,                /* mask, bias */
+      P, 4, P,  P, 4, 4,  4,  4,                /* sequences: kv_lens .. paged */
+      P, 4, 4,  4, P, 8,  32, P, 8,  32,        /* pages and scales */
+      4, 4, 4,  4, 4, 4,                        /* q_heads .. scale */
+      4, P, 4,                                  /* softcap, alibi */
+      P, 4, 4,  4, 4,                           /* sinks, window, split_keys */
+      P, 8, 32, P, 8, 32, 4,                    /* out, lse, want_lse */
+      P, 8, 32, P, 8, 32, P,  8, 32, 4,         /* diagnostics */
+      P, P, P,                                  /* part_o, part_lse, empty_flag */
   };
   _Static_assert(sizeof sizes == CA_FUSED_ARGS, "one size per argument of FLASH_KERNEL_ARGS");
   size_t bytes = 0;

@@ -14,9 +14,9 @@ void ca_route_begin(const char *what) { snprintf(route, sizeof route, "%s:", wha
 
 void ca_route_kernel(const char *name) {
   const size_t n = strlen(name), used = strlen(route);
-  const char *list = strchr(route, ':') + 1;   /* ca_route_begin wrote the ':' */
+  const char *list = strchr(route, ':') + 1; /* ca_route_begin wrote the ':' */
   for (const char *at = strstr(list, name); at; at = strstr(at + 1, name))
-    if (at[-1] == ' ' && (at[n] == ',' || at[n] == 0)) return;   /* already listed */
+    if (at[-1] == ' ' && (at[n] == ',' || at[n] == 0)) return; /* already listed */
   snprintf(route + used, sizeof route - used, "%s %s", list[0] ? "," : "", name);
 }
 

@@ -67,8 +67,8 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
   return ca_enqueue(ctx, softmax, "softmax_rows", 3, global, local, n_wait, wait, prev);
 }
 
-clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
-                                cl_uint n_wait, const cl_event *wait, cl_event *done) {
+clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
+                                const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
   cl_kernel score = NULL, softmax = NULL, mix = NULL;
   cl_mem scratch = NULL, empty_flag = NULL;

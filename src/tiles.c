@@ -18,9 +18,13 @@ tl_tiles tl_choose(const tl_device *dev) {
     /* POCL runs a work-group as loops vectorised along dimension 0: wide,
      * short groups keep the vector lanes busy and local memory is ordinary
      * cache, so the chunks only need to stay cache-resident. */
-    t.score_tm = 8;  t.score_tn = 16; t.score_tk = 32;
+    t.score_tm = 8;
+    t.score_tn = 16;
+    t.score_tk = 32;
     t.softmax_wg = 16;
-    t.mix_tm = 8;    t.mix_tv = 16;   t.mix_tj = 32;
+    t.mix_tm = 8;
+    t.mix_tv = 16;
+    t.mix_tj = 32;
     t.flash_bm = 8;
     t.flash_wg = 0; /* register-blocked rows with 16-wide vectors: see cl/flash.cl */
     t.block_half = 0;
@@ -28,13 +32,17 @@ tl_tiles tl_choose(const tl_device *dev) {
     /* GPUs: 256 work-items per group in 16-wide rows (a half warp, a quarter
      * wavefront), so global reads of a row coalesce and local reads broadcast. */
     int simd = dev->pref_multiple ? floor_pow2(dev->pref_multiple) : 32;
-    t.score_tn = 16;  t.score_tm = 16; t.score_tk = 16;
+    t.score_tn = 16;
+    t.score_tm = 16;
+    t.score_tk = 16;
     t.softmax_wg = simd * 4 > 256 ? simd * 4 : 256;
-    t.mix_tv = 16;    t.mix_tm = 16;   t.mix_tj = 16;
+    t.mix_tv = 16;
+    t.mix_tm = 16;
+    t.mix_tj = 16;
     if (dev->value_dim > 0 && dev->value_dim <= 8) t.mix_tv = 8, t.mix_tm = 32;
     t.flash_bm = 4;
     t.flash_wg = simd >= 64 ? simd : 64; /* one row per work-item, K/V tiles in local memory */
-    t.block_half = dev->fp16; /* a device with half arithmetic converts half loads natively */
+    t.block_half = dev->fp16;            /* a device with half arithmetic converts half loads natively */
   }
   tl_clamp(&t, dev);
   return t;
@@ -56,7 +64,10 @@ static void fit_2d(int *x, int *y, const tl_device *dev) {
   while ((size_t)*x > (dev->max_item[0] ? dev->max_item[0] : 1) && *x > 1) *x /= 2;
   while ((size_t)*y > (dev->max_item[1] ? dev->max_item[1] : 1) && *y > 1) *y /= 2;
   while ((size_t)*x * (size_t)*y > max_wg && (*x > 1 || *y > 1)) {
-    if (*y >= *x && *y > 1) *y /= 2; else *x /= 2;
+    if (*y >= *x && *y > 1)
+      *y /= 2;
+    else
+      *x /= 2;
   }
 }
 
@@ -77,8 +88,8 @@ int tl_clamp(tl_tiles *t, const tl_device *dev) {
   while (tl_score_local_bytes(t) > local && t->score_tk > 1) t->score_tk /= 2;
   while (tl_mix_local_bytes(t) > local && t->mix_tj > 1) t->mix_tj /= 2;
   if ((size_t)t->score_tm * t->score_tn > dev->max_wg || (size_t)t->mix_tm * t->mix_tv > dev->max_wg ||
-      (size_t)t->softmax_wg > dev->max_wg || tl_score_local_bytes(t) > local ||
-      tl_mix_local_bytes(t) > local || tl_softmax_local_bytes(t) > local)
+      (size_t)t->softmax_wg > dev->max_wg || tl_score_local_bytes(t) > local || tl_mix_local_bytes(t) > local ||
+      tl_softmax_local_bytes(t) > local)
     return -1;
   return 0;
 }
@@ -95,11 +106,11 @@ static size_t round_to(size_t x, size_t m) { return (x + m - 1) / m * m; }
 size_t tl_block_local_bytes(tl_block blk, int head_dim, int value_dim) {
   const size_t dk4 = round_to((size_t)head_dim, 4), dvb = round_to((size_t)value_dim, 32);
   const size_t rows = 16 * (size_t)blk.rm, keys = 8 * (size_t)blk.rn;
-  const size_t floats = rows * (dk4 + 4)                        /* Q tile */
-                        + keys * ((dk4 > dvb ? dk4 : dvb) + 4)  /* K, then V tile */
-                        + rows * (keys + 4)                     /* P tile */
-                        + 2 * rows * 8;                         /* row maxima and sums */
-  return floats * sizeof(float) + rows * 5 * sizeof(int)        /* each row's head, index, keys, liveness */
+  const size_t floats = rows * (dk4 + 4)                       /* Q tile */
+                        + keys * ((dk4 > dvb ? dk4 : dvb) + 4) /* K, then V tile */
+                        + rows * (keys + 4)                    /* P tile */
+                        + 2 * rows * 8;                        /* row maxima and sums */
+  return floats * sizeof(float) + rows * 5 * sizeof(int)       /* each row's head, index, keys, liveness */
          + 5 * sizeof(int);
 }
 
@@ -139,12 +150,11 @@ int tl_flash_block_below(const tl_device *dev, int head_dim, int value_dim, tl_b
   return -1;
 }
 
-
 size_t tl_decode_local_bytes(int keys, int head_dim, int value_dim) {
   /* cl/decode.cl's DEC_PVC, DEC_CV4 and DEC_VS: value columns in float4 groups over 16, 32 or 64 work-items */
   const size_t dv4 = ((size_t)value_dim + 3) / 4, pvc = dv4 <= 16 ? 16 : dv4 <= 32 ? 32 : 64;
   const size_t vs = 4 * pvc * ((dv4 + pvc - 1) / pvc), ks = (size_t)head_dim + 1;
-  const size_t floats = 16 * (size_t)head_dim              /* Q tile */
+  const size_t floats = 16 * (size_t)head_dim                /* Q tile */
                         + (size_t)keys * (ks > vs ? ks : vs) /* K, then V tile */
                         + 16 * (size_t)keys                  /* scores and weights */
                         + 3 * 16;                            /* row maxima, factors, sums */
@@ -158,7 +168,6 @@ int tl_decode_keys(const tl_device *dev, int head_dim, int value_dim) {
     if (tl_decode_local_bytes(keys, head_dim, value_dim) <= local) return keys;
   return 0;
 }
-
 
 void tl_core_options(const tl_tiles *t, char *buf, size_t size) {
   size_t len = strlen(buf);

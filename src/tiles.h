@@ -11,16 +11,16 @@
 /* What a device reports that tile choice depends on. */
 typedef struct {
   cl_device_type type;
-  cl_ulong local_mem;       /* CL_DEVICE_LOCAL_MEM_SIZE */
-  size_t max_wg;            /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
-  size_t max_item[3];       /* CL_DEVICE_MAX_WORK_ITEM_SIZES */
-  size_t pref_multiple;     /* CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE */
-  cl_uint compute_units;    /* CL_DEVICE_MAX_COMPUTE_UNITS */
-  int head_dim, value_dim;  /* 0 = not known yet */
-  cl_uint vendor_id;        /* CL_DEVICE_VENDOR_ID: 0x1002 AMD, 0x10de NVIDIA, 0x8086 Intel; 0 = not known */
-  int fp16;                 /* cl_khr_fp16 among CL_DEVICE_EXTENSIONS: half arithmetic and half local memory */
-  size_t max_param;         /* CL_DEVICE_MAX_PARAMETER_SIZE: bytes of a kernel's arguments; 0 = not known */
-  cl_uint address_bits;     /* CL_DEVICE_ADDRESS_BITS: 32 or 64; 0 = not known */
+  cl_ulong local_mem;      /* CL_DEVICE_LOCAL_MEM_SIZE */
+  size_t max_wg;           /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+  size_t max_item[3];      /* CL_DEVICE_MAX_WORK_ITEM_SIZES */
+  size_t pref_multiple;    /* CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE */
+  cl_uint compute_units;   /* CL_DEVICE_MAX_COMPUTE_UNITS */
+  int head_dim, value_dim; /* 0 = not known yet */
+  cl_uint vendor_id;       /* CL_DEVICE_VENDOR_ID: 0x1002 AMD, 0x10de NVIDIA, 0x8086 Intel; 0 = not known */
+  int fp16;                /* cl_khr_fp16 among CL_DEVICE_EXTENSIONS: half arithmetic and half local memory */
+  size_t max_param;        /* CL_DEVICE_MAX_PARAMETER_SIZE: bytes of a kernel's arguments; 0 = not known */
+  cl_uint address_bits;    /* CL_DEVICE_ADDRESS_BITS: 32 or 64; 0 = not known */
 } tl_device;
 
 enum { TL_VENDOR_AMD = 0x1002 };
@@ -57,7 +57,9 @@ int tl_flash_tile(const tl_device *dev, int head_dim, int value_dim);
  * across the key loop) fit the work-item's registers (tl_block_budget) and
  * whose local memory fits the device's and 48 KiB (room for a second group
  * on most GPUs). Returns 0, or -1 when nothing fits (no flash_block). */
-typedef struct { int rm, rn; } tl_block;
+typedef struct {
+  int rm, rn;
+} tl_block;
 int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *out);
 /* The next smaller tile that fits after *blk (the step down when the built
  * kernel cannot run its group or spills): 0, or -1 when there is none. */

@@ -36,7 +36,7 @@ typedef struct {
 } builtin_entry;
 
 static const builtin_entry builtin[] = {
-  {NULL, NULL, 0, CA_T_COUNT, 0},
+    {NULL, NULL, 0, CA_T_COUNT, 0},
 };
 
 static void apply_builtin(clattn_context *ctx) {
@@ -123,8 +123,8 @@ static void apply_file(clattn_context *ctx, const char *opt) {
     return;
   }
   if (file.has[CA_T_SCRATCH_BYTES] && ctx->max_alloc && scratch > ctx->max_alloc) {
-    snprintf(note, nn, "rejected, defaults used: %s: scratch_bytes = %zu exceeds the device's largest allocation",
-             path, scratch);
+    snprintf(note, nn, "rejected, defaults used: %s: scratch_bytes = %zu exceeds the device's largest allocation", path,
+             scratch);
     return;
   }
   ctx->tiles = tiles;
@@ -197,8 +197,9 @@ void ca_tuning_choose(clattn_context *ctx, const char *tuning_file) {
 }
 
 clattn_algo ca_auto_algo(const clattn_context *ctx, int q_len, int want_weights) {
-  const ca_shape_class cls = want_weights ? CA_CLASS_WEIGHTS : q_len <= CA_DECODE_ROWS ? CA_CLASS_DECODE
-                                                                                        : CA_CLASS_PREFILL;
+  const ca_shape_class cls = want_weights              ? CA_CLASS_WEIGHTS
+                             : q_len <= CA_DECODE_ROWS ? CA_CLASS_DECODE
+                                                       : CA_CLASS_PREFILL;
   if (ctx->auto_algo[cls] != CLATTN_ALGO_AUTO) return ctx->auto_algo[cls];
   return want_weights ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED;
 }
@@ -212,8 +213,10 @@ void ca_tuning_describe(const clattn_context *ctx, char *buf, size_t size) {
         ca_tunable_get(&ctx->tiles, ctx->scratch_budget, (ca_tunable)i), ca_origin_name(ctx->origin[i]));
   PUT("tuning file: %s\nenvironment: %s\nAUTO picks: ", ctx->tuning_note,
       ctx->env_note[0] ? ctx->env_note : "no values ignored");
-  const struct { int q_len, weights; } class_call[CA_CLASS_COUNT] = {
-    [CA_CLASS_PREFILL] = {CA_DECODE_ROWS + 1, 0}, [CA_CLASS_DECODE] = {1, 0}, [CA_CLASS_WEIGHTS] = {1, 1}};
+  const struct {
+    int q_len, weights;
+  } class_call[CA_CLASS_COUNT] = {
+      [CA_CLASS_PREFILL] = {CA_DECODE_ROWS + 1, 0}, [CA_CLASS_DECODE] = {1, 0}, [CA_CLASS_WEIGHTS] = {1, 1}};
   for (int c = 0; c < CA_CLASS_COUNT; c++)
     PUT("%s%s: %s", c ? ", " : "", ca_class_name((ca_shape_class)c),
         clattn_algo_name(ca_auto_algo(ctx, class_call[c].q_len, class_call[c].weights)));

@@ -15,8 +15,8 @@
 enum { TUNING_FORMAT = 1, LINE_MAX_BYTES = 1023, FILE_MAX_BYTES = 1 << 16 };
 
 static const char *const tunable_names[CA_T_COUNT] = {
-  "score_tm", "score_tn", "score_tk", "softmax_wg", "mix_tm", "mix_tv", "mix_tj",
-  "flash_bm", "flash_wg", "scratch_bytes",
+    "score_tm", "score_tn", "score_tk", "softmax_wg", "mix_tm",
+    "mix_tv",   "mix_tj",   "flash_bm", "flash_wg",   "scratch_bytes",
 };
 static const char *const class_keys[CA_CLASS_COUNT] = {"auto_prefill", "auto_decode", "auto_weights"};
 
@@ -52,8 +52,10 @@ long long ca_tunable_get(const tl_tiles *tiles, size_t scratch, ca_tunable t) {
 
 void ca_tunable_set(tl_tiles *tiles, size_t *scratch, ca_tunable t, long long v) {
   int *f = tile_field(tiles, t);
-  if (f) *f = (int)v;
-  else if (t == CA_T_SCRATCH_BYTES) *scratch = (size_t)v;
+  if (f)
+    *f = (int)v;
+  else if (t == CA_T_SCRATCH_BYTES)
+    *scratch = (size_t)v;
 }
 
 static int is_pow2(long long v) { return v > 0 && (v & (v - 1)) == 0; }
@@ -101,8 +103,8 @@ int ca_tunable_parse(ca_tunable t, const char *key, const char *text, long long 
  * values_only: the format and identity keys are refused. */
 static const char *parse_line(char *key, char *value, ca_tuning *out, int *format, int values_only, char *why,
                               size_t n) {
-  if (values_only && (!strcmp(key, "format") || !strcmp(key, "platform") || !strcmp(key, "device") ||
-                      !strcmp(key, "driver"))) {
+  if (values_only &&
+      (!strcmp(key, "format") || !strcmp(key, "platform") || !strcmp(key, "device") || !strcmp(key, "driver"))) {
     snprintf(why, n, "'%s': the device's identity is the context's, not a value to set", key);
     return why;
   }
@@ -121,7 +123,8 @@ static const char *parse_line(char *key, char *value, ca_tuning *out, int *forma
     if (!strcmp(key, class_keys[c])) {
       clattn_algo a = algo_from_name(value);
       if (a == CLATTN_ALGO_AUTO || (c == CA_CLASS_WEIGHTS && a == CLATTN_ALGO_FUSED)) {
-        snprintf(why, n, "%s = %s: must be %s", key, value, c == CA_CLASS_WEIGHTS ? "staged or gemm" : "staged, fused or gemm");
+        snprintf(why, n, "%s = %s: must be %s", key, value,
+                 c == CA_CLASS_WEIGHTS ? "staged or gemm" : "staged, fused or gemm");
         return why;
       }
       out->auto_algo[c] = a;
@@ -169,8 +172,7 @@ static int parse_lines(const char *text, size_t size, const char *name, ca_tunin
   return 0;
 }
 
-int ca_tuning_parse_values(const char *text, size_t size, const char *name, ca_tuning *out, char *err,
-                           size_t errlen) {
+int ca_tuning_parse_values(const char *text, size_t size, const char *name, ca_tuning *out, char *err, size_t errlen) {
   int format = 0;
   return parse_lines(text, size, name, out, &format, 1, err, errlen);
 }

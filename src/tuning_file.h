@@ -29,8 +29,17 @@ enum { CA_DECODE_ROWS = 16 };
 
 /* The tunable values: the tile struct's fields, then the scratch budget. */
 typedef enum {
-  CA_T_SCORE_TM, CA_T_SCORE_TN, CA_T_SCORE_TK, CA_T_SOFTMAX_WG, CA_T_MIX_TM, CA_T_MIX_TV, CA_T_MIX_TJ,
-  CA_T_FLASH_BM, CA_T_FLASH_WG, CA_T_SCRATCH_BYTES, CA_T_COUNT
+  CA_T_SCORE_TM,
+  CA_T_SCORE_TN,
+  CA_T_SCORE_TK,
+  CA_T_SOFTMAX_WG,
+  CA_T_MIX_TM,
+  CA_T_MIX_TV,
+  CA_T_MIX_TJ,
+  CA_T_FLASH_BM,
+  CA_T_FLASH_WG,
+  CA_T_SCRATCH_BYTES,
+  CA_T_COUNT
 } ca_tunable;
 
 /* AUTO's choice per shape class; CLATTN_ALGO_AUTO = not tuned. */
@@ -62,8 +71,7 @@ int ca_tunable_parse(ca_tunable t, const char *key, const char *text, long long 
 int ca_tuning_parse(const char *text, size_t size, const char *name, ca_tuning *out, char *err, size_t errlen);
 /* The same for the values alone (no format, platform, device or driver
  * line: those keys are refused), as clattn_tuning_write takes them. */
-int ca_tuning_parse_values(const char *text, size_t size, const char *name, ca_tuning *out, char *err,
-                           size_t errlen);
+int ca_tuning_parse_values(const char *text, size_t size, const char *name, ca_tuning *out, char *err, size_t errlen);
 /* Reads (a regular file of at most 64 KiB; never blocks) and parses one. */
 int ca_tuning_read(const char *path, ca_tuning *out, char *err, size_t errlen);
 /* Writes it atomically (temp file + rename). 0, or -1 with a message. */

@@ -112,14 +112,14 @@ static clattn_status check_view_at(cl_context context, const char *name, const c
   clattn_status st = check_mem(context, name, t->buf, is_output, &have);
   if (st != CLATTN_OK) return st;
   if (need > have)
-    return ca_fail(CLATTN_ERR_BUFFER_TOO_SMALL, "%s: the view addresses %zu bytes but the buffer holds %zu", name,
-                   need, have);
+    return ca_fail(CLATTN_ERR_BUFFER_TOO_SMALL, "%s: the view addresses %zu bytes but the buffer holds %zu", name, need,
+                   have);
   if (ext) *ext = (extent){name, t->buf, t->offset * elem_size, need}; /* offset <= last: no overflow */
   return CLATTN_OK;
 }
 
-static clattn_status check_view(cl_context context, const char *name, const clattn_tensor *t, const int *dims,
-                                int rank, size_t elem_size, int is_output) {
+static clattn_status check_view(cl_context context, const char *name, const clattn_tensor *t, const int *dims, int rank,
+                                size_t elem_size, int is_output) {
   return check_view_at(context, name, t, dims, rank, elem_size, is_output, NULL);
 }
 
@@ -131,22 +131,22 @@ static clattn_status check_outputs_disjoint(const extent *ext, int n) {
   for (int a = 0; a < n; a++)
     for (int b = a + 1; b < n; b++)
       if (ext[a].buf == ext[b].buf && ext[a].first < ext[b].end && ext[b].first < ext[a].end)
-        return BAD("%s and %s overlap: both outputs reach bytes [%zu, %zu) of one buffer (%s bytes [%zu, %zu), "
-                   "%s bytes [%zu, %zu)); outputs of one call must not share bytes",
-                   ext[b].name, ext[a].name, ext[a].first > ext[b].first ? ext[a].first : ext[b].first,
-                   ext[a].end < ext[b].end ? ext[a].end : ext[b].end, ext[a].name, ext[a].first, ext[a].end,
-                   ext[b].name, ext[b].first, ext[b].end);
+        return BAD(
+            "%s and %s overlap: both outputs reach bytes [%zu, %zu) of one buffer (%s bytes [%zu, %zu), "
+            "%s bytes [%zu, %zu)); outputs of one call must not share bytes",
+            ext[b].name, ext[a].name, ext[a].first > ext[b].first ? ext[a].first : ext[b].first,
+            ext[a].end < ext[b].end ? ext[a].end : ext[b].end, ext[a].name, ext[a].first, ext[a].end, ext[b].name,
+            ext[b].first, ext[b].end);
   return CLATTN_OK;
 }
 
 /* A Q8_0 view (offset and strides in bytes, stride[3] = 34) of rows of
  * `cols` elements, checked as the bytes it addresses: each row's blocks as
  * one run of cols / 32 * 34 bytes. */
-static clattn_status check_q8_0_view(cl_context cc, const char *name, const clattn_tensor *t, const int *dims,
-                                     int cols, int is_output) {
+static clattn_status check_q8_0_view(cl_context cc, const char *name, const clattn_tensor *t, const int *dims, int cols,
+                                     int is_output) {
   if (cols % 32 != 0)
-    return BAD("%s: Q8_0 stores rows in blocks of 32 elements, but the row has %d (not a multiple of 32)", name,
-               cols);
+    return BAD("%s: Q8_0 stores rows in blocks of 32 elements, but the row has %d (not a multiple of 32)", name, cols);
   if (t->stride[3] != 34)
     return BAD("%s.stride[3] must be 34 for Q8_0 (one 34-byte block of 32 elements; got %zu)", name, t->stride[3]);
   if (t->offset % 2 || t->stride[0] % 2 || t->stride[1] % 2 || t->stride[2] % 2)
@@ -169,8 +169,7 @@ static clattn_status check_kv_view(cl_context cc, const char *name, const clattn
  * scales, block table. slots = dimension 0 of the views (batch, or pages),
  * rows = dimension 2 (keys, or rows per page). */
 static clattn_status check_kv_storage(cl_context cc, clattn_dtype kv_dtype, const clattn_tensor *k_scale,
-                                      const clattn_tensor *v_scale, int slots, int kv_heads, int rows,
-                                      int is_output) {
+                                      const clattn_tensor *v_scale, int slots, int kv_heads, int rows, int is_output) {
   clattn_status st;
   if (kv_dtype == CLATTN_INT8) {
     if (!k_scale->buf || !v_scale->buf)
@@ -200,15 +199,16 @@ static clattn_status check_block_table(cl_context cc, cl_mem table, int batch, i
 }
 
 static clattn_status check_dims(const clattn_params *p) {
-  const struct { const char *name; int value; } dims[] = {
-      {"batch", p->batch},       {"q_heads", p->q_heads},     {"kv_heads", p->kv_heads},
-      {"q_len", p->q_len},       {"kv_len", p->kv_len},       {"head_dim", p->head_dim},
-      {"value_dim", p->value_dim},
+  const struct {
+    const char *name;
+    int value;
+  } dims[] = {
+      {"batch", p->batch},   {"q_heads", p->q_heads},   {"kv_heads", p->kv_heads},   {"q_len", p->q_len},
+      {"kv_len", p->kv_len}, {"head_dim", p->head_dim}, {"value_dim", p->value_dim},
   };
   for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
     if (dims[i].value <= 0) return BAD("%s must be positive (got %d)", dims[i].name, dims[i].value);
-  if (p->q_heads % p->kv_heads != 0)
-    return BAD("kv_heads (%d) must divide q_heads (%d)", p->kv_heads, p->q_heads);
+  if (p->q_heads % p->kv_heads != 0) return BAD("kv_heads (%d) must divide q_heads (%d)", p->kv_heads, p->q_heads);
   /* Flattened (batch, head) and row indices are int in the kernels. */
   if ((long long)p->batch * p->q_heads > INT32_MAX)
     return BAD("batch * q_heads (%lld) exceeds 2^31 - 1", (long long)p->batch * p->q_heads);
@@ -245,14 +245,17 @@ static clattn_status check_enums(const clattn_params *p) {
 static clattn_status check_varlen(const clattn_params *p) {
   if (!p->cu_seqlens_q && !p->cu_seqlens_k) return CLATTN_OK;
   if (!p->cu_seqlens_q || !p->cu_seqlens_k)
-    return BAD("cu_seqlens_q and cu_seqlens_k come together (got only %s)", p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+    return BAD("cu_seqlens_q and cu_seqlens_k come together (got only %s)",
+               p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
   if (p->kv_lens) return BAD("kv_lens with cu_seqlens: packed sequences carry their own lengths");
   if (p->block_table) return BAD("cu_seqlens with a block table: paged K/V is indexed per batch row, not packed");
   if (p->batch == INT32_MAX) return BAD("batch %d: cu_seqlens would need batch + 1 entries", p->batch);
   if (p->total_q <= 0 || p->total_kv <= 0)
     return BAD("total_q and total_kv must be positive with cu_seqlens (got %d, %d)", p->total_q, p->total_kv);
-  const struct { const char *name; const clattn_tensor *t; } views[] = {
-      {"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}};
+  const struct {
+    const char *name;
+    const clattn_tensor *t;
+  } views[] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}};
   for (size_t i = 0; i < 4; i++)
     if (views[i].t->stride[0] != 0)
       return BAD("%s.stride[0] must be 0 with cu_seqlens: sequence b's rows are found through cu_seqlens (got %zu)",
@@ -267,32 +270,39 @@ static clattn_status check_views(const clattn_context *ctx, const clattn_params 
   const int q_rows = varlen ? p->total_q : p->q_len, k_rows = varlen ? p->total_kv : p->kv_len;
   const int q_dims[] = {qb, p->q_heads, q_rows, p->head_dim};
   /* paged K/V: [page, kv head, row in page, column] */
-  const int paged = p->block_table != NULL, kv_slots = paged ? p->num_pages : qb, kv_rows = paged ? p->page_size : k_rows;
+  const int paged = p->block_table != NULL, kv_slots = paged ? p->num_pages : qb,
+            kv_rows = paged ? p->page_size : k_rows;
   const int k_dims[] = {kv_slots, p->kv_heads, kv_rows, p->head_dim};
   const int v_dims[] = {kv_slots, p->kv_heads, kv_rows, p->value_dim};
   const clattn_dtype kv_dtype = p->kv_dtype == CLATTN_DTYPE_SAME ? p->dtype : p->kv_dtype;
   const int o_dims[] = {qb, p->q_heads, q_rows, p->value_dim};
   const int s_dims[] = {p->batch, p->q_heads, p->q_len, p->kv_len};
   const int lse_dims[] = {p->batch, p->q_heads, p->q_len};
-  const struct { const char *name; const clattn_tensor *t; } required[] = {
-      {"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}};
+  const struct {
+    const char *name;
+    const clattn_tensor *t;
+  } required[] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}};
   for (size_t i = 0; i < 4; i++)
     if (!required[i].t->buf) return BAD("%s.buf is NULL (q, k, v and out are required)", required[i].name);
   const size_t elem = p->dtype == CLATTN_F32 ? sizeof(float) : 2; /* f16 and bf16: 16 bits */
   const cl_context cc = ctx->context;
   if ((st = check_view(cc, "q", &p->q, q_dims, 4, elem, 0))) return st;
-  if (paged && (st = check_block_table(cc, p->block_table, p->batch, p->block_table_stride, p->page_size,
-                                       p->num_pages, p->kv_len)))
+  if (paged && (st = check_block_table(cc, p->block_table, p->batch, p->block_table_stride, p->page_size, p->num_pages,
+                                       p->kv_len)))
     return st;
   if ((st = check_kv_view(cc, "k", &p->k, k_dims, kv_dtype, 0))) return st;
   if ((st = check_kv_view(cc, "v", &p->v, v_dims, kv_dtype, 0))) return st;
   if ((st = check_kv_storage(cc, kv_dtype, &p->k_scale, &p->v_scale, kv_slots, p->kv_heads, kv_rows, 0))) return st;
   /* the optional outputs; each output's extent is kept to check they are disjoint */
-  const struct { const char *name; const clattn_tensor *t; const int *dims; int rank; size_t elem; } outs[] = {
-      {"lse", &p->lse, lse_dims, 3, sizeof(float)},
-      {"weights", &p->weights, s_dims, 4, sizeof(float)},
-      {"entropy", &p->entropy, lse_dims, 3, sizeof(float)},
-      {"max_weight", &p->max_weight, lse_dims, 3, sizeof(float)},
+  const struct {
+    const char *name;
+    const clattn_tensor *t;
+    const int *dims;
+    int rank;
+    size_t elem;
+  } outs[] = {
+      {"lse", &p->lse, lse_dims, 3, sizeof(float)},         {"weights", &p->weights, s_dims, 4, sizeof(float)},
+      {"entropy", &p->entropy, lse_dims, 3, sizeof(float)}, {"max_weight", &p->max_weight, lse_dims, 3, sizeof(float)},
       {"argmax", &p->argmax, lse_dims, 3, sizeof(int32_t)},
   };
   extent ext[1 + sizeof outs / sizeof outs[0]];
@@ -301,8 +311,8 @@ static clattn_status check_views(const clattn_context *ctx, const clattn_params 
   if (p->mask.buf && (st = check_view(cc, "mask", &p->mask, s_dims, 4, 1, 0))) return st;
   if (p->bias.buf && (st = check_view(cc, "bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
   for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
-    if (outs[i].t->buf && (st = check_view_at(cc, outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem,
-                                              1, &ext[n_ext++])))
+    if (outs[i].t->buf &&
+        (st = check_view_at(cc, outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem, 1, &ext[n_ext++])))
       return st;
   if ((st = check_outputs_disjoint(ext, n_ext))) return st;
   if (p->kv_lens) {
@@ -369,8 +379,11 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
   clattn_status st;
   if (!ctx) return BAD("clattn_merge_states: ctx is NULL");
   if (!mp) return BAD("clattn_merge_states: params is NULL");
-  const struct { const char *name; int value; } dims[] = {
-      {"n_states", mp->n_states}, {"batch", mp->batch}, {"heads", mp->heads},
+  const struct {
+    const char *name;
+    int value;
+  } dims[] = {
+      {"n_states", mp->n_states}, {"batch", mp->batch},         {"heads", mp->heads},
       {"q_len", mp->q_len},       {"value_dim", mp->value_dim},
   };
   for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
@@ -408,7 +421,10 @@ clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_
   clattn_status st;
   if (!ctx) return BAD("clattn_kv_append: ctx is NULL");
   if (!ap) return BAD("clattn_kv_append: params is NULL");
-  const struct { const char *name; int value; } dims[] = {
+  const struct {
+    const char *name;
+    int value;
+  } dims[] = {
       {"batch", ap->batch}, {"kv_heads", ap->kv_heads}, {"head_dim", ap->head_dim}, {"value_dim", ap->value_dim}};
   for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
     if (dims[i].value <= 0) return BAD("%s must be positive (got %d)", dims[i].name, dims[i].value);
@@ -420,15 +436,17 @@ clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_
   if (ap->kv_dtype < CLATTN_DTYPE_SAME || ap->kv_dtype > CLATTN_INT8)
     return BAD("kv_dtype %d is not a clattn_dtype", (int)ap->kv_dtype);
   const clattn_dtype kv = ap->kv_dtype == CLATTN_DTYPE_SAME ? ap->src_dtype : ap->kv_dtype;
-  const struct { const char *name; const clattn_tensor *t; } required[] = {
-      {"k_new", &ap->k_new}, {"v_new", &ap->v_new}, {"k", &ap->k}, {"v", &ap->v}};
+  const struct {
+    const char *name;
+    const clattn_tensor *t;
+  } required[] = {{"k_new", &ap->k_new}, {"v_new", &ap->v_new}, {"k", &ap->k}, {"v", &ap->v}};
   for (size_t i = 0; i < 4; i++)
     if (!required[i].t->buf) return BAD("%s.buf is NULL (k_new, v_new, k and v are required)", required[i].name);
   if (!ap->positions) return BAD("positions is NULL: each batch row's cache position is required");
   const int paged = ap->block_table != NULL;
   if (paged) {
-    if ((st = check_block_table(ctx->context, ap->block_table, ap->batch, ap->block_table_stride, ap->page_size, ap->num_pages,
-                                ap->new_len)))
+    if ((st = check_block_table(ctx->context, ap->block_table, ap->batch, ap->block_table_stride, ap->page_size,
+                                ap->num_pages, ap->new_len)))
       return st;
   } else {
     if (ap->capacity <= 0) return BAD("capacity must be positive for a contiguous cache (got %d)", ap->capacity);

@@ -25,20 +25,19 @@ typedef struct {
   void (*fn)(void);
 } ct_test;
 
-static int ct_current_failures;     /* failed checks in the running test */
+static int ct_current_failures; /* failed checks in the running test */
 static long ct_total_checks;
 static clattn_context *ct_ctx;
-static void (*ct_teardown)(void);   /* set by ct_context: destroys ct_ctx */
-static void (*ct_cleanup)(void);    /* set by a test file: frees its objects before teardown */
+static void (*ct_teardown)(void); /* set by ct_context: destroys ct_ctx */
+static void (*ct_cleanup)(void);  /* set by a test file: frees its objects before teardown */
 
 #if defined(__GNUC__)
 __attribute__((format(printf, 4, 5)))
 #endif
-static inline int ct_check(int ok, const char *file, int line, const char *fmt, ...)
-{
+static inline int
+ct_check(int ok, const char *file, int line, const char *fmt, ...) {
   ct_total_checks++;
-  if (ok)
-    return 1;
+  if (ok) return 1;
   ct_current_failures++;
   if (ct_current_failures <= 20) {
     fprintf(stdout, "    %s:%d: ", file, line);
@@ -54,45 +53,38 @@ static inline int ct_check(int ok, const char *file, int line, const char *fmt, 
 }
 
 /* CHECK(cond): records "cond" on failure. CHECKF(cond, fmt, ...): with a message. */
-#define CHECK(cond) ct_check(!!(cond), __FILE__, __LINE__, "check failed: %s", #cond)
+#define CHECK(cond)       ct_check(!!(cond), __FILE__, __LINE__, "check failed: %s", #cond)
 #define CHECKF(cond, ...) ct_check(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
 
 /* |a - b| <= tol, with a message naming both values. */
-#define CHECK_NEAR(a, b, tol)                                                              \
-  ct_check(fabs((double)(a) - (double)(b)) <= (tol), __FILE__, __LINE__,                   \
-           "%s = %.17g, expected %s = %.17g (tol %g)", #a, (double)(a), #b, (double)(b),    \
-           (double)(tol))
+#define CHECK_NEAR(a, b, tol)                                                                                        \
+  ct_check(fabs((double)(a) - (double)(b)) <= (tol), __FILE__, __LINE__, "%s = %.17g, expected %s = %.17g (tol %g)", \
+           #a, (double)(a), #b, (double)(b), (double)(tol))
 
 /* A status, printed by name, with the context's last error on mismatch. */
-#define CHECK_STATUS(got, want)                                                             \
-  ct_check((got) == (want), __FILE__, __LINE__, "%s = %s, expected %s (last error: %s)",   \
-           #got, clattn_status_string(got), clattn_status_string(want),                     \
-           ct_ctx ? clattn_last_error(ct_ctx) : "")
+#define CHECK_STATUS(got, want)                                                                \
+  ct_check((got) == (want), __FILE__, __LINE__, "%s = %s, expected %s (last error: %s)", #got, \
+           clattn_status_string(got), clattn_status_string(want), ct_ctx ? clattn_last_error(ct_ctx) : "")
 
 /* Aborts the current test function (not the program) when a setup step fails. */
-#define REQUIRE(cond)                                                                       \
-  do {                                                                                      \
-    if (!CHECK(cond))                                                                       \
-      return;                                                                               \
+#define REQUIRE(cond)         \
+  do {                        \
+    if (!CHECK(cond)) return; \
   } while (0)
-#define REQUIREF(cond, ...)                                                                 \
-  do {                                                                                      \
-    if (!CHECKF(cond, __VA_ARGS__))                                                         \
-      return;                                                                               \
+#define REQUIREF(cond, ...)                 \
+  do {                                      \
+    if (!CHECKF(cond, __VA_ARGS__)) return; \
   } while (0)
 
-static inline void ct_destroy_context(void)
-{
+static inline void ct_destroy_context(void) {
   clattn_destroy(ct_ctx);
   ct_ctx = NULL;
 }
 
 /* The shared clattn context, created with defaults on first use. Exits 77
  * when there is no OpenCL device and 1 when creation fails otherwise. */
-static inline clattn_context *ct_context(void)
-{
-  if (ct_ctx)
-    return ct_ctx;
+static inline clattn_context *ct_context(void) {
+  if (ct_ctx) return ct_ctx;
   ct_teardown = ct_destroy_context;
   clattn_status st = clattn_create(NULL, &ct_ctx);
   if (st == CLATTN_ERR_NO_DEVICE) {
@@ -108,18 +100,15 @@ static inline clattn_context *ct_context(void)
 }
 
 /* Runs the tests whose names contain argv[1] (all when absent). */
-static inline int ct_main(int argc, char **argv, const ct_test *tests, size_t n)
-{
+static inline int ct_main(int argc, char **argv, const ct_test *tests, size_t n) {
   /* argv[1]: run only the tests whose names contain it; "-NAME": all but those */
   const char *filter = argc > 1 ? argv[1] : NULL;
   const int exclude = filter && filter[0] == '-';
-  if (exclude)
-    filter++;
+  if (exclude) filter++;
   int passed = 0, failed = 0;
   setvbuf(stdout, NULL, _IOLBF, 0);
   for (size_t t = 0; t < n; t++) {
-    if (filter && (strstr(tests[t].name, filter) == NULL) != exclude)
-      continue;
+    if (filter && (strstr(tests[t].name, filter) == NULL) != exclude) continue;
     ct_current_failures = 0;
     printf("%s ...\n", tests[t].name);
     tests[t].fn();
@@ -131,14 +120,13 @@ static inline int ct_main(int argc, char **argv, const ct_test *tests, size_t n)
       failed++;
     }
   }
-  if (ct_cleanup)
-    ct_cleanup();
-  if (ct_teardown)
-    ct_teardown();
+  if (ct_cleanup) ct_cleanup();
+  if (ct_teardown) ct_teardown();
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
 
-#define CT_TEST(name) { #name, name }
+#define CT_TEST(name) \
+  { #name, name }
 
 #endif

@@ -23,15 +23,22 @@
 #include "clattn.h"
 
 typedef enum {
-  SHIM_MEM, SHIM_KERNEL, SHIM_PROGRAM, SHIM_EVENT, SHIM_QUEUE, SHIM_CONTEXT, SHIM_DEVICE, SHIM_KINDS
+  SHIM_MEM,
+  SHIM_KERNEL,
+  SHIM_PROGRAM,
+  SHIM_EVENT,
+  SHIM_QUEUE,
+  SHIM_CONTEXT,
+  SHIM_DEVICE,
+  SHIM_KINDS
 } shim_kind;
 
 typedef struct {
-  const char *fn;   /* the OpenCL function the fault hit */
-  void *caller;     /* its return address */
-  int in_main;      /* called from the main executable (clattn's objects, the test) */
-  cl_int code;      /* the error returned */
-  long index;       /* 1-based among the fallible calls since shim_reset */
+  const char *fn; /* the OpenCL function the fault hit */
+  void *caller;   /* its return address */
+  int in_main;    /* called from the main executable (clattn's objects, the test) */
+  cl_int code;    /* the error returned */
+  long index;     /* 1-based among the fallible calls since shim_reset */
 } shim_fault;
 
 /* Whether the wrappers are in use (the real functions were found). */

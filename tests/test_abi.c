@@ -11,12 +11,12 @@ static const struct {
   int abi;
   size_t options, tensor, params, params_last, merge, append, backward; /* params_last: offset of the last field */
 } layouts[] = {
-  /* LP64 */
-  {0, 48, 48, 664, 660, 240, 0, 0},
-  /* ABI 1: kv_dtype, k_scale, v_scale, block_table, block_table_stride,
-   * page_size, num_pages appended to clattn_params; clattn_append_params;
-   * clattn_backward_params (which holds a clattn_params) */
-  {1, 48, 48, 792, 784, 240, 352, 1008},
+    /* LP64 */
+    {0, 48, 48, 664, 660, 240, 0, 0},
+    /* ABI 1: kv_dtype, k_scale, v_scale, block_table, block_table_stride,
+     * page_size, num_pages appended to clattn_params; clattn_append_params;
+     * clattn_backward_params (which holds a clattn_params) */
+    {1, 48, 48, 792, 784, 240, 352, 1008},
 };
 
 static void header_and_soname_agree(void) {
@@ -31,12 +31,13 @@ static void public_structs_have_this_versions_layout(void) {
     CHECKF(sizeof(clattn_options) == layouts[i].options, "clattn_options: %zu bytes, ABI %d has %zu",
            sizeof(clattn_options), CLATTN_ABI_VERSION, layouts[i].options);
     CHECKF(sizeof(clattn_tensor) == layouts[i].tensor, "clattn_tensor: %zu bytes", sizeof(clattn_tensor));
-    CHECKF(sizeof(clattn_params) == layouts[i].params, "clattn_params: %zu bytes, ABI %d has %zu: bump CLATTN_ABI_VERSION",
-           sizeof(clattn_params), CLATTN_ABI_VERSION, layouts[i].params);
+    CHECKF(sizeof(clattn_params) == layouts[i].params,
+           "clattn_params: %zu bytes, ABI %d has %zu: bump CLATTN_ABI_VERSION", sizeof(clattn_params),
+           CLATTN_ABI_VERSION, layouts[i].params);
     CHECKF(offsetof(clattn_params, total_kv) == 660, "clattn_params: fields moved (total_kv at %zu)",
            offsetof(clattn_params, total_kv));
-    CHECKF(offsetof(clattn_params, num_pages) == layouts[i].params_last, "clattn_params: fields moved (num_pages at %zu)",
-           offsetof(clattn_params, num_pages));
+    CHECKF(offsetof(clattn_params, num_pages) == layouts[i].params_last,
+           "clattn_params: fields moved (num_pages at %zu)", offsetof(clattn_params, num_pages));
     CHECKF(sizeof(clattn_append_params) == layouts[i].append, "clattn_append_params: %zu bytes",
            sizeof(clattn_append_params));
     CHECKF(sizeof(clattn_merge_params) == layouts[i].merge, "clattn_merge_params: %zu bytes",

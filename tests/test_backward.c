@@ -32,8 +32,7 @@ static int g_deterministic = 1;
 static size_t elem_bytes(clattn_dtype t) { return t == CLATTN_F32 ? 4 : 2; }
 
 /* Host floats to storage bytes and back. */
-static void to_storage(clattn_dtype t, const float *x, size_t n, void *out)
-{
+static void to_storage(clattn_dtype t, const float *x, size_t n, void *out) {
   for (size_t e = 0; e < n; e++) {
     if (t == CLATTN_F32)
       ((float *)out)[e] = x[e];
@@ -42,10 +41,8 @@ static void to_storage(clattn_dtype t, const float *x, size_t n, void *out)
   }
 }
 
-static float from_storage(clattn_dtype t, const void *raw, size_t e)
-{
-  if (t == CLATTN_F32)
-    return ((const float *)raw)[e];
+static float from_storage(clattn_dtype t, const void *raw, size_t e) {
+  if (t == CLATTN_F32) return ((const float *)raw)[e];
   const uint16_t h = ((const uint16_t *)raw)[e];
   return t == CLATTN_F16 ? cp_f16_value(h) : cp_bf16_value(h);
 }
@@ -54,13 +51,12 @@ static float from_storage(clattn_dtype t, const void *raw, size_t e)
 typedef struct {
   clattn_tensor t;
   size_t elems, bytes;
-  unsigned char *raw;     /* read back */
-  unsigned char *init;    /* what was written before the call */
+  unsigned char *raw;  /* read back */
+  unsigned char *init; /* what was written before the call */
 } grad_buf;
 
 static int grad_create(cp_problem *pb, grad_buf *g, const clattn_tensor *shape_of, size_t elems, clattn_dtype t,
-                       const float *fill)
-{
+                       const float *fill) {
   cl_int err = CL_SUCCESS;
   g->t = *shape_of;
   g->elems = elems;
@@ -72,28 +68,23 @@ static int grad_create(cp_problem *pb, grad_buf *g, const clattn_tensor *shape_o
     free(host);
     return -1;
   }
-  for (size_t e = 0; e < elems; e++)
-    host[e] = fill ? fill[e] : NAN;
+  for (size_t e = 0; e < elems; e++) host[e] = fill ? fill[e] : NAN;
   to_storage(t, host, elems, g->init);
   free(host);
   g->t.buf = clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, g->bytes, g->init, &err);
   return err == CL_SUCCESS ? 0 : -1;
 }
 
-static int grad_read(cp_problem *pb, grad_buf *g)
-{
+static int grad_read(cp_problem *pb, grad_buf *g) {
   return clEnqueueReadBuffer(pb->queue, g->t.buf, CL_TRUE, 0, g->bytes, g->raw, 0, NULL, NULL) == CL_SUCCESS ? 0 : -1;
 }
 
-static int grad_reset(cp_problem *pb, grad_buf *g)
-{
+static int grad_reset(cp_problem *pb, grad_buf *g) {
   return clEnqueueWriteBuffer(pb->queue, g->t.buf, CL_TRUE, 0, g->bytes, g->init, 0, NULL, NULL) == CL_SUCCESS ? 0 : -1;
 }
 
-static void grad_free(grad_buf *g)
-{
-  if (g->t.buf)
-    clReleaseMemObject(g->t.buf);
+static void grad_free(grad_buf *g) {
+  if (g->t.buf) clReleaseMemObject(g->t.buf);
   free(g->raw);
   free(g->init);
   memset(g, 0, sizeof *g);
@@ -106,21 +97,18 @@ typedef struct {
   clattn_backward_params bp;
   grad_buf d_out, d_q, d_k, d_v;
   cl_mem d_sinks, d_w;
-  double *dout;                   /* dense logical dO */
+  double *dout; /* dense logical dO */
   ref_grads ref;
   size_t nq, nk, nv, no;
 } bwd;
 
-static void bwd_free(bwd *w)
-{
+static void bwd_free(bwd *w) {
   grad_free(&w->d_out);
   grad_free(&w->d_q);
   grad_free(&w->d_k);
   grad_free(&w->d_v);
-  if (w->d_sinks)
-    clReleaseMemObject(w->d_sinks);
-  if (w->d_w)
-    clReleaseMemObject(w->d_w);
+  if (w->d_sinks) clReleaseMemObject(w->d_sinks);
+  if (w->d_w) clReleaseMemObject(w->d_w);
   free(w->dout);
   free(w->ref.d_q);
   free(w->ref.d_k);
@@ -134,24 +122,18 @@ static void bwd_free(bwd *w)
 /* Builds the problem (editing it through `edit` first), runs and checks the
  * forward, uploads dO and NaN-poisoned gradient buffers, computes the
  * reference. 0 on success (a failure is recorded). */
-static int bwd_setup(bwd *w, cp_shape s, void (*edit)(cp_problem *))
-{
+static int bwd_setup(bwd *w, cp_shape s, void (*edit)(cp_problem *)) {
   memset(w, 0, sizeof *w);
   char err[256] = "";
   s.want_lse = 1;
-  if (s.algo == CLATTN_ALGO_AUTO)
-    s.algo = CLATTN_ALGO_FUSED;
+  if (s.algo == CLATTN_ALGO_AUTO) s.algo = CLATTN_ALGO_FUSED;
   w->pb = cp_build(&s, err, sizeof err);
-  if (!CHECKF(w->pb != NULL, "cp_build: %s", err))
-    return -1;
+  if (!CHECKF(w->pb != NULL, "cp_build: %s", err)) return -1;
   cp_problem *pb = w->pb;
-  if (edit)
-    edit(pb);
-  if (s.poison_disallowed)
-    cp_poison_disallowed(pb);
+  if (edit) edit(pb);
+  if (s.poison_disallowed) cp_poison_disallowed(pb);
   cp_result r;
-  if (!CHECKF(cp_run(pb, ct_context(), &r) == 0, "harness: %s", pb->err))
-    return -1;
+  if (!CHECKF(cp_run(pb, ct_context(), &r) == 0, "harness: %s", pb->err)) return -1;
   char line[512];
   if (!CHECKF(cp_result_ok(&r, s.dtype == CLATTN_F32 ? 1e-4 : 2e-2), "forward: %s (%s)",
               cp_result_format(&r, line, sizeof line), cp_describe(&s, err, sizeof err)))
@@ -173,8 +155,7 @@ static int bwd_setup(bwd *w, cp_shape s, void (*edit)(cp_problem *))
     free(dout_raw);
     return -1;
   }
-  for (size_t e = 0; e < pb->out_elems; e++)
-    dout_raw[e] = NAN;                /* elements no view reads */
+  for (size_t e = 0; e < pb->out_elems; e++) dout_raw[e] = NAN; /* elements no view reads */
   const ref_inputs in = cp_ref_inputs(pb);
   uint64_t x = s.seed * 0x9E3779B97F4A7C15ull + 3;
   memset(w->dout, 0, w->no * sizeof *w->dout);
@@ -194,28 +175,25 @@ static int bwd_setup(bwd *w, cp_shape s, void (*edit)(cp_problem *))
     for (int h = 0; h < Hq; h++)
       for (int r = 0; r < p->total_q; r++)
         for (int c = 0; c < p->value_dim; c++)
-          if (isnan(dout_raw[cp_index(&p->out, 0, h, r, c)]))
-            dout_raw[cp_index(&p->out, 0, h, r, c)] = 0.0f;
+          if (isnan(dout_raw[cp_index(&p->out, 0, h, r, c)])) dout_raw[cp_index(&p->out, 0, h, r, c)] = 0.0f;
   int bad = grad_create(pb, &w->d_out, &p->out, pb->out_elems, p->dtype, dout_raw) ||
             grad_create(pb, &w->d_q, &p->q, pb->q_elems, p->dtype, NULL) ||
             grad_create(pb, &w->d_k, &p->k, pb->k_elems, p->dtype, NULL) ||
             grad_create(pb, &w->d_v, &p->v, pb->v_elems, p->dtype, NULL);
   free(dout_raw);
-  if (!CHECKF(!bad, "gradient buffers"))
-    return -1;
+  if (!CHECKF(!bad, "gradient buffers")) return -1;
   cl_int e1 = CL_SUCCESS, e2 = CL_SUCCESS;
-  const float nan_h[64] = { NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN,
-                            NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN,
-                            NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN,
-                            NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN };
+  const float nan_h[64] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN,
+                           NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN,
+                           NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN,
+                           NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN};
   if (pb->sinks && Hq <= 64)
     w->d_sinks = clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, (size_t)Hq * sizeof(float),
                                 (void *)nan_h, &e1);
   if (pb->additive_w && p->head_dim <= 64)
-    w->d_w = clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                            (size_t)p->head_dim * sizeof(float), (void *)nan_h, &e2);
-  if (!CHECK(e1 == CL_SUCCESS && e2 == CL_SUCCESS))
-    return -1;
+    w->d_w = clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, (size_t)p->head_dim * sizeof(float),
+                            (void *)nan_h, &e2);
+  if (!CHECK(e1 == CL_SUCCESS && e2 == CL_SUCCESS)) return -1;
   w->bp = clattn_backward_params_default();
   w->bp.fwd = *p;
   w->bp.fwd.algo = g_algo;
@@ -226,14 +204,12 @@ static int bwd_setup(bwd *w, cp_shape s, void (*edit)(cp_problem *))
   w->bp.d_v = w->d_v.t;
   w->bp.d_sinks = w->d_sinks;
   w->bp.d_additive_w = w->d_w;
-  if (!CHECK(ref_backward(p, &in, w->dout, &w->ref) == 0))
-    return -1;
+  if (!CHECK(ref_backward(p, &in, w->dout, &w->ref) == 0)) return -1;
   return 0;
 }
 
 /* Runs the backward; reads every gradient buffer back. */
-static clattn_status bwd_run(bwd *w)
-{
+static clattn_status bwd_run(bwd *w) {
   clattn_status st = clattn_backward(ct_context(), &w->bp, 0, NULL, NULL);
   CHECK(clFinish(w->pb->queue) == CL_SUCCESS);
   CHECK(grad_read(w->pb, &w->d_q) == 0 && grad_read(w->pb, &w->d_k) == 0 && grad_read(w->pb, &w->d_v) == 0);
@@ -244,15 +220,12 @@ static clattn_status bwd_run(bwd *w)
  * buffer no logical (existing) row covers must be either the poison it
  * started with (outside the view) or 0 (inside the view: a packed row no
  * sequence covers). Returns the count of elements that are neither. */
-static long gather(const bwd *w, const grad_buf *g, int heads, int rows_logical, int cols, int keys, float *dense)
-{
+static long gather(const bwd *w, const grad_buf *g, int heads, int rows_logical, int cols, int keys, float *dense) {
   const clattn_params *p = &w->pb->params;
   const ref_inputs in = cp_ref_inputs(w->pb);
   unsigned char *seen = calloc(g->elems, 1);
-  if (!seen)
-    return -1;
-  for (size_t e = 0; e < (size_t)p->batch * heads * rows_logical * cols; e++)
-    dense[e] = 0.0f;
+  if (!seen) return -1;
+  for (size_t e = 0; e < (size_t)p->batch * heads * rows_logical * cols; e++) dense[e] = 0.0f;
   for (int b = 0; b < p->batch; b++) {
     const ref_seq sq = ref_sequence(p, &in, b);
     const int n = keys ? sq.keys : sq.rows;
@@ -284,41 +257,37 @@ static long gather(const bwd *w, const grad_buf *g, int heads, int rows_logical,
 }
 
 /* Non-finite entries of the device's dense gradient, where the reference is finite. */
-static long nonfinite(const float *x, const double *ref, size_t n)
-{
+static long nonfinite(const float *x, const double *ref, size_t n) {
   long bad = 0;
-  for (size_t e = 0; e < n; e++)
-    bad += !isfinite(x[e]) && isfinite(ref[e]);
+  for (size_t e = 0; e < n; e++) bad += !isfinite(x[e]) && isfinite(ref[e]);
   return bad;
 }
 
 /* Checks every gradient read back (bwd_run) against the reference within
  * tol (norm-wise). */
-static void bwd_compare(bwd *w, double tol, const char *what)
-{
+static void bwd_compare(bwd *w, double tol, const char *what) {
   const clattn_params *p = &w->pb->params;
   float *dq = malloc(w->nq * sizeof *dq), *dk = malloc(w->nk * sizeof *dk), *dv = malloc(w->nv * sizeof *dv);
-  if (!CHECK(dq && dk && dv))
-    goto done;
+  if (!CHECK(dq && dk && dv)) goto done;
   const long wq = gather(w, &w->d_q, p->q_heads, p->q_len, p->head_dim, 0, dq);
   const long wk = gather(w, &w->d_k, p->kv_heads, p->kv_len, p->head_dim, 1, dk);
   const long wv = gather(w, &w->d_v, p->kv_heads, p->kv_len, p->value_dim, 1, dv);
-  CHECKF(wq == 0 && wk == 0 && wv == 0, "%s: elements outside the gradient views written (%ld %ld %ld)", what, wq,
-         wk, wv);
+  CHECKF(wq == 0 && wk == 0 && wv == 0, "%s: elements outside the gradient views written (%ld %ld %ld)", what, wq, wk,
+         wv);
   const double eq = cp_rel_err(dq, w->ref.d_q, w->nq), ek = cp_rel_err(dk, w->ref.d_k, w->nk),
                ev = cp_rel_err(dv, w->ref.d_v, w->nv);
-  CHECKF(eq <= tol && ek <= tol && ev <= tol, "%s: relative errors d_q %.3g, d_k %.3g, d_v %.3g (tol %g)", what, eq,
-         ek, ev, tol);
-  const long nf = nonfinite(dq, w->ref.d_q, w->nq) + nonfinite(dk, w->ref.d_k, w->nk) +
-                  nonfinite(dv, w->ref.d_v, w->nv);
+  CHECKF(eq <= tol && ek <= tol && ev <= tol, "%s: relative errors d_q %.3g, d_k %.3g, d_v %.3g (tol %g)", what, eq, ek,
+         ev, tol);
+  const long nf =
+      nonfinite(dq, w->ref.d_q, w->nq) + nonfinite(dk, w->ref.d_k, w->nk) + nonfinite(dv, w->ref.d_v, w->nv);
   CHECKF(nf == 0, "%s: %ld non-finite gradient entries where the reference is finite", what, nf);
   if (w->d_sinks) {
     float ds[64];
     CHECK(clEnqueueReadBuffer(w->pb->queue, w->d_sinks, CL_TRUE, 0, (size_t)p->q_heads * sizeof(float), ds, 0, NULL,
                               NULL) == CL_SUCCESS);
     const double e = cp_rel_err(ds, w->ref.d_sinks, (size_t)p->q_heads);
-    CHECKF(e <= tol && nonfinite(ds, w->ref.d_sinks, (size_t)p->q_heads) == 0, "%s: d_sinks relative error %.3g",
-           what, e);
+    CHECKF(e <= tol && nonfinite(ds, w->ref.d_sinks, (size_t)p->q_heads) == 0, "%s: d_sinks relative error %.3g", what,
+           e);
   }
   if (w->d_w) {
     float dw[64];
@@ -335,14 +304,12 @@ done:
 }
 
 /* Runs and checks every gradient against the reference within tol. */
-static void bwd_check(bwd *w, double tol, const char *what)
-{
+static void bwd_check(bwd *w, double tol, const char *what) {
   CHECK_STATUS(bwd_run(w), CLATTN_OK);
   bwd_compare(w, tol, what);
 }
 
-static cp_shape base_shape(int M, int N)
-{
+static cp_shape base_shape(int M, int N) {
   cp_shape s = cp_shape_default();
   s.batch = 2;
   s.q_heads = 4;
@@ -357,19 +324,16 @@ static cp_shape base_shape(int M, int N)
   return s;
 }
 
-static void check_shape(cp_shape s, void (*edit)(cp_problem *), double tol, const char *what)
-{
+static void check_shape(cp_shape s, void (*edit)(cp_problem *), double tol, const char *what) {
   bwd w;
-  if (bwd_setup(&w, s, edit) == 0)
-    bwd_check(&w, tol, what);
+  if (bwd_setup(&w, s, edit) == 0) bwd_check(&w, tol, what);
   bwd_free(&w);
 }
 
 /* ---------- dot scoring ---------- */
 
-static void odd_shapes_gqa(void)
-{
-  static const int sizes[][2] = { { 1, 129 }, { 7, 53 }, { 37, 37 }, { 53, 7 }, { 129, 1 } };
+static void odd_shapes_gqa(void) {
+  static const int sizes[][2] = {{1, 129}, {7, 53}, {37, 37}, {53, 7}, {129, 1}};
   for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
     cp_shape s = base_shape(sizes[t][0], sizes[t][1]);
     s.seed = 10 + t;
@@ -380,8 +344,7 @@ static void odd_shapes_gqa(void)
   }
 }
 
-static void odd_head_dims_mha_and_mqa(void)
-{
+static void odd_head_dims_mha_and_mqa(void) {
   cp_shape s = base_shape(37, 53);
   s.head_dim = 19;
   s.value_dim = 7;
@@ -393,8 +356,7 @@ static void odd_head_dims_mha_and_mqa(void)
   check_shape(s, NULL, 1e-4, "dk=19 dv=7 MQA causal");
 }
 
-static void causal_window_kv_lens_mask_bias_poisoned(void)
-{
+static void causal_window_kv_lens_mask_bias_poisoned(void) {
   cp_shape s = base_shape(37, 53);
   s.causal = 1;
   s.window_left = 9;
@@ -404,7 +366,7 @@ static void causal_window_kv_lens_mask_bias_poisoned(void)
   s.mask_bcast = CP_BCAST_HEAD;
   s.bias = CP_BIAS_RANDOM;
   s.bias_amp = 2.0;
-  s.poison_disallowed = 1;      /* NaN/Inf in every key and value nothing allowed reads */
+  s.poison_disallowed = 1; /* NaN/Inf in every key and value nothing allowed reads */
   check_shape(s, NULL, 1e-4, "causal+window+kv_lens+mask+bias, poisoned");
   s.causal = 0;
   s.window_left = 3;
@@ -414,18 +376,14 @@ static void causal_window_kv_lens_mask_bias_poisoned(void)
   check_shape(s, NULL, 1e-4, "two-sided window, poisoned");
 }
 
-static void zero_rows(cp_problem *pb)
-{
-  pb->kv_lens[1] = 0;           /* batch row 1: every row empty */
-}
+static void zero_rows(cp_problem *pb) { pb->kv_lens[1] = 0; /* batch row 1: every row empty */ }
 
-static void empty_rows_give_zero(void)
-{
+static void empty_rows_give_zero(void) {
   cp_shape s = base_shape(7, 53);
   s.kv_lens = 1;
   s.causal = 1;
   s.mask = CP_MASK_RANDOM;
-  s.mask_density = 0.1;         /* some rows have no allowed key */
+  s.mask_density = 0.1; /* some rows have no allowed key */
   s.poison_disallowed = 1;
   check_shape(s, zero_rows, 1e-4, "empty rows");
   s.sinks = 1;
@@ -435,16 +393,13 @@ static void empty_rows_give_zero(void)
 /* A NaN in a key only the last rows may see (causal): those rows' gradients
  * are NaN, every other row's d_q stays finite and right, although the key
  * shares a 16-row block and a key block with them. */
-static void nan_key(cp_problem *pb)
-{
+static void nan_key(cp_problem *pb) {
   const clattn_params *p = &pb->params;
   for (int b = 0; b < p->batch; b++)
-    for (int hk = 0; hk < p->kv_heads; hk++)
-      pb->k[cp_index(&p->k, b, hk, p->kv_len - 1, 0)] = NAN;
+    for (int hk = 0; hk < p->kv_heads; hk++) pb->k[cp_index(&p->k, b, hk, p->kv_len - 1, 0)] = NAN;
 }
 
-static void nan_in_allowed_key_stays_in_its_rows(void)
-{
+static void nan_in_allowed_key_stays_in_its_rows(void) {
   cp_shape s = base_shape(37, 37);
   s.causal = 1;
   bwd w;
@@ -454,10 +409,9 @@ static void nan_in_allowed_key_stays_in_its_rows(void)
     float *dq = malloc(w.nq * sizeof *dq);
     if (CHECK(dq != NULL) && gather(&w, &w.d_q, p->q_heads, p->q_len, p->head_dim, 0, dq) == 0) {
       long finite = 0;
-      for (size_t e = 0; e < w.nq; e++)
-        finite += isfinite(dq[e]) && isfinite(w.ref.d_q[e]);
-      CHECKF(finite >= (long)(w.nq - (size_t)p->batch * p->q_heads * p->head_dim),
-             "only %ld of %zu d_q entries finite", finite, w.nq);
+      for (size_t e = 0; e < w.nq; e++) finite += isfinite(dq[e]) && isfinite(w.ref.d_q[e]);
+      CHECKF(finite >= (long)(w.nq - (size_t)p->batch * p->q_heads * p->head_dim), "only %ld of %zu d_q entries finite",
+             finite, w.nq);
     }
     free(dq);
   }
@@ -466,8 +420,7 @@ static void nan_in_allowed_key_stays_in_its_rows(void)
 
 /* ---------- score shaping ---------- */
 
-static void softcap_alibi_sinks(void)
-{
+static void softcap_alibi_sinks(void) {
   cp_shape s = base_shape(37, 53);
   s.softcap = 2.0f;
   s.qk_amp = 2.0;
@@ -490,8 +443,7 @@ static void softcap_alibi_sinks(void)
 
 /* ---------- storage ---------- */
 
-static void f16_and_bf16_storage(void)
-{
+static void f16_and_bf16_storage(void) {
   cp_shape s = base_shape(37, 53);
   s.causal = 1;
   s.sinks = 1;
@@ -503,8 +455,7 @@ static void f16_and_bf16_storage(void)
 
 /* ---------- additive scoring and packed sequences ---------- */
 
-static void additive_scores(void)
-{
+static void additive_scores(void) {
   cp_shape s = base_shape(37, 53);
   s.additive = 1;
   s.causal = 1;
@@ -513,14 +464,13 @@ static void additive_scores(void)
   check_shape(s, NULL, 1e-4, "additive (d_additive_w)");
 }
 
-static void packed_sequences(void)
-{
+static void packed_sequences(void) {
   cp_shape s = base_shape(37, 53);
   s.varlen = 1;
   s.causal = 1;
   s.seed = 5;
   check_shape(s, NULL, 1e-4, "cu_seqlens");
-  static const int sq[] = { 0, 37 }, sk[] = { 53, 0 };   /* an empty query side and an empty key side */
+  static const int sq[] = {0, 37}, sk[] = {53, 0}; /* an empty query side and an empty key side */
   s.seq_q = sq;
   s.seq_k = sk;
   s.causal = 0;
@@ -529,8 +479,7 @@ static void packed_sequences(void)
 
 /* ---------- determinism ---------- */
 
-static void bitwise_deterministic_20_runs(void)
-{
+static void bitwise_deterministic_20_runs(void) {
   cp_shape s = base_shape(53, 129);
   s.causal = 1;
   s.sinks = 1;
@@ -542,15 +491,13 @@ static void bitwise_deterministic_20_runs(void)
   }
   unsigned char *q0 = malloc(w.d_q.bytes), *k0 = malloc(w.d_k.bytes), *v0 = malloc(w.d_v.bytes);
   float s0[64], s1[64];
-  if (!CHECK(q0 && k0 && v0))
-    goto done;
-  w.bp.deterministic = 1;   /* the atomics variant's last bits depend on scheduling */
+  if (!CHECK(q0 && k0 && v0)) goto done;
+  w.bp.deterministic = 1; /* the atomics variant's last bits depend on scheduling */
   for (int run = 0; run < 20; run++) {
-    if (!CHECK(grad_reset(w.pb, &w.d_q) == 0))
-      break;
+    if (!CHECK(grad_reset(w.pb, &w.d_q) == 0)) break;
     CHECK_STATUS(bwd_run(&w), CLATTN_OK);
-    CHECK(clEnqueueReadBuffer(w.pb->queue, w.d_sinks, CL_TRUE, 0, 4 * sizeof(float), run ? s1 : s0, 0, NULL,
-                              NULL) == CL_SUCCESS);
+    CHECK(clEnqueueReadBuffer(w.pb->queue, w.d_sinks, CL_TRUE, 0, 4 * sizeof(float), run ? s1 : s0, 0, NULL, NULL) ==
+          CL_SUCCESS);
     if (run == 0) {
       memcpy(q0, w.d_q.raw, w.d_q.bytes);
       memcpy(k0, w.d_k.raw, w.d_k.bytes);
@@ -571,8 +518,7 @@ done:
 /* ---------- the paths against each other ---------- */
 
 /* Dense logical gradients (dQ, dK, dV in turn) read back from the last run, as doubles. */
-static double *dense_grads(bwd *w)
-{
+static double *dense_grads(bwd *w) {
   const clattn_params *p = &w->pb->params;
   const size_t n = w->nq + w->nk + w->nv;
   float *f = malloc(n * sizeof *f);
@@ -584,8 +530,7 @@ static double *dense_grads(bwd *w)
     free(d);
     return NULL;
   }
-  for (size_t e = 0; e < n; e++)
-    d[e] = f[e];
+  for (size_t e = 0; e < n; e++) d[e] = f[e];
   free(f);
   return d;
 }
@@ -593,8 +538,7 @@ static double *dense_grads(bwd *w)
 /* The staged backward and the FA2 kernels compute the same gradients by
  * different sums: they agree far inside the reference's tolerance, on a
  * problem with every shaping feature, GQA and poisoned disallowed keys. */
-static void staged_agrees_with_fused(void)
-{
+static void staged_agrees_with_fused(void) {
   cp_shape s = base_shape(37, 53);
   s.causal = 1;
   s.kv_lens = 1;
@@ -613,8 +557,8 @@ static void staged_agrees_with_fused(void)
     bwd_check(&w, 1e-4, "fused");
     double *fused = dense_grads(&w);
     float *staged = malloc((w.nq + w.nk + w.nv) * sizeof *staged);
-    if (CHECK(fused && staged) && CHECK(grad_reset(w.pb, &w.d_q) == 0 && grad_reset(w.pb, &w.d_k) == 0 &&
-                                        grad_reset(w.pb, &w.d_v) == 0)) {
+    if (CHECK(fused && staged) &&
+        CHECK(grad_reset(w.pb, &w.d_q) == 0 && grad_reset(w.pb, &w.d_k) == 0 && grad_reset(w.pb, &w.d_v) == 0)) {
       w.bp.fwd.algo = CLATTN_ALGO_STAGED;
       bwd_check(&w, 1e-4, "staged");
       const clattn_params *p = &w.pb->params;
@@ -625,7 +569,7 @@ static void staged_agrees_with_fused(void)
                      ev = cp_rel_err(staged + w.nq + w.nk, fused + w.nq + w.nk, w.nv);
         CHECKF(eq <= 1e-5 && ek <= 1e-5 && ev <= 1e-5, "staged vs fused: d_q %.3g, d_k %.3g, d_v %.3g", eq, ek, ev);
       }
-      w.bp.fwd.algo = CLATTN_ALGO_GEMM;   /* GEMM names the staged path too */
+      w.bp.fwd.algo = CLATTN_ALGO_GEMM; /* GEMM names the staged path too */
       bwd_check(&w, 1e-4, "fwd.algo GEMM");
     }
     free(fused);
@@ -638,8 +582,7 @@ static void staged_agrees_with_fused(void)
  * its own (seen in the call's scratch), within the reference's tolerance;
  * its last bits may differ from run to run, so nothing here is bitwise.
  * With d_additive_w wanted, the two deterministic passes run instead. */
-static void atomic_dq_within_tolerance(void)
-{
+static void atomic_dq_within_tolerance(void) {
   cp_shape s = base_shape(53, 37);
   s.causal = 1;
   s.sinks = 1;
@@ -672,7 +615,7 @@ static void atomic_dq_within_tolerance(void)
     w.bp.d_additive_w = NULL;
     CHECK(grad_reset(w.pb, &w.d_q) == 0);
     cl_mem keep = w.d_w;
-    w.d_w = NULL;   /* not compared: not asked for */
+    w.d_w = NULL; /* not compared: not asked for */
     bwd_check(&w, 1e-4, "additive, deterministic = 0, atomic dQ");
     w.d_w = keep;
   }
@@ -687,8 +630,7 @@ typedef struct {
   cl_int finish;
 } thread_job;
 
-static void *thread_call(void *arg)
-{
+static void *thread_call(void *arg) {
   thread_job *j = arg;
   j->st = clattn_backward(ct_context(), &j->w->bp, 0, NULL, NULL);
   j->finish = clFinish(j->w->pb->queue);
@@ -698,10 +640,9 @@ static void *thread_call(void *arg)
 /* Four threads call the backward at once on one context, each with head
  * dims no other call used: four programs built concurrently (the program
  * table grows under its lock), each result right. */
-static void concurrent_first_builds(void)
-{
+static void concurrent_first_builds(void) {
   enum { T = 4 };
-  static const int dims[T][2] = { { 5, 3 }, { 6, 10 }, { 9, 2 }, { 11, 13 } };
+  static const int dims[T][2] = {{5, 3}, {6, 10}, {9, 2}, {11, 13}};
   bwd w[T];
   thread_job jobs[T];
   pthread_t tid[T];
@@ -717,13 +658,12 @@ static void concurrent_first_builds(void)
   if (ready) {
     int started[T];
     for (int t = 0; t < T; t++) {
-      jobs[t] = (thread_job){ &w[t], CLATTN_ERR_OPENCL, CL_SUCCESS };
+      jobs[t] = (thread_job){&w[t], CLATTN_ERR_OPENCL, CL_SUCCESS};
       started[t] = pthread_create(&tid[t], NULL, thread_call, &jobs[t]) == 0;
       CHECK(started[t]);
     }
     for (int t = 0; t < T; t++)
-      if (started[t])
-        pthread_join(tid[t], NULL);
+      if (started[t]) pthread_join(tid[t], NULL);
     for (int t = 0; t < T; t++) {
       CHECKF(jobs[t].st == CLATTN_OK && jobs[t].finish == CL_SUCCESS, "thread %d: %s", t,
              clattn_status_string(jobs[t].st));
@@ -734,8 +674,7 @@ static void concurrent_first_builds(void)
       bwd_compare(&w[t], 1e-4, what);
     }
   }
-  for (int t = 0; t < T; t++)
-    bwd_free(&w[t]);
+  for (int t = 0; t < T; t++) bwd_free(&w[t]);
 }
 
 /* ---------- validation ---------- */
@@ -743,12 +682,10 @@ static void concurrent_first_builds(void)
 /* A call that must fail with want before anything is enqueued: it waits on
  * a user event that is completed only afterwards, and every gradient buffer
  * still holds its poison. */
-static void expect_rejected(bwd *w, const clattn_backward_params *bp, clattn_status want, const char *what)
-{
+static void expect_rejected(bwd *w, const clattn_backward_params *bp, clattn_status want, const char *what) {
   cl_int err = CL_SUCCESS;
   cl_event gate = clCreateUserEvent(w->pb->cl_ctx, &err);
-  if (!CHECK(err == CL_SUCCESS))
-    return;
+  if (!CHECK(err == CL_SUCCESS)) return;
   cl_event done = (cl_event)1;
   const clattn_status st = clattn_backward(ct_context(), bp, 1, &gate, &done);
   CHECKF(st == want, "%s: got %s, expected %s (%s)", what, clattn_status_string(st), clattn_status_string(want),
@@ -764,8 +701,7 @@ static void expect_rejected(bwd *w, const clattn_backward_params *bp, clattn_sta
          "%s: a gradient buffer was written", what);
 }
 
-static void validation_rejects_before_enqueue(void)
-{
+static void validation_rejects_before_enqueue(void) {
   cp_shape s = base_shape(7, 9);
   s.sinks = 0;
   bwd w;
@@ -786,7 +722,7 @@ static void validation_rejects_before_enqueue(void)
   bp.d_v.buf = NULL;
   expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "no d_v");
   bp = w.bp;
-  bp.d_k.buf = w.d_v.t.buf;       /* dk = 32 > dv = 16: the d_v buffer is too small for d_k */
+  bp.d_k.buf = w.d_v.t.buf; /* dk = 32 > dv = 16: the d_v buffer is too small for d_k */
   bp.d_k.stride[2] = w.d_k.t.stride[2];
   expect_rejected(&w, &bp, CLATTN_ERR_BUFFER_TOO_SMALL, "d_k buffer too small");
   bp = w.bp;
@@ -799,7 +735,7 @@ static void validation_rejects_before_enqueue(void)
   bp.d_q.stride[2] = 0;
   expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "d_q broadcasts");
   bp = w.bp;
-  bp.fwd.q_heads = 3;             /* not a multiple of kv_heads: the forward's own checks */
+  bp.fwd.q_heads = 3; /* not a multiple of kv_heads: the forward's own checks */
   expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "q_heads % kv_heads");
   bp = w.bp;
   bp.fwd.algo = (clattn_algo)99;
@@ -808,17 +744,17 @@ static void validation_rejects_before_enqueue(void)
   bp.fwd.scale = INFINITY;
   expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "infinite scale");
   bp = w.bp;
-  bp.fwd.lse.stride[2] = 0;       /* lse that broadcasts over rows cannot be the forward's */
+  bp.fwd.lse.stride[2] = 0; /* lse that broadcasts over rows cannot be the forward's */
   expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "lse broadcasts");
   bp = w.bp;
-  bp.d_sinks = w.d_q.t.buf;       /* without fwd.sinks */
+  bp.d_sinks = w.d_q.t.buf; /* without fwd.sinks */
   expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "d_sinks without sinks");
   bp = w.bp;
-  bp.d_additive_w = w.d_q.t.buf;  /* with dot scoring */
+  bp.d_additive_w = w.d_q.t.buf; /* with dot scoring */
   expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "d_additive_w with dot scoring");
   /* the K/V caches of inference engines are forward-only */
   bp = w.bp;
-  bp.fwd.kv_dtype = CLATTN_F16;   /* q in f32, k and v in f16 */
+  bp.fwd.kv_dtype = CLATTN_F16; /* q in f32, k and v in f16 */
   expect_rejected(&w, &bp, CLATTN_ERR_UNSUPPORTED, "kv_dtype other than q's");
   bp = w.bp;
   bp.fwd.block_table = w.d_q.t.buf;
@@ -831,13 +767,11 @@ static void validation_rejects_before_enqueue(void)
   cl_event done = NULL;
   CHECK_STATUS(clattn_backward(ct_context(), &w.bp, 0, NULL, &done), CLATTN_OK);
   CHECK(done != NULL && clWaitForEvents(1, &done) == CL_SUCCESS);
-  if (done)
-    clReleaseEvent(done);
+  if (done) clReleaseEvent(done);
   bwd_free(&w);
 }
 
-static void defaults(void)
-{
+static void defaults(void) {
   const clattn_backward_params bp = clattn_backward_params_default();
   CHECK(bp.deterministic == 1);
   CHECK(bp.d_out.buf == NULL && bp.d_q.buf == NULL && bp.d_k.buf == NULL && bp.d_v.buf == NULL);
@@ -845,24 +779,23 @@ static void defaults(void)
   CHECK(isnan(bp.fwd.scale) && bp.fwd.window_left == -1 && bp.fwd.window_right == -1 && bp.fwd.lse.buf == NULL);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
   static const ct_test tests[] = {
-    CT_TEST(defaults),
-    CT_TEST(odd_shapes_gqa),
-    CT_TEST(odd_head_dims_mha_and_mqa),
-    CT_TEST(causal_window_kv_lens_mask_bias_poisoned),
-    CT_TEST(empty_rows_give_zero),
-    CT_TEST(nan_in_allowed_key_stays_in_its_rows),
-    CT_TEST(softcap_alibi_sinks),
-    CT_TEST(f16_and_bf16_storage),
-    CT_TEST(additive_scores),
-    CT_TEST(packed_sequences),
-    CT_TEST(bitwise_deterministic_20_runs),
-    CT_TEST(staged_agrees_with_fused),
-    CT_TEST(atomic_dq_within_tolerance),
-    CT_TEST(concurrent_first_builds),
-    CT_TEST(validation_rejects_before_enqueue),
+      CT_TEST(defaults),
+      CT_TEST(odd_shapes_gqa),
+      CT_TEST(odd_head_dims_mha_and_mqa),
+      CT_TEST(causal_window_kv_lens_mask_bias_poisoned),
+      CT_TEST(empty_rows_give_zero),
+      CT_TEST(nan_in_allowed_key_stays_in_its_rows),
+      CT_TEST(softcap_alibi_sinks),
+      CT_TEST(f16_and_bf16_storage),
+      CT_TEST(additive_scores),
+      CT_TEST(packed_sequences),
+      CT_TEST(bitwise_deterministic_20_runs),
+      CT_TEST(staged_agrees_with_fused),
+      CT_TEST(atomic_dq_within_tolerance),
+      CT_TEST(concurrent_first_builds),
+      CT_TEST(validation_rejects_before_enqueue),
   };
   const char *path = getenv("CLATTN_TEST_BACKWARD");
   if (path && !strcmp(path, "staged"))

@@ -28,12 +28,12 @@
 #include "internal.h"
 #include "problem.h"
 
-#define TOL 1e-5
-#define HEADER 48   /* cache.c's header: magic, version, reserved, key, length, checksum */
+#define TOL       1e-5
+#define HEADER    48 /* cache.c's header: magic, version, reserved, key, length, checksum */
 #define MAX_FILES 16
 
-static char g_root[256];  /* this run's temp directory */
-static char g_seed[300];  /* a filled cache: probe, core and one fused program */
+static char g_root[256]; /* this run's temp directory */
+static char g_seed[300]; /* a filled cache: probe, core and one fused program */
 static int g_seeded;
 /* The seed's entries by role (file names) and the seeded outputs. */
 static char g_probe[256], g_core[256], g_fused[256];
@@ -49,8 +49,7 @@ typedef struct {
 } listing;
 
 /* Every entry of dir but . and .. (n = -1 when dir cannot be opened). */
-static listing list_dir(const char *dir)
-{
+static listing list_dir(const char *dir) {
   listing l;
   memset(&l, 0, sizeof l);
   DIR *d = opendir(dir);
@@ -60,8 +59,7 @@ static listing list_dir(const char *dir)
   }
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || l.n == MAX_FILES)
-      continue;
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || l.n == MAX_FILES) continue;
     snprintf(l.name[l.n], sizeof l.name[l.n], "%s", e->d_name);
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
@@ -73,31 +71,24 @@ static listing list_dir(const char *dir)
   return l;
 }
 
-static int is_entry_name(const char *name)
-{
+static int is_entry_name(const char *name) {
   size_t n = strlen(name);
-  if (n != 36 || strcmp(name + 32, ".bin") != 0)
-    return 0;
+  if (n != 36 || strcmp(name + 32, ".bin") != 0) return 0;
   for (size_t i = 0; i < 32; i++)
-    if (!strchr("0123456789abcdef", name[i]))
-      return 0;
+    if (!strchr("0123456789abcdef", name[i])) return 0;
   return 1;
 }
 
-static int has_name(const listing *l, const char *name)
-{
+static int has_name(const listing *l, const char *name) {
   for (int i = 0; i < l->n; i++)
-    if (!strcmp(l->name[i], name))
-      return 1;
+    if (!strcmp(l->name[i], name)) return 1;
   return 0;
 }
 
-static unsigned char *read_file(const char *path, size_t *n)
-{
+static unsigned char *read_file(const char *path, size_t *n) {
   *n = 0;
   FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
+  if (!f) return NULL;
   unsigned char *buf = NULL;
   if (fseek(f, 0, SEEK_END) == 0) {
     long len = ftell(f);
@@ -114,20 +105,16 @@ static unsigned char *read_file(const char *path, size_t *n)
   return buf;
 }
 
-static int write_file(const char *path, const void *data, size_t n)
-{
+static int write_file(const char *path, const void *data, size_t n) {
   FILE *f = fopen(path, "wb");
-  if (!f)
-    return -1;
+  if (!f) return -1;
   int ok = fwrite(data, 1, n, f) == n;
   ok = (fclose(f) == 0) && ok;
   return ok ? 0 : -1;
 }
 
-static int copy_dir(const char *from, const char *to)
-{
-  if (mkdir(to, 0755) != 0 && errno != EEXIST)
-    return -1;
+static int copy_dir(const char *from, const char *to) {
+  if (mkdir(to, 0755) != 0 && errno != EEXIST) return -1;
   listing l = list_dir(from);
   for (int i = 0; i < l.n; i++) {
     char src[1024], dst[1024];
@@ -137,29 +124,25 @@ static int copy_dir(const char *from, const char *to)
     unsigned char *data = read_file(src, &n);
     int rc = data ? write_file(dst, data, n) : -1;
     free(data);
-    if (rc != 0)
-      return -1;
+    if (rc != 0) return -1;
   }
   return 0;
 }
 
-static uint64_t le64(const unsigned char *p)
-{
+static uint64_t le64(const unsigned char *p) {
   uint64_t v = 0;
-  for (int i = 0; i < 8; i++)
-    v |= (uint64_t)p[i] << (8 * i);
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
   return v;
 }
 
 /* Whether a file is a whole entry: header with the magic, its name's key
  * and a length that matches the file (the checksum is the library's job:
  * the next context's from_cache count shows it). */
-static int entry_looks_whole(const char *dir, const char *name)
-{
+static int entry_looks_whole(const char *dir, const char *name) {
   char path[1024];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   struct stat sb;
-  if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))   /* a FIFO left there would block the read */
+  if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) /* a FIFO left there would block the read */
     return 0;
   size_t n = 0;
   unsigned char *data = read_file(path, &n);
@@ -173,16 +156,12 @@ static int entry_looks_whole(const char *dir, const char *name)
   return ok;
 }
 
-static void make_dir(char *out, size_t n, const char *leaf)
-{
-  snprintf(out, n, "%s/%s", g_root, leaf);
-}
+static void make_dir(char *out, size_t n, const char *leaf) { snprintf(out, n, "%s/%s", g_root, leaf); }
 
 /* ---------- contexts and problems ---------- */
 
 /* A context on cache_dir (NULL: the environment decides). */
-static clattn_context *create_on(const char *cache_dir)
-{
+static clattn_context *create_on(const char *cache_dir) {
   clattn_options opt;
   memset(&opt, 0, sizeof opt);
   opt.cache_dir = cache_dir;
@@ -196,12 +175,11 @@ static clattn_context *create_on(const char *cache_dir)
   return st == CLATTN_OK ? ctx : NULL;
 }
 
-static cp_shape small_shape(void)
-{
+static cp_shape small_shape(void) {
   cp_shape s = cp_shape_default();
   s.q_len = 19;
   s.kv_len = 37;
-  s.head_dim = 16;   /* a small fused program: cold builds are the cost here */
+  s.head_dim = 16; /* a small fused program: cold builds are the cost here */
   s.value_dim = 16;
   s.causal = 1;
   s.seed = 7;
@@ -210,13 +188,11 @@ static cp_shape small_shape(void)
 
 /* Runs the small problem with algo; checks it against the reference and
  * returns a copy of the raw output (NULL on failure, recorded). */
-static float *run_small(clattn_context *ctx, clattn_algo algo, size_t *n)
-{
+static float *run_small(clattn_context *ctx, clattn_algo algo, size_t *n) {
   cp_shape s = small_shape();
   char err[256] = "";
   cp_problem *pb = cp_build(&s, err, sizeof err);
-  if (!CHECKF(pb != NULL, "cp_build: %s", err))
-    return NULL;
+  if (!CHECKF(pb != NULL, "cp_build: %s", err)) return NULL;
   pb->params.algo = algo;
   cp_result r;
   float *copy = NULL;
@@ -236,8 +212,7 @@ static float *run_small(clattn_context *ctx, clattn_algo algo, size_t *n)
 }
 
 /* Runs FUSED and STAGED on ctx and checks both bitwise against the seed's. */
-static void run_and_compare(clattn_context *ctx, const char *what)
-{
+static void run_and_compare(clattn_context *ctx, const char *what) {
   size_t n1 = 0, n2 = 0;
   float *f = run_small(ctx, CLATTN_ALGO_FUSED, &n1);
   float *s = run_small(ctx, CLATTN_ALGO_STAGED, &n2);
@@ -249,23 +224,17 @@ static void run_and_compare(clattn_context *ctx, const char *what)
   free(s);
 }
 
-static void counts(clattn_context *ctx, int *src, int *cache)
-{
-  ca_cache_counts(ctx, src, cache);
-}
+static void counts(clattn_context *ctx, int *src, int *cache) { ca_cache_counts(ctx, src, cache); }
 
 /* Fills g_seed once: a cold context (every program from source, stored),
  * FUSED and STAGED outputs kept for bitwise comparisons, entries named by
  * role. Returns 0 when the seed is usable. */
-static int seed(void)
-{
-  if (g_seeded)
-    return g_seeded > 0 ? 0 : -1;
+static int seed(void) {
+  if (g_seeded) return g_seeded > 0 ? 0 : -1;
   g_seeded = -1;
   make_dir(g_seed, sizeof g_seed, "seed");
   clattn_context *ctx = create_on(g_seed);
-  if (!ctx)
-    return -1;
+  if (!ctx) return -1;
   int src = 0, cache = 0;
   counts(ctx, &src, &cache);
   CHECKF(src == 2 && cache == 0, "cold creation: %d from source (want 2: probe, core), %d from cache", src, cache);
@@ -284,21 +253,17 @@ static int seed(void)
   ok = CHECKF(after.n == 3, "after a FUSED call the cache holds %d files, want 3", after.n) && ok;
   for (int i = 0; ok && i < after.n; i++) {
     CHECKF(is_entry_name(after.name[i]), "unexpected file in the cache: %s", after.name[i]);
-    if (!has_name(&before, after.name[i]))
-      snprintf(g_fused, sizeof g_fused, "%s", after.name[i]);
+    if (!has_name(&before, after.name[i])) snprintf(g_fused, sizeof g_fused, "%s", after.name[i]);
   }
   clattn_destroy(ctx);
-  if (ok && g_out_fused && g_out_staged && g_fused[0])
-    g_seeded = 1;
+  if (ok && g_out_fused && g_out_staged && g_fused[0]) g_seeded = 1;
   return g_seeded > 0 ? 0 : -1;
 }
 
 /* A context on dir that must load every program from the cache. */
-static void check_all_from_cache(const char *dir, const char *what)
-{
+static void check_all_from_cache(const char *dir, const char *what) {
   clattn_context *ctx = create_on(dir);
-  if (!ctx)
-    return;
+  if (!ctx) return;
   int src = -1, cache = -1;
   counts(ctx, &src, &cache);
   CHECKF(src == 0 && cache == 2, "%s: creation built %d from source, loaded %d from cache (want 0, 2)", what, src,
@@ -311,8 +276,7 @@ static void check_all_from_cache(const char *dir, const char *what)
 
 /* ---------- tests ---------- */
 
-static void miss_then_store_then_hit(void)
-{
+static void miss_then_store_then_hit(void) {
   REQUIRE(seed() == 0);
   /* The seed was the miss (checked in seed()); now the hit on the same
    * directory, through the environment. */
@@ -339,8 +303,7 @@ static void miss_then_store_then_hit(void)
  * 1 truncates, 2 garbles the header, 3 replaces it with another entry
  * (valid file, foreign key), 4 keeps the header (checksum fixed up) over a
  * payload the driver cannot load. */
-static int corrupt(const char *dir, const char *name, int how, const char *other)
-{
+static int corrupt(const char *dir, const char *name, int how, const char *other) {
   char path[1024];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   size_t n = 0;
@@ -351,55 +314,48 @@ static int corrupt(const char *dir, const char *name, int how, const char *other
   }
   int rc = 0;
   switch (how) {
-  case 0:
-    data[HEADER + (n - HEADER) / 2] ^= 0x5a;
-    rc = write_file(path, data, n);
-    break;
-  case 1:
-    rc = write_file(path, data, HEADER + (n - HEADER) / 3);
-    break;
-  case 2:
-    memcpy(data, "GARBAGE!", 8);
-    for (int i = 16; i < 32; i++)
-      data[i] ^= 0xff;
-    rc = write_file(path, data, n);
-    break;
-  case 3: {
-    char opath[1024];
-    snprintf(opath, sizeof opath, "%s/%s", dir, other);
-    size_t on = 0;
-    unsigned char *odata = read_file(opath, &on);
-    rc = odata ? write_file(path, odata, on) : -1;
-    free(odata);
-    break;
-  }
-  case 4: {
-    for (size_t i = HEADER; i < n; i++)
-      data[i] = (unsigned char)(i * 131u + 7u);
-    uint64_t h = ca_cache_entry_checksum(data, n);
-    for (int i = 0; i < 8; i++)
-      data[40 + i] = (unsigned char)(h >> (8 * i));
-    rc = write_file(path, data, n);
-    break;
-  }
-  default:
-    rc = -1;
+    case 0:
+      data[HEADER + (n - HEADER) / 2] ^= 0x5a;
+      rc = write_file(path, data, n);
+      break;
+    case 1: rc = write_file(path, data, HEADER + (n - HEADER) / 3); break;
+    case 2:
+      memcpy(data, "GARBAGE!", 8);
+      for (int i = 16; i < 32; i++) data[i] ^= 0xff;
+      rc = write_file(path, data, n);
+      break;
+    case 3: {
+      char opath[1024];
+      snprintf(opath, sizeof opath, "%s/%s", dir, other);
+      size_t on = 0;
+      unsigned char *odata = read_file(opath, &on);
+      rc = odata ? write_file(path, odata, on) : -1;
+      free(odata);
+      break;
+    }
+    case 4: {
+      for (size_t i = HEADER; i < n; i++) data[i] = (unsigned char)(i * 131u + 7u);
+      uint64_t h = ca_cache_entry_checksum(data, n);
+      for (int i = 0; i < 8; i++) data[40 + i] = (unsigned char)(h >> (8 * i));
+      rc = write_file(path, data, n);
+      break;
+    }
+    default: rc = -1;
   }
   free(data);
   return rc;
 }
 
-static void corrupted_entry_is_rebuilt(void)
-{
+static void corrupted_entry_is_rebuilt(void) {
   REQUIRE(seed() == 0);
   char dir[300];
   make_dir(dir, sizeof dir, "corrupt");
   REQUIRE(copy_dir(g_seed, dir) == 0);
 
   /* Round 1: every entry broken a different way: all three rebuilt. */
-  REQUIRE(corrupt(dir, g_probe, 0, NULL) == 0);   /* a payload byte flipped */
-  REQUIRE(corrupt(dir, g_core, 1, NULL) == 0);    /* truncated */
-  REQUIRE(corrupt(dir, g_fused, 2, NULL) == 0);   /* garbage header */
+  REQUIRE(corrupt(dir, g_probe, 0, NULL) == 0); /* a payload byte flipped */
+  REQUIRE(corrupt(dir, g_core, 1, NULL) == 0);  /* truncated */
+  REQUIRE(corrupt(dir, g_fused, 2, NULL) == 0); /* garbage header */
   clattn_context *ctx = create_on(dir);
   REQUIRE(ctx != NULL);
   int src = -1, cache = -1;
@@ -457,20 +413,17 @@ enum { CHILD_WATCHDOG_S = 120 };
  * or 128 + the signal that ended it (SIGALRM: the watchdog, it hung).
  * quiet: its stderr to /dev/null, for a crash inside POCL that is expected
  * (a sanitizer's report of it would count against tools/sanitize.sh). */
-static int create_in_child(const char *dir, int *src, int *cache, int quiet)
-{
+static int create_in_child(const char *dir, int *src, int *cache, int quiet) {
   *src = *cache = -1;
   int out[2];
-  if (pipe(out) != 0)
-    return -1;
+  if (pipe(out) != 0) return -1;
   pid_t pid = fork();
   if (pid == 0) {
     dup2(out[1], 1);
     close(out[0]);
     close(out[1]);
     int null = quiet ? open("/dev/null", O_WRONLY) : -1;
-    if (null >= 0)
-      dup2(null, 2);
+    if (null >= 0) dup2(null, 2);
     execl("/proc/self/exe", "test_cache", "--create", dir, (char *)NULL);
     _exit(4);
   }
@@ -479,27 +432,21 @@ static int create_in_child(const char *dir, int *src, int *cache, int quiet)
   size_t got = 0;
   ssize_t r;
   while (pid > 0 && got + 1 < sizeof buf && (r = read(out[0], buf + got, sizeof buf - 1 - got)) != 0) {
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0)
-      break;
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
     got += (size_t)r;
   }
   buf[got] = '\0';
   close(out[0]);
   int status = 0;
-  if (pid <= 0 || waitpid(pid, &status, 0) != pid)
-    return -1;
-  if (WIFSIGNALED(status))
-    return 128 + WTERMSIG(status);
-  if (WEXITSTATUS(status) == 0 && sscanf(buf, "%d %d", src, cache) != 2)
-    return 5;
+  if (pid <= 0 || waitpid(pid, &status, 0) != pid) return -1;
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  if (WEXITSTATUS(status) == 0 && sscanf(buf, "%d %d", src, cache) != 2) return 5;
   return WEXITSTATUS(status);
 }
 
-static int create_main(const char *dir)
-{
-  alarm(CHILD_WATCHDOG_S);   /* the watchdog: a blocked open or read ends here */
+static int create_main(const char *dir) {
+  alarm(CHILD_WATCHDOG_S); /* the watchdog: a blocked open or read ends here */
   clattn_options opt;
   memset(&opt, 0, sizeof opt);
   opt.cache_dir = dir;
@@ -516,18 +463,14 @@ static int create_main(const char *dir)
   return 0;
 }
 
-static void put_le64(unsigned char *p, uint64_t v)
-{
-  for (int i = 0; i < 8; i++)
-    p[i] = (unsigned char)(v >> (8 * i));
+static void put_le64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
 /* Format 1's checksum: FNV-1a 64 over the payload alone. */
-static uint64_t payload_only_checksum(const unsigned char *data, size_t n)
-{
+static uint64_t payload_only_checksum(const unsigned char *data, size_t n) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = HEADER; i < n; i++)
-    h = (h ^ data[i]) * 0x100000001b3ull;
+  for (size_t i = HEADER; i < n; i++) h = (h ^ data[i]) * 0x100000001b3ull;
   return h;
 }
 
@@ -535,16 +478,15 @@ typedef enum { HUGE_LENGTH, CUT_TO_100, RANDOM_PAYLOAD, REKEYED_OTHER, FIFO_AT_P
 static const char *const craft_names[] = {"length field 0x7fffffff (checksum recomputed)",
                                           "payload cut to 100 bytes (format 1 checksum)",
                                           "random payload behind its first 64 bytes (format 1 checksum)",
-                                          "another entry re-keyed in its header", "a FIFO at the path",
+                                          "another entry re-keyed in its header",
+                                          "a FIFO at the path",
                                           "payload cut to 100 bytes, format 2 checksum recomputed"};
 
 /* Replaces dir/name by a crafted file (other: another entry's name). */
-static int craft_entry(const char *dir, const char *name, craft how, const char *other)
-{
+static int craft_entry(const char *dir, const char *name, craft how, const char *other) {
   char path[1024];
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  if (how == FIFO_AT_PATH)
-    return unlink(path) == 0 && mkfifo(path, 0600) == 0 ? 0 : -1;
+  if (how == FIFO_AT_PATH) return unlink(path) == 0 && mkfifo(path, 0600) == 0 ? 0 : -1;
   size_t n = 0;
   unsigned char *data = NULL;
   if (how == REKEYED_OTHER) {
@@ -552,8 +494,7 @@ static int craft_entry(const char *dir, const char *name, craft how, const char 
     snprintf(opath, sizeof opath, "%s/%s", dir, other);
     unsigned char *mine = read_file(path, &n);
     data = read_file(opath, &n);
-    if (mine && data)
-      memcpy(data + 16, mine + 16, 16);   /* this name's key; the checksum left as it was */
+    if (mine && data) memcpy(data + 16, mine + 16, 16); /* this name's key; the checksum left as it was */
     free(mine);
   } else {
     data = read_file(path, &n);
@@ -566,8 +507,7 @@ static int craft_entry(const char *dir, const char *name, craft how, const char 
     put_le64(data + 32, 0x7fffffff);
     put_le64(data + 40, ca_cache_entry_checksum(data, n));
   } else if (how == CUT_TO_100 || how == RANDOM_PAYLOAD || how == FORGED) {
-    if (how != RANDOM_PAYLOAD)
-      n = HEADER + 100;
+    if (how != RANDOM_PAYLOAD) n = HEADER + 100;
     uint64_t x = 0x9e3779b97f4a7c15ull;
     /* Random behind the binary's first 64 bytes (POCL's own header): the
      * probe's segfault. */
@@ -583,8 +523,7 @@ static int craft_entry(const char *dir, const char *name, craft how, const char 
   return rc;
 }
 
-static void crafted_entries_are_rebuilt_not_loaded(void)
-{
+static void crafted_entries_are_rebuilt_not_loaded(void) {
   REQUIRE(seed() == 0);
   char dir[300];
   make_dir(dir, sizeof dir, "crafted");
@@ -620,12 +559,10 @@ static void crafted_entries_are_rebuilt_not_loaded(void)
   CHECKF(rc != 0 || cache >= 1, "%s: %d from source, %d from cache", craft_names[FORGED], src, cache);
   CHECKF(entry_looks_whole(dir, g_probe), "%s: not replaced by a rebuilt entry", craft_names[FORGED]);
   listing l = list_dir(dir);
-  for (int i = 0; i < l.n; i++)
-    CHECKF(is_entry_name(l.name[i]), "left behind: %s", l.name[i]);
+  for (int i = 0; i < l.n; i++) CHECKF(is_entry_name(l.name[i]), "left behind: %s", l.name[i]);
 }
 
-static void unwritable_cache_dir_still_works(void)
-{
+static void unwritable_cache_dir_still_works(void) {
   /* A path through a regular file: no directory can be made there (root included). */
   char file[300], dir[400];
   make_dir(file, sizeof file, "a-file");
@@ -641,17 +578,16 @@ static void unwritable_cache_dir_still_works(void)
   dirs[2] = geteuid() != 0 ? under_ro : "/proc/self/clattn-cache";
   for (int i = 0; i < 3; i++) {
     clattn_context *ctx = create_on(dirs[i]);
-    if (!CHECKF(ctx != NULL, "cache_dir %s: creation failed", dirs[i]))
-      continue;
+    if (!CHECKF(ctx != NULL, "cache_dir %s: creation failed", dirs[i])) continue;
     CHECKF(strstr(clattn_describe(ctx), "program cache: off") != NULL, "cache_dir %s: describe says\n%s", dirs[i],
            clattn_describe(ctx));
     size_t n = 0;
     free(run_small(ctx, i == 0 ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED, &n));
     int src = -1, cache = -1;
     counts(ctx, &src, &cache);
-    int want = i == 0 ? 2 : 3;   /* STAGED needs no fused program */
-    CHECKF(src == want && cache == 0, "cache_dir %s: %d from source, %d from cache (want %d, 0)", dirs[i], src,
-           cache, want);
+    int want = i == 0 ? 2 : 3; /* STAGED needs no fused program */
+    CHECKF(src == want && cache == 0, "cache_dir %s: %d from source, %d from cache (want %d, 0)", dirs[i], src, cache,
+           want);
     clattn_destroy(ctx);
   }
   struct stat sb;
@@ -661,8 +597,7 @@ static void unwritable_cache_dir_still_works(void)
   chmod(ro, 0755);
 }
 
-static void empty_cache_dir_disables(void)
-{
+static void empty_cache_dir_disables(void) {
   /* options.cache_dir = "" wins over the environment. */
   char env_dir[300];
   make_dir(env_dir, sizeof env_dir, "env-but-off");
@@ -701,15 +636,12 @@ static void empty_cache_dir_disables(void)
 }
 
 /* Writes a file of n bytes at dir/name whose last use (mtime) is `when`. */
-static void fake_file(const char *dir, const char *name, size_t n, time_t when)
-{
+static void fake_file(const char *dir, const char *name, size_t n, time_t when) {
   char path[400];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   FILE *f = fopen(path, "wb");
-  if (!CHECKF(f != NULL, "cannot write %s", path))
-    return;
-  for (size_t i = 0; i < n; i++)
-    fputc('x', f);
+  if (!CHECKF(f != NULL, "cannot write %s", path)) return;
+  for (size_t i = 0; i < n; i++) fputc('x', f);
   fclose(f);
   const struct timespec t[2] = {{when, 0}, {when, 0}};
   CHECK(utimensat(AT_FDCWD, path, t, 0) == 0);
@@ -717,45 +649,41 @@ static void fake_file(const char *dir, const char *name, size_t n, time_t when)
 
 /* The size cap removes the least recently used entries first, never the
  * one just written, and counts nothing but entries. */
-static void size_cap_removes_least_recently_used_first(void)
-{
+static void size_cap_removes_least_recently_used_first(void) {
   char dir[300], keep[400];
   make_dir(dir, sizeof dir, "cap");
   REQUIRE(mkdir(dir, 0755) == 0 || errno == EEXIST);
   static const char *const names[] = {"00000000000000000000000000000000.bin", "11111111111111111111111111111111.bin",
                                       "22222222222222222222222222222222.bin", "33333333333333333333333333333333.bin"};
   for (int i = 0; i < 4; i++)
-    fake_file(dir, names[i], 1000, 1000000000 + 1000 * i);   /* names[0] the least recently used */
+    fake_file(dir, names[i], 1000, 1000000000 + 1000 * i); /* names[0] the least recently used */
   fake_file(dir, "tuning-0123456789abcdef.txt", 5000, 1);  /* not an entry: neither counted nor removed */
   fake_file(dir, ".tmp-abcdef", 5000, 1);
-  snprintf(keep, sizeof keep, "%s/%s", dir, names[0]);     /* as if just written */
+  snprintf(keep, sizeof keep, "%s/%s", dir, names[0]); /* as if just written */
   ca_cache_evict(dir, keep, 2500);
   listing l = list_dir(dir);
   CHECKF(l.n == 4 && has_name(&l, names[0]) && has_name(&l, names[3]) && has_name(&l, "tuning-0123456789abcdef.txt") &&
              has_name(&l, ".tmp-abcdef"),
          "after the cap: %d files; want the kept entry, the most recent one and the two other files", l.n);
-  ca_cache_evict(dir, NULL, 1000000);                       /* under the cap: nothing goes */
+  ca_cache_evict(dir, NULL, 1000000); /* under the cap: nothing goes */
   CHECK(list_dir(dir).n == 4);
 }
 
 /* With a 1-byte cap only the newest entry stays, and contexts keep working;
  * a load marks its entry used. */
-static void size_cap_keeps_the_cache_working(void)
-{
+static void size_cap_keeps_the_cache_working(void) {
   char dir[300];
   make_dir(dir, sizeof dir, "cap-1");
   REQUIRE(setenv("CLATTN_CACHE_MAX_BYTES", "1", 1) == 0);
   clattn_context *ctx = create_on(dir);
   size_t n = 0;
-  if (ctx)
-    free(run_small(ctx, CLATTN_ALGO_FUSED, &n));
+  if (ctx) free(run_small(ctx, CLATTN_ALGO_FUSED, &n));
   clattn_destroy(ctx);
   listing l = list_dir(dir);
   CHECKF(l.n == 1 && is_entry_name(l.name[0]), "with a 1-byte cap: %d files, want the newest entry alone", l.n);
   unsetenv("CLATTN_CACHE_MAX_BYTES");
   ctx = create_on(dir);
-  if (ctx)
-    run_and_compare(ctx, "after the cap emptied the cache");
+  if (ctx) run_and_compare(ctx, "after the cap emptied the cache");
   clattn_destroy(ctx);
   /* a load marks its entry used: age every entry, load them again */
   l = list_dir(dir);
@@ -772,8 +700,7 @@ static void size_cap_keeps_the_cache_working(void)
     char path[600];
     struct stat sb;
     snprintf(path, sizeof path, "%s/%s", dir, l.name[i]);
-    if (stat(path, &sb) == 0 && sb.st_mtime > 1000000000)
-      touched++;
+    if (stat(path, &sb) == 0 && sb.st_mtime > 1000000000) touched++;
   }
   CHECKF(touched >= 2, "loading the probe and core programs marked %d entries used (want 2)", touched);
 }
@@ -781,8 +708,7 @@ static void size_cap_keeps_the_cache_working(void)
 /* clattn_prepare builds, ahead of the first call, every program that call
  * would build: the first FUSED, STAGED and GEMM calls and a 16-bit one then
  * build nothing. Bad shapes are refused naming them. */
-static void prepare_builds_what_the_first_calls_need(void)
-{
+static void prepare_builds_what_the_first_calls_need(void) {
   char dir[300];
   make_dir(dir, sizeof dir, "prepare");
   clattn_context *ctx = create_on(dir);
@@ -811,8 +737,8 @@ static void prepare_builds_what_the_first_calls_need(void)
     CHECKF(cp_run(pb, ctx, &r) == 0 && r.status == CLATTN_OK, "f16 call: %s", pb->err);
   cp_free(pb);
   counts(ctx, &src, &cache);
-  CHECKF(src == src0 && cache == cache0, "the first calls after clattn_prepare built %d programs", (src + cache) -
-         (src0 + cache0));
+  CHECKF(src == src0 && cache == cache0, "the first calls after clattn_prepare built %d programs",
+         (src + cache) - (src0 + cache0));
   shapes[1].dtype = (clattn_dtype)7;
   CHECK_STATUS(clattn_prepare(ctx, shapes, 2), CLATTN_ERR_INVALID_ARGUMENT);
   CHECKF(strstr(clattn_last_error(ctx), "shapes[1].dtype") != NULL, "message: %s", clattn_last_error(ctx));
@@ -826,8 +752,7 @@ static void prepare_builds_what_the_first_calls_need(void)
 }
 
 /* The directory each source of the setting leads to (no device needed). */
-static void dir_resolution_order(void)
-{
+static void dir_resolution_order(void) {
   char a[300], x[300], h[300], want[400];
   make_dir(a, sizeof a, "res-option/deep/er");
   make_dir(x, sizeof x, "res-xdg");
@@ -842,10 +767,10 @@ static void dir_resolution_order(void)
   setenv("XDG_CACHE_HOME", x, 1);
   setenv("HOME", h, 1);
 
-  char *d = ca_cache_dir_resolve(NULL);   /* the environment's, created mkdir -p style */
+  char *d = ca_cache_dir_resolve(NULL); /* the environment's, created mkdir -p style */
   CHECKF(d && !strcmp(d, a), "env: got %s, want %s", d ? d : "(off)", a);
   free(d);
-  d = ca_cache_dir_resolve(x);             /* the option wins */
+  d = ca_cache_dir_resolve(x); /* the option wins */
   CHECKF(d && !strcmp(d, x), "option: got %s, want %s", d ? d : "(off)", x);
   free(d);
   unsetenv("CLATTN_CACHE_DIR");
@@ -878,11 +803,9 @@ static void dir_resolution_order(void)
 /* The child process of concurrent_processes_fill_cache: waits for the
  * parent's go (a byte on stdin), then creates a context on dir and runs
  * the small problem with FUSED and STAGED. Exit 0 when all was right. */
-static int child_main(const char *dir)
-{
+static int child_main(const char *dir) {
   char go;
-  if (read(0, &go, 1) != 1)
-    return 3;
+  if (read(0, &go, 1) != 1) return 3;
   clattn_options opt;
   memset(&opt, 0, sizeof opt);
   opt.cache_dir = dir;
@@ -901,8 +824,7 @@ static int child_main(const char *dir)
   return ok ? 0 : 1;
 }
 
-static void concurrent_processes_fill_cache(void)
-{
+static void concurrent_processes_fill_cache(void) {
   enum { CHILDREN = 3 };
   char dir[300];
   make_dir(dir, sizeof dir, "concurrent");
@@ -920,14 +842,12 @@ static void concurrent_processes_fill_cache(void)
       execl("/proc/self/exe", "test_cache", "--child", dir, (char *)NULL);
       _exit(4);
     }
-    if (!CHECKF(pid > 0, "fork failed"))
-      break;
+    if (!CHECKF(pid > 0, "fork failed")) break;
     pids[started++] = pid;
   }
   close(go[0]);
   /* Every child starts its cold builds at once. */
-  for (int i = 0; i < started; i++)
-    CHECK(write(go[1], "g", 1) == 1);
+  for (int i = 0; i < started; i++) CHECK(write(go[1], "g", 1) == 1);
   close(go[1]);
   for (int i = 0; i < started; i++) {
     int status = 0;
@@ -940,52 +860,46 @@ static void concurrent_processes_fill_cache(void)
   CHECKF(l.n == 3, "the shared cache holds %d files, want 3 (probe, core, fused)", l.n);
   for (int i = 0; i < l.n; i++) {
     CHECKF(is_entry_name(l.name[i]), "left behind: %s", l.name[i]);
-    if (is_entry_name(l.name[i]))
-      CHECKF(entry_looks_whole(dir, l.name[i]), "not a whole entry: %s", l.name[i]);
+    if (is_entry_name(l.name[i])) CHECKF(entry_looks_whole(dir, l.name[i]), "not a whole entry: %s", l.name[i]);
   }
   /* The seed's outputs, when there is one, must match bitwise too. */
   check_all_from_cache(dir, "after concurrent fills");
 }
 
-static void cleanup_root(void)
-{
+static void cleanup_root(void) {
   free(g_out_fused);
   free(g_out_staged);
   if (g_root[0] && getenv("CLATTN_TEST_KEEP") == NULL) {
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
-    if (system(cmd) != 0)
-      printf("could not remove %s\n", g_root);
+    if (system(cmd) != 0) printf("could not remove %s\n", g_root);
   }
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
   /* POCL's own kernel cache would hide whether clattn's works. */
   setenv("POCL_KERNEL_CACHE", "0", 1);
-  if (argc == 3 && !strcmp(argv[1], "--child"))
-    return child_main(argv[2]);
-  if (argc == 3 && !strcmp(argv[1], "--create"))
-    return create_main(argv[2]);
+  if (argc == 3 && !strcmp(argv[1], "--child")) return child_main(argv[2]);
+  if (argc == 3 && !strcmp(argv[1], "--create")) return create_main(argv[2]);
   const char *tmp = getenv("TMPDIR");
   snprintf(g_root, sizeof g_root, "%s/clattn-cache-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(g_root)) {
     printf("mkdtemp(%s) failed\n0 passed, 1 failed\n", g_root);
     return 1;
   }
-  atexit(cleanup_root);   /* also on exit(77): no device */
+  atexit(cleanup_root);     /* also on exit(77): no device */
   signal(SIGPIPE, SIG_IGN); /* a child that died early must not kill the test */
   static const ct_test tests[] = {
-    CT_TEST(dir_resolution_order),
-    CT_TEST(miss_then_store_then_hit),
-    CT_TEST(corrupted_entry_is_rebuilt),
-    CT_TEST(crafted_entries_are_rebuilt_not_loaded),
-    CT_TEST(unwritable_cache_dir_still_works),
-    CT_TEST(empty_cache_dir_disables),
-    CT_TEST(concurrent_processes_fill_cache),
-    CT_TEST(prepare_builds_what_the_first_calls_need),
-    CT_TEST(size_cap_removes_least_recently_used_first),
-    CT_TEST(size_cap_keeps_the_cache_working),
+      CT_TEST(dir_resolution_order),
+      CT_TEST(miss_then_store_then_hit),
+      CT_TEST(corrupted_entry_is_rebuilt),
+      CT_TEST(crafted_entries_are_rebuilt_not_loaded),
+      CT_TEST(unwritable_cache_dir_still_works),
+      CT_TEST(empty_cache_dir_disables),
+      CT_TEST(concurrent_processes_fill_cache),
+      CT_TEST(prepare_builds_what_the_first_calls_need),
+      CT_TEST(size_cap_removes_least_recently_used_first),
+      CT_TEST(size_cap_keeps_the_cache_working),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

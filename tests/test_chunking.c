@@ -8,21 +8,18 @@
 
 #include "kit_checks.h"
 
-static void check_shape(cp_shape s)
-{
+static void check_shape(cp_shape s) {
   char err[256];
   cp_problem *pb = cp_build(&s, err, sizeof err);
   REQUIREF(pb != NULL, "cp_build: %s", err);
   double bytes = 4.0 * s.batch * s.q_heads * s.q_len * s.kv_len;
   CHECKF(bytes > 16 * 4096.0, "scores (%.0f bytes) should exceed the budget many times", bytes);
-  const clattn_algo algos[] = { CLATTN_ALGO_STAGED, CLATTN_ALGO_AUTO };
-  for (int a = 0; a < 2; a++)
-    KC_RUN_OK(pb, algos[a], 1e-5);
+  const clattn_algo algos[] = {CLATTN_ALGO_STAGED, CLATTN_ALGO_AUTO};
+  for (int a = 0; a < 2; a++) KC_RUN_OK(pb, algos[a], 1e-5);
   cp_free(pb);
 }
 
-static void many_chunks_match_reference(void)
-{
+static void many_chunks_match_reference(void) {
   cp_shape s = cp_shape_default();
   s.batch = 2;
   s.q_heads = 4;
@@ -44,13 +41,12 @@ static void many_chunks_match_reference(void)
   check_shape(s);
 }
 
-static void uneven_last_chunk_matches_reference(void)
-{
+static void uneven_last_chunk_matches_reference(void) {
   cp_shape s = cp_shape_default();
   s.batch = 3;
   s.q_heads = 3;
   s.kv_heads = 1;
-  s.q_len = 53;                       /* prime: the last chunk is partial */
+  s.q_len = 53; /* prime: the last chunk is partial */
   s.kv_len = 37;
   s.head_dim = 40;
   s.value_dim = 40;
@@ -62,8 +58,7 @@ static void uneven_last_chunk_matches_reference(void)
   check_shape(s);
 }
 
-static void row_longer_than_budget_matches_reference(void)
-{
+static void row_longer_than_budget_matches_reference(void) {
   /* one row of scores is 4099 * 4 bytes > 4096 */
   cp_shape s = cp_shape_default();
   s.q_heads = 2;
@@ -80,12 +75,11 @@ static void row_longer_than_budget_matches_reference(void)
   check_shape(s);
 }
 
-static void empty_rows_across_chunks_match_reference(void)
-{
+static void empty_rows_across_chunks_match_reference(void) {
   cp_shape s = cp_shape_default();
   s.batch = 2;
   s.q_heads = 2;
-  s.q_len = 128;                      /* causal with M > N: 91 leading empty rows */
+  s.q_len = 128; /* causal with M > N: 91 leading empty rows */
   s.kv_len = 37;
   s.head_dim = 8;
   s.value_dim = 8;
@@ -96,13 +90,12 @@ static void empty_rows_across_chunks_match_reference(void)
   check_shape(s);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
   static const ct_test tests[] = {
-    CT_TEST(many_chunks_match_reference),
-    CT_TEST(uneven_last_chunk_matches_reference),
-    CT_TEST(row_longer_than_budget_matches_reference),
-    CT_TEST(empty_rows_across_chunks_match_reference),
+      CT_TEST(many_chunks_match_reference),
+      CT_TEST(uneven_last_chunk_matches_reference),
+      CT_TEST(row_longer_than_budget_matches_reference),
+      CT_TEST(empty_rows_across_chunks_match_reference),
   };
   if (setenv("CLATTN_SCRATCH_BYTES", "4096", 1) != 0) {
     printf("setenv failed\n0 passed, 1 failed\n");
@@ -110,7 +103,6 @@ int main(int argc, char **argv)
   }
   ct_context();
   const char *d = clattn_describe(ct_ctx);
-  if (d && strstr(d, "scratch"))
-    printf("%s", d);
+  if (d && strstr(d, "scratch")) printf("%s", d);
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

@@ -35,7 +35,8 @@ static char output[1 << 16];
 #if defined(__GNUC__)
 __attribute__((format(printf, 1, 2)))
 #endif
-static int tool(const char *fmt, ...) {
+static int
+tool(const char *fmt, ...) {
   char args[4096], cmd[8192];
   va_list ap;
   va_start(ap, fmt);
@@ -68,15 +69,44 @@ static void help_for_every_command(void) {
     CHECKF(rc == 0 && strstr(output, want), "clattn %s --help: exit %d, output:\n%s", cmds[i], rc, output);
   }
   /* run's help shows every option with its form */
-  static const char *const opts[] = {
-      "--batch B", "--heads H", "--kv-heads HKV", "--q-len M", "--kv-len N", "--head-dim DK", "--value-dim DV",
-      "--dtype f32|f16|bf16", "--layout bhsd|bshd", "--varlen", "--seed S", "--causal", "--window L,R", "--kv-lens",
-      "--mask random|block|none|FILE.npy", "--empty zero|error", "--scale S", "--bias [FILE.npy]", "--softcap C",
-      "--alibi", "--sinks", "--additive", "--algo auto|staged|fused|gemm", "--lse [FILE.npy]", "--weights", "--diag",
-      "--heatmap FILE.png", "--q FILE.npy", "--k FILE.npy", "--v FILE.npy", "--out FILE.npy", "--tol T", "--reps R",
-      "--poison", "--help"};
+  static const char *const opts[] = {"--batch B",
+                                     "--heads H",
+                                     "--kv-heads HKV",
+                                     "--q-len M",
+                                     "--kv-len N",
+                                     "--head-dim DK",
+                                     "--value-dim DV",
+                                     "--dtype f32|f16|bf16",
+                                     "--layout bhsd|bshd",
+                                     "--varlen",
+                                     "--seed S",
+                                     "--causal",
+                                     "--window L,R",
+                                     "--kv-lens",
+                                     "--mask random|block|none|FILE.npy",
+                                     "--empty zero|error",
+                                     "--scale S",
+                                     "--bias [FILE.npy]",
+                                     "--softcap C",
+                                     "--alibi",
+                                     "--sinks",
+                                     "--additive",
+                                     "--algo auto|staged|fused|gemm",
+                                     "--lse [FILE.npy]",
+                                     "--weights",
+                                     "--diag",
+                                     "--heatmap FILE.png",
+                                     "--q FILE.npy",
+                                     "--k FILE.npy",
+                                     "--v FILE.npy",
+                                     "--out FILE.npy",
+                                     "--tol T",
+                                     "--reps R",
+                                     "--poison",
+                                     "--help"};
   REQUIRE(tool("run --help") == 0);
-  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) CHECKF(strstr(output, opts[i]), "run --help lacks %s", opts[i]);
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+    CHECKF(strstr(output, opts[i]), "run --help lacks %s", opts[i]);
   REQUIRE(tool("tune --help") == 0);
   CHECK(strstr(output, "--quick") && strstr(output, "--output FILE") && strstr(output, "--reps R"));
   /* the tool's own help says what each command does */
@@ -137,12 +167,14 @@ static void unknown_command_said_unknown(void) {
 /* ---- .npy files written here ---- */
 
 /* A .npy file: version 1.0, the header dict, data bytes in storage order. */
-static int write_npy(const char *path, const char *descr, int fortran, int ndim, const size_t *shape,
-                     const void *data, size_t nbytes) {
+static int write_npy(const char *path, const char *descr, int fortran, int ndim, const size_t *shape, const void *data,
+                     size_t nbytes) {
   char header[256], dims[128] = "";
   for (int d = 0, at = 0; d < ndim; d++) at += snprintf(dims + at, sizeof dims - (size_t)at, "%zu, ", shape[d]);
-  if (ndim > 1) dims[strlen(dims) - 2] = 0;   /* (2, 3) but (3,) */
-  else if (ndim == 1) dims[strlen(dims) - 1] = 0;
+  if (ndim > 1)
+    dims[strlen(dims) - 2] = 0; /* (2, 3) but (3,) */
+  else if (ndim == 1)
+    dims[strlen(dims) - 1] = 0;
   int n = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': %s, 'shape': (%s), }\n", descr,
                    fortran ? "True" : "False", dims);
   unsigned char prefix[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)n, 0};
@@ -221,7 +253,7 @@ static void bad_npy_files_named_with_what_is_wrong(void) {
 /* ---- on the device ---- */
 
 static void on_device_16_bit_runs_verified_at_default_tolerance(void) {
-  ct_context();   /* exits 77 without a device */
+  ct_context(); /* exits 77 without a device */
   int rc = tool("run --dtype f16 --q-len 64 --kv-len 80 --reps 0");
   CHECKF(rc == 0 && strstr(output, "(the default for f16 storage): yes"), "f16: exit %d:\n%s", rc, output);
   CHECKF(strstr(output, "dtype=f16") && strstr(output, "ran: f16 storage") && strstr(output, "algorithm auto -> ") &&
@@ -315,7 +347,7 @@ static void npy_round_trip(const char *descr, double tol) {
   for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) v[i] = f16 ? cp_round_to(CLATTN_F16, RAND()) : RAND();
   for (int j = 0; j < N; j++) bias[j] = 0.5f * RAND();
   for (int i = 0; i < M * N; i++) mask[i] = RAND() > -0.6f;
-  mask[0] = mask[1] = mask[2] = 0;   /* row 0 empty: zero output, lse -inf */
+  mask[0] = mask[1] = mask[2] = 0; /* row 0 empty: zero output, lse -inf */
 #undef RAND
   /* q in Fortran order: element (b, h, i, d) at b + B (h + H (i + M d)) */
   for (int b = 0; b < B; b++)
@@ -324,15 +356,15 @@ static void npy_round_trip(const char *descr, double tol) {
         for (int d = 0; d < DK; d++) fq[b + B * (h + H * (i + M * d))] = q[((b * H + h) * M + i) * DK + d];
   const size_t sq[4] = {B, H, M, DK}, sk[4] = {B, HKV, N, DK}, sv[4] = {B, HKV, N, DV}, sm[2] = {M, N}, sb[1] = {N};
   const size_t elem = f16 ? 2 : 4;
-#define WRITE(name, arr, shape, fortran)                                                                       \
-  do {                                                                                                        \
-    const void *data = arr;                                                                                   \
-    const size_t n = sizeof arr / sizeof arr[0];                                                              \
-    if (f16) {                                                                                                \
-      for (size_t e = 0; e < n; e++) half[e] = cp_f16_bits(arr[e]);                                           \
-      data = half;                                                                                            \
-    }                                                                                                         \
-    REQUIRE(write_npy(in_dir(name), descr, fortran, 4, shape, data, n * elem) == 0);                          \
+#define WRITE(name, arr, shape, fortran)                                            \
+  do {                                                                              \
+    const void *data = arr;                                                         \
+    const size_t n = sizeof arr / sizeof arr[0];                                    \
+    if (f16) {                                                                      \
+      for (size_t e = 0; e < n; e++) half[e] = cp_f16_bits(arr[e]);                 \
+      data = half;                                                                  \
+    }                                                                               \
+    REQUIRE(write_npy(in_dir(name), descr, fortran, 4, shape, data, n *elem) == 0); \
   } while (0)
   WRITE("rq.npy", fq, sq, 1);
   WRITE("rk.npy", k, sk, 0);
@@ -344,8 +376,8 @@ static void npy_round_trip(const char *descr, double tol) {
   int rc = tool("run --q %s --k %s --v %s --mask %s --bias %s --causal --reps 0 --out %s --lse %s", in_dir("rq.npy"),
                 in_dir("rk.npy"), in_dir("rv.npy"), in_dir("rmask.npy"), in_dir("rbias.npy"), in_dir("ro.npy"),
                 in_dir("rlse.npy"));
-  CHECKF(rc == 0 && strstr(output, f16 ? "dtype=f16" : "dtype=f32") && strstr(output, "B=2 Hq=4 Hkv=2 M=5 N=7 dk=8 dv=6") &&
-             strstr(output, "read: --q "),
+  CHECKF(rc == 0 && strstr(output, f16 ? "dtype=f16" : "dtype=f32") &&
+             strstr(output, "B=2 Hq=4 Hkv=2 M=5 N=7 dk=8 dv=6") && strstr(output, "read: --q "),
          "%s: exit %d:\n%s", descr, rc, output);
   npy_array o, l;
   char err[512];
@@ -376,7 +408,7 @@ static void npy_round_trip(const char *descr, double tol) {
 static void on_device_npy_round_trip(void) {
   ct_context();
   npy_round_trip("<f4", 1e-5);
-  npy_round_trip("<f2", 1e-3);   /* f16 storage: the output is rounded to it */
+  npy_round_trip("<f2", 1e-3); /* f16 storage: the output is rounded to it */
 }
 
 static void cleanup(void) {

@@ -42,14 +42,13 @@ static struct {
   long hits;
 } g_sites[MAX_SITES];
 static int g_n_sites;
-static char *g_msgs[MAX_SITES];     /* distinct "what failed" heads of clattn_last_error */
+static char *g_msgs[MAX_SITES]; /* distinct "what failed" heads of clattn_last_error */
 static int g_n_msgs;
 static long g_spared;
 static long g_injected, g_failed_cleanly, g_absorbed, g_leaks, g_in_main, g_in_lib;
 static int g_leak_reports;
 
-static void note_site(const shim_fault *f)
-{
+static void note_site(const shim_fault *f) {
   for (int i = 0; i < g_n_sites; i++)
     if (g_sites[i].fn == f->fn && g_sites[i].caller == f->caller) {
       g_sites[i].hits++;
@@ -65,85 +64,70 @@ static void note_site(const shim_fault *f)
 }
 
 /* The message up to " failed" (or its first 80 characters): what failed. */
-static void note_message(const char *msg)
-{
+static void note_message(const char *msg) {
   char head[128];
   const char *end = strstr(msg, " failed");
   size_t n = end ? (size_t)(end - msg) : strlen(msg);
-  if (n > 80)
-    n = 80;
+  if (n > 80) n = 80;
   size_t k = 0;
   for (size_t i = 0; i < n; i++) { /* "argument 3" and "argument 4" are one site */
     if (msg[i] >= '0' && msg[i] <= '9') {
-      if (k == 0 || head[k - 1] != '#')
-        head[k++] = '#';
+      if (k == 0 || head[k - 1] != '#') head[k++] = '#';
     } else {
       head[k++] = msg[i];
     }
   }
   head[k] = '\0';
   for (int i = 0; i < g_n_msgs; i++)
-    if (strcmp(g_msgs[i], head) == 0)
-      return;
-  if (g_n_msgs < MAX_SITES)
-    g_msgs[g_n_msgs++] = strdup(head);
+    if (strcmp(g_msgs[i], head) == 0) return;
+  if (g_n_msgs < MAX_SITES) g_msgs[g_n_msgs++] = strdup(head);
 }
 
-static const char *cl_name(cl_int c)
-{
-  return cp_cl_error_name(c);
-}
+static const char *cl_name(cl_int c) { return cp_cl_error_name(c); }
 
-static int is_oom_code(cl_int c)
-{
+static int is_oom_code(cl_int c) {
   return c == CL_OUT_OF_RESOURCES || c == CL_OUT_OF_HOST_MEMORY || c == CL_MEM_OBJECT_ALLOCATION_FAILURE;
 }
 
 /* Faults clattn may absorb by design: best-effort queries (device strings,
  * the cache key's hash) and the binary cache (load falls back to a source
  * build, store is best effort). */
-static int absorbable(const char *fn)
-{
-  static const char *ok[] = {"clGetPlatformInfo", "clGetDeviceInfo", "clGetProgramInfo", "clGetProgramBuildInfo",
-                             "clCreateProgramWithBinary", "clBuildProgram", "clGetDeviceIDs"};
+static int absorbable(const char *fn) {
+  static const char *ok[] = {"clGetPlatformInfo",     "clGetDeviceInfo",           "clGetProgramInfo",
+                             "clGetProgramBuildInfo", "clCreateProgramWithBinary", "clBuildProgram",
+                             "clGetDeviceIDs"};
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-    if (strcmp(fn, ok[i]) == 0)
-      return 1;
+    if (strcmp(fn, ok[i]) == 0) return 1;
   return 0;
 }
 
 /* The error a fault at call n injects: the function's own out-of-memory
  * code mostly, sometimes another out-of-memory code or a non-memory error. */
-static cl_int code_for(long n)
-{
+static cl_int code_for(long n) {
   switch (n % 4) {
-  case 1: return CL_OUT_OF_HOST_MEMORY;
-  case 3: return CL_INVALID_OPERATION;
-  default: return 0; /* the shim's per-function default */
+    case 1: return CL_OUT_OF_HOST_MEMORY;
+    case 3: return CL_INVALID_OPERATION;
+    default: return 0; /* the shim's per-function default */
   }
 }
 
-static int live_snapshot(long kinds[SHIM_KINDS])
-{
-  for (int k = 0; k < SHIM_KINDS; k++)
-    kinds[k] = shim_live_kind((shim_kind)k);
+static int live_snapshot(long kinds[SHIM_KINDS]) {
+  for (int k = 0; k < SHIM_KINDS; k++) kinds[k] = shim_live_kind((shim_kind)k);
   return 0;
 }
 
 static void report_leak(const char *label, long n, const shim_fault *f, const long before[SHIM_KINDS],
-                        const char *msg)
-{
+                        const char *msg) {
   g_leaks++;
   char what[256] = "";
   size_t at = 0;
   for (int k = 0; k < SHIM_KINDS; k++) {
     long d = shim_live_kind((shim_kind)k) - before[k];
-    if (d)
-      at += (size_t)snprintf(what + at, sizeof what - at, " %s%+ld", shim_kind_name((shim_kind)k), d);
+    if (d) at += (size_t)snprintf(what + at, sizeof what - at, " %s%+ld", shim_kind_name((shim_kind)k), d);
   }
   if (g_leak_reports++ < 40)
-    CHECKF(0, "%s: fault %ld in %s (%s, code %s): live objects changed:%s; status message: %s", label, n,
-           f->fn, f->in_main ? "clattn" : "library", cl_name(f->code), what, msg);
+    CHECKF(0, "%s: fault %ld in %s (%s, code %s): live objects changed:%s; status message: %s", label, n, f->fn,
+           f->in_main ? "clattn" : "library", cl_name(f->code), what, msg);
   else
     ct_current_failures++;
 }
@@ -154,21 +138,17 @@ static void report_leak(const char *label, long n, const shim_fault *f, const lo
 typedef struct {
   const char *label;
   clattn_status (*call)(void *arg, cl_event *done);
-  int (*prepare)(void *arg);                     /* 0 ok */
-  int (*verify)(void *arg, clattn_status st);    /* 1 when the outputs are right for status st */
+  int (*prepare)(void *arg);                  /* 0 ok */
+  int (*verify)(void *arg, clattn_status st); /* 1 when the outputs are right for status st */
   void *arg;
-  clattn_status baseline;                        /* what the call returns without a fault */
+  clattn_status baseline; /* what the call returns without a fault */
 } call_case;
 
-static int finish(void)
-{
-  return clFinish(clattn_cl_queue(fx)) == CL_SUCCESS;
-}
+static int finish(void) { return clFinish(clattn_cl_queue(fx)) == CL_SUCCESS; }
 
 /* Releases what the context's pools hold idle, so the next call creates its
  * kernels and scratch again (and live counts can be compared). */
-static void trim_pools(void)
-{
+static void trim_pools(void) {
   finish();
   ca_kernel_pool_trim(fx);
   ca_scratch_pool_trim(fx);
@@ -176,19 +156,15 @@ static void trim_pools(void)
 
 /* Runs the call once with no fault: 1 when it returned the baseline status
  * with correct outputs and left no object behind; *calls gets the count. */
-static int clean_run(call_case *c, long *calls, int check_live)
-{
-  if (!CHECKF(c->prepare(c->arg) == 0, "%s: prepare failed", c->label))
-    return 0;
+static int clean_run(call_case *c, long *calls, int check_live) {
+  if (!CHECKF(c->prepare(c->arg) == 0, "%s: prepare failed", c->label)) return 0;
   finish();
   long live0 = shim_live();
   cl_event done = NULL;
   shim_reset();
   clattn_status st = c->call(c->arg, &done);
-  if (calls)
-    *calls = shim_calls();
-  if (done)
-    clReleaseEvent(done);
+  if (calls) *calls = shim_calls();
+  if (done) clReleaseEvent(done);
   finish();
   int ok = CHECKF(st == c->baseline, "%s: status %s, expected %s: %s", c->label, clattn_status_string(st),
                   clattn_status_string(c->baseline), clattn_last_error(NULL));
@@ -199,13 +175,11 @@ static int clean_run(call_case *c, long *calls, int check_live)
 }
 
 /* Injects a fault at each of the call's OpenCL calls in turn. */
-static void sweep(call_case *c)
-{
+static void sweep(call_case *c) {
   long calls = 0;
   if (!clean_run(c, &calls, 0)) /* warm-up: builds programs, CLBlast's kernels */
     return;
-  if (!clean_run(c, &calls, 1))
-    return;
+  if (!clean_run(c, &calls, 1)) return;
   long again = 0;
   clean_run(c, &again, 1);
   CHECKF(again == calls, "%s: the call count is not repeatable (%ld, then %ld)", c->label, calls, again);
@@ -231,17 +205,14 @@ static void sweep(call_case *c)
     snprintf(msg_copy, sizeof msg_copy, "%s", msg);
     if (!fired && shim_spared()) { /* CLBlast's clCreateBuffer: see gemm_clblast_temp_buffer_failure */
       g_spared++;
-      if (done && done != (cl_event)(uintptr_t)0x1)
-        clReleaseEvent(done);
+      if (done && done != (cl_event)(uintptr_t)0x1) clReleaseEvent(done);
       finish();
       CHECKF(st == c->baseline && c->verify(c->arg, st), "%s: spared call %ld: %s", c->label, n,
              clattn_status_string(st));
       continue;
     }
-    if (!CHECKF(fired, "%s: fault %ld of %ld did not fire (status %s)", c->label, n, calls,
-                clattn_status_string(st))) {
-      if (st == CLATTN_OK && done)
-        clReleaseEvent(done);
+    if (!CHECKF(fired, "%s: fault %ld of %ld did not fire (status %s)", c->label, n, calls, clattn_status_string(st))) {
+      if (st == CLATTN_OK && done) clReleaseEvent(done);
       finish();
       continue;
     }
@@ -256,8 +227,7 @@ static void sweep(call_case *c)
       /* absorbed: allowed for best-effort calls, and for CLBlast's own calls when the result is right */
       absorbed++;
       g_absorbed++;
-      if (st == CLATTN_OK && done && done != (cl_event)(uintptr_t)0x1)
-        clReleaseEvent(done);
+      if (st == CLATTN_OK && done && done != (cl_event)(uintptr_t)0x1) clReleaseEvent(done);
       finish();
       CHECKF(!f.in_main || absorbable(f.fn), "%s: fault %ld in %s (%s) was ignored: status %s", c->label, n, f.fn,
              cl_name(f.code), clattn_status_string(st));
@@ -278,18 +248,16 @@ static void sweep(call_case *c)
         CHECKF(fits, "%s: fault %ld in %s (%s): status %s, expected %s; message: %s", c->label, n, f.fn,
                cl_name(f.code), clattn_status_string(st), clattn_status_string(want), msg_copy);
         CHECKF(strstr(msg_copy, f.fn) || strstr(msg_copy, cl_name(f.code)),
-               "%s: fault %ld in %s (%s): the message names neither: %s", c->label, n, f.fn, cl_name(f.code),
-               msg_copy);
+               "%s: fault %ld in %s (%s): the message names neither: %s", c->label, n, f.fn, cl_name(f.code), msg_copy);
       } else {
-        CHECKF(st == CLATTN_ERR_OPENCL || st == CLATTN_ERR_OUT_OF_MEMORY,
-               "%s: fault %ld in CLBlast's %s: status %s", c->label, n, f.fn, clattn_status_string(st));
+        CHECKF(st == CLATTN_ERR_OPENCL || st == CLATTN_ERR_OUT_OF_MEMORY, "%s: fault %ld in CLBlast's %s: status %s",
+               c->label, n, f.fn, clattn_status_string(st));
         CHECKF(strstr(msg_copy, "CLBlast") != NULL, "%s: fault %ld in CLBlast's %s: message %s", c->label, n, f.fn,
                msg_copy);
       }
       finish();
     }
-    if (shim_live() != live0)
-      report_leak(c->label, n, &f, before, msg_copy);
+    if (shim_live() != live0) report_leak(c->label, n, &f, before, msg_copy);
     /* the next call without a fault works */
     if (c->prepare(c->arg) != 0) {
       CHECKF(0, "%s: prepare failed", c->label);
@@ -299,13 +267,11 @@ static void sweep(call_case *c)
     long live1 = shim_live();
     shim_reset();
     clattn_status st2 = c->call(c->arg, &d2);
-    if (d2)
-      clReleaseEvent(d2);
+    if (d2) clReleaseEvent(d2);
     finish();
-    CHECKF(st2 == c->baseline, "%s: after fault %ld in %s: status %s: %s", c->label, n, f.fn,
-           clattn_status_string(st2), clattn_last_error(NULL));
-    CHECKF(c->verify(c->arg, st2), "%s: after fault %ld in %s: outputs differ from the reference", c->label, n,
-           f.fn);
+    CHECKF(st2 == c->baseline, "%s: after fault %ld in %s: status %s: %s", c->label, n, f.fn, clattn_status_string(st2),
+           clattn_last_error(NULL));
+    CHECKF(c->verify(c->arg, st2), "%s: after fault %ld in %s: outputs differ from the reference", c->label, n, f.fn);
     CHECKF(shim_live() == live1, "%s: after fault %ld: a clean call left %ld objects", c->label, n,
            shim_live() - live1);
   }
@@ -320,25 +286,21 @@ typedef struct {
   double tol;
 } fwd_arg;
 
-static clattn_status fwd_call(void *arg, cl_event *done)
-{
+static clattn_status fwd_call(void *arg, cl_event *done) {
   fwd_arg *a = arg;
   return clattn_forward(fx, &a->pb->params, 0, NULL, done);
 }
 
-static int fwd_prepare(void *arg)
-{
+static int fwd_prepare(void *arg) {
   fwd_arg *a = arg;
   return cp_fill_outputs(a->pb, NAN);
 }
 
-static int fwd_verify(void *arg, clattn_status st)
-{
+static int fwd_verify(void *arg, clattn_status st) {
   fwd_arg *a = arg;
   cp_result r;
   memset(&r, 0, sizeof r); /* cp_compare leaves the diagnostics' fields alone when there are none */
-  if (cp_read_outputs(a->pb) != 0 || cp_compare(a->pb, &r) != 0)
-    return 0;
+  if (cp_read_outputs(a->pb) != 0 || cp_compare(a->pb, &r) != 0) return 0;
   r.status = st == CLATTN_ERR_EMPTY_ROW ? CLATTN_OK : st; /* EMPTY_ERROR: outputs hold the EMPTY_ZERO result */
   if (!cp_result_ok(&r, a->tol)) {
     char b[512];
@@ -348,8 +310,7 @@ static int fwd_verify(void *arg, clattn_status st)
   return 1;
 }
 
-static void sweep_shape(const char *label, const cp_shape *s, clattn_status baseline)
-{
+static void sweep_shape(const char *label, const cp_shape *s, clattn_status baseline) {
   cp_problem *pb;
   KC_BUILD(pb, s);
   if (cp_upload(pb, fx) != 0) {
@@ -365,8 +326,7 @@ static void sweep_shape(const char *label, const cp_shape *s, clattn_status base
   cp_free(pb);
 }
 
-static cp_shape small_shape(clattn_algo algo)
-{
+static cp_shape small_shape(clattn_algo algo) {
   cp_shape s = cp_shape_default();
   s.batch = 1;
   s.q_heads = 2;
@@ -380,8 +340,7 @@ static cp_shape small_shape(clattn_algo algo)
   return s;
 }
 
-static void faults_staged(void)
-{
+static void faults_staged(void) {
   cp_shape s = small_shape(CLATTN_ALGO_STAGED);
   s.causal = 1;
   s.want_lse = 1;
@@ -393,8 +352,7 @@ static void faults_staged(void)
   sweep_shape("staged lse+weights+diag, chunked", &s, CLATTN_OK);
 }
 
-static void faults_fused_prefill(void)
-{
+static void faults_fused_prefill(void) {
   cp_shape s = small_shape(CLATTN_ALGO_FUSED);
   s.q_len = 9;
   s.kv_len = 20;
@@ -407,8 +365,7 @@ static void faults_fused_prefill(void)
   sweep_shape("auto (fused) with diagnostics", &s, CLATTN_OK);
 }
 
-static void faults_fused_decode_split(void)
-{
+static void faults_fused_decode_split(void) {
   cp_shape s = cp_shape_default();
   s.q_heads = 1;
   s.kv_heads = 1;
@@ -422,8 +379,7 @@ static void faults_fused_decode_split(void)
   sweep_shape("fused split-KV decode + merge", &s, CLATTN_OK);
 }
 
-static void faults_gemm(void)
-{
+static void faults_gemm(void) {
   cp_shape s = small_shape(CLATTN_ALGO_GEMM);
   s.kv_lens = 1; /* V copied with the padding rows zeroed: gemm_dense_copy */
   s.want_lse = 1;
@@ -432,8 +388,7 @@ static void faults_gemm(void)
   sweep_shape("gemm kv_lens lse+weights, chunked", &s, CLATTN_OK);
 }
 
-static void faults_empty_error(void)
-{
+static void faults_empty_error(void) {
   cp_shape s = small_shape(CLATTN_ALGO_FUSED);
   s.empty_rows = CLATTN_EMPTY_ERROR;
   s.want_lse = 1;
@@ -445,8 +400,7 @@ static void faults_empty_error(void)
 
 /* 16-bit storage (its own core and fused programs), packed sequences, score
  * shaping and additive scores: the paths issue 5 added. */
-static void faults_storage_sequences_shaping(void)
-{
+static void faults_storage_sequences_shaping(void) {
   cp_shape s = small_shape(CLATTN_ALGO_STAGED);
   s.batch = 2;
   s.varlen = 1;
@@ -476,14 +430,12 @@ typedef struct {
   clattn_merge_params mp;
 } merge_arg;
 
-static clattn_status merge_call(void *arg, cl_event *done)
-{
+static clattn_status merge_call(void *arg, cl_event *done) {
   merge_arg *a = arg;
   return clattn_merge_states(fx, &a->mp, 0, NULL, done);
 }
 
-static int merge_prepare(void *arg)
-{
+static int merge_prepare(void *arg) {
   merge_arg *a = arg;
   float nan = NAN;
   cl_command_queue q = clattn_cl_queue(fx);
@@ -494,8 +446,7 @@ static int merge_prepare(void *arg)
   return clFinish(q) == CL_SUCCESS ? 0 : -1;
 }
 
-static int merge_verify(void *arg, clattn_status st)
-{
+static int merge_verify(void *arg, clattn_status st) {
   merge_arg *a = arg;
   (void)st;
   size_t rows = (size_t)a->H * a->M;
@@ -506,16 +457,14 @@ static int merge_verify(void *arg, clattn_status st)
   ok = ok && clEnqueueReadBuffer(q, a->out_lse_buf, CL_TRUE, 0, rows * sizeof(float), lse, 0, NULL, NULL) == 0;
   for (size_t r = 0; ok && r < rows; r++) {
     ok = kc_close(lse[r], a->want_lse[r], 1e-5);
-    for (int c = 0; ok && c < a->dv; c++)
-      ok = kc_close(out[r * a->dv + c], a->want[r * a->dv + c], 1e-5);
+    for (int c = 0; ok && c < a->dv; c++) ok = kc_close(out[r * a->dv + c], a->want[r * a->dv + c], 1e-5);
   }
   free(out);
   free(lse);
   return ok;
 }
 
-static void faults_merge(void)
-{
+static void faults_merge(void) {
   merge_arg a = {3, 2, 5, 8, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {0}};
   size_t rows = (size_t)a.H * a.M, per_o = rows * a.dv;
   a.o = malloc(a.S * per_o * sizeof(float));
@@ -528,14 +477,11 @@ static void faults_merge(void)
     x = x * 6364136223846793005ull + 1442695040888963407ull;
     a.o[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 2 - 1);
   }
-  for (size_t i = 0; i < a.S * rows; i++)
-    a.lse[i] = (float)((double)(i % 7) * 0.37 - 1.0);
+  for (size_t i = 0; i < a.S * rows; i++) a.lse[i] = (float)((double)(i % 7) * 0.37 - 1.0);
   for (size_t r = 0; r < rows; r++) {
     double m = -INFINITY, sum = 0;
-    for (int s = 0; s < a.S; s++)
-      m = fmax(m, a.lse[s * rows + r]);
-    for (int s = 0; s < a.S; s++)
-      sum += exp(a.lse[s * rows + r] - m);
+    for (int s = 0; s < a.S; s++) m = fmax(m, a.lse[s * rows + r]);
+    for (int s = 0; s < a.S; s++) sum += exp(a.lse[s * rows + r] - m);
     a.want_lse[r] = m + log(sum);
     for (int s = 0; s < a.S; s++)
       for (int c = 0; c < a.dv; c++)
@@ -566,8 +512,7 @@ static void faults_merge(void)
   }
   cl_mem all[] = {a.o_buf, a.lse_buf, a.out_buf, a.out_lse_buf};
   for (int i = 0; i < 4; i++)
-    if (all[i])
-      clReleaseMemObject(all[i]);
+    if (all[i]) clReleaseMemObject(all[i]);
   free(a.o);
   free(a.lse);
   free(a.want);
@@ -593,14 +538,12 @@ typedef struct {
   float want_out[KVF_HQ * KVF_M * KVF_D];
 } kvf_arg;
 
-static clattn_status kvf_append_call(void *arg, cl_event *done)
-{
+static clattn_status kvf_append_call(void *arg, cl_event *done) {
   kvf_arg *a = arg;
   return clattn_kv_append(fx, &a->ap, 0, NULL, done);
 }
 
-static int kvf_append_prepare(void *arg)
-{
+static int kvf_append_prepare(void *arg) {
   kvf_arg *a = arg;
   unsigned char pattern = 0x33;
   cl_command_queue q = clattn_cl_queue(fx);
@@ -612,8 +555,7 @@ static int kvf_append_prepare(void *arg)
 
 /* The caches as a clean append left them (the bytes themselves are checked
  * against ggml's rules in test_kvcache). */
-static int kvf_append_verify(void *arg, clattn_status st)
-{
+static int kvf_append_verify(void *arg, clattn_status st) {
   kvf_arg *a = arg;
   unsigned char k[KVF_CACHE_BYTES], v[KVF_CACHE_BYTES];
   cl_command_queue q = clattn_cl_queue(fx);
@@ -623,14 +565,12 @@ static int kvf_append_verify(void *arg, clattn_status st)
          memcmp(k, a->want_k, sizeof k) == 0 && memcmp(v, a->want_v, sizeof v) == 0;
 }
 
-static clattn_status kvf_forward_call(void *arg, cl_event *done)
-{
+static clattn_status kvf_forward_call(void *arg, cl_event *done) {
   kvf_arg *a = arg;
   return clattn_forward(fx, &a->fp, 0, NULL, done);
 }
 
-static int kvf_forward_prepare(void *arg)
-{
+static int kvf_forward_prepare(void *arg) {
   kvf_arg *a = arg;
   float nan = NAN;
   cl_command_queue q = clattn_cl_queue(fx);
@@ -639,18 +579,15 @@ static int kvf_forward_prepare(void *arg)
 }
 
 /* Bitwise the output of a clean call on the same path. */
-static int kvf_forward_verify(void *arg, clattn_status st)
-{
+static int kvf_forward_verify(void *arg, clattn_status st) {
   kvf_arg *a = arg;
   float out[KVF_HQ * KVF_M * KVF_D];
   (void)st;
-  return clEnqueueReadBuffer(clattn_cl_queue(fx), a->out, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL) ==
-             CL_SUCCESS &&
+  return clEnqueueReadBuffer(clattn_cl_queue(fx), a->out, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL) == CL_SUCCESS &&
          memcmp(out, a->want_out, sizeof out) == 0;
 }
 
-static void faults_paged_q8_0(void)
-{
+static void faults_paged_q8_0(void) {
   static kvf_arg a;
   cl_context cc = clattn_cl_context(fx);
   cl_int e = 0;
@@ -721,8 +658,7 @@ static void faults_paged_q8_0(void)
     if (kc_algo_filtered_out(algos[i])) continue;
     a.fp.algo = algos[i];
     if (!CHECK(kvf_forward_prepare(&a) == 0 && clattn_forward(fx, &a.fp, 0, NULL, NULL) == CLATTN_OK && finish() &&
-               clEnqueueReadBuffer(cq, a.out, CL_TRUE, 0, sizeof a.want_out, a.want_out, 0, NULL, NULL) ==
-                   CL_SUCCESS))
+               clEnqueueReadBuffer(cq, a.out, CL_TRUE, 0, sizeof a.want_out, a.want_out, 0, NULL, NULL) == CL_SUCCESS))
       continue;
     int finite = 1;
     for (size_t j = 0; j < sizeof a.want_out / sizeof a.want_out[0]; j++) finite &= isfinite(a.want_out[j]) != 0;
@@ -736,8 +672,7 @@ done:;
     if (all[i]) clReleaseMemObject(all[i]);
 }
 
-static void faults_fused_first_build(void)
-{
+static void faults_fused_first_build(void) {
   cp_shape s = small_shape(CLATTN_ALGO_FUSED);
   s.head_dim = 12;
   s.value_dim = 20;
@@ -765,8 +700,7 @@ static void faults_fused_first_build(void)
       finish();
       char msg[512];
       snprintf(msg, sizeof msg, "%s", clattn_last_error(NULL));
-      if (!CHECKF(fired, "%s was not called: is the program already built?", build_fns[i]))
-        continue;
+      if (!CHECKF(fired, "%s was not called: is the program already built?", build_fns[i])) continue;
       g_injected++;
       g_failed_cleanly += st != CLATTN_OK;
       g_in_main++;
@@ -785,7 +719,7 @@ static void faults_fused_first_build(void)
   CHECK(cp_run(pb, fx, &r) == 0);
   CHECKF(cp_result_ok(&r, 2e-4), "after the failed builds: %s: %s", clattn_status_string(r.status),
          clattn_last_error(NULL));
-  trim_pools(); /* the call's pooled kernels and scratch */
+  trim_pools();                    /* the call's pooled kernels and scratch */
   CHECK(shim_live() == live0 + 1); /* the program, kept for the context's life */
   cp_free(pb);
 }
@@ -800,61 +734,50 @@ static void faults_fused_first_build(void)
 typedef struct {
   cp_problem *pb;
   clattn_backward_params bp;
-  cl_mem bufs[6];            /* d_out, d_q, d_k, d_v, d_sinks, d_additive_w */
+  cl_mem bufs[6]; /* d_out, d_q, d_k, d_v, d_sinks, d_additive_w */
   size_t n[6];
-  int outputs;               /* bufs[1 .. outputs) are checked: 5 without d_additive_w */
+  int outputs; /* bufs[1 .. outputs) are checked: 5 without d_additive_w */
   ref_grads ref;
 } bwd_arg;
 
-static clattn_status bwd_call(void *arg, cl_event *done)
-{
+static clattn_status bwd_call(void *arg, cl_event *done) {
   bwd_arg *a = arg;
   return clattn_backward(fx, &a->bp, 0, NULL, done);
 }
 
-static int bwd_prepare(void *arg)
-{
+static int bwd_prepare(void *arg) {
   bwd_arg *a = arg;
   for (int i = 1; i < 6; i++) {
     float *nan = malloc(a->n[i] * sizeof(float));
-    if (!nan)
-      return -1;
-    for (size_t e = 0; e < a->n[i]; e++)
-      nan[e] = NAN;
-    cl_int err = clEnqueueWriteBuffer(clattn_cl_queue(fx), a->bufs[i], CL_TRUE, 0, a->n[i] * sizeof(float), nan, 0,
-                                      NULL, NULL);
+    if (!nan) return -1;
+    for (size_t e = 0; e < a->n[i]; e++) nan[e] = NAN;
+    cl_int err =
+        clEnqueueWriteBuffer(clattn_cl_queue(fx), a->bufs[i], CL_TRUE, 0, a->n[i] * sizeof(float), nan, 0, NULL, NULL);
     free(nan);
-    if (err != CL_SUCCESS)
-      return -1;
+    if (err != CL_SUCCESS) return -1;
   }
   return 0;
 }
 
-static int bwd_verify(void *arg, clattn_status st)
-{
+static int bwd_verify(void *arg, clattn_status st) {
   bwd_arg *a = arg;
-  if (st != CLATTN_OK)
-    return 0;
+  if (st != CLATTN_OK) return 0;
   const double *want[6] = {NULL, a->ref.d_q, a->ref.d_k, a->ref.d_v, a->ref.d_sinks, a->ref.d_additive_w};
   for (int i = 1; i < a->outputs; i++) {
     float *got = malloc(a->n[i] * sizeof(float));
-    int ok = got && clEnqueueReadBuffer(clattn_cl_queue(fx), a->bufs[i], CL_TRUE, 0, a->n[i] * sizeof(float), got,
-                                        0, NULL, NULL) == CL_SUCCESS;
-    for (size_t e = 0; ok && e < a->n[i]; e++)
-      ok = isfinite(got[e]);
+    int ok = got && clEnqueueReadBuffer(clattn_cl_queue(fx), a->bufs[i], CL_TRUE, 0, a->n[i] * sizeof(float), got, 0,
+                                        NULL, NULL) == CL_SUCCESS;
+    for (size_t e = 0; ok && e < a->n[i]; e++) ok = isfinite(got[e]);
     ok = ok && cp_rel_err(got, want[i], a->n[i]) <= 1e-4;
     free(got);
-    if (!ok)
-      return 0;
+    if (!ok) return 0;
   }
   return 1;
 }
 
-static void bwd_free(bwd_arg *a)
-{
+static void bwd_free(bwd_arg *a) {
   for (int i = 0; i < 6; i++)
-    if (a->bufs[i])
-      clReleaseMemObject(a->bufs[i]);
+    if (a->bufs[i]) clReleaseMemObject(a->bufs[i]);
   free(a->ref.d_q);
   free(a->ref.d_k);
   free(a->ref.d_v);
@@ -866,8 +789,7 @@ static void bwd_free(bwd_arg *a)
 
 /* A backward call for head dims (dk, dv): the forward run, dO, the
  * gradient buffers and the reference. 0 on success (failures recorded). */
-static int bwd_setup(bwd_arg *a, int dk_, int dv_)
-{
+static int bwd_setup(bwd_arg *a, int dk_, int dv_) {
   memset(a, 0, sizeof *a);
   cp_shape s = small_shape(CLATTN_ALGO_FUSED);
   s.head_dim = dk_;
@@ -878,8 +800,7 @@ static int bwd_setup(bwd_arg *a, int dk_, int dv_)
   s.additive = 1;
   char err[256] = "";
   a->pb = cp_build(&s, err, sizeof err);
-  if (!CHECKF(a->pb != NULL, "cp_build: %s", err))
-    return -1;
+  if (!CHECKF(a->pb != NULL, "cp_build: %s", err)) return -1;
   cp_result r;
   const clattn_params *p = &a->pb->params;
   const size_t nq = (size_t)p->q_heads * p->q_len * p->head_dim, nk = (size_t)p->kv_heads * p->kv_len * p->head_dim;
@@ -896,18 +817,15 @@ static int bwd_setup(bwd_arg *a, int dk_, int dv_)
   if (!CHECK(dout && dout_f && a->ref.d_q && a->ref.d_k && a->ref.d_v && a->ref.d_sinks && a->ref.d_additive_w) ||
       !CHECK(cp_run(a->pb, fx, &r) == 0 && cp_result_ok(&r, 2e-4)))
     goto done;
-  for (size_t e = 0; e < no; e++)
-    dout[e] = dout_f[e] = (float)((double)((e * 2654435761u) % 1000) / 500.0 - 1.0);
+  for (size_t e = 0; e < no; e++) dout[e] = dout_f[e] = (float)((double)((e * 2654435761u) % 1000) / 500.0 - 1.0);
   const ref_inputs in = cp_ref_inputs(a->pb);
-  if (!CHECK(ref_backward(p, &in, dout, &a->ref) == 0))
-    goto done;
+  if (!CHECK(ref_backward(p, &in, dout, &a->ref) == 0)) goto done;
   cl_int e = CL_SUCCESS;
   for (int i = 0; i < 6; i++) {
     a->n[i] = n[i];
     a->bufs[i] = clCreateBuffer(clattn_cl_context(fx), CL_MEM_READ_WRITE | (i == 0 ? CL_MEM_COPY_HOST_PTR : 0),
                                 n[i] * sizeof(float), i == 0 ? dout_f : NULL, &e);
-    if (!CHECK(e == CL_SUCCESS))
-      goto done;
+    if (!CHECK(e == CL_SUCCESS)) goto done;
   }
   const size_t H = (size_t)p->q_heads, Hk = (size_t)p->kv_heads, M = (size_t)p->q_len, N = (size_t)p->kv_len;
   const size_t dk = (size_t)p->head_dim, dv = (size_t)p->value_dim;
@@ -927,8 +845,7 @@ done:
   return rc;
 }
 
-static void faults_backward(void)
-{
+static void faults_backward(void) {
   bwd_arg a;
   if (bwd_setup(&a, 8, 24) == 0) {
     call_case c = {"backward (sinks, additive)", bwd_call, bwd_prepare, bwd_verify, &a, CLATTN_OK};
@@ -937,7 +854,7 @@ static void faults_backward(void)
     call_case staged = {"staged backward (sinks, additive)", bwd_call, bwd_prepare, bwd_verify, &a, CLATTN_OK};
     sweep(&staged);
     a.bp.fwd.algo = CLATTN_ALGO_FUSED;
-    a.bp.deterministic = 0;   /* FA2's single pass, which d_additive_w would turn off */
+    a.bp.deterministic = 0; /* FA2's single pass, which d_additive_w would turn off */
     a.bp.d_additive_w = NULL;
     a.outputs = 5;
     call_case atomic = {"backward, atomic dQ (sinks, additive)", bwd_call, bwd_prepare, bwd_verify, &a, CLATTN_OK};
@@ -949,8 +866,7 @@ static void faults_backward(void)
 /* The backward program for a new head-dim pair is built inside the call:
  * a failing build fails the call cleanly (nothing kept, nothing leaked),
  * and a later call builds it. */
-static void faults_backward_first_build(void)
-{
+static void faults_backward_first_build(void) {
   bwd_arg a;
   if (bwd_setup(&a, 12, 4) != 0) {
     bwd_free(&a);
@@ -973,8 +889,7 @@ static void faults_backward_first_build(void)
       finish();
       char msg[512];
       snprintf(msg, sizeof msg, "%s", clattn_last_error(NULL));
-      if (!CHECKF(fired, "%s was not called: is the backward program already built?", build_fns[i]))
-        continue;
+      if (!CHECKF(fired, "%s was not called: is the backward program already built?", build_fns[i])) continue;
       g_injected++;
       g_failed_cleanly += st != CLATTN_OK;
       g_in_main++;
@@ -993,28 +908,25 @@ static void faults_backward_first_build(void)
   CHECK_STATUS(clattn_backward(fx, &a.bp, 0, NULL, NULL), CLATTN_OK);
   finish();
   CHECKF(bwd_verify(&a, CLATTN_OK), "after the failed builds: gradients differ from the reference");
-  trim_pools(); /* the call's pooled kernels and scratch */
+  trim_pools();                    /* the call's pooled kernels and scratch */
   CHECK(shim_live() == live0 + 1); /* the program, kept for the context's life */
   bwd_free(&a);
 }
 
 /* ---------- context creation ---------- */
 
-static int quick_forward_ok(clattn_context *c)
-{
+static int quick_forward_ok(clattn_context *c) {
   cp_shape s = small_shape(CLATTN_ALGO_STAGED);
   char err[256];
   cp_problem *pb = cp_build(&s, err, sizeof err);
-  if (!pb)
-    return 0;
+  if (!pb) return 0;
   cp_result r;
   int ok = cp_run(pb, c, &r) == 0 && cp_result_ok(&r, 2e-4);
   cp_free(pb);
   return ok;
 }
 
-static void create_sweep(const char *label, const clattn_options *opt)
-{
+static void create_sweep(const char *label, const clattn_options *opt) {
   long live0 = shim_live();
   clattn_context *c = NULL;
   shim_reset();
@@ -1037,8 +949,7 @@ static void create_sweep(const char *label, const clattn_options *opt)
     char msg[512];
     snprintf(msg, sizeof msg, "%s", clattn_last_error(NULL));
     if (!CHECKF(fired, "%s: fault %ld of %ld did not fire", label, n, calls)) {
-      if (st == CLATTN_OK)
-        clattn_destroy(c);
+      if (st == CLATTN_OK) clattn_destroy(c);
       continue;
     }
     injected++;
@@ -1060,27 +971,24 @@ static void create_sweep(const char *label, const clattn_options *opt)
       CHECKF(msg[0] != '\0', "%s: fault %ld: empty message", label, n);
       clattn_status want = is_oom_code(f.code) ? CLATTN_ERR_OUT_OF_MEMORY : CLATTN_ERR_OPENCL;
       int fits = st == want || (strcmp(f.fn, "clGetDeviceIDs") == 0 && st == CLATTN_ERR_NO_DEVICE);
-      CHECKF(fits, "%s: fault %ld in %s (%s): status %s, expected %s; message: %.300s", label, n, f.fn,
-             cl_name(f.code), clattn_status_string(st), clattn_status_string(want), msg);
+      CHECKF(fits, "%s: fault %ld in %s (%s): status %s, expected %s; message: %.300s", label, n, f.fn, cl_name(f.code),
+             clattn_status_string(st), clattn_status_string(want), msg);
       CHECKF(strstr(msg, f.fn) || strstr(msg, cl_name(f.code)) || st == CLATTN_ERR_NO_DEVICE,
              "%s: fault %ld in %s (%s): the message names neither: %.300s", label, n, f.fn, cl_name(f.code), msg);
     }
-    if (shim_live() != live0)
-      report_leak(label, n, &f, before, msg);
+    if (shim_live() != live0) report_leak(label, n, &f, before, msg);
   }
   printf("    %s: %ld OpenCL calls, %ld faults injected, %ld absorbed, %ld leaking\n", label, calls, injected, absorbed,
          g_leaks - leaks0);
 }
 
-static void faults_create(void)
-{
+static void faults_create(void) {
   clattn_options opt = {0};
   opt.cache_dir = g_cache_dir; /* warm: the programs load from the binary cache */
   create_sweep("create (own context, binary cache)", &opt);
 }
 
-static void faults_create_embedded(void)
-{
+static void faults_create_embedded(void) {
   clattn_options opt = {0};
   opt.context = clattn_cl_context(fx);
   opt.device = clattn_cl_device(fx);
@@ -1091,8 +999,7 @@ static void faults_create_embedded(void)
 
 /* Without a cache every create compiles the programs: inject only into the
  * calls of the source builds (and what follows the first one). */
-static void faults_create_no_cache(void)
-{
+static void faults_create_no_cache(void) {
   clattn_options opt = {0};
   opt.cache_dir = "";
   const char *fns[] = {"clCreateProgramWithSource", "clBuildProgram", "clGetProgramBuildInfo"};
@@ -1111,8 +1018,7 @@ static void faults_create_no_cache(void)
       if (!fired) {
         /* clGetProgramBuildInfo runs only after a failed build */
         CHECKF(i == 2 && st == CLATTN_OK, "no-cache create: %s #%ld not called", fns[i], n);
-        if (c)
-          clattn_destroy(c);
+        if (c) clattn_destroy(c);
         continue;
       }
       g_injected++;
@@ -1135,14 +1041,12 @@ static void faults_create_no_cache(void)
 
 /* A problem whose keys and values are one row broadcast over a huge kv_len
  * (row stride 0): tiny buffers, but scratch proportional to kv_len. */
-static void oom_case(clattn_algo algo, int kv_len, int dk, const char *label, clattn_status also_ok)
-{
+static void oom_case(clattn_algo algo, int kv_len, int dk, const char *label, clattn_status also_ok) {
   cl_int e = 0;
   cl_context cc = clattn_cl_context(fx);
   const int dv = dk;
   float host[64];
-  for (int i = 0; i < 64; i++)
-    host[i] = 0.01f * (float)i;
+  for (int i = 0; i < 64; i++) host[i] = 0.01f * (float)i;
   cl_mem q = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof host, host, &e);
   cl_mem kv = clCreateBuffer(cc, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof host, host, &e);
   cl_mem out = clCreateBuffer(cc, CL_MEM_READ_WRITE, sizeof host, NULL, &e);
@@ -1171,8 +1075,7 @@ static void oom_case(clattn_algo algo, int kv_len, int dk, const char *label, cl
     const char *fn = shim_trace_fn(i);
     enqueued += fn && strncmp(fn, "clEnqueue", 9) == 0;
   }
-  if (done)
-    clReleaseEvent(done);
+  if (done) clReleaseEvent(done);
   finish();
   CHECKF(st == CLATTN_ERR_OUT_OF_MEMORY || st == also_ok, "%s: N = %d: status %s, expected out of memory; message: %s",
          label, kv_len, clattn_status_string(st), clattn_last_error(NULL));
@@ -1185,8 +1088,7 @@ static void oom_case(clattn_algo algo, int kv_len, int dk, const char *label, cl
   clReleaseMemObject(out);
 }
 
-static void oom_past_max_alloc(void)
-{
+static void oom_past_max_alloc(void) {
   cl_ulong max_alloc = 0;
   REQUIRE(clGetDeviceInfo(clattn_cl_device(fx), CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL) ==
           CL_SUCCESS);
@@ -1194,8 +1096,7 @@ static void oom_past_max_alloc(void)
   oom_case(CLATTN_ALGO_FUSED, 1 << 30, 8, "fused, packed keys past the largest allocation", CLATTN_ERR_OUT_OF_MEMORY);
   /* staged / GEMM: one row of scores is N floats: past max_alloc when 4 N > max_alloc */
   long long n = (long long)(max_alloc / 4) * 2;
-  if (n > INT32_MAX)
-    n = INT32_MAX;
+  if (n > INT32_MAX) n = INT32_MAX;
   if ((cl_ulong)n * 4 > max_alloc) {
     /* refused before anything is enqueued (the fused path could run them) */
     oom_case(CLATTN_ALGO_STAGED, (int)n, 8, "staged, one score row past the largest allocation",
@@ -1208,8 +1109,7 @@ static void oom_past_max_alloc(void)
 }
 
 /* An injected CL_MEM_OBJECT_ALLOCATION_FAILURE on each clCreateBuffer of a call. */
-static void oom_injected_alloc(void)
-{
+static void oom_injected_alloc(void) {
   const clattn_algo algos[] = {CLATTN_ALGO_STAGED, CLATTN_ALGO_FUSED, CLATTN_ALGO_GEMM};
   for (int a = 0; a < 3; a++) {
     cp_shape s = small_shape(algos[a]);
@@ -1232,12 +1132,10 @@ static void oom_injected_alloc(void)
       shim_fault f;
       int fired = shim_fired(&f);
       shim_disarm();
-      if (done)
-        clReleaseEvent(done);
+      if (done) clReleaseEvent(done);
       finish();
       if (!fired) {
-        if (shim_spared())
-          continue;
+        if (shim_spared()) continue;
         CHECKF(n > 1, "%s: no clCreateBuffer", clattn_algo_name(algos[a]));
         break;
       }
@@ -1246,8 +1144,8 @@ static void oom_injected_alloc(void)
       g_injected++;
       g_in_main++;
       const char *msg = clattn_last_error(NULL);
-      CHECKF(st == CLATTN_ERR_OUT_OF_MEMORY, "%s: clCreateBuffer #%ld failing: %s: %s", clattn_algo_name(algos[a]),
-             n, clattn_status_string(st), msg);
+      CHECKF(st == CLATTN_ERR_OUT_OF_MEMORY, "%s: clCreateBuffer #%ld failing: %s: %s", clattn_algo_name(algos[a]), n,
+             clattn_status_string(st), msg);
       CHECKF(strstr(msg, "clCreateBuffer") && strstr(msg, "CL_MEM_OBJECT_ALLOCATION_FAILURE"), "message: %s", msg);
       trim_pools(); /* what the call pooled before the failure; nothing may be left taken */
       CHECKF(shim_live() == live0, "%s: clCreateBuffer #%ld failing: live objects %ld -> %ld",
@@ -1266,8 +1164,7 @@ static char g_self[4096];
  * returned an out-of-memory status, 1 on another status; CLBlast 1.5.3
  * aborts instead (its Buffer constructor throws, and the deleter of the
  * half-made buffer throws again during unwinding: std::terminate). */
-static int clblast_alloc_child(void)
-{
+static int clblast_alloc_child(void) {
   /* CLBlast allocates temporary (padded) matrices only in its indirect
    * GEMM, which it runs when m n k reaches XGEMM_MIN_INDIRECT_SIZE^3 (896^3
    * by default): Q K^T here is 1000 x 1000 x 728, in one chunk (setup's
@@ -1279,8 +1176,7 @@ static int clblast_alloc_child(void)
   char err[256];
   cp_problem *pb = cp_build(&s, err, sizeof err);
   cp_result r;
-  if (!pb || cp_run(pb, fx, &r) != 0 || !cp_result_ok(&r, 2e-4))
-    return 2;
+  if (!pb || cp_run(pb, fx, &r) != 0 || !cp_result_ok(&r, 2e-4)) return 2;
   shim_reset();
   shim_arm(1, CL_MEM_OBJECT_ALLOCATION_FAILURE, "clCreateBuffer");
   shim_arm_library_only(1);
@@ -1293,28 +1189,27 @@ static int clblast_alloc_child(void)
   return fired && st == CLATTN_ERR_OUT_OF_MEMORY ? 0 : 1;
 }
 
-static void gemm_clblast_temp_buffer_failure(void)
-{
+static void gemm_clblast_temp_buffer_failure(void) {
   char cmd[4200];
   snprintf(cmd, sizeof cmd, "'%s' --clblast-alloc-child 2>&1", g_self);
   FILE *f = popen(cmd, "r");
   REQUIRE(f != NULL);
   char line[512];
-  while (fgets(line, sizeof line, f))
-    printf("      | %s", line);
+  while (fgets(line, sizeof line, f)) printf("      | %s", line);
   int rc = pclose(f);
   CHECKF(WIFEXITED(rc) && WEXITSTATUS(rc) == 0,
          "a GEMM call whose CLBlast temporary buffer fails to allocate %s (CLBlast's clblast::Buffer constructor: "
          "the host process must get CLATTN_ERR_OUT_OF_MEMORY, not an abort)",
-         WIFSIGNALED(rc) ? "killed the process" : WIFEXITED(rc) && WEXITSTATUS(rc) > 1 ? "aborted (exit status)" : "returned another status");
+         WIFSIGNALED(rc)                        ? "killed the process"
+         : WIFEXITED(rc) && WEXITSTATUS(rc) > 1 ? "aborted (exit status)"
+                                                : "returned another status");
 }
 
 /* ---------- the shim itself ---------- */
 
 /* The wrappers see the calls made from clattn's objects: a forward call
  * counts calls, and a fault injected at the first clCreateKernel fails it. */
-static void shim_interposes(void)
-{
+static void shim_interposes(void) {
   REQUIRE(shim_active());
   cp_shape s = small_shape(CLATTN_ALGO_STAGED);
   cp_problem *pb;
@@ -1357,8 +1252,7 @@ static void shim_interposes(void)
     int fired = shim_fired(&f);
     shim_disarm();
     finish();
-    if (!fired)
-      break;
+    if (!fired) break;
     if (!f.in_main) {
       lib_seen = 1;
       break;
@@ -1372,8 +1266,7 @@ static void shim_interposes(void)
 
 /* Objects clattn created since shim_reset (kernels, buffers, programs;
  * CLBlast's own kernel objects per GEMM are not clattn's). */
-static long creations(const char **first)
-{
+static long creations(const char **first) {
   long n = 0;
   *first = "";
   for (long i = 1; i <= shim_calls(); i++) {
@@ -1381,8 +1274,7 @@ static long creations(const char **first)
     if (fn && shim_trace_in_main(i) &&
         (!strcmp(fn, "clCreateKernel") || !strcmp(fn, "clCreateBuffer") || !strcmp(fn, "clCreateSubBuffer") ||
          !strncmp(fn, "clCreateProgram", 15))) {
-      if (!n)
-        *first = fn;
+      if (!n) *first = fn;
       n++;
     }
   }
@@ -1390,8 +1282,7 @@ static long creations(const char **first)
 }
 
 /* Issue #12 item 4: a second identical call creates no OpenCL object. */
-static void no_setup_on_repeat_calls(void)
-{
+static void no_setup_on_repeat_calls(void) {
   cp_shape decode = cp_shape_default();
   decode.q_heads = 8;
   decode.kv_heads = 2;
@@ -1411,8 +1302,11 @@ static void no_setup_on_repeat_calls(void)
   const struct {
     const char *label;
     const cp_shape *s;
-  } cases[] = {{"decode (AUTO)", &decode}, {"split-KV decode", &split}, {"decode, EMPTY_ERROR", &error},
-               {"staged, chunked", &staged}, {"GEMM, V copied", &gemm}};
+  } cases[] = {{"decode (AUTO)", &decode},
+               {"split-KV decode", &split},
+               {"decode, EMPTY_ERROR", &error},
+               {"staged, chunked", &staged},
+               {"GEMM, V copied", &gemm}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     cp_problem *pb;
     KC_BUILD(pb, cases[c].s);
@@ -1430,15 +1324,13 @@ static void no_setup_on_repeat_calls(void)
       clattn_status st = clattn_forward(fx, &pb->params, 0, NULL, &done);
       const char *first;
       long made = creations(&first), calls = shim_calls();
-      if (done)
-        clReleaseEvent(done);
+      if (done) clReleaseEvent(done);
       finish();
       CHECKF(st == CLATTN_OK, "%s: %s", cases[c].label, clattn_last_error(NULL));
       CHECKF(made == 0, "%s: call %d after the first created %ld OpenCL objects (first: %s)", cases[c].label, rep + 2,
              made, first);
       CHECKF(shim_live() == live0, "%s: live objects %ld -> %ld", cases[c].label, live0, shim_live());
-      if (rep == 1)
-        printf("    %s: %ld OpenCL calls, none creating an object\n", cases[c].label, calls);
+      if (rep == 1) printf("    %s: %ld OpenCL calls, none creating an object\n", cases[c].label, calls);
     }
     cp_free(pb);
   }
@@ -1452,8 +1344,7 @@ static void no_setup_on_repeat_calls(void)
 /* A failure while the pools grow (a new scratch buffer, a grown one, a new
  * kernel object) fails that call cleanly and leaves the context usable: the
  * next call succeeds, and nothing is left taken (a trim frees it all). */
-static void pool_growth_failure(void)
-{
+static void pool_growth_failure(void) {
   cp_shape small = small_shape(CLATTN_ALGO_STAGED);
   cp_shape big = small;
   big.kv_len = 1500; /* a score row of 6000 bytes: more scratch than small's call took (4 KiB) */
@@ -1467,10 +1358,8 @@ static void pool_growth_failure(void)
   for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
     cp_result r;
     trim_pools();
-    if (!steps[i].trim && !CHECK(cp_run(ps, fx, &r) == 0 && cp_result_ok(&r, 2e-4)))
-      continue;
-    if (!CHECK(cp_upload(pb, fx) == 0 && cp_fill_outputs(pb, NAN) == 0))
-      continue;
+    if (!steps[i].trim && !CHECK(cp_run(ps, fx, &r) == 0 && cp_result_ok(&r, 2e-4))) continue;
+    if (!CHECK(cp_upload(pb, fx) == 0 && cp_fill_outputs(pb, NAN) == 0)) continue;
     finish();
     long live0 = shim_live();
     cl_event done = NULL;
@@ -1483,8 +1372,7 @@ static void pool_growth_failure(void)
     char msg[512];
     snprintf(msg, sizeof msg, "%s", clattn_last_error(NULL));
     finish();
-    if (!CHECKF(fired, "%s (%s pools): not called", steps[i].fn, steps[i].trim ? "empty" : "warm"))
-      continue;
+    if (!CHECKF(fired, "%s (%s pools): not called", steps[i].fn, steps[i].trim ? "empty" : "warm")) continue;
     g_injected++;
     g_in_main++;
     g_failed_cleanly += st != CLATTN_OK;
@@ -1506,31 +1394,28 @@ static void pool_growth_failure(void)
 
 /* ---------- setup ---------- */
 
-static void summary(void)
-{
-  printf("  totals: %ld faults injected (%ld in clattn's calls, %ld in CLBlast's), %ld failed the call cleanly, "
-         "%ld absorbed, %ld leaking\n",
-         g_injected, g_in_main, g_in_lib, g_failed_cleanly, g_absorbed, g_leaks);
+static void summary(void) {
+  printf(
+      "  totals: %ld faults injected (%ld in clattn's calls, %ld in CLBlast's), %ld failed the call cleanly, "
+      "%ld absorbed, %ld leaking\n",
+      g_injected, g_in_main, g_in_lib, g_failed_cleanly, g_absorbed, g_leaks);
   printf("  %ld calls spared (CLBlast's own clCreateBuffer, which aborts the process when it fails)\n", g_spared);
   int main_sites = 0;
-  for (int i = 0; i < g_n_sites; i++)
-    main_sites += g_sites[i].in_main;
-  printf("  call sites hit: %d distinct (OpenCL function, return address) pairs, %d in clattn, %d in CLBlast; "
-         "%d distinct failure messages\n",
-         g_n_sites, main_sites, g_n_sites - main_sites, g_n_msgs);
+  for (int i = 0; i < g_n_sites; i++) main_sites += g_sites[i].in_main;
+  printf(
+      "  call sites hit: %d distinct (OpenCL function, return address) pairs, %d in clattn, %d in CLBlast; "
+      "%d distinct failure messages\n",
+      g_n_sites, main_sites, g_n_sites - main_sites, g_n_msgs);
   if (getenv("CLATTN_FAULTS_VERBOSE")) {
-    for (int i = 0; i < g_n_msgs; i++)
-      printf("    - %s\n", g_msgs[i]);
+    for (int i = 0; i < g_n_msgs; i++) printf("    - %s\n", g_msgs[i]);
     for (int i = 0; i < g_n_sites; i++)
       printf("    site %-28s %p %s x%ld\n", g_sites[i].fn, g_sites[i].caller, g_sites[i].in_main ? "clattn" : "lib",
              g_sites[i].hits);
   }
-  for (int i = 0; i < g_n_msgs; i++)
-    free(g_msgs[i]);
+  for (int i = 0; i < g_n_msgs; i++) free(g_msgs[i]);
 }
 
-static void cleanup(void)
-{
+static void cleanup(void) {
   summary();
   /* everything the context holds goes with it */
   clattn_destroy(fx);
@@ -1539,19 +1424,16 @@ static void cleanup(void)
   if (shim_live() != 0) {
     printf("  after destroying every context, alive through the shim:");
     for (int k = 0; k < SHIM_KINDS; k++)
-      if (shim_live_kind((shim_kind)k))
-        printf(" %s %ld", shim_kind_name((shim_kind)k), shim_live_kind((shim_kind)k));
+      if (shim_live_kind((shim_kind)k)) printf(" %s %ld", shim_kind_name((shim_kind)k), shim_live_kind((shim_kind)k));
     printf(" (CLBlast's program cache keeps its programs and their context)\n");
   }
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_cache_dir);
-  if (g_cache_dir[0])
-    (void)!system(cmd);
+  if (g_cache_dir[0]) (void)!system(cmd);
 }
 
 /* scratch: the staged and GEMM paths' budget in bytes (CLATTN_SCRATCH_BYTES). */
-static void setup(const char *scratch)
-{
+static void setup(const char *scratch) {
   snprintf(g_cache_dir, sizeof g_cache_dir, "%s/clattn-faults-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   if (!mkdtemp(g_cache_dir)) {
     printf("mkdtemp failed\n");
@@ -1575,33 +1457,31 @@ static void setup(const char *scratch)
   shim_spare_library_fn("clCreateBuffer");
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
   static const ct_test tests[] = {
-    CT_TEST(shim_interposes),
-    CT_TEST(faults_staged),
-    CT_TEST(faults_fused_prefill),
-    CT_TEST(faults_fused_decode_split),
-    CT_TEST(faults_gemm),
-    CT_TEST(faults_empty_error),
-    CT_TEST(faults_storage_sequences_shaping),
-    CT_TEST(faults_merge),
-    CT_TEST(faults_paged_q8_0),
-    CT_TEST(faults_fused_first_build),
-    CT_TEST(faults_backward),
-    CT_TEST(faults_backward_first_build),
-    CT_TEST(faults_create),
-    CT_TEST(faults_create_embedded),
-    CT_TEST(faults_create_no_cache),
-    CT_TEST(oom_past_max_alloc),
-    CT_TEST(oom_injected_alloc),
-    CT_TEST(gemm_clblast_temp_buffer_failure),
-    CT_TEST(no_setup_on_repeat_calls),
-    CT_TEST(pool_growth_failure),
+      CT_TEST(shim_interposes),
+      CT_TEST(faults_staged),
+      CT_TEST(faults_fused_prefill),
+      CT_TEST(faults_fused_decode_split),
+      CT_TEST(faults_gemm),
+      CT_TEST(faults_empty_error),
+      CT_TEST(faults_storage_sequences_shaping),
+      CT_TEST(faults_merge),
+      CT_TEST(faults_paged_q8_0),
+      CT_TEST(faults_fused_first_build),
+      CT_TEST(faults_backward),
+      CT_TEST(faults_backward_first_build),
+      CT_TEST(faults_create),
+      CT_TEST(faults_create_embedded),
+      CT_TEST(faults_create_no_cache),
+      CT_TEST(oom_past_max_alloc),
+      CT_TEST(oom_injected_alloc),
+      CT_TEST(gemm_clblast_temp_buffer_failure),
+      CT_TEST(no_setup_on_repeat_calls),
+      CT_TEST(pool_growth_failure),
   };
   ssize_t len = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
-  if (len > 0)
-    g_self[len] = '\0';
+  if (len > 0) g_self[len] = '\0';
   if (argc > 1 && strcmp(argv[1], "--clblast-alloc-child") == 0) {
     setup("8000000");
     shim_spare_library_fn(NULL);
@@ -1612,6 +1492,6 @@ int main(int argc, char **argv)
     (void)!system(cmd);
     return rc;
   }
-  setup("256");   /* a small scratch budget: the staged and GEMM calls run in several chunks */
+  setup("256"); /* a small scratch budget: the staged and GEMM calls run in several chunks */
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

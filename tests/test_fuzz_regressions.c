@@ -31,30 +31,24 @@
 
 static const char *filter;
 
-static int by_name(const void *a, const void *b)
-{
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 typedef int (*fz_case_fn)(const uint8_t *data, size_t size, const char *name, char *why, size_t n);
 
-static int replay_forward(const uint8_t *data, size_t size, const char *name, char *why, size_t n)
-{
+static int replay_forward(const uint8_t *data, size_t size, const char *name, char *why, size_t n) {
   (void)name;
   return fz_run(data, size, why, n);
 }
 
-static int replay_append(const uint8_t *data, size_t size, const char *name, char *why, size_t n)
-{
+static int replay_append(const uint8_t *data, size_t size, const char *name, char *why, size_t n) {
   (void)name;
   return fz_append_run(data, size, why, n);
 }
 
 /* A parser's verdict must also be what the input's name says: accepted
  * exactly when it starts with "valid" (tools/fuzz_parser_seeds.py). */
-static int replay_parser(int (*parse)(const uint8_t *, size_t, int *, char *, size_t), const uint8_t *data,
-                         size_t size, const char *name, char *why, size_t n)
-{
+static int replay_parser(int (*parse)(const uint8_t *, size_t, int *, char *, size_t), const uint8_t *data, size_t size,
+                         const char *name, char *why, size_t n) {
   int accepted = -1;
   int v = parse(data, size, &accepted, why, n);
   if (v == FZ_PASS && accepted != !strncmp(name, "valid", 5)) {
@@ -65,19 +59,16 @@ static int replay_parser(int (*parse)(const uint8_t *, size_t, int *, char *, si
   return v;
 }
 
-static int replay_cache_entry(const uint8_t *data, size_t size, const char *name, char *why, size_t n)
-{
+static int replay_cache_entry(const uint8_t *data, size_t size, const char *name, char *why, size_t n) {
   return replay_parser(fz_cache_entry, data, size, name, why, n);
 }
 
-static int replay_tuning_file(const uint8_t *data, size_t size, const char *name, char *why, size_t n)
-{
+static int replay_tuning_file(const uint8_t *data, size_t size, const char *name, char *why, size_t n) {
   return replay_parser(fz_tuning_file, data, size, name, why, n);
 }
 
 /* Runs every input of FUZZ_DIR/sub through run (a failed forward case is described too). */
-static void replay_dir(const char *sub, int must_have, fz_case_fn run)
-{
+static void replay_dir(const char *sub, int must_have, fz_case_fn run) {
   char dir[4096];
   snprintf(dir, sizeof dir, "%s/%s", FUZZ_DIR, sub);
   DIR *d = opendir(dir);
@@ -89,10 +80,8 @@ static void replay_dir(const char *sub, int must_have, fz_case_fn run)
   size_t count = 0, cap = 0;
   struct dirent *e;
   while ((e = readdir(d))) {
-    if (e->d_name[0] == '.' || !strcmp(e->d_name, "README") || strstr(e->d_name, ".md"))
-      continue;
-    if (filter && !strstr(e->d_name, filter))
-      continue;
+    if (e->d_name[0] == '.' || !strcmp(e->d_name, "README") || strstr(e->d_name, ".md")) continue;
+    if (filter && !strstr(e->d_name, filter)) continue;
     if (count == cap) {
       cap = cap ? 2 * cap : 32;
       names = realloc(names, cap * sizeof *names);
@@ -101,8 +90,7 @@ static void replay_dir(const char *sub, int must_have, fz_case_fn run)
     names[count++] = strdup(e->d_name);
   }
   closedir(d);
-  if (count)
-    qsort(names, count, sizeof *names, by_name);
+  if (count) qsort(names, count, sizeof *names, by_name);
   CHECKF(!must_have || count > 0 || filter, "%s holds no inputs", dir);
 
   char why[2048], desc[2048];
@@ -120,8 +108,7 @@ static void replay_dir(const char *sub, int must_have, fz_case_fn run)
     uint8_t chunk[4096];
     while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
       uint8_t *grown = realloc(data, size + got);
-      if (!grown)
-        break;
+      if (!grown) break;
       data = grown;
       memcpy(data + size, chunk, got);
       size += got;
@@ -130,8 +117,7 @@ static void replay_dir(const char *sub, int must_have, fz_case_fn run)
     int v = run(data, size, names[i], why, sizeof why);
     if (v == FZ_FAIL) {
       desc[0] = '\0';
-      if (run == replay_forward)
-        fz_describe(data, size, desc, sizeof desc);
+      if (run == replay_forward) fz_describe(data, size, desc, sizeof desc);
       CHECKF(0, "%s/%s: %s\n      case: %s", sub, names[i], why, desc);
     } else if (v == FZ_SKIP) {
       skipped++;
@@ -145,45 +131,28 @@ static void replay_dir(const char *sub, int must_have, fz_case_fn run)
   printf("    %s: %zu inputs, %ld passed, %ld skipped (over the work cap)\n", sub, count, passed, skipped);
 }
 
-static void test_corpus(void)
-{
-  replay_dir("corpus", 1, replay_forward);
-}
+static void test_corpus(void) { replay_dir("corpus", 1, replay_forward); }
 
-static void test_regressions(void)
-{
-  replay_dir("regressions", 0, replay_forward);
-}
+static void test_regressions(void) { replay_dir("regressions", 0, replay_forward); }
 
 /* clattn_kv_append's seeds and the inputs its fuzzer once failed on */
-static void test_append_corpus(void)
-{
-  replay_dir("corpus-append", 1, replay_append);
-}
+static void test_append_corpus(void) { replay_dir("corpus-append", 1, replay_append); }
 
-static void test_cache_entry_corpus(void)
-{
-  replay_dir("corpus-cache-entry", 1, replay_cache_entry);
-}
+static void test_cache_entry_corpus(void) { replay_dir("corpus-cache-entry", 1, replay_cache_entry); }
 
-static void test_tuning_file_corpus(void)
-{
-  replay_dir("corpus-tuning-file", 1, replay_tuning_file);
-}
+static void test_tuning_file_corpus(void) { replay_dir("corpus-tuning-file", 1, replay_tuning_file); }
 
 /* The context still works after everything above. */
-static void test_known_good_after(void)
-{
+static void test_known_good_after(void) {
   char why[2048];
   CHECKF(fz_known_good(why, sizeof why) == FZ_PASS, "%s", why);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
   const int parsers = argc > 1 && !strcmp(argv[1], "--parsers");
   filter = argc > 1 + parsers ? argv[1 + parsers] : NULL;
   if (parsers) {
-    alarm(120);   /* the watchdog: each input takes microseconds */
+    alarm(120); /* the watchdog: each input takes microseconds */
     static const ct_test parser_tests[] = {
         CT_TEST(test_cache_entry_corpus),
         CT_TEST(test_tuning_file_corpus),

@@ -18,40 +18,45 @@
 
 #define HIGH ((size_t)1 << 31)
 
-static cl_mem big_buffer(size_t bytes)
-{
+static cl_mem big_buffer(size_t bytes) {
   cl_int e;
   cl_mem m = clCreateBuffer(clattn_cl_context(ct_context()), CL_MEM_READ_WRITE, bytes, NULL, &e);
   CHECKF(e == CL_SUCCESS, "clCreateBuffer(%zu bytes): %d", bytes, e);
   return e == CL_SUCCESS ? m : NULL;
 }
 
-static int write_at(cl_mem m, size_t byte_offset, const void *data, size_t bytes)
-{
+static int write_at(cl_mem m, size_t byte_offset, const void *data, size_t bytes) {
   cl_int e = clEnqueueWriteBuffer(clattn_cl_queue(ct_context()), m, CL_TRUE, byte_offset, bytes, data, 0, NULL, NULL);
   return CHECKF(e == CL_SUCCESS, "clEnqueueWriteBuffer at %zu: %d", byte_offset, e);
 }
 
 /* Moves a view of `elems` elements (the kit's whole host array) to the end
  * of buffer m (capacity elements), returning the shift added to its offset. */
-static size_t place_at_end(clattn_tensor *t, cl_mem m, size_t capacity, const void *host, size_t elems, size_t elem_size)
-{
+static size_t place_at_end(clattn_tensor *t, cl_mem m, size_t capacity, const void *host, size_t elems,
+                           size_t elem_size) {
   const size_t shift = capacity - elems - 3;
-  if (!write_at(m, shift * elem_size, host, elems * elem_size))
-    return 0;
+  if (!write_at(m, shift * elem_size, host, elems * elem_size)) return 0;
   t->buf = m;
   t->offset += shift;
   return shift;
 }
 
-static void views_at_the_end_of_the_largest_buffers(void)
-{
+static void views_at_the_end_of_the_largest_buffers(void) {
   cl_ulong max_alloc = 0;
   REQUIRE(clGetDeviceInfo(clattn_cl_device(ct_context()), CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc,
                           NULL) == CL_SUCCESS);
   cp_shape s = cp_shape_default();
-  s.q_heads = 4; s.kv_heads = 2; s.q_len = 37; s.kv_len = 53; s.head_dim = 24; s.value_dim = 20;
-  s.causal = 1; s.mask = CP_MASK_RANDOM; s.want_lse = 1; s.want_diag = 1; s.poison_disallowed = 1;
+  s.q_heads = 4;
+  s.kv_heads = 2;
+  s.q_len = 37;
+  s.kv_len = 53;
+  s.head_dim = 24;
+  s.value_dim = 20;
+  s.causal = 1;
+  s.mask = CP_MASK_RANDOM;
+  s.want_lse = 1;
+  s.want_diag = 1;
+  s.poison_disallowed = 1;
   cp_problem *pb;
   KC_BUILD(pb, &s);
   REQUIRE(cp_reference(pb) == 0);
@@ -90,10 +95,8 @@ static void views_at_the_end_of_the_largest_buffers(void)
       }
     }
   }
-  if (mask)
-    clReleaseMemObject(mask);
-  if (floats)
-    clReleaseMemObject(floats);
+  if (mask) clReleaseMemObject(mask);
+  if (floats) clReleaseMemObject(floats);
   cp_free(pb);
 }
 
@@ -107,23 +110,19 @@ static void views_at_the_end_of_the_largest_buffers(void)
  * O = v and lse = s_i + log(window + 1), in closed form. Returns the status;
  * checks the outputs when OK. */
 static clattn_status near_int_max_call(clattn_context *ctx, int kv_len, int q_len, clattn_algo algo, int with_diag,
-                                       const char *what)
-{
+                                       const char *what) {
   enum { H = 2, M_MAX = 8, D = 16, WINDOW = 40 };
   const int M = q_len;
   cl_context cl = clattn_cl_context(ctx);
   cl_command_queue queue = clattn_cl_queue(ctx);
   float q[H * M_MAX * D], k[D], v[D], out[H * M_MAX * D], lse[H * M_MAX], ent[H * M_MAX];
-  for (int x = 0; x < H * M * D; x++)
-    q[x] = (float)((x * 7) % 11) * 0.1f - 0.5f;
+  for (int x = 0; x < H * M * D; x++) q[x] = (float)((x * 7) % 11) * 0.1f - 0.5f;
   for (int d = 0; d < D; d++) {
     k[d] = (float)(d % 5) * 0.2f - 0.3f;
     v[d] = (float)d - 4.5f;
   }
-  for (int x = 0; x < H * M * D; x++)
-    out[x] = NAN;
-  for (int x = 0; x < H * M; x++)
-    lse[x] = ent[x] = NAN;
+  for (int x = 0; x < H * M * D; x++) out[x] = NAN;
+  for (int x = 0; x < H * M; x++) lse[x] = ent[x] = NAN;
   cl_int e[6];
   cl_mem qb = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof q, q, &e[0]);
   cl_mem kb = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof k, k, &e[1]);
@@ -133,24 +132,30 @@ static clattn_status near_int_max_call(clattn_context *ctx, int kv_len, int q_le
   cl_mem eb = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof ent, ent, &e[5]);
   clattn_status st = CLATTN_ERR_OPENCL;
   if (!CHECKF(e[0] == CL_SUCCESS && e[1] == CL_SUCCESS && e[2] == CL_SUCCESS && e[3] == CL_SUCCESS &&
-              e[4] == CL_SUCCESS && e[5] == CL_SUCCESS, "%s: clCreateBuffer", what))
+                  e[4] == CL_SUCCESS && e[5] == CL_SUCCESS,
+              "%s: clCreateBuffer", what))
     goto done;
   clattn_params p = clattn_params_default();
-  p.batch = 1; p.q_heads = H; p.kv_heads = 1; p.q_len = M; p.kv_len = kv_len; p.head_dim = D; p.value_dim = D;
+  p.batch = 1;
+  p.q_heads = H;
+  p.kv_heads = 1;
+  p.q_len = M;
+  p.kv_len = kv_len;
+  p.head_dim = D;
+  p.value_dim = D;
   p.q = (clattn_tensor){qb, 0, {H * M * D, M * D, D, 1}};
-  p.k = (clattn_tensor){kb, 0, {0, 0, 0, 1}};    /* every key the same row */
+  p.k = (clattn_tensor){kb, 0, {0, 0, 0, 1}}; /* every key the same row */
   p.v = (clattn_tensor){vb, 0, {0, 0, 0, 1}};
   p.out = (clattn_tensor){ob, 0, {H * M * D, M * D, D, 1}};
   p.lse = (clattn_tensor){lb, 0, {H * M, M, 1, 0}};
-  if (with_diag)   /* diagnostics: FUSED does not split the keys */
+  if (with_diag) /* diagnostics: FUSED does not split the keys */
     p.entropy = (clattn_tensor){eb, 0, {H * M, M, 1, 0}};
   p.causal = 1;
   p.window_left = WINDOW;
   p.algo = algo;
   const double t0 = cp_now_ms();
   st = clattn_forward(ctx, &p, 0, NULL, NULL);
-  if (st != CLATTN_OK)
-    goto done;
+  if (st != CLATTN_OK) goto done;
   if (!CHECK(clFinish(queue) == CL_SUCCESS) ||
       !CHECK(clEnqueueReadBuffer(queue, ob, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL) == CL_SUCCESS) ||
       !CHECK(clEnqueueReadBuffer(queue, lb, CL_TRUE, 0, sizeof lse, lse, 0, NULL, NULL) == CL_SUCCESS) ||
@@ -160,8 +165,7 @@ static clattn_status near_int_max_call(clattn_context *ctx, int kv_len, int q_le
   long bad = 0;
   for (int r = 0; r < H * M; r++) {
     double s = 0.0;
-    for (int d = 0; d < D; d++)
-      s += (double)q[r * D + d] * k[d];
+    for (int d = 0; d < D; d++) s += (double)q[r * D + d] * k[d];
     s /= sqrt((double)D);
     const double want_lse = s + log(WINDOW + 1.0);
     if (!kc_close(lse[r], want_lse, 1e-5) || (with_diag && !kc_close(ent[r], log(WINDOW + 1.0), 1e-4))) {
@@ -170,16 +174,14 @@ static clattn_status near_int_max_call(clattn_context *ctx, int kv_len, int q_le
                with_diag ? ", entropy " : "", with_diag ? ent[r] : 0.0);
       bad++;
     }
-    for (int c = 0; c < D; c++)
-      bad += !kc_close(out[r * D + c], v[c], 1e-5);
+    for (int c = 0; c < D; c++) bad += !kc_close(out[r * D + c], v[c], 1e-5);
   }
   if (CHECKF(bad == 0, "%s: %ld wrong outputs (out[0] = %g, expected %g)", what, bad, out[0], v[0]))
     printf("  %s: exact in %.0f ms\n", what, ms);
 done:
   for (int x = 0; x < 6; x++) {
     cl_mem m[] = {qb, kb, vb, ob, lb, eb};
-    if (m[x])
-      clReleaseMemObject(m[x]);
+    if (m[x]) clReleaseMemObject(m[x]);
   }
   return st;
 }
@@ -195,8 +197,7 @@ done:
  * exact; their window arithmetic near INT_MAX is covered by
  * window_bounds_near_int_max and the host's planning by
  * key_ranges_are_planned_in_64_bits. */
-static void kv_len_near_int_max_broadcast_kv(void)
-{
+static void kv_len_near_int_max_broadcast_kv(void) {
   const int lens[] = {INT_MAX, INT_MAX - 1, 2147483521, 2147483632, 2147483520};
   char what[128];
   for (size_t n = 0; n < sizeof lens / sizeof lens[0]; n++)
@@ -210,11 +211,11 @@ static void kv_len_near_int_max_broadcast_kv(void)
   for (size_t a = 0; a < 3; a++) {
     snprintf(what, sizeof what, "%s kv_len %d%s", clattn_algo_name(others[a]), INT_MAX,
              others[a] == CLATTN_ALGO_FUSED ? " (packed)" : "");
-    clattn_status st = near_int_max_call(ct_context(), INT_MAX, others[a] == CLATTN_ALGO_FUSED ? 8 : 2, others[a], 0, what);
+    clattn_status st =
+        near_int_max_call(ct_context(), INT_MAX, others[a] == CLATTN_ALGO_FUSED ? 8 : 2, others[a], 0, what);
     CHECKF(st == CLATTN_OK || st == CLATTN_ERR_OUT_OF_MEMORY, "%s: %s: %s", what, clattn_status_string(st),
            clattn_last_error(ct_context()));
-    if (st != CLATTN_OK)
-      printf("  %s: %s (%s)\n", what, clattn_status_string(st), clattn_last_error(ct_context()));
+    if (st != CLATTN_OK) printf("  %s: %s (%s)\n", what, clattn_status_string(st), clattn_last_error(ct_context()));
   }
   /* flash_tiled, forced as CLATTN_FLASH_WG does for the -tiled suites */
   const char *saved = getenv("CLATTN_FLASH_WG");
@@ -243,14 +244,20 @@ static void kv_len_near_int_max_broadcast_kv(void)
  * with causal alignment and ALiBi's |p_i - j| on, on every path against
  * the fp64 reference: the same arithmetic the kv_len-near-INT_MAX calls
  * need, at a size STAGED and GEMM can run here. */
-static void window_bounds_near_int_max(void)
-{
-  const struct { int left, right, causal; } cases[] = {
-    {INT_MAX - 1, INT_MAX - 1, 0}, {INT_MAX, INT_MAX, 0}, {INT_MAX, -1, 1}, {3, INT_MAX, 0}, {INT_MAX, 2, 0},
+static void window_bounds_near_int_max(void) {
+  const struct {
+    int left, right, causal;
+  } cases[] = {
+      {INT_MAX - 1, INT_MAX - 1, 0}, {INT_MAX, INT_MAX, 0}, {INT_MAX, -1, 1}, {3, INT_MAX, 0}, {INT_MAX, 2, 0},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     cp_shape s = cp_shape_default();
-    s.q_heads = 2; s.kv_heads = 1; s.q_len = 37; s.kv_len = 53; s.head_dim = 16; s.value_dim = 16;
+    s.q_heads = 2;
+    s.kv_heads = 1;
+    s.q_len = 37;
+    s.kv_len = 53;
+    s.head_dim = 16;
+    s.value_dim = 16;
     s.window_left = cases[c].left;
     s.window_right = cases[c].right;
     s.causal = cases[c].causal;
@@ -260,8 +267,7 @@ static void window_bounds_near_int_max(void)
     s.seed = 90 + c;
     cp_problem *pb;
     KC_BUILD(pb, &s);
-    for (size_t a = 0; a < KC_NALGOS; a++)
-      KC_RUN_OK(pb, kc_algos[a], 1e-5);
+    for (size_t a = 0; a < KC_NALGOS; a++) KC_RUN_OK(pb, kc_algos[a], 1e-5);
     cp_free(pb);
   }
 }
@@ -272,8 +278,7 @@ static void window_bounds_near_int_max(void)
  * for kv_len from 2147483521 on (what the kernels now take in 64 bits).
  * The staged / GEMM chunk plan keeps at least one row and stays within the
  * budget or one score row. */
-static void key_ranges_are_planned_in_64_bits(void)
-{
+static void key_ranges_are_planned_in_64_bits(void) {
   const int lens[] = {INT_MAX, INT_MAX - 1, 2147483632, 2147483521, 2147483520, 1 << 30, 4099, 512, 511, 1};
   const size_t items[] = {1, 2, 3, 7, 8, 1000};
   const cl_uint cus[] = {1, 2, 3, 132};
@@ -281,21 +286,24 @@ static void key_ranges_are_planned_in_64_bits(void)
   for (size_t n = 0; n < sizeof lens / sizeof lens[0]; n++)
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++)
       for (size_t u = 0; u < sizeof cus / sizeof cus[0]; u++) {
-        const tl_device dev = {.type = u % 2 ? CL_DEVICE_TYPE_GPU : CL_DEVICE_TYPE_CPU, .compute_units = cus[u],
-                               .max_wg = 1024};
+        const tl_device dev = {
+            .type = u % 2 ? CL_DEVICE_TYPE_GPU : CL_DEVICE_TYPE_CPU, .compute_units = cus[u], .max_wg = 1024};
         const ca_splits sp = ca_plan_splits(&dev, 64, items[i], lens[n]);
         const long long keys = sp.split_keys, last_begin = (long long)(sp.n_splits - 1) * keys;
         const int ok = sp.n_splits >= 1 && keys >= 1 && (sp.n_splits == 1 ? keys == lens[n] : keys % 16 == 0) &&
                        last_begin < lens[n] && last_begin + keys >= lens[n];
-        if (!CHECKF(ok, "kv_len %d, %zu items, %u CUs: %zu ranges of %d keys", lens[n], items[i], cus[u],
-                    sp.n_splits, sp.split_keys))
+        if (!CHECKF(ok, "kv_len %d, %zu items, %u CUs: %zu ranges of %d keys", lens[n], items[i], cus[u], sp.n_splits,
+                    sp.split_keys))
           return;
         past_int_max += last_begin + keys > INT_MAX;
       }
   printf("  %d plans end their last range past INT_MAX\n", past_int_max);
   CHECK(past_int_max > 0);
   clattn_params p = clattn_params_default();
-  p.batch = 3; p.q_heads = 4; p.q_len = 5; p.kv_len = INT_MAX;
+  p.batch = 3;
+  p.q_heads = 4;
+  p.q_len = 5;
+  p.kv_len = INT_MAX;
   const size_t budget = (size_t)64 << 20;
   const ca_chunk ch = ca_plan_chunks(&p, budget);
   CHECKF(ch.rows == 1 && ch.heads == 1, "kv_len INT_MAX: chunks of %d rows x %d heads", ch.rows, ch.heads);
@@ -305,13 +313,12 @@ static void key_ranges_are_planned_in_64_bits(void)
          "kv_len 2^20: chunks of %d rows x %d heads", c2.rows, c2.heads);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
   static const ct_test tests[] = {
-    CT_TEST(views_at_the_end_of_the_largest_buffers),
-    CT_TEST(kv_len_near_int_max_broadcast_kv),
-    CT_TEST(window_bounds_near_int_max),
-    CT_TEST(key_ranges_are_planned_in_64_bits),
+      CT_TEST(views_at_the_end_of_the_largest_buffers),
+      CT_TEST(kv_len_near_int_max_broadcast_kv),
+      CT_TEST(window_bounds_near_int_max),
+      CT_TEST(key_ranges_are_planned_in_64_bits),
   };
   ct_context();
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);

@@ -80,11 +80,11 @@ static void quantize_row_q8_0_reference(const float *x, unsigned char *y, int k)
 
 typedef struct {
   clattn_dtype kv;
-  int slots, heads, rows, cols;   /* [batch or page, kv head, row, column] */
-  clattn_tensor view;             /* offset and strides in units (bytes for Q8_0) */
-  size_t unit, units;             /* bytes per unit, units in the buffer */
+  int slots, heads, rows, cols; /* [batch or page, kv head, row, column] */
+  clattn_tensor view;           /* offset and strides in units (bytes for Q8_0) */
+  size_t unit, units;           /* bytes per unit, units in the buffer */
   unsigned char *data;
-  float *scale;                   /* INT8: [slots, heads, rows] after one unit of offset */
+  float *scale; /* INT8: [slots, heads, rows] after one unit of offset */
   size_t scale_n;
   clattn_tensor scale_view;
 } hcache;
@@ -124,8 +124,7 @@ static void hc_free(hcache *c) {
   memset(c, 0, sizeof *c);
 }
 static size_t hc_row(const hcache *c, int s, int h, int r) {
-  return c->view.offset + (size_t)s * c->view.stride[0] + (size_t)h * c->view.stride[1] +
-         (size_t)r * c->view.stride[2];
+  return c->view.offset + (size_t)s * c->view.stride[0] + (size_t)h * c->view.stride[1] + (size_t)r * c->view.stride[2];
 }
 static size_t hc_scale_at(const hcache *c, int s, int h, int r) {
   return c->scale_view.offset + (size_t)s * c->scale_view.stride[0] + (size_t)h * c->scale_view.stride[1] + (size_t)r;
@@ -223,7 +222,7 @@ static void fill_new_rows(float *x, size_t n, int cols, clattn_dtype src) {
   for (size_t i = 0; i < n; i++) x[i] = urand(2.0f) * (i / (size_t)cols % 3 == 1 ? 50.0f : 1.0f);
   for (int c = 0; c < 32 && c < cols; c++) x[c] = c == 0 ? 127.0f : (float)(c % 7) - 3.5f; /* row 0, block 0 */
   if (cols >= 64)
-    for (int c = 32; c < 64; c++) x[(size_t)cols + c] = 0.0f;                              /* row 1, block 1 */
+    for (int c = 32; c < 64; c++) x[(size_t)cols + c] = 0.0f; /* row 1, block 1 */
   for (size_t i = 0; i < n; i++) x[i] = cp_round_to(src, x[i]);
 }
 
@@ -245,7 +244,8 @@ static void append_case_with(clattn_dtype src, clattn_dtype kv, int paged, const
            paged ? "paged" : "contiguous", positions[0], positions[1]);
   const int slots = paged ? AP_PAGES : AP_B, rows = paged ? AP_PS : AP_CAP;
   hcache kc, vc;
-  float *kn = malloc(sizeof(float) * AP_B * AP_H * AP_NEW * AP_DK), *vn = malloc(sizeof(float) * AP_B * AP_H * AP_NEW * AP_DV);
+  float *kn = malloc(sizeof(float) * AP_B * AP_H * AP_NEW * AP_DK),
+        *vn = malloc(sizeof(float) * AP_B * AP_H * AP_NEW * AP_DV);
   cl_mem kn_buf = NULL, vn_buf = NULL, k_buf = NULL, v_buf = NULL, ks_buf = NULL, vs_buf = NULL, pos_buf = NULL,
          bt_buf = NULL;
   unsigned char *kdev = NULL, *vdev = NULL;
@@ -304,8 +304,8 @@ static void append_case_with(clattn_dtype src, clattn_dtype kv, int paged, const
   pos_buf = make_buf(sizeof(int32_t) * AP_B, positions);
   bt_buf = make_buf(sizeof(int32_t) * AP_B * AP_BTS, table);
   if (!upload_src(&kn_buf, kn, (size_t)AP_B * AP_H * AP_NEW * AP_DK, src) ||
-      !upload_src(&vn_buf, vn, (size_t)AP_B * AP_H * AP_NEW * AP_DV, src) || !k_buf || !v_buf || !pos_buf ||
-      !bt_buf || (kv == CLATTN_INT8 && (!ks_buf || !vs_buf))) {
+      !upload_src(&vn_buf, vn, (size_t)AP_B * AP_H * AP_NEW * AP_DV, src) || !k_buf || !v_buf || !pos_buf || !bt_buf ||
+      (kv == CLATTN_INT8 && (!ks_buf || !vs_buf))) {
     CHECKF(0, "%s: device buffers", label);
     goto done;
   }
@@ -353,7 +353,8 @@ static void append_case_with(clattn_dtype src, clattn_dtype kv, int paged, const
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < kc.units * kc.unit; i++)
     if (kdev[i] != kc.data[i] && bad++ == 0) first = i;
-  CHECKF(bad == 0, "%s: k cache: %zu bytes differ from ggml's rules / the untouched pattern (first at byte %zu: %u, want %u)",
+  CHECKF(bad == 0,
+         "%s: k cache: %zu bytes differ from ggml's rules / the untouched pattern (first at byte %zu: %u, want %u)",
          label, bad, first, kdev[first], kc.data[first]);
   bad = 0;
   for (size_t i = 0; i < vc.units * vc.unit; i++)
@@ -457,15 +458,22 @@ static void append_rejects_bad_input_and_touches_nothing(void) {
   ok.v = ok.k;
   ok.v.buf = v;
   ok.capacity = cap;
-  struct { const char *what; clattn_append_params ap; clattn_status want; } cases[24];
+  struct {
+    const char *what;
+    clattn_append_params ap;
+    clattn_status want;
+  } cases[24];
   int n = 0;
-#define CASE(w, st, edit)      \
-  do {                         \
-    cases[n].what = (w);       \
-    cases[n].ap = ok;          \
-    cases[n].want = (st);      \
-    { clattn_append_params *a = &cases[n].ap; edit; } \
-    n++;                       \
+#define CASE(w, st, edit)                     \
+  do {                                        \
+    cases[n].what = (w);                      \
+    cases[n].ap = ok;                         \
+    cases[n].want = (st);                     \
+    {                                         \
+      clattn_append_params *a = &cases[n].ap; \
+      edit;                                   \
+    }                                         \
+    n++;                                      \
   } while (0)
   CASE("new_len past capacity", CLATTN_ERR_INVALID_ARGUMENT, a->new_len = cap + 1);
   CASE("negative new_len", CLATTN_ERR_INVALID_ARGUMENT, a->new_len = -1);
@@ -524,19 +532,19 @@ typedef struct {
   int B, Hq, Hkv, M, N, dk, dv;
   clattn_dtype dtype, kv;
   int paged, page_size, spare_pages;
-  int shared;        /* batch row 1's first page is batch row 0's (same keys) */
-  int bad_entry;     /* batch row 0's second entry is outside the pool: its keys are disallowed */
-  const int *lens;   /* kv_lens [B] */
+  int shared;      /* batch row 1's first page is batch row 0's (same keys) */
+  int bad_entry;   /* batch row 0's second entry is outside the pool: its keys are disallowed */
+  const int *lens; /* kv_lens [B] */
   int causal, window_left, window_right;
   int mask, bias, alibi, softcap, sinks, lse, diag, additive;
-  int expect_split;  /* peak scratch shows split-KV partial states */
-  int hostile;       /* every cache row finite, then block-table entries random (many outside the pool) */
+  int expect_split;    /* peak scratch shows split-KV partial states */
+  int hostile;         /* every cache row finite, then block-table entries random (many outside the pool) */
   const int *dev_lens; /* kv_lens as given to the device (NULL: lens); lens is what it clamps them to */
 } kvcase;
 
 typedef struct {
   kvcase c;
-  float *q, *kl, *vl;          /* q [B,Hq,M,dk] (rounded to dtype); logical keys/values [B,Hkv,N,d] */
+  float *q, *kl, *vl; /* q [B,Hq,M,dk] (rounded to dtype); logical keys/values [B,Hkv,N,d] */
   hcache kc, vc;
   int32_t *table, bt_stride, num_pages;
   unsigned char *mask, *ref_mask;
@@ -791,8 +799,8 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   const kvcase *c = &labelled;
   kvprob p;
   cl_mem q_buf = NULL, k_buf = NULL, v_buf = NULL, ks_buf = NULL, vs_buf = NULL, bt_buf = NULL, lens_buf = NULL;
-  cl_mem out_buf = NULL, lse_buf = NULL, ent_buf = NULL, mw_buf = NULL, am_buf = NULL, mask_buf = NULL,
-         bias_buf = NULL, alibi_buf = NULL, sinks_buf = NULL, w_buf = NULL;
+  cl_mem out_buf = NULL, lse_buf = NULL, ent_buf = NULL, mw_buf = NULL, am_buf = NULL, mask_buf = NULL, bias_buf = NULL,
+         alibi_buf = NULL, sinks_buf = NULL, w_buf = NULL;
   const int B = c->B, Hq = c->Hq, M = c->M;
   const size_t rows = (size_t)B * Hq * M, no = rows * c->dv, elem = c->dtype == CLATTN_F32 ? 4 : 2;
   double *ro = malloc(no * 8), *rl = malloc(rows * 8), *re = malloc(rows * 8), *rm = malloc(rows * 8);
@@ -918,8 +926,9 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
     goto done;
   }
   for (size_t i = 0; i < no; i++)
-    out[i] = c->dtype == CLATTN_F32 ? ((float *)raw)[i]
-             : c->dtype == CLATTN_F16 ? cp_f16_value(((uint16_t *)raw)[i]) : cp_bf16_value(((uint16_t *)raw)[i]);
+    out[i] = c->dtype == CLATTN_F32   ? ((float *)raw)[i]
+             : c->dtype == CLATTN_F16 ? cp_f16_value(((uint16_t *)raw)[i])
+                                      : cp_bf16_value(((uint16_t *)raw)[i]);
   if (kvprob_reference(&p, ro, rl, re, rm, ra)) {
     CHECKF(0, "%s: reference failed", c->label);
     goto done;
@@ -967,8 +976,8 @@ done:
   free(ent);
   free(mw);
   free(raw);
-  cl_mem *all[] = {&q_buf, &k_buf, &v_buf, &ks_buf, &vs_buf, &bt_buf, &lens_buf, &out_buf, &lse_buf, &ent_buf,
-                   &mw_buf, &am_buf, &mask_buf, &bias_buf, &alibi_buf, &sinks_buf, &w_buf};
+  cl_mem *all[] = {&q_buf,   &k_buf,  &v_buf,  &ks_buf,   &vs_buf,   &bt_buf,    &lens_buf,  &out_buf, &lse_buf,
+                   &ent_buf, &mw_buf, &am_buf, &mask_buf, &bias_buf, &alibi_buf, &sinks_buf, &w_buf};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
 }
 
@@ -996,8 +1005,8 @@ static void paged_prefill_matches_reference(void) {
   for (size_t i = 0; i < sizeof all_kv / sizeof all_kv[0]; i++) {
     char label[96];
     snprintf(label, sizeof label, "prefill paged kv=%s", kv_name(all_kv[i]));
-    kvcase c = {label, 3, 4, 2, 5, 31, 64, 32, CLATTN_F32, all_kv[i], 1, 7, 3, 1, 1, lens,
-                1, -1, -1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, NULL};
+    kvcase c = {label, 3, 4,  2,  5, 31, 64, 32, CLATTN_F32, all_kv[i], 1, 7, 3, 1, 1,
+                lens,  1, -1, -1, 0, 0,  0,  0,  0,          1,         0, 0, 0, 0, NULL};
     kv_forward_case(&c, CLATTN_ALGO_FUSED);
   }
 }
@@ -1011,14 +1020,42 @@ static void paged_quantised_with_every_feature(void) {
     for (int m = 1; m <= 6; m += 5) {
       char label[96];
       snprintf(label, sizeof label, "features paged kv=%s M=%d", kv_name(kvs[i]), m);
-      kvcase c = {label, 3, 6, 2, m, 45, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 1, 0, lens,
-                  0, 11, 2, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, NULL};
+      kvcase c = {label, 3, 6,  2, m, 45, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 1, 0,
+                  lens,  0, 11, 2, 1, 1,  1,  1,  1,          1,      1, 0, 0, 0, NULL};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
   /* additive scores and f16 queries/outputs over a Q8_0 cache */
   static const int lens2[2] = {33, 8};
-  kvcase a = {"additive f16 q over paged q8_0", 2, 2, 1, 3, 40, 32, 64, CLATTN_F16, CLATTN_Q8_0, 1, 16, 1, 0, 0,
-              lens2, 1, -1, -1, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, NULL};
+  kvcase a = {"additive f16 q over paged q8_0",
+              2,
+              2,
+              1,
+              3,
+              40,
+              32,
+              64,
+              CLATTN_F16,
+              CLATTN_Q8_0,
+              1,
+              16,
+              1,
+              0,
+              0,
+              lens2,
+              1,
+              -1,
+              -1,
+              0,
+              0,
+              0,
+              0,
+              1,
+              1,
+              0,
+              1,
+              0,
+              0,
+              NULL};
   kv_forward_case(&a, CLATTN_ALGO_FUSED);
 }
 
@@ -1026,14 +1063,15 @@ static void paged_quantised_with_every_feature(void) {
  * (kv_dtype CLATTN_DTYPE_SAME) and over INT8. */
 static void paged_16bit_storage_matches_reference(void) {
   static const int lens[2] = {26, 11};
-  const struct { clattn_dtype q, kv; } types[] = {
-      {CLATTN_F16, CLATTN_F16}, {CLATTN_BF16, CLATTN_BF16}, {CLATTN_BF16, CLATTN_INT8}};
+  const struct {
+    clattn_dtype q, kv;
+  } types[] = {{CLATTN_F16, CLATTN_F16}, {CLATTN_BF16, CLATTN_BF16}, {CLATTN_BF16, CLATTN_INT8}};
   for (size_t i = 0; i < 3; i++)
     for (int m = 1; m <= 7; m += 6) {
       char label[96];
       snprintf(label, sizeof label, "paged q=%s kv=%s M=%d", kv_name(types[i].q), kv_name(types[i].kv), m);
-      kvcase c = {label, 2, 4, 2, m, 30, 32, 32, types[i].q, types[i].kv, 1, 3, 1, 1, 1, lens,
-                  1, -1, -1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, NULL};
+      kvcase c = {label, 2, 4,  2,  m, 30, 32, 32, types[i].q, types[i].kv, 1, 3, 1, 1, 1,
+                  lens,  1, -1, -1, 0, 1,  0,  0,  0,          1,           0, 0, 0, 0, NULL};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
 }
@@ -1046,8 +1084,8 @@ static void contiguous_quantised_matches_reference(void) {
     for (int m = 1; m <= 9; m += 8) {
       char label[96];
       snprintf(label, sizeof label, "contiguous kv=%s M=%d", kv_name(all_kv[i]), m);
-      kvcase c = {label, 2, 4, 2, m, 50, 64, 32, CLATTN_F32, all_kv[i], 0, 0, 0, 0, 0, lens,
-                  1, -1, -1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, NULL};
+      kvcase c = {label, 2, 4,  2,  m, 50, 64, 32, CLATTN_F32, all_kv[i], 0, 0, 0, 0, 0,
+                  lens,  1, -1, -1, 1, 0,  0,  0,  0,          1,         1, 0, 0, 0, NULL};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
 }
@@ -1060,8 +1098,8 @@ static void paged_decode_split_kv_matches_reference(void) {
   for (size_t i = 0; i < 3; i++) {
     char label[96];
     snprintf(label, sizeof label, "decode N=4099 paged kv=%s", kv_name(kvs[i]));
-    kvcase c = {label, 2, 4, 1, 1, 4099, 64, 32, CLATTN_F32, kvs[i], 1, 7, 2, 1, 0, lens,
-                1, -1, -1, 0, 0, 0, 0, 1, 1, 0, 0, 1, 0, NULL};
+    kvcase c = {label, 2, 4,  1,  1, 4099, 64, 32, CLATTN_F32, kvs[i], 1, 7, 2, 1, 0,
+                lens,  1, -1, -1, 0, 0,    0,  0,  1,          1,      0, 0, 1, 0, NULL};
     kv_forward_case(&c, CLATTN_ALGO_FUSED);
   }
 }
@@ -1078,8 +1116,8 @@ static void paged_hostile_tables_and_lengths(void) {
       for (int m = 1; m <= 4; m += 3) {
         char label[96];
         snprintf(label, sizeof label, "hostile table #%d kv=%s M=%d", seed, kv_name(kvs[i]), m);
-        kvcase c = {label, 3, 4, 2, m, 24, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 0, 0, lens,
-                    1, -1, -1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 1, dev_lens};
+        kvcase c = {label, 3, 4,  2,  m, 24, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 0, 0,
+                    lens,  1, -1, -1, 0, 0,  0,  0,  0,          1,      1, 0, 0, 1, dev_lens};
         kv_forward_case(&c, CLATTN_ALGO_FUSED);
       }
 }
@@ -1090,10 +1128,12 @@ static void paged_hostile_tables_and_lengths(void) {
  * off, every case on every path. Storage pairs are the ones the cases above
  * already build programs for. */
 static void random_paged_quantised_sweep(void) {
-  const struct { clattn_dtype q, kv; int dk, dv; } combos[] = {
-      {CLATTN_F32, CLATTN_Q8_0, 64, 32}, {CLATTN_F32, CLATTN_INT8, 64, 32}, {CLATTN_F32, CLATTN_F16, 64, 32},
-      {CLATTN_F32, CLATTN_BF16, 64, 32}, {CLATTN_F32, CLATTN_F32, 64, 32},  {CLATTN_F16, CLATTN_F16, 32, 32},
-      {CLATTN_BF16, CLATTN_INT8, 32, 32}, {CLATTN_F16, CLATTN_Q8_0, 32, 64}};
+  const struct {
+    clattn_dtype q, kv;
+    int dk, dv;
+  } combos[] = {{CLATTN_F32, CLATTN_Q8_0, 64, 32},  {CLATTN_F32, CLATTN_INT8, 64, 32}, {CLATTN_F32, CLATTN_F16, 64, 32},
+                {CLATTN_F32, CLATTN_BF16, 64, 32},  {CLATTN_F32, CLATTN_F32, 64, 32},  {CLATTN_F16, CLATTN_F16, 32, 32},
+                {CLATTN_BF16, CLATTN_INT8, 32, 32}, {CLATTN_F16, CLATTN_Q8_0, 32, 64}};
   const uint64_t saved = rng_state;
   rng_state = 0x5eed13ull;
   for (int n = 0; n < 40; n++) {
@@ -1142,8 +1182,36 @@ static void random_paged_quantised_sweep(void) {
 /* AUTO takes the fused path for paged / quantised K/V. */
 static void auto_runs_paged_quantised_calls(void) {
   static const int lens[2] = {20, 13};
-  kvcase c = {"auto paged q8_0", 2, 2, 2, 4, 21, 64, 64, CLATTN_F32, CLATTN_Q8_0, 1, 7, 1, 0, 0, lens,
-              1, -1, -1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, NULL};
+  kvcase c = {"auto paged q8_0",
+              2,
+              2,
+              2,
+              4,
+              21,
+              64,
+              64,
+              CLATTN_F32,
+              CLATTN_Q8_0,
+              1,
+              7,
+              1,
+              0,
+              0,
+              lens,
+              1,
+              -1,
+              -1,
+              0,
+              0,
+              0,
+              0,
+              0,
+              1,
+              0,
+              0,
+              0,
+              0,
+              NULL};
   kv_forward_case(&c, CLATTN_ALGO_AUTO);
 }
 
@@ -1188,15 +1256,22 @@ static void forward_rejects_bad_kv_input_and_touches_nothing(void) {
   ok.algo = CLATTN_ALGO_FUSED;
   const clattn_tensor int8_view = {k, 0, {(size_t)H * PS * 32, (size_t)PS * 32, 32, 1}};
   const clattn_tensor scale_view = {sc, 0, {8, 8, 1, 0}};
-  struct { const char *what; clattn_params p; clattn_status want; } cases[32];
+  struct {
+    const char *what;
+    clattn_params p;
+    clattn_status want;
+  } cases[32];
   int n = 0;
-#define CASE(wh, st, edit)      \
-  do {                          \
-    cases[n].what = (wh);       \
-    cases[n].p = ok;            \
-    cases[n].want = (st);       \
-    { clattn_params *a = &cases[n].p; edit; } \
-    n++;                        \
+#define CASE(wh, st, edit)            \
+  do {                                \
+    cases[n].what = (wh);             \
+    cases[n].p = ok;                  \
+    cases[n].want = (st);             \
+    {                                 \
+      clattn_params *a = &cases[n].p; \
+      edit;                           \
+    }                                 \
+    n++;                              \
   } while (0)
   CASE("page_size 0 with a block table", CLATTN_ERR_INVALID_ARGUMENT, a->page_size = 0);
   CASE("negative page_size", CLATTN_ERR_INVALID_ARGUMENT, a->page_size = -8);
@@ -1248,8 +1323,8 @@ static void forward_rejects_bad_kv_input_and_touches_nothing(void) {
       e.algo = algos[i];
       e.empty_rows = CLATTN_EMPTY_ERROR;
       clattn_status st = clattn_forward(ct_context(), &e, 0, NULL, NULL);
-      CHECKF(st == CLATTN_ERR_EMPTY_ROW, "%s: no page in the pool: %s, expected an empty row", clattn_algo_name(algos[i]),
-             clattn_status_string(st));
+      CHECKF(st == CLATTN_ERR_EMPTY_ROW, "%s: no page in the pool: %s, expected an empty row",
+             clattn_algo_name(algos[i]), clattn_status_string(st));
       int zeros = read_buf(out, back, sizeof back);
       for (int j = 0; j < 64; j++) zeros = zeros && back[j] == 0.0f;
       CHECKF(zeros, "%s: an empty row's output is not 0", clattn_algo_name(algos[i]));

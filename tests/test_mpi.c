@@ -16,14 +16,14 @@ static int rank, nranks, failures;
 static clattn_context *ctx;
 static clattn_mpi *mh;
 
-#define CHECKF(cond, ...)                                  \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      failures++;                                          \
+#define CHECKF(cond, ...)                                     \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      failures++;                                             \
       printf("  rank %d: %s:%d: ", rank, __FILE__, __LINE__); \
-      printf(__VA_ARGS__);                                 \
-      printf("\n");                                        \
-    }                                                      \
+      printf(__VA_ARGS__);                                    \
+      printf("\n");                                           \
+    }                                                         \
   } while (0)
 
 static uint64_t seed;
@@ -59,11 +59,11 @@ typedef struct {
   const char *name;
   int B, Hq, Hkv, M, N, D;
   int causal, wl, wr;
-  int lens[2];      /* kv_lens per batch row; 0 = none */
-  int split;        /* 0 even, 1 uneven (r+1)^2, 2 rank 1 empty, 3 all on the last rank */
+  int lens[2]; /* kv_lens per batch row; 0 = none */
+  int split;   /* 0 even, 1 uneven (r+1)^2, 2 rank 1 empty, 3 all on the last rank */
   int root;
   clattn_empty_rows empty;
-  int sinks;        /* sinks[h] = 1 + h/2 (joins the softmax once) */
+  int sinks; /* sinks[h] = 1 + h/2 (joins the softmax once) */
 } kv_case;
 
 /* The whole problem, every rank the same. */
@@ -378,24 +378,114 @@ int main(int argc, char **argv) {
       /* name                            B Hq Hkv  M    N   D causal wl wr  lens     split root empty */
       {"decode MHA causal, even", 1, 2, 2, 1, 97, 16, 1, -1, -1, {0, 0}, 0, -1, CLATTN_EMPTY_ZERO, 0},
       {"decode GQA causal, uneven", 2, 4, 2, 4, 131, 16, 1, -1, -1, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO, 0},
-      {"decode GQA window 20: early shards hold no allowed key", 1, 4, 2, 3, 120, 16, 1, 20, -1, {0, 0}, 0, -1,
-       CLATTN_EMPTY_ZERO, 0},
-      {"decode kv_lens {40, 117}: shards past the valid keys", 2, 4, 1, 2, 120, 16, 1, -1, -1, {40, 117}, 1, -1,
-       CLATTN_EMPTY_ZERO, 0},
+      {"decode GQA window 20: early shards hold no allowed key",
+       1,
+       4,
+       2,
+       3,
+       120,
+       16,
+       1,
+       20,
+       -1,
+       {0, 0},
+       0,
+       -1,
+       CLATTN_EMPTY_ZERO,
+       0},
+      {"decode kv_lens {40, 117}: shards past the valid keys",
+       2,
+       4,
+       1,
+       2,
+       120,
+       16,
+       1,
+       -1,
+       -1,
+       {40, 117},
+       1,
+       -1,
+       CLATTN_EMPTY_ZERO,
+       0},
       {"decode, rank 1's shard empty, to root 0", 1, 2, 1, 16, 90, 16, 1, -1, -1, {0, 0}, 2, 0, CLATTN_EMPTY_ZERO, 0},
-      {"prefill GQA causal, all keys on the last rank", 1, 4, 2, 33, 70, 16, 1, -1, -1, {0, 0}, 3, -1,
-       CLATTN_EMPTY_ZERO, 0},
-      {"prefill MHA causal, even: early rows see no key of the later shards", 1, 2, 2, 40, 64, 16, 1, -1, -1, {0, 0},
-       0, -1, CLATTN_EMPTY_ZERO, 0},
+      {"prefill GQA causal, all keys on the last rank",
+       1,
+       4,
+       2,
+       33,
+       70,
+       16,
+       1,
+       -1,
+       -1,
+       {0, 0},
+       3,
+       -1,
+       CLATTN_EMPTY_ZERO,
+       0},
+      {"prefill MHA causal, even: early rows see no key of the later shards",
+       1,
+       2,
+       2,
+       40,
+       64,
+       16,
+       1,
+       -1,
+       -1,
+       {0, 0},
+       0,
+       -1,
+       CLATTN_EMPTY_ZERO,
+       0},
       {"prefill MHA two-sided window 6/3, uneven", 1, 2, 2, 40, 64, 16, 0, 6, 3, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO, 0},
-      {"prefill non-causal, kv_lens {0, 50}, EMPTY_ERROR", 2, 2, 2, 8, 64, 16, 0, -1, -1, {0, 50}, 0, -1,
-       CLATTN_EMPTY_ERROR, 0},
-      {"prefill M > N causal: the first rows see no key", 1, 2, 1, 20, 12, 16, 1, -1, -1, {0, 0}, 0, -1,
-       CLATTN_EMPTY_ZERO, 0},
-      {"decode GQA window 20 with sinks, uneven", 1, 4, 2, 2, 120, 16, 1, 20, -1, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO,
+      {"prefill non-causal, kv_lens {0, 50}, EMPTY_ERROR",
+       2,
+       2,
+       2,
+       8,
+       64,
+       16,
+       0,
+       -1,
+       -1,
+       {0, 50},
+       0,
+       -1,
+       CLATTN_EMPTY_ERROR,
+       0},
+      {"prefill M > N causal: the first rows see no key",
+       1,
+       2,
+       1,
+       20,
+       12,
+       16,
+       1,
+       -1,
+       -1,
+       {0, 0},
+       0,
+       -1,
+       CLATTN_EMPTY_ZERO,
+       0},
+      {"decode GQA window 20 with sinks, uneven", 1, 4, 2, 2, 120, 16, 1, 20, -1, {0, 0}, 1, -1, CLATTN_EMPTY_ZERO, 1},
+      {"prefill sinks, kv_lens {0, 50}: empty rows hold the sink",
+       2,
+       2,
+       2,
+       8,
+       64,
+       16,
+       0,
+       -1,
+       -1,
+       {0, 50},
+       0,
+       -1,
+       CLATTN_EMPTY_ZERO,
        1},
-      {"prefill sinks, kv_lens {0, 50}: empty rows hold the sink", 2, 2, 2, 8, 64, 16, 0, -1, -1, {0, 50}, 0, -1,
-       CLATTN_EMPTY_ZERO, 1},
   };
   const ring_case ring_cases[] = {
       /* name                          B Hq Hkv   S   D causal wl  wr  lens */

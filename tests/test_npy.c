@@ -47,23 +47,23 @@ static void reads_float32_c_order(void) {
 }
 
 static void reads_float16_bool_uint8_and_versions(void) {
-  const uint16_t h[3] = {0x3c00, 0xc000, 0x3800};   /* 1, -2, 0.5 */
+  const uint16_t h[3] = {0x3c00, 0xc000, 0x3800}; /* 1, -2, 0.5 */
   size_t n = image(buf, 2, "{\"descr\": \"<f2\", \"fortran_order\": False, \"shape\": (3,)}\n", h, sizeof h);
   npy_array a;
   char err[512];
   REQUIREF(npy_decode(buf, n, &a, err, sizeof err) == 0, "%s", err);
   CHECK(a.h.dtype == NPY_F16 && a.h.ndim == 1 && a.f[0] == 1.0f && a.f[1] == -2.0f && a.f[2] == 0.5f);
   npy_free(&a);
-  const uint8_t b[4] = {0, 1, 7, 0};   /* any nonzero byte is True */
+  const uint8_t b[4] = {0, 1, 7, 0}; /* any nonzero byte is True */
   n = image(buf, 3, "{'descr': '|b1', 'fortran_order': False, 'shape': (4L,), }\n", b, sizeof b);
   REQUIREF(npy_decode(buf, n, &a, err, sizeof err) == 0, "%s", err);
   CHECK(a.h.dtype == NPY_BOOL && a.u8[0] == 0 && a.u8[1] == 1 && a.u8[2] == 1 && a.u8[3] == 0);
   npy_free(&a);
-  n = image(buf, 1, "{'shape': (), 'fortran_order': False, 'descr': '|u1'}", b + 2, 1);   /* any key order, a scalar */
+  n = image(buf, 1, "{'shape': (), 'fortran_order': False, 'descr': '|u1'}", b + 2, 1); /* any key order, a scalar */
   REQUIREF(npy_decode(buf, n, &a, err, sizeof err) == 0, "%s", err);
   CHECK(a.h.dtype == NPY_U8 && a.h.ndim == 0 && a.h.count == 1 && a.u8[0] == 7);
   npy_free(&a);
-  n = image(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }", NULL, 0);   /* empty */
+  n = image(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }", NULL, 0); /* empty */
   REQUIREF(npy_decode(buf, n, &a, err, sizeof err) == 0, "%s", err);
   CHECK(a.h.count == 0);
   npy_free(&a);
@@ -118,8 +118,8 @@ static void refuses_malformed_files(void) {
       {"{'descr': '<f4', 'fortran_order': False, 'shape': (6,)", "expected ',' or '}'", "unclosed"},
       {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,)}", "too large", "huge dim"},
       {"{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296)}", "overflows", "overflow"},
-      {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", "truncated", "short data"},   /* 3 floats */
-      {"{'descr': '<f2', 'fortran_order': False, 'shape': (2,), }", "too long", "extra data"},       /* 12 bytes */
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", "truncated", "short data"}, /* 3 floats */
+      {"{'descr': '<f2', 'fortran_order': False, 'shape': (2,), }", "too long", "extra data"},    /* 12 bytes */
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const size_t data = !strcmp(bad[i].what, "short data") ? 12 : sizeof v;
@@ -135,7 +135,7 @@ static void refuses_malformed_files(void) {
   refuses(buf, n, "version 4.0", "version 4");
   buf[6] = 1, buf[7] = 1;
   refuses(buf, n, "version 1.1", "version 1.1");
-  buf[7] = 0, buf[20] = 0xe9;   /* a byte past ASCII in a 1.0 header */
+  buf[7] = 0, buf[20] = 0xe9; /* a byte past ASCII in a 1.0 header */
   refuses(buf, n, "not ASCII", "latin-1 byte");
   buf[20] = 0;
   refuses(buf, n, "not ASCII", "NUL");
@@ -163,7 +163,7 @@ static void writes_what_it_reads(void) {
   snprintf(path, sizeof path, "%s/missing/x.npy", dir);
   CHECK(npy_save_f32(path, v, 1, one, err, sizeof err) == -1 && strstr(err, path) && strstr(err, strerror(ENOENT)));
   CHECK(npy_load(path, &a, err, sizeof err) == -1 && strstr(err, path) && strstr(err, strerror(ENOENT)));
-  CHECKF(npy_load(dir, &a, err, sizeof err) == -1 && strstr(err, dir), "%s", err);   /* a directory */
+  CHECKF(npy_load(dir, &a, err, sizeof err) == -1 && strstr(err, dir), "%s", err); /* a directory */
   rmdir(dir);
 }
 
@@ -197,9 +197,12 @@ static void fuzz_corpus_and_regressions(void) {
 
 int main(int argc, char **argv) {
   static const ct_test tests[] = {
-      CT_TEST(reads_float32_c_order),        CT_TEST(reads_float16_bool_uint8_and_versions),
-      CT_TEST(reads_fortran_order_into_c_order), CT_TEST(refuses_malformed_files),
-      CT_TEST(writes_what_it_reads),         CT_TEST(fuzz_corpus_and_regressions),
+      CT_TEST(reads_float32_c_order),
+      CT_TEST(reads_float16_bool_uint8_and_versions),
+      CT_TEST(reads_fortran_order_into_c_order),
+      CT_TEST(refuses_malformed_files),
+      CT_TEST(writes_what_it_reads),
+      CT_TEST(fuzz_corpus_and_regressions),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

@@ -10,20 +10,19 @@
 
 /* ---------- the kit's conversions ---------- */
 
-static void conversions_round_to_nearest_even(void)
-{
+static void conversions_round_to_nearest_even(void) {
   CHECK(cp_f16_bits(1.0f) == 0x3c00 && cp_f16_value(0x3c00) == 1.0f);
   CHECK(cp_f16_bits(65504.0f) == 0x7bff && cp_f16_bits(65520.0f) == 0x7c00);
   CHECK(cp_f16_bits(-2.0f) == 0xc000);
-  CHECK(cp_f16_value(0x0001) == ldexpf(1.0f, -24));                 /* smallest subnormal */
-  CHECK(cp_f16_bits(1.0f + ldexpf(1.0f, -11)) == 0x3c00);           /* a tie rounds to even */
+  CHECK(cp_f16_value(0x0001) == ldexpf(1.0f, -24));       /* smallest subnormal */
+  CHECK(cp_f16_bits(1.0f + ldexpf(1.0f, -11)) == 0x3c00); /* a tie rounds to even */
   CHECK(cp_f16_bits(1.0f + 3 * ldexpf(1.0f, -11)) == 0x3c02);
   CHECK(isnan(cp_f16_value(cp_f16_bits(NAN))) && isinf(cp_f16_value(cp_f16_bits(INFINITY))));
   CHECK(cp_bf16_bits(1.0f) == 0x3f80 && cp_bf16_value(0x3f80) == 1.0f);
-  CHECK(cp_bf16_bits(1.0f + ldexpf(1.0f, -8)) == 0x3f80);           /* a tie rounds to even */
+  CHECK(cp_bf16_bits(1.0f + ldexpf(1.0f, -8)) == 0x3f80); /* a tie rounds to even */
   CHECK(cp_bf16_bits(1.0f + 3 * ldexpf(1.0f, -8)) == 0x3f82);
   CHECK(isnan(cp_bf16_value(cp_bf16_bits(NAN))));
-  for (int i = -1000; i <= 1000; i++) {   /* round trips of every representable value nearby */
+  for (int i = -1000; i <= 1000; i++) { /* round trips of every representable value nearby */
     float x = (float)i * 0.37f;
     CHECK(cp_round_to(CLATTN_F16, cp_round_to(CLATTN_F16, x)) == cp_round_to(CLATTN_F16, x));
     CHECK(cp_round_to(CLATTN_BF16, cp_round_to(CLATTN_BF16, x)) == cp_round_to(CLATTN_BF16, x));
@@ -36,16 +35,14 @@ static void conversions_round_to_nearest_even(void)
  * what a half-precision implementation without f32 accumulation computes.
  * The same score shaping (softcap, bias, ALiBi, sinks); rows with no
  * allowed key are 0. Dense [B,Hq,M,dv] out. */
-static void naive_same_precision(const cp_problem *pb, double *out)
-{
+static void naive_same_precision(const cp_problem *pb, double *out) {
   const clattn_params *p = &pb->params;
   const clattn_dtype t = p->dtype;
   ref_inputs in = cp_ref_inputs(pb);
   const int group = p->q_heads / p->kv_heads, N = p->kv_len;
   const float scale = cp_round_to(t, (float)ref_scale(p));
   float *s = malloc((size_t)N * sizeof *s);
-  if (!s)
-    return;
+  if (!s) return;
   size_t row = 0;
   for (int b = 0; b < p->batch; b++)
     for (int h = 0; h < p->q_heads; h++)
@@ -53,19 +50,15 @@ static void naive_same_precision(const cp_problem *pb, double *out)
         float m = -INFINITY;
         for (int j = 0; j < N; j++) {
           s[j] = -INFINITY;
-          if (!ref_allowed(p, &in, b, h, i, j))
-            continue;
+          if (!ref_allowed(p, &in, b, h, i, j)) continue;
           float dot = 0.0f;
           for (int d = 0; d < p->head_dim; d++)
             dot = cp_round_to(t, dot + cp_round_to(t, pb->q[cp_index(&p->q, b, h, i, d)] *
                                                           pb->k[cp_index(&p->k, b, h / group, j, d)]));
           float x = cp_round_to(t, dot * scale);
-          if (p->softcap > 0.0f)
-            x = cp_round_to(t, p->softcap * tanhf(x / p->softcap));
-          if (in.bias)
-            x = cp_round_to(t, x + pb->bias[cp_index(&p->bias, b, h, i, j)]);
-          if (in.alibi_slopes)
-            x = cp_round_to(t, x - in.alibi_slopes[h] * fabsf((float)(i + N - p->q_len - j)));
+          if (p->softcap > 0.0f) x = cp_round_to(t, p->softcap * tanhf(x / p->softcap));
+          if (in.bias) x = cp_round_to(t, x + pb->bias[cp_index(&p->bias, b, h, i, j)]);
+          if (in.alibi_slopes) x = cp_round_to(t, x - in.alibi_slopes[h] * fabsf((float)(i + N - p->q_len - j)));
           s[j] = x;
           m = fmaxf(m, s[j]);
         }
@@ -81,16 +74,15 @@ static void naive_same_precision(const cp_problem *pb, double *out)
           float o = 0.0f;
           for (int j = 0; j < N && l > 0.0f; j++)
             if (s[j] != 0.0f)
-              o = cp_round_to(t, o + cp_round_to(t, cp_round_to(t, s[j] / l) *
-                                                        pb->v[cp_index(&p->v, b, h / group, j, c)]));
+              o = cp_round_to(
+                  t, o + cp_round_to(t, cp_round_to(t, s[j] / l) * pb->v[cp_index(&p->v, b, h / group, j, c)]));
           out[row * (size_t)p->value_dim + c] = o;
         }
       }
   free(s);
 }
 
-static double rel_err(const double *x, const double *ref, size_t n)
-{
+static double rel_err(const double *x, const double *ref, size_t n) {
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < n; i++) {
     num += (x[i] - ref[i]) * (x[i] - ref[i]);
@@ -99,8 +91,7 @@ static double rel_err(const double *x, const double *ref, size_t n)
   return sqrt(num) / fmax(sqrt(den), 1e-300);
 }
 
-static void check_shape(cp_shape s, const char *what)
-{
+static void check_shape(cp_shape s, const char *what) {
   const clattn_dtype types[] = {CLATTN_F16, CLATTN_BF16};
   const double bound[] = {1e-3, 8e-3};
   for (int t = 0; t < 2; t++) {
@@ -115,48 +106,81 @@ static void check_shape(cp_shape s, const char *what)
     const double allowed = fmin(bound[t], 2.0 * naive_err);
     for (size_t a = 0; a < KC_NALGOS; a++) {
       cp_result r;
-      if (kc_run(pb, kc_algos[a], &r, __FILE__, __LINE__) <= 0)
-        continue;
+      if (kc_run(pb, kc_algos[a], &r, __FILE__, __LINE__) <= 0) continue;
       char line[512];
       CHECKF(r.status == CLATTN_OK && r.mismatch_out == 0 && r.err_out <= allowed && r.err_lse <= 1e-5,
-             "%s, %s, %s: error %.3g, allowed %.3g (naive %s %.3g, bound %.0e): %s", what,
-             t ? "bf16" : "f16", clattn_algo_name(kc_algos[a]), r.err_out, allowed, t ? "bf16" : "f16", naive_err,
-             bound[t], cp_result_format(&r, line, sizeof line));
+             "%s, %s, %s: error %.3g, allowed %.3g (naive %s %.3g, bound %.0e): %s", what, t ? "bf16" : "f16",
+             clattn_algo_name(kc_algos[a]), r.err_out, allowed, t ? "bf16" : "f16", naive_err, bound[t],
+             cp_result_format(&r, line, sizeof line));
       if (a == 0)
-        printf("  %-28s %-4s error %.2e (naive same-precision %.2e)\n", what, t ? "bf16" : "f16", r.err_out,
-               naive_err);
+        printf("  %-28s %-4s error %.2e (naive same-precision %.2e)\n", what, t ? "bf16" : "f16", r.err_out, naive_err);
     }
     free(naive);
     cp_free(pb);
   }
 }
 
-static void half_storage_within_twice_naive_error(void)
-{
+static void half_storage_within_twice_naive_error(void) {
   cp_shape s = cp_shape_default();
-  s.q_heads = 4; s.kv_heads = 2; s.q_len = 37; s.kv_len = 53; s.head_dim = 40; s.value_dim = 24;
-  s.causal = 1; s.want_lse = 1; s.poison_gaps = 1; s.poison_disallowed = 1;
+  s.q_heads = 4;
+  s.kv_heads = 2;
+  s.q_len = 37;
+  s.kv_len = 53;
+  s.head_dim = 40;
+  s.value_dim = 24;
+  s.causal = 1;
+  s.want_lse = 1;
+  s.poison_gaps = 1;
+  s.poison_disallowed = 1;
   check_shape(s, "GQA causal 37 x 53");
   s = cp_shape_default();
-  s.batch = 2; s.q_heads = 3; s.kv_heads = 3; s.q_len = 129; s.kv_len = 300; s.head_dim = 64; s.value_dim = 64;
-  s.mask = CP_MASK_RANDOM; s.bias = CP_BIAS_RANDOM; s.kv_lens = 1; s.layout = CP_BSHD; s.pad = 3; s.row_gap = 1;
-  s.want_lse = 1; s.poison_gaps = 1; s.poison_disallowed = 1;
+  s.batch = 2;
+  s.q_heads = 3;
+  s.kv_heads = 3;
+  s.q_len = 129;
+  s.kv_len = 300;
+  s.head_dim = 64;
+  s.value_dim = 64;
+  s.mask = CP_MASK_RANDOM;
+  s.bias = CP_BIAS_RANDOM;
+  s.kv_lens = 1;
+  s.layout = CP_BSHD;
+  s.pad = 3;
+  s.row_gap = 1;
+  s.want_lse = 1;
+  s.poison_gaps = 1;
+  s.poison_disallowed = 1;
   check_shape(s, "masked, biased, strided");
   s = cp_shape_default();
-  s.q_heads = 8; s.kv_heads = 2; s.q_len = 1; s.kv_len = 4099; s.head_dim = 128; s.value_dim = 128;
-  s.want_lse = 1; s.kv_lens = 1; s.poison_disallowed = 1;
+  s.q_heads = 8;
+  s.kv_heads = 2;
+  s.q_len = 1;
+  s.kv_len = 4099;
+  s.head_dim = 128;
+  s.value_dim = 128;
+  s.want_lse = 1;
+  s.kv_lens = 1;
+  s.poison_disallowed = 1;
   check_shape(s, "decode 1 x 4099");
   s = cp_shape_default();
-  s.q_heads = 2; s.kv_heads = 1; s.q_len = 7; s.kv_len = 37; s.head_dim = 7; s.value_dim = 5;
-  s.want_lse = 1; s.want_weights = 1; s.softcap = 3.0f; s.alibi = 1; s.sinks = 1;
+  s.q_heads = 2;
+  s.kv_heads = 1;
+  s.q_len = 7;
+  s.kv_len = 37;
+  s.head_dim = 7;
+  s.value_dim = 5;
+  s.want_lse = 1;
+  s.want_weights = 1;
+  s.softcap = 3.0f;
+  s.alibi = 1;
+  s.sinks = 1;
   check_shape(s, "tiny dims, shaping, weights");
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
   static const ct_test tests[] = {
-    CT_TEST(conversions_round_to_nearest_even),
-    CT_TEST(half_storage_within_twice_naive_error),
+      CT_TEST(conversions_round_to_nearest_even),
+      CT_TEST(half_storage_within_twice_naive_error),
   };
   ct_context();
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);

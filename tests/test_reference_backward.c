@@ -13,16 +13,13 @@
 
 static const double H = 1.0 / 1024.0;
 
-static void grid(float *x, size_t n)
-{
+static void grid(float *x, size_t n) {
   for (size_t e = 0; x && e < n; e++)
-    if (isfinite(x[e]))
-      x[e] = (float)(round((double)x[e] * 1024.0) / 1024.0);
+    if (isfinite(x[e])) x[e] = (float)(round((double)x[e] * 1024.0) / 1024.0);
 }
 
 /* d L / d x by central differences, x a float the reference reads. */
-static double fd(cp_problem *pb, float *x, const double *d_out)
-{
+static double fd(cp_problem *pb, float *x, const double *d_out) {
   const ref_inputs in = cp_ref_inputs(pb);
   const float keep = *x;
   *x = (float)(keep + H);
@@ -33,22 +30,18 @@ static double fd(cp_problem *pb, float *x, const double *d_out)
   return (up - down) / (2.0 * H);
 }
 
-static double max_abs(const double *x, size_t n)
-{
+static double max_abs(const double *x, size_t n) {
   double m = 0.0;
-  for (size_t e = 0; e < n; e++)
-    m = fmax(m, fabs(x[e]));
+  for (size_t e = 0; e < n; e++) m = fmax(m, fabs(x[e]));
   return m;
 }
 
 /* Checks one gradient array: the analytic value of each element against
  * its finite difference; tolerance relative to the array's largest entry. */
-#define CHECK_GRAD(name, an, fdv, scale_)                                                       \
-  CHECKF(fabs((an) - (fdv)) <= 1e-6 + 2e-5 * (scale_), "%s: analytic %.10g, finite difference %.10g", \
-         name, (an), (fdv))
+#define CHECK_GRAD(name, an, fdv, scale_) \
+  CHECKF(fabs((an) - (fdv)) <= 1e-6 + 2e-5 * (scale_), "%s: analytic %.10g, finite difference %.10g", name, (an), (fdv))
 
-static void check_shape(const cp_shape *s)
-{
+static void check_shape(const cp_shape *s) {
   cp_problem *pb;
   char err[256] = "";
   pb = cp_build(s, err, sizeof err);
@@ -64,20 +57,19 @@ static void check_shape(const cp_shape *s)
   const size_t nq = (size_t)B * Hq * M * dk, nk = (size_t)B * Hkv * N * dk, nv = (size_t)B * Hkv * N * dv;
   const size_t no = (size_t)B * Hq * M * dv;
   double *d_out = malloc(no * sizeof *d_out);
-  ref_grads g = { malloc(nq * sizeof(double)), malloc(nk * sizeof(double)), malloc(nv * sizeof(double)),
-                  calloc((size_t)Hq, sizeof(double)), calloc((size_t)dk, sizeof(double)) };
+  ref_grads g = {malloc(nq * sizeof(double)), malloc(nk * sizeof(double)), malloc(nv * sizeof(double)),
+                 calloc((size_t)Hq, sizeof(double)), calloc((size_t)dk, sizeof(double))};
   if (!d_out || !g.d_q || !g.d_k || !g.d_v || !g.d_sinks || !g.d_additive_w) {
     CHECKF(0, "out of memory");
     goto done;
   }
   uint64_t x = s->seed * 2654435761u + 1;
-  for (size_t e = 0; e < no; e++) {   /* dO in [-1, 1] */
+  for (size_t e = 0; e < no; e++) { /* dO in [-1, 1] */
     x = x * 6364136223846793005ull + 1442695040888963407ull;
     d_out[e] = (double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0;
   }
   const ref_inputs in = cp_ref_inputs(pb);
-  if (!CHECK(ref_backward(p, &in, d_out, &g) == 0))
-    goto done;
+  if (!CHECK(ref_backward(p, &in, d_out, &g) == 0)) goto done;
   const double sq_ = max_abs(g.d_q, nq), sk_ = max_abs(g.d_k, nk), sv_ = max_abs(g.d_v, nv);
   CHECKF(sq_ > 1e-3 && sk_ > 1e-3 && sv_ > 1e-3, "degenerate gradients (%g %g %g)", sq_, sk_, sv_);
   for (int b = 0; b < B; b++) {
@@ -116,8 +108,7 @@ done:
   cp_free(pb);
 }
 
-static cp_shape tiny(void)
-{
+static cp_shape tiny(void) {
   cp_shape s = cp_shape_default();
   s.batch = 2;
   s.q_heads = 2;
@@ -131,16 +122,14 @@ static cp_shape tiny(void)
   return s;
 }
 
-static void fd_plain_dot(void)
-{
+static void fd_plain_dot(void) {
   cp_shape s = tiny();
   s.kv_heads = 2;
   s.scale = 0.7f;
   check_shape(&s);
 }
 
-static void fd_causal_window_kv_lens_mask_bias_gqa(void)
-{
+static void fd_causal_window_kv_lens_mask_bias_gqa(void) {
   cp_shape s = tiny();
   s.causal = 1;
   s.window_left = 2;
@@ -152,8 +141,7 @@ static void fd_causal_window_kv_lens_mask_bias_gqa(void)
   check_shape(&s);
 }
 
-static void fd_softcap_alibi_sinks(void)
-{
+static void fd_softcap_alibi_sinks(void) {
   cp_shape s = tiny();
   s.softcap = 1.5f;
   s.alibi = 1;
@@ -162,33 +150,28 @@ static void fd_softcap_alibi_sinks(void)
   check_shape(&s);
 }
 
-static void fd_additive(void)
-{
+static void fd_additive(void) {
   cp_shape s = tiny();
   s.additive = 1;
   s.softcap = 2.0f;
   check_shape(&s);
 }
 
-static void fd_packed_sequences(void)
-{
+static void fd_packed_sequences(void) {
   cp_shape s = tiny();
   s.varlen = 1;
-  static const int seq_q[] = { 3, 2 }, seq_k[] = { 5, 3 };
+  static const int seq_q[] = {3, 2}, seq_k[] = {5, 3};
   s.seq_q = seq_q;
   s.seq_k = seq_k;
   s.causal = 1;
   check_shape(&s);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
   static const ct_test tests[] = {
-    CT_TEST(fd_plain_dot),
-    CT_TEST(fd_causal_window_kv_lens_mask_bias_gqa),
-    CT_TEST(fd_softcap_alibi_sinks),
-    CT_TEST(fd_additive),
-    CT_TEST(fd_packed_sequences),
+      CT_TEST(fd_plain_dot),           CT_TEST(fd_causal_window_kv_lens_mask_bias_gqa),
+      CT_TEST(fd_softcap_alibi_sinks), CT_TEST(fd_additive),
+      CT_TEST(fd_packed_sequences),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

@@ -39,8 +39,7 @@ static void worked_examples(void) {
    * efficiencies .26 .52 .78 .52 .65 .78 .91: 7 splits of 9376 keys */
   const tl_device mi = gpu(96, 256, 64 * 1024, AMD);
   sp = ca_plan_splits(&mi, 64, 100, 65536);
-  CHECKF(sp.n_splits == 7 && sp.split_keys == 9376, "100 groups on 384 slots: %zu x %d", sp.n_splits,
-         sp.split_keys);
+  CHECKF(sp.n_splits == 7 && sp.split_keys == 9376, "100 groups on 384 slots: %zu x %d", sp.n_splits, sp.split_keys);
   /* Intel: 96 EUs are 12 subslices, 8 groups of 64 each: 96 slots, which
    * 80 groups fill; the same numbers from another vendor are 768 slots */
   const tl_device intel = gpu(96, 512, 64 * 1024, INTEL), other = gpu(96, 512, 64 * 1024, AMD);
@@ -65,9 +64,13 @@ static double efficiency(size_t items, size_t s, size_t slots) {
  * best eligible efficiency, and no smaller eligible count is. The ranges
  * cover [0, kv_len), each at least MIN_KEYS keys and a multiple of 16. */
 static void the_rule_holds_over_a_grid(void) {
-  const tl_device devs[] = {gpu(132, 1024, 48 * 1024, NVIDIA), gpu(110, 1024, 64 * 1024, AMD),
-                            gpu(48, 256, 64 * 1024, AMD),      gpu(512, 1024, 64 * 1024, INTEL),
-                            gpu(24, 256, 64 * 1024, INTEL),    cpu(2), cpu(64)};
+  const tl_device devs[] = {gpu(132, 1024, 48 * 1024, NVIDIA),
+                            gpu(110, 1024, 64 * 1024, AMD),
+                            gpu(48, 256, 64 * 1024, AMD),
+                            gpu(512, 1024, 64 * 1024, INTEL),
+                            gpu(24, 256, 64 * 1024, INTEL),
+                            cpu(2),
+                            cpu(64)};
   const size_t wgs[] = {64, 128, 256};
   const size_t items[] = {1, 2, 3, 5, 8, 13, 32, 100, 400, 5000};
   const int lens[] = {1, 511, 512, 1000, 4099, 65536, 1 << 24};
@@ -84,8 +87,8 @@ static void the_rule_holds_over_a_grid(void) {
           const ca_splits sp = ca_plan_splits(dev, wgs[w], items[i], lens[n]);
           checked++;
           if (items[i] >= 0.8 * slots || blocks < 2) {
-            if (!CHECKF(sp.n_splits == 1 && sp.split_keys == lens[n], "dev %zu wg %zu items %zu kv %d: %zu splits",
-                        d, wgs[w], items[i], lens[n], sp.n_splits))
+            if (!CHECKF(sp.n_splits == 1 && sp.split_keys == lens[n], "dev %zu wg %zu items %zu kv %d: %zu splits", d,
+                        wgs[w], items[i], lens[n], sp.n_splits))
               return;
             continue;
           }

@@ -32,8 +32,16 @@ static void run_faked(cl_kernel_work_group_info param, cl_ulong value, long n, c
   }
   REQUIREF(st == CLATTN_OK, "clattn_create: %s", clattn_last_error(NULL));
   cp_shape s = cp_shape_default();
-  s.q_heads = 2; s.kv_heads = 1; s.q_len = 37; s.kv_len = 53; s.head_dim = 64; s.value_dim = 64;
-  s.causal = 1; s.want_lse = 1; s.poison_gaps = 1; s.poison_disallowed = 1;
+  s.q_heads = 2;
+  s.kv_heads = 1;
+  s.q_len = 37;
+  s.kv_len = 53;
+  s.head_dim = 64;
+  s.value_dim = 64;
+  s.causal = 1;
+  s.want_lse = 1;
+  s.poison_gaps = 1;
+  s.poison_disallowed = 1;
   cp_problem *pb;
   KC_BUILD(pb, &s);
   shim_fake_kernel_info("flash_block", param, value, n);
@@ -109,7 +117,10 @@ static void small_parameter_size_is_refused(void) {
   const size_t real = ctx->caps.max_param;
   ctx->caps.max_param = 512;
   cp_shape s = cp_shape_default();
-  s.q_len = 7; s.kv_len = 37; s.head_dim = 40; s.value_dim = 24; /* a program not built yet */
+  s.q_len = 7;
+  s.kv_len = 37;
+  s.head_dim = 40;
+  s.value_dim = 24; /* a program not built yet */
   cp_problem *pb;
   KC_BUILD(pb, &s);
   cp_result r;

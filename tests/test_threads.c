@@ -30,17 +30,17 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "internal.h"     /* ca_cache_counts: programs a context has built */
+#include "internal.h" /* ca_cache_counts: programs a context has built */
 #include "kit_checks.h"
 
-#define TOL 1e-5
-#define NTHREADS 8
-#define SHARED_THREADS 4          /* threads [0, SHARED_THREADS) use ct_context() */
-#define DEFAULT_CALLS 1000
+#define TOL            1e-5
+#define NTHREADS       8
+#define SHARED_THREADS 4 /* threads [0, SHARED_THREADS) use ct_context() */
+#define DEFAULT_CALLS  1000
 
 typedef struct {
   cp_shape shape;
-  clattn_status expect;           /* the status every run must return */
+  clattn_status expect; /* the status every run must return */
   const char *what;
 } tcase;
 
@@ -57,8 +57,7 @@ typedef struct {
 } baseline;
 static baseline g_base[MAX_CASES];
 
-static void add_case(cp_shape s, clattn_algo algo, clattn_status expect, const char *what)
-{
+static void add_case(cp_shape s, clattn_algo algo, clattn_status expect, const char *what) {
   s.algo = algo;
   s.seed = 7000 + (uint64_t)g_ncases;
   g_cases[g_ncases].shape = s;
@@ -70,19 +69,28 @@ static void add_case(cp_shape s, clattn_algo algo, clattn_status expect, const c
 /* Small problems, so a call takes about a millisecond. The fused programs
  * are built per (head_dim, value_dim) and per context: the cases that can
  * run FUSED (FUSED, and AUTO without weights) keep to a few pairs. */
-static void make_cases(void)
-{
+static void make_cases(void) {
   cp_shape s;
 
-  s = cp_shape_default();                                   /* 16 x 16, d 32 */
+  s = cp_shape_default(); /* 16 x 16, d 32 */
   s.want_lse = 1;
   add_case(s, CLATTN_ALGO_STAGED, CLATTN_OK, "default, staged");
   add_case(s, CLATTN_ALGO_FUSED, CLATTN_OK, "default, fused");
 
-  s = cp_shape_default();                                   /* GQA 2, causal, kv_lens */
-  s.batch = 2; s.q_heads = 4; s.kv_heads = 2; s.q_len = 37; s.kv_len = 53;
-  s.head_dim = 64; s.value_dim = 40; s.causal = 1; s.kv_lens = 1;
-  s.want_lse = 1; s.want_weights = 1; s.want_diag = 1; s.poison_gaps = 1;
+  s = cp_shape_default(); /* GQA 2, causal, kv_lens */
+  s.batch = 2;
+  s.q_heads = 4;
+  s.kv_heads = 2;
+  s.q_len = 37;
+  s.kv_len = 53;
+  s.head_dim = 64;
+  s.value_dim = 40;
+  s.causal = 1;
+  s.kv_lens = 1;
+  s.want_lse = 1;
+  s.want_weights = 1;
+  s.want_diag = 1;
+  s.poison_gaps = 1;
   add_case(s, CLATTN_ALGO_STAGED, CLATTN_OK, "gqa causal kv_lens weights diag, staged");
   add_case(s, CLATTN_ALGO_GEMM, CLATTN_OK, "gqa causal kv_lens weights diag, gemm");
   add_case(s, CLATTN_ALGO_AUTO, CLATTN_OK, "gqa causal kv_lens weights diag, auto");
@@ -91,61 +99,118 @@ static void make_cases(void)
   add_case(s, CLATTN_ALGO_FUSED, CLATTN_OK, "gqa causal kv_lens diag, fused");
   add_case(s, CLATTN_ALGO_AUTO, CLATTN_OK, "gqa causal kv_lens diag, auto");
 
-  s = cp_shape_default();                                   /* MQA, window, mask, bias, BSHD */
-  s.q_heads = 4; s.kv_heads = 1; s.q_len = 23; s.kv_len = 29; s.head_dim = 32;
-  s.value_dim = 32; s.window_left = 5; s.window_right = 2; s.mask = CP_MASK_RANDOM;
-  s.mask_density = 0.8; s.mask_bcast = CP_BCAST_HEAD; s.bias = CP_BIAS_RANDOM;
-  s.bias_bcast = CP_BCAST_BATCH; s.layout = CP_BSHD; s.pad = 3; s.row_gap = 2;
-  s.want_lse = 1; s.want_diag = 1; s.poison_gaps = 1; s.poison_disallowed = 1;
+  s = cp_shape_default(); /* MQA, window, mask, bias, BSHD */
+  s.q_heads = 4;
+  s.kv_heads = 1;
+  s.q_len = 23;
+  s.kv_len = 29;
+  s.head_dim = 32;
+  s.value_dim = 32;
+  s.window_left = 5;
+  s.window_right = 2;
+  s.mask = CP_MASK_RANDOM;
+  s.mask_density = 0.8;
+  s.mask_bcast = CP_BCAST_HEAD;
+  s.bias = CP_BIAS_RANDOM;
+  s.bias_bcast = CP_BCAST_BATCH;
+  s.layout = CP_BSHD;
+  s.pad = 3;
+  s.row_gap = 2;
+  s.want_lse = 1;
+  s.want_diag = 1;
+  s.poison_gaps = 1;
+  s.poison_disallowed = 1;
   add_case(s, CLATTN_ALGO_FUSED, CLATTN_OK, "mqa window mask bias bshd, fused");
   add_case(s, CLATTN_ALGO_GEMM, CLATTN_OK, "mqa window mask bias bshd, gemm");
   add_case(s, CLATTN_ALGO_STAGED, CLATTN_OK, "mqa window mask bias bshd, staged");
 
-  s = cp_shape_default();                                   /* decode: split keys + merge */
-  s.batch = 2; s.q_heads = 8; s.kv_heads = 2; s.q_len = 1; s.kv_len = 600;
-  s.head_dim = 64; s.value_dim = 64; s.causal = 1; s.kv_lens = 1; s.want_lse = 1;
+  s = cp_shape_default(); /* decode: split keys + merge */
+  s.batch = 2;
+  s.q_heads = 8;
+  s.kv_heads = 2;
+  s.q_len = 1;
+  s.kv_len = 600;
+  s.head_dim = 64;
+  s.value_dim = 64;
+  s.causal = 1;
+  s.kv_lens = 1;
+  s.want_lse = 1;
   s.layout = CP_BSHD;
   add_case(s, CLATTN_ALGO_FUSED, CLATTN_OK, "decode gqa 4, fused (split keys)");
   add_case(s, CLATTN_ALGO_GEMM, CLATTN_OK, "decode gqa 4, gemm");
   s.want_diag = 1;
   add_case(s, CLATTN_ALGO_AUTO, CLATTN_OK, "decode gqa 4 diag, auto");
 
-  s = cp_shape_default();                                   /* block-diagonal, dk != dv */
-  s.batch = 2; s.q_heads = 2; s.kv_heads = 2; s.q_len = 32; s.kv_len = 32;
-  s.head_dim = 8; s.value_dim = 24; s.causal = 1; s.mask = CP_MASK_BLOCK_DIAG;
-  s.mask_blocks = 3; s.mask_bcast = CP_BCAST_HEAD | CP_BCAST_BATCH; s.want_lse = 1;
+  s = cp_shape_default(); /* block-diagonal, dk != dv */
+  s.batch = 2;
+  s.q_heads = 2;
+  s.kv_heads = 2;
+  s.q_len = 32;
+  s.kv_len = 32;
+  s.head_dim = 8;
+  s.value_dim = 24;
+  s.causal = 1;
+  s.mask = CP_MASK_BLOCK_DIAG;
+  s.mask_blocks = 3;
+  s.mask_bcast = CP_BCAST_HEAD | CP_BCAST_BATCH;
+  s.want_lse = 1;
   s.want_weights = 1;
   add_case(s, CLATTN_ALGO_STAGED, CLATTN_OK, "block-diagonal causal, staged");
   add_case(s, CLATTN_ALGO_GEMM, CLATTN_OK, "block-diagonal causal, gemm");
 
-  s = cp_shape_default();                                   /* no allowed key: EMPTY_ERROR */
-  s.q_len = 9; s.kv_len = 11; s.mask = CP_MASK_ZEROS; s.want_lse = 1; s.want_diag = 1;
+  s = cp_shape_default(); /* no allowed key: EMPTY_ERROR */
+  s.q_len = 9;
+  s.kv_len = 11;
+  s.mask = CP_MASK_ZEROS;
+  s.want_lse = 1;
+  s.want_diag = 1;
   s.empty_rows = CLATTN_EMPTY_ERROR;
   add_case(s, CLATTN_ALGO_FUSED, CLATTN_ERR_EMPTY_ROW, "all rows empty, error policy, fused");
-  s = cp_shape_default();                                   /* causal M > N: leading rows empty */
-  s.q_heads = 3; s.kv_heads = 1; s.q_len = 20; s.kv_len = 9; s.head_dim = 1; s.value_dim = 1;
-  s.causal = 1; s.want_lse = 1; s.want_weights = 1; s.want_diag = 1;
+  s = cp_shape_default(); /* causal M > N: leading rows empty */
+  s.q_heads = 3;
+  s.kv_heads = 1;
+  s.q_len = 20;
+  s.kv_len = 9;
+  s.head_dim = 1;
+  s.value_dim = 1;
+  s.causal = 1;
+  s.want_lse = 1;
+  s.want_weights = 1;
+  s.want_diag = 1;
   s.empty_rows = CLATTN_EMPTY_ERROR;
   add_case(s, CLATTN_ALGO_STAGED, CLATTN_ERR_EMPTY_ROW, "causal M > N, error policy, staged");
   s.empty_rows = CLATTN_EMPTY_ZERO;
   add_case(s, CLATTN_ALGO_GEMM, CLATTN_OK, "causal M > N, d 1, gemm");
-  s = cp_shape_default();                                   /* error policy, nothing empty */
-  s.batch = 2; s.q_heads = 2; s.kv_heads = 2; s.q_len = 24; s.kv_len = 40;
-  s.bias = CP_BIAS_CONST; s.bias_amp = 3.0; s.mask = CP_MASK_RANDOM; s.mask_density = 1.0;
-  s.mask_bcast = CP_BCAST_BATCH; s.empty_rows = CLATTN_EMPTY_ERROR; s.want_lse = 1;
+  s = cp_shape_default(); /* error policy, nothing empty */
+  s.batch = 2;
+  s.q_heads = 2;
+  s.kv_heads = 2;
+  s.q_len = 24;
+  s.kv_len = 40;
+  s.bias = CP_BIAS_CONST;
+  s.bias_amp = 3.0;
+  s.mask = CP_MASK_RANDOM;
+  s.mask_density = 1.0;
+  s.mask_bcast = CP_BCAST_BATCH;
+  s.empty_rows = CLATTN_EMPTY_ERROR;
+  s.want_lse = 1;
   add_case(s, CLATTN_ALGO_GEMM, CLATTN_OK, "error policy without empty rows, gemm");
   add_case(s, CLATTN_ALGO_FUSED, CLATTN_OK, "error policy without empty rows, fused");
 
-  s = cp_shape_default();                                   /* uniform routing (scale 0) */
-  s.q_len = 13; s.kv_len = 17; s.head_dim = 5; s.value_dim = 3; s.scale = 0.0f;
-  s.want_weights = 1; s.want_diag = 1;
+  s = cp_shape_default(); /* uniform routing (scale 0) */
+  s.q_len = 13;
+  s.kv_len = 17;
+  s.head_dim = 5;
+  s.value_dim = 3;
+  s.scale = 0.0f;
+  s.want_weights = 1;
+  s.want_diag = 1;
   add_case(s, CLATTN_ALGO_AUTO, CLATTN_OK, "scale 0, auto (staged for weights)");
 }
 
 /* An embedded clattn context on cl_ctx/device with a queue of its own. */
 static clattn_status embedded_create(cl_context cl_ctx, cl_device_id device, cl_command_queue *queue,
-                                     clattn_context **ctx, char *why, size_t n)
-{
+                                     clattn_context **ctx, char *why, size_t n) {
   cl_int e;
   *ctx = NULL;
   *queue = clCreateCommandQueue(cl_ctx, device, 0, &e);
@@ -178,47 +243,36 @@ static clattn_status embedded_create(cl_context cl_ctx, cl_device_id device, cl_
   return CLATTN_OK;
 }
 
-static int copy_out(void **dst, const void *src, size_t bytes)
-{
+static int copy_out(void **dst, const void *src, size_t bytes) {
   *dst = NULL;
-  if (!src || bytes == 0)
-    return 0;
+  if (!src || bytes == 0) return 0;
   *dst = malloc(bytes);
-  if (!*dst)
-    return -1;
+  if (!*dst) return -1;
   memcpy(*dst, src, bytes);
   return 0;
 }
 
 /* Whether pb's raw outputs (after a run) equal the baseline bit for bit;
  * names the first output that differs. */
-static const char *differs(const cp_problem *pb, const baseline *b)
-{
-  if (b->out_elems && memcmp(pb->out_raw, b->out, b->out_elems * sizeof(float)))
-    return "out";
-  if (b->lse_elems && memcmp(pb->lse_raw, b->lse, b->lse_elems * sizeof(float)))
-    return "lse";
-  if (b->weights_elems && memcmp(pb->weights_raw, b->weights, b->weights_elems * sizeof(float)))
-    return "weights";
-  if (b->diag_elems && memcmp(pb->entropy_raw, b->entropy, b->diag_elems * sizeof(float)))
-    return "entropy";
-  if (b->diag_elems && memcmp(pb->max_weight_raw, b->max_weight, b->diag_elems * sizeof(float)))
-    return "max_weight";
-  if (b->diag_elems && memcmp(pb->argmax_raw, b->argmax, b->diag_elems * sizeof(int32_t)))
-    return "argmax";
+static const char *differs(const cp_problem *pb, const baseline *b) {
+  if (b->out_elems && memcmp(pb->out_raw, b->out, b->out_elems * sizeof(float))) return "out";
+  if (b->lse_elems && memcmp(pb->lse_raw, b->lse, b->lse_elems * sizeof(float))) return "lse";
+  if (b->weights_elems && memcmp(pb->weights_raw, b->weights, b->weights_elems * sizeof(float))) return "weights";
+  if (b->diag_elems && memcmp(pb->entropy_raw, b->entropy, b->diag_elems * sizeof(float))) return "entropy";
+  if (b->diag_elems && memcmp(pb->max_weight_raw, b->max_weight, b->diag_elems * sizeof(float))) return "max_weight";
+  if (b->diag_elems && memcmp(pb->argmax_raw, b->argmax, b->diag_elems * sizeof(int32_t))) return "argmax";
   return NULL;
 }
 
 /* Whether a single-threaded result is right: the expected status, then the
  * reference within TOL (for EMPTY_ROW too: the outputs hold EMPTY_ZERO's
  * result); a rejected call leaves the NaN-poisoned outputs as they were. */
-static int baseline_ok(const tcase *c, const cp_problem *pb, const cp_result *r, char *why, size_t n)
-{
+static int baseline_ok(const tcase *c, const cp_problem *pb, const cp_result *r, char *why, size_t n) {
   char f[512];
   cp_result_format(r, f, sizeof f);
   if (r->status != c->expect) {
-    snprintf(why, n, "status %s, expected %s (%s)", clattn_status_string(r->status),
-             clattn_status_string(c->expect), clattn_last_error(NULL));
+    snprintf(why, n, "status %s, expected %s (%s)", clattn_status_string(r->status), clattn_status_string(c->expect),
+             clattn_last_error(NULL));
     return 0;
   }
   if (c->expect == CLATTN_OK || c->expect == CLATTN_ERR_EMPTY_ROW) {
@@ -242,8 +296,7 @@ static int baseline_ok(const tcase *c, const cp_problem *pb, const cp_result *r,
   return 1;
 }
 
-static void compute_baselines(clattn_context *ctx)
-{
+static void compute_baselines(clattn_context *ctx) {
   for (int i = 0; i < g_ncases; i++) {
     const tcase *c = &g_cases[i];
     cp_problem *pb;
@@ -271,8 +324,8 @@ static void compute_baselines(clattn_context *ctx)
     /* A second single-threaded run must repeat the first bit for bit. */
     if (CHECKF(cp_run(pb, ctx, &r) == 0, "case %d: harness: %s", i, pb->err)) {
       const char *d = differs(pb, b);
-      CHECKF(r.status == b->status && !d, "case %d (%s): a repeated single-threaded run differs (%s)", i,
-             c->what, d ? d : "status");
+      CHECKF(r.status == b->status && !d, "case %d (%s): a repeated single-threaded run differs (%s)", i, c->what,
+             d ? d : "status");
     }
     cp_free(pb);
   }
@@ -282,11 +335,11 @@ static void compute_baselines(clattn_context *ctx)
 
 typedef struct {
   int index;
-  int calls;                      /* calls to make */
-  cl_context cl_ctx;              /* for the embedded threads */
+  int calls;         /* calls to make */
+  cl_context cl_ctx; /* for the embedded threads */
   cl_device_id device;
   /* results */
-  int done;                       /* calls made */
+  int done; /* calls made */
   int per_case[MAX_CASES];
   int failures;
   char first_failure[768];
@@ -296,8 +349,8 @@ typedef struct {
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-static void fail(worker *w, const char *fmt, ...)
-{
+static void
+fail(worker *w, const char *fmt, ...) {
   if (w->failures++ == 0) {
     va_list ap;
     va_start(ap, fmt);
@@ -306,8 +359,7 @@ static void fail(worker *w, const char *fmt, ...)
   }
 }
 
-static void *work(void *arg)
-{
+static void *work(void *arg) {
   worker *w = arg;
   double t0 = cp_now_ms();
   clattn_context *ctx = NULL;
@@ -315,7 +367,7 @@ static void *work(void *arg)
   cp_problem *pbs[MAX_CASES] = {0};
 
   if (w->index < SHARED_THREADS) {
-    ctx = ct_ctx;                 /* created by the main thread before any worker */
+    ctx = ct_ctx; /* created by the main thread before any worker */
   } else {
     char why[512];
     if (embedded_create(w->cl_ctx, w->device, &queue, &ctx, why, sizeof why) != CLATTN_OK) {
@@ -348,54 +400,47 @@ static void *work(void *arg)
     w->done++;
     w->per_case[i]++;
     if (r.status != b->status) {
-      fail(w, "thread %d, call %d, case %d (%s): status %s, single-threaded %s (%s)", w->index, n, i,
-           g_cases[i].what, clattn_status_string(r.status), clattn_status_string(b->status),
-           clattn_last_error(ctx));
+      fail(w, "thread %d, call %d, case %d (%s): status %s, single-threaded %s (%s)", w->index, n, i, g_cases[i].what,
+           clattn_status_string(r.status), clattn_status_string(b->status), clattn_last_error(ctx));
       continue;
     }
     const char *d = differs(pb, b);
     if (d)
-      fail(w, "thread %d, call %d, case %d (%s): %s differs from the single-threaded result", w->index, n,
-           i, g_cases[i].what, d);
-    if (n % 50 == 0)
-      (void)clattn_peak_scratch_bytes(ctx, 0);   /* reads under the context's lock */
+      fail(w, "thread %d, call %d, case %d (%s): %s differs from the single-threaded result", w->index, n, i,
+           g_cases[i].what, d);
+    if (n % 50 == 0) (void)clattn_peak_scratch_bytes(ctx, 0); /* reads under the context's lock */
   }
 
 out:
-  for (int i = 0; i < g_ncases; i++)
-    cp_free(pbs[i]);              /* before the embedded context and its queue go */
+  for (int i = 0; i < g_ncases; i++) cp_free(pbs[i]); /* before the embedded context and its queue go */
   if (w->index >= SHARED_THREADS) {
     clattn_destroy(ctx);
-    if (queue)
-      clReleaseCommandQueue(queue);
+    if (queue) clReleaseCommandQueue(queue);
   }
   w->ms = cp_now_ms() - t0;
   return NULL;
 }
 
-static void threads_match_single_threaded_results(void)
-{
+static void threads_match_single_threaded_results(void) {
   clattn_context *ctx = ct_context();
   make_cases();
   const char *env = getenv("THREADS_CALLS");
   int total = env && *env ? atoi(env) : DEFAULT_CALLS;
-  if (total < NTHREADS)
-    total = NTHREADS;
+  if (total < NTHREADS) total = NTHREADS;
 
   double t0 = cp_now_ms();
   cl_command_queue base_queue;
   clattn_context *base_ctx;
   char why[512];
-  REQUIREF(embedded_create(clattn_cl_context(ctx), clattn_cl_device(ctx), &base_queue, &base_ctx, why,
-                           sizeof why) == CLATTN_OK, "baseline context: %s", why);
+  REQUIREF(embedded_create(clattn_cl_context(ctx), clattn_cl_device(ctx), &base_queue, &base_ctx, why, sizeof why) ==
+               CLATTN_OK,
+           "baseline context: %s", why);
   compute_baselines(base_ctx);
   clattn_destroy(base_ctx);
   clReleaseCommandQueue(base_queue);
   double base_ms = cp_now_ms() - t0;
-  printf("  %d cases computed single-threaded (each twice, on a context of their own) in %.0f ms\n",
-         g_ncases, base_ms);
-  if (ct_current_failures)
-    return;
+  printf("  %d cases computed single-threaded (each twice, on a context of their own) in %.0f ms\n", g_ncases, base_ms);
+  if (ct_current_failures) return;
 
   /* Every OpenCL object clattn or the kit creates (buffers, kernels,
    * programs, events, queues) retains the cl_context: its count after the
@@ -423,30 +468,28 @@ static void threads_match_single_threaded_results(void)
   for (int t = 0; t < NTHREADS; t++)
     started[t] = CHECKF(pthread_create(&tid[t], NULL, work, &w[t]) == 0, "pthread_create %d", t);
   for (int t = 0; t < NTHREADS; t++)
-    if (started[t])
-      pthread_join(tid[t], NULL);
+    if (started[t]) pthread_join(tid[t], NULL);
   double ms = cp_now_ms() - t0;
 
   int calls = 0, shared = 0;
   for (int t = 0; t < NTHREADS; t++) {
     calls += w[t].done;
-    if (t < SHARED_THREADS)
-      shared += w[t].done;
+    if (t < SHARED_THREADS) shared += w[t].done;
     printf("  thread %d (%s): %d calls in %.0f ms%s%s\n", t,
-           t < SHARED_THREADS ? "shared context and queue" : "own embedded context and queue",
-           w[t].done, w[t].ms, w[t].failures ? ", FAILED: " : "", w[t].failures ? w[t].first_failure : "");
+           t < SHARED_THREADS ? "shared context and queue" : "own embedded context and queue", w[t].done, w[t].ms,
+           w[t].failures ? ", FAILED: " : "", w[t].failures ? w[t].first_failure : "");
     CHECKF(w[t].failures == 0, "thread %d: %d failures, first: %s", t, w[t].failures, w[t].first_failure);
     CHECKF(w[t].done == w[t].calls, "thread %d made %d of %d calls", t, w[t].done, w[t].calls);
   }
   for (int i = 0; i < g_ncases; i++) {
     int n = 0;
-    for (int t = 0; t < NTHREADS; t++)
-      n += w[t].per_case[i];
+    for (int t = 0; t < NTHREADS; t++) n += w[t].per_case[i];
     CHECKF(n > 0, "case %d (%s) never ran in a thread", i, g_cases[i].what);
   }
-  printf("  %d concurrent calls (%d on the shared context, %d on %d embedded contexts) over %d cases "
-         "in %.0f ms (%.2f ms per call), all bitwise equal to the single-threaded results\n",
-         calls, shared, calls - shared, NTHREADS - SHARED_THREADS, g_ncases, ms, calls ? ms / calls : 0.0);
+  printf(
+      "  %d concurrent calls (%d on the shared context, %d on %d embedded contexts) over %d cases "
+      "in %.0f ms (%.2f ms per call), all bitwise equal to the single-threaded results\n",
+      calls, shared, calls - shared, NTHREADS - SHARED_THREADS, g_ncases, ms, calls ? ms / calls : 0.0);
   CHECKF(calls == total, "%d calls made, %d planned", calls, total);
 
   /* The fused programs the shared context built: at most one per distinct
@@ -465,10 +508,11 @@ static void threads_match_single_threaded_results(void)
     }
     pairs += fresh;
   }
-  printf("  the shared context built %d fused programs in the threads (%d head/value dim pairs can "
-         "run fused)\n", built, pairs);
-  CHECKF(built <= pairs, "the shared context built %d programs for %d (head_dim, value_dim) pairs", built,
-         pairs);
+  printf(
+      "  the shared context built %d fused programs in the threads (%d head/value dim pairs can "
+      "run fused)\n",
+      built, pairs);
+  CHECKF(built <= pairs, "the shared context built %d programs for %d (head_dim, value_dim) pairs", built, pairs);
 
   /* POCL releases the objects behind finished commands asynchronously. The
    * context's pooled kernels and scratch (as many as calls held at once) go
@@ -479,21 +523,19 @@ static void threads_match_single_threaded_results(void)
   ca_kernel_pool_trim(ctx);
   ca_scratch_pool_trim(ctx);
   for (int tries = 0; tries < 300; tries++) {
-    if (cp_context_refs(cl_ctx) == ctx_refs1 && cp_queue_refs(shared_queue) == queue_refs0)
-      break;
-    struct timespec ts = { 0, 10 * 1000 * 1000 };
+    if (cp_context_refs(cl_ctx) == ctx_refs1 && cp_queue_refs(shared_queue) == queue_refs0) break;
+    struct timespec ts = {0, 10 * 1000 * 1000};
     nanosleep(&ts, NULL);
   }
   CHECKF(cp_context_refs(cl_ctx) == ctx_refs1,
          "cl_context reference count %u after the threads, %u before and %d programs kept: an OpenCL "
-         "object leaked", cp_context_refs(cl_ctx), ctx_refs0, built);
-  CHECKF(cp_queue_refs(shared_queue) == queue_refs0,
-         "shared queue reference count %u after the threads, %u before", cp_queue_refs(shared_queue),
-         queue_refs0);
+         "object leaked",
+         cp_context_refs(cl_ctx), ctx_refs0, built);
+  CHECKF(cp_queue_refs(shared_queue) == queue_refs0, "shared queue reference count %u after the threads, %u before",
+         cp_queue_refs(shared_queue), queue_refs0);
 }
 
-static void free_baselines(void)
-{
+static void free_baselines(void) {
   for (int i = 0; i < g_ncases; i++) {
     baseline *b = &g_base[i];
     free(b->out);
@@ -505,10 +547,9 @@ static void free_baselines(void)
   }
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
   static const ct_test tests[] = {
-    CT_TEST(threads_match_single_threaded_results),
+      CT_TEST(threads_match_single_threaded_results),
   };
   ct_cleanup = free_baselines;
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);

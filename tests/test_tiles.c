@@ -27,8 +27,8 @@ static int is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 /* Checks that t fits dev: group sizes, per-dimension sizes, local memory. */
 static void check_fits(const tl_tiles *t, const tl_device *dev, const char *name) {
-  CHECKF((size_t)t->score_tm * t->score_tn <= dev->max_wg, "%s: qk_score group %dx%d > max_wg %zu", name,
-         t->score_tm, t->score_tn, dev->max_wg);
+  CHECKF((size_t)t->score_tm * t->score_tn <= dev->max_wg, "%s: qk_score group %dx%d > max_wg %zu", name, t->score_tm,
+         t->score_tn, dev->max_wg);
   CHECKF((size_t)t->mix_tm * t->mix_tv <= dev->max_wg, "%s: mix group too large", name);
   CHECKF((size_t)t->softmax_wg <= dev->max_wg, "%s: softmax group too large", name);
   CHECKF((size_t)t->score_tn <= dev->max_item[0] && (size_t)t->score_tm <= dev->max_item[1],
@@ -168,8 +168,8 @@ static void block_tiles_fit_local_memory_and_registers(void) {
              "%s: flash_block tile %dx%d at d=%d needs %zu bytes of local memory", names[i], blk.rm, blk.rn, d,
              tl_block_local_bytes(blk, d, d));
       CHECKF(blk.rm * blk.rn + blk.rm * dvb / 8 <= tl_block_budget(&devs[i]),
-             "%s: flash_block scores and accumulator of %d floats at d=%d", names[i], blk.rm * blk.rn + blk.rm * dvb / 8,
-             d);
+             "%s: flash_block scores and accumulator of %d floats at d=%d", names[i],
+             blk.rm * blk.rn + blk.rm * dvb / 8, d);
     }
   /* the largest tile wherever it fits: 4 x 4 at d = 64 */
   tl_device nv = nvidia_like();

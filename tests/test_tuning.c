@@ -22,23 +22,20 @@ static char g_dir[] = "/tmp/clattn-tuning-XXXXXX";
 static char g_path[300];
 
 /* A file for ct_context()'s device with extra lines appended. */
-static int write_for_device(const char *extra)
-{
+static int write_for_device(const char *extra) {
   clattn_context *c = ct_context();
   char platform[256], device[256], driver[256];
   ca_platform_string(c->platform, CL_PLATFORM_NAME, platform, sizeof platform);
   ca_device_string(c->device, CL_DEVICE_NAME, device, sizeof device);
   ca_device_string(c->device, CL_DRIVER_VERSION, driver, sizeof driver);
   FILE *f = fopen(g_path, "w");
-  if (!CHECKF(f != NULL, "cannot write %s", g_path))
-    return -1;
+  if (!CHECKF(f != NULL, "cannot write %s", g_path)) return -1;
   fprintf(f, "# test\nformat = 1\nplatform = %s\ndevice = %s\ndriver = %s\n%s", platform, device, driver, extra);
   return CHECK(fclose(f) == 0) ? 0 : -1;
 }
 
-static clattn_context *open_with(const char *tuning_file)
-{
-  clattn_options o = { 0 };
+static clattn_context *open_with(const char *tuning_file) {
+  clattn_options o = {0};
   o.context = clattn_cl_context(ct_context());
   o.device = clattn_cl_device(ct_context());
   o.queue = clattn_cl_queue(ct_context());
@@ -50,37 +47,32 @@ static clattn_context *open_with(const char *tuning_file)
 }
 
 /* Reads size bytes as a tuning file: 0 accepted, -1 rejected (message in err). */
-static int read_bytes(const char *text, size_t size, char *err, size_t n)
-{
+static int read_bytes(const char *text, size_t size, char *err, size_t n) {
   FILE *f = fopen(g_path, "w");
-  if (!f)
-    return -2;
+  if (!f) return -2;
   int ok = fwrite(text, 1, size, f) == size;
-  if ((fclose(f) != 0) || !ok)
-    return -2;
+  if ((fclose(f) != 0) || !ok) return -2;
   ca_tuning t;
   return ca_tuning_read(g_path, &t, err, n);
 }
 
-static int read_text(const char *text, char *err, size_t n)
-{
-  return read_bytes(text, strlen(text), err, n);
-}
+static int read_text(const char *text, char *err, size_t n) { return read_bytes(text, strlen(text), err, n); }
 
-static void format_errors_name_the_line_and_value(void)
-{
+static void format_errors_name_the_line_and_value(void) {
   static const char head[] = "format = 1\nplatform = P\ndevice = D\ndriver = 1\n";
-  static const struct { const char *line, *says; } bad[] = {
-    { "flash_bm = 3\n", "flash_bm = 3: must be a power of two from 1 to 16" },
-    { "score_tm = 2048\n", "score_tm = 2048: must be a power of two from 1 to 1024" },
-    { "mix_tj = 12x\n", "mix_tj = 12x: must be an integer" },
-    { "scratch_bytes = 0\n", "scratch_bytes = 0: must be from 1 to 2^40 bytes" },
-    { "scratch_bytes = -5\n", "scratch_bytes = -5: must be from 1 to 2^40 bytes" },
-    { "flash_wg = -5\n", "flash_wg = -5: must be 0 or a power of two up to 1024" },
-    { "auto_weights = fused\n", "auto_weights = fused: must be staged or gemm" },
-    { "auto_prefill = fast\n", "auto_prefill = fast: must be staged, fused or gemm" },
-    { "tile = 4\n", "unknown key 'tile'" },
-    { "flash_bm 4\n", "expected 'key = value'" },
+  static const struct {
+    const char *line, *says;
+  } bad[] = {
+      {"flash_bm = 3\n", "flash_bm = 3: must be a power of two from 1 to 16"},
+      {"score_tm = 2048\n", "score_tm = 2048: must be a power of two from 1 to 1024"},
+      {"mix_tj = 12x\n", "mix_tj = 12x: must be an integer"},
+      {"scratch_bytes = 0\n", "scratch_bytes = 0: must be from 1 to 2^40 bytes"},
+      {"scratch_bytes = -5\n", "scratch_bytes = -5: must be from 1 to 2^40 bytes"},
+      {"flash_wg = -5\n", "flash_wg = -5: must be 0 or a power of two up to 1024"},
+      {"auto_weights = fused\n", "auto_weights = fused: must be staged or gemm"},
+      {"auto_prefill = fast\n", "auto_prefill = fast: must be staged, fused or gemm"},
+      {"tile = 4\n", "unknown key 'tile'"},
+      {"flash_bm 4\n", "expected 'key = value'"},
   };
   char text[512], err[512];
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -97,8 +89,7 @@ static void format_errors_name_the_line_and_value(void)
 /* Issue 18, item 7: fgets split a line over 1023 bytes, so the tail of a
  * long comment was read as a line of its own and applied; C strings ended a
  * line at a NUL byte. Both are malformed lines now, named by number. */
-static void long_lines_and_nul_bytes_are_rejected(void)
-{
+static void long_lines_and_nul_bytes_are_rejected(void) {
   static const char head[] = "format = 1\nplatform = P\ndevice = D\ndriver = 1\n";
   char text[2048], err[512];
   /* 1023 bytes of comment, then the text fgets read as the next line. */
@@ -133,8 +124,7 @@ enum { CHILD_WATCHDOG_S = 120 };
 
 /* The child: a context with the tuning file CLATTN_TUNING_FILE names; its
  * note on stdout. 0 when the file was rejected as not a regular file. */
-static int create_main(void)
-{
+static int create_main(void) {
   alarm(CHILD_WATCHDOG_S);
   clattn_context *ctx = NULL;
   clattn_status st = clattn_create(NULL, &ctx);
@@ -150,8 +140,7 @@ static int create_main(void)
 
 /* Runs "--create" with CLATTN_TUNING_FILE=path: its exit status, or 128 +
  * the signal that ended it (SIGALRM: the watchdog). */
-static int create_in_child(const char *path)
-{
+static int create_in_child(const char *path) {
   pid_t pid = fork();
   if (pid == 0) {
     setenv("CLATTN_TUNING_FILE", path, 1);
@@ -159,13 +148,11 @@ static int create_in_child(const char *path)
     _exit(4);
   }
   int status = 0;
-  if (pid < 0 || waitpid(pid, &status, 0) != pid)
-    return -1;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) return -1;
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
 }
 
-static void fifo_and_devices_do_not_block_creation(void)
-{
+static void fifo_and_devices_do_not_block_creation(void) {
   char fifo[320];
   snprintf(fifo, sizeof fifo, "%s/fifo", g_dir);
   REQUIRE(mkfifo(fifo, 0600) == 0 || errno == EEXIST);
@@ -180,8 +167,7 @@ static void fifo_and_devices_do_not_block_creation(void)
   /* A file over the size cap is refused before it is read. */
   FILE *f = fopen(g_path, "w");
   REQUIRE(f);
-  for (int i = 0; i < 70000; i++)
-    fputc('\n', f);
+  for (int i = 0; i < 70000; i++) fputc('\n', f);
   REQUIRE(fclose(f) == 0);
   ca_tuning t;
   char err[512];
@@ -191,22 +177,22 @@ static void fifo_and_devices_do_not_block_creation(void)
 /* Issue 18, item 8: CLATTN_FLASH_WG and CLATTN_SCRATCH_BYTES follow the
  * tuning file's rule, with its message; a value that breaks it is ignored
  * and named in clattn_describe. */
-static void environment_overrides_follow_the_file_rule(void)
-{
+static void environment_overrides_follow_the_file_rule(void) {
   clattn_context *plain = open_with("");
   REQUIRE(plain);
-  static const struct { const char *var, *value, *says; } bad[] = {
-    { "CLATTN_FLASH_WG", "-5", "ignored CLATTN_FLASH_WG = -5: must be 0 or a power of two up to 1024" },
-    { "CLATTN_FLASH_WG", "48", "ignored CLATTN_FLASH_WG = 48: must be 0 or a power of two up to 1024" },
-    { "CLATTN_SCRATCH_BYTES", "-5", "ignored CLATTN_SCRATCH_BYTES = -5: must be from 1 to 2^40 bytes" },
-    { "CLATTN_SCRATCH_BYTES", "4k", "ignored CLATTN_SCRATCH_BYTES = 4k: must be an integer" },
+  static const struct {
+    const char *var, *value, *says;
+  } bad[] = {
+      {"CLATTN_FLASH_WG", "-5", "ignored CLATTN_FLASH_WG = -5: must be 0 or a power of two up to 1024"},
+      {"CLATTN_FLASH_WG", "48", "ignored CLATTN_FLASH_WG = 48: must be 0 or a power of two up to 1024"},
+      {"CLATTN_SCRATCH_BYTES", "-5", "ignored CLATTN_SCRATCH_BYTES = -5: must be from 1 to 2^40 bytes"},
+      {"CLATTN_SCRATCH_BYTES", "4k", "ignored CLATTN_SCRATCH_BYTES = 4k: must be an integer"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     REQUIRE(setenv(bad[i].var, bad[i].value, 1) == 0);
     clattn_context *ctx = open_with("");
     unsetenv(bad[i].var);
-    if (!ctx)
-      continue;
+    if (!ctx) continue;
     CHECKF(strstr(clattn_describe(ctx), bad[i].says) != NULL, "%s=%s: describe lacks '%s':\n%s", bad[i].var,
            bad[i].value, bad[i].says, clattn_describe(ctx));
     CHECK(!memcmp(&ctx->tiles, &plain->tiles, sizeof ctx->tiles));
@@ -229,8 +215,7 @@ static void environment_overrides_follow_the_file_rule(void)
   clattn_destroy(plain);
 }
 
-static void write_then_read_round_trips(void)
-{
+static void write_then_read_round_trips(void) {
   ca_tuning t, back;
   memset(&t, 0, sizeof t);
   snprintf(t.platform, sizeof t.platform, "Some Platform");
@@ -248,11 +233,18 @@ static void write_then_read_round_trips(void)
   CHECK(back.auto_algo[CA_CLASS_WEIGHTS] == CLATTN_ALGO_GEMM && back.auto_algo[CA_CLASS_PREFILL] == CLATTN_ALGO_AUTO);
 }
 
-static cp_problem *small_problem(int want_weights)
-{
+static cp_problem *small_problem(int want_weights) {
   cp_shape s = cp_shape_default();
-  s.q_heads = 4; s.kv_heads = 2; s.q_len = 37; s.kv_len = 53; s.head_dim = 40; s.value_dim = 24;
-  s.causal = 1; s.want_lse = 1; s.want_weights = want_weights; s.poison_disallowed = 1;
+  s.q_heads = 4;
+  s.kv_heads = 2;
+  s.q_len = 37;
+  s.kv_len = 53;
+  s.head_dim = 40;
+  s.value_dim = 24;
+  s.causal = 1;
+  s.want_lse = 1;
+  s.want_weights = want_weights;
+  s.poison_disallowed = 1;
   char err[256];
   cp_problem *pb = cp_build(&s, err, sizeof err);
   CHECKF(pb != NULL, "cp_build: %s", err);
@@ -260,32 +252,26 @@ static cp_problem *small_problem(int want_weights)
 }
 
 /* What AUTO resolves to for pb in ctx. */
-static clattn_algo auto_choice(clattn_context *ctx, cp_problem *pb)
-{
+static clattn_algo auto_choice(clattn_context *ctx, cp_problem *pb) {
   pb->params.algo = CLATTN_ALGO_AUTO;
   ca_plan plan;
-  if (cp_upload(pb, ct_context()) != 0 || ca_validate(ctx, &pb->params, &plan) != CLATTN_OK)
-    return (clattn_algo)-1;
+  if (cp_upload(pb, ct_context()) != 0 || ca_validate(ctx, &pb->params, &plan) != CLATTN_OK) return (clattn_algo)-1;
   return plan.algo;
 }
 
 /* Runs pb with every algorithm in ctx against the reference. */
-static void exact_in(clattn_context *ctx, cp_problem *pb)
-{
+static void exact_in(clattn_context *ctx, cp_problem *pb) {
   for (size_t a = 0; a < KC_NALGOS; a++) {
     pb->params.algo = kc_algos[a];
     cp_result r;
-    if (!CHECKF(cp_run(pb, ctx, &r) == 0, "%s", pb->err))
-      continue;
+    if (!CHECKF(cp_run(pb, ctx, &r) == 0, "%s", pb->err)) continue;
     char line[512];
-    if (r.status == CLATTN_ERR_UNSUPPORTED && kc_algo_optional(kc_algos[a], &pb->params))
-      continue;
+    if (r.status == CLATTN_ERR_UNSUPPORTED && kc_algo_optional(kc_algos[a], &pb->params)) continue;
     CHECKF(cp_result_ok(&r, 1e-5), "%s: %s", clattn_algo_name(kc_algos[a]), cp_result_format(&r, line, sizeof line));
   }
 }
 
-static void matching_file_is_applied_with_origins(void)
-{
+static void matching_file_is_applied_with_origins(void) {
   REQUIRE(write_for_device("score_tm = 4\nmix_tj = 8\nflash_bm = 2\nscratch_bytes = 2097152\n"
                            "auto_prefill = gemm\nauto_decode = staged\nauto_weights = gemm\n") == 0);
   clattn_context *ctx = open_with(g_path);
@@ -299,33 +285,33 @@ static void matching_file_is_applied_with_origins(void)
   const int gemm = ca_gemm_available();
   const char *d = clattn_describe(ctx);
   CHECKF(strstr(d, "score_tm       4          (tuning file)") && strstr(d, "(default from device query)") &&
-         strstr(d, gemm ? "prefill: gemm, decode: staged, weights: gemm"
-                        : "prefill: fused, decode: staged, weights: staged"),
+             strstr(d, gemm ? "prefill: gemm, decode: staged, weights: gemm"
+                            : "prefill: fused, decode: staged, weights: staged"),
          "describe:\n%s", d);
   CHECKF(gemm || strstr(ctx->tuning_note, "auto_weights = gemm left out"), "note: %s", ctx->tuning_note);
 
   cp_problem *pb = small_problem(0);
   if (pb) {
-    CHECK(auto_choice(ctx, pb) == (gemm ? CLATTN_ALGO_GEMM : CLATTN_ALGO_FUSED));      /* 37 rows: prefill */
+    CHECK(auto_choice(ctx, pb) == (gemm ? CLATTN_ALGO_GEMM : CLATTN_ALGO_FUSED)); /* 37 rows: prefill */
     exact_in(ctx, pb);
     cp_free(pb);
   }
   pb = small_problem(1);
   if (pb) {
-    CHECK(auto_choice(ctx, pb) == (gemm ? CLATTN_ALGO_GEMM : CLATTN_ALGO_STAGED));      /* weights */
+    CHECK(auto_choice(ctx, pb) == (gemm ? CLATTN_ALGO_GEMM : CLATTN_ALGO_STAGED)); /* weights */
     exact_in(ctx, pb);
     cp_free(pb);
   }
   clattn_destroy(ctx);
 }
 
-static void decode_class_uses_its_choice(void)
-{
+static void decode_class_uses_its_choice(void) {
   REQUIRE(write_for_device("auto_decode = staged\n") == 0);
   clattn_context *ctx = open_with(g_path);
   REQUIRE(ctx);
   cp_shape s = cp_shape_default();
-  s.q_len = 1; s.kv_len = 300;
+  s.q_len = 1;
+  s.kv_len = 300;
   char err[256];
   cp_problem *pb = cp_build(&s, err, sizeof err);
   if (CHECKF(pb != NULL, "%s", err)) {
@@ -338,19 +324,15 @@ static void decode_class_uses_its_choice(void)
 }
 
 /* The defaults a context without any tuning file gets. */
-static void expect_defaults(clattn_context *ctx, clattn_context *plain, const char *note_start)
-{
+static void expect_defaults(clattn_context *ctx, clattn_context *plain, const char *note_start) {
   CHECKF(!strncmp(ctx->tuning_note, note_start, strlen(note_start)), "note: %s", ctx->tuning_note);
   CHECK(!memcmp(&ctx->tiles, &plain->tiles, sizeof ctx->tiles));
   CHECK(ctx->scratch_budget == plain->scratch_budget);
-  for (int c = 0; c < CA_CLASS_COUNT; c++)
-    CHECK(ctx->auto_algo[c] == CLATTN_ALGO_AUTO);
-  for (int t = 0; t < CA_T_COUNT; t++)
-    CHECK(ctx->origin[t] != CA_FROM_FILE);
+  for (int c = 0; c < CA_CLASS_COUNT; c++) CHECK(ctx->auto_algo[c] == CLATTN_ALGO_AUTO);
+  for (int t = 0; t < CA_T_COUNT; t++) CHECK(ctx->origin[t] != CA_FROM_FILE);
 }
 
-static void other_device_bad_value_or_misfit_use_defaults(void)
-{
+static void other_device_bad_value_or_misfit_use_defaults(void) {
   clattn_context *plain = open_with("");
   REQUIRE(plain);
   CHECK(!strncmp(plain->tuning_note, "none", 4));
@@ -360,8 +342,7 @@ static void other_device_bad_value_or_misfit_use_defaults(void)
   fprintf(f, "format = 1\nplatform = Other\ndevice = Other GPU\ndriver = 9\nscore_tm = 4\n");
   fclose(f);
   clattn_context *ctx = open_with(g_path);
-  if (ctx)
-    expect_defaults(ctx, plain, "ignored:"), clattn_destroy(ctx);
+  if (ctx) expect_defaults(ctx, plain, "ignored:"), clattn_destroy(ctx);
 
   REQUIRE(write_for_device("score_tm = 4\nflash_bm = 5\n") == 0);
   ctx = open_with(g_path);
@@ -379,33 +360,29 @@ static void other_device_bad_value_or_misfit_use_defaults(void)
     expect_defaults(ctx, plain, "rejected, defaults used:");
     CHECKF(strstr(ctx->tuning_note, "does not fit this device") != NULL, "note: %s", ctx->tuning_note);
     cp_problem *pb = small_problem(0);
-    if (pb)
-      exact_in(ctx, pb), cp_free(pb);
+    if (pb) exact_in(ctx, pb), cp_free(pb);
     clattn_destroy(ctx);
   }
 
   ctx = open_with("/nonexistent/clattn-tuning.txt");
-  if (ctx)
-    expect_defaults(ctx, plain, "rejected, defaults used: cannot open"), clattn_destroy(ctx);
+  if (ctx) expect_defaults(ctx, plain, "rejected, defaults used: cannot open"), clattn_destroy(ctx);
   clattn_destroy(plain);
 }
 
 /* The public API: every value with its origin, candidates written for this
  * device and applied (or refused) by a context that names the file. */
-static void public_api_reads_values_and_writes_candidates(void)
-{
+static void public_api_reads_values_and_writes_candidates(void) {
   clattn_context *plain = open_with("");
   REQUIRE(plain);
   int n = 0;
-  while (clattn_tuning_name(n))
-    n++;
+  while (clattn_tuning_name(n)) n++;
   CHECK(n == CA_T_COUNT && clattn_tuning_name(-1) == NULL);
   long long v = -1;
   const char *origin = NULL;
   for (int i = 0; i < n; i++) {
     CHECK(clattn_tuning_get(plain, clattn_tuning_name(i), &v, &origin) == CLATTN_OK);
-    CHECKF(v == ca_tunable_get(&plain->tiles, plain->scratch_budget, (ca_tunable)i), "%s = %lld",
-           clattn_tuning_name(i), v);
+    CHECKF(v == ca_tunable_get(&plain->tiles, plain->scratch_budget, (ca_tunable)i), "%s = %lld", clattn_tuning_name(i),
+           v);
     CHECK(origin && !strcmp(origin, ca_origin_name(plain->origin[i])));
   }
   CHECK(clattn_tuning_get(plain, "score_tx", &v, NULL) == CLATTN_ERR_INVALID_ARGUMENT &&
@@ -451,17 +428,14 @@ static void public_api_reads_values_and_writes_candidates(void)
 }
 
 /* Removes dir and the files in it. */
-static void remove_dir(const char *dir)
-{
+static void remove_dir(const char *dir) {
   DIR *d = opendir(dir);
-  if (!d)
-    return;
+  if (!d) return;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-      unlink(path);
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlink(path);
   }
   closedir(d);
   rmdir(dir);
@@ -470,11 +444,10 @@ static void remove_dir(const char *dir)
 /* Each program's options carry only its kernels' tiles: retuning a staged
  * tile rebuilds the core program, and the fused program built under the old
  * tuning still loads from the disk cache. */
-static void retuned_staged_tile_keeps_the_fused_binary(void)
-{
+static void retuned_staged_tile_keeps_the_fused_binary(void) {
   char dir[] = "/tmp/clattn-tuning-cache-XXXXXX";
   REQUIRE(mkdtemp(dir));
-  clattn_options o = { 0 };
+  clattn_options o = {0};
   o.context = clattn_cl_context(ct_context());
   o.device = clattn_cl_device(ct_context());
   o.queue = clattn_cl_queue(ct_context());
@@ -483,16 +456,14 @@ static void retuned_staged_tile_keeps_the_fused_binary(void)
   clattn_context *before = NULL, *after = NULL;
   cp_problem *pb = small_problem(0);
   cp_result r;
-  if (!CHECKF(clattn_create(&o, &before) == CLATTN_OK, "%s", clattn_last_error(NULL)) || !pb)
-    goto done;
+  if (!CHECKF(clattn_create(&o, &before) == CLATTN_OK, "%s", clattn_last_error(NULL)) || !pb) goto done;
   pb->params.algo = CLATTN_ALGO_FUSED;
   CHECKF(cp_run(pb, before, &r) == 0 && r.status == CLATTN_OK, "%s", pb->err);
   char text[64];
   snprintf(text, sizeof text, "score_tn = %d\n", before->tiles.score_tn > 1 ? before->tiles.score_tn / 2 : 2);
   REQUIRE(clattn_tuning_write(before, text, g_path) == CLATTN_OK);
   o.tuning_file = g_path;
-  if (!CHECKF(clattn_create(&o, &after) == CLATTN_OK, "%s", clattn_last_error(NULL)))
-    goto done;
+  if (!CHECKF(clattn_create(&o, &after) == CLATTN_OK, "%s", clattn_last_error(NULL))) goto done;
   int applied = 0, source0, cache0, source1, cache1;
   CHECKF(clattn_tuning_note(after, &applied) && applied, "note: %s", clattn_tuning_note(after, NULL));
   ca_cache_counts(after, &source0, &cache0);
@@ -508,30 +479,26 @@ done:
   remove_dir(dir);
 }
 
-static void cleanup(void)
-{
+static void cleanup(void) {
   unlink(g_path);
   rmdir(g_dir);
 }
 
-int main(int argc, char **argv)
-{
-  if (argc == 2 && !strcmp(argv[1], "--create"))
-    return create_main();
+int main(int argc, char **argv) {
+  if (argc == 2 && !strcmp(argv[1], "--create")) return create_main();
   static const ct_test tests[] = {
-    CT_TEST(format_errors_name_the_line_and_value),
-    CT_TEST(long_lines_and_nul_bytes_are_rejected),
-    CT_TEST(fifo_and_devices_do_not_block_creation),
-    CT_TEST(environment_overrides_follow_the_file_rule),
-    CT_TEST(write_then_read_round_trips),
-    CT_TEST(matching_file_is_applied_with_origins),
-    CT_TEST(decode_class_uses_its_choice),
-    CT_TEST(other_device_bad_value_or_misfit_use_defaults),
-    CT_TEST(public_api_reads_values_and_writes_candidates),
-    CT_TEST(retuned_staged_tile_keeps_the_fused_binary),
+      CT_TEST(format_errors_name_the_line_and_value),
+      CT_TEST(long_lines_and_nul_bytes_are_rejected),
+      CT_TEST(fifo_and_devices_do_not_block_creation),
+      CT_TEST(environment_overrides_follow_the_file_rule),
+      CT_TEST(write_then_read_round_trips),
+      CT_TEST(matching_file_is_applied_with_origins),
+      CT_TEST(decode_class_uses_its_choice),
+      CT_TEST(other_device_bad_value_or_misfit_use_defaults),
+      CT_TEST(public_api_reads_values_and_writes_candidates),
+      CT_TEST(retuned_staged_tile_keeps_the_fused_binary),
   };
-  if (!mkdtemp(g_dir))
-    return fprintf(stderr, "mkdtemp failed\n"), 1;
+  if (!mkdtemp(g_dir)) return fprintf(stderr, "mkdtemp failed\n"), 1;
   snprintf(g_path, sizeof g_path, "%s/tuning.txt", g_dir);
   ct_context();
   ct_cleanup = cleanup;

@@ -13,12 +13,10 @@
 
 #define PATTERN 12345.0f
 
-static cp_problem *g_pb;      /* B=3, Hq=4, Hkv=2, M=8, N=8, dk=16, dv=8, all outputs, mask, bias, kv_lens */
+static cp_problem *g_pb; /* B=3, Hq=4, Hkv=2, M=8, N=8, dk=16, dv=8, all outputs, mask, bias, kv_lens */
 
-static cp_problem *base(void)
-{
-  if (g_pb)
-    return g_pb;
+static cp_problem *base(void) {
+  if (g_pb) return g_pb;
   cp_shape s = cp_shape_default();
   s.batch = 3;
   s.q_heads = 4;
@@ -48,50 +46,41 @@ static cp_problem *base(void)
   return g_pb;
 }
 
-static void free_base(void)
-{
+static void free_base(void) {
   cp_free(g_pb);
   g_pb = NULL;
 }
 
 /* Whether msg contains field as a whole identifier (not inside a longer name). */
-static int names_field(const char *msg, const char *field)
-{
+static int names_field(const char *msg, const char *field) {
   size_t n = strlen(field);
   for (const char *p = msg; (p = strstr(p, field)) != NULL; p++) {
     int before = p == msg || !(isalnum((unsigned char)p[-1]) || p[-1] == '_');
     int after = !(isalnum((unsigned char)p[n]) || p[n] == '_');
-    if (before && after)
-      return 1;
+    if (before && after) return 1;
   }
   return 0;
 }
 
 /* Every element of every output buffer still holds PATTERN. */
-static long untouched_violations(cp_problem *pb)
-{
+static long untouched_violations(cp_problem *pb) {
   if (cp_read_outputs(pb) != 0) {
     CHECKF(0, "%s", pb->err);
     return -1;
   }
   long bad = 0;
-  for (size_t i = 0; i < pb->out_elems; i++)
-    bad += pb->out_raw[i] != PATTERN;
-  for (size_t i = 0; i < pb->lse_elems; i++)
-    bad += pb->lse_raw[i] != PATTERN;
-  for (size_t i = 0; i < pb->weights_elems; i++)
-    bad += pb->weights_raw[i] != PATTERN;
+  for (size_t i = 0; i < pb->out_elems; i++) bad += pb->out_raw[i] != PATTERN;
+  for (size_t i = 0; i < pb->lse_elems; i++) bad += pb->lse_raw[i] != PATTERN;
+  for (size_t i = 0; i < pb->weights_elems; i++) bad += pb->weights_raw[i] != PATTERN;
   return bad;
 }
 
 /* Calls forward with p; checks the status (want, or want2 when not -1), that the
  * last error names field (when non-NULL) and that the outputs are untouched. */
-static void expect_reject(const clattn_params *p, clattn_status want, int want2, const char *field,
-                          const char *what, const char *file, int line)
-{
+static void expect_reject(const clattn_params *p, clattn_status want, int want2, const char *field, const char *what,
+                          const char *file, int line) {
   cp_problem *pb = base();
-  if (!pb)
-    return;
+  if (!pb) return;
   clattn_context *ctx = ct_context();
   if (cp_fill_outputs(pb, PATTERN) != 0) {
     ct_check(0, file, line, "%s", pb->err);
@@ -101,47 +90,60 @@ static void expect_reject(const clattn_params *p, clattn_status want, int want2,
   clattn_status st = clattn_forward(ctx, p, 0, NULL, &done);
   clFinish(clattn_cl_queue(ctx));
   const char *msg = clattn_last_error(ctx);
-  if (!msg)
-    msg = "";
+  if (!msg) msg = "";
   int status_ok = st == want || (want2 >= 0 && st == (clattn_status)want2);
-  ct_check(status_ok, file, line, "%s: status %s, expected %s%s%s (last error: %s)", what,
-           clattn_status_string(st), clattn_status_string(want), want2 >= 0 ? " or " : "",
+  ct_check(status_ok, file, line, "%s: status %s, expected %s%s%s (last error: %s)", what, clattn_status_string(st),
+           clattn_status_string(want), want2 >= 0 ? " or " : "",
            want2 >= 0 ? clattn_status_string((clattn_status)want2) : "", msg);
   if (st == CLATTN_OK) {
-    if (done)
-      clReleaseEvent(done);
+    if (done) clReleaseEvent(done);
     return;
   }
   ct_check(done == NULL, file, line, "%s: a rejected call returned an event", what);
   if (field)
-    ct_check(names_field(msg, field), file, line, "%s: last error does not name '%s': \"%s\"",
-             what, field, msg);
+    ct_check(names_field(msg, field), file, line, "%s: last error does not name '%s': \"%s\"", what, field, msg);
   long bad = untouched_violations(pb);
   ct_check(bad == 0, file, line, "%s: %ld output elements changed by a rejected call", what, bad);
 }
 
-#define REJECT(p, want, field, what) expect_reject((p), (want), -1, (field), (what), __FILE__, __LINE__)
-#define REJECT2(p, want, want2, field, what)                                                \
-  expect_reject((p), (want), (want2), (field), (what), __FILE__, __LINE__)
+#define REJECT(p, want, field, what)         expect_reject((p), (want), -1, (field), (what), __FILE__, __LINE__)
+#define REJECT2(p, want, want2, field, what) expect_reject((p), (want), (want2), (field), (what), __FILE__, __LINE__)
 
-static void non_positive_dims_are_invalid(void)
-{
+static void non_positive_dims_are_invalid(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
-  struct { const char *name; int *field; int value; } cases[8];
+  struct {
+    const char *name;
+    int *field;
+    int value;
+  } cases[8];
   clattn_params p = pb->params;
   int n = 0;
-  const int bad_values[] = { 0, -1 };
+  const int bad_values[] = {0, -1};
   for (int v = 0; v < 2; v++) {
     n = 0;
     p = pb->params;
-    cases[n].name = "batch"; cases[n].field = &p.batch; n++;
-    cases[n].name = "q_heads"; cases[n].field = &p.q_heads; n++;
-    cases[n].name = "kv_heads"; cases[n].field = &p.kv_heads; n++;
-    cases[n].name = "q_len"; cases[n].field = &p.q_len; n++;
-    cases[n].name = "kv_len"; cases[n].field = &p.kv_len; n++;
-    cases[n].name = "head_dim"; cases[n].field = &p.head_dim; n++;
-    cases[n].name = "value_dim"; cases[n].field = &p.value_dim; n++;
+    cases[n].name = "batch";
+    cases[n].field = &p.batch;
+    n++;
+    cases[n].name = "q_heads";
+    cases[n].field = &p.q_heads;
+    n++;
+    cases[n].name = "kv_heads";
+    cases[n].field = &p.kv_heads;
+    n++;
+    cases[n].name = "q_len";
+    cases[n].field = &p.q_len;
+    n++;
+    cases[n].name = "kv_len";
+    cases[n].field = &p.kv_len;
+    n++;
+    cases[n].name = "head_dim";
+    cases[n].field = &p.head_dim;
+    n++;
+    cases[n].name = "value_dim";
+    cases[n].field = &p.value_dim;
+    n++;
     for (int c = 0; c < n; c++) {
       p = pb->params;
       *cases[c].field = bad_values[v];
@@ -152,21 +154,19 @@ static void non_positive_dims_are_invalid(void)
   }
 }
 
-static void kv_heads_not_dividing_q_heads_is_invalid(void)
-{
+static void kv_heads_not_dividing_q_heads_is_invalid(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_params p = pb->params;
-  p.kv_heads = 3;        /* 4 % 3 != 0 */
+  p.kv_heads = 3; /* 4 % 3 != 0 */
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "kv_heads", "q_heads 4, kv_heads 3");
   p = pb->params;
   p.q_heads = 2;
-  p.kv_heads = 4;        /* more kv heads than q heads */
+  p.kv_heads = 4; /* more kv heads than q heads */
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "kv_heads", "q_heads 2, kv_heads 4");
 }
 
-static void null_required_buffers_are_invalid(void)
-{
+static void null_required_buffers_are_invalid(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_params p = pb->params;
@@ -183,8 +183,7 @@ static void null_required_buffers_are_invalid(void)
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "out", "out.buf NULL");
 }
 
-static void window_below_minus_one_is_invalid(void)
-{
+static void window_below_minus_one_is_invalid(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_params p = pb->params;
@@ -195,16 +194,15 @@ static void window_below_minus_one_is_invalid(void)
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "window_right", "window_right INT_MIN");
 }
 
-static void views_past_the_buffer_are_too_small(void)
-{
+static void views_past_the_buffer_are_too_small(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_params p;
-#define TOO_SMALL(field, edit)                                                                \
-  do {                                                                                        \
-    p = pb->params;                                                                           \
-    edit;                                                                                     \
-    REJECT(&p, CLATTN_ERR_BUFFER_TOO_SMALL, field, #edit);                                    \
+#define TOO_SMALL(field, edit)                             \
+  do {                                                     \
+    p = pb->params;                                        \
+    edit;                                                  \
+    REJECT(&p, CLATTN_ERR_BUFFER_TOO_SMALL, field, #edit); \
   } while (0)
   TOO_SMALL("q", p.q.offset += 1);
   TOO_SMALL("k", p.k.stride[2] += 1);
@@ -221,8 +219,7 @@ static void views_past_the_buffer_are_too_small(void)
 #undef TOO_SMALL
   /* kv_lens holds one int32 for a batch of 3 */
   cl_int e;
-  cl_mem small = clCreateBuffer(clattn_cl_context(ct_context()), CL_MEM_READ_ONLY, sizeof(int32_t),
-                                NULL, &e);
+  cl_mem small = clCreateBuffer(clattn_cl_context(ct_context()), CL_MEM_READ_ONLY, sizeof(int32_t), NULL, &e);
   REQUIRE(e == CL_SUCCESS);
   p = pb->params;
   p.kv_lens = small;
@@ -230,8 +227,7 @@ static void views_past_the_buffer_are_too_small(void)
   clReleaseMemObject(small);
 }
 
-static void size_overflow_is_rejected_without_crash(void)
-{
+static void size_overflow_is_rejected_without_crash(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_params p;
@@ -265,8 +261,7 @@ static void size_overflow_is_rejected_without_crash(void)
   REJECT2(&p, inv, small, NULL, "batch = q_heads = INT_MAX");
 }
 
-static void weights_with_fused_are_unsupported(void)
-{
+static void weights_with_fused_are_unsupported(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_params p = pb->params;
@@ -276,8 +271,7 @@ static void weights_with_fused_are_unsupported(void)
 
 /* A build without CLBlast (meson -Dclblast=disabled) refuses GEMM with a
  * message naming CLBlast and touches nothing; with CLBlast the call runs. */
-static void gemm_runs_or_is_unsupported_without_clblast(void)
-{
+static void gemm_runs_or_is_unsupported_without_clblast(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_params p = pb->params;
@@ -286,8 +280,7 @@ static void gemm_runs_or_is_unsupported_without_clblast(void)
   REJECT(&p, gemm ? CLATTN_OK : CLATTN_ERR_UNSUPPORTED, gemm ? NULL : "CLBlast", "GEMM");
 }
 
-static void null_context_or_params_are_invalid(void)
-{
+static void null_context_or_params_are_invalid(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   CHECK_STATUS(clattn_forward(NULL, &pb->params, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
@@ -295,22 +288,21 @@ static void null_context_or_params_are_invalid(void)
   CHECK_STATUS(st, CLATTN_ERR_INVALID_ARGUMENT);
   CHECK(clattn_last_error(NULL) != NULL);
   CHECK(clattn_create(NULL, NULL) == CLATTN_ERR_INVALID_ARGUMENT);
-  clattn_destroy(NULL);                 /* harmless */
+  clattn_destroy(NULL); /* harmless */
 }
 
 /* 16-bit storage sizes q, k, v and out in 2-byte elements: the f32
  * buffers hold twice that, so views reaching past their 16-bit half still
  * fit, and views past the whole buffer do not. */
-static void half_precision_views_are_sized_in_16_bits(void)
-{
+static void half_precision_views_are_sized_in_16_bits(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   const clattn_dtype types[] = {CLATTN_F16, CLATTN_BF16};
   for (int t = 0; t < 2; t++) {
     clattn_params p = pb->params;
     p.dtype = types[t];
-    p.weights.buf = NULL;             /* only what validation reads: views against buffer sizes */
-    p.out.offset = pb->out_elems;     /* past the 16-bit half of out's f32-sized buffer, inside the buffer */
+    p.weights.buf = NULL;         /* only what validation reads: views against buffer sizes */
+    p.out.offset = pb->out_elems; /* past the 16-bit half of out's f32-sized buffer, inside the buffer */
     p.lse.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
     ca_plan plan;
     CHECKF(ca_validate(ct_context(), &p, &plan) == CLATTN_OK, "%s: %s", t ? "bf16" : "f16",
@@ -331,8 +323,7 @@ static void half_precision_views_are_sized_in_16_bits(void)
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "score", "score 5");
 }
 
-static void out_of_range_enums_are_invalid(void)
-{
+static void out_of_range_enums_are_invalid(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_params p = pb->params;
@@ -346,19 +337,18 @@ static void out_of_range_enums_are_invalid(void)
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "dtype", "dtype 42");
 }
 
-static void broadcast_output_view_is_invalid(void)
-{
+static void broadcast_output_view_is_invalid(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_params p = pb->params;
-  p.out.stride[2] = 0;  /* every row would write the same elements */
+  p.out.stride[2] = 0; /* every row would write the same elements */
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "out", "out.stride[2] = 0");
   /* rows closer than a row is wide: neighbouring rows share elements */
   p = pb->params;
   p.out.stride[2] = (size_t)p.value_dim - 1;
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "out", "out rows overlapping");
   p = pb->params;
-  p.lse.stride[1] = 1;  /* heads 1 apart while each head spans q_len rows */
+  p.lse.stride[1] = 1; /* heads 1 apart while each head spans q_len rows */
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "lse", "lse heads overlapping");
   /* transposed but disjoint ([B,S,H,D]-like strides) is fine */
   p = pb->params;
@@ -370,8 +360,7 @@ static void broadcast_output_view_is_invalid(void)
   CHECKF(ca_validate(ct_context(), &p, &plan) == CLATTN_OK, "transposed out view: %s", clattn_last_error(ct_context()));
 }
 
-static cl_mem floats_buffer(size_t n)
-{
+static cl_mem floats_buffer(size_t n) {
   cl_int e;
   cl_mem m = clCreateBuffer(clattn_cl_context(ct_context()), CL_MEM_READ_WRITE, n * sizeof(float), NULL, &e);
   CHECKF(e == CL_SUCCESS, "clCreateBuffer(%zu floats): %d", n, e);
@@ -383,13 +372,12 @@ static cl_mem floats_buffer(size_t n)
  * over weights' tail, and the same on FUSED. Each is refused before
  * anything is enqueued, naming the view; outputs side by side in one buffer
  * are fine. (Merge's out / out_lse: test_fused.) */
-static void outputs_overlapping_each_other_are_invalid(void)
-{
+static void outputs_overlapping_each_other_are_invalid(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
-  const size_t rows = pb->diag_count;   /* dense [B, Hq, M] views, no padding */
+  const size_t rows = pb->diag_count; /* dense [B, Hq, M] views, no padding */
   clattn_params p = pb->params;
-  p.lse.buf = p.out.buf;                /* lse's 96 floats inside out's 768 */
+  p.lse.buf = p.out.buf; /* lse's 96 floats inside out's 768 */
   p.lse.offset = 100;
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "lse", "lse inside out");
   p = pb->params;
@@ -401,21 +389,21 @@ static void outputs_overlapping_each_other_are_invalid(void)
   p = pb->params;
   p.entropy.buf = p.max_weight.buf = two;
   p.entropy.offset = 0;
-  p.max_weight.offset = rows - 1;       /* starts on entropy's last element */
+  p.max_weight.offset = rows - 1; /* starts on entropy's last element */
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "max_weight", "max_weight on entropy's last element");
-  p.max_weight.offset = rows;           /* side by side: accepted */
+  p.max_weight.offset = rows; /* side by side: accepted */
   ca_plan plan;
   CHECKF(ca_validate(ct_context(), &p, &plan) == CLATTN_OK, "entropy and max_weight side by side: %s",
          clattn_last_error(ct_context()));
   clReleaseMemObject(two);
   p = pb->params;
-  p.argmax.buf = p.weights.buf;         /* int32 argmax inside the f32 weights */
+  p.argmax.buf = p.weights.buf; /* int32 argmax inside the f32 weights */
   p.argmax.offset = 7;
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "argmax", "argmax inside weights");
   cl_mem shared = floats_buffer(pb->weights_elems + pb->out_elems / 2);
   REQUIRE(shared);
   p = pb->params;
-  p.weights.buf = p.out.buf = shared;   /* out's first half over weights' second half */
+  p.weights.buf = p.out.buf = shared; /* out's first half over weights' second half */
   p.weights.offset = 0;
   p.out.offset = pb->weights_elems - pb->out_elems / 2;
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "weights", "out over weights' tail");
@@ -430,8 +418,7 @@ static void outputs_overlapping_each_other_are_invalid(void)
 }
 
 /* A merge call that must be rejected naming field, with nothing written. */
-static void merge_reject(cp_problem *pb, const clattn_merge_params *m, const char *field, const char *what)
-{
+static void merge_reject(cp_problem *pb, const clattn_merge_params *m, const char *field, const char *what) {
   clattn_context *ctx = ct_context();
   CHECK(cp_fill_outputs(pb, PATTERN) == 0);
   cl_event done = NULL;
@@ -440,8 +427,7 @@ static void merge_reject(cp_problem *pb, const clattn_merge_params *m, const cha
   const char *msg = clattn_last_error(ctx);
   CHECKF(st == CLATTN_ERR_INVALID_ARGUMENT && names_field(msg, field) && !done, "%s: status %s, last error \"%s\"",
          what, clattn_status_string(st), msg);
-  if (done)
-    clReleaseEvent(done);
+  if (done) clReleaseEvent(done);
   CHECKF(untouched_violations(pb) == 0, "%s: a rejected merge changed an output", what);
 }
 
@@ -449,8 +435,7 @@ static void merge_reject(cp_problem *pb, const clattn_merge_params *m, const cha
  * kernels may read (inputs) or write (outputs): images, buffers of another
  * context, CL_MEM_READ_ONLY outputs and CL_MEM_WRITE_ONLY inputs are
  * rejected before anything is enqueued, for forward and merge_states. */
-static void unusable_cl_mem_objects_are_invalid(void)
-{
+static void unusable_cl_mem_objects_are_invalid(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_context *ctx = ct_context();
@@ -465,13 +450,11 @@ static void unusable_cl_mem_objects_are_invalid(void)
   cl_mem read_only = clCreateBuffer(cc, CL_MEM_READ_ONLY, out_bytes, NULL, &e);
   cl_mem write_only = clCreateBuffer(cc, CL_MEM_WRITE_ONLY, q_bytes, NULL, &e);
   cl_mem lse_read_only = clCreateBuffer(cc, CL_MEM_READ_ONLY, pb->lse_elems * sizeof(float), NULL, &e);
-  if (!CHECK(foreign_out && foreign_q && read_only && write_only && lse_read_only))
-    goto out;
+  if (!CHECK(foreign_out && foreign_q && read_only && write_only && lse_read_only)) goto out;
   /* the read-only output holds PATTERN: a rejected call leaves it so */
   float *pattern = malloc(out_bytes);
   REQUIRE(pattern);
-  for (size_t i = 0; i < pb->out_elems; i++)
-    pattern[i] = PATTERN;
+  for (size_t i = 0; i < pb->out_elems; i++) pattern[i] = PATTERN;
   CHECK(clEnqueueWriteBuffer(clattn_cl_queue(ctx), read_only, CL_TRUE, 0, out_bytes, pattern, 0, NULL, NULL) ==
         CL_SUCCESS);
 
@@ -542,8 +525,8 @@ static void unusable_cl_mem_objects_are_invalid(void)
   merge_reject(pb, &m, "out_lse", "merge out_lse created CL_MEM_READ_ONLY");
 
   float *back = calloc(pb->out_elems, sizeof(float));
-  if (CHECK(back) && CHECK(clEnqueueReadBuffer(clattn_cl_queue(ctx), read_only, CL_TRUE, 0, out_bytes, back, 0,
-                                               NULL, NULL) == CL_SUCCESS))
+  if (CHECK(back) && CHECK(clEnqueueReadBuffer(clattn_cl_queue(ctx), read_only, CL_TRUE, 0, out_bytes, back, 0, NULL,
+                                               NULL) == CL_SUCCESS))
     CHECKF(!memcmp(back, pattern, out_bytes), "the CL_MEM_READ_ONLY output buffer was written");
   free(back);
   free(pattern);
@@ -556,32 +539,28 @@ out:
   clReleaseContext(other);
 }
 
-static void valid_call_after_rejections_still_works(void)
-{
+static void valid_call_after_rejections_still_works(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   for (size_t a = 0; a < KC_NALGOS; a++) {
-    if (kc_algo_optional(kc_algos[a], &pb->params))
-      continue;                          /* weights requested: staged paths only */
+    if (kc_algo_optional(kc_algos[a], &pb->params)) continue; /* weights requested: staged paths only */
     KC_RUN_OK(pb, kc_algos[a], 1e-5);
   }
   /* the default params alone (no buffers) are rejected, not crashed on */
   clattn_params d = clattn_params_default();
-  CHECK(isnan(d.scale) && d.window_left == -1 && d.window_right == -1 &&
-        d.algo == CLATTN_ALGO_AUTO && d.empty_rows == CLATTN_EMPTY_ZERO && !d.q.buf);
+  CHECK(isnan(d.scale) && d.window_left == -1 && d.window_right == -1 && d.algo == CLATTN_ALGO_AUTO &&
+        d.empty_rows == CLATTN_EMPTY_ZERO && !d.q.buf);
   CHECK(clattn_forward(ct_context(), &d, 0, NULL, NULL) == CLATTN_ERR_INVALID_ARGUMENT);
 }
 
-static void *route_in_new_thread(void *out)
-{
+static void *route_in_new_thread(void *out) {
   snprintf(out, 64, "%s", clattn_last_route());
   return NULL;
 }
 
 /* clattn_last_route names the algorithm and the kernels a call enqueued; a
  * rejected call leaves it as it was; it belongs to the calling thread. */
-static void last_route_names_what_ran(void)
-{
+static void last_route_names_what_ran(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   KC_RUN_OK(pb, CLATTN_ALGO_STAGED, 1e-5);
@@ -599,25 +578,24 @@ static void last_route_names_what_ran(void)
   CHECKF(other[0] == 0, "a new thread's route is \"%s\", not empty", other);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
   static const ct_test tests[] = {
-    CT_TEST(non_positive_dims_are_invalid),
-    CT_TEST(kv_heads_not_dividing_q_heads_is_invalid),
-    CT_TEST(null_required_buffers_are_invalid),
-    CT_TEST(window_below_minus_one_is_invalid),
-    CT_TEST(views_past_the_buffer_are_too_small),
-    CT_TEST(size_overflow_is_rejected_without_crash),
-    CT_TEST(weights_with_fused_are_unsupported),
-    CT_TEST(gemm_runs_or_is_unsupported_without_clblast),
-    CT_TEST(null_context_or_params_are_invalid),
-    CT_TEST(half_precision_views_are_sized_in_16_bits),
-    CT_TEST(out_of_range_enums_are_invalid),
-    CT_TEST(broadcast_output_view_is_invalid),
-    CT_TEST(outputs_overlapping_each_other_are_invalid),
-    CT_TEST(unusable_cl_mem_objects_are_invalid),
-    CT_TEST(valid_call_after_rejections_still_works),
-    CT_TEST(last_route_names_what_ran),
+      CT_TEST(non_positive_dims_are_invalid),
+      CT_TEST(kv_heads_not_dividing_q_heads_is_invalid),
+      CT_TEST(null_required_buffers_are_invalid),
+      CT_TEST(window_below_minus_one_is_invalid),
+      CT_TEST(views_past_the_buffer_are_too_small),
+      CT_TEST(size_overflow_is_rejected_without_crash),
+      CT_TEST(weights_with_fused_are_unsupported),
+      CT_TEST(gemm_runs_or_is_unsupported_without_clblast),
+      CT_TEST(null_context_or_params_are_invalid),
+      CT_TEST(half_precision_views_are_sized_in_16_bits),
+      CT_TEST(out_of_range_enums_are_invalid),
+      CT_TEST(broadcast_output_view_is_invalid),
+      CT_TEST(outputs_overlapping_each_other_are_invalid),
+      CT_TEST(unusable_cl_mem_objects_are_invalid),
+      CT_TEST(valid_call_after_rejections_still_works),
+      CT_TEST(last_route_names_what_ran),
   };
   ct_context();
   ct_cleanup = free_base;

@@ -8,7 +8,10 @@
 
 /* The first failing rank's status and message, sent from it to all. */
 static clattn_status spread(clattn_mpi *m, int first, clattn_status st) {
-  struct { int status; char msg[sizeof m->msg]; } w;
+  struct {
+    int status;
+    char msg[sizeof m->msg];
+  } w;
   memset(&w, 0, sizeof w);
   if (m->rank == first) {
     w.status = (int)st;

@@ -1,9 +1,7 @@
 /* Global positions over local blocks (see geometry.h). */
 #include "geometry.h"
 
-int cm_allowed(long long x, long long y, int wl, int wr) {
-  return (wl < 0 || y >= x - wl) && (wr < 0 || y <= x + wr);
-}
+int cm_allowed(long long x, long long y, int wl, int wr) { return (wl < 0 || y >= x - wl) && (wr < 0 || y <= x + wr); }
 
 void cm_block_box(long long q0, int q_len, long long k0, int k_len, int wl, int wr, cm_box *out) {
   *out = (cm_box){1, 0, 0, 0, 0, -1, -1};
@@ -19,7 +17,7 @@ void cm_block_box(long long q0, int q_len, long long k0, int k_len, int wl, int 
   long long ya = k0, yb = k_last;
   if (wl >= 0 && xa - wl > ya) ya = xa - wl;
   if (wr >= 0 && xb + wr < yb) yb = xb + wr;
-  const long long shift = xb - yb;  /* box's q_len - kv_len minus its global offset */
+  const long long shift = xb - yb; /* box's q_len - kv_len minus its global offset */
   out->empty = 0;
   out->q_lo = (int)(xa - q0);
   out->q_hi = (int)(xb - q0 + 1);

@@ -12,10 +12,10 @@
  * clattn_forward accepts, and inside the box they allow exactly the global
  * cells. Rows outside [q_lo, q_hi) see no key of this block. */
 typedef struct {
-  int empty;                      /* no allowed cell: the pair adds nothing */
-  int q_lo, q_hi;                 /* query rows, relative to the block's first */
-  int k_lo, k_hi;                 /* keys, relative to the block's first */
-  int window_left, window_right;  /* for clattn_forward on the box */
+  int empty;                     /* no allowed cell: the pair adds nothing */
+  int q_lo, q_hi;                /* query rows, relative to the block's first */
+  int k_lo, k_hi;                /* keys, relative to the block's first */
+  int window_left, window_right; /* for clattn_forward on the box */
 } cm_box;
 
 void cm_block_box(long long q0, int q_len, long long k0, int k_len, int wl, int wr, cm_box *out);

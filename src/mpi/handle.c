@@ -32,10 +32,10 @@ static const char *cl_name(cl_int err) {
 }
 
 clattn_status cm_cl_fail(clattn_mpi *m, cl_int err, const char *what) {
-  const clattn_status st = err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES ||
-                                   err == CL_OUT_OF_HOST_MEMORY
-                               ? CLATTN_ERR_OUT_OF_MEMORY
-                               : CLATTN_ERR_OPENCL;
+  const clattn_status st =
+      err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES || err == CL_OUT_OF_HOST_MEMORY
+          ? CLATTN_ERR_OUT_OF_MEMORY
+          : CLATTN_ERR_OPENCL;
   return cm_fail(m, st, "%s: %s (%d)", what, cl_name(err), (int)err);
 }
 

@@ -12,8 +12,28 @@
 
 #include "mpi_internal.h"
 
-enum { D_BATCH, D_QH, D_KVH, D_M, D_DK, D_DV, D_CAUSAL, D_WL, D_WR, D_TOTAL, D_ROOT, D_SCALE, D_SOFTCAP, D_SCORE,
-       D_EMPTY, D_LENS, D_SINKS, D_OFFSET, D_LEN, D_COUNT };
+enum {
+  D_BATCH,
+  D_QH,
+  D_KVH,
+  D_M,
+  D_DK,
+  D_DV,
+  D_CAUSAL,
+  D_WL,
+  D_WR,
+  D_TOTAL,
+  D_ROOT,
+  D_SCALE,
+  D_SOFTCAP,
+  D_SCORE,
+  D_EMPTY,
+  D_LENS,
+  D_SINKS,
+  D_OFFSET,
+  D_LEN,
+  D_COUNT
+};
 
 static void describe(const clattn_params *p, const clattn_mpi_kv_shard *s, int *d) {
   d[D_BATCH] = p->batch, d[D_QH] = p->q_heads, d[D_KVH] = p->kv_heads, d[D_M] = p->q_len;
@@ -26,9 +46,25 @@ static void describe(const clattn_params *p, const clattn_mpi_kv_shard *s, int *
   d[D_OFFSET] = s->kv_offset, d[D_LEN] = p->kv_len;
 }
 
-static const char *const field_names[D_COUNT] = {
-    "batch", "q_heads", "kv_heads", "q_len", "head_dim", "value_dim", "causal", "window_left", "window_right",
-    "kv_total", "root", "scale", "softcap", "score", "empty_rows", "kv_lens (given or not)", "sinks (given or not)", "", ""};
+static const char *const field_names[D_COUNT] = {"batch",
+                                                 "q_heads",
+                                                 "kv_heads",
+                                                 "q_len",
+                                                 "head_dim",
+                                                 "value_dim",
+                                                 "causal",
+                                                 "window_left",
+                                                 "window_right",
+                                                 "kv_total",
+                                                 "root",
+                                                 "scale",
+                                                 "softcap",
+                                                 "score",
+                                                 "empty_rows",
+                                                 "kv_lens (given or not)",
+                                                 "sinks (given or not)",
+                                                 "",
+                                                 ""};
 
 /* Same on every rank: the descriptors are the same gathered array. */
 static clattn_status check_consistent(clattn_mpi *m, const int *all) {
@@ -37,8 +73,8 @@ static clattn_status check_consistent(clattn_mpi *m, const int *all) {
     for (int f = 0; f < D_OFFSET; f++)
       if (all[r * w + 1 + f] != all[1 + f])
         return cm_fail(m, CLATTN_ERR_INVALID_ARGUMENT,
-                       "clattn_mpi_kv_sharded_forward: rank %d's %s (%d) differs from rank 0's (%d)", r,
-                       field_names[f], all[r * w + 1 + f], all[1 + f]);
+                       "clattn_mpi_kv_sharded_forward: rank %d's %s (%d) differs from rank 0's (%d)", r, field_names[f],
+                       all[r * w + 1 + f], all[1 + f]);
   /* The non-empty shards must tile [0, kv_total): walk them in offset order. */
   long long covered = 0;
   for (int n = 0; n < m->size; n++) {
@@ -53,7 +89,8 @@ static clattn_status check_consistent(clattn_mpi *m, const int *all) {
   if (covered != all[1 + D_TOTAL] || sum != covered)
     return cm_fail(m, CLATTN_ERR_INVALID_ARGUMENT,
                    "clattn_mpi_kv_sharded_forward: the shards (kv_offset, kv_len per rank) do not tile [0, %d) "
-                   "without overlap", all[1 + D_TOTAL]);
+                   "without overlap",
+                   all[1 + D_TOTAL]);
   return CLATTN_OK;
 }
 
@@ -87,8 +124,9 @@ static clattn_status local_state(clattn_mpi *m, const clattn_params *p, const cl
     if ((st = cm_host(m, CM_HOST_LENS, (size_t)p->batch * sizeof(int), (void **)&lens))) return st;
     if ((st = cm_read_lens(m, p->kv_lens, p->batch, lens))) return st;
   }
-  cm_block b = {p, p->q, p->k, p->v, p->q_len, p->kv_len, (long long)s->kv_total - p->q_len, s->kv_offset,
-                p->window_left, wr, lens, {0}, {0}};
+  cm_block b = {
+      p,  p->q, p->k, p->v, p->q_len, p->kv_len, (long long)s->kv_total - p->q_len, s->kv_offset, p->window_left,
+      wr, lens, {0},  {0}};
   cm_box box;
   cm_block_box(b.q_pos, b.q_len, b.k_pos, b.k_len, b.wl, b.wr, &box);
   if (box.empty) { /* no allowed key here: the empty state */
@@ -122,9 +160,18 @@ static clattn_status merge(clattn_mpi *m, const clattn_params *p, const float *s
   const int M = p->q_len, H = p->q_heads, dv = p->value_dim;
   const size_t sink_at = per * (size_t)m->size;
   if (p->sinks && (st = cm_sink_state(m, p->sinks, p->batch, H, M, dv, dev, sink_at, dev, sink_at + o_n))) return st;
-  clattn_merge_params mp = {n_states, p->batch, H, M, dv,
+  clattn_merge_params mp = {n_states,
+                            p->batch,
+                            H,
+                            M,
+                            dv,
                             {dev, 0, {(size_t)H * M * dv, (size_t)M * dv, (size_t)dv, 1}},
-                            {dev, o_n, {(size_t)H * M, (size_t)M, 1, 0}}, per, per, p->out, p->lse, p->empty_rows};
+                            {dev, o_n, {(size_t)H * M, (size_t)M, 1, 0}},
+                            per,
+                            per,
+                            p->out,
+                            p->lse,
+                            p->empty_rows};
   cl_event done = NULL;
   st = clattn_merge_states(m->ctx, &mp, 0, NULL, &done);
   if (done) {

@@ -18,7 +18,7 @@ enum { CM_DEV_O, CM_DEV_LSE, CM_DEV_KV, CM_DEV_LENS0, CM_DEV_COUNT = CM_DEV_LENS
 
 struct clattn_mpi {
   clattn_context *ctx;
-  MPI_Comm comm;  /* our duplicate, MPI_ERRORS_RETURN */
+  MPI_Comm comm; /* our duplicate, MPI_ERRORS_RETURN */
   int rank, size;
   char msg[768];
   clattn_mpi_stats stats;
@@ -45,8 +45,7 @@ clattn_status cm_dev(clattn_mpi *m, int which, size_t bytes, cl_mem *out);
 
 /* Whether a 4-d f32 input view fits its cl_mem (BUFFER_TOO_SMALL when not),
  * for the views this layer reads itself, checked before any data moves. */
-clattn_status cm_check_view(clattn_mpi *m, const char *fn, const char *name, const clattn_tensor *t,
-                            const int dims[4]);
+clattn_status cm_check_view(clattn_mpi *m, const char *fn, const char *name, const clattn_tensor *t, const int dims[4]);
 /* Reads a 4-d f32 view into packed host memory [d0,d1,d2,d3]. */
 clattn_status cm_read_view(clattn_mpi *m, const clattn_tensor *t, const int dims[4], float *dst);
 /* Reads int32 kv_lens [batch] to host. */
@@ -55,8 +54,8 @@ clattn_status cm_read_lens(clattn_mpi *m, cl_mem lens, int batch, int *dst);
 clattn_status cm_fill(clattn_mpi *m, cl_mem buf, size_t offset, size_t n, float value);
 /* The sinks as one more partial state of rows [B, H, rows]: O = 0 at
  * o_off (packed [B,H,rows,dv]), lse = sinks[h] at lse_off (packed [B,H,rows]). */
-clattn_status cm_sink_state(clattn_mpi *m, cl_mem sinks, int batch, int heads, int rows, int dv, cl_mem o,
-                            size_t o_off, cl_mem lse, size_t lse_off);
+clattn_status cm_sink_state(clattn_mpi *m, cl_mem sinks, int batch, int heads, int rows, int dv, cl_mem o, size_t o_off,
+                            cl_mem lse, size_t lse_off);
 /* Waits for the events while driving the requests (MPI progresses only
  * inside MPI calls); *req_done is set once they completed. */
 clattn_status cm_wait_overlapped(clattn_mpi *m, cl_event *ev, int n_ev, MPI_Request *req, int n_req, int *req_done);
@@ -74,14 +73,14 @@ clattn_status cm_agree(clattn_mpi *m, clattn_status local);
 
 /* One (query block, key block) pair on the device. */
 typedef struct {
-  const clattn_params *p;       /* the caller's call: shapes, scale, score, algo */
-  clattn_tensor q, k, v;        /* views of the blocks' first rows */
+  const clattn_params *p; /* the caller's call: shapes, scale, score, algo */
+  clattn_tensor q, k, v;  /* views of the blocks' first rows */
   int q_len, k_len;
-  long long q_pos, k_pos;       /* global positions of the first rows */
-  int wl, wr;                   /* global windows, causal folded into wr */
-  const int *kv_lens;           /* global valid keys per batch row (host), or NULL */
-  clattn_tensor out, lse;       /* the state's views of the block's rows; lse of rows
-                                   outside the box must already hold -inf */
+  long long q_pos, k_pos; /* global positions of the first rows */
+  int wl, wr;             /* global windows, causal folded into wr */
+  const int *kv_lens;     /* global valid keys per batch row (host), or NULL */
+  clattn_tensor out, lse; /* the state's views of the block's rows; lse of rows
+                             outside the box must already hold -inf */
 } cm_block;
 
 /* Enqueues the block's forward (kv_lens written through lens_buf, one per

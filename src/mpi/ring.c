@@ -14,12 +14,40 @@
 
 #include "mpi_internal.h"
 
-enum { D_BATCH, D_QH, D_KVH, D_DK, D_DV, D_CAUSAL, D_WL, D_WR, D_SEQ, D_SCALE, D_SOFTCAP, D_SCORE, D_EMPTY, D_LENS,
-       D_SINKS, D_COUNT };
+enum {
+  D_BATCH,
+  D_QH,
+  D_KVH,
+  D_DK,
+  D_DV,
+  D_CAUSAL,
+  D_WL,
+  D_WR,
+  D_SEQ,
+  D_SCALE,
+  D_SOFTCAP,
+  D_SCORE,
+  D_EMPTY,
+  D_LENS,
+  D_SINKS,
+  D_COUNT
+};
 
-static const char *const field_names[D_COUNT] = {
-    "batch", "q_heads", "kv_heads", "head_dim", "value_dim", "causal", "window_left", "window_right", "seq_len",
-    "scale", "softcap", "score", "empty_rows", "kv_lens (given or not)", "sinks (given or not)"};
+static const char *const field_names[D_COUNT] = {"batch",
+                                                 "q_heads",
+                                                 "kv_heads",
+                                                 "head_dim",
+                                                 "value_dim",
+                                                 "causal",
+                                                 "window_left",
+                                                 "window_right",
+                                                 "seq_len",
+                                                 "scale",
+                                                 "softcap",
+                                                 "score",
+                                                 "empty_rows",
+                                                 "kv_lens (given or not)",
+                                                 "sinks (given or not)"};
 
 clattn_status clattn_mpi_ring_layout_of(int seq_len, int ranks, int rank, clattn_mpi_ring_layout *out) {
   if (!out || ranks <= 0 || rank < 0 || rank >= ranks || seq_len < 2 * ranks) return CLATTN_ERR_INVALID_ARGUMENT;
@@ -71,7 +99,7 @@ typedef struct {
   const clattn_params *p;
   clattn_mpi_ring_layout mine;
   int seq_len, *lens;
-  size_t o_state, lse_state;  /* elements between partial states */
+  size_t o_state, lse_state; /* elements between partial states */
   cl_mem o, lse, kv, lens_dev[4];
 } ring;
 
@@ -80,13 +108,13 @@ static size_t block_floats(const clattn_params *p, int rows) {
 }
 
 /* Step t: our two query chunks against the block of rank src, on the device. */
-static clattn_status step_compute(clattn_mpi *m, const ring *g, int t, int src, const float *block,
-                                  MPI_Request *req, int n_req, int *req_done) {
+static clattn_status step_compute(clattn_mpi *m, const ring *g, int t, int src, const float *block, MPI_Request *req,
+                                  int n_req, int *req_done) {
   const clattn_params *p = g->p;
   const clattn_mpi_ring_layout kl = layout(g->seq_len, m->size, src);
   const size_t kn = block_floats(p, kl.rows);
-  cl_int err = clEnqueueWriteBuffer(clattn_cl_queue(m->ctx), g->kv, CL_TRUE, 0, kn * sizeof(float), block, 0, NULL,
-                                    NULL);
+  cl_int err =
+      clEnqueueWriteBuffer(clattn_cl_queue(m->ctx), g->kv, CL_TRUE, 0, kn * sizeof(float), block, 0, NULL, NULL);
   if (err != CL_SUCCESS) return cm_cl_fail(m, err, "clEnqueueWriteBuffer (K/V block)");
   const size_t L = (size_t)g->mine.rows, KL = (size_t)kl.rows, H = (size_t)p->q_heads, Hk = (size_t)p->kv_heads;
   const size_t dk = (size_t)p->head_dim, dv = (size_t)p->value_dim;
@@ -113,9 +141,11 @@ static clattn_status step_compute(clattn_mpi *m, const ring *g, int t, int src, 
       b.q.offset += q_row * p->q.stride[2];
       st = cm_block_forward(m, &b, g->lens_dev[qa * 2 + kb], &ev[qa * 2 + kb]);
     }
-  if (st == CLATTN_OK) st = cm_wait_overlapped(m, ev, 4, req, n_req, req_done);
-  else clFinish(clattn_cl_queue(m->ctx)); /* best effort: the blocks already enqueued use our buffers;
-                                             the failure being reported is the first one */
+  if (st == CLATTN_OK)
+    st = cm_wait_overlapped(m, ev, 4, req, n_req, req_done);
+  else
+    clFinish(clattn_cl_queue(m->ctx)); /* best effort: the blocks already enqueued use our buffers;
+                                          the failure being reported is the first one */
   for (int i = 0; i < 4; i++)
     if (ev[i]) clReleaseEvent(ev[i]);
   return st;
@@ -127,9 +157,17 @@ static clattn_status merge_chunks(clattn_mpi *m, const ring *g) {
   clattn_status first = CLATTN_OK;
   for (int qa = 0; qa < 2; qa++) { /* both, so EMPTY_ERROR still leaves the EMPTY_ZERO result everywhere */
     const size_t row = qa ? (size_t)g->mine.len[0] : 0;
-    clattn_merge_params mp = {2 * m->size + (p->sinks != NULL), p->batch, p->q_heads, g->mine.len[qa], p->value_dim,
+    clattn_merge_params mp = {2 * m->size + (p->sinks != NULL),
+                              p->batch,
+                              p->q_heads,
+                              g->mine.len[qa],
+                              p->value_dim,
                               {g->o, row * dv, {H * L * dv, L * dv, dv, 1}},
-                              {g->lse, row, {H * L, L, 1, 0}}, g->o_state, g->lse_state, p->out, p->lse,
+                              {g->lse, row, {H * L, L, 1, 0}},
+                              g->o_state,
+                              g->lse_state,
+                              p->out,
+                              p->lse,
                               p->empty_rows};
     mp.out.offset += row * p->out.stride[2];
     if (mp.out_lse.buf) mp.out_lse.offset += row * p->lse.stride[2];
@@ -186,9 +224,10 @@ clattn_status clattn_mpi_ring_forward(clattn_mpi *m, const clattn_params *p, int
   clattn_status st = check_local(m, p, seq_len);
   if (st == CLATTN_OK) {
     g.mine = layout(seq_len, m->size, m->rank);
-    int d[D_COUNT] = {p->batch, p->q_heads, p->kv_heads, p->head_dim, p->value_dim, !!p->causal, p->window_left,
-                      p->window_right, seq_len, 0, 0, (int)p->score, (int)p->empty_rows, p->kv_lens != NULL,
-                      p->sinks != NULL};
+    int d[D_COUNT] = {
+        p->batch,        p->q_heads, p->kv_heads, p->head_dim, p->value_dim,  !!p->causal,        p->window_left,
+        p->window_right, seq_len,    0,           0,           (int)p->score, (int)p->empty_rows, p->kv_lens != NULL,
+        p->sinks != NULL};
     memcpy(&d[D_SCALE], &p->scale, sizeof(int));
     memcpy(&d[D_SOFTCAP], &p->softcap, sizeof(int));
     memcpy(desc, d, sizeof d);
@@ -204,7 +243,8 @@ clattn_status clattn_mpi_ring_forward(clattn_mpi *m, const clattn_params *p, int
   const int dk_dims[4] = {p->batch, p->kv_heads, g.mine.rows, p->head_dim};
   const int dv_dims[4] = {p->batch, p->kv_heads, g.mine.rows, p->value_dim};
   st = cm_read_view(m, &p->k, dk_dims, bufs[0]);
-  if (st == CLATTN_OK) st = cm_read_view(m, &p->v, dv_dims, bufs[0] + (size_t)p->batch * p->kv_heads * g.mine.rows * p->head_dim);
+  if (st == CLATTN_OK)
+    st = cm_read_view(m, &p->v, dv_dims, bufs[0] + (size_t)p->batch * p->kv_heads * g.mine.rows * p->head_dim);
   if (st == CLATTN_OK && p->kv_lens) st = cm_read_lens(m, p->kv_lens, p->batch, g.lens);
   if (st == CLATTN_OK) st = cm_fill(m, g.lse, 0, 2 * (size_t)m->size * g.lse_state, -INFINITY);
   const size_t sink = 2 * (size_t)m->size;

@@ -48,8 +48,8 @@ clattn_status cm_check_view(clattn_mpi *m, const char *fn, const char *name, con
   if (err != CL_SUCCESS)
     return cm_fail(m, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s.buf is not a valid cl_mem (%d)", fn, name, (int)err);
   if ((last + 1) * sizeof(float) > (double)have)
-    return cm_fail(m, CLATTN_ERR_BUFFER_TOO_SMALL, "%s: %s: the view addresses %.0f bytes but the buffer holds %zu",
-                   fn, name, (last + 1) * sizeof(float), have);
+    return cm_fail(m, CLATTN_ERR_BUFFER_TOO_SMALL, "%s: %s: the view addresses %.0f bytes but the buffer holds %zu", fn,
+                   name, (last + 1) * sizeof(float), have);
   return CLATTN_OK;
 }
 
@@ -126,8 +126,8 @@ clattn_status cm_wait_overlapped(clattn_mpi *m, cl_event *ev, int n_ev, MPI_Requ
   }
 }
 
-clattn_status cm_sink_state(clattn_mpi *m, cl_mem sinks, int batch, int heads, int rows, int dv, cl_mem o,
-                            size_t o_off, cl_mem lse, size_t lse_off) {
+clattn_status cm_sink_state(clattn_mpi *m, cl_mem sinks, int batch, int heads, int rows, int dv, cl_mem o, size_t o_off,
+                            cl_mem lse, size_t lse_off) {
   const size_t n = (size_t)batch * heads * rows;
   float *host = malloc(n * sizeof *host + (size_t)heads * sizeof *host);
   if (!host) return cm_fail(m, CLATTN_ERR_OUT_OF_MEMORY, "the sinks' state");

@@ -14,16 +14,14 @@
 #include "append_case.h"
 #include "fuzz_case.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
   fz_initialize("fuzz_append", fz_append_warm_up);
   return 0;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char why[2048];
   if (fz_append_run(data, size, why, sizeof why) == FZ_FAIL) {
     fprintf(stderr, "\nfuzz_append: VIOLATION: %s\n", why);

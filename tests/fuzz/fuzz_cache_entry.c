@@ -8,8 +8,7 @@
 
 #include "fuzz_parsers.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char why[512];
   if (fz_cache_entry(data, size, NULL, why, sizeof why) != FZ_PASS) {
     fprintf(stderr, "\nfuzz_cache_entry: VIOLATION: %s\n", why);

@@ -93,30 +93,28 @@
 #include "problem.h"
 #include "reference.h"
 
-#define FZ_WORK_CAP 1e6              /* B*Hq*M*N*(dk+dv) of a call that is run */
-#define FZ_TOL 1e-4                  /* norm-wise relative tolerance */
+#define FZ_WORK_CAP         1e6  /* B*Hq*M*N*(dk+dv) of a call that is run */
+#define FZ_TOL              1e-4 /* norm-wise relative tolerance */
 #define FZ_KNOWN_GOOD_EVERY 100
-#define FZ_NDIMS 6                   /* head/value dims a run builds fused programs for */
+#define FZ_NDIMS            6 /* head/value dims a run builds fused programs for */
 
 static const uint32_t CANARY = 0x7FA5A5A5u;
 static const uint16_t CANARY16 = 0x7FA5u; /* a NaN in f16 and bf16 alike */
 
-static const char *const t_name[T_COUNT] = {"q",       "k",       "v",          "out",    "mask",
-                                            "bias",    "lse",     "weights",    "entropy", "max_weight",
-                                            "argmax",  "k_scale", "v_scale"};
+static const char *const t_name[T_COUNT] = {"q",       "k",       "v",          "out",    "mask",    "bias",   "lse",
+                                            "weights", "entropy", "max_weight", "argmax", "k_scale", "v_scale"};
 static const int t_output[T_COUNT] = {0, 0, 0, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0};
 static const int t_rank[T_COUNT] = {4, 4, 4, 4, 4, 4, 3, 4, 3, 3, 3, 3, 3};
 
-const int fz_hostile_int[16] = {0,          -1,      INT_MAX,   INT_MIN,     INT_MAX / 2 + 1, 65536,
-                                    46341,      1 << 20, 100000,    300,         -2,              INT_MAX - 1,
-                                    0x10000001, 1 << 24, 3000,      40};
+const int fz_hostile_int[16] = {0,      -1,  INT_MAX, INT_MIN,     INT_MAX / 2 + 1, 65536,   46341, 1 << 20,
+                                100000, 300, -2,      INT_MAX - 1, 0x10000001,      1 << 24, 3000,  40};
 static const int dim_table[FZ_NDIMS] = {1, 3, 4, 16, 17, 32};
-static const size_t hostile_stride[8] = {0, 1, SIZE_MAX, (size_t)1 << 63, (size_t)1 << 62,
-                                         (size_t)1 << 32, 7, SIZE_MAX / 4};
-static const size_t hostile_offset[8] = {SIZE_MAX, SIZE_MAX - 1, (size_t)1 << 40, SIZE_MAX / 4,
+static const size_t hostile_stride[8] = {0, 1,           SIZE_MAX, (size_t)1 << 63, (size_t)1 << 62, (size_t)1 << 32,
+                                         7, SIZE_MAX / 4};
+static const size_t hostile_offset[8] = {SIZE_MAX,         SIZE_MAX - 1,    (size_t)1 << 40, SIZE_MAX / 4,
                                          SIZE_MAX / 2 + 1, (size_t)1 << 31, (size_t)1 << 32, SIZE_MAX - 1000};
-static const float float_table[16] = {0.f,    0.5f,  -0.5f,  1.f,    -1.f,  0.25f, -0.25f,  0.125f,
-                                      -0.125f, 0.75f, -0.75f, 0.375f, -1.f,  1.f,   0.0625f, -0.0625f};
+static const float float_table[16] = {0.f,     0.5f,  -0.5f,  1.f,    -1.f, 0.25f, -0.25f,  0.125f,
+                                      -0.125f, 0.75f, -0.75f, 0.375f, -1.f, 1.f,   0.0625f, -0.0625f};
 
 static fz_stats stats;
 
@@ -126,16 +124,13 @@ static fz_stats stats;
  * NaN weights for disallowed keys of a row whose scores hold NaN;
  * "ref-inf-row-diag": the reference's entropy and max_weight are 0, not
  * NaN, for a row whose weights are NaN because a score is +inf). */
-static int known(const char *name)
-{
+static int known(const char *name) {
   const char *k = getenv("CLATTN_FUZZ_KNOWN");
   size_t len = strlen(name);
   while (k && *k) {
-    if (!strncmp(k, name, len) && (k[len] == ',' || k[len] == 0))
-      return 1;
+    if (!strncmp(k, name, len) && (k[len] == ',' || k[len] == 0)) return 1;
     k = strchr(k, ',');
-    if (k)
-      k++;
+    if (k) k++;
   }
   return 0;
 }
@@ -147,38 +142,32 @@ const fz_stats *fz_get_stats(void) { return &stats; }
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static int fail(char *why, size_t n, const char *fmt, ...)
-{
+static int
+fail(char *why, size_t n, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  if (why && n)
-    vsnprintf(why, n, fmt, ap);
+  if (why && n) vsnprintf(why, n, fmt, ap);
   va_end(ap);
   return FZ_FAIL;
 }
 
-clattn_context *fz_context(char *why, size_t n, int *no_device)
-{
-  if (no_device)
-    *no_device = 0;
-  if (the_ctx)
-    return the_ctx;
+clattn_context *fz_context(char *why, size_t n, int *no_device) {
+  if (no_device) *no_device = 0;
+  if (the_ctx) return the_ctx;
   clattn_options opt;
   memset(&opt, 0, sizeof opt);
   opt.tuning_file = ""; /* AUTO keeps its built-in rule: FUSED, STAGED with weights */
   clattn_status st = clattn_create(&opt, &the_ctx);
   if (st != CLATTN_OK) {
     the_ctx = NULL;
-    if (no_device)
-      *no_device = st == CLATTN_ERR_NO_DEVICE;
+    if (no_device) *no_device = st == CLATTN_ERR_NO_DEVICE;
     fail(why, n, "clattn_create: %s: %s", clattn_status_string(st), clattn_last_error(NULL));
     return NULL;
   }
   return the_ctx;
 }
 
-void fz_shutdown(void)
-{
+void fz_shutdown(void) {
   cp_free(good_pb);
   good_pb = NULL;
   clattn_destroy(the_ctx);
@@ -187,10 +176,8 @@ void fz_shutdown(void)
 
 /* ---------- decoding ---------- */
 
-uint8_t fz_rd(fz_reader *r)
-{
-  if (r->i < r->n)
-    return r->p[r->i++];
+uint8_t fz_rd(fz_reader *r) {
+  if (r->i < r->n) return r->p[r->i++];
   /* splitmix64, finite values only (no 0xFD..0xFF specials) */
   uint64_t z = (r->prng += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -201,87 +188,75 @@ uint8_t fz_rd(fz_reader *r)
 
 static uint8_t hdr(const uint8_t *data, size_t size, size_t i) { return i < size ? data[i] : 0; }
 
-static int dec_dim(uint8_t b, int which)
-{
-  if (b >= 0xF0)
-    return fz_hostile_int[b - 0xF0];
+static int dec_dim(uint8_t b, int which) {
+  if (b >= 0xF0) return fz_hostile_int[b - 0xF0];
   switch (which) {
-  case 0: return 1 + b % 3;
-  case 1: return 1 + b % 8;
-  case 2: return 1 + b % 4;
-  case 3: return 1 + b % 33;
-  case 4: return 1 + b % 48;
-  default: return dim_table[b % FZ_NDIMS];
+    case 0: return 1 + b % 3;
+    case 1: return 1 + b % 8;
+    case 2: return 1 + b % 4;
+    case 3: return 1 + b % 33;
+    case 4: return 1 + b % 48;
+    default: return dim_table[b % FZ_NDIMS];
   }
 }
 
-static float dec_scale(uint8_t b)
-{
-  static const float t[16] = {NAN, 1.f, 0.5f, 0.125f, 0.f, -1.f, 0.25f, -0.5f,
+static float dec_scale(uint8_t b) {
+  static const float t[16] = {NAN,   1.f, 0.5f,     0.125f,    0.f,  -1.f,    0.25f,   -0.5f,
                               1e-3f, 2.f, INFINITY, -INFINITY, -0.f, FLT_MIN, 0.0625f, -NAN};
   return t[b % 16];
 }
 
-static int dec_window(uint8_t b)
-{
+static int dec_window(uint8_t b) {
   static const int small[8] = {-1, 0, 1, 2, 3, 4, 7, 16};
   static const int hostile[4] = {-2, INT_MIN, INT_MAX, -1000};
   return b >= 0xF0 ? hostile[b & 3] : small[b % 8];
 }
 
-float fz_dec_float(uint8_t b)
-{
+float fz_dec_float(uint8_t b) {
   if (b == 0xFD) return NAN;
   if (b == 0xFE) return INFINITY;
   if (b == 0xFF) return -INFINITY;
   return float_table[b % 16];
 }
 
-
 static size_t mul_w(size_t a, size_t b) { return a * b; } /* wrapping on purpose */
 
 /* Mirrors validate.c's check_view arithmetic: bytes addressed, 0 on overflow. */
-static int view_need(const clattn_tensor *t, const size_t *dims, int rank, size_t esize, size_t *need)
-{
+static int view_need(const clattn_tensor *t, const size_t *dims, int rank, size_t esize, size_t *need) {
   size_t last = t->offset;
   for (int d = 0; d < rank; d++) {
     size_t m = dims[d] - 1, step;
-    if (m != 0 && t->stride[d] > SIZE_MAX / m)
-      return 0;
+    if (m != 0 && t->stride[d] > SIZE_MAX / m) return 0;
     step = m * t->stride[d];
-    if (step > SIZE_MAX - last)
-      return 0;
+    if (step > SIZE_MAX - last) return 0;
     last += step;
   }
-  if (last == SIZE_MAX || last + 1 > SIZE_MAX / esize)
-    return 0;
+  if (last == SIZE_MAX || last + 1 > SIZE_MAX / esize) return 0;
   *need = (last + 1) * esize;
   return 1;
 }
 
-static void decode_view(fz_case *c, int t, const uint8_t vb[4], int present)
-{
+static void decode_view(fz_case *c, int t, const uint8_t vb[4], int present) {
   clattn_tensor *tv = NULL;
   clattn_params *p = &c->p;
   switch (t) {
-  case T_Q: tv = &p->q; break;
-  case T_K: tv = &p->k; break;
-  case T_V: tv = &p->v; break;
-  case T_OUT: tv = &p->out; break;
-  case T_MASK: tv = &p->mask; break;
-  case T_BIAS: tv = &p->bias; break;
-  case T_LSE: tv = &p->lse; break;
-  case T_W: tv = &p->weights; break;
-  case T_ENT: tv = &p->entropy; break;
-  case T_MAXW: tv = &p->max_weight; break;
-  case T_ARGMAX: tv = &p->argmax; break;
-  case T_KS: tv = &p->k_scale; break;
-  default: tv = &p->v_scale; break;
+    case T_Q: tv = &p->q; break;
+    case T_K: tv = &p->k; break;
+    case T_V: tv = &p->v; break;
+    case T_OUT: tv = &p->out; break;
+    case T_MASK: tv = &p->mask; break;
+    case T_BIAS: tv = &p->bias; break;
+    case T_LSE: tv = &p->lse; break;
+    case T_W: tv = &p->weights; break;
+    case T_ENT: tv = &p->entropy; break;
+    case T_MAXW: tv = &p->max_weight; break;
+    case T_ARGMAX: tv = &p->argmax; break;
+    case T_KS: tv = &p->k_scale; break;
+    default: tv = &p->v_scale; break;
   }
   memset(tv, 0, sizeof *tv);
   c->present[t] = present && vb[0] != 0xFF;
-  if (!c->present[t])
-    return;
+  if (!c->present[t]) return;
   size_t *D = c->dims[t];
   fz_view_dims(c, t, D);
   const size_t B = D[0], H = D[1], R = D[2], C = D[3];
@@ -290,35 +265,49 @@ static void decode_view(fz_case *c, int t, const uint8_t vb[4], int present)
   const uint8_t mode = vb[0], off = vb[1], param = vb[3];
   size_t dense[4] = {mul_w(mul_w(H, R), C), mul_w(R, C), C, 1};
   switch (mode % 8) {
-  case 0: memcpy(s, dense, sizeof dense); break;
-  case 1: s[0] = mul_w(mul_w(R, H), C); s[1] = C; s[2] = mul_w(H, C); s[3] = 1; break;
-  case 2: {
-    size_t row = C + 1 + param % 4;
-    s[0] = mul_w(mul_w(H, R), row); s[1] = mul_w(R, row); s[2] = row; s[3] = 1;
-    break;
-  }
-  case 3:
-    for (int d = 0; d < 4; d++)
-      s[d] = (param >> d) & 1 ? 0 : dense[d];
-    break;
-  case 4: s[0] = dense[0]; s[1] = dense[1]; s[2] = 1; s[3] = R; break;
-  case 5: s[0] = dense[0]; s[1] = dense[1]; s[2] = C + 1 ? param % (C + 1) : param; s[3] = 1; break;
-  case 6:
-    for (int d = 0; d < 4; d++)
-      s[d] = mul_w(dense[d], (size_t)((param >> (2 * d)) & 3));
-    break;
-  default:
-    for (int d = 0; d < 4; d++)
-      s[d] = hostile_stride[((param >> (2 * d)) & 3) + 4 * ((off >> d) & 1)];
-    break;
+    case 0: memcpy(s, dense, sizeof dense); break;
+    case 1:
+      s[0] = mul_w(mul_w(R, H), C);
+      s[1] = C;
+      s[2] = mul_w(H, C);
+      s[3] = 1;
+      break;
+    case 2: {
+      size_t row = C + 1 + param % 4;
+      s[0] = mul_w(mul_w(H, R), row);
+      s[1] = mul_w(R, row);
+      s[2] = row;
+      s[3] = 1;
+      break;
+    }
+    case 3:
+      for (int d = 0; d < 4; d++) s[d] = (param >> d) & 1 ? 0 : dense[d];
+      break;
+    case 4:
+      s[0] = dense[0];
+      s[1] = dense[1];
+      s[2] = 1;
+      s[3] = R;
+      break;
+    case 5:
+      s[0] = dense[0];
+      s[1] = dense[1];
+      s[2] = C + 1 ? param % (C + 1) : param;
+      s[3] = 1;
+      break;
+    case 6:
+      for (int d = 0; d < 4; d++) s[d] = mul_w(dense[d], (size_t)((param >> (2 * d)) & 3));
+      break;
+    default:
+      for (int d = 0; d < 4; d++) s[d] = hostile_stride[((param >> (2 * d)) & 3) + 4 * ((off >> d) & 1)];
+      break;
   }
   tv->offset = off >= 0xF0 ? hostile_offset[off & 7] : (mode % 8 == 7 ? 0 : off % 5);
   const size_t es = c->esize[t] = fz_view_esize(c, t);
   /* Dims that are not positive: allocate as if they were 1 (the call is
    * rejected before any view is looked at). */
   size_t Dn[4];
-  for (int d = 0; d < 4; d++)
-    Dn[d] = (long)D[d] > 0 ? D[d] : 1;
+  for (int d = 0; d < 4; d++) Dn[d] = (long)D[d] > 0 ? D[d] : 1;
   c->need_ok[t] = view_need(tv, Dn, t_rank[t], es, &c->need[t]);
   const uint8_t sb = vb[2];
   size_t bytes;
@@ -327,50 +316,42 @@ static void decode_view(fz_case *c, int t, const uint8_t vb[4], int present)
   } else {
     size_t need = c->need[t];
     switch (sb % 4) {
-    case 0: bytes = need; break;
-    case 1: bytes = need > es ? need - es : need; break;
-    case 2: bytes = need + (size_t)((sb / 4) % 16) * es; break;
-    default: bytes = need > 1 ? need - 1 : need; break;
+      case 0: bytes = need; break;
+      case 1: bytes = need > es ? need - es : need; break;
+      case 2: bytes = need + (size_t)((sb / 4) % 16) * es; break;
+      default: bytes = need > 1 ? need - 1 : need; break;
     }
   }
   c->bytes[t] = bytes;
   fz_ext_adjust_view(c, t);
 }
 
-static void case_free(fz_case *c)
-{
+static void case_free(fz_case *c) {
   for (int t = 0; t < T_COUNT; t++) {
-    if (c->mem[t])
-      clReleaseMemObject(c->mem[t]);
+    if (c->mem[t]) clReleaseMemObject(c->mem[t]);
     free(c->host[t]);
   }
-  if (c->kv_lens_mem)
-    clReleaseMemObject(c->kv_lens_mem);
+  if (c->kv_lens_mem) clReleaseMemObject(c->kv_lens_mem);
   free(c->kv_lens_host);
   for (int a = 0; a < A_COUNT; a++) {
-    if (c->aux_mem[a])
-      clReleaseMemObject(c->aux_mem[a]);
+    if (c->aux_mem[a]) clReleaseMemObject(c->aux_mem[a]);
     free(c->aux_host[a]);
   }
 }
 
-static void fill_canary(unsigned char *b, size_t bytes, size_t esize)
-{
+static void fill_canary(unsigned char *b, size_t bytes, size_t esize) {
   for (size_t i = 0; i < bytes; i++)
     b[i] = esize == 2 ? (unsigned char)(CANARY16 >> (8 * (i % 2))) : (unsigned char)(CANARY >> (8 * (i % 4)));
 }
 
-static uint64_t fnv(const uint8_t *d, size_t n)
-{
+static uint64_t fnv(const uint8_t *d, size_t n) {
   uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ d[i]) * 1099511628211ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ d[i]) * 1099511628211ull;
   return h;
 }
 
 /* Decodes the whole case (host side only). 0, or -1 out of host memory. */
-static int decode(const uint8_t *input, size_t input_size, fz_case *c)
-{
+static int decode(const uint8_t *input, size_t input_size, fz_case *c) {
   memset(c, 0, sizeof *c);
   /* the extension: the magic, its header, then an input of the first format */
   const uint8_t *data = input;
@@ -378,8 +359,7 @@ static int decode(const uint8_t *input, size_t input_size, fz_case *c)
   if (size >= FZ_MAGIC_LEN && !memcmp(data, FZ_MAGIC, FZ_MAGIC_LEN)) {
     c->ext = 1;
     const size_t skip = size < FZ_MAGIC_LEN + FZ_EXT ? size : FZ_MAGIC_LEN + FZ_EXT;
-    for (size_t i = 0; i < FZ_EXT; i++)
-      c->ext_hdr[i] = hdr(data, size, FZ_MAGIC_LEN + i);
+    for (size_t i = 0; i < FZ_EXT; i++) c->ext_hdr[i] = hdr(data, size, FZ_MAGIC_LEN + i);
     data += skip;
     size -= skip;
   }
@@ -412,19 +392,16 @@ static int decode(const uint8_t *input, size_t input_size, fz_case *c)
   c->call_null_ctx = (f2 >> 2) & 1;
   c->call_null_params = (f2 >> 3) & 1;
   c->kv = CLATTN_F32; /* the first format's k and v: f32 buffers, whatever byte 7 says */
-  if (c->ext)
-    fz_ext_header(c, c->ext_hdr);
+  if (c->ext) fz_ext_header(c, c->ext_hdr);
 
   fz_reader r = {data, size, size < FZ_HEADER ? size : FZ_HEADER, fnv(input, input_size)};
   if (c->kv_lens) {
     const long B = p->batch;
     size_t want = B > 0 && (size_t)B <= FZ_BUF_CAP / 4 ? (size_t)B * 4 : 64;
-    if ((f2 & 2) && want > 4)
-      want -= 4;
+    if ((f2 & 2) && want > 4) want -= 4;
     c->kv_lens_bytes = want;
     c->kv_lens_host = malloc(want);
-    if (!c->kv_lens_host)
-      return -1;
+    if (!c->kv_lens_host) return -1;
     const int N = p->kv_len;
     for (size_t i = 0; i < want / 4; i++) {
       uint8_t x = fz_rd(&r);
@@ -433,28 +410,25 @@ static int decode(const uint8_t *input, size_t input_size, fz_case *c)
       c->kv_lens_host[i] = x < 0xF0 ? (int32_t)(uint32_t)(unsigned long long)t[x % 12] : (int32_t)(x - 0xF8);
     }
   }
-  if (fz_ext_data(c, &r) != 0)
-    return -1;
+  if (fz_ext_data(c, &r) != 0) return -1;
 
   /* the views (their dims may depend on the extension's totals) */
-  const int optional[T_COUNT] = {1, 1, 1, 1, (f1 >> 2) & 1, (f1 >> 3) & 1, (f1 >> 4) & 1,
-                                 (f1 >> 5) & 1, (f1 >> 6) & 1, (f1 >> 7) & 1, f2 & 1, 0, 0};
+  const int optional[T_COUNT] = {
+      1,      1, 1, 1, (f1 >> 2) & 1, (f1 >> 3) & 1, (f1 >> 4) & 1, (f1 >> 5) & 1, (f1 >> 6) & 1, (f1 >> 7) & 1,
+      f2 & 1, 0, 0};
   for (int t = 0; t < T_COUNT; t++) {
     uint8_t vb[4];
     int present = optional[t];
     if (t == T_KS || t == T_VS)
       present = fz_ext_view(c, t, vb);
     else
-      for (int i = 0; i < 4; i++)
-        vb[i] = hdr(data, size, 16 + 4 * (size_t)t + i);
+      for (int i = 0; i < 4; i++) vb[i] = hdr(data, size, 16 + 4 * (size_t)t + i);
     decode_view(c, t, vb, present);
   }
   for (int t = 0; t < T_COUNT; t++) {
-    if (!c->present[t])
-      continue;
+    if (!c->present[t]) continue;
     c->host[t] = malloc(c->bytes[t]);
-    if (!c->host[t])
-      return -1;
+    if (!c->host[t]) return -1;
     if (t_output[t]) {
       fill_canary(c->host[t], c->bytes[t], c->esize[t]);
     } else if (t == T_MASK) {
@@ -469,22 +443,21 @@ static int decode(const uint8_t *input, size_t input_size, fz_case *c)
   return 0;
 }
 
-static const clattn_tensor *view_of(const clattn_params *p, int t)
-{
+static const clattn_tensor *view_of(const clattn_params *p, int t) {
   switch (t) {
-  case T_Q: return &p->q;
-  case T_K: return &p->k;
-  case T_V: return &p->v;
-  case T_OUT: return &p->out;
-  case T_MASK: return &p->mask;
-  case T_BIAS: return &p->bias;
-  case T_LSE: return &p->lse;
-  case T_W: return &p->weights;
-  case T_ENT: return &p->entropy;
-  case T_MAXW: return &p->max_weight;
-  case T_ARGMAX: return &p->argmax;
-  case T_KS: return &p->k_scale;
-  default: return &p->v_scale;
+    case T_Q: return &p->q;
+    case T_K: return &p->k;
+    case T_V: return &p->v;
+    case T_OUT: return &p->out;
+    case T_MASK: return &p->mask;
+    case T_BIAS: return &p->bias;
+    case T_LSE: return &p->lse;
+    case T_W: return &p->weights;
+    case T_ENT: return &p->entropy;
+    case T_MAXW: return &p->max_weight;
+    case T_ARGMAX: return &p->argmax;
+    case T_KS: return &p->k_scale;
+    default: return &p->v_scale;
   }
 }
 
@@ -494,8 +467,7 @@ static const clattn_tensor *view_of(const clattn_params *p, int t)
  * ordered by stride, each dimension longer than 1 must step past the span
  * of the smaller ones. (Stricter than disjointness: interleaved dimensions
  * are refused too; check_accepted still checks accepted views by marking.) */
-static int view_self_overlaps(const fz_case *c, int t)
-{
+static int view_self_overlaps(const fz_case *c, int t) {
   const clattn_tensor *tv = view_of(&c->p, t);
   const size_t *D = c->dims[t];
   const size_t dims[4] = {D[0], D[1], D[2], t_rank[t] == 4 ? D[3] : 1};
@@ -504,13 +476,10 @@ static int view_self_overlaps(const fz_case *c, int t)
   for (int n = 0; n < 4; n++) {
     int next = -1;
     for (int d = 0; d < 4; d++)
-      if (!used[d] && dims[d] > 1 && (next < 0 || tv->stride[d] < tv->stride[next]))
-        next = d;
-    if (next < 0)
-      break;
+      if (!used[d] && dims[d] > 1 && (next < 0 || tv->stride[d] < tv->stride[next])) next = d;
+    if (next < 0) break;
     used[next] = 1;
-    if (tv->stride[next] <= span)
-      return 1;
+    if (tv->stride[next] <= span) return 1;
     span += (dims[next] - 1) * tv->stride[next];
   }
   return 0;
@@ -525,38 +494,34 @@ typedef struct {
 } prediction;
 
 /* Adds a status and its reason to a prediction (the extension's rules' callback). */
-static void add_reason(void *ctx, int status, const char *text)
-{
+static void add_reason(void *ctx, int status, const char *text) {
   prediction *pr = ctx;
   pr->set |= BIT(status);
   if (pr->at < pr->n) {
     int w = snprintf(pr->why + pr->at, pr->n - pr->at, "%s%s", pr->at ? "; " : "", text);
-    if (w > 0)
-      pr->at += (size_t)w;
+    if (w > 0) pr->at += (size_t)w;
   }
 }
 
 /* The set of statuses the rules allow for the call (0 = it must be
  * accepted), with the reasons. */
-static unsigned predict(const fz_case *c, char *why, size_t n)
-{
+static unsigned predict(const fz_case *c, char *why, size_t n) {
   const clattn_params *p = &c->p;
   unsigned set = 0;
   size_t at = 0;
-#define REASON(st, ...)                                                         \
-  do {                                                                          \
-    set |= BIT(st);                                                             \
-    if (at < n) {                                                               \
-      int w_ = snprintf(why + at, n - at, at ? "; " : "");                      \
-      if (w_ > 0) at += (size_t)w_;                                             \
-    }                                                                           \
-    if (at < n) {                                                               \
-      int w_ = snprintf(why + at, n - at, __VA_ARGS__);                         \
-      if (w_ > 0) at += (size_t)w_;                                             \
-    }                                                                           \
+#define REASON(st, ...)                                    \
+  do {                                                     \
+    set |= BIT(st);                                        \
+    if (at < n) {                                          \
+      int w_ = snprintf(why + at, n - at, at ? "; " : ""); \
+      if (w_ > 0) at += (size_t)w_;                        \
+    }                                                      \
+    if (at < n) {                                          \
+      int w_ = snprintf(why + at, n - at, __VA_ARGS__);    \
+      if (w_ > 0) at += (size_t)w_;                        \
+    }                                                      \
   } while (0)
-  if (n)
-    why[0] = 0;
+  if (n) why[0] = 0;
   const int dims[7] = {p->batch, p->q_heads, p->kv_heads, p->q_len, p->kv_len, p->head_dim, p->value_dim};
   int dims_ok = 1;
   for (int i = 0; i < 7; i++)
@@ -573,23 +538,16 @@ static unsigned predict(const fz_case *c, char *why, size_t n)
     dims_ok = 0;
   }
   const int dtype = (int)p->dtype, empty = (int)p->empty_rows, algo = (int)p->algo;
-  if (dtype < 0 || dtype > 2)
-    REASON(CLATTN_ERR_INVALID_ARGUMENT, "dtype %d", dtype);
-  if (empty != 0 && empty != 1)
-    REASON(CLATTN_ERR_INVALID_ARGUMENT, "empty_rows %d", empty);
-  if (algo < 0 || algo > 3)
-    REASON(CLATTN_ERR_INVALID_ARGUMENT, "algo %d", algo);
-  if (p->window_left < -1)
-    REASON(CLATTN_ERR_INVALID_ARGUMENT, "window_left %d", p->window_left);
-  if (p->window_right < -1)
-    REASON(CLATTN_ERR_INVALID_ARGUMENT, "window_right %d", p->window_right);
-  if (isinf(p->scale))
-    REASON(CLATTN_ERR_INVALID_ARGUMENT, "scale %g", (double)p->scale);
+  if (dtype < 0 || dtype > 2) REASON(CLATTN_ERR_INVALID_ARGUMENT, "dtype %d", dtype);
+  if (empty != 0 && empty != 1) REASON(CLATTN_ERR_INVALID_ARGUMENT, "empty_rows %d", empty);
+  if (algo < 0 || algo > 3) REASON(CLATTN_ERR_INVALID_ARGUMENT, "algo %d", algo);
+  if (p->window_left < -1) REASON(CLATTN_ERR_INVALID_ARGUMENT, "window_left %d", p->window_left);
+  if (p->window_right < -1) REASON(CLATTN_ERR_INVALID_ARGUMENT, "window_right %d", p->window_right);
+  if (isinf(p->scale)) REASON(CLATTN_ERR_INVALID_ARGUMENT, "scale %g", (double)p->scale);
   if (dims_ok) {
     for (int t = 0; t < T_COUNT; t++) {
       if (!c->present[t]) {
-        if (t <= T_OUT)
-          REASON(CLATTN_ERR_INVALID_ARGUMENT, "%s.buf NULL", t_name[t]);
+        if (t <= T_OUT) REASON(CLATTN_ERR_INVALID_ARGUMENT, "%s.buf NULL", t_name[t]);
         continue;
       }
       if (t_output[t])
@@ -606,11 +564,9 @@ static unsigned predict(const fz_case *c, char *why, size_t n)
       }
     }
     if (c->kv_lens && (size_t)p->batch * 4 > c->kv_lens_bytes)
-      REASON(CLATTN_ERR_BUFFER_TOO_SMALL, "kv_lens needs %zu bytes, has %zu", (size_t)p->batch * 4,
-             c->kv_lens_bytes);
+      REASON(CLATTN_ERR_BUFFER_TOO_SMALL, "kv_lens needs %zu bytes, has %zu", (size_t)p->batch * 4, c->kv_lens_bytes);
   }
-  if (c->present[T_W] && algo == CLATTN_ALGO_FUSED)
-    REASON(CLATTN_ERR_UNSUPPORTED, "weights with FUSED");
+  if (c->present[T_W] && algo == CLATTN_ALGO_FUSED) REASON(CLATTN_ERR_UNSUPPORTED, "weights with FUSED");
 #undef REASON
   if (c->ext) {
     prediction pr = {set, why, at, n};
@@ -622,16 +578,13 @@ static unsigned predict(const fz_case *c, char *why, size_t n)
 
 /* ---------- running ---------- */
 
-static int in_dim_table(int d)
-{
+static int in_dim_table(int d) {
   for (int i = 0; i < FZ_NDIMS; i++)
-    if (dim_table[i] == d)
-      return 1;
+    if (dim_table[i] == d) return 1;
   return 0;
 }
 
-static int is_canary(const unsigned char *b, size_t at, size_t esize)
-{
+static int is_canary(const unsigned char *b, size_t at, size_t esize) {
   if (esize == 2) {
     uint16_t x;
     memcpy(&x, b + at, 2);
@@ -646,14 +599,12 @@ static int is_canary(const unsigned char *b, size_t at, size_t esize)
  * row_len elements) may be NULL. */
 static int compare(const char *name, const float *x, const double *r, size_t count, size_t row_len,
                    const unsigned char *skip, double tol, double atol, const unsigned char *nan_rows, const char *knob,
-                   char *why, size_t n)
-{
+                   char *why, size_t n) {
   const int tolerate = knob && known(knob);
   double num = 0.0, den = 0.0;
   size_t used = 0;
   for (size_t i = 0; i < count; i++) {
-    if (skip && skip[i / row_len])
-      continue;
+    if (skip && skip[i / row_len]) continue;
     const double a = (double)x[i], b = r[i];
     if (tolerate && isnan(a) && !isnan(b) && nan_rows[i / row_len]) {
       stats.known_skipped++;
@@ -665,8 +616,8 @@ static int compare(const char *name, const float *x, const double *r, size_t cou
       size_t at = 0, r0 = i / row_len * row_len;
       for (size_t k = r0; k < r0 + row_len && k < r0 + 16 && at < sizeof row; k++)
         at += (size_t)snprintf(row + at, sizeof row - at, " %g/%g", (double)x[k], r[k]);
-      return fail(why, n, "%s[%zu] = %g, reference %g (class mismatch; row %zu: device/reference%s)", name, i, a,
-                  b, i / row_len, row);
+      return fail(why, n, "%s[%zu] = %g, reference %g (class mismatch; row %zu: device/reference%s)", name, i, a, b,
+                  i / row_len, row);
     }
     if (isfinite(a) && isfinite(b)) {
       num += (a - b) * (a - b);
@@ -675,15 +626,14 @@ static int compare(const char *name, const float *x, const double *r, size_t cou
     }
   }
   if (sqrt(num) > tol * sqrt(den) + atol * sqrt((double)used))
-    return fail(why, n, "%s: error norm %.3g against reference norm %.3g over %zu entries", name, sqrt(num),
-                sqrt(den), used);
+    return fail(why, n, "%s: error norm %.3g against reference norm %.3g over %zu entries", name, sqrt(num), sqrt(den),
+                used);
   return FZ_PASS;
 }
 
 /* The element index of the k-th entry of output view t in dense
  * [B,Hq,M,C] order. */
-static size_t view_element(const fz_case *c, int t, size_t k)
-{
+static size_t view_element(const fz_case *c, int t, size_t k) {
   const clattn_tensor *tv = view_of(&c->p, t);
   const size_t *D = c->dims[t];
   const size_t C = t_rank[t] == 4 ? D[3] : 1;
@@ -692,16 +642,14 @@ static size_t view_element(const fz_case *c, int t, size_t k)
          (t_rank[t] == 4 ? j * tv->stride[3] : 0);
 }
 
-static size_t view_count(const fz_case *c, int t)
-{
+static size_t view_count(const fz_case *c, int t) {
   const size_t *D = c->dims[t];
   return D[0] * D[1] * D[2] * (t_rank[t] == 4 ? D[3] : 1);
 }
 
 /* Marks the elements of output view t; returns 1 when two results share an
  * element (the view overlaps itself). */
-static int mark_view(const fz_case *c, int t, unsigned char *mark)
-{
+static int mark_view(const fz_case *c, int t, unsigned char *mark) {
   int alias = 0;
   for (size_t k = 0, n = view_count(c, t); k < n; k++) {
     const size_t e = view_element(c, t, k);
@@ -712,8 +660,7 @@ static int mark_view(const fz_case *c, int t, unsigned char *mark)
 }
 
 /* Element e of output buffer t as a float (16-bit out in its storage). */
-static float out_value(const fz_case *c, int t, const unsigned char *raw, size_t e)
-{
+static float out_value(const fz_case *c, int t, const unsigned char *raw, size_t e) {
   if (c->esize[t] == 2) {
     uint16_t h;
     memcpy(&h, raw + e * 2, 2);
@@ -727,8 +674,7 @@ static float out_value(const fz_case *c, int t, const unsigned char *raw, size_t
 /* Dense [B,Hq,M,C] gather of output view t from its read-back buffer. Rows
  * that do not exist (past a packed sequence's end) gather 0; out's rows of
  * a packed sequence lie at its q0 + i. */
-static void gather(const fz_case *c, int t, const unsigned char *raw, float *dst)
-{
+static void gather(const fz_case *c, int t, const unsigned char *raw, float *dst) {
   const clattn_params *p = &c->p;
   const clattn_tensor *tv = view_of(p, t);
   const size_t C = t_rank[t] == 4 ? c->dims[t][3] : 1;
@@ -738,21 +684,18 @@ static void gather(const fz_case *c, int t, const unsigned char *raw, float *dst
       for (int i = 0; i < p->q_len; i++) {
         long row;
         const int here = fz_row_exists(c, b, i, &row);
-        if (t != T_OUT)
-          row = i;
+        if (t != T_OUT) row = i;
         for (size_t j = 0; j < C; j++, k++)
           dst[k] = here ? out_value(c, t, raw, cp_index(tv, b, h, (int)row, (int)j)) : 0.0f;
       }
 }
 
-static const char *status_name(int s)
-{
+static const char *status_name(int s) {
   return s >= 0 && s <= CLATTN_ERR_OPENCL ? clattn_status_string((clattn_status)s) : "(not a status)";
 }
 
 /* The checks of an accepted call (OK or EMPTY_ROW). */
-static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *back, char *why, size_t n)
-{
+static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *back, char *why, size_t n) {
   const clattn_params *p = &c->p;
   const int B = p->batch, Hq = p->q_heads, M = p->q_len, N = p->kv_len, dv = p->value_dim;
   const size_t rows = (size_t)B * Hq * M;
@@ -765,12 +708,10 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
 
   /* every element of every output view written, nothing outside them */
   for (int t = T_OUT; t < T_COUNT; t++) {
-    if (!t_output[t] || !c->present[t])
-      continue;
+    if (!t_output[t] || !c->present[t]) continue;
     const size_t es = c->esize[t];
     unsigned char *mark = calloc(c->bytes[t] / es + 1, 1);
-    if (!mark)
-      return fail(why, n, "harness: out of host memory");
+    if (!mark) return fail(why, n, "harness: out of host memory");
     if (mark_view(c, t, mark)) {
       free(mark);
       if (known("alias")) {
@@ -796,8 +737,7 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
       if (back[t][e] != c->host[t][e])
         verdict = fail(why, n, "%s: byte %zu past the last element was written", t_name[t], e);
     free(mark);
-    if (verdict != FZ_PASS)
-      return verdict;
+    if (verdict != FZ_PASS) return verdict;
   }
 
   /* the fp64 reference on host copies of exactly the uploaded buffers, as
@@ -821,7 +761,9 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
   /* storage tolerances: 16-bit out rounds each element; quantised K/V and
    * larger scores cost f32 digits */
   const int quantised = c->kv == CLATTN_Q8_0 || c->kv == CLATTN_INT8;
-  const double tol = fmax(p->dtype == CLATTN_F16 ? 1e-3 : p->dtype == CLATTN_BF16 ? 8e-3 : FZ_TOL,
+  const double tol = fmax(p->dtype == CLATTN_F16    ? 1e-3
+                          : p->dtype == CLATTN_BF16 ? 8e-3
+                                                    : FZ_TOL,
                           quantised ? 1e-3 : FZ_TOL);
   const double tol_f32 = quantised ? 1e-3 : FZ_TOL;
   /* rows that do not exist, and out rows claimed by other than one sequence */
@@ -835,8 +777,7 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
     for (int b = 0; b < B; b++)
       for (int i = 0; i < M; i++) {
         long orow;
-        if (fz_row_exists(c, b, i, &orow) && orow >= 0 && (size_t)orow < out_rows && claims[orow] < 2)
-          claims[orow]++;
+        if (fz_row_exists(c, b, i, &orow) && orow >= 0 && (size_t)orow < out_rows && claims[orow] < 2) claims[orow]++;
       }
     for (size_t row = 0; row < rows; row++) {
       long orow;
@@ -857,8 +798,8 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
   }
   const int want_error = p->empty_rows == CLATTN_EMPTY_ERROR && ro.empty_rows > 0;
   if ((st == CLATTN_ERR_EMPTY_ROW) != want_error) {
-    verdict = fail(why, n, "status %s but the reference has %ld empty rows (empty_rows policy %d)",
-                   status_name(st), ro.empty_rows, (int)p->empty_rows);
+    verdict = fail(why, n, "status %s but the reference has %ld empty rows (empty_rows policy %d)", status_name(st),
+                   ro.empty_rows, (int)p->empty_rows);
     goto done;
   }
 
@@ -872,41 +813,40 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
     const ref_seq sq = ref_sequence(rp, &in, b);
     for (int j = 0; j < N && !skip[row]; j++) {
       const double w = ro.weights[row * N + j];
-      if (!(w > 0.0 && w < 1e-30))
-        continue;
+      if (!(w > 0.0 && w < 1e-30)) continue;
       for (int d = 0; d < dv; d++)
-        if (!isfinite(in.v[cp_index(&rp->v, b, h / group, (int)sq.k0 + j, d)]))
-          skip[row] = 1;
+        if (!isfinite(in.v[cp_index(&rp->v, b, h / group, (int)sq.k0 + j, d)])) skip[row] = 1;
     }
   }
 
   /* rows whose reference weights hold NaN (a NaN or +inf score) */
   for (size_t row = 0; row < rows; row++)
     for (int j = 0; j < N; j++)
-      if (isnan(ro.weights[row * N + j]))
-        nan_rows[row] = 1;
+      if (isnan(ro.weights[row * N + j])) nan_rows[row] = 1;
 
   gather(c, T_OUT, back[T_OUT], got);
   if ((verdict = compare("out", got, ro.out, rows * (size_t)dv, (size_t)dv, skip, tol, 1e-5, NULL, NULL, why, n)))
     goto done;
   if (c->present[T_LSE]) {
     gather(c, T_LSE, back[T_LSE], got);
-    if ((verdict = compare("lse", got, ro.lse, rows, 1, gone, tol_f32, 1e-5, NULL, NULL, why, n)))
-      goto done;
+    if ((verdict = compare("lse", got, ro.lse, rows, 1, gone, tol_f32, 1e-5, NULL, NULL, why, n))) goto done;
   }
   if (c->present[T_W]) {
     gather(c, T_W, back[T_W], got);
-    if ((verdict = compare("weights", got, ro.weights, rows * (size_t)N, (size_t)N, gone, tol_f32, 1e-5, nan_rows, "nan-row-weights", why, n)))
+    if ((verdict = compare("weights", got, ro.weights, rows * (size_t)N, (size_t)N, gone, tol_f32, 1e-5, nan_rows,
+                           "nan-row-weights", why, n)))
       goto done;
   }
   if (c->present[T_ENT]) {
     gather(c, T_ENT, back[T_ENT], got);
-    if ((verdict = compare("entropy", got, ro.entropy, rows, 1, gone, tol_f32, 1e-4, nan_rows, "ref-inf-row-diag", why, n)))
+    if ((verdict =
+             compare("entropy", got, ro.entropy, rows, 1, gone, tol_f32, 1e-4, nan_rows, "ref-inf-row-diag", why, n)))
       goto done;
   }
   if (c->present[T_MAXW]) {
     gather(c, T_MAXW, back[T_MAXW], got);
-    if ((verdict = compare("max_weight", got, ro.max_weight, rows, 1, gone, tol_f32, 1e-5, nan_rows, "ref-inf-row-diag", why, n)))
+    if ((verdict = compare("max_weight", got, ro.max_weight, rows, 1, gone, tol_f32, 1e-5, nan_rows, "ref-inf-row-diag",
+                           why, n)))
       goto done;
   }
   if (c->present[T_ARGMAX]) {
@@ -914,8 +854,7 @@ static int check_accepted(fz_case *c, clattn_status st, unsigned char *const *ba
     const int32_t *arg = (const int32_t *)(const void *)got;
     for (size_t row = 0; row < rows; row++) {
       const int32_t want = ref_arg[row], have = arg[row];
-      if (want == REF_ARGMAX_UNSPECIFIED || have == want || gone[row])
-        continue;
+      if (want == REF_ARGMAX_UNSPECIFIED || have == want || gone[row]) continue;
       const int b = (int)(row / ((size_t)Hq * M)), h = (int)(row / M % Hq), i = (int)(row % M);
       int ok = want >= 0 && have >= 0 && have < N && ref_allowed(rp, &in, b, h, i, have);
       if (ok) {
@@ -940,11 +879,9 @@ done:
   return verdict;
 }
 
-int fz_known_good(char *why, size_t n)
-{
+int fz_known_good(char *why, size_t n) {
   clattn_context *ctx = fz_context(why, n, NULL);
-  if (!ctx)
-    return FZ_FAIL;
+  if (!ctx) return FZ_FAIL;
   stats.known_good++;
   if (!good_pb) {
     cp_shape s = cp_shape_default();
@@ -955,12 +892,10 @@ int fz_known_good(char *why, size_t n)
     s.want_diag = 1;
     char err[256];
     good_pb = cp_build(&s, err, sizeof err);
-    if (!good_pb)
-      return fail(why, n, "harness: cp_build: %s", err);
+    if (!good_pb) return fail(why, n, "harness: cp_build: %s", err);
   }
   cp_result r;
-  if (cp_run(good_pb, ctx, &r) != 0)
-    return fail(why, n, "known-good call: harness: %s", good_pb->err);
+  if (cp_run(good_pb, ctx, &r) != 0) return fail(why, n, "known-good call: harness: %s", good_pb->err);
   if (!cp_result_ok(&r, 1e-5)) {
     char line[512];
     return fail(why, n, "known-good call failed after earlier inputs: %s (last error: %s)",
@@ -969,11 +904,9 @@ int fz_known_good(char *why, size_t n)
   return FZ_PASS;
 }
 
-int fz_warm_up(char *why, size_t n)
-{
+int fz_warm_up(char *why, size_t n) {
   clattn_context *ctx = fz_context(why, n, NULL);
-  if (!ctx || fz_known_good(why, n) != FZ_PASS)
-    return FZ_FAIL;
+  if (!ctx || fz_known_good(why, n) != FZ_PASS) return FZ_FAIL;
   for (int a = 0; a < FZ_NDIMS; a++)
     for (int b = 0; b < FZ_NDIMS; b++)
       for (int algo = 0; algo < 4; algo++) {
@@ -988,8 +921,7 @@ int fz_warm_up(char *why, size_t n)
         s.want_weights = algo == CLATTN_ALGO_STAGED || algo == CLATTN_ALGO_GEMM;
         char err[256];
         cp_problem *pb = cp_build(&s, err, sizeof err);
-        if (!pb)
-          return fail(why, n, "harness: cp_build: %s", err);
+        if (!pb) return fail(why, n, "harness: cp_build: %s", err);
         cp_result r;
         int ok = cp_run(pb, ctx, &r) == 0 && cp_result_ok(&r, 1e-5);
         if (!ok) {
@@ -998,8 +930,7 @@ int fz_warm_up(char *why, size_t n)
                cp_result_format(&r, line, sizeof line), pb->err);
         }
         cp_free(pb);
-        if (!ok)
-          return FZ_FAIL;
+        if (!ok) return FZ_FAIL;
       }
   /* every storage pair of the extension (q/out f32, f16, bf16; K/V f32,
    * f16, bf16, Q8_0, INT8) on each path, head dims 32: inputs of the
@@ -1012,9 +943,9 @@ int fz_warm_up(char *why, size_t n)
         in[FZ_MAGIC_LEN + 0] = (uint8_t)dtype;
         in[FZ_MAGIC_LEN + 1] = (uint8_t)kv;
         uint8_t *h = in + FZ_MAGIC_LEN + FZ_EXT;
-        h[3] = 2;           /* q_len 3 */
-        h[4] = 4;           /* kv_len 5 */
-        h[5] = h[6] = 5;    /* head and value dim 32 */
+        h[3] = 2;        /* q_len 3 */
+        h[4] = 4;        /* kv_len 5 */
+        h[5] = h[6] = 5; /* head and value dim 32 */
         h[13] = (uint8_t)algo;
         char w[1024];
         if (fz_run(in, sizeof in, w, sizeof w) != FZ_PASS)
@@ -1023,13 +954,10 @@ int fz_warm_up(char *why, size_t n)
   return FZ_PASS;
 }
 
-int fz_run(const uint8_t *data, size_t size, char *why, size_t n)
-{
-  if (n)
-    why[0] = 0;
+int fz_run(const uint8_t *data, size_t size, char *why, size_t n) {
+  if (n) why[0] = 0;
   stats.inputs++;
-  if (stats.inputs % FZ_KNOWN_GOOD_EVERY == 0 && fz_known_good(why, n) != FZ_PASS)
-    return FZ_FAIL;
+  if (stats.inputs % FZ_KNOWN_GOOD_EVERY == 0 && fz_known_good(why, n) != FZ_PASS) return FZ_FAIL;
 
   fz_case c;
   unsigned char *back[T_COUNT] = {0};
@@ -1063,8 +991,7 @@ int fz_run(const uint8_t *data, size_t size, char *why, size_t n)
   cl_context clc = clattn_cl_context(ctx);
   cl_command_queue queue = clattn_cl_queue(ctx);
   for (int t = 0; t < T_COUNT; t++) {
-    if (!c.present[t])
-      continue;
+    if (!c.present[t]) continue;
     cl_int e = CL_SUCCESS;
     c.mem[t] = clCreateBuffer(clc, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.bytes[t], c.host[t], &e);
     if (e != CL_SUCCESS) {
@@ -1081,8 +1008,7 @@ int fz_run(const uint8_t *data, size_t size, char *why, size_t n)
     }
   }
   for (int a = 0; a < A_COUNT; a++) {
-    if (!c.aux[a])
-      continue;
+    if (!c.aux[a]) continue;
     cl_int e = CL_SUCCESS;
     c.aux_mem[a] = clCreateBuffer(clc, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, c.aux_bytes[a], c.aux_host[a], &e);
     if (e != CL_SUCCESS) {
@@ -1148,8 +1074,7 @@ int fz_run(const uint8_t *data, size_t size, char *why, size_t n)
     goto out;
   }
   for (int t = 0; t < T_COUNT; t++) {
-    if (!t_output[t] || !c.present[t])
-      continue;
+    if (!t_output[t] || !c.present[t]) continue;
     back[t] = malloc(c.bytes[t]);
     if (!back[t]) {
       verdict = fail(why, n, "harness: out of host memory");
@@ -1175,8 +1100,7 @@ int fz_run(const uint8_t *data, size_t size, char *why, size_t n)
     }
     stats.accepted++;
     stats.ext_accepted += c.ext;
-    if (st == CLATTN_ERR_EMPTY_ROW)
-      stats.empty_row++;
+    if (st == CLATTN_ERR_EMPTY_ROW) stats.empty_row++;
     if (set) {
       verdict = fail(why, n, "accepted (%s) a call the rules reject: %s", status_name(st), reasons);
       goto out;
@@ -1198,14 +1122,12 @@ int fz_run(const uint8_t *data, size_t size, char *why, size_t n)
         verdict = fail(why, n, "%s but output %s was touched", status_name(st), t_name[t]);
   }
 out:
-  for (int t = 0; t < T_COUNT; t++)
-    free(back[t]);
+  for (int t = 0; t < T_COUNT; t++) free(back[t]);
   case_free(&c);
   return verdict;
 }
 
-void fz_describe(const uint8_t *data, size_t size, char *buf, size_t n)
-{
+void fz_describe(const uint8_t *data, size_t size, char *buf, size_t n) {
   fz_case c;
   if (decode(data, size, &c) != 0) {
     case_free(&c);
@@ -1227,8 +1149,7 @@ void fz_describe(const uint8_t *data, size_t size, char *buf, size_t n)
                            c.aux[A_ADDW], c.aux[A_CU_Q], c.aux[A_CU_K], p->total_q, p->total_kv, c.aux[A_TABLE],
                            p->page_size, p->num_pages, p->block_table_stride);
   for (int t = 0; t < T_COUNT && at < n; t++) {
-    if (!c.present[t])
-      continue;
+    if (!c.present[t]) continue;
     const clattn_tensor *tv = view_of(p, t);
     at += (size_t)snprintf(buf + at, n - at, " %s{off %zu, strides %zu %zu %zu %zu, %zu/%zu bytes}", t_name[t],
                            tv->offset, tv->stride[0], tv->stride[1], tv->stride[2], tv->stride[3],
@@ -1237,8 +1158,7 @@ void fz_describe(const uint8_t *data, size_t size, char *buf, size_t n)
   case_free(&c);
 }
 
-void fz_initialize(const char *who, int (*warm_up)(char *why, size_t n))
-{
+void fz_initialize(const char *who, int (*warm_up)(char *why, size_t n)) {
   char why[1024];
   int no_device = 0;
   if (!fz_context(why, sizeof why, &no_device)) {

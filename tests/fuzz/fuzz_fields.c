@@ -20,8 +20,20 @@
 
 /* extension header bytes (after the magic) */
 enum {
-  E_DTYPE, E_KV_DTYPE, E_SCORE, E_SOFTCAP, E_VARLEN, E_PAGED, E_PAGE_SIZE, E_NUM_PAGES, E_BT_STRIDE, E_SCALES,
-  E_K_SCALE_VIEW, E_V_SCALE_VIEW = E_K_SCALE_VIEW + 4, E_Q8_K = E_V_SCALE_VIEW + 4, E_Q8_V
+  E_DTYPE,
+  E_KV_DTYPE,
+  E_SCORE,
+  E_SOFTCAP,
+  E_VARLEN,
+  E_PAGED,
+  E_PAGE_SIZE,
+  E_NUM_PAGES,
+  E_BT_STRIDE,
+  E_SCALES,
+  E_K_SCALE_VIEW,
+  E_V_SCALE_VIEW = E_K_SCALE_VIEW + 4,
+  E_Q8_K = E_V_SCALE_VIEW + 4,
+  E_Q8_V
 };
 enum { S_SOFTCAP = 1, S_ALIBI = 2, S_SINKS = 4, S_ADDITIVE = 8, S_BAD_SCORE = 16, S_W_MISMATCH = 32, S_SHORT = 64 };
 enum { V_CU_Q = 1, V_CU_K = 2, V_SHORT = 4, V_BATCH_STRIDE = 8 };
@@ -33,14 +45,13 @@ size_t fz_q_esize(const clattn_params *p) { return q_esize(p->dtype); }
 
 static int is16(clattn_dtype d) { return d == CLATTN_F16 || d == CLATTN_BF16; }
 
-static size_t kv_esize(clattn_dtype kv)
-{
+static size_t kv_esize(clattn_dtype kv) {
   switch (kv) {
-  case CLATTN_F16:
-  case CLATTN_BF16: return 2;
-  case CLATTN_INT8: return 1;
-  case CLATTN_Q8_0: return 34; /* one block, while the view is decoded in block units */
-  default: return 4;
+    case CLATTN_F16:
+    case CLATTN_BF16: return 2;
+    case CLATTN_INT8: return 1;
+    case CLATTN_Q8_0: return 34; /* one block, while the view is decoded in block units */
+    default: return 4;
   }
 }
 
@@ -49,31 +60,30 @@ static int paged(const fz_case *c) { return c->aux[A_TABLE]; }
 
 static uint8_t e_byte(const fz_case *c, int i) { return c->ext ? c->ext_hdr[i] : 0; }
 
-void fz_ext_header(fz_case *c, const uint8_t *e)
-{
+void fz_ext_header(fz_case *c, const uint8_t *e) {
   memcpy(c->ext_hdr, e, FZ_EXT);
   clattn_params *p = &c->p;
   switch (e[E_DTYPE] % 8) {
-  case 1: p->dtype = CLATTN_F16; break;
-  case 2: p->dtype = CLATTN_BF16; break;
-  case 3: p->dtype = CLATTN_Q8_0; break; /* q and out never quantised: INVALID */
-  case 4: p->dtype = CLATTN_INT8; break;
-  default: break;                        /* byte 7's */
+    case 1: p->dtype = CLATTN_F16; break;
+    case 2: p->dtype = CLATTN_BF16; break;
+    case 3: p->dtype = CLATTN_Q8_0; break; /* q and out never quantised: INVALID */
+    case 4: p->dtype = CLATTN_INT8; break;
+    default: break; /* byte 7's */
   }
   static const int bad_kv[4] = {5, -2, INT_MAX, INT_MIN};
-  static const clattn_dtype kvs[8] = {CLATTN_DTYPE_SAME, CLATTN_F32, CLATTN_F16,  CLATTN_BF16,
+  static const clattn_dtype kvs[8] = {CLATTN_DTYPE_SAME, CLATTN_F32,  CLATTN_F16, CLATTN_BF16,
                                       CLATTN_Q8_0,       CLATTN_INT8, CLATTN_F32, CLATTN_DTYPE_SAME};
   const uint8_t k = e[E_KV_DTYPE];
   p->kv_dtype = k % 8 == 6 ? (clattn_dtype)bad_kv[(k >> 3) & 3] : kvs[k % 8];
   c->kv = p->kv_dtype == CLATTN_DTYPE_SAME ? p->dtype : p->kv_dtype;
 
   const uint8_t s = e[E_SCORE];
-  static const float softcaps[16] = {5.f, 1.f, 0.5f, 30.f, 2.f, 0.25f, 10.f, 50.f,
+  static const float softcaps[16] = {5.f, 1.f,  0.5f,     30.f, 2.f, 0.25f,   10.f,      50.f,
                                      NAN, -1.f, INFINITY, -0.f, 0.f, FLT_MIN, -INFINITY, 1e-3f};
   p->softcap = (s & S_SOFTCAP) ? softcaps[e[E_SOFTCAP] % 16] : 0.f;
   c->aux[A_ALIBI] = !!(s & S_ALIBI);
   c->aux[A_SINKS] = !!(s & S_SINKS);
-  p->score = (s & S_BAD_SCORE) ? (clattn_score)((s & 128) ? -1 : 2)
+  p->score = (s & S_BAD_SCORE)  ? (clattn_score)((s & 128) ? -1 : 2)
              : (s & S_ADDITIVE) ? CLATTN_SCORE_ADDITIVE
                                 : CLATTN_SCORE_DOT;
   c->aux[A_ADDW] = !!(s & S_ADDITIVE) != !!(s & S_W_MISMATCH);
@@ -86,14 +96,14 @@ void fz_ext_header(fz_case *c, const uint8_t *e)
     const uint8_t ps = e[E_PAGE_SIZE], np = e[E_NUM_PAGES], bt = e[E_BT_STRIDE];
     p->page_size = ps < 0xF0 ? 1 + ps % 16 : fz_hostile_int[ps - 0xF0];
     p->num_pages = np < 0xF0 ? 1 + np % 32 : fz_hostile_int[np - 0xF0];
-    const long long need = p->page_size > 0 && p->kv_len > 0 ? (p->kv_len + (long long)p->page_size - 1) / p->page_size : 1;
+    const long long need =
+        p->page_size > 0 && p->kv_len > 0 ? (p->kv_len + (long long)p->page_size - 1) / p->page_size : 1;
     static const int add[4] = {0, 1, 2, -1};
     p->block_table_stride = bt < 0xF0 ? (int)(need + add[bt % 4]) : fz_hostile_int[bt - 0xF0];
   }
 }
 
-void fz_view_dims(const fz_case *c, int t, size_t D[4])
-{
+void fz_view_dims(const fz_case *c, int t, size_t D[4]) {
   const clattn_params *p = &c->p;
   const int vl = varlen(c), kv = t == T_K || t == T_V || t == T_KS || t == T_VS;
   long b = p->batch, h = kv ? p->kv_heads : p->q_heads, rows = kv ? p->kv_len : p->q_len, cols = 1;
@@ -106,17 +116,16 @@ void fz_view_dims(const fz_case *c, int t, size_t D[4])
     rows = p->page_size;
   }
   switch (t) {
-  case T_Q:
-  case T_K: cols = p->head_dim; break;
-  case T_V:
-  case T_OUT: cols = p->value_dim; break;
-  case T_MASK:
-  case T_BIAS:
-  case T_W: cols = p->kv_len; break;
-  default: break;
+    case T_Q:
+    case T_K: cols = p->head_dim; break;
+    case T_V:
+    case T_OUT: cols = p->value_dim; break;
+    case T_MASK:
+    case T_BIAS:
+    case T_W: cols = p->kv_len; break;
+    default: break;
   }
-  if ((t == T_K || t == T_V) && c->kv == CLATTN_Q8_0)
-    cols = cols >= 32 ? cols / 32 : 1; /* blocks */
+  if ((t == T_K || t == T_V) && c->kv == CLATTN_Q8_0) cols = cols >= 32 ? cols / 32 : 1; /* blocks */
   D[0] = (size_t)b;
   D[1] = (size_t)h;
   D[2] = (size_t)rows;
@@ -126,39 +135,29 @@ void fz_view_dims(const fz_case *c, int t, size_t D[4])
 static size_t mul_w(size_t a, size_t b) { return a * b; } /* wrapping on purpose */
 
 /* The bytes a Q8_0 view addresses, as validate.c's check_q8_0_view counts them. */
-static int q8_need(const clattn_tensor *t, const size_t *D, size_t *need)
-{
+static int q8_need(const clattn_tensor *t, const size_t *D, size_t *need) {
   const size_t dims[4] = {D[0], D[1], D[2], D[3] * 34};
   size_t last = t->offset;
   for (int d = 0; d < 4; d++) {
     size_t m = ((long)dims[d] > 0 ? dims[d] : 1) - 1, s = d < 3 ? t->stride[d] : 1, step;
-    if (m != 0 && s > SIZE_MAX / m)
-      return 0;
+    if (m != 0 && s > SIZE_MAX / m) return 0;
     step = m * s;
-    if (step > SIZE_MAX - last)
-      return 0;
+    if (step > SIZE_MAX - last) return 0;
     last += step;
   }
-  if (last == SIZE_MAX)
-    return 0;
+  if (last == SIZE_MAX) return 0;
   *need = last + 1;
   return 1;
 }
 
-void fz_q8_view(fz_case *c, int t, uint8_t tweak)
-{
+void fz_q8_view(fz_case *c, int t, uint8_t tweak) {
   clattn_tensor *tv = t == T_K ? &c->p.k : &c->p.v;
   tv->offset = mul_w(tv->offset, 34);
-  for (int d = 0; d < 4; d++)
-    tv->stride[d] = mul_w(tv->stride[d], 34);
-  if (tweak & 1)
-    tv->offset += 1;
-  if (tweak & 2)
-    tv->stride[2] += 1;
-  if (tweak & 4)
-    tv->stride[3] = 32;
-  if (tweak & 8)
-    tv->stride[0] += 1;
+  for (int d = 0; d < 4; d++) tv->stride[d] = mul_w(tv->stride[d], 34);
+  if (tweak & 1) tv->offset += 1;
+  if (tweak & 2) tv->stride[2] += 1;
+  if (tweak & 4) tv->stride[3] = 32;
+  if (tweak & 8) tv->stride[0] += 1;
   c->esize[t] = 1;
   c->q8[t] = 1;
   c->need_ok[t] = q8_need(tv, c->dims[t], &c->need[t]);
@@ -166,16 +165,14 @@ void fz_q8_view(fz_case *c, int t, uint8_t tweak)
 
 /* ---------- the data ---------- */
 
-static size_t small_bytes(long count, int one_short)
-{
+static size_t small_bytes(long count, int one_short) {
   size_t want = count > 0 && (size_t)count <= FZ_BUF_CAP / 4 ? (size_t)count * 4 : 64;
   return one_short && want > 4 ? want - 4 : want;
 }
 
 /* cu_seqlens entries: < 0xF0 steps of 0..len from 0 (a valid packing),
  * else a hostile value (negative, decreasing, too long, huge). */
-static void dec_cu(int32_t *cu, size_t n, int len, fz_reader *r)
-{
+static void dec_cu(int32_t *cu, size_t n, int len, fz_reader *r) {
   for (size_t i = 0; i < n; i++) {
     const uint8_t x = fz_rd(r);
     const long long prev = i ? cu[i - 1] : 0;
@@ -190,42 +187,36 @@ static void dec_cu(int32_t *cu, size_t n, int len, fz_reader *r)
   }
 }
 
-int fz_ext_data(fz_case *c, fz_reader *r)
-{
+int fz_ext_data(fz_case *c, fz_reader *r) {
   clattn_params *p = &c->p;
-  if (!c->ext)
-    return 0;
+  if (!c->ext) return 0;
   const int vshort = !!(e_byte(c, E_VARLEN) & V_SHORT), sshort = !!(e_byte(c, E_SCORE) & S_SHORT);
   const long long table_n = (long long)p->batch * p->block_table_stride;
-  const long counts[A_COUNT] = {p->batch + 1L, p->batch + 1L,
-                                table_n > 0 && table_n <= INT_MAX ? (long)table_n : -1, p->q_heads, p->q_heads,
-                                p->head_dim};
+  const long counts[A_COUNT] = {p->batch + 1L, p->batch + 1L, table_n > 0 && table_n <= INT_MAX ? (long)table_n : -1,
+                                p->q_heads,    p->q_heads,    p->head_dim};
   const int shorts[A_COUNT] = {vshort, vshort, !!(e_byte(c, E_PAGED) & P_SHORT), sshort, sshort, sshort};
   for (int a = 0; a < A_COUNT; a++) {
-    if (!c->aux[a])
-      continue;
+    if (!c->aux[a]) continue;
     c->aux_bytes[a] = small_bytes(counts[a], shorts[a]);
     c->aux_host[a] = malloc(c->aux_bytes[a]);
-    if (!c->aux_host[a])
-      return -1;
+    if (!c->aux_host[a]) return -1;
     const size_t n = c->aux_bytes[a] / 4;
     int32_t *iv = (int32_t *)(void *)c->aux_host[a];
     float *fv = (float *)(void *)c->aux_host[a];
     switch (a) {
-    case A_CU_Q: dec_cu(iv, n, p->q_len, r); break;
-    case A_CU_K: dec_cu(iv, n, p->kv_len, r); break;
-    case A_TABLE:
-      for (size_t i = 0; i < n; i++) {
-        const uint8_t x = fz_rd(r);
-        const int np = p->num_pages;
-        const int32_t hostile[8] = {-1, np, INT_MIN, INT_MAX, np + 1, -2, 1 << 30, 0};
-        iv[i] = x < 0xF0 ? (np > 0 ? x % np : 0) : hostile[x & 7];
-      }
-      break;
-    default:
-      for (size_t i = 0; i < n; i++)
-        fv[i] = fz_dec_float(fz_rd(r));
-      break;
+      case A_CU_Q: dec_cu(iv, n, p->q_len, r); break;
+      case A_CU_K: dec_cu(iv, n, p->kv_len, r); break;
+      case A_TABLE:
+        for (size_t i = 0; i < n; i++) {
+          const uint8_t x = fz_rd(r);
+          const int np = p->num_pages;
+          const int32_t hostile[8] = {-1, np, INT_MIN, INT_MAX, np + 1, -2, 1 << 30, 0};
+          iv[i] = x < 0xF0 ? (np > 0 ? x % np : 0) : hostile[x & 7];
+        }
+        break;
+      default:
+        for (size_t i = 0; i < n; i++) fv[i] = fz_dec_float(fz_rd(r));
+        break;
     }
   }
   /* the totals: the last entries, or off by one, or 0 */
@@ -234,30 +225,26 @@ int fz_ext_data(fz_case *c, fz_reader *r)
     int *total = a == A_CU_Q ? &p->total_q : &p->total_kv;
     const int mode = (v >> (a == A_CU_Q ? 4 : 6)) & 3;
     long long last = 0;
-    if (c->aux[a])
-      last = ((const int32_t *)(const void *)c->aux_host[a])[c->aux_bytes[a] / 4 - 1];
+    if (c->aux[a]) last = ((const int32_t *)(const void *)c->aux_host[a])[c->aux_bytes[a] / 4 - 1];
     const long long t[4] = {last, last + 1, last - 1, 0};
     *total = c->aux[a] ? (int)(t[mode] > INT_MAX ? INT_MAX : t[mode] < INT_MIN ? INT_MIN : t[mode]) : 0;
   }
   return 0;
 }
 
-static void put16(unsigned char *at, clattn_dtype d, float x)
-{
+static void put16(unsigned char *at, clattn_dtype d, float x) {
   const uint16_t b = d == CLATTN_F16 ? cp_f16_bits(x) : cp_bf16_bits(x);
   memcpy(at, &b, 2);
 }
 
 /* int8 quants: < 0xF0 small (-16..16), else the extremes */
-static unsigned char dec_q(uint8_t x)
-{
+static unsigned char dec_q(uint8_t x) {
   static const int8_t hostile[8] = {-128, 127, -127, 0, 1, -1, 64, -64};
   return (unsigned char)(x < 0xF0 ? (int8_t)(x % 33 - 16) : hostile[x & 7]);
 }
 
 /* scales (Q8_0's f16 d, INT8's f32): small powers of two, 0, a subnormal, NaN, +-inf */
-static float dec_scale8(uint8_t x)
-{
+static float dec_scale8(uint8_t x) {
   static const float t[8] = {0.0078125f, 0.015625f, 0.00390625f, 0.f, -0.0078125f, 0.03125f, 5.9604645e-8f, 0.0625f};
   if (x == 0xFD) return NAN;
   if (x == 0xFE) return INFINITY;
@@ -265,29 +252,23 @@ static float dec_scale8(uint8_t x)
   return t[x % 8];
 }
 
-void fz_fill_input(fz_case *c, int t, fz_reader *r)
-{
+void fz_fill_input(fz_case *c, int t, fz_reader *r) {
   unsigned char *h = c->host[t];
   const size_t bytes = c->bytes[t];
   const clattn_dtype st = t == T_Q ? c->p.dtype : (t == T_K || t == T_V) ? c->kv : CLATTN_F32;
   if (t == T_KS || t == T_VS || !c->ext || (st != CLATTN_INT8 && st != CLATTN_Q8_0 && !is16(st))) {
     float *f = (float *)(void *)h;
     const size_t n = bytes / 4;
-    for (size_t i = 0; i < n; i++)
-      f[i] = (t == T_KS || t == T_VS) ? dec_scale8(fz_rd(r)) : fz_dec_float(fz_rd(r));
-    for (size_t i = n * 4; i < bytes; i++)
-      h[i] = 0x7F; /* the partial element past the last float */
+    for (size_t i = 0; i < n; i++) f[i] = (t == T_KS || t == T_VS) ? dec_scale8(fz_rd(r)) : fz_dec_float(fz_rd(r));
+    for (size_t i = n * 4; i < bytes; i++) h[i] = 0x7F; /* the partial element past the last float */
     return;
   }
   if (is16(st)) {
-    for (size_t i = 0; i + 1 < bytes; i += 2)
-      put16(h + i, st, fz_dec_float(fz_rd(r)));
-    if (bytes % 2)
-      h[bytes - 1] = 0x7F;
+    for (size_t i = 0; i + 1 < bytes; i += 2) put16(h + i, st, fz_dec_float(fz_rd(r)));
+    if (bytes % 2) h[bytes - 1] = 0x7F;
     return;
   }
-  for (size_t i = 0; i < bytes; i++)
-    h[i] = dec_q(fz_rd(r));
+  for (size_t i = 0; i < bytes; i++) h[i] = dec_q(fz_rd(r));
   if (st != CLATTN_Q8_0 || !c->need_ok[t] || c->need[t] > bytes)
     return; /* (a call that is rejected: no block structure to honour) */
   /* each block's f16 scale, through the view */
@@ -300,60 +281,43 @@ void fz_fill_input(fz_case *c, int t, fz_reader *r)
       for (size_t row = 0; row < D[2]; row++)
         for (size_t blk = 0; blk < D[3]; blk++) {
           const size_t at = tv->offset + s * tv->stride[0] + hh * tv->stride[1] + row * tv->stride[2] + blk * 34;
-          if (at + 2 <= bytes)
-            put16(h + at, CLATTN_F16, dec_scale8(fz_rd(r)));
+          if (at + 2 <= bytes) put16(h + at, CLATTN_F16, dec_scale8(fz_rd(r)));
         }
 }
 
 /* ---------- the rules ---------- */
 
-void fz_ext_rules(const fz_case *c, int dims_ok, fz_reason_fn reason, void *rc)
-{
+void fz_ext_rules(const fz_case *c, int dims_ok, fz_reason_fn reason, void *rc) {
   const clattn_params *p = &c->p;
   char w[256];
 #define R(st, ...) (snprintf(w, sizeof w, __VA_ARGS__), reason(rc, (st), w))
   const int inv = CLATTN_ERR_INVALID_ARGUMENT, small = CLATTN_ERR_BUFFER_TOO_SMALL;
-  if ((int)p->kv_dtype < -1 || (int)p->kv_dtype > 4)
-    R(inv, "kv_dtype %d", (int)p->kv_dtype);
-  if (!(p->softcap >= 0.f) || isinf(p->softcap))
-    R(inv, "softcap %g", (double)p->softcap);
-  if (p->score != CLATTN_SCORE_DOT && p->score != CLATTN_SCORE_ADDITIVE)
-    R(inv, "score %d", (int)p->score);
-  if (p->score == CLATTN_SCORE_ADDITIVE && !c->aux[A_ADDW])
-    R(inv, "additive score without additive_w");
-  if (p->score == CLATTN_SCORE_DOT && c->aux[A_ADDW])
-    R(inv, "additive_w with the dot score");
+  if ((int)p->kv_dtype < -1 || (int)p->kv_dtype > 4) R(inv, "kv_dtype %d", (int)p->kv_dtype);
+  if (!(p->softcap >= 0.f) || isinf(p->softcap)) R(inv, "softcap %g", (double)p->softcap);
+  if (p->score != CLATTN_SCORE_DOT && p->score != CLATTN_SCORE_ADDITIVE) R(inv, "score %d", (int)p->score);
+  if (p->score == CLATTN_SCORE_ADDITIVE && !c->aux[A_ADDW]) R(inv, "additive score without additive_w");
+  if (p->score == CLATTN_SCORE_DOT && c->aux[A_ADDW]) R(inv, "additive_w with the dot score");
   const int vl = c->aux[A_CU_Q] || c->aux[A_CU_K];
   if (vl) {
-    if (c->aux[A_CU_Q] != c->aux[A_CU_K])
-      R(inv, "only one of cu_seqlens_q / cu_seqlens_k");
-    if (c->kv_lens)
-      R(inv, "kv_lens with cu_seqlens");
-    if (paged(c))
-      R(inv, "cu_seqlens with a block table");
-    if (p->batch == INT_MAX)
-      R(inv, "cu_seqlens with batch INT_MAX");
-    if (p->total_q <= 0 || p->total_kv <= 0)
-      R(inv, "total_q %d, total_kv %d", p->total_q, p->total_kv);
+    if (c->aux[A_CU_Q] != c->aux[A_CU_K]) R(inv, "only one of cu_seqlens_q / cu_seqlens_k");
+    if (c->kv_lens) R(inv, "kv_lens with cu_seqlens");
+    if (paged(c)) R(inv, "cu_seqlens with a block table");
+    if (p->batch == INT_MAX) R(inv, "cu_seqlens with batch INT_MAX");
+    if (p->total_q <= 0 || p->total_kv <= 0) R(inv, "total_q %d, total_kv %d", p->total_q, p->total_kv);
     const clattn_tensor *v4[4] = {&p->q, &p->k, &p->v, &p->out};
     for (int i = 0; i < 4; i++)
-      if (c->present[i] && v4[i]->stride[0] != 0)
-        R(inv, "view %d has a batch stride with cu_seqlens", i);
+      if (c->present[i] && v4[i]->stride[0] != 0) R(inv, "view %d has a batch stride with cu_seqlens", i);
   }
-  if (paged(c) && !c->kv_lens)
-    R(inv, "block table without kv_lens");
-  if (!dims_ok)
-    return;
+  if (paged(c) && !c->kv_lens) R(inv, "block table without kv_lens");
+  if (!dims_ok) return;
   if (vl) {
     for (int a = A_CU_Q; a <= A_CU_K; a++)
       if (c->aux[a] && c->aux_bytes[a] < ((size_t)p->batch + 1) * 4)
         R(small, "cu_seqlens buffer %zu bytes", c->aux_bytes[a]);
   }
   if (paged(c)) {
-    if (p->page_size <= 0)
-      R(inv, "page_size %d", p->page_size);
-    if (p->num_pages <= 0)
-      R(inv, "num_pages %d", p->num_pages);
+    if (p->page_size <= 0) R(inv, "page_size %d", p->page_size);
+    if (p->num_pages <= 0) R(inv, "num_pages %d", p->num_pages);
     if (p->page_size > 0) {
       const long long need = (p->kv_len + (long long)p->page_size - 1) / p->page_size;
       if (p->block_table_stride <= 0 || p->block_table_stride < need)
@@ -364,26 +328,19 @@ void fz_ext_rules(const fz_case *c, int dims_ok, fz_reason_fn reason, void *rc)
   }
   const clattn_dtype kv = c->kv;
   for (int t = T_K; t <= T_V; t++) {
-    if (kv != CLATTN_Q8_0 || !c->present[t])
-      continue;
+    if (kv != CLATTN_Q8_0 || !c->present[t]) continue;
     const clattn_tensor *tv = t == T_K ? &p->k : &p->v;
     const int cols = t == T_K ? p->head_dim : p->value_dim;
-    if (cols % 32)
-      R(inv, "Q8_0 %s of %d columns", t == T_K ? "k" : "v", cols);
-    if (tv->stride[3] != 34)
-      R(inv, "Q8_0 stride[3] %zu", tv->stride[3]);
+    if (cols % 32) R(inv, "Q8_0 %s of %d columns", t == T_K ? "k" : "v", cols);
+    if (tv->stride[3] != 34) R(inv, "Q8_0 stride[3] %zu", tv->stride[3]);
     if (tv->offset % 2 || tv->stride[0] % 2 || tv->stride[1] % 2 || tv->stride[2] % 2)
       R(inv, "Q8_0 view with an odd offset or stride");
   }
-  if (kv == CLATTN_INT8 && (!c->present[T_KS] || !c->present[T_VS]))
-    R(inv, "INT8 without k_scale / v_scale");
-  if (kv != CLATTN_INT8 && (c->present[T_KS] || c->present[T_VS]))
-    R(inv, "k_scale / v_scale without INT8");
+  if (kv == CLATTN_INT8 && (!c->present[T_KS] || !c->present[T_VS])) R(inv, "INT8 without k_scale / v_scale");
+  if (kv != CLATTN_INT8 && (c->present[T_KS] || c->present[T_VS])) R(inv, "k_scale / v_scale without INT8");
   const size_t heads = (size_t)p->q_heads * 4;
-  if (c->aux[A_ALIBI] && c->aux_bytes[A_ALIBI] < heads)
-    R(small, "alibi_slopes %zu bytes", c->aux_bytes[A_ALIBI]);
-  if (c->aux[A_SINKS] && c->aux_bytes[A_SINKS] < heads)
-    R(small, "sinks %zu bytes", c->aux_bytes[A_SINKS]);
+  if (c->aux[A_ALIBI] && c->aux_bytes[A_ALIBI] < heads) R(small, "alibi_slopes %zu bytes", c->aux_bytes[A_ALIBI]);
+  if (c->aux[A_SINKS] && c->aux_bytes[A_SINKS] < heads) R(small, "sinks %zu bytes", c->aux_bytes[A_SINKS]);
   if (c->aux[A_ADDW] && c->aux_bytes[A_ADDW] < (size_t)p->head_dim * 4)
     R(small, "additive_w %zu bytes", c->aux_bytes[A_ADDW]);
 #undef R
@@ -391,68 +348,64 @@ void fz_ext_rules(const fz_case *c, int dims_ok, fz_reason_fn reason, void *rc)
 
 /* ---------- the reference's inputs ---------- */
 
-static float f16v(const unsigned char *at)
-{
+static float f16v(const unsigned char *at) {
   uint16_t b;
   memcpy(&b, at, 2);
   return cp_f16_value(b);
 }
 
 /* Element (s, h, r, col) of view t (k or v) as the kernels read it, in f32. */
-static float kv_elem(const fz_case *c, int t, size_t s, size_t h, size_t r, size_t col)
-{
+static float kv_elem(const fz_case *c, int t, size_t s, size_t h, size_t r, size_t col) {
   const clattn_tensor *tv = t == T_K ? &c->p.k : &c->p.v;
   const unsigned char *buf = c->host[t];
   const size_t base = tv->offset + s * tv->stride[0] + h * tv->stride[1] + r * tv->stride[2];
   uint16_t b16;
   switch (c->kv) {
-  case CLATTN_F16:
-  case CLATTN_BF16:
-    memcpy(&b16, buf + (base + col * tv->stride[3]) * 2, 2);
-    return c->kv == CLATTN_F16 ? cp_f16_value(b16) : cp_bf16_value(b16);
-  case CLATTN_Q8_0: {
-    const unsigned char *blk = buf + base + col / 32 * 34;
-    return f16v(blk) * (float)(int8_t)blk[2 + col % 32];
-  }
-  case CLATTN_INT8: {
-    const clattn_tensor *sv = t == T_K ? &c->p.k_scale : &c->p.v_scale;
-    float scale;
-    memcpy(&scale, c->host[t == T_K ? T_KS : T_VS] + (sv->offset + s * sv->stride[0] + h * sv->stride[1] + r * sv->stride[2]) * 4, 4);
-    return scale * (float)(int8_t)buf[base + col * tv->stride[3]];
-  }
-  default: {
-    float f;
-    memcpy(&f, buf + (base + col * tv->stride[3]) * 4, 4);
-    return f;
-  }
+    case CLATTN_F16:
+    case CLATTN_BF16:
+      memcpy(&b16, buf + (base + col * tv->stride[3]) * 2, 2);
+      return c->kv == CLATTN_F16 ? cp_f16_value(b16) : cp_bf16_value(b16);
+    case CLATTN_Q8_0: {
+      const unsigned char *blk = buf + base + col / 32 * 34;
+      return f16v(blk) * (float)(int8_t)blk[2 + col % 32];
+    }
+    case CLATTN_INT8: {
+      const clattn_tensor *sv = t == T_K ? &c->p.k_scale : &c->p.v_scale;
+      float scale;
+      memcpy(&scale,
+             c->host[t == T_K ? T_KS : T_VS] +
+                 (sv->offset + s * sv->stride[0] + h * sv->stride[1] + r * sv->stride[2]) * 4,
+             4);
+      return scale * (float)(int8_t)buf[base + col * tv->stride[3]];
+    }
+    default: {
+      float f;
+      memcpy(&f, buf + (base + col * tv->stride[3]) * 4, 4);
+      return f;
+    }
   }
 }
 
 /* Dense [slots, heads, rows, cols] copy of view t's logical elements. */
-static float *kv_dense(const fz_case *c, int t, size_t slots, size_t heads, size_t rows, size_t cols)
-{
+static float *kv_dense(const fz_case *c, int t, size_t slots, size_t heads, size_t rows, size_t cols) {
   float *d = malloc((slots * heads * rows * cols + 1) * sizeof *d);
-  if (!d)
-    return NULL;
+  if (!d) return NULL;
   size_t at = 0;
   for (size_t s = 0; s < slots; s++)
     for (size_t h = 0; h < heads; h++)
       for (size_t r = 0; r < rows; r++)
-        for (size_t col = 0; col < cols; col++)
-          d[at++] = kv_elem(c, t, s, h, r, col);
+        for (size_t col = 0; col < cols; col++) d[at++] = kv_elem(c, t, s, h, r, col);
   return d;
 }
 
-static clattn_tensor dense_view(size_t heads, size_t rows, size_t cols, int batch_stride)
-{
+static clattn_tensor dense_view(size_t heads, size_t rows, size_t cols, int batch_stride) {
   clattn_tensor t = {DUMMY_MEM, 0, {batch_stride ? heads * rows * cols : 0, rows * cols, cols, 1}};
   return t;
 }
 
 static long clampl(long x, long lo, long hi) { return x < lo ? lo : x > hi ? hi : x; }
 
-int fz_ref_build(const fz_case *c, fz_ref *r)
-{
+int fz_ref_build(const fz_case *c, fz_ref *r) {
   memset(r, 0, sizeof *r);
   const clattn_params *p = &c->p;
   clattn_params *rp = &r->rp;
@@ -482,8 +435,7 @@ int fz_ref_build(const fz_case *c, fz_ref *r)
   if (is16(p->dtype)) {
     const size_t n = c->bytes[T_Q] / 2;
     r->q = malloc((n + 1) * sizeof *r->q);
-    if (!r->q)
-      return -1;
+    if (!r->q) return -1;
     for (size_t i = 0; i < n; i++) {
       uint16_t b;
       memcpy(&b, c->host[T_Q] + 2 * i, 2);
@@ -499,8 +451,7 @@ int fz_ref_build(const fz_case *c, fz_ref *r)
     /* K/V as dense floats over their logical elements */
     r->k = kv_dense(c, T_K, slots, (size_t)Hkv, rows, (size_t)dk);
     r->v = kv_dense(c, T_V, slots, (size_t)Hkv, rows, (size_t)dv);
-    if (!r->k || !r->v)
-      return -1;
+    if (!r->k || !r->v) return -1;
     rp->k = dense_view((size_t)Hkv, rows, (size_t)dk, !varlen(c));
     rp->v = dense_view((size_t)Hkv, rows, (size_t)dv, !varlen(c));
     in->k = r->k;
@@ -544,8 +495,7 @@ int fz_ref_build(const fz_case *c, fz_ref *r)
     const long n = clampl(c->kv_lens_host[b], 0, N);
     for (long j = 0; j < n; j++) {
       const int32_t e = table[(size_t)b * bts + (size_t)j / ps];
-      if (e < 0 || e >= p->num_pages)
-        continue; /* masked out below; zeros never read */
+      if (e < 0 || e >= p->num_pages) continue; /* masked out below; zeros never read */
       for (int h = 0; h < Hkv; h++) {
         memcpy(r->k + ((size_t)h * T + (size_t)(r->cu_k[b] + j)) * dk,
                pool_k + (((size_t)e * Hkv + h) * ps + (size_t)j % ps) * dk, sizeof(float) * dk);
@@ -590,8 +540,7 @@ int fz_ref_build(const fz_case *c, fz_ref *r)
   return 0;
 }
 
-void fz_ref_free(fz_ref *r)
-{
+void fz_ref_free(fz_ref *r) {
   free(r->q);
   free(r->k);
   free(r->v);
@@ -601,11 +550,9 @@ void fz_ref_free(fz_ref *r)
   memset(r, 0, sizeof *r);
 }
 
-int fz_row_exists(const fz_case *c, int b, int i, long *out_row)
-{
+int fz_row_exists(const fz_case *c, int b, int i, long *out_row) {
   *out_row = i;
-  if (!varlen(c))
-    return 1;
+  if (!varlen(c)) return 1;
   ref_inputs in;
   memset(&in, 0, sizeof in);
   in.cu_seqlens_q = (const int32_t *)(const void *)c->aux_host[A_CU_Q];
@@ -615,34 +562,28 @@ int fz_row_exists(const fz_case *c, int b, int i, long *out_row)
   return i < sq.rows;
 }
 
-int fz_ext_view(const fz_case *c, int t, uint8_t vb[4])
-{
+int fz_ext_view(const fz_case *c, int t, uint8_t vb[4]) {
   const int at = t == T_KS ? E_K_SCALE_VIEW : E_V_SCALE_VIEW;
-  for (int i = 0; i < 4; i++)
-    vb[i] = e_byte(c, at + i);
+  for (int i = 0; i < 4; i++) vb[i] = e_byte(c, at + i);
   const int flip = (e_byte(c, E_SCALES) >> (t == T_KS ? 0 : 1)) & 1;
   return c->ext && ((c->kv == CLATTN_INT8) != flip);
 }
 
-void fz_ext_adjust_view(fz_case *c, int t)
-{
-  if (!c->ext || !c->present[t])
-    return;
+void fz_ext_adjust_view(fz_case *c, int t) {
+  if (!c->ext || !c->present[t]) return;
   clattn_tensor *tv = t == T_Q ? &c->p.q : t == T_K ? &c->p.k : t == T_V ? &c->p.v : t == T_OUT ? &c->p.out : NULL;
   if (tv && varlen(c) && !(e_byte(c, E_VARLEN) & V_BATCH_STRIDE))
     tv->stride[0] = 0; /* sequences are rows (the batch dimension is 1) */
-  if ((t == T_K || t == T_V) && c->kv == CLATTN_Q8_0)
-    fz_q8_view(c, t, e_byte(c, t == T_K ? E_Q8_K : E_Q8_V));
+  if ((t == T_K || t == T_V) && c->kv == CLATTN_Q8_0) fz_q8_view(c, t, e_byte(c, t == T_K ? E_Q8_K : E_Q8_V));
 }
 
-size_t fz_view_esize(const fz_case *c, int t)
-{
+size_t fz_view_esize(const fz_case *c, int t) {
   switch (t) {
-  case T_Q:
-  case T_OUT: return q_esize(c->p.dtype);
-  case T_K:
-  case T_V: return kv_esize(c->kv);
-  case T_MASK: return 1;
-  default: return 4;
+    case T_Q:
+    case T_OUT: return q_esize(c->p.dtype);
+    case T_K:
+    case T_V: return kv_esize(c->kv);
+    case T_MASK: return 1;
+    default: return 4;
   }
 }

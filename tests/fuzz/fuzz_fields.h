@@ -14,11 +14,11 @@
 #include "clattn.h"
 #include "reference.h"
 
-#define FZ_BUF_CAP ((size_t)1 << 20) /* the largest buffer the harness allocates */
-#define FZ_HEADER 60                 /* the first format's header */
-#define FZ_MAGIC_LEN 4               /* an input that starts with FZ_MAGIC carries the extension */
-#define FZ_MAGIC "\xC1\xA7\x7E\x02"
-#define FZ_EXT 32                    /* extension header bytes after the magic */
+#define FZ_BUF_CAP   ((size_t)1 << 20) /* the largest buffer the harness allocates */
+#define FZ_HEADER    60                /* the first format's header */
+#define FZ_MAGIC_LEN 4                 /* an input that starts with FZ_MAGIC carries the extension */
+#define FZ_MAGIC     "\xC1\xA7\x7E\x02"
+#define FZ_EXT       32 /* extension header bytes after the magic */
 
 /* Views: the first format's eleven, then the INT8 scales (extension). */
 enum { T_Q, T_K, T_V, T_OUT, T_MASK, T_BIAS, T_LSE, T_W, T_ENT, T_MAXW, T_ARGMAX, T_KS, T_VS, T_COUNT };
@@ -48,7 +48,7 @@ typedef struct {
   size_t aux_bytes[A_COUNT];
   unsigned char *aux_host[A_COUNT];
   cl_mem aux_mem[A_COUNT];
-  clattn_dtype kv;         /* the storage of k and v (kv_dtype, SAME resolved; may be hostile) */
+  clattn_dtype kv; /* the storage of k and v (kv_dtype, SAME resolved; may be hostile) */
   int want_done, call_null_ctx, call_null_params;
 } fz_case;
 
@@ -101,11 +101,11 @@ void fz_ext_rules(const fz_case *c, int dims_ok, fz_reason_fn reason, void *rctx
 /* What the reference needs: f32 copies of the stored q and K/V (dequantised;
  * paged K/V gathered into packed sequences), its params and inputs. */
 typedef struct {
-  clattn_params rp;        /* the reference's params (dtype F32, no block table) */
+  clattn_params rp; /* the reference's params (dtype F32, no block table) */
   ref_inputs in;
-  float *q, *k, *v;        /* owned copies (NULL when the host buffer is used as is) */
-  unsigned char *mask;     /* the user's mask combined with the block table's validity (paged) */
-  int32_t *cu_q, *cu_k;    /* paged: the packed sequences */
+  float *q, *k, *v;     /* owned copies (NULL when the host buffer is used as is) */
+  unsigned char *mask;  /* the user's mask combined with the block table's validity (paged) */
+  int32_t *cu_q, *cu_k; /* paged: the packed sequences */
 } fz_ref;
 
 /* Builds r for c (valid params); -1 out of host memory. */

@@ -21,8 +21,7 @@
 
 #include "fuzz_case.h"
 
-static void report_stats(void)
-{
+static void report_stats(void) {
   const fz_stats *s = fz_get_stats();
   fprintf(stderr,
           "fuzz_forward: %ld inputs, %ld calls, %ld accepted (%ld empty-row, %ld of the extended format), "
@@ -31,8 +30,7 @@ static void report_stats(void)
           s->known_skipped);
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
   fz_initialize("fuzz_forward", fz_warm_up);
@@ -40,8 +38,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
   return 0;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char why[2048];
   int v = fz_run(data, size, why, sizeof why);
   if (v == FZ_FAIL) {

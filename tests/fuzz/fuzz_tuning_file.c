@@ -8,8 +8,7 @@
 
 #include "fuzz_parsers.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char why[512];
   if (fz_tuning_file(data, size, NULL, why, sizeof why) != FZ_PASS) {
     fprintf(stderr, "\nfuzz_tuning_file: VIOLATION: %s\n", why);

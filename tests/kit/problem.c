@@ -17,67 +17,61 @@
 
 /* ---------- small helpers ---------- */
 
-static void set_err(char *err, size_t n, const char *fmt, ...)
-{
-  if (!err || n == 0)
-    return;
+static void set_err(char *err, size_t n, const char *fmt, ...) {
+  if (!err || n == 0) return;
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(err, n, fmt, ap);
   va_end(ap);
 }
 
-#define PB_ERR(pb, ...) set_err((pb)->err, sizeof (pb)->err, __VA_ARGS__)
+#define PB_ERR(pb, ...) set_err((pb)->err, sizeof(pb)->err, __VA_ARGS__)
 
-double cp_now_ms(void)
-{
+double cp_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-cl_uint cp_context_refs(cl_context c)
-{
+cl_uint cp_context_refs(cl_context c) {
   cl_uint n = 0;
   clGetContextInfo(c, CL_CONTEXT_REFERENCE_COUNT, sizeof n, &n, NULL);
   return n;
 }
 
-cl_uint cp_queue_refs(cl_command_queue q)
-{
+cl_uint cp_queue_refs(cl_command_queue q) {
   cl_uint n = 0;
   clGetCommandQueueInfo(q, CL_QUEUE_REFERENCE_COUNT, sizeof n, &n, NULL);
   return n;
 }
 
-size_t cp_index(const clattn_tensor *t, int b, int h, int row, int col)
-{
-  return t->offset + (size_t)b * t->stride[0] + (size_t)h * t->stride[1] +
-         (size_t)row * t->stride[2] + (size_t)col * t->stride[3];
+size_t cp_index(const clattn_tensor *t, int b, int h, int row, int col) {
+  return t->offset + (size_t)b * t->stride[0] + (size_t)h * t->stride[1] + (size_t)row * t->stride[2] +
+         (size_t)col * t->stride[3];
 }
 
-const char *cp_cl_error_name(cl_int code)
-{
-  return ca_cl_error_name(code);   /* the library's table: one list of names */
+const char *cp_cl_error_name(cl_int code) {
+  return ca_cl_error_name(code); /* the library's table: one list of names */
 }
 
 /* splitmix64: small, seedable, the same everywhere. */
-typedef struct { uint64_t s; } rng;
+typedef struct {
+  uint64_t s;
+} rng;
 
-static uint64_t rng_next(rng *r)
-{
+static uint64_t rng_next(rng *r) {
   uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
 
-static double rng_unit(rng *r)           /* [0, 1) */
+static double rng_unit(rng *r) /* [0, 1) */
 {
   return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-static float rng_sym(rng *r, double amp)  /* [-amp, amp] */
+static float rng_sym(rng *r, double amp) /* [-amp, amp] */
 {
   return (float)((2.0 * rng_unit(r) - 1.0) * amp);
 }
@@ -86,31 +80,28 @@ static float rng_sym(rng *r, double amp)  /* [-amp, amp] */
 
 /* ---------- 16-bit storage ---------- */
 
-uint16_t cp_f16_bits(float x)
-{
+uint16_t cp_f16_bits(float x) {
   uint32_t u;
   memcpy(&u, &x, 4);
   const uint32_t sign = (u >> 16) & 0x8000u, mag = u & 0x7fffffffu;
-  if (mag > 0x7f800000u)
-    return (uint16_t)(sign | 0x7e00u);                 /* NaN */
-  if (mag >= 0x477ff000u)                              /* rounds past 65504: inf */
+  if (mag > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN */
+  if (mag >= 0x477ff000u)                                   /* rounds past 65504: inf */
     return (uint16_t)(sign | 0x7c00u);
-  if (mag < 0x38800000u) {                             /* subnormal half (or zero) */
+  if (mag < 0x38800000u) { /* subnormal half (or zero) */
     float a;
     uint32_t am = mag;
     memcpy(&a, &am, 4);
     return (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.0f)); /* units of 2^-24, ties to even */
   }
-  uint32_t r = mag + 0x0fffu + ((mag >> 13) & 1u);     /* round to nearest even at bit 13 */
+  uint32_t r = mag + 0x0fffu + ((mag >> 13) & 1u); /* round to nearest even at bit 13 */
   return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
 }
 
-float cp_f16_value(uint16_t h)
-{
+float cp_f16_value(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
   float x;
   if (e == 0) {
-    x = (float)m * (1.0f / 16777216.0f);               /* subnormal: m 2^-24 */
+    x = (float)m * (1.0f / 16777216.0f); /* subnormal: m 2^-24 */
     uint32_t u;
     memcpy(&u, &x, 4);
     u |= sign;
@@ -122,81 +113,63 @@ float cp_f16_value(uint16_t h)
   return x;
 }
 
-uint16_t cp_bf16_bits(float x)
-{
+uint16_t cp_bf16_bits(float x) {
   uint32_t u;
   memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return (uint16_t)((u >> 16) | 0x0040u);            /* NaN stays NaN */
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* NaN stays NaN */
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-float cp_bf16_value(uint16_t h)
-{
+float cp_bf16_value(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
   float x;
   memcpy(&x, &u, 4);
   return x;
 }
 
-float cp_round_to(clattn_dtype dtype, float x)
-{
-  if (dtype == CLATTN_F16)
-    return cp_f16_value(cp_f16_bits(x));
-  if (dtype == CLATTN_BF16)
-    return cp_bf16_value(cp_bf16_bits(x));
+float cp_round_to(clattn_dtype dtype, float x) {
+  if (dtype == CLATTN_F16) return cp_f16_value(cp_f16_bits(x));
+  if (dtype == CLATTN_BF16) return cp_bf16_value(cp_bf16_bits(x));
   return x;
 }
 
-void cp_quantize_q8_0_row(const float *x, unsigned char *y, int k)
-{
+void cp_quantize_q8_0_row(const float *x, unsigned char *y, int k) {
   for (int i = 0; i < k / 32; i++) {
     float amax = 0.0f;
-    for (int j = 0; j < 32; j++)
-      amax = fmaxf(amax, fabsf(x[i * 32 + j]));
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[i * 32 + j]));
     const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
     const uint16_t dh = cp_f16_bits(d);
     memcpy(y + i * 34, &dh, 2);
-    for (int j = 0; j < 32; j++)
-      y[i * 34 + 2 + j] = (unsigned char)(int8_t)roundf(x[i * 32 + j] * id);
+    for (int j = 0; j < 32; j++) y[i * 34 + 2 + j] = (unsigned char)(int8_t)roundf(x[i * 32 + j] * id);
   }
 }
 
-float cp_quantize_int8_row(const float *x, unsigned char *q, int k)
-{
+float cp_quantize_int8_row(const float *x, unsigned char *q, int k) {
   float amax = 0.0f;
-  for (int i = 0; i < k; i++)
-    amax = fmaxf(amax, fabsf(x[i]));
+  for (int i = 0; i < k; i++) amax = fmaxf(amax, fabsf(x[i]));
   const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-  for (int i = 0; i < k; i++)
-    q[i] = (unsigned char)(int8_t)roundf(x[i] * id);
+  for (int i = 0; i < k; i++) q[i] = (unsigned char)(int8_t)roundf(x[i] * id);
   return d;
 }
 
 /* Bytes of one q, k, v or out element. */
-static size_t storage_bytes(const cp_problem *pb)
-{
+static size_t storage_bytes(const cp_problem *pb) {
   return pb->shape.dtype == CLATTN_F32 ? sizeof(float) : sizeof(uint16_t);
 }
 
 /* n floats in the problem's storage format: x itself for f32, else a new
  * array of 16-bit patterns (*owned set; free it). NULL when out of memory. */
-static const void *to_storage(const cp_problem *pb, const float *x, size_t n, void **owned)
-{
+static const void *to_storage(const cp_problem *pb, const float *x, size_t n, void **owned) {
   *owned = NULL;
-  if (pb->shape.dtype == CLATTN_F32 || !x)
-    return x;
+  if (pb->shape.dtype == CLATTN_F32 || !x) return x;
   uint16_t *h = malloc(n ? n * sizeof *h : 1);
-  if (!h)
-    return NULL;
-  for (size_t i = 0; i < n; i++)
-    h[i] = pb->shape.dtype == CLATTN_F16 ? cp_f16_bits(x[i]) : cp_bf16_bits(x[i]);
+  if (!h) return NULL;
+  for (size_t i = 0; i < n; i++) h[i] = pb->shape.dtype == CLATTN_F16 ? cp_f16_bits(x[i]) : cp_bf16_bits(x[i]);
   *owned = h;
   return h;
 }
 
-cp_shape cp_shape_default(void)
-{
+cp_shape cp_shape_default(void) {
   cp_shape s;
   memset(&s, 0, sizeof s);
   s.batch = 1;
@@ -223,30 +196,27 @@ cp_shape cp_shape_default(void)
   return s;
 }
 
-static const char *mask_name(cp_mask_kind k)
-{
+static const char *mask_name(cp_mask_kind k) {
   switch (k) {
-  case CP_MASK_NONE: return "none";
-  case CP_MASK_ONES: return "ones";
-  case CP_MASK_ZEROS: return "zeros";
-  case CP_MASK_RANDOM: return "random";
-  case CP_MASK_BLOCK_DIAG: return "blockdiag";
+    case CP_MASK_NONE: return "none";
+    case CP_MASK_ONES: return "ones";
+    case CP_MASK_ZEROS: return "zeros";
+    case CP_MASK_RANDOM: return "random";
+    case CP_MASK_BLOCK_DIAG: return "blockdiag";
   }
   return "?";
 }
 
-static const char *bias_name(cp_bias_kind k)
-{
+static const char *bias_name(cp_bias_kind k) {
   switch (k) {
-  case CP_BIAS_NONE: return "none";
-  case CP_BIAS_RANDOM: return "random";
-  case CP_BIAS_CONST: return "const";
+    case CP_BIAS_NONE: return "none";
+    case CP_BIAS_RANDOM: return "random";
+    case CP_BIAS_CONST: return "const";
   }
   return "?";
 }
 
-char *cp_describe(const cp_shape *s, char *buf, size_t n)
-{
+char *cp_describe(const cp_shape *s, char *buf, size_t n) {
   char sc[32];
   if (isnan(s->scale))
     snprintf(sc, sizeof sc, "default");
@@ -256,14 +226,15 @@ char *cp_describe(const cp_shape *s, char *buf, size_t n)
            "B=%d Hq=%d Hkv=%d M=%d N=%d dk=%d dv=%d scale=%s causal=%d win=[%d,%d] "
            "%s pad=%zu gap=%zu kv_lens=%d mask=%s/%u bias=%s(%g)/%u lse=%d weights=%d "
            "diag=%d softcap=%g alibi=%d sinks=%d additive=%d dtype=%s varlen=%d empty=%s algo=%s seed=%llu",
-           s->batch, s->q_heads, s->kv_heads, s->q_len, s->kv_len, s->head_dim,
-           s->value_dim, sc, s->causal, s->window_left, s->window_right,
-           s->layout == CP_BSHD ? "bshd" : "bhsd", s->pad, s->row_gap, s->kv_lens,
-           mask_name(s->mask), s->mask_bcast, bias_name(s->bias), s->bias_amp,
-           s->bias_bcast, s->want_lse, s->want_weights, s->want_diag, (double)s->softcap, s->alibi, s->sinks, s->additive,
-           s->dtype == CLATTN_F16 ? "f16" : s->dtype == CLATTN_BF16 ? "bf16" : "f32", s->varlen,
-           s->empty_rows == CLATTN_EMPTY_ERROR ? "error" : "zero",
-           clattn_algo_name(s->algo), (unsigned long long)s->seed);
+           s->batch, s->q_heads, s->kv_heads, s->q_len, s->kv_len, s->head_dim, s->value_dim, sc, s->causal,
+           s->window_left, s->window_right, s->layout == CP_BSHD ? "bshd" : "bhsd", s->pad, s->row_gap, s->kv_lens,
+           mask_name(s->mask), s->mask_bcast, bias_name(s->bias), s->bias_amp, s->bias_bcast, s->want_lse,
+           s->want_weights, s->want_diag, (double)s->softcap, s->alibi, s->sinks, s->additive,
+           s->dtype == CLATTN_F16    ? "f16"
+           : s->dtype == CLATTN_BF16 ? "bf16"
+                                     : "f32",
+           s->varlen, s->empty_rows == CLATTN_EMPTY_ERROR ? "error" : "zero", clattn_algo_name(s->algo),
+           (unsigned long long)s->seed);
   return buf;
 }
 
@@ -271,9 +242,7 @@ char *cp_describe(const cp_shape *s, char *buf, size_t n)
 
 /* A [B,H,R,C] view in the shape's layout with a row gap; returns the buffer
  * size in elements (pad + extent + pad). */
-static size_t make_view(clattn_tensor *t, cp_layout layout, size_t pad, size_t gap,
-                        int B, int H, int R, int C)
-{
+static size_t make_view(clattn_tensor *t, cp_layout layout, size_t pad, size_t gap, int B, int H, int R, int C) {
   size_t row = (size_t)C + gap;
   memset(t, 0, sizeof *t);
   t->offset = pad;
@@ -291,9 +260,7 @@ static size_t make_view(clattn_tensor *t, cp_layout layout, size_t pad, size_t g
 }
 
 /* A dense [B,H,M,N] view in that order with broadcast dims (stride 0). */
-static size_t make_bcast_view(clattn_tensor *t, size_t pad, unsigned bcast, int B, int H,
-                              int M, int N)
-{
+static size_t make_bcast_view(clattn_tensor *t, size_t pad, unsigned bcast, int B, int H, int M, int N) {
   size_t rows = (bcast & CP_BCAST_ROW) ? 1 : (size_t)M;
   size_t heads = (bcast & CP_BCAST_HEAD) ? 1 : (size_t)H;
   size_t batches = (bcast & CP_BCAST_BATCH) ? 1 : (size_t)B;
@@ -307,20 +274,15 @@ static size_t make_bcast_view(clattn_tensor *t, size_t pad, unsigned bcast, int 
 }
 
 /* Fills the logical [B,H,R,C] elements of view t in buf with random values. */
-static void fill_view(float *buf, const clattn_tensor *t, int B, int H, int R, int C, rng *g,
-                      double amp)
-{
+static void fill_view(float *buf, const clattn_tensor *t, int B, int H, int R, int C, rng *g, double amp) {
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)
       for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++)
-          buf[cp_index(t, b, h, r, c)] = rng_sym(g, amp);
+        for (int c = 0; c < C; c++) buf[cp_index(t, b, h, r, c)] = rng_sym(g, amp);
 }
 
-static void *xcalloc(size_t n, size_t size)
-{
-  if (n == 0)
-    n = 1;
+static void *xcalloc(size_t n, size_t size) {
+  if (n == 0) n = 1;
   return calloc(n, size);
 }
 
@@ -328,18 +290,15 @@ static void *xcalloc(size_t n, size_t size)
 
 /* Sequence lengths for a packed batch: the shape's, or random: sequence 0
  * has q_len and kv_len (the longest), the others 0 .. q_len and 0 .. kv_len. */
-static int make_sequences(cp_problem *pb, int B, int M, int N)
-{
+static int make_sequences(cp_problem *pb, int B, int M, int N) {
   pb->cu_q = calloc((size_t)B + 1, sizeof(int32_t));
   pb->cu_k = calloc((size_t)B + 1, sizeof(int32_t));
-  if (!pb->cu_q || !pb->cu_k)
-    return 0;
-  rng g = { pb->shape.seed * 0x9E3779B97F4A7C15ull + 0x5eedull };
+  if (!pb->cu_q || !pb->cu_k) return 0;
+  rng g = {pb->shape.seed * 0x9E3779B97F4A7C15ull + 0x5eedull};
   for (int b = 0; b < B; b++) {
     int m = b == 0 ? M : (int)(rng_next(&g) % (uint64_t)(M + 1));
     int n = b == 0 ? N : (int)(rng_next(&g) % (uint64_t)(N + 1));
-    if (pb->shape.seq_q)
-      m = pb->shape.seq_q[b], n = pb->shape.seq_k[b];
+    if (pb->shape.seq_q) m = pb->shape.seq_q[b], n = pb->shape.seq_k[b];
     pb->cu_q[b + 1] = pb->cu_q[b] + m;
     pb->cu_k[b + 1] = pb->cu_k[b] + n;
   }
@@ -348,20 +307,18 @@ static int make_sequences(cp_problem *pb, int B, int M, int N)
   return 1;
 }
 
-cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
-{
+cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen) {
   if (!s) {
     set_err(err, errlen, "cp_build: NULL shape");
     return NULL;
   }
-  if (s->batch <= 0 || s->q_heads <= 0 || s->kv_heads <= 0 || s->q_len <= 0 ||
-      s->kv_len <= 0 || s->head_dim <= 0 || s->value_dim <= 0) {
+  if (s->batch <= 0 || s->q_heads <= 0 || s->kv_heads <= 0 || s->q_len <= 0 || s->kv_len <= 0 || s->head_dim <= 0 ||
+      s->value_dim <= 0) {
     set_err(err, errlen, "cp_build: every dimension must be positive");
     return NULL;
   }
   if (s->q_heads % s->kv_heads != 0) {
-    set_err(err, errlen, "cp_build: kv_heads (%d) must divide q_heads (%d)", s->kv_heads,
-            s->q_heads);
+    set_err(err, errlen, "cp_build: kv_heads (%d) must divide q_heads (%d)", s->kv_heads, s->q_heads);
     return NULL;
   }
   if (s->window_left < -1 || s->window_right < -1) {
@@ -407,21 +364,16 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
   pb->k_elems = make_view(&p->k, s->layout, s->pad, s->row_gap, QB, Hk, KN, dk);
   pb->v_elems = make_view(&p->v, s->layout, s->pad, s->row_gap, QB, Hk, KN, dv);
   pb->out_elems = make_view(&p->out, s->layout, s->pad, s->row_gap, QB, Hq, QM, dv);
-  if (s->varlen)
-    p->q.stride[0] = p->k.stride[0] = p->v.stride[0] = p->out.stride[0] = 0;
-  if (s->want_lse)
-    pb->lse_elems = make_view(&p->lse, s->layout, s->pad, 0, B, Hq, M, 1);
-  if (s->want_weights)
-    pb->weights_elems = make_view(&p->weights, s->layout, s->pad, s->row_gap, B, Hq, M, N);
+  if (s->varlen) p->q.stride[0] = p->k.stride[0] = p->v.stride[0] = p->out.stride[0] = 0;
+  if (s->want_lse) pb->lse_elems = make_view(&p->lse, s->layout, s->pad, 0, B, Hq, M, 1);
+  if (s->want_weights) pb->weights_elems = make_view(&p->weights, s->layout, s->pad, s->row_gap, B, Hq, M, N);
   if (s->want_diag) {
     pb->diag_elems = make_view(&p->entropy, s->layout, s->pad, 0, B, Hq, M, 1);
     make_view(&p->max_weight, s->layout, s->pad, 0, B, Hq, M, 1);
     make_view(&p->argmax, s->layout, s->pad, 0, B, Hq, M, 1);
   }
-  if (s->mask != CP_MASK_NONE)
-    pb->mask_elems = make_bcast_view(&p->mask, s->pad, s->mask_bcast, B, Hq, M, N);
-  if (s->bias != CP_BIAS_NONE)
-    pb->bias_elems = make_bcast_view(&p->bias, s->pad, s->bias_bcast, B, Hq, M, N);
+  if (s->mask != CP_MASK_NONE) pb->mask_elems = make_bcast_view(&p->mask, s->pad, s->mask_bcast, B, Hq, M, N);
+  if (s->bias != CP_BIAS_NONE) pb->bias_elems = make_bcast_view(&p->bias, s->pad, s->bias_bcast, B, Hq, M, N);
 
   pb->out_count = (size_t)B * Hq * M * dv;
   pb->lse_count = s->want_lse ? (size_t)B * Hq * M : 0;
@@ -456,25 +408,19 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
     ok &= !!(pb->ref_max_weight = xcalloc(pb->diag_count, sizeof(double)));
     ok &= !!(pb->ref_argmax = xcalloc(pb->diag_count, sizeof(int32_t)));
   }
-  if (s->mask != CP_MASK_NONE)
-    ok &= !!(pb->mask = xcalloc(pb->mask_elems, 1));
-  if (s->bias != CP_BIAS_NONE)
-    ok &= !!(pb->bias = xcalloc(pb->bias_elems, sizeof(float)));
-  if (s->kv_lens && !s->varlen)
-    ok &= !!(pb->kv_lens = xcalloc((size_t)B, sizeof(int32_t)));
-  if (s->alibi)
-    ok &= !!(pb->alibi_slopes = xcalloc((size_t)Hq, sizeof(float)));
-  if (s->sinks)
-    ok &= !!(pb->sinks = xcalloc((size_t)Hq, sizeof(float)));
-  if (s->additive)
-    ok &= !!(pb->additive_w = xcalloc((size_t)dk, sizeof(float)));
+  if (s->mask != CP_MASK_NONE) ok &= !!(pb->mask = xcalloc(pb->mask_elems, 1));
+  if (s->bias != CP_BIAS_NONE) ok &= !!(pb->bias = xcalloc(pb->bias_elems, sizeof(float)));
+  if (s->kv_lens && !s->varlen) ok &= !!(pb->kv_lens = xcalloc((size_t)B, sizeof(int32_t)));
+  if (s->alibi) ok &= !!(pb->alibi_slopes = xcalloc((size_t)Hq, sizeof(float)));
+  if (s->sinks) ok &= !!(pb->sinks = xcalloc((size_t)Hq, sizeof(float)));
+  if (s->additive) ok &= !!(pb->additive_w = xcalloc((size_t)dk, sizeof(float)));
   if (!ok) {
     set_err(err, errlen, "cp_build: out of memory");
     cp_free(pb);
     return NULL;
   }
 
-  rng g = { s->seed * 0x2545F4914F6CDD1Dull + 0x1234567ull };
+  rng g = {s->seed * 0x2545F4914F6CDD1Dull + 0x1234567ull};
   if (s->poison_gaps) {
     for (size_t i = 0; i < pb->q_elems; i++) pb->q[i] = NAN;
     for (size_t i = 0; i < pb->k_elems; i++) pb->k[i] = NAN;
@@ -504,13 +450,11 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
           for (int j = 0; j < N; j++) {
             unsigned char a = 1;
             switch (s->mask) {
-            case CP_MASK_NONE:
-            case CP_MASK_ONES: a = 1; break;
-            case CP_MASK_ZEROS: a = 0; break;
-            case CP_MASK_RANDOM: a = rng_unit(&g) < s->mask_density; break;
-            case CP_MASK_BLOCK_DIAG:
-              a = (long)i * blocks / M == (long)j * blocks / N;
-              break;
+              case CP_MASK_NONE:
+              case CP_MASK_ONES: a = 1; break;
+              case CP_MASK_ZEROS: a = 0; break;
+              case CP_MASK_RANDOM: a = rng_unit(&g) < s->mask_density; break;
+              case CP_MASK_BLOCK_DIAG: a = (long)i * blocks / M == (long)j * blocks / N; break;
             }
             /* any nonzero byte means allowed: use a few different ones */
             pb->mask[cp_index(&p->mask, b, h, i, j)] = a ? (unsigned char)(1 + (j % 3) * 100) : 0;
@@ -528,44 +472,33 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen)
                 s->bias == CP_BIAS_CONST ? (float)s->bias_amp : rng_sym(&g, s->bias_amp);
   }
   if (pb->kv_lens)
-    for (int b = 0; b < B; b++)
-      pb->kv_lens[b] = 1 + (int32_t)(rng_next(&g) % (uint64_t)N);
-  for (int d = 0; pb->additive_w && d < dk; d++)
-    pb->additive_w[d] = rng_sym(&g, 1.0);
+    for (int b = 0; b < B; b++) pb->kv_lens[b] = 1 + (int32_t)(rng_next(&g) % (uint64_t)N);
+  for (int d = 0; pb->additive_w && d < dk; d++) pb->additive_w[d] = rng_sym(&g, 1.0);
   for (int h = 0; h < Hq; h++) {
-    if (pb->alibi_slopes)
-      pb->alibi_slopes[h] = (float)pow(2.0, -8.0 * (h + 1) / Hq);
-    if (pb->sinks)
-      pb->sinks[h] = 1.0f + rng_sym(&g, 2.0);
+    if (pb->alibi_slopes) pb->alibi_slopes[h] = (float)pow(2.0, -8.0 * (h + 1) / Hq);
+    if (pb->sinks) pb->sinks[h] = 1.0f + rng_sym(&g, 2.0);
   }
 
-  if (s->poison_disallowed)
-    cp_poison_disallowed(pb);
+  if (s->poison_disallowed) cp_poison_disallowed(pb);
   return pb;
 }
 
-static void release_mem(cl_mem *m)
-{
-  if (*m)
-    clReleaseMemObject(*m);
+static void release_mem(cl_mem *m) {
+  if (*m) clReleaseMemObject(*m);
   *m = NULL;
 }
 
 /* Releases every device buffer of the problem (NULL ones are skipped). */
-static void release_buffers(cp_problem *pb)
-{
-  cl_mem *all[] = {&pb->q_buf, &pb->k_buf, &pb->v_buf, &pb->out_buf, &pb->mask_buf, &pb->bias_buf,
-                   &pb->lse_buf, &pb->weights_buf, &pb->kv_lens_buf, &pb->alibi_buf, &pb->sinks_buf,
-                   &pb->additive_w_buf, &pb->cu_q_buf, &pb->cu_k_buf, &pb->entropy_buf, &pb->max_weight_buf,
-                   &pb->argmax_buf};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    release_mem(all[i]);
+static void release_buffers(cp_problem *pb) {
+  cl_mem *all[] = {&pb->q_buf,          &pb->k_buf,          &pb->v_buf,       &pb->out_buf,     &pb->mask_buf,
+                   &pb->bias_buf,       &pb->lse_buf,        &pb->weights_buf, &pb->kv_lens_buf, &pb->alibi_buf,
+                   &pb->sinks_buf,      &pb->additive_w_buf, &pb->cu_q_buf,    &pb->cu_k_buf,    &pb->entropy_buf,
+                   &pb->max_weight_buf, &pb->argmax_buf};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release_mem(all[i]);
 }
 
-void cp_free(cp_problem *pb)
-{
-  if (!pb)
-    return;
+void cp_free(cp_problem *pb) {
+  if (!pb) return;
   release_buffers(pb);
   free(pb->entropy_raw);
   free(pb->max_weight_raw);
@@ -599,8 +532,7 @@ void cp_free(cp_problem *pb)
   free(pb);
 }
 
-ref_inputs cp_ref_inputs(const cp_problem *pb)
-{
+ref_inputs cp_ref_inputs(const cp_problem *pb) {
   ref_inputs in;
   in.q = pb->q;
   in.k = pb->k;
@@ -616,8 +548,7 @@ ref_inputs cp_ref_inputs(const cp_problem *pb)
   return in;
 }
 
-long cp_poison_disallowed(cp_problem *pb)
-{
+long cp_poison_disallowed(cp_problem *pb) {
   const clattn_params *p = &pb->params;
   const int B = p->batch, Hq = p->q_heads, M = p->q_len, N = p->kv_len;
   const int group = Hq / p->kv_heads;
@@ -630,21 +561,16 @@ long cp_poison_disallowed(cp_problem *pb)
     for (int g = 0; g < p->kv_heads; g++)
       for (int j = 0; j < N; j++) {
         const ref_seq sq = ref_sequence(p, &in, b);
-        if (in.cu_seqlens_q && j >= sq.keys)
-          break;
+        if (in.cu_seqlens_q && j >= sq.keys) break;
         int reachable = 0;
         for (int h = g * group; h < (g + 1) * group && !reachable; h++)
-          for (int i = 0; i < M && !reachable; i++)
-            reachable = ref_allowed(p, &in, b, h, i, j);
-        if (reachable)
-          continue;
+          for (int i = 0; i < M && !reachable; i++) reachable = ref_allowed(p, &in, b, h, i, j);
+        if (reachable) continue;
         /* vary the poison: NaN and +-Inf in keys and values */
         float kp = (j % 3 == 0) ? NAN : (j % 3 == 1) ? INFINITY : -INFINITY;
         float vp = (j % 2 == 0) ? INFINITY : NAN;
-        for (int d = 0; d < p->head_dim; d++)
-          pb->k[cp_index(&p->k, b, g, (int)sq.k0 + j, d)] = kp;
-        for (int d = 0; d < p->value_dim; d++)
-          pb->v[cp_index(&p->v, b, g, (int)sq.k0 + j, d)] = vp;
+        for (int d = 0; d < p->head_dim; d++) pb->k[cp_index(&p->k, b, g, (int)sq.k0 + j, d)] = kp;
+        for (int d = 0; d < p->value_dim; d++) pb->v[cp_index(&p->v, b, g, (int)sq.k0 + j, d)] = vp;
         count++;
       }
 
@@ -653,12 +579,10 @@ long cp_poison_disallowed(cp_problem *pb)
     for (int h = 0; h < Hq; h++)
       for (int i = 0; i < M; i++) {
         const ref_seq sq = ref_sequence(p, &in, b);
-        int any = i >= sq.rows;                       /* no such row: nothing to poison */
-        for (int j = 0; j < N && !any; j++)
-          any = ref_allowed(p, &in, b, h, i, j);
+        int any = i >= sq.rows; /* no such row: nothing to poison */
+        for (int j = 0; j < N && !any; j++) any = ref_allowed(p, &in, b, h, i, j);
         if (!any)
-          for (int d = 0; d < p->head_dim; d++)
-            pb->q[cp_index(&p->q, b, h, (int)sq.q0 + i, d)] = NAN;
+          for (int d = 0; d < p->head_dim; d++) pb->q[cp_index(&p->q, b, h, (int)sq.q0 + i, d)] = NAN;
       }
 
   /* bias elements that only disallowed (b, h, i, j) read (broadcast strides
@@ -670,15 +594,13 @@ long cp_poison_disallowed(cp_problem *pb)
         for (int h = 0; h < Hq; h++)
           for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++)
-              if (ref_allowed(p, &in, b, h, i, j))
-                reach[cp_index(&p->bias, b, h, i, j)] = 1;
+              if (ref_allowed(p, &in, b, h, i, j)) reach[cp_index(&p->bias, b, h, i, j)] = 1;
       for (int b = 0; b < B; b++)
         for (int h = 0; h < Hq; h++)
           for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) {
               size_t x = cp_index(&p->bias, b, h, i, j);
-              if (!reach[x])
-                pb->bias[x] = (j % 2) ? NAN : INFINITY;
+              if (!reach[x]) pb->bias[x] = (j % 2) ? NAN : INFINITY;
             }
       free(reach);
     }
@@ -689,12 +611,9 @@ long cp_poison_disallowed(cp_problem *pb)
 
 /* ---------- device ---------- */
 
-static int create_buf(cp_problem *pb, cl_mem *m, cl_mem_flags flags, size_t bytes, void *host,
-                      const char *what)
-{
+static int create_buf(cp_problem *pb, cl_mem *m, cl_mem_flags flags, size_t bytes, void *host, const char *what) {
   cl_int e = CL_SUCCESS;
-  if (host)
-    flags |= CL_MEM_COPY_HOST_PTR;
+  if (host) flags |= CL_MEM_COPY_HOST_PTR;
   *m = clCreateBuffer(pb->cl_ctx, flags, bytes, host, &e);
   if (e != CL_SUCCESS || !*m) {
     PB_ERR(pb, "clCreateBuffer(%s, %zu bytes): %s (%d)", what, bytes, cp_cl_error_name(e), e);
@@ -704,10 +623,8 @@ static int create_buf(cp_problem *pb, cl_mem *m, cl_mem_flags flags, size_t byte
   return 0;
 }
 
-static int write_buf(cp_problem *pb, cl_mem m, size_t bytes, const void *host, const char *what)
-{
-  if (!m)
-    return 0;
+static int write_buf(cp_problem *pb, cl_mem m, size_t bytes, const void *host, const char *what) {
+  if (!m) return 0;
   cl_int e = clEnqueueWriteBuffer(pb->queue, m, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
   if (e != CL_SUCCESS) {
     PB_ERR(pb, "clEnqueueWriteBuffer(%s): %s (%d)", what, cp_cl_error_name(e), e);
@@ -716,10 +633,8 @@ static int write_buf(cp_problem *pb, cl_mem m, size_t bytes, const void *host, c
   return 0;
 }
 
-static int read_buf(cp_problem *pb, cl_mem m, size_t bytes, void *host, const char *what)
-{
-  if (!m)
-    return 0;
+static int read_buf(cp_problem *pb, cl_mem m, size_t bytes, void *host, const char *what) {
+  if (!m) return 0;
   cl_int e = clEnqueueReadBuffer(pb->queue, m, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
   if (e != CL_SUCCESS) {
     PB_ERR(pb, "clEnqueueReadBuffer(%s): %s (%d)", what, cp_cl_error_name(e), e);
@@ -730,8 +645,7 @@ static int read_buf(cp_problem *pb, cl_mem m, size_t bytes, void *host, const ch
 
 /* q, k and v in the storage format: into new buffers (create) or the
  * existing ones. */
-static int write_inputs_qkv(cp_problem *pb, int create)
-{
+static int write_inputs_qkv(cp_problem *pb, int create) {
   const float *host[] = {pb->q, pb->k, pb->v};
   const size_t elems[] = {pb->q_elems, pb->k_elems, pb->v_elems};
   cl_mem *bufs[] = {&pb->q_buf, &pb->k_buf, &pb->v_buf};
@@ -747,24 +661,20 @@ static int write_inputs_qkv(cp_problem *pb, int create)
     int rc = create ? create_buf(pb, bufs[a], CL_MEM_READ_ONLY, bytes, (void *)data, names[a])
                     : write_buf(pb, *bufs[a], bytes, data, names[a]);
     free(owned);
-    if (rc)
-      return -1;
+    if (rc) return -1;
   }
   return 0;
 }
 
-int cp_write_inputs(cp_problem *pb)
-{
+int cp_write_inputs(cp_problem *pb) {
   if (!pb->queue) {
     PB_ERR(pb, "cp_write_inputs: not uploaded");
     return -1;
   }
   pb->ref_valid = 0;
-  if (write_inputs_qkv(pb, 0) ||
-      write_buf(pb, pb->mask_buf, pb->mask_elems, pb->mask, "mask") ||
+  if (write_inputs_qkv(pb, 0) || write_buf(pb, pb->mask_buf, pb->mask_elems, pb->mask, "mask") ||
       write_buf(pb, pb->bias_buf, pb->bias_elems * sizeof(float), pb->bias, "bias") ||
-      write_buf(pb, pb->kv_lens_buf, (size_t)pb->params.batch * sizeof(int32_t), pb->kv_lens,
-                "kv_lens") ||
+      write_buf(pb, pb->kv_lens_buf, (size_t)pb->params.batch * sizeof(int32_t), pb->kv_lens, "kv_lens") ||
       write_buf(pb, pb->alibi_buf, (size_t)pb->params.q_heads * sizeof(float), pb->alibi_slopes, "alibi") ||
       write_buf(pb, pb->sinks_buf, (size_t)pb->params.q_heads * sizeof(float), pb->sinks, "sinks") ||
       write_buf(pb, pb->additive_w_buf, (size_t)pb->params.head_dim * sizeof(float), pb->additive_w, "additive_w") ||
@@ -774,14 +684,12 @@ int cp_write_inputs(cp_problem *pb)
   return 0;
 }
 
-int cp_upload(cp_problem *pb, clattn_context *ctx)
-{
+int cp_upload(cp_problem *pb, clattn_context *ctx) {
   if (!ctx) {
     PB_ERR(pb, "cp_upload: NULL context");
     return -1;
   }
-  if (pb->q_buf)
-    return cp_write_inputs(pb);
+  if (pb->q_buf) return cp_write_inputs(pb);
   pb->cl_ctx = clattn_cl_context(ctx);
   pb->queue = clattn_cl_queue(ctx);
   pb->ref_valid = 0;
@@ -790,39 +698,31 @@ int cp_upload(cp_problem *pb, clattn_context *ctx)
     return -1;
   }
   const cl_mem_flags ro = CL_MEM_READ_ONLY, rw = CL_MEM_READ_WRITE;
-  if (write_inputs_qkv(pb, 1) ||
-      create_buf(pb, &pb->out_buf, rw, pb->out_elems * storage_bytes(pb), NULL, "out"))
+  if (write_inputs_qkv(pb, 1) || create_buf(pb, &pb->out_buf, rw, pb->out_elems * storage_bytes(pb), NULL, "out"))
     goto fail;
-  if (pb->mask && create_buf(pb, &pb->mask_buf, ro, pb->mask_elems, pb->mask, "mask"))
+  if (pb->mask && create_buf(pb, &pb->mask_buf, ro, pb->mask_elems, pb->mask, "mask")) goto fail;
+  if (pb->bias && create_buf(pb, &pb->bias_buf, ro, pb->bias_elems * sizeof(float), pb->bias, "bias")) goto fail;
+  if (pb->kv_lens &&
+      create_buf(pb, &pb->kv_lens_buf, ro, (size_t)pb->params.batch * sizeof(int32_t), pb->kv_lens, "kv_lens"))
     goto fail;
-  if (pb->bias && create_buf(pb, &pb->bias_buf, ro, pb->bias_elems * sizeof(float), pb->bias, "bias"))
+  if (pb->alibi_slopes &&
+      create_buf(pb, &pb->alibi_buf, ro, (size_t)pb->params.q_heads * sizeof(float), pb->alibi_slopes, "alibi_slopes"))
     goto fail;
-  if (pb->kv_lens && create_buf(pb, &pb->kv_lens_buf, ro, (size_t)pb->params.batch * sizeof(int32_t),
-                                pb->kv_lens, "kv_lens"))
-    goto fail;
-  if (pb->alibi_slopes && create_buf(pb, &pb->alibi_buf, ro, (size_t)pb->params.q_heads * sizeof(float),
-                                     pb->alibi_slopes, "alibi_slopes"))
-    goto fail;
-  if (pb->sinks && create_buf(pb, &pb->sinks_buf, ro, (size_t)pb->params.q_heads * sizeof(float), pb->sinks,
-                              "sinks"))
+  if (pb->sinks && create_buf(pb, &pb->sinks_buf, ro, (size_t)pb->params.q_heads * sizeof(float), pb->sinks, "sinks"))
     goto fail;
   if (pb->additive_w && create_buf(pb, &pb->additive_w_buf, ro, (size_t)pb->params.head_dim * sizeof(float),
                                    pb->additive_w, "additive_w"))
     goto fail;
-  if (pb->cu_q && (create_buf(pb, &pb->cu_q_buf, ro, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_q,
-                              "cu_seqlens_q") ||
-                   create_buf(pb, &pb->cu_k_buf, ro, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_k,
-                              "cu_seqlens_k")))
+  if (pb->cu_q &&
+      (create_buf(pb, &pb->cu_q_buf, ro, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_q, "cu_seqlens_q") ||
+       create_buf(pb, &pb->cu_k_buf, ro, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_k, "cu_seqlens_k")))
     goto fail;
-  if (pb->lse_elems && create_buf(pb, &pb->lse_buf, rw, pb->lse_elems * sizeof(float), NULL, "lse"))
+  if (pb->lse_elems && create_buf(pb, &pb->lse_buf, rw, pb->lse_elems * sizeof(float), NULL, "lse")) goto fail;
+  if (pb->weights_elems && create_buf(pb, &pb->weights_buf, rw, pb->weights_elems * sizeof(float), NULL, "weights"))
     goto fail;
-  if (pb->weights_elems &&
-      create_buf(pb, &pb->weights_buf, rw, pb->weights_elems * sizeof(float), NULL, "weights"))
-    goto fail;
-  if (pb->diag_elems &&
-      (create_buf(pb, &pb->entropy_buf, rw, pb->diag_elems * sizeof(float), NULL, "entropy") ||
-       create_buf(pb, &pb->max_weight_buf, rw, pb->diag_elems * sizeof(float), NULL, "max_weight") ||
-       create_buf(pb, &pb->argmax_buf, rw, pb->diag_elems * sizeof(int32_t), NULL, "argmax")))
+  if (pb->diag_elems && (create_buf(pb, &pb->entropy_buf, rw, pb->diag_elems * sizeof(float), NULL, "entropy") ||
+                         create_buf(pb, &pb->max_weight_buf, rw, pb->diag_elems * sizeof(float), NULL, "max_weight") ||
+                         create_buf(pb, &pb->argmax_buf, rw, pb->diag_elems * sizeof(int32_t), NULL, "argmax")))
     goto fail;
 
   clattn_params *p = &pb->params;
@@ -852,12 +752,9 @@ fail:
   return -1;
 }
 
-static int fill_buf(cp_problem *pb, cl_mem m, size_t elems, float value, const char *what)
-{
-  if (!m)
-    return 0;
-  cl_int e = clEnqueueFillBuffer(pb->queue, m, &value, sizeof value, 0, elems * sizeof(float), 0,
-                                 NULL, NULL);
+static int fill_buf(cp_problem *pb, cl_mem m, size_t elems, float value, const char *what) {
+  if (!m) return 0;
+  cl_int e = clEnqueueFillBuffer(pb->queue, m, &value, sizeof value, 0, elems * sizeof(float), 0, NULL, NULL);
   if (e != CL_SUCCESS) {
     PB_ERR(pb, "clEnqueueFillBuffer(%s): %s (%d)", what, cp_cl_error_name(e), e);
     return -1;
@@ -866,10 +763,8 @@ static int fill_buf(cp_problem *pb, cl_mem m, size_t elems, float value, const c
 }
 
 /* Fills an out-like buffer (in the storage format) with value. */
-static int fill_storage(cp_problem *pb, cl_mem m, size_t elems, float value, const char *what)
-{
-  if (pb->shape.dtype == CLATTN_F32)
-    return fill_buf(pb, m, elems, value, what);
+static int fill_storage(cp_problem *pb, cl_mem m, size_t elems, float value, const char *what) {
+  if (pb->shape.dtype == CLATTN_F32) return fill_buf(pb, m, elems, value, what);
   uint16_t pattern = pb->shape.dtype == CLATTN_F16 ? cp_f16_bits(value) : cp_bf16_bits(value);
   cl_int e = clEnqueueFillBuffer(pb->queue, m, &pattern, sizeof pattern, 0, elems * sizeof pattern, 0, NULL, NULL);
   if (e != CL_SUCCESS) {
@@ -879,8 +774,7 @@ static int fill_storage(cp_problem *pb, cl_mem m, size_t elems, float value, con
   return 0;
 }
 
-int cp_fill_outputs(cp_problem *pb, float value)
-{
+int cp_fill_outputs(cp_problem *pb, float value) {
   if (!pb->queue) {
     PB_ERR(pb, "cp_fill_outputs: not uploaded");
     return -1;
@@ -890,7 +784,7 @@ int cp_fill_outputs(cp_problem *pb, float value)
       fill_buf(pb, pb->weights_buf, pb->weights_elems, value, "weights") ||
       fill_buf(pb, pb->entropy_buf, pb->diag_elems, value, "entropy") ||
       fill_buf(pb, pb->max_weight_buf, pb->diag_elems, value, "max_weight") ||
-      fill_buf(pb, pb->argmax_buf, pb->diag_elems, value, "argmax"))   /* NaN's bits: no key index */
+      fill_buf(pb, pb->argmax_buf, pb->diag_elems, value, "argmax")) /* NaN's bits: no key index */
     return -1;
   cl_int e = clFinish(pb->queue);
   if (e != CL_SUCCESS) {
@@ -901,10 +795,8 @@ int cp_fill_outputs(cp_problem *pb, float value)
 }
 
 /* Reads an out-like buffer in the storage format into floats. */
-static int read_storage(cp_problem *pb, cl_mem m, size_t elems, float *dst, const char *what)
-{
-  if (pb->shape.dtype == CLATTN_F32)
-    return read_buf(pb, m, elems * sizeof(float), dst, what);
+static int read_storage(cp_problem *pb, cl_mem m, size_t elems, float *dst, const char *what) {
+  if (pb->shape.dtype == CLATTN_F32) return read_buf(pb, m, elems * sizeof(float), dst, what);
   uint16_t *h = malloc(elems ? elems * sizeof *h : 1);
   if (!h) {
     PB_ERR(pb, "%s: out of host memory", what);
@@ -917,8 +809,7 @@ static int read_storage(cp_problem *pb, cl_mem m, size_t elems, float *dst, cons
   return rc;
 }
 
-int cp_read_outputs(cp_problem *pb)
-{
+int cp_read_outputs(cp_problem *pb) {
   if (!pb->queue) {
     PB_ERR(pb, "cp_read_outputs: not uploaded");
     return -1;
@@ -943,8 +834,7 @@ int cp_read_outputs(cp_problem *pb)
         const int here = i < sq.rows;
         for (int c = 0; c < dv; c++)
           pb->out[row * (size_t)dv + c] = here ? pb->out_raw[cp_index(&p->out, b, h, (int)sq.q0 + i, c)] : 0.0f;
-        if (pb->lse)
-          pb->lse[row] = here ? pb->lse_raw[cp_index(&p->lse, b, h, i, 0)] : 0.0f;
+        if (pb->lse) pb->lse[row] = here ? pb->lse_raw[cp_index(&p->lse, b, h, i, 0)] : 0.0f;
         if (pb->entropy) {
           pb->entropy[row] = here ? pb->entropy_raw[cp_index(&p->entropy, b, h, i, 0)] : 0.0f;
           pb->max_weight[row] = here ? pb->max_weight_raw[cp_index(&p->max_weight, b, h, i, 0)] : 0.0f;
@@ -959,10 +849,8 @@ int cp_read_outputs(cp_problem *pb)
 
 /* ---------- reference and comparison ---------- */
 
-int cp_reference(cp_problem *pb)
-{
-  if (pb->ref_valid)
-    return 0;
+int cp_reference(cp_problem *pb) {
+  if (pb->ref_valid) return 0;
   ref_inputs in = cp_ref_inputs(pb);
   ref_outputs o;
   o.out = pb->ref_out;
@@ -983,31 +871,25 @@ int cp_reference(cp_problem *pb)
   return 0;
 }
 
-double cp_rel_err(const float *x, const double *ref, size_t n)
-{
+double cp_rel_err(const float *x, const double *ref, size_t n) {
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < n; i++) {
     double a = (double)x[i], r = ref[i];
-    if (!isfinite(a) || !isfinite(r))
-      continue;
+    if (!isfinite(a) || !isfinite(r)) continue;
     num += (a - r) * (a - r);
     den += r * r;
   }
   return sqrt(num) / fmax(sqrt(den), 1e-300);
 }
 
-static void compare_one(const float *x, const double *ref, size_t n, double *err, long *nans,
-                        long *mismatch)
-{
+static void compare_one(const float *x, const double *ref, size_t n, double *err, long *nans, long *mismatch) {
   *err = 0.0;
   *nans = 0;
   *mismatch = 0;
-  if (!x || !ref)
-    return;
+  if (!x || !ref) return;
   for (size_t i = 0; i < n; i++) {
     double a = (double)x[i], r = ref[i];
-    if (isnan(a))
-      (*nans)++;
+    if (isnan(a)) (*nans)++;
     if (isnan(a) != isnan(r))
       (*mismatch)++;
     else if (!isnan(a) && (!isfinite(a) || !isfinite(r)) && a != r)
@@ -1019,8 +901,7 @@ static void compare_one(const float *x, const double *ref, size_t n, double *err
 /* argmax entries that are neither the reference's key nor one whose fp64
  * score ties the row's maximum within 1e-5 (fp32 scores may order near
  * ties differently); rows the reference leaves unspecified are skipped. */
-static long argmax_mismatches(cp_problem *pb)
-{
+static long argmax_mismatches(cp_problem *pb) {
   const clattn_params *p = &pb->params;
   ref_inputs in = cp_ref_inputs(pb);
   long bad = 0;
@@ -1029,27 +910,22 @@ static long argmax_mismatches(cp_problem *pb)
     for (int h = 0; h < p->q_heads; h++)
       for (int i = 0; i < p->q_len; i++, n++) {
         const int32_t want = pb->ref_argmax[n], got = pb->argmax[n];
-        if (want == REF_ARGMAX_UNSPECIFIED || got == want)
-          continue;
+        if (want == REF_ARGMAX_UNSPECIFIED || got == want) continue;
         if (want < 0 || got < 0 || !ref_allowed(p, &in, b, h, i, got)) {
           bad++;
           continue;
         }
         const double top = ref_score(p, &in, b, h, i, want);
-        if (!(ref_score(p, &in, b, h, i, got) >= top - 1e-5 * fmax(1.0, fabs(top))))
-          bad++;
+        if (!(ref_score(p, &in, b, h, i, got) >= top - 1e-5 * fmax(1.0, fabs(top)))) bad++;
       }
   return bad;
 }
 
-int cp_compare(cp_problem *pb, cp_result *r)
-{
-  if (cp_reference(pb) != 0)
-    return -1;
+int cp_compare(cp_problem *pb, cp_result *r) {
+  if (cp_reference(pb) != 0) return -1;
   compare_one(pb->out, pb->ref_out, pb->out_count, &r->err_out, &r->nan_out, &r->mismatch_out);
   compare_one(pb->lse, pb->ref_lse, pb->lse_count, &r->err_lse, &r->nan_lse, &r->mismatch_lse);
-  compare_one(pb->weights, pb->ref_weights, pb->weights_count, &r->err_weights, &r->nan_weights,
-              &r->mismatch_weights);
+  compare_one(pb->weights, pb->ref_weights, pb->weights_count, &r->err_weights, &r->nan_weights, &r->mismatch_weights);
   if (pb->diag_count) {
     long nans, mismatch_e, mismatch_m;
     compare_one(pb->entropy, pb->ref_entropy, pb->diag_count, &r->err_entropy, &nans, &mismatch_e);
@@ -1060,14 +936,11 @@ int cp_compare(cp_problem *pb, cp_result *r)
   return 0;
 }
 
-int cp_run(cp_problem *pb, clattn_context *ctx, cp_result *r)
-{
+int cp_run(cp_problem *pb, clattn_context *ctx, cp_result *r) {
   memset(r, 0, sizeof *r);
   r->status = CLATTN_ERR_OPENCL;
-  if (!pb->q_buf && cp_upload(pb, ctx) != 0)
-    return -1;
-  if (cp_fill_outputs(pb, NAN) != 0)
-    return -1;
+  if (!pb->q_buf && cp_upload(pb, ctx) != 0) return -1;
+  if (cp_fill_outputs(pb, NAN) != 0) return -1;
   double t0 = cp_now_ms();
   r->status = clattn_forward(ctx, &pb->params, 0, NULL, NULL);
   cl_int e = clFinish(pb->queue);
@@ -1076,30 +949,24 @@ int cp_run(cp_problem *pb, clattn_context *ctx, cp_result *r)
     PB_ERR(pb, "clFinish after clattn_forward: %s (%d)", cp_cl_error_name(e), e);
     return -1;
   }
-  if (cp_read_outputs(pb) != 0)
-    return -1;
+  if (cp_read_outputs(pb) != 0) return -1;
   return cp_compare(pb, r);
 }
 
-int cp_time_forward(cp_problem *pb, clattn_context *ctx, int reps, double *ms, clattn_status *st)
-{
+int cp_time_forward(cp_problem *pb, clattn_context *ctx, int reps, double *ms, clattn_status *st) {
   *ms = 0.0;
   *st = CLATTN_ERR_OPENCL;
-  if (!pb->q_buf && cp_upload(pb, ctx) != 0)
-    return -1;
-  if (reps < 1)
-    reps = 1;
-  *st = clattn_forward(ctx, &pb->params, 0, NULL, NULL);   /* warm-up */
+  if (!pb->q_buf && cp_upload(pb, ctx) != 0) return -1;
+  if (reps < 1) reps = 1;
+  *st = clattn_forward(ctx, &pb->params, 0, NULL, NULL); /* warm-up */
   cl_int e = clFinish(pb->queue);
   if (e != CL_SUCCESS) {
     PB_ERR(pb, "clFinish: %s (%d)", cp_cl_error_name(e), e);
     return -1;
   }
-  if (*st != CLATTN_OK)
-    return 0;
+  if (*st != CLATTN_OK) return 0;
   double t0 = cp_now_ms();
-  for (int i = 0; i < reps && *st == CLATTN_OK; i++)
-    *st = clattn_forward(ctx, &pb->params, 0, NULL, NULL);
+  for (int i = 0; i < reps && *st == CLATTN_OK; i++) *st = clattn_forward(ctx, &pb->params, 0, NULL, NULL);
   e = clFinish(pb->queue);
   *ms = (cp_now_ms() - t0) / reps;
   if (e != CL_SUCCESS) {
@@ -1109,22 +976,19 @@ int cp_time_forward(cp_problem *pb, clattn_context *ctx, int reps, double *ms, c
   return 0;
 }
 
-int cp_result_ok(const cp_result *r, double tol)
-{
-  return r->status == CLATTN_OK && r->mismatch_out == 0 && r->mismatch_lse == 0 &&
-         r->mismatch_weights == 0 && r->err_out <= tol && r->err_lse <= tol &&
-         r->err_weights <= tol && r->mismatch_diag == 0 && r->err_entropy <= tol &&
-         r->err_max_weight <= tol;
+int cp_result_ok(const cp_result *r, double tol) {
+  return r->status == CLATTN_OK && r->mismatch_out == 0 && r->mismatch_lse == 0 && r->mismatch_weights == 0 &&
+         r->err_out <= tol && r->err_lse <= tol && r->err_weights <= tol && r->mismatch_diag == 0 &&
+         r->err_entropy <= tol && r->err_max_weight <= tol;
 }
 
-char *cp_result_format(const cp_result *r, char *buf, size_t n)
-{
+char *cp_result_format(const cp_result *r, char *buf, size_t n) {
   snprintf(buf, n,
            "status=%s err out=%.3g lse=%.3g weights=%.3g nan out/lse/w=%ld/%ld/%ld "
            "mismatch out/lse/w=%ld/%ld/%ld diag err entropy/max_weight=%.3g/%.3g mismatch=%ld "
            "empty_rows=%ld %.2f ms",
-           clattn_status_string(r->status), r->err_out, r->err_lse, r->err_weights, r->nan_out,
-           r->nan_lse, r->nan_weights, r->mismatch_out, r->mismatch_lse, r->mismatch_weights,
-           r->err_entropy, r->err_max_weight, r->mismatch_diag, r->empty_rows, r->ms);
+           clattn_status_string(r->status), r->err_out, r->err_lse, r->err_weights, r->nan_out, r->nan_lse,
+           r->nan_weights, r->mismatch_out, r->mismatch_lse, r->mismatch_weights, r->err_entropy, r->err_max_weight,
+           r->mismatch_diag, r->empty_rows, r->ms);
   return buf;
 }

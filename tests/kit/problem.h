@@ -40,80 +40,80 @@
 typedef enum { CP_BHSD, CP_BSHD } cp_layout;
 
 typedef enum {
-  CP_MASK_NONE,        /* no mask tensor */
-  CP_MASK_ONES,        /* a mask tensor that allows everything (edit it freely) */
-  CP_MASK_ZEROS,       /* a mask tensor that allows nothing */
-  CP_MASK_RANDOM,      /* each stored entry allowed with probability mask_density */
-  CP_MASK_BLOCK_DIAG   /* mask_blocks segments: row i in i*blocks/M, key j in j*blocks/N */
+  CP_MASK_NONE,      /* no mask tensor */
+  CP_MASK_ONES,      /* a mask tensor that allows everything (edit it freely) */
+  CP_MASK_ZEROS,     /* a mask tensor that allows nothing */
+  CP_MASK_RANDOM,    /* each stored entry allowed with probability mask_density */
+  CP_MASK_BLOCK_DIAG /* mask_blocks segments: row i in i*blocks/M, key j in j*blocks/N */
 } cp_mask_kind;
 
 typedef enum {
-  CP_BIAS_NONE,        /* no bias tensor */
-  CP_BIAS_RANDOM,      /* uniform in [-bias_amp, bias_amp] */
-  CP_BIAS_CONST        /* every entry bias_amp */
+  CP_BIAS_NONE,   /* no bias tensor */
+  CP_BIAS_RANDOM, /* uniform in [-bias_amp, bias_amp] */
+  CP_BIAS_CONST   /* every entry bias_amp */
 } cp_bias_kind;
 
 /* Broadcast flags for mask_bcast / bias_bcast: the dimension's stride is 0. */
 enum { CP_BCAST_BATCH = 1, CP_BCAST_HEAD = 2, CP_BCAST_ROW = 4 };
 
 typedef struct {
-  int batch, q_heads, kv_heads;   /* q_heads % kv_heads == 0 */
-  int q_len, kv_len;              /* M, N */
-  int head_dim, value_dim;        /* dk, dv */
-  float scale;                    /* NAN = library default 1/sqrt(dk) */
+  int batch, q_heads, kv_heads; /* q_heads % kv_heads == 0 */
+  int q_len, kv_len;            /* M, N */
+  int head_dim, value_dim;      /* dk, dv */
+  float scale;                  /* NAN = library default 1/sqrt(dk) */
   int causal;
-  int window_left, window_right;  /* -1 = unbounded */
+  int window_left, window_right; /* -1 = unbounded */
   cp_layout layout;
-  size_t pad;                     /* elements before (the view offset) and after every view */
-  size_t row_gap;                 /* unused elements after each row of q, k, v, out, weights */
-  int kv_lens;                    /* 0: none; 1: random per batch in [1, N] */
+  size_t pad;     /* elements before (the view offset) and after every view */
+  size_t row_gap; /* unused elements after each row of q, k, v, out, weights */
+  int kv_lens;    /* 0: none; 1: random per batch in [1, N] */
   cp_mask_kind mask;
-  double mask_density;            /* CP_MASK_RANDOM */
-  int mask_blocks;                /* CP_MASK_BLOCK_DIAG */
-  unsigned mask_bcast;            /* CP_BCAST_* */
+  double mask_density; /* CP_MASK_RANDOM */
+  int mask_blocks;     /* CP_MASK_BLOCK_DIAG */
+  unsigned mask_bcast; /* CP_BCAST_* */
   cp_bias_kind bias;
   double bias_amp;
-  unsigned bias_bcast;            /* CP_BCAST_* */
-  double qk_amp, v_amp;           /* q, k uniform in [-qk_amp, qk_amp]; v in [-v_amp, v_amp] */
+  unsigned bias_bcast;  /* CP_BCAST_* */
+  double qk_amp, v_amp; /* q, k uniform in [-qk_amp, qk_amp]; v in [-v_amp, v_amp] */
   int want_lse, want_weights;
-  int want_diag;                  /* entropy, max_weight and argmax outputs */
-  clattn_dtype dtype;             /* storage of q, k, v, out: inputs are rounded to it on the host,
-                                     so the reference sees exactly what the device reads */
-  float softcap;                  /* 0 = off */
-  int alibi;                      /* ALiBi slopes: the standard 2^(-8 (h+1) / Hq) */
-  int sinks;                      /* a random sink logit per head in [-1, 3] */
-  int additive;                   /* CLATTN_SCORE_ADDITIVE with random weights w in [-1, 1] */
-  int varlen;                     /* packed variable-length batch: sequence b has random lengths
-                                     (b = 0: q_len, kv_len; zero lengths possible), rows packed
-                                     one sequence after another; kv_lens is ignored */
-  const int *seq_q, *seq_k;       /* varlen: the B lengths to use instead (each <= q_len / kv_len) */
+  int want_diag;            /* entropy, max_weight and argmax outputs */
+  clattn_dtype dtype;       /* storage of q, k, v, out: inputs are rounded to it on the host,
+                               so the reference sees exactly what the device reads */
+  float softcap;            /* 0 = off */
+  int alibi;                /* ALiBi slopes: the standard 2^(-8 (h+1) / Hq) */
+  int sinks;                /* a random sink logit per head in [-1, 3] */
+  int additive;             /* CLATTN_SCORE_ADDITIVE with random weights w in [-1, 1] */
+  int varlen;               /* packed variable-length batch: sequence b has random lengths
+                               (b = 0: q_len, kv_len; zero lengths possible), rows packed
+                               one sequence after another; kv_lens is ignored */
+  const int *seq_q, *seq_k; /* varlen: the B lengths to use instead (each <= q_len / kv_len) */
   clattn_empty_rows empty_rows;
   clattn_algo algo;
-  int poison_gaps;                /* NaN in every input element no view reads */
-  int poison_disallowed;          /* NaN/Inf wherever nothing allowed reads (cp_poison_disallowed) */
+  int poison_gaps;       /* NaN in every input element no view reads */
+  int poison_disallowed; /* NaN/Inf wherever nothing allowed reads (cp_poison_disallowed) */
   uint64_t seed;
 } cp_shape;
 
 typedef struct {
   cp_shape shape;
-  clattn_params params;           /* views; cl_mem fields are set by cp_upload */
+  clattn_params params; /* views; cl_mem fields are set by cp_upload */
 
   /* Host inputs: whole buffers (what is uploaded). mask, bias, kv_lens NULL when absent. */
   float *q, *k, *v, *bias;
   unsigned char *mask;
   int32_t *kv_lens;
-  float *alibi_slopes, *sinks;    /* [Hq] each, NULL when absent */
-  float *additive_w;              /* [head_dim], NULL unless additive */
-  int32_t *cu_q, *cu_k;           /* [B + 1] each, NULL unless varlen */
+  float *alibi_slopes, *sinks; /* [Hq] each, NULL when absent */
+  float *additive_w;           /* [head_dim], NULL unless additive */
+  int32_t *cu_q, *cu_k;        /* [B + 1] each, NULL unless varlen */
   size_t q_elems, k_elems, v_elems, mask_elems, bias_elems;
-  size_t out_elems, lse_elems, weights_elems;   /* whole output buffers */
-  size_t diag_elems;              /* each of entropy, max_weight, argmax (viewed like lse) */
+  size_t out_elems, lse_elems, weights_elems; /* whole output buffers */
+  size_t diag_elems;                          /* each of entropy, max_weight, argmax (viewed like lse) */
 
   /* Device outputs after cp_read_outputs / cp_run: raw whole buffers ... */
   float *out_raw, *lse_raw, *weights_raw;
   /* ... and dense gathers: out [B,Hq,M,dv], lse [B,Hq,M], weights [B,Hq,M,N]. */
   float *out, *lse, *weights;
-  size_t out_count, lse_count, weights_count;   /* dense element counts */
+  size_t out_count, lse_count, weights_count; /* dense element counts */
   /* Route diagnostics, raw and dense [B,Hq,M] (diag_count entries). */
   float *entropy_raw, *max_weight_raw, *entropy, *max_weight;
   int32_t *argmax_raw, *argmax;
@@ -133,16 +133,16 @@ typedef struct {
   cl_mem entropy_buf, max_weight_buf, argmax_buf;
   cl_mem alibi_buf, sinks_buf, additive_w_buf, cu_q_buf, cu_k_buf;
 
-  char err[512];                  /* the last harness failure */
+  char err[512]; /* the last harness failure */
 } cp_problem;
 
 typedef struct {
-  clattn_status status;           /* what clattn_forward returned */
-  double ms;                      /* clattn_forward + clFinish, wall time */
+  clattn_status status; /* what clattn_forward returned */
+  double ms;            /* clattn_forward + clFinish, wall time */
   /* Norm-wise relative error ||x - ref||_2 / max(||ref||_2, tiny) over the
    * entries that are finite in both; 0 for an absent output. */
   double err_out, err_lse, err_weights;
-  double err_entropy, err_max_weight;   /* likewise, for the route diagnostics */
+  double err_entropy, err_max_weight; /* likewise, for the route diagnostics */
   /* NaN entries in the device's dense outputs. */
   long nan_out, nan_lse, nan_weights;
   /* Entries whose class differs from the reference: NaN vs not, or a
@@ -152,7 +152,7 @@ typedef struct {
    * entries that are not the reference's key (nor one whose fp64 score
    * ties the maximum within 1e-5). */
   long mismatch_diag;
-  long empty_rows;                /* the reference's count */
+  long empty_rows; /* the reference's count */
 } cp_result;
 
 /* Sensible small defaults: B=1, H=1, M=N=16, dk=dv=32, BHSD, scale NAN,

@@ -10,35 +10,25 @@
 #include <math.h>
 #include <stdlib.h>
 
-static size_t view_index(const clattn_tensor *t, int b, int h, int row, int col)
-{
-  return t->offset + (size_t)b * t->stride[0] + (size_t)h * t->stride[1] +
-         (size_t)row * t->stride[2] + (size_t)col * t->stride[3];
+static size_t view_index(const clattn_tensor *t, int b, int h, int row, int col) {
+  return t->offset + (size_t)b * t->stride[0] + (size_t)h * t->stride[1] + (size_t)row * t->stride[2] +
+         (size_t)col * t->stride[3];
 }
 
-double ref_scale(const clattn_params *p)
-{
-  if (isnan(p->scale))
-    return 1.0 / sqrt((double)p->head_dim);
+double ref_scale(const clattn_params *p) {
+  if (isnan(p->scale)) return 1.0 / sqrt((double)p->head_dim);
   return (double)p->scale;
 }
 
 /* The effective right window bound: causal is window_right = 0, combined
  * with an explicit window_right by taking the tighter of the two, which is
  * always 0 (min(window_right, 0) for window_right >= 0; 0 when unbounded). */
-static int effective_right(const clattn_params *p)
-{
-  return p->causal ? 0 : p->window_right;
-}
+static int effective_right(const clattn_params *p) { return p->causal ? 0 : p->window_right; }
 
-static long clampl(long x, long lo, long hi)
-{
-  return x < lo ? lo : x > hi ? hi : x;
-}
+static long clampl(long x, long lo, long hi) { return x < lo ? lo : x > hi ? hi : x; }
 
-ref_seq ref_sequence(const clattn_params *p, const ref_inputs *in, int b)
-{
-  ref_seq s = { 0, 0, p->q_len, p->kv_len, p->q_len, p->kv_len };
+ref_seq ref_sequence(const clattn_params *p, const ref_inputs *in, int b) {
+  ref_seq s = {0, 0, p->q_len, p->kv_len, p->q_len, p->kv_len};
   if (in->cu_seqlens_q) {
     const long q0 = clampl(in->cu_seqlens_q[b], 0, p->total_q);
     const long q1 = clampl(in->cu_seqlens_q[b + 1], q0, p->total_q);
@@ -54,24 +44,18 @@ ref_seq ref_sequence(const clattn_params *p, const ref_inputs *in, int b)
   return s;
 }
 
-int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j)
-{
+int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j) {
   const ref_seq sq = ref_sequence(p, in, b);
-  if (j < 0 || j >= sq.keys || i < 0 || i >= sq.rows)
-    return 0;
-  if (in->mask && in->mask[view_index(&p->mask, b, h, i, j)] == 0)
-    return 0;
+  if (j < 0 || j >= sq.keys || i < 0 || i >= sq.rows) return 0;
+  if (in->mask && in->mask[view_index(&p->mask, b, h, i, j)] == 0) return 0;
   long pos = (long)i + ((long)sq.align_n - (long)sq.align_m);
-  if (p->window_left >= 0 && (long)j < pos - p->window_left)
-    return 0;
+  if (p->window_left >= 0 && (long)j < pos - p->window_left) return 0;
   int right = effective_right(p);
-  if (right >= 0 && (long)j > pos + right)
-    return 0;
+  if (right >= 0 && (long)j > pos + right) return 0;
   return 1;
 }
 
-double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j)
-{
+double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j) {
   const int g = h / (p->q_heads / p->kv_heads);
   const ref_seq sq = ref_sequence(p, in, b);
   double dot = 0.0;
@@ -81,10 +65,8 @@ double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int
     dot += in->additive_w ? (double)in->additive_w[d] * tanh(qd + kd) : qd * kd;
   }
   double sc = ref_scale(p) * dot;
-  if (p->softcap > 0.0f)
-    sc = (double)p->softcap * tanh(sc / (double)p->softcap);
-  if (in->bias)
-    sc += (double)in->bias[view_index(&p->bias, b, h, i, j)];
+  if (p->softcap > 0.0f) sc = (double)p->softcap * tanh(sc / (double)p->softcap);
+  if (in->bias) sc += (double)in->bias[view_index(&p->bias, b, h, i, j)];
   if (in->alibi_slopes) {
     const long pos = (long)i + ((long)sq.align_n - (long)sq.align_m);
     sc -= (double)in->alibi_slopes[h] * (double)labs(pos - j);
@@ -93,46 +75,35 @@ double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int
 }
 
 /* The route diagnostics of row `row` from its weights w (NULL: empty row). */
-static void diagnose(ref_outputs *o, size_t row, const double *w, const unsigned char *use, int n, int best)
-{
+static void diagnose(ref_outputs *o, size_t row, const double *w, const unsigned char *use, int n, int best) {
   double entropy = 0.0, top = 0.0;
-  int nan = 0;   /* a +inf score makes the row's weights NaN (inf - inf) */
+  int nan = 0; /* a +inf score makes the row's weights NaN (inf - inf) */
   for (int j = 0; w && j < n; j++)
     if (use[j]) {
       nan |= isnan(w[j]);
-      if (w[j] > 0.0)
-        entropy -= w[j] * log(w[j]);
-      if (w[j] > top)
-        top = w[j];
+      if (w[j] > 0.0) entropy -= w[j] * log(w[j]);
+      if (w[j] > top) top = w[j];
     }
-  if (o->entropy)
-    o->entropy[row] = nan ? NAN : entropy;
-  if (o->max_weight)
-    o->max_weight[row] = nan ? NAN : top;
-  if (o->argmax)
-    o->argmax[row] = nan ? REF_ARGMAX_UNSPECIFIED : w ? best : -1;
+  if (o->entropy) o->entropy[row] = nan ? NAN : entropy;
+  if (o->max_weight) o->max_weight[row] = nan ? NAN : top;
+  if (o->argmax) o->argmax[row] = nan ? REF_ARGMAX_UNSPECIFIED : w ? best : -1;
 }
 
-int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
-{
-  if (!p || !in || !o || !in->q || !in->k || !in->v || !o->out)
+int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o) {
+  if (!p || !in || !o || !in->q || !in->k || !in->v || !o->out) return -1;
+  if (p->dtype != CLATTN_F32) return -1;
+  if (p->batch <= 0 || p->q_heads <= 0 || p->kv_heads <= 0 || p->q_len <= 0 || p->kv_len <= 0 || p->head_dim <= 0 ||
+      p->value_dim <= 0)
     return -1;
-  if (p->dtype != CLATTN_F32)
-    return -1;
-  if (p->batch <= 0 || p->q_heads <= 0 || p->kv_heads <= 0 || p->q_len <= 0 ||
-      p->kv_len <= 0 || p->head_dim <= 0 || p->value_dim <= 0)
-    return -1;
-  if (p->q_heads % p->kv_heads != 0)
-    return -1;
-  if (p->window_left < -1 || p->window_right < -1)
-    return -1;
+  if (p->q_heads % p->kv_heads != 0) return -1;
+  if (p->window_left < -1 || p->window_right < -1) return -1;
 
   const int B = p->batch, Hq = p->q_heads, M = p->q_len, N = p->kv_len;
   const int dv = p->value_dim;
   const int group = Hq / p->kv_heads;
 
-  double *s = malloc((size_t)N * sizeof *s);        /* scores of allowed keys */
-  unsigned char *use = malloc((size_t)N);           /* allowed and score > -inf */
+  double *s = malloc((size_t)N * sizeof *s); /* scores of allowed keys */
+  unsigned char *use = malloc((size_t)N);    /* allowed and score > -inf */
   if (!s || !use) {
     free(s);
     free(use);
@@ -146,14 +117,11 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
       for (int i = 0; i < M; i++) {
         const size_t row = ((size_t)b * Hq + h) * M + i;
         const ref_seq sq = ref_sequence(p, in, b);
-        if (i >= sq.rows) {               /* past a packed sequence's end: no such row */
-          for (int c = 0; c < dv; c++)
-            o->out[row * (size_t)dv + c] = 0.0;
-          if (o->lse)
-            o->lse[row] = 0.0;
+        if (i >= sq.rows) { /* past a packed sequence's end: no such row */
+          for (int c = 0; c < dv; c++) o->out[row * (size_t)dv + c] = 0.0;
+          if (o->lse) o->lse[row] = 0.0;
           if (o->weights)
-            for (int j = 0; j < N; j++)
-              o->weights[row * (size_t)N + j] = 0.0;
+            for (int j = 0; j < N; j++) o->weights[row * (size_t)N + j] = 0.0;
           diagnose(o, row, NULL, use, N, -1);
           continue;
         }
@@ -161,8 +129,7 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
         int has_nan = 0, any = 0, best = -1;
         for (int j = 0; j < N; j++) {
           use[j] = 0;
-          if (!ref_allowed(p, in, b, h, i, j))
-            continue;
+          if (!ref_allowed(p, in, b, h, i, j)) continue;
           double sc = ref_score(p, in, b, h, i, j);
           s[j] = sc;
           if (isnan(sc)) {
@@ -171,7 +138,7 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
           } else if (sc != -INFINITY) {
             use[j] = 1;
             any = 1;
-            if (sc > mx) {                /* strictly: the lowest index on ties */
+            if (sc > mx) { /* strictly: the lowest index on ties */
               mx = sc;
               best = j;
             }
@@ -181,62 +148,47 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o)
         double *orow = o->out + row * (size_t)dv;
         double *wrow = o->weights ? o->weights + row * (size_t)N : NULL;
         if (wrow)
-          for (int j = 0; j < N; j++)
-            wrow[j] = 0.0;
+          for (int j = 0; j < N; j++) wrow[j] = 0.0;
 
-        if (has_nan) {                    /* NaN in an allowed score: the row is NaN */
-          for (int c = 0; c < dv; c++)
-            orow[c] = NAN;
-          if (o->lse)
-            o->lse[row] = NAN;
-          if (o->entropy)
-            o->entropy[row] = NAN;
-          if (o->max_weight)
-            o->max_weight[row] = NAN;
-          if (o->argmax)
-            o->argmax[row] = REF_ARGMAX_UNSPECIFIED;
+        if (has_nan) { /* NaN in an allowed score: the row is NaN */
+          for (int c = 0; c < dv; c++) orow[c] = NAN;
+          if (o->lse) o->lse[row] = NAN;
+          if (o->entropy) o->entropy[row] = NAN;
+          if (o->max_weight) o->max_weight[row] = NAN;
+          if (o->argmax) o->argmax[row] = REF_ARGMAX_UNSPECIFIED;
           if (wrow)
             for (int j = 0; j < N; j++)
-              if (use[j])
-                wrow[j] = NAN;
+              if (use[j]) wrow[j] = NAN;
           continue;
         }
         /* a sink is one more logit in the denominator, without a value */
         const double sink = in->sinks ? (double)in->sinks[h] : -INFINITY;
-        if (!any) {                       /* empty row */
+        if (!any) { /* empty row */
           empty++;
-          for (int c = 0; c < dv; c++)
-            orow[c] = 0.0;
-          if (o->lse)
-            o->lse[row] = sink;
+          for (int c = 0; c < dv; c++) orow[c] = 0.0;
+          if (o->lse) o->lse[row] = sink;
           diagnose(o, row, NULL, use, N, -1);
           continue;
         }
 
-        if (sink > mx)
-          mx = sink;
+        if (sink > mx) mx = sink;
         double sum = in->sinks ? exp(sink - mx) : 0.0;
         for (int j = 0; j < N; j++)
           if (use[j]) {
-            s[j] = exp(s[j] - mx);        /* NaN when mx is +inf and s[j] too */
+            s[j] = exp(s[j] - mx); /* NaN when mx is +inf and s[j] too */
             sum += s[j];
           }
-        for (int c = 0; c < dv; c++)
-          orow[c] = 0.0;
+        for (int c = 0; c < dv; c++) orow[c] = 0.0;
         for (int j = 0; j < N; j++) {
-          if (!use[j])
-            continue;
-          s[j] /= sum;                    /* s now holds the weights */
+          if (!use[j]) continue;
+          s[j] /= sum; /* s now holds the weights */
           const double w = s[j];
-          if (wrow)
-            wrow[j] = w;
-          if ((float)w == 0.0f)           /* zero in f32: contributes nothing, even an Inf value */
+          if (wrow) wrow[j] = w;
+          if ((float)w == 0.0f) /* zero in f32: contributes nothing, even an Inf value */
             continue;
-          for (int c = 0; c < dv; c++)
-            orow[c] += w * (double)in->v[view_index(&p->v, b, g, (int)(sq.k0 + j), c)];
+          for (int c = 0; c < dv; c++) orow[c] += w * (double)in->v[view_index(&p->v, b, g, (int)(sq.k0 + j), c)];
         }
-        if (o->lse)
-          o->lse[row] = mx + log(sum);
+        if (o->lse) o->lse[row] = mx + log(sum);
         diagnose(o, row, s, use, N, best);
       }
     }

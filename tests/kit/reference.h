@@ -14,23 +14,23 @@
 #include "clattn.h"
 
 typedef struct {
-  const float *q, *k, *v;         /* required */
-  const unsigned char *mask;      /* NULL unless p->mask.buf is set */
-  const float *bias;              /* NULL unless p->bias.buf is set */
-  const int32_t *kv_lens;         /* NULL unless p->kv_lens is set: [B] */
-  const float *alibi_slopes;      /* NULL unless p->alibi_slopes is set: [Hq] */
-  const float *sinks;             /* NULL unless p->sinks is set: [Hq] */
-  const float *additive_w;        /* set exactly when p->score is CLATTN_SCORE_ADDITIVE: [head_dim] */
+  const float *q, *k, *v;                     /* required */
+  const unsigned char *mask;                  /* NULL unless p->mask.buf is set */
+  const float *bias;                          /* NULL unless p->bias.buf is set */
+  const int32_t *kv_lens;                     /* NULL unless p->kv_lens is set: [B] */
+  const float *alibi_slopes;                  /* NULL unless p->alibi_slopes is set: [Hq] */
+  const float *sinks;                         /* NULL unless p->sinks is set: [Hq] */
+  const float *additive_w;                    /* set exactly when p->score is CLATTN_SCORE_ADDITIVE: [head_dim] */
   const int32_t *cu_seqlens_q, *cu_seqlens_k; /* set exactly when p->cu_seqlens_q is: [B + 1] each */
 } ref_inputs;
 
 typedef struct {
-  double *out;                    /* required: B*Hq*M*dv */
-  double *lse;                    /* optional: B*Hq*M */
-  double *weights;                /* optional: B*Hq*M*N */
-  double *entropy, *max_weight;   /* optional: B*Hq*M route diagnostics (clattn.h) */
-  int32_t *argmax;                /* optional: B*Hq*M; REF_ARGMAX_UNSPECIFIED for a NaN row */
-  long empty_rows;                /* set: rows with no allowed key (or all scores -inf) */
+  double *out;                  /* required: B*Hq*M*dv */
+  double *lse;                  /* optional: B*Hq*M */
+  double *weights;              /* optional: B*Hq*M*N */
+  double *entropy, *max_weight; /* optional: B*Hq*M route diagnostics (clattn.h) */
+  int32_t *argmax;              /* optional: B*Hq*M; REF_ARGMAX_UNSPECIFIED for a NaN row */
+  long empty_rows;              /* set: rows with no allowed key (or all scores -inf) */
 } ref_outputs;
 
 #define REF_ARGMAX_UNSPECIFIED INT32_MIN

@@ -15,9 +15,9 @@
 #include "reference.h"
 
 typedef struct {
-  double *d_q, *d_k, *d_v;        /* required: B*Hq*M*dk, B*Hkv*N*dk, B*Hkv*N*dv */
-  double *d_sinks;                /* optional: [Hq] (zeros without sinks) */
-  double *d_additive_w;           /* optional: [head_dim] (zeros unless additive) */
+  double *d_q, *d_k, *d_v; /* required: B*Hq*M*dk, B*Hkv*N*dk, B*Hkv*N*dv */
+  double *d_sinks;         /* optional: [Hq] (zeros without sinks) */
+  double *d_additive_w;    /* optional: [head_dim] (zeros unless additive) */
 } ref_grads;
 
 /* The gradients of L = sum dO . O in fp64. Returns 0, or -1 for params the

@@ -6,13 +6,13 @@
 
 typedef struct {
   const char *name;
-  int n, dk, dv;              /* keys, key width, value width */
+  int n, dk, dv; /* keys, key width, value width */
   float q[2];
-  float k[6], v[6];           /* n rows of dk (dv) values */
-  float scale;                /* NAN: 1/sqrt(dk) */
+  float k[6], v[6]; /* n rows of dk (dv) values */
+  float scale;      /* NAN: 1/sqrt(dk) */
   unsigned char allowed[3];
   double want_out[2], want_w[3];
-  double tol_w, tol_out;      /* of the seeds' rounding: weights, outputs */
+  double tol_w, tol_out; /* of the seeds' rounding: weights, outputs */
 } cp_worked;
 
 enum { CP_N_WORKED = 6 };

@@ -56,10 +56,10 @@ const char bench_usage[] =
     "       clattn bench --host [--shape H,HKV,M,N,D] [--reps R] [--calls C]\n";
 
 #define BEGIN_MARK "<!-- bench:begin -->"
-#define END_MARK "<!-- bench:end -->"
-#define MAX_ROWS 64
-#define MAX_KV 5 /* entries of --kv-dtype and of --paged */
-#define MIB (1024.0 * 1024.0)
+#define END_MARK   "<!-- bench:end -->"
+#define MAX_ROWS   64
+#define MAX_KV     5 /* entries of --kv-dtype and of --paged */
+#define MIB        (1024.0 * 1024.0)
 
 /* ---- a growable string ---- */
 
@@ -106,13 +106,13 @@ typedef struct {
   int quick, staged, host, check, verbose, max_reps;
   double cap_ms;
   unsigned only;
-  int baseline_max_len;   /* 0 = no limit */
+  int baseline_max_len; /* 0 = no limit */
   const char *readme;
   bench_shape custom[MAX_ROWS];
   int n_custom;
   clattn_dtype kv_types[MAX_KV]; /* --kv-dtype list (none: f32 like q) */
   int n_kv_types;
-  int kv_pages[MAX_KV];          /* --paged list: keys per page, 0 = contiguous (none: contiguous) */
+  int kv_pages[MAX_KV]; /* --paged list: keys per page, 0 = contiguous (none: contiguous) */
   int n_kv_pages;
 } bench_cfg;
 
@@ -128,12 +128,12 @@ typedef struct {
   bench_shape sh;
   double flops, bytes;
   cell a, f, st, h;
-  cell f16, bf16;           /* FUSED with q, k, v, out stored in 16 bits */
-  cell kv[MAX_KV * MAX_KV]; /* FUSED over each --kv-dtype x --paged cache (kv_cache()) */
+  cell f16, bf16;                  /* FUSED with q, k, v, out stored in 16 bits */
+  cell kv[MAX_KV * MAX_KV];        /* FUSED over each --kv-dtype x --paged cache (kv_cache()) */
   double diff_kv[MAX_KV * MAX_KV]; /* max |FUSED over that cache - FUSED f32|; NAN = not run */
-  double diff_st, diff_h;   /* max |FUSED - baseline|; NAN = not compared */
-  size_t scratch;           /* memory row: peak scratch */
-  int finite;               /* memory row: output all finite */
+  double diff_st, diff_h;          /* max |FUSED - baseline|; NAN = not compared */
+  size_t scratch;                  /* memory row: peak scratch */
+  int finite;                      /* memory row: output all finite */
 } row;
 
 typedef struct {
@@ -146,8 +146,10 @@ static int parse_shape(const char *v, bench_shape *out) {
   int h, hk, m, n, d, used = 0;
   if (sscanf(v, "%d,%d,%d,%d,%d%n", &h, &hk, &m, &n, &d, &used) != 5) return -1;
   int causal = 0;
-  if (v[used] == ',' && strcmp(v + used + 1, "causal") == 0) causal = 1;
-  else if (v[used] != 0) return -1;
+  if (v[used] == ',' && strcmp(v + used + 1, "causal") == 0)
+    causal = 1;
+  else if (v[used] != 0)
+    return -1;
   if (h <= 0 || hk <= 0 || m <= 0 || n <= 0 || d <= 0 || h % hk) return -1;
   out->s = (bb_shape){1, h, hk, m, n, d, causal};
   out->kind = m <= 16 ? K_DECODE : h != hk ? K_GQA : K_PREFILL;
@@ -159,18 +161,27 @@ static int parse_only(const char *v, unsigned *only) {
   char buf[128];
   snprintf(buf, sizeof buf, "%s", v);
   for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    if (!strcmp(t, "prefill")) *only |= K_PREFILL;
-    else if (!strcmp(t, "gqa")) *only |= K_GQA;
-    else if (!strcmp(t, "decode")) *only |= K_DECODE;
-    else if (!strcmp(t, "memory")) *only |= K_MEMORY;
-    else if (!strcmp(t, "host")) *only |= K_HOST;
-    else return -1;
+    if (!strcmp(t, "prefill"))
+      *only |= K_PREFILL;
+    else if (!strcmp(t, "gqa"))
+      *only |= K_GQA;
+    else if (!strcmp(t, "decode"))
+      *only |= K_DECODE;
+    else if (!strcmp(t, "memory"))
+      *only |= K_MEMORY;
+    else if (!strcmp(t, "host"))
+      *only |= K_HOST;
+    else
+      return -1;
   }
   return *only ? 0 : -1;
 }
 
 static int parse_kv_dtype(const char *v, clattn_dtype *out) {
-  static const struct { const char *name; clattn_dtype dtype; } names[] = {
+  static const struct {
+    const char *name;
+    clattn_dtype dtype;
+  } names[] = {
       {"f32", CLATTN_F32}, {"f16", CLATTN_F16}, {"bf16", CLATTN_BF16}, {"q8_0", CLATTN_Q8_0}, {"int8", CLATTN_INT8}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (!strcmp(v, names[i].name)) {
@@ -181,7 +192,11 @@ static int parse_kv_dtype(const char *v, clattn_dtype *out) {
 }
 
 static const char *kv_dtype_name(clattn_dtype d) {
-  return d == CLATTN_F16 ? "f16" : d == CLATTN_BF16 ? "bf16" : d == CLATTN_Q8_0 ? "q8_0" : d == CLATTN_INT8 ? "int8" : "f32";
+  return d == CLATTN_F16    ? "f16"
+         : d == CLATTN_BF16 ? "bf16"
+         : d == CLATTN_Q8_0 ? "q8_0"
+         : d == CLATTN_INT8 ? "int8"
+                            : "f32";
 }
 
 /* --kv-dtype T[,T...]: at most MAX_KV names. */
@@ -224,15 +239,17 @@ static void kv_cache(const bench_cfg *c, int i, clattn_dtype *type, int *page_si
 /* Bytes one token takes in the cache, K and V of every KV head (INT8: with
  * its f32 scale per row). */
 static double kv_token_bytes(clattn_dtype type, int kv_heads, int dim) {
-  const double row = type == CLATTN_Q8_0 ? dim / 32 * 34.0
+  const double row = type == CLATTN_Q8_0   ? dim / 32 * 34.0
                      : type == CLATTN_INT8 ? dim + 4.0
-                     : dim * (type == CLATTN_F32 ? 4.0 : 2.0);
+                                           : dim * (type == CLATTN_F32 ? 4.0 : 2.0);
   return 2.0 * kv_heads * row;
 }
 
 static char *kv_cache_name(clattn_dtype type, int page_size, char *buf, size_t n) {
-  if (page_size) snprintf(buf, n, "%s paged %d", kv_dtype_name(type), page_size);
-  else snprintf(buf, n, "%s contiguous", kv_dtype_name(type));
+  if (page_size)
+    snprintf(buf, n, "%s paged %d", kv_dtype_name(type), page_size);
+  else
+    snprintf(buf, n, "%s contiguous", kv_dtype_name(type));
   return buf;
 }
 
@@ -247,18 +264,30 @@ static int parse_args(int argc, char **argv, bench_cfg *c) {
     if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
       printf("usage:\n%s", bench_usage);
       return 1;
-    } else if (!strcmp(o, "--quick")) c->quick = 1;
-    else if (!strcmp(o, "--verbose") || !strcmp(o, "-v")) c->verbose = 1;
-    else if (!strcmp(o, "--no-staged")) c->staged = 0;
-    else if (!strcmp(o, "--no-host")) c->host = 0;
-    else if (!strcmp(o, "--no-check")) c->check = 0;
-    else if (!strcmp(o, "--readme") && v) c->readme = v, i++;
-    else if (!strcmp(o, "--reps") && v && atoi(v) > 0) c->max_reps = atoi(v), i++;
-    else if (!strcmp(o, "--cap") && v && strtod(v, NULL) > 0) c->cap_ms = strtod(v, NULL) * 1e3, i++;
-    else if (!strcmp(o, "--baseline-max-len") && v && atoi(v) > 0) c->baseline_max_len = atoi(v), i++;
-    else if (!strcmp(o, "--only") && v && parse_only(v, &c->only) == 0) i++;
-    else if (!strcmp(o, "--paged") && v && parse_kv_pages(v, c) == 0) i++;
-    else if (!strcmp(o, "--kv-dtype") && v && parse_kv_types(v, c) == 0) i++;
+    } else if (!strcmp(o, "--quick"))
+      c->quick = 1;
+    else if (!strcmp(o, "--verbose") || !strcmp(o, "-v"))
+      c->verbose = 1;
+    else if (!strcmp(o, "--no-staged"))
+      c->staged = 0;
+    else if (!strcmp(o, "--no-host"))
+      c->host = 0;
+    else if (!strcmp(o, "--no-check"))
+      c->check = 0;
+    else if (!strcmp(o, "--readme") && v)
+      c->readme = v, i++;
+    else if (!strcmp(o, "--reps") && v && atoi(v) > 0)
+      c->max_reps = atoi(v), i++;
+    else if (!strcmp(o, "--cap") && v && strtod(v, NULL) > 0)
+      c->cap_ms = strtod(v, NULL) * 1e3, i++;
+    else if (!strcmp(o, "--baseline-max-len") && v && atoi(v) > 0)
+      c->baseline_max_len = atoi(v), i++;
+    else if (!strcmp(o, "--only") && v && parse_only(v, &c->only) == 0)
+      i++;
+    else if (!strcmp(o, "--paged") && v && parse_kv_pages(v, c) == 0)
+      i++;
+    else if (!strcmp(o, "--kv-dtype") && v && parse_kv_types(v, c) == 0)
+      i++;
     else if (!strcmp(o, "--shape") && v && c->n_custom < MAX_ROWS && parse_shape(v, &c->custom[c->n_custom]) == 0)
       c->n_custom++, i++;
     else {
@@ -297,12 +326,19 @@ static unsigned kind_of(const bench_shape *s) { return (unsigned)s->kind; }
 static char *shape_label(const bench_shape *sh, char *buf, size_t n) {
   const bb_shape *s = &sh->s;
   char heads[32], lens[48], batch[16] = "";
-  if (s->heads == s->kv_heads) snprintf(heads, sizeof heads, "H%d", s->heads);
-  else snprintf(heads, sizeof heads, "H%d/%d", s->heads, s->kv_heads);
-  if (s->q_len == s->kv_len) snprintf(lens, sizeof lens, "M=N=%d", s->q_len);
-  else snprintf(lens, sizeof lens, "M=%d N=%d", s->q_len, s->kv_len);
+  if (s->heads == s->kv_heads)
+    snprintf(heads, sizeof heads, "H%d", s->heads);
+  else
+    snprintf(heads, sizeof heads, "H%d/%d", s->heads, s->kv_heads);
+  if (s->q_len == s->kv_len)
+    snprintf(lens, sizeof lens, "M=N=%d", s->q_len);
+  else
+    snprintf(lens, sizeof lens, "M=%d N=%d", s->q_len, s->kv_len);
   if (s->batch != 1) snprintf(batch, sizeof batch, "B%d ", s->batch);
-  const char *kind = sh->kind == K_DECODE ? "decode" : sh->kind == K_GQA ? "GQA" : sh->kind == K_MEMORY ? "memory" : "prefill";
+  const char *kind = sh->kind == K_DECODE   ? "decode"
+                     : sh->kind == K_GQA    ? "GQA"
+                     : sh->kind == K_MEMORY ? "memory"
+                                            : "prefill";
   snprintf(buf, n, "%s %s%s %s d%d%s", kind, batch, heads, lens, s->dim, s->causal ? " causal" : "");
   return buf;
 }
@@ -325,7 +361,7 @@ typedef struct {
   char platform[256], platform_version[256], device[256], driver[128], device_version[256];
   cl_uint units;
   char openblas[512];
-  char load[64];   /* /proc/loadavg's first three fields at the start */
+  char load[64]; /* /proc/loadavg's first three fields at the start */
 } machine;
 
 static void trim(char *s) {
@@ -353,8 +389,10 @@ static void machine_info(clattn_context *ctx, machine *mc) {
   }
   f = fopen("/proc/loadavg", "r");
   double l1, l5, l15;
-  if (f && fscanf(f, "%lf %lf %lf", &l1, &l5, &l15) == 3) snprintf(mc->load, sizeof mc->load, "%.2f %.2f %.2f", l1, l5, l15);
-  else snprintf(mc->load, sizeof mc->load, "?");
+  if (f && fscanf(f, "%lf %lf %lf", &l1, &l5, &l15) == 3)
+    snprintf(mc->load, sizeof mc->load, "%.2f %.2f %.2f", l1, l5, l15);
+  else
+    snprintf(mc->load, sizeof mc->load, "?");
   if (f) fclose(f);
   cl_device_id dev = clattn_cl_device(ctx);
   cl_platform_id plat = NULL;
@@ -460,7 +498,7 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
   double m = 0.0;
   for (size_t i = 0; i < n; i++) {
     double d = fabs((double)a[i] - (double)b[i]);
-    if (!(d <= m)) m = d;   /* NaN wins */
+    if (!(d <= m)) m = d; /* NaN wins */
   }
   return m;
 }
@@ -555,9 +593,10 @@ static int kv_setup(clattn_context *ctx, const bench_cfg *c, const cp_problem *p
     fprintf(stderr, "clattn bench: %s: kv cache: clCreateBuffer: %s (%d)\n", label, cp_cl_error_name(e), e);
     goto fail;
   }
-  const clattn_tensor view = {NULL, 0,
-                              {(size_t)s->kv_heads * rows * row_units, (size_t)rows * row_units, row_units,
-                               kv == CLATTN_Q8_0 ? 34 : 1}};
+  const clattn_tensor view = {
+      NULL,
+      0,
+      {(size_t)s->kv_heads * rows * row_units, (size_t)rows * row_units, row_units, kv == CLATTN_Q8_0 ? 34 : 1}};
   const clattn_tensor scale_view = {NULL, 0, {(size_t)s->kv_heads * rows, (size_t)rows, 1, 0}};
   clattn_append_params ap = clattn_append_params_default();
   ap.batch = s->batch;
@@ -621,7 +660,6 @@ done:;
   return rc;
 }
 
-
 /* FUSED over every cache of kv_cache(), timed in turns (one call of each per
  * round, so a noisy neighbour slows them alike), then each output against
  * the f32 FUSED output (fused_out, or NULL). */
@@ -653,8 +691,8 @@ static void run_kv_cells(clattn_context *ctx, const bench_cfg *c, cp_problem *pb
   for (int j = 0; j < n; j++) {
     r->kv[which[j]] = (cell){CELL_OK, ms[j], reps};
     if (!fused_out || !out) continue;
-    if (clattn_once(args[j], err, sizeof err) == 0 && read_buf(clattn_cl_queue(ctx), pb->out_buf, out, out_count, err,
-                                                               sizeof err) == 0)
+    if (clattn_once(args[j], err, sizeof err) == 0 &&
+        read_buf(clattn_cl_queue(ctx), pb->out_buf, out, out_count, err, sizeof err) == 0)
       r->diff_kv[which[j]] = max_abs_diff(fused_out, out, out_count);
     else
       fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
@@ -732,7 +770,7 @@ static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench
     goto done;
   }
 
-  if (ref_check) {   /* clattn FUSED against the fp64 reference, once */
+  if (ref_check) { /* clattn FUSED against the fp64 reference, once */
     pb->params.algo = CLATTN_ALGO_FUSED;
     cp_result res;
     if (cp_run(pb, ctx, &res) != 0) {
@@ -753,8 +791,10 @@ static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench
   pb->params.algo = CLATTN_ALGO_FUSED;
   measure("clattn FUSED", label, clattn_once, &ca, 1, c, r->flops, &rates[1], &r->f, failures);
   if (r->f.state == CELL_OK) {
-    if (read_buf(q, pb->out_buf, fused_out, out_count, err, sizeof err) == 0) have_fused_out = 1;
-    else fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
+    if (read_buf(q, pb->out_buf, fused_out, out_count, err, sizeof err) == 0)
+      have_fused_out = 1;
+    else
+      fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
   }
 
   if (kv_caches(c)) {
@@ -794,8 +834,10 @@ static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench
       void *arg[2] = {dev, &sp};
       measure("CLBlast staged", label, staged_once, arg, 1, c, r->flops, &rates[2], &r->st, failures);
       if (r->st.state == CELL_OK && have_fused_out) {
-        if (read_buf(q, sp.o, tmp, out_count, err, sizeof err) == 0) r->diff_st = max_abs_diff(fused_out, tmp, out_count);
-        else fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
+        if (read_buf(q, sp.o, tmp, out_count, err, sizeof err) == 0)
+          r->diff_st = max_abs_diff(fused_out, tmp, out_count);
+        else
+          fprintf(stderr, "clattn bench: %s: %s\n", label, err), (*failures)++;
       }
       bb_staged_release(&sp);
     }
@@ -813,11 +855,13 @@ static void run_row(clattn_context *ctx, bb_device *dev, int dev_ok, const bench
     }
   }
   if (!(r->diff_st <= DIFF_TOL) && !isnan(r->diff_st)) {
-    fprintf(stderr, "clattn bench: %s: clattn FUSED and CLBlast staged disagree (max abs diff %.3g)\n", label, r->diff_st);
+    fprintf(stderr, "clattn bench: %s: clattn FUSED and CLBlast staged disagree (max abs diff %.3g)\n", label,
+            r->diff_st);
     (*failures)++;
   }
   if (!(r->diff_h <= DIFF_TOL) && !isnan(r->diff_h)) {
-    fprintf(stderr, "clattn bench: %s: clattn FUSED and host OpenBLAS disagree (max abs diff %.3g)\n", label, r->diff_h);
+    fprintf(stderr, "clattn bench: %s: clattn FUSED and host OpenBLAS disagree (max abs diff %.3g)\n", label,
+            r->diff_h);
     (*failures)++;
   }
 done:
@@ -875,18 +919,31 @@ static void run_memory(clattn_context *ctx, const bench_cfg *c, row *r, int *fai
 
 #define NCOLS 15
 
-static const char *col_md[NCOLS] = {
-    "shape", "AUTO GFLOP/s", "FUSED GFLOP/s", "FUSED ms", "FUSED f16 GFLOP/s", "FUSED bf16 GFLOP/s",
-    "CLBlast staged GFLOP/s", "FUSED ÷ staged",
-    "host OpenBLAS GFLOP/s", "FUSED ÷ host", "FUSED % of device SGEMM", "FUSED % of host SGEMM",
-    "FUSED GB/s", "% of copy BW", "max abs diff vs staged / host"};
-static const char *col_txt[NCOLS] = {"shape", "auto", "fused", "fused ms", "f16", "bf16", "staged", "f/stg", "host",
-                                     "f/host", "%devmm", "%hostmm", "GB/s", "%copy", "maxdiff stg/host"};
+static const char *col_md[NCOLS] = {"shape",
+                                    "AUTO GFLOP/s",
+                                    "FUSED GFLOP/s",
+                                    "FUSED ms",
+                                    "FUSED f16 GFLOP/s",
+                                    "FUSED bf16 GFLOP/s",
+                                    "CLBlast staged GFLOP/s",
+                                    "FUSED ÷ staged",
+                                    "host OpenBLAS GFLOP/s",
+                                    "FUSED ÷ host",
+                                    "FUSED % of device SGEMM",
+                                    "FUSED % of host SGEMM",
+                                    "FUSED GB/s",
+                                    "% of copy BW",
+                                    "max abs diff vs staged / host"};
+static const char *col_txt[NCOLS] = {"shape",  "auto",    "fused", "fused ms", "f16",
+                                     "bf16",   "staged",  "f/stg", "host",     "f/host",
+                                     "%devmm", "%hostmm", "GB/s",  "%copy",    "maxdiff stg/host"};
 static const int col_w[NCOLS] = {-40, 7, 7, 9, 7, 7, 7, 6, 7, 6, 7, 7, 6, 6, 17};
 
 static void cell_gflops(const cell *c, double flops, char *buf, size_t n) {
-  if (c->state == CELL_OK) snprintf(buf, n, "%.1f", flops / (c->ms * 1e6));
-  else snprintf(buf, n, "%s", c->state == CELL_FAIL ? "fail" : "-");
+  if (c->state == CELL_OK)
+    snprintf(buf, n, "%.1f", flops / (c->ms * 1e6));
+  else
+    snprintf(buf, n, "%s", c->state == CELL_FAIL ? "fail" : "-");
 }
 
 static void row_cells(const row *r, const ceilings *cl, char cells[NCOLS][64]) {
@@ -900,25 +957,37 @@ static void row_cells(const row *r, const ceilings *cl, char cells[NCOLS][64]) {
   cell_gflops(&r->f, r->flops, cells[2], 64);
   const int f_ok = r->f.state == CELL_OK;
   const double f_rate = f_ok ? r->flops / (r->f.ms * 1e6) : NAN;
-  if (f_ok) snprintf(cells[3], 64, "%.1f", r->f.ms);
-  else snprintf(cells[3], 64, "%s", r->f.state == CELL_FAIL ? "fail" : "-");
+  if (f_ok)
+    snprintf(cells[3], 64, "%.1f", r->f.ms);
+  else
+    snprintf(cells[3], 64, "%s", r->f.state == CELL_FAIL ? "fail" : "-");
   cell_gflops(&r->f16, r->flops, cells[4], 64);
   cell_gflops(&r->bf16, r->flops, cells[5], 64);
   cell_gflops(&r->st, r->flops, cells[6], 64);
-  if (f_ok && r->st.state == CELL_OK) snprintf(cells[7], 64, "%.2f", r->st.ms / r->f.ms);
-  else snprintf(cells[7], 64, "-");
+  if (f_ok && r->st.state == CELL_OK)
+    snprintf(cells[7], 64, "%.2f", r->st.ms / r->f.ms);
+  else
+    snprintf(cells[7], 64, "-");
   cell_gflops(&r->h, r->flops, cells[8], 64);
-  if (f_ok && r->h.state == CELL_OK) snprintf(cells[9], 64, "%.2f", r->h.ms / r->f.ms);
-  else snprintf(cells[9], 64, "-");
-  if (f_ok && cl->dev_gemm > 0) snprintf(cells[10], 64, "%.0f%%", 100.0 * f_rate / cl->dev_gemm);
-  else snprintf(cells[10], 64, "-");
-  if (f_ok && cl->host_gemm > 0) snprintf(cells[11], 64, "%.0f%%", 100.0 * f_rate / cl->host_gemm);
-  else snprintf(cells[11], 64, "-");
+  if (f_ok && r->h.state == CELL_OK)
+    snprintf(cells[9], 64, "%.2f", r->h.ms / r->f.ms);
+  else
+    snprintf(cells[9], 64, "-");
+  if (f_ok && cl->dev_gemm > 0)
+    snprintf(cells[10], 64, "%.0f%%", 100.0 * f_rate / cl->dev_gemm);
+  else
+    snprintf(cells[10], 64, "-");
+  if (f_ok && cl->host_gemm > 0)
+    snprintf(cells[11], 64, "%.0f%%", 100.0 * f_rate / cl->host_gemm);
+  else
+    snprintf(cells[11], 64, "-");
   if (f_ok && r->sh.kind == K_DECODE) {
     double gbps = r->bytes / (r->f.ms * 1e6);
     snprintf(cells[12], 64, "%.1f", gbps);
-    if (cl->copy_gbps > 0) snprintf(cells[13], 64, "%.0f%%", 100.0 * gbps / cl->copy_gbps);
-    else snprintf(cells[13], 64, "-");
+    if (cl->copy_gbps > 0)
+      snprintf(cells[13], 64, "%.0f%%", 100.0 * gbps / cl->copy_gbps);
+    else
+      snprintf(cells[13], 64, "-");
   } else {
     snprintf(cells[12], 64, "-");
     snprintf(cells[13], 64, "-");
@@ -926,8 +995,10 @@ static void row_cells(const row *r, const ceilings *cl, char cells[NCOLS][64]) {
   char a[24] = "-", b[24] = "-";
   if (!isnan(r->diff_st)) snprintf(a, sizeof a, "%.1e", r->diff_st);
   if (!isnan(r->diff_h)) snprintf(b, sizeof b, "%.1e", r->diff_h);
-  if (isnan(r->diff_st) && isnan(r->diff_h)) snprintf(cells[14], 64, "-");
-  else snprintf(cells[14], 64, "%s / %s", a, b);
+  if (isnan(r->diff_st) && isnan(r->diff_h))
+    snprintf(cells[14], 64, "-");
+  else
+    snprintf(cells[14], 64, "%s / %s", a, b);
 }
 
 static void print_header(void) {
@@ -1085,14 +1156,20 @@ static void readme_block(sbuf *b, int argc, char **argv, const machine *mc, cons
          mc->platform_version, mc->device, mc->device_version, mc->units, mc->driver);
   sb_add(b, "- OpenBLAS: %s\n", mc->openblas);
   sb_add(b, "- ceilings: CLBlast SGEMM %dx%dx%d on the device ", cl->gemm_n, cl->gemm_n, cl->gemm_n);
-  if (cl->dev_gemm > 0) sb_add(b, "%.1f GFLOP/s", cl->dev_gemm);
-  else sb_add(b, "not measured");
+  if (cl->dev_gemm > 0)
+    sb_add(b, "%.1f GFLOP/s", cl->dev_gemm);
+  else
+    sb_add(b, "not measured");
   sb_add(b, "; OpenBLAS SGEMM %dx%dx%d on the host ", cl->gemm_n, cl->gemm_n, cl->gemm_n);
-  if (cl->host_gemm > 0) sb_add(b, "%.1f GFLOP/s", cl->host_gemm);
-  else sb_add(b, "not measured");
+  if (cl->host_gemm > 0)
+    sb_add(b, "%.1f GFLOP/s", cl->host_gemm);
+  else
+    sb_add(b, "not measured");
   sb_add(b, "; device copy (clEnqueueCopyBuffer, %.0f MiB, read + write) ", cl->copy_bytes / MIB);
-  if (cl->copy_gbps > 0) sb_add(b, "%.1f GB/s", cl->copy_gbps);
-  else sb_add(b, "not measured");
+  if (cl->copy_gbps > 0)
+    sb_add(b, "%.1f GB/s", cl->copy_gbps);
+  else
+    sb_add(b, "not measured");
   sb_add(b, "\n\n");
 
   char cells[NCOLS][64];
@@ -1104,20 +1181,24 @@ static void readme_block(sbuf *b, int argc, char **argv, const machine *mc, cons
     row_cells(&rows[i], cl, cells);
     md_row(b, cells);
   }
-  sb_add(b, "\nGFLOP/s count 4·B·H·M·N·d FLOPs (QKᵀ and A·V), halved for causal, over the median wall time "
-            "of a call and its clFinish (one warm-up call, then up to %d timed calls within %.1f s; a cell expected to take longer than that is timed once, without a warm-up); every "
-            "column uses the same count, so the staged baselines, which compute the whole score matrix even "
-            "when causal, are charged the same work. FUSED f16 / bf16: the same call with q, k, v and out stored in "
-            "16 bits (arithmetic f32). Ratios are baseline time ÷ FUSED time (above 1: FUSED "
-            "is faster). CLBlast staged: QKᵀ and A·V by CLBlastSgemmStridedBatched (one matrix per KV head, "
-            "its query heads stacked), a one-work-group-per-row softmax kernel in between, scores in one "
-            "buffer of up to 512 MiB. Host: the same with cblas_sgemm and a C softmax (expf) split across "
-            "openblas_get_num_threads() threads. Decode GB/s count K and V read once plus Q and O (a K/V cache smaller than the CPU's last-level cache can beat the copy bandwidth). The "
-            "last column is the largest absolute difference between clattn FUSED's output and each baseline's.\n",
+  sb_add(b,
+         "\nGFLOP/s count 4·B·H·M·N·d FLOPs (QKᵀ and A·V), halved for causal, over the median wall time "
+         "of a call and its clFinish (one warm-up call, then up to %d timed calls within %.1f s; a cell expected to "
+         "take longer than that is timed once, without a warm-up); every "
+         "column uses the same count, so the staged baselines, which compute the whole score matrix even "
+         "when causal, are charged the same work. FUSED f16 / bf16: the same call with q, k, v and out stored in "
+         "16 bits (arithmetic f32). Ratios are baseline time ÷ FUSED time (above 1: FUSED "
+         "is faster). CLBlast staged: QKᵀ and A·V by CLBlastSgemmStridedBatched (one matrix per KV head, "
+         "its query heads stacked), a one-work-group-per-row softmax kernel in between, scores in one "
+         "buffer of up to 512 MiB. Host: the same with cblas_sgemm and a C softmax (expf) split across "
+         "openblas_get_num_threads() threads. Decode GB/s count K and V read once plus Q and O (a K/V cache smaller "
+         "than the CPU's last-level cache can beat the copy bandwidth). The "
+         "last column is the largest absolute difference between clattn FUSED's output and each baseline's.\n",
          c->max_reps, c->cap_ms / 1e3);
   if (kv_caches(c)) {
-    sb_add(b, "\nFUSED over the same keys and values written by clattn_kv_append into each cache of "
-              "`--kv-dtype` x `--paged` (pages handed out in reverse order):\n\n");
+    sb_add(b,
+           "\nFUSED over the same keys and values written by clattn_kv_append into each cache of "
+           "`--kv-dtype` x `--paged` (pages handed out in reverse order):\n\n");
     for (int i = 0; i < nrows; i++)
       if (rows[i].sh.kind != K_MEMORY) kv_lines(b, c, &rows[i], "- ");
   }
@@ -1127,10 +1208,11 @@ static void readme_block(sbuf *b, int argc, char **argv, const machine *mc, cons
     char label[128];
     shape_label(&r->sh, label, sizeof label);
     const double mn = 4.0 * r->sh.s.batch * r->sh.s.heads * (double)r->sh.s.q_len * r->sh.s.kv_len;
-    sb_add(b, "\nMemory check: %s with FUSED (one call, %s): clattn_peak_scratch_bytes = %zu bytes (%.2f MiB), "
-              "where one f32 score matrix M·N·4 would be %.2f GiB; output %s.\n",
-           label + strlen("memory "), r->f.state == CELL_OK ? "ok" : "FAILED", r->scratch, r->scratch / MIB, mn / (MIB * 1024.0),
-           r->finite ? "all finite" : "NOT all finite");
+    sb_add(b,
+           "\nMemory check: %s with FUSED (one call, %s): clattn_peak_scratch_bytes = %zu bytes (%.2f MiB), "
+           "where one f32 score matrix M·N·4 would be %.2f GiB; output %s.\n",
+           label + strlen("memory "), r->f.state == CELL_OK ? "ok" : "FAILED", r->scratch, r->scratch / MIB,
+           mn / (MIB * 1024.0), r->finite ? "all finite" : "NOT all finite");
   }
   if (failures) sb_add(b, "\n%d failure(s) during the run; see the tool's messages.\n", failures);
   sb_add(b, "%s\n", END_MARK);
@@ -1158,10 +1240,12 @@ int bench_main(int argc, char **argv) {
   }
   machine mc;
   machine_info(ctx, &mc);
-  printf("clattn bench (clattn %s, f32)\ncpu: %s, %d logical CPUs, load average %s\nopencl: %s (%s); device %s (%s), driver %s\n"
-         "openblas: %s\n",
-         CLATTN_VERSION_STRING, mc.cpu, mc.cpus, mc.load, mc.platform, mc.platform_version, mc.device, mc.device_version,
-         mc.driver, mc.openblas);
+  printf(
+      "clattn bench (clattn %s, f32)\ncpu: %s, %d logical CPUs, load average %s\nopencl: %s (%s); device %s (%s), "
+      "driver %s\n"
+      "openblas: %s\n",
+      CLATTN_VERSION_STRING, mc.cpu, mc.cpus, mc.load, mc.platform, mc.platform_version, mc.device, mc.device_version,
+      mc.driver, mc.openblas);
 
   bb_device dev;
   int dev_ok = bb_device_init(&dev, ctx) == 0;
@@ -1181,22 +1265,23 @@ int bench_main(int argc, char **argv) {
     fprintf(stderr, "clattn bench: host SGEMM ceiling: %s\n", err);
     failures++;
   }
-  if (dev_ok && bb_device_copy_rate(&dev, (size_t)(c.quick ? 64 : 256) << 20, 5, c.cap_ms, &cl.copy_gbps,
-                                    &cl.copy_bytes) != 0) {
+  if (dev_ok &&
+      bb_device_copy_rate(&dev, (size_t)(c.quick ? 64 : 256) << 20, 5, c.cap_ms, &cl.copy_gbps, &cl.copy_bytes) != 0) {
     fprintf(stderr, "clattn bench: device copy bandwidth: %s\n", dev.err);
     failures++;
   }
   if (c.verbose) fprintf(stderr, "  ceilings measured in %.1f s\n", (bb_now_ms() - t_start) / 1e3);
-  printf("ceilings: device CLBlast SGEMM %d^3 %.1f GFLOP/s, host OpenBLAS SGEMM %d^3 %.1f GFLOP/s, "
-         "device copy %.0f MiB %.1f GB/s\n\n",
-         cl.gemm_n, cl.dev_gemm, cl.gemm_n, cl.host_gemm, cl.copy_bytes / MIB, cl.copy_gbps);
+  printf(
+      "ceilings: device CLBlast SGEMM %d^3 %.1f GFLOP/s, host OpenBLAS SGEMM %d^3 %.1f GFLOP/s, "
+      "device copy %.0f MiB %.1f GB/s\n\n",
+      cl.gemm_n, cl.dev_gemm, cl.gemm_n, cl.host_gemm, cl.copy_bytes / MIB, cl.copy_gbps);
 
   static row rows[MAX_ROWS + 1];
   bench_shape shapes[MAX_ROWS];
   int nshapes = default_shapes(&c, shapes), nrows = 0;
   print_header();
   int ref_done = !c.check;
-  double rates[6] = {0};   /* AUTO, FUSED, staged, host, FUSED f16, bf16: the last cell's GFLOP/s */
+  double rates[6] = {0}; /* AUTO, FUSED, staged, host, FUSED f16, bf16: the last cell's GFLOP/s */
   for (int i = 0; i < nshapes; i++) {
     if (!(kind_of(&shapes[i]) & c.only) && !c.n_custom) continue;
     row *r = &rows[nrows++];
@@ -1215,10 +1300,11 @@ int bench_main(int argc, char **argv) {
     run_memory(ctx, &c, r, &failures);
     print_row(r, &cl);
     char label[128];
-    printf("\n%s, FUSED: peak scratch %zu bytes (%.2f MiB); one f32 score matrix would be %.2f GiB; "
-           "output %s\n",
-           shape_label(&r->sh, label, sizeof label), r->scratch, r->scratch / MIB,
-           4.0 * len * (double)len / (MIB * 1024.0), r->finite ? "all finite" : "NOT all finite");
+    printf(
+        "\n%s, FUSED: peak scratch %zu bytes (%.2f MiB); one f32 score matrix would be %.2f GiB; "
+        "output %s\n",
+        shape_label(&r->sh, label, sizeof label), r->scratch, r->scratch / MIB,
+        4.0 * len * (double)len / (MIB * 1024.0), r->finite ? "all finite" : "NOT all finite");
   }
   if ((c.only & K_HOST) && !c.n_custom) { /* what one decode call costs the host (bench_host.c) */
     printf("\n");
@@ -1230,9 +1316,10 @@ int bench_main(int argc, char **argv) {
   for (int i = 0; i < nrows; i++) {
     if (rows[i].sh.kind == K_MEMORY || (isnan(rows[i].diff_st) && isnan(rows[i].diff_h))) continue;
     char label[128];
-    printf("\ncheck: %s: max |clattn FUSED - CLBlast staged| = %.3g, max |clattn FUSED - host OpenBLAS| = %.3g "
-           "(NaN: not compared)\n",
-           shape_label(&rows[i].sh, label, sizeof label), rows[i].diff_st, rows[i].diff_h);
+    printf(
+        "\ncheck: %s: max |clattn FUSED - CLBlast staged| = %.3g, max |clattn FUSED - host OpenBLAS| = %.3g "
+        "(NaN: not compared)\n",
+        shape_label(&rows[i].sh, label, sizeof label), rows[i].diff_st, rows[i].diff_h);
     break;
   }
   const double total_s = (bb_now_ms() - t_start) / 1e3;

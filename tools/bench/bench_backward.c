@@ -87,7 +87,7 @@ static int run_host(void *arg, char *err, size_t n) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, d, scale, q, d, k, d, 0.0f, h->sc, N);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, d, 1.0f, d_o, d, v, d, 0.0f, h->dp, N);
       for (int i = 0; i < M; i++) {
-        const int last = h->s.causal ? i + N - M : N - 1;   /* bottom-right aligned */
+        const int last = h->s.causal ? i + N - M : N - 1; /* bottom-right aligned */
         float *p = h->sc + (size_t)i * N, *ds = h->dp + (size_t)i * N;
         for (int j = 0; j < N; j++) {
           const float w = j <= last ? expf(p[j] - lse[i]) : 0.0f;
@@ -186,8 +186,10 @@ static int bench_shape(clattn_context *ctx, const bb_shape *s, int host, int max
     }
   }
   /* FA2 deterministic, FA2 atomic dQ, staged: each timed, each compared with the host */
-  static const struct { clattn_algo algo; int deterministic; } paths[3] = {
-      {CLATTN_ALGO_FUSED, 1}, {CLATTN_ALGO_FUSED, 0}, {CLATTN_ALGO_STAGED, 1}};
+  static const struct {
+    clattn_algo algo;
+    int deterministic;
+  } paths[3] = {{CLATTN_ALGO_FUSED, 1}, {CLATTN_ALGO_FUSED, 0}, {CLATTN_ALGO_STAGED, 1}};
   for (int w = 0; w < 3; w++) {
     c.bp.fwd.algo = paths[w].algo;
     c.bp.deterministic = paths[w].deterministic;
@@ -203,7 +205,7 @@ static int bench_shape(clattn_context *ctx, const bb_shape *s, int host, int max
     }
     if (host) {
       const double d = fmax(max_rel_diff(gq, hq, qn), fmax(max_rel_diff(gk, hk, kn), max_rel_diff(gv, hv, kn)));
-      diff = w == 0 || !(d <= diff) ? d : diff;   /* the largest; NaN sticks */
+      diff = w == 0 || !(d <= diff) ? d : diff; /* the largest; NaN sticks */
     }
   }
   const double work = (double)s->batch * H * M * N * d * (s->causal ? 0.5 : 1.0);
@@ -216,7 +218,7 @@ static int bench_shape(clattn_context *ctx, const bb_shape *s, int host, int max
     printf(" %.1f | %.1f | %.2f | %.1e |\n", h_ms, 10.0 * work / h_ms / 1e6, h_ms / b_ms[0], diff);
   else
     printf(" - | - | - | - |\n");
-  rc = diff > 1e-3 ? -1 : 0;   /* NaN (no host run) passes */
+  rc = diff > 1e-3 ? -1 : 0; /* NaN (no host run) passes */
   if (rc) printf("(device and host gradients disagree: %.3g)\n", diff);
 done:;
   cl_mem bufs[] = {bq, bk, bv, bo, bl, bdo, bgq, bgk, bgv};
@@ -234,10 +236,14 @@ int bench_backward_main(int argc, char **argv) {
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--backward")) continue;
-    if (!strcmp(a, "--quick")) quick = 1;
-    else if (!strcmp(a, "--no-host")) host = 0;
-    else if (!strcmp(a, "--reps") && val && atoi(val) > 0) max_reps = atoi(val), i++;
-    else if (!strcmp(a, "--cap") && val && strtod(val, NULL) > 0) cap_ms = strtod(val, NULL) * 1e3, i++;
+    if (!strcmp(a, "--quick"))
+      quick = 1;
+    else if (!strcmp(a, "--no-host"))
+      host = 0;
+    else if (!strcmp(a, "--reps") && val && atoi(val) > 0)
+      max_reps = atoi(val), i++;
+    else if (!strcmp(a, "--cap") && val && strtod(val, NULL) > 0)
+      cap_ms = strtod(val, NULL) * 1e3, i++;
     else if (!strcmp(a, "--shape") && val && n < MAX_SHAPES) {
       bb_shape s = {1, 0, 0, 0, 0, 0, 0};
       char tail[16] = "";
@@ -277,9 +283,10 @@ int bench_backward_main(int argc, char **argv) {
   printf("clattn bench --backward (clattn %s, f32): device %s; openblas %s, %d threads; atomic dQ by %s\n\n",
          CLATTN_VERSION_STRING, dev, bb_openblas_config(), bb_openblas_threads(),
          native ? "cl_ext_float_atomics" : "compare-and-swap");
-  printf("| shape | forward ms | forward GFLOP/s | FA2 backward ms | FA2 backward GFLOP/s | FA2 backward ÷ forward | "
-         "FA2 atomic dQ ms | staged backward ms | host OpenBLAS backward ms | host GFLOP/s | host ÷ FA2 | "
-         "max rel diff vs host |\n");
+  printf(
+      "| shape | forward ms | forward GFLOP/s | FA2 backward ms | FA2 backward GFLOP/s | FA2 backward ÷ forward | "
+      "FA2 atomic dQ ms | staged backward ms | host OpenBLAS backward ms | host GFLOP/s | host ÷ FA2 | "
+      "max rel diff vs host |\n");
   printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   int failures = 0;
   const double t0 = bb_now_ms();

@@ -40,22 +40,22 @@ int bb_openblas_threads(void) { return openblas_get_num_threads(); }
 static const char *clblast_name(CLBlastStatusCode c) {
   if (c < 0 && c > -100) return cp_cl_error_name((cl_int)c);
   switch (c) {
-  case CLBlastNotImplemented: return "CLBlastNotImplemented";
-  case CLBlastInvalidMatrixA: return "CLBlastInvalidMatrixA";
-  case CLBlastInvalidMatrixB: return "CLBlastInvalidMatrixB";
-  case CLBlastInvalidMatrixC: return "CLBlastInvalidMatrixC";
-  case CLBlastInsufficientMemoryA: return "CLBlastInsufficientMemoryA";
-  case CLBlastInsufficientMemoryB: return "CLBlastInsufficientMemoryB";
-  case CLBlastInsufficientMemoryC: return "CLBlastInsufficientMemoryC";
-  case CLBlastInvalidLocalMemUsage: return "CLBlastInvalidLocalMemUsage";
-  case CLBlastNoHalfPrecision: return "CLBlastNoHalfPrecision";
-  case CLBlastInvalidBatchCount: return "CLBlastInvalidBatchCount";
-  case CLBlastInvalidOverrideKernel: return "CLBlastInvalidOverrideKernel";
-  case CLBlastMissingOverrideParameter: return "CLBlastMissingOverrideParameter";
-  case CLBlastInvalidLocalThreadsTotal: return "CLBlastInvalidLocalThreadsTotal";
-  case CLBlastInvalidLocalThreadsDim: return "CLBlastInvalidLocalThreadsDim";
-  case CLBlastUnexpectedError: return "CLBlastUnexpectedError";
-  default: return "CLBlast error";
+    case CLBlastNotImplemented: return "CLBlastNotImplemented";
+    case CLBlastInvalidMatrixA: return "CLBlastInvalidMatrixA";
+    case CLBlastInvalidMatrixB: return "CLBlastInvalidMatrixB";
+    case CLBlastInvalidMatrixC: return "CLBlastInvalidMatrixC";
+    case CLBlastInsufficientMemoryA: return "CLBlastInsufficientMemoryA";
+    case CLBlastInsufficientMemoryB: return "CLBlastInsufficientMemoryB";
+    case CLBlastInsufficientMemoryC: return "CLBlastInsufficientMemoryC";
+    case CLBlastInvalidLocalMemUsage: return "CLBlastInvalidLocalMemUsage";
+    case CLBlastNoHalfPrecision: return "CLBlastNoHalfPrecision";
+    case CLBlastInvalidBatchCount: return "CLBlastInvalidBatchCount";
+    case CLBlastInvalidOverrideKernel: return "CLBlastInvalidOverrideKernel";
+    case CLBlastMissingOverrideParameter: return "CLBlastMissingOverrideParameter";
+    case CLBlastInvalidLocalThreadsTotal: return "CLBlastInvalidLocalThreadsTotal";
+    case CLBlastInvalidLocalThreadsDim: return "CLBlastInvalidLocalThreadsDim";
+    case CLBlastUnexpectedError: return "CLBlastUnexpectedError";
+    default: return "CLBlast error";
   }
 }
 
@@ -68,8 +68,8 @@ static int cmp_double(const void *a, const void *b) {
 
 #define BB_MAX_REPS 64
 
-int bb_time(bb_run_fn fn, void *arg, int warmup, int max_reps, double cap_ms, double *median_ms, int *reps,
-            char *err, size_t errlen) {
+int bb_time(bb_run_fn fn, void *arg, int warmup, int max_reps, double cap_ms, double *median_ms, int *reps, char *err,
+            size_t errlen) {
   *median_ms = NAN;
   *reps = 0;
   if (max_reps < 1) max_reps = 1;
@@ -212,7 +212,8 @@ int bb_device_init(bb_device *b, clattn_context *ctx) {
   }
   size_t dev_wg = 0;
   cl_int e = clGetDeviceInfo(b->device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof dev_wg, &dev_wg, NULL);
-  if (e == CL_SUCCESS) e = clGetDeviceInfo(b->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof b->max_alloc, &b->max_alloc, NULL);
+  if (e == CL_SUCCESS)
+    e = clGetDeviceInfo(b->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof b->max_alloc, &b->max_alloc, NULL);
   if (e != CL_SUCCESS) {
     fmt(b->err, sizeof b->err, "clGetDeviceInfo: %s (%d)", cp_cl_error_name(e), e);
     return -1;
@@ -302,10 +303,8 @@ int bb_staged_run(bb_device *b, bb_staged *sp) {
       const size_t nr = GM - r0 < sp->rows ? GM - r0 : sp->rows;
       /* S[g] (nr x N) = scale * Q[g][r0:] (nr x d) * K[g]^T */
       CLBlastStatusCode c = CLBlastSgemmStridedBatched(
-          CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeYes, nr, N, d, scale,
-          sp->q, (g0 * GM + r0) * d, d, GM * d,
-          sp->k, g0 * N * d, d, N * d, 0.0f,
-          sp->scores, 0, N, nr * N, ng, &queue, NULL);
+          CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeYes, nr, N, d, scale, sp->q, (g0 * GM + r0) * d, d,
+          GM * d, sp->k, g0 * N * d, d, N * d, 0.0f, sp->scores, 0, N, nr * N, ng, &queue, NULL);
       if (c != CLBlastSuccess) {
         fmt(b->err, sizeof b->err, "CLBlastSgemmStridedBatched (QK^T): %s (%d)", clblast_name(c), (int)c);
         return -1;
@@ -328,11 +327,9 @@ int bb_staged_run(bb_device *b, bb_staged *sp) {
         return -1;
       }
       /* O[g][r0:] (nr x d) = A[g] (nr x N) * V[g] (N x d) */
-      c = CLBlastSgemmStridedBatched(
-          CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, nr, d, N, 1.0f,
-          sp->scores, 0, N, nr * N,
-          sp->v, g0 * N * d, d, N * d, 0.0f,
-          sp->o, (g0 * GM + r0) * d, d, GM * d, ng, &queue, NULL);
+      c = CLBlastSgemmStridedBatched(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, nr, d, N, 1.0f,
+                                     sp->scores, 0, N, nr * N, sp->v, g0 * N * d, d, N * d, 0.0f, sp->o,
+                                     (g0 * GM + r0) * d, d, GM * d, ng, &queue, NULL);
       if (c != CLBlastSuccess) {
         fmt(b->err, sizeof b->err, "CLBlastSgemmStridedBatched (AV): %s (%d)", clblast_name(c), (int)c);
         return -1;
@@ -363,7 +360,7 @@ static void *host_softmax(void *arg) {
     const size_t i = ((jb->row0 + r) % jb->rows_per_group) % m;
     size_t lim = n;
     if (jb->causal) {
-      lim = i + n + 1 > m ? i + n + 1 - m : 0;   /* keys j <= i + n - m */
+      lim = i + n + 1 > m ? i + n + 1 - m : 0; /* keys j <= i + n - m */
       if (lim > n) lim = n;
     }
     float mx = -INFINITY;
@@ -396,19 +393,26 @@ static void host_softmax_rows(bb_host *h, float *s, size_t rows, size_t row0, si
   pthread_t tid[BB_MAX_THREADS];
   int started[BB_MAX_THREADS] = {0};
   for (int i = 0; i < t; i++)
-    jobs[i] = (softmax_job){s, rows * (size_t)i / (size_t)t, rows * (size_t)(i + 1) / (size_t)t,
-                            (size_t)h->s.kv_len, (size_t)h->s.q_len, rows_per_group, row0, h->s.causal};
-  for (int i = 1; i < t; i++)
-    started[i] = pthread_create(&tid[i], NULL, host_softmax, &jobs[i]) == 0;
+    jobs[i] = (softmax_job){s,
+                            rows * (size_t)i / (size_t)t,
+                            rows * (size_t)(i + 1) / (size_t)t,
+                            (size_t)h->s.kv_len,
+                            (size_t)h->s.q_len,
+                            rows_per_group,
+                            row0,
+                            h->s.causal};
+  for (int i = 1; i < t; i++) started[i] = pthread_create(&tid[i], NULL, host_softmax, &jobs[i]) == 0;
   host_softmax(&jobs[0]);
   for (int i = 1; i < t; i++) {
-    if (started[i]) pthread_join(tid[i], NULL);
-    else host_softmax(&jobs[i]);
+    if (started[i])
+      pthread_join(tid[i], NULL);
+    else
+      host_softmax(&jobs[i]);
   }
 }
 
-int bb_host_prepare(bb_host *h, const bb_shape *s, const float *q, const float *k, const float *v,
-                    size_t scratch_limit, int threads) {
+int bb_host_prepare(bb_host *h, const bb_shape *s, const float *q, const float *k, const float *v, size_t scratch_limit,
+                    int threads) {
   memset(h, 0, sizeof *h);
   h->s = *s;
   h->q = q;
@@ -446,12 +450,10 @@ int bb_host_run(bb_host *h) {
     for (size_t r0 = 0; r0 < GM; r0 += h->rows) {
       const size_t nr = GM - r0 < h->rows ? GM - r0 : h->rows;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)nr, (blasint)N, (blasint)d, scale,
-                  h->q + (g * GM + r0) * d, (blasint)d, h->k + g * N * d, (blasint)d, 0.0f, h->scores,
-                  (blasint)N);
+                  h->q + (g * GM + r0) * d, (blasint)d, h->k + g * N * d, (blasint)d, 0.0f, h->scores, (blasint)N);
       host_softmax_rows(h, h->scores, nr, r0, GM);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)nr, (blasint)d, (blasint)N, 1.0f,
-                  h->scores, (blasint)N, h->v + g * N * d, (blasint)d, 0.0f, h->o + (g * GM + r0) * d,
-                  (blasint)d);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)nr, (blasint)d, (blasint)N, 1.0f, h->scores,
+                  (blasint)N, h->v + g * N * d, (blasint)d, 0.0f, h->o + (g * GM + r0) * d, (blasint)d);
     }
   }
   return 0;
@@ -469,8 +471,8 @@ static int dev_gemm_once(void *arg, char *err, size_t errlen) {
   dev_gemm_arg *g = arg;
   cl_command_queue queue = g->b->queue;
   const size_t n = (size_t)g->n;
-  CLBlastStatusCode c = CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, n, n, n,
-                                     1.0f, g->a, 0, n, g->bm, 0, n, 0.0f, g->c, 0, n, &queue, NULL);
+  CLBlastStatusCode c = CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeNo, n, n, n, 1.0f, g->a,
+                                     0, n, g->bm, 0, n, 0.0f, g->c, 0, n, &queue, NULL);
   if (c != CLBlastSuccess) {
     fmt(err, errlen, "CLBlastSgemm: %s (%d)", clblast_name(c), (int)c);
     return -1;
@@ -523,8 +525,8 @@ static int host_gemm_once(void *arg, char *err, size_t errlen) {
   (void)err;
   (void)errlen;
   host_gemm_arg *g = arg;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->n, g->n, g->n, 1.0f, g->a, g->n, g->b, g->n, 0.0f,
-              g->c, g->n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->n, g->n, g->n, 1.0f, g->a, g->n, g->b, g->n, 0.0f, g->c,
+              g->n);
   return 0;
 }
 
@@ -571,8 +573,7 @@ static int copy_once(void *arg, char *err, size_t errlen) {
   return 0;
 }
 
-int bb_device_copy_rate(bb_device *b, size_t bytes, int max_reps, double cap_ms, double *gbps,
-                        size_t *used_bytes) {
+int bb_device_copy_rate(bb_device *b, size_t bytes, int max_reps, double cap_ms, double *gbps, size_t *used_bytes) {
   *gbps = NAN;
   if (b->max_alloc && bytes > b->max_alloc) bytes = (size_t)b->max_alloc;
   bytes &= ~(size_t)63;

@@ -28,10 +28,10 @@ typedef struct {
 typedef struct {
   cl_context context;
   cl_device_id device;
-  cl_command_queue queue;   /* clattn's queue (in order) */
+  cl_command_queue queue; /* clattn's queue (in order) */
   cl_program program;
   cl_kernel softmax;
-  size_t wg;                /* softmax work-group size */
+  size_t wg; /* softmax work-group size */
   cl_ulong max_alloc;
   char err[512];
 } bb_device;
@@ -42,10 +42,10 @@ void bb_device_release(bb_device *b);
 
 typedef struct {
   bb_shape s;
-  cl_mem q, k, v;           /* borrowed */
-  cl_mem o, scores;         /* owned */
-  size_t rows;              /* score rows per chunk (within one group when < G·M) */
-  size_t groups;            /* whole groups per chunk (1 when rows < G·M) */
+  cl_mem q, k, v;   /* borrowed */
+  cl_mem o, scores; /* owned */
+  size_t rows;      /* score rows per chunk (within one group when < G·M) */
+  size_t groups;    /* whole groups per chunk (1 when rows < G·M) */
 } bb_staged;
 
 /* Allocates the output and a score buffer of at most scratch_limit bytes
@@ -60,15 +60,15 @@ void bb_staged_release(bb_staged *sp);
 
 typedef struct {
   bb_shape s;
-  const float *q, *k, *v;   /* borrowed, dense [B,H,S,d] */
-  float *o, *scores;        /* owned */
-  size_t rows;              /* score rows per chunk */
-  int threads;              /* softmax threads */
+  const float *q, *k, *v; /* borrowed, dense [B,H,S,d] */
+  float *o, *scores;      /* owned */
+  size_t rows;            /* score rows per chunk */
+  int threads;            /* softmax threads */
   char err[256];
 } bb_host;
 
-int bb_host_prepare(bb_host *h, const bb_shape *s, const float *q, const float *k, const float *v,
-                    size_t scratch_limit, int threads);
+int bb_host_prepare(bb_host *h, const bb_shape *s, const float *q, const float *k, const float *v, size_t scratch_limit,
+                    int threads);
 int bb_host_run(bb_host *h);
 void bb_host_release(bb_host *h);
 
@@ -79,8 +79,7 @@ int bb_device_sgemm_rate(bb_device *b, int n, int max_reps, double cap_ms, doubl
 /* Median GFLOP/s of an n x n x n cblas_sgemm on the host. */
 int bb_host_sgemm_rate(int n, int max_reps, double cap_ms, double *gflops, char *err, size_t errlen);
 /* Median GB/s (bytes read + written) of clEnqueueCopyBuffer over bytes. */
-int bb_device_copy_rate(bb_device *b, size_t bytes, int max_reps, double cap_ms, double *gbps,
-                        size_t *used_bytes);
+int bb_device_copy_rate(bb_device *b, size_t bytes, int max_reps, double cap_ms, double *gbps, size_t *used_bytes);
 
 /* ---- timing ---- */
 
@@ -91,8 +90,8 @@ typedef int (*bb_run_fn)(void *arg, char *err, size_t errlen);
 /* warmup (0/1) untimed calls, then timed calls until max_reps or until the
  * next call would take the measured time past cap_ms (at least one).
  * *median_ms: the median; *reps: how many were timed. */
-int bb_time(bb_run_fn fn, void *arg, int warmup, int max_reps, double cap_ms, double *median_ms, int *reps,
-            char *err, size_t errlen);
+int bb_time(bb_run_fn fn, void *arg, int warmup, int max_reps, double cap_ms, double *median_ms, int *reps, char *err,
+            size_t errlen);
 /* The same for n things measured side by side: one untimed round, then
  * rounds of one call of each, until max_reps rounds or until one more round
  * would take any one's measured time past cap_ms (at least one round).

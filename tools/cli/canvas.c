@@ -114,7 +114,7 @@ static const uint8_t font5x8[95][8] = {
 
 /* ---- drawing ---- */
 
-static const rgb INK = {20, 20, 20};   /* text */
+static const rgb INK = {20, 20, 20}; /* text */
 /* Hatching: grey diagonal lines on white, which no colour map of the figures
  * produces, so a disallowed cell does not read as a value near the minimum. */
 static const rgb HATCH_BG = {250, 250, 250}, HATCH_LINE = {150, 150, 150};
@@ -157,9 +157,11 @@ void canvas_text(canvas *c, int x, int y, const char *s, int vertical) {
     for (int gy = 0; gy < GLYPH_H; gy++)
       for (int gx = 0; gx < GLYPH_W; gx++) {
         if (!(g[gy] >> (GLYPH_W - 1 - gx) & 1)) continue;
-        int u = k * ADVANCE + gx * TEXT_SCALE, v = gy * TEXT_SCALE;   /* offsets along and across the line */
-        if (vertical) canvas_fill(c, x + v, y - u - TEXT_SCALE, TEXT_SCALE, TEXT_SCALE, INK);
-        else canvas_fill(c, x + u, y + v, TEXT_SCALE, TEXT_SCALE, INK);
+        int u = k * ADVANCE + gx * TEXT_SCALE, v = gy * TEXT_SCALE; /* offsets along and across the line */
+        if (vertical)
+          canvas_fill(c, x + v, y - u - TEXT_SCALE, TEXT_SCALE, TEXT_SCALE, INK);
+        else
+          canvas_fill(c, x + u, y + v, TEXT_SCALE, TEXT_SCALE, INK);
       }
   }
 }
@@ -176,8 +178,10 @@ int canvas_paragraph(canvas *c, int x, int y, int width, const char *s) {
       n++;
     }
     int take = n, skip = 0;
-    if (s[n] == '\n') skip = 1;
-    else if (s[n] && cut > 0) take = cut, skip = 1;   /* break at the last space */
+    if (s[n] == '\n')
+      skip = 1;
+    else if (s[n] && cut > 0)
+      take = cut, skip = 1; /* break at the last space */
     memcpy(line, s, (size_t)take);
     line[take] = 0;
     if (c) canvas_text(c, x, y, line, 0);
@@ -217,7 +221,7 @@ int canvas_write_png(const canvas *c, const char *path, char *err, size_t errlen
     fclose(f);
     return snprintf(err, errlen, "libpng: out of memory"), -1;
   }
-  if (setjmp(g.jb)) {   /* libpng failed: the message is in err */
+  if (setjmp(g.jb)) { /* libpng failed: the message is in err */
     png_destroy_write_struct(&png, &info);
     fclose(f);
     remove(path);

@@ -13,12 +13,14 @@ enum { GLYPH_W = 5, GLYPH_H = 8, TEXT_SCALE = 2, ADVANCE = (GLYPH_W + 1) * TEXT_
 
 typedef struct {
   int w, h;
-  uint8_t *px;   /* RGB, row-major */
+  uint8_t *px; /* RGB, row-major */
 } canvas;
 
-typedef struct { uint8_t r, g, b; } rgb;
+typedef struct {
+  uint8_t r, g, b;
+} rgb;
 
-void canvas_put(canvas *c, int x, int y, rgb col);   /* pixels outside the canvas are skipped */
+void canvas_put(canvas *c, int x, int y, rgb col); /* pixels outside the canvas are skipped */
 void canvas_fill(canvas *c, int x, int y, int w, int h, rgb col);
 /* Hatches a rectangle; the lines follow the canvas, so neighbouring cells join up. */
 void canvas_hatch(canvas *c, int x, int y, int w, int h);

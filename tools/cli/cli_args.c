@@ -13,10 +13,12 @@ int cli_int(const char *cmd, const char *opt, const char *val, long min, long ma
   errno = 0;
   long v = strtol(val, &end, 10);
   if (end != val && !*end && errno == 0 && v >= min && v <= max) return *out = (int)v, 0;
-  if (min == 1 && max == INT_MAX) fprintf(stderr, "clattn %s: --%s %s: expected a positive integer\n", cmd, opt, val);
+  if (min == 1 && max == INT_MAX)
+    fprintf(stderr, "clattn %s: --%s %s: expected a positive integer\n", cmd, opt, val);
   else if (min == 0 && max == INT_MAX)
     fprintf(stderr, "clattn %s: --%s %s: expected a non-negative integer\n", cmd, opt, val);
-  else fprintf(stderr, "clattn %s: --%s %s: expected an integer from %ld to %ld\n", cmd, opt, val, min, max);
+  else
+    fprintf(stderr, "clattn %s: --%s %s: expected an integer from %ld to %ld\n", cmd, opt, val, min, max);
   return -1;
 }
 
@@ -34,11 +36,12 @@ int cli_double(const char *cmd, const char *opt, const char *val, double min, in
   char *end = NULL;
   errno = 0;
   double v = strtod(val, &end);
-  if (end != val && !*end && errno != ERANGE && isfinite(v) && (min_inclusive ? v >= min : v > min))
-    return *out = v, 0;
-  if (min == -HUGE_VAL) fprintf(stderr, "clattn %s: --%s %s: expected a finite number\n", cmd, opt, val);
-  else fprintf(stderr, "clattn %s: --%s %s: expected a finite number %s %g\n", cmd, opt, val, min_inclusive ? ">=" : ">",
-               min);
+  if (end != val && !*end && errno != ERANGE && isfinite(v) && (min_inclusive ? v >= min : v > min)) return *out = v, 0;
+  if (min == -HUGE_VAL)
+    fprintf(stderr, "clattn %s: --%s %s: expected a finite number\n", cmd, opt, val);
+  else
+    fprintf(stderr, "clattn %s: --%s %s: expected a finite number %s %g\n", cmd, opt, val, min_inclusive ? ">=" : ">",
+            min);
   return -1;
 }
 
@@ -62,16 +65,15 @@ static char **parse_argv;
 
 const char *cli_optional_value(const char *arg, const char *suffix) {
   if (arg) return arg;
-  if (parse_argv && optind < parse_argc && parse_argv[optind][0] != '-' &&
-      cli_ends_with(parse_argv[optind], suffix))
+  if (parse_argv && optind < parse_argc && parse_argv[optind][0] != '-' && cli_ends_with(parse_argv[optind], suffix))
     return parse_argv[optind++];
   return NULL;
 }
 
-int cli_parse(const char *cmd, int argc, char **argv, const struct option *longopts, const char *help,
-              cli_handler on, void *ctx) {
-  opterr = 0;   /* the messages below name the command and the option */
-  optind = 0;   /* glibc: start afresh */
+int cli_parse(const char *cmd, int argc, char **argv, const struct option *longopts, const char *help, cli_handler on,
+              void *ctx) {
+  opterr = 0; /* the messages below name the command and the option */
+  optind = 0; /* glibc: start afresh */
   parse_argc = argc;
   parse_argv = argv;
   int rc = 0;
@@ -94,7 +96,8 @@ int cli_parse(const char *cmd, int argc, char **argv, const struct option *longo
       const char *bad = argv[optind - 1];
       if (strncmp(bad, "--", 2) == 0)
         fprintf(stderr, "clattn %s: %s is unknown, ambiguous, or a value given to a flag", cmd, bad);
-      else fprintf(stderr, "clattn %s: unknown option -%c", cmd, optopt ? optopt : '?');
+      else
+        fprintf(stderr, "clattn %s: unknown option -%c", cmd, optopt ? optopt : '?');
       fprintf(stderr, " (clattn %s --help lists the options)\n", cmd);
       rc = -1;
       break;

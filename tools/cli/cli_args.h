@@ -32,8 +32,8 @@ int cli_ends_with(const char *s, const char *suffix);
  * unknown option, a missing value or a stray operand is reported, naming
  * it. Returns 0, 1 after --help, or -1 after an error (exit status 2). */
 typedef int (*cli_handler)(int code, const char *arg, void *ctx);
-int cli_parse(const char *cmd, int argc, char **argv, const struct option *longopts, const char *help,
-              cli_handler on, void *ctx);
+int cli_parse(const char *cmd, int argc, char **argv, const struct option *longopts, const char *help, cli_handler on,
+              void *ctx);
 
 /* The value of an option whose value is optional, from a cli_handler:
  * "--lse=out.npy", or the next argument when it ends in suffix ("--lse

@@ -54,14 +54,16 @@ static int tick_step(int cell_px, int min_px) {
 }
 
 static void format_value(char *buf, size_t n, double v) {
-  if (v != 0 && (fabs(v) < 1e-3 || fabs(v) >= 1e5)) snprintf(buf, n, "%.3g", v);
-  else snprintf(buf, n, "%.4g", v);
+  if (v != 0 && (fabs(v) < 1e-3 || fabs(v) >= 1e5))
+    snprintf(buf, n, "%.3g", v);
+  else
+    snprintf(buf, n, "%.4g", v);
 }
 
 /* ---- the heat map ---- */
 
-#define PLOT_W 768
-#define PLOT_H 512
+#define PLOT_W   768
+#define PLOT_H   512
 #define MAX_SIDE 4096
 
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
@@ -77,10 +79,12 @@ int heatmap_write_png(const heatmap *h, const char *path, char *err, size_t errl
   for (int i = 0; i < h->rows; i++)
     for (int j = 0; j < h->cols; j++) {
       double v = h->a[(size_t)i * h->ld + j];
-      if (h->allowed && !h->allowed[(size_t)i * h->cols + j]) any_disallowed = 1;
-      else if (isfinite(v)) lo = fmin(lo, v), hi = fmax(hi, v);
+      if (h->allowed && !h->allowed[(size_t)i * h->cols + j])
+        any_disallowed = 1;
+      else if (isfinite(v))
+        lo = fmin(lo, v), hi = fmax(hi, v);
     }
-  if (!isfinite(lo)) lo = 0, hi = 1;   /* nothing finite: every cell grey */
+  if (!isfinite(lo)) lo = 0, hi = 1; /* nothing finite: every cell grey */
   double span = hi > lo ? hi - lo : 1;
 
   /* geometry */
@@ -94,16 +98,16 @@ int heatmap_write_png(const heatmap *h, const char *path, char *err, size_t errl
   format_value(smin, sizeof smin, lo);
   format_value(smax, sizeof smax, hi);
   int bar_x = px0 + pw + 24, bar_w = 20;
-  int bar_label_w = canvas_text_width(smin) > canvas_text_width(smax) ? canvas_text_width(smin)
-                                                                       : canvas_text_width(smax);
+  int bar_label_w =
+      canvas_text_width(smin) > canvas_text_width(smax) ? canvas_text_width(smin) : canvas_text_width(smax);
   if (canvas_text_width("a_ij") > bar_label_w) bar_label_w = canvas_text_width("a_ij");
   if (any_disallowed && canvas_text_width("disallowed") > bar_label_w) bar_label_w = canvas_text_width("disallowed");
   int w = bar_x + bar_w + 8 + bar_label_w + 16;
-  if (w < 720) w = 720;   /* the title and the caption wrap to the width */
+  if (w < 720) w = 720; /* the title and the caption wrap to the width */
   int py0 = canvas_paragraph(NULL, 10, 10, w - 20, h->title ? h->title : "") + 16;
-  int bar_h = ph < 120 ? 120 : ph;                  /* room for its three labels */
-  int legend_y = py0 + bar_h + 8, legend_h = any_disallowed ? 16 + 8 : 0;   /* the hatched swatch */
-  int axis_y = py0 + ph + 8 + 16 + 8;              /* "key j" */
+  int bar_h = ph < 120 ? 120 : ph;                                        /* room for its three labels */
+  int legend_y = py0 + bar_h + 8, legend_h = any_disallowed ? 16 + 8 : 0; /* the hatched swatch */
+  int axis_y = py0 + ph + 8 + 16 + 8;                                     /* "key j" */
   int cap_y = (axis_y + LINE_H > legend_y + legend_h ? axis_y + LINE_H : legend_y + legend_h) + 12;
   int height = canvas_paragraph(NULL, 10, cap_y, w - 20, h->caption ? h->caption : "") + 8;
 
@@ -116,8 +120,10 @@ int heatmap_write_png(const heatmap *h, const char *path, char *err, size_t errl
   for (int i = 0; i < h->rows; i++)
     for (int j = 0; j < h->cols; j++) {
       double v = h->a[(size_t)i * h->ld + j];
-      if (h->allowed && !h->allowed[(size_t)i * h->cols + j]) canvas_hatch(&c, px0 + j * cw, py0 + i * ch, cw, ch);
-      else canvas_fill(&c, px0 + j * cw, py0 + i * ch, cw, ch, isfinite(v) ? colour((v - lo) / span) : MISSING);
+      if (h->allowed && !h->allowed[(size_t)i * h->cols + j])
+        canvas_hatch(&c, px0 + j * cw, py0 + i * ch, cw, ch);
+      else
+        canvas_fill(&c, px0 + j * cw, py0 + i * ch, cw, ch, isfinite(v) ? colour((v - lo) / span) : MISSING);
     }
   canvas_frame(&c, px0, py0, pw, ph, FRAME);
 

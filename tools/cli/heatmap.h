@@ -12,11 +12,11 @@
 #include <stddef.h>
 
 typedef struct {
-  const float *a;        /* rows x cols values, row-major */
+  const float *a; /* rows x cols values, row-major */
   int rows, cols;
-  size_t ld;             /* elements between consecutive rows (>= cols) */
-  const char *title;     /* one line */
-  const char *caption;   /* below the map; '\n' separates lines, long lines wrap */
+  size_t ld;                    /* elements between consecutive rows (>= cols) */
+  const char *title;            /* one line */
+  const char *caption;          /* below the map; '\n' separates lines, long lines wrap */
   const unsigned char *allowed; /* rows x cols, row-major (ld = cols): 0 = the key is disallowed,
                                    drawn hatched rather than in the colour of its value; NULL = all allowed */
 } heatmap;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "problem.h"   /* cp_f16_value: the kit's float16 conversion */
+#include "problem.h" /* cp_f16_value: the kit's float16 conversion */
 
 static const unsigned char MAGIC[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
@@ -96,7 +96,7 @@ static int integer(cursor *c, size_t *v) {
     if (x > (SIZE_MAX - d) / 10) return -1;
     x = x * 10 + d;
   }
-  if (c->s < c->end && *c->s == 'L') c->s++;   /* Python 2 wrote long integers so */
+  if (c->s < c->end && *c->s == 'L') c->s++; /* Python 2 wrote long integers so */
   *v = x;
   return 0;
 }
@@ -137,20 +137,25 @@ static int parse_dict(cursor *c, npy_header *h) {
         return snprintf(c->err, c->errlen,
                         "dtype '%s' is not supported; expected '<f4' (float32), '<f2' (float16), '|u1' (uint8) "
                         "or '|b1' (bool)%s",
-                        val, val[0] == '>' ? " (this is big-endian)" : ""), -1;
+                        val, val[0] == '>' ? " (this is big-endian)" : ""),
+               -1;
       h->dtype = DTYPES[i].dtype;
       h->elem_size = DTYPES[i].size;
     } else if (strcmp(key, "fortran_order") == 0) {
       if (have_order++) return fail(c, "'fortran_order' given twice");
-      if (word(c, "True") == 0) h->fortran_order = 1;
-      else if (word(c, "False") == 0) h->fortran_order = 0;
-      else return fail(c, "'fortran_order' is neither True nor False");
+      if (word(c, "True") == 0)
+        h->fortran_order = 1;
+      else if (word(c, "False") == 0)
+        h->fortran_order = 0;
+      else
+        return fail(c, "'fortran_order' is neither True nor False");
     } else if (strcmp(key, "shape") == 0) {
       if (have_shape++) return fail(c, "'shape' given twice");
       if (shape(c, h)) return -1;
     } else {
       return snprintf(c->err, c->errlen, "bad header: unknown key '%s' (expected 'descr', 'fortran_order', 'shape')",
-                      key), -1;
+                      key),
+             -1;
     }
     if (eat(c, ',') == 0) continue;
     if (eat(c, '}') == 0) break;
@@ -176,7 +181,8 @@ int npy_parse_header(const unsigned char *buf, size_t len, npy_header *h, char *
   if (major > 1) hlen |= (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
   if (hlen > len - prefix)
     return snprintf(err, errlen, "truncated: the header's length is %zu bytes, the file holds %zu after it", hlen,
-                     len - prefix), -1;
+                    len - prefix),
+           -1;
   /* 1.0 and 2.0 headers are ASCII; 3.0's are UTF-8, whose bytes past ASCII
    * can only sit inside strings, where no accepted key or dtype has them */
   for (size_t i = 0; i < hlen; i++)
@@ -202,7 +208,7 @@ static size_t fortran_index(const npy_header *h, size_t i) {
   size_t f = 0, step = 1;
   for (int d = 0; d < h->ndim; d++) step *= h->shape[d];
   for (int d = 0; d < h->ndim; d++) {
-    step /= h->shape[d];             /* C-order stride of dimension d */
+    step /= h->shape[d]; /* C-order stride of dimension d */
     size_t idx = i / step;
     i %= step;
     size_t fstride = 1;
@@ -221,12 +227,15 @@ int npy_decode(const unsigned char *buf, size_t len, npy_array *a, char *err, si
   if (have != need)
     return snprintf(err, errlen, "%s: the header's shape %s of %s needs %zu bytes of data, the file holds %zu",
                     have < need ? "truncated" : "too long", npy_shape_string(h, sh, sizeof sh),
-                    npy_dtype_string(h->dtype), need, have), -1;
+                    npy_dtype_string(h->dtype), need, have),
+           -1;
   const unsigned char *data = buf + h->data_offset;
   const int fortran = h->fortran_order && h->ndim > 1 && h->count > 0;
-  const size_t n = h->count ? h->count : 1;   /* malloc(0) may return NULL */
-  if (h->dtype == NPY_F32 || h->dtype == NPY_F16) a->f = malloc(n * sizeof(float));
-  else a->u8 = malloc(n);
+  const size_t n = h->count ? h->count : 1; /* malloc(0) may return NULL */
+  if (h->dtype == NPY_F32 || h->dtype == NPY_F16)
+    a->f = malloc(n * sizeof(float));
+  else
+    a->u8 = malloc(n);
   if (!a->f && !a->u8) return snprintf(err, errlen, "out of memory for %zu elements", h->count), -1;
   for (size_t i = 0; i < h->count; i++) {
     const unsigned char *e = data + (fortran ? fortran_index(h, i) : i) * h->elem_size;

@@ -28,9 +28,9 @@ typedef struct {
   int fortran_order;
   int ndim;
   size_t shape[NPY_MAX_DIMS];
-  size_t count;          /* elements: the product of shape (1 for shape ()) */
-  size_t elem_size;      /* bytes per element */
-  size_t data_offset;    /* bytes before the data */
+  size_t count;       /* elements: the product of shape (1 for shape ()) */
+  size_t elem_size;   /* bytes per element */
+  size_t data_offset; /* bytes before the data */
 } npy_header;
 
 /* Parses the magic, version and header dict at the start of buf (len
@@ -39,8 +39,8 @@ int npy_parse_header(const unsigned char *buf, size_t len, npy_header *h, char *
 
 typedef struct {
   npy_header h;
-  float *f;              /* '<f4' and '<f2': the values, C order */
-  unsigned char *u8;     /* '|u1' and '|b1': the values, C order */
+  float *f;          /* '<f4' and '<f2': the values, C order */
+  unsigned char *u8; /* '|u1' and '|b1': the values, C order */
 } npy_array;
 
 /* Decodes a whole .npy image (header and data; the data must be exactly

@@ -98,36 +98,88 @@ static const char run_help[] =
     "Exit status: 0 verified, 1 not verified or a failure, 2 bad options or input files.\n"
     "Example: clattn run --q q.npy --k k.npy --v v.npy --causal --out o.npy --lse lse.npy\n";
 
-static const char *const DTYPE_NAMES[] = {"f32", "f16", "bf16"};            /* clattn_dtype order */
+static const char *const DTYPE_NAMES[] = {"f32", "f16", "bf16"};             /* clattn_dtype order */
 static const char *const ALGO_NAMES[] = {"auto", "staged", "fused", "gemm"}; /* clattn_algo order */
-static const double DEFAULT_TOL[] = {1e-5, 1e-3, 8e-3};  /* per dtype: tests/test_precision.c's bounds */
+static const double DEFAULT_TOL[] = {1e-5, 1e-3, 8e-3}; /* per dtype: tests/test_precision.c's bounds */
 
 enum {
-  O_BATCH = 256, O_HEADS, O_KV_HEADS, O_Q_LEN, O_KV_LEN, O_HEAD_DIM, O_VALUE_DIM, O_DTYPE, O_LAYOUT, O_VARLEN,
-  O_SEED, O_CAUSAL, O_WINDOW, O_KV_LENS, O_MASK, O_EMPTY, O_SCALE, O_BIAS, O_SOFTCAP, O_ALIBI, O_SINKS, O_ADDITIVE,
-  O_ALGO, O_LSE, O_WEIGHTS, O_DIAG, O_HEATMAP, O_Q, O_K, O_V, O_OUT, O_TOL, O_REPS, O_POISON, O_PAGED, O_KV_DTYPE
+  O_BATCH = 256,
+  O_HEADS,
+  O_KV_HEADS,
+  O_Q_LEN,
+  O_KV_LEN,
+  O_HEAD_DIM,
+  O_VALUE_DIM,
+  O_DTYPE,
+  O_LAYOUT,
+  O_VARLEN,
+  O_SEED,
+  O_CAUSAL,
+  O_WINDOW,
+  O_KV_LENS,
+  O_MASK,
+  O_EMPTY,
+  O_SCALE,
+  O_BIAS,
+  O_SOFTCAP,
+  O_ALIBI,
+  O_SINKS,
+  O_ADDITIVE,
+  O_ALGO,
+  O_LSE,
+  O_WEIGHTS,
+  O_DIAG,
+  O_HEATMAP,
+  O_Q,
+  O_K,
+  O_V,
+  O_OUT,
+  O_TOL,
+  O_REPS,
+  O_POISON,
+  O_PAGED,
+  O_KV_DTYPE
 };
 
 static const struct option RUN_OPTS[] = {
-    {"batch", required_argument, NULL, O_BATCH},       {"heads", required_argument, NULL, O_HEADS},
-    {"kv-heads", required_argument, NULL, O_KV_HEADS}, {"q-len", required_argument, NULL, O_Q_LEN},
-    {"kv-len", required_argument, NULL, O_KV_LEN},     {"head-dim", required_argument, NULL, O_HEAD_DIM},
-    {"value-dim", required_argument, NULL, O_VALUE_DIM}, {"dtype", required_argument, NULL, O_DTYPE},
-    {"layout", required_argument, NULL, O_LAYOUT},     {"varlen", no_argument, NULL, O_VARLEN},
-    {"seed", required_argument, NULL, O_SEED},         {"causal", no_argument, NULL, O_CAUSAL},
-    {"window", required_argument, NULL, O_WINDOW},     {"kv-lens", no_argument, NULL, O_KV_LENS},
-    {"mask", required_argument, NULL, O_MASK},         {"empty", required_argument, NULL, O_EMPTY},
-    {"scale", required_argument, NULL, O_SCALE},       {"bias", optional_argument, NULL, O_BIAS},
-    {"softcap", required_argument, NULL, O_SOFTCAP},   {"alibi", no_argument, NULL, O_ALIBI},
-    {"sinks", no_argument, NULL, O_SINKS},             {"additive", no_argument, NULL, O_ADDITIVE},
-    {"algo", required_argument, NULL, O_ALGO},         {"lse", optional_argument, NULL, O_LSE},
-    {"weights", no_argument, NULL, O_WEIGHTS},         {"diag", no_argument, NULL, O_DIAG},
-    {"heatmap", required_argument, NULL, O_HEATMAP},   {"q", required_argument, NULL, O_Q},
-    {"k", required_argument, NULL, O_K},               {"v", required_argument, NULL, O_V},
-    {"paged", required_argument, NULL, O_PAGED},       {"kv-dtype", required_argument, NULL, O_KV_DTYPE},
-    {"out", required_argument, NULL, O_OUT},           {"tol", required_argument, NULL, O_TOL},
-    {"reps", required_argument, NULL, O_REPS},         {"poison", no_argument, NULL, O_POISON},
-    {"help", no_argument, NULL, 'h'},                  {NULL, 0, NULL, 0},
+    {"batch", required_argument, NULL, O_BATCH},
+    {"heads", required_argument, NULL, O_HEADS},
+    {"kv-heads", required_argument, NULL, O_KV_HEADS},
+    {"q-len", required_argument, NULL, O_Q_LEN},
+    {"kv-len", required_argument, NULL, O_KV_LEN},
+    {"head-dim", required_argument, NULL, O_HEAD_DIM},
+    {"value-dim", required_argument, NULL, O_VALUE_DIM},
+    {"dtype", required_argument, NULL, O_DTYPE},
+    {"layout", required_argument, NULL, O_LAYOUT},
+    {"varlen", no_argument, NULL, O_VARLEN},
+    {"seed", required_argument, NULL, O_SEED},
+    {"causal", no_argument, NULL, O_CAUSAL},
+    {"window", required_argument, NULL, O_WINDOW},
+    {"kv-lens", no_argument, NULL, O_KV_LENS},
+    {"mask", required_argument, NULL, O_MASK},
+    {"empty", required_argument, NULL, O_EMPTY},
+    {"scale", required_argument, NULL, O_SCALE},
+    {"bias", optional_argument, NULL, O_BIAS},
+    {"softcap", required_argument, NULL, O_SOFTCAP},
+    {"alibi", no_argument, NULL, O_ALIBI},
+    {"sinks", no_argument, NULL, O_SINKS},
+    {"additive", no_argument, NULL, O_ADDITIVE},
+    {"algo", required_argument, NULL, O_ALGO},
+    {"lse", optional_argument, NULL, O_LSE},
+    {"weights", no_argument, NULL, O_WEIGHTS},
+    {"diag", no_argument, NULL, O_DIAG},
+    {"heatmap", required_argument, NULL, O_HEATMAP},
+    {"q", required_argument, NULL, O_Q},
+    {"k", required_argument, NULL, O_K},
+    {"v", required_argument, NULL, O_V},
+    {"paged", required_argument, NULL, O_PAGED},
+    {"kv-dtype", required_argument, NULL, O_KV_DTYPE},
+    {"out", required_argument, NULL, O_OUT},
+    {"tol", required_argument, NULL, O_TOL},
+    {"reps", required_argument, NULL, O_REPS},
+    {"poison", no_argument, NULL, O_POISON},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
 };
 
 /* The .npy files of a run (NULL = not given). */
@@ -138,13 +190,13 @@ typedef struct {
 typedef struct {
   cp_shape s;
   int reps;
-  double tol;                  /* 0 = the dtype's default */
+  double tol; /* 0 = the dtype's default */
   int dtype_given;
   const char *heatmap;
   run_files f;
-  const char *shape_opt;       /* a shape option given (refused with --q), without "--" */
-  int page_size;               /* --paged: keys per page; 0 = contiguous K/V */
-  clattn_dtype kv_dtype;       /* --kv-dtype; CLATTN_DTYPE_SAME = like q */
+  const char *shape_opt; /* a shape option given (refused with --q), without "--" */
+  int page_size;         /* --paged: keys per page; 0 = contiguous K/V */
+  clattn_dtype kv_dtype; /* --kv-dtype; CLATTN_DTYPE_SAME = like q */
 } run_cfg;
 
 static const char *opt_name(int code) {
@@ -187,7 +239,10 @@ static int on_run_option(int code, const char *arg, void *ctxp) {
     case O_KV_LEN: c->shape_opt = name; return cli_int("run", name, arg, 1, INT_MAX, &s->kv_len);
     case O_HEAD_DIM: c->shape_opt = name; return cli_int("run", name, arg, 1, INT_MAX, &s->head_dim);
     case O_VALUE_DIM: c->shape_opt = name; return cli_int("run", name, arg, 1, INT_MAX, &s->value_dim);
-    case O_VARLEN: c->shape_opt = name; s->varlen = 1; return 0;
+    case O_VARLEN:
+      c->shape_opt = name;
+      s->varlen = 1;
+      return 0;
     case O_REPS: return cli_int("run", name, arg, 0, INT_MAX, &c->reps);
     case O_SEED: return cli_u64("run", name, arg, &s->seed);
     case O_DTYPE:
@@ -242,7 +297,8 @@ static int on_run_option(int code, const char *arg, void *ctxp) {
       s->softcap = (float)x;
       if (!isfinite(s->softcap))
         return fprintf(stderr, "clattn run: --softcap %s: expected a finite number >= 0 (this overflows a float)\n",
-                       arg), -1;
+                       arg),
+               -1;
       return 0;
     case O_ALIBI: s->alibi = 1; return 0;
     case O_SINKS: s->sinks = 1; return 0;
@@ -298,7 +354,8 @@ static int check_4d(const char *opt, const char *path, const npy_header *h, cons
   char what[512];
   if (float_dtype(opt, path, h)) return -1;
   int ok = h->ndim == 4;
-  for (int d = 0; ok && d < 4; d++) ok = h->shape[d] >= 1 && h->shape[d] <= INT_MAX && (!want[d] || h->shape[d] == want[d]);
+  for (int d = 0; ok && d < 4; d++)
+    ok = h->shape[d] >= 1 && h->shape[d] <= INT_MAX && (!want[d] || h->shape[d] == want[d]);
   if (ok) return 0;
   snprintf(what, sizeof what, "expected shape %s%s", form,
            h->ndim == 4 && !(want[0] || want[3]) ? ", each dimension 1 to 2147483647" : "");
@@ -351,7 +408,8 @@ static int load_inputs(run_cfg *c, run_arrays *a) {
     return fprintf(stderr, "clattn run: %s FILE.npy needs all of --q, --k and --v FILE.npy\n", given), -1;
   }
   if (c->shape_opt)
-    return fprintf(stderr, "clattn run: --%s: with --q, --k and --v the shape comes from the files\n", c->shape_opt), -1;
+    return fprintf(stderr, "clattn run: --%s: with --q, --k and --v the shape comes from the files\n", c->shape_opt),
+           -1;
   if (load("q", f->q, &a->q) || load("k", f->k, &a->k) || load("v", f->v, &a->v)) return -1;
   if (f->mask && load("mask", f->mask, &a->mask)) return -1;
   if (f->bias && load("bias", f->bias, &a->bias)) return -1;
@@ -363,15 +421,14 @@ static int load_inputs(run_cfg *c, run_arrays *a) {
   const size_t kw[4] = {q->shape[0], 0, 0, q->shape[3]};
   snprintf(form, sizeof form, "[batch %zu, kv_heads, kv_len, head_dim %zu] to go with --q's", q->shape[0], q->shape[3]);
   if (check_4d("k", f->k, k, kw, form)) return -1;
-  if (q->shape[1] % k->shape[1] != 0)
-    return bad_file("k", f->k, k, "kv_heads must divide --q's q_heads");
+  if (q->shape[1] % k->shape[1] != 0) return bad_file("k", f->k, k, "kv_heads must divide --q's q_heads");
   const size_t vw[4] = {k->shape[0], k->shape[1], k->shape[2], 0};
   snprintf(form, sizeof form, "[batch %zu, kv_heads %zu, kv_len %zu, value_dim] to go with --k's", k->shape[0],
            k->shape[1], k->shape[2]);
   if (check_4d("v", f->v, v, vw, form)) return -1;
   if (k->dtype != q->dtype || v->dtype != q->dtype)
-    return bad_file(k->dtype != q->dtype ? "k" : "v", k->dtype != q->dtype ? f->k : f->v,
-                    k->dtype != q->dtype ? k : v, "q, k and v must have one dtype");
+    return bad_file(k->dtype != q->dtype ? "k" : "v", k->dtype != q->dtype ? f->k : f->v, k->dtype != q->dtype ? k : v,
+                    "q, k and v must have one dtype");
 
   s->batch = (int)q->shape[0], s->q_heads = (int)q->shape[1], s->q_len = (int)q->shape[2];
   s->head_dim = (int)q->shape[3], s->kv_heads = (int)k->shape[1], s->kv_len = (int)k->shape[2];
@@ -379,7 +436,8 @@ static int load_inputs(run_cfg *c, run_arrays *a) {
   if (!c->dtype_given) s->dtype = q->dtype == NPY_F16 ? CLATTN_F16 : CLATTN_F32;
   const size_t full[4] = {q->shape[0], q->shape[1], q->shape[2], k->shape[2]};
   if (f->mask && load_mask(c, a, full)) return -1;
-  if (f->bias && (float_dtype("bias", f->bias, &a->bias.h) || check_bcast("bias", f->bias, &a->bias.h, full, &s->bias_bcast)))
+  if (f->bias &&
+      (float_dtype("bias", f->bias, &a->bias.h) || check_bcast("bias", f->bias, &a->bias.h, full, &s->bias_bcast)))
     return -1;
   return 0;
 }
@@ -412,7 +470,8 @@ static void fill_inputs(cp_problem *pb, const run_arrays *a) {
         for (int i = 0; i < qkv[t].rows; i++)
           for (int d = 0; d < qkv[t].cols; d++) {
             const int idx[4] = {b, h, i, d};
-            qkv[t].dst[cp_index(qkv[t].view, b, h, i, d)] = cp_round_to(p->dtype, qkv[t].src->f[bcast_at(&qkv[t].src->h, idx)]);
+            qkv[t].dst[cp_index(qkv[t].view, b, h, i, d)] =
+                cp_round_to(p->dtype, qkv[t].src->f[bcast_at(&qkv[t].src->h, idx)]);
           }
   if (!a->mask.u8 && !a->bias.f) return;
   for (int b = 0; b < p->batch; b++)
@@ -458,15 +517,17 @@ static size_t mem_bytes(cl_mem m) {
 
 /* The problem's own device buffers and the scratch clattn added. */
 static void print_memory(clattn_context *ctx, const cp_problem *pb) {
-  const cl_mem bufs[] = {pb->q_buf,       pb->k_buf,        pb->v_buf,      pb->out_buf,       pb->mask_buf,
-                         pb->bias_buf,    pb->lse_buf,      pb->weights_buf, pb->kv_lens_buf,  pb->entropy_buf,
-                         pb->max_weight_buf, pb->argmax_buf, pb->alibi_buf,  pb->sinks_buf,     pb->additive_w_buf,
-                         pb->cu_q_buf,    pb->cu_k_buf};
+  const cl_mem bufs[] = {pb->q_buf,          pb->k_buf,      pb->v_buf,       pb->out_buf,     pb->mask_buf,
+                         pb->bias_buf,       pb->lse_buf,    pb->weights_buf, pb->kv_lens_buf, pb->entropy_buf,
+                         pb->max_weight_buf, pb->argmax_buf, pb->alibi_buf,   pb->sinks_buf,   pb->additive_w_buf,
+                         pb->cu_q_buf,       pb->cu_k_buf};
   size_t io = 0;
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) io += mem_bytes(bufs[i]);
   const size_t scratch = clattn_peak_scratch_bytes(ctx, 0);
-  printf("  device memory: %zu bytes (%.2f MiB) of inputs and outputs, %zu bytes (%.2f MiB) of clattn scratch "
-         "(peak of one call)\n", io, io / 1048576.0, scratch, scratch / 1048576.0);
+  printf(
+      "  device memory: %zu bytes (%.2f MiB) of inputs and outputs, %zu bytes (%.2f MiB) of clattn scratch "
+      "(peak of one call)\n",
+      io, io / 1048576.0, scratch, scratch / 1048576.0);
 }
 
 /* Renders the routing matrix of batch 0, head 0 (dense weights start with
@@ -481,7 +542,8 @@ static int write_run_heatmap(const cp_problem *pb, const char *desc, const char 
   if (!allowed) return fprintf(stderr, "clattn run: --heatmap: out of memory\n"), 1;
   const ref_inputs in = cp_ref_inputs(pb);
   for (int i = 0; i < rows; i++)
-    for (int j = 0; j < cols; j++) allowed[(size_t)i * cols + j] = (unsigned char)ref_allowed(&pb->params, &in, 0, 0, i, j);
+    for (int j = 0; j < cols; j++)
+      allowed[(size_t)i * cols + j] = (unsigned char)ref_allowed(&pb->params, &in, 0, 0, i, j);
   if (rows < s->q_len || cols < s->kv_len)
     snprintf(crop, sizeof crop, " Shown: the top-left %d x %d of the %d x %d matrix.", rows, cols, s->q_len, s->kv_len);
   snprintf(title, sizeof title, "clattn run: routing matrix of batch 0, head 0 (%d queries x %d keys)", s->q_len,
@@ -491,8 +553,13 @@ static int write_run_heatmap(const cp_problem *pb, const char *desc, const char 
            "query may not read (weight 0 by construction), unlike allowed keys of near-zero weight.\n"
            "This is a routing diagnostic, not an explanation of any output.\nProblem: %s",
            crop, desc);
-  heatmap h = {.a = pb->weights, .rows = rows, .cols = cols, .ld = (size_t)s->kv_len, .allowed = allowed,
-               .title = title, .caption = caption};
+  heatmap h = {.a = pb->weights,
+               .rows = rows,
+               .cols = cols,
+               .ld = (size_t)s->kv_len,
+               .allowed = allowed,
+               .title = title,
+               .caption = caption};
   int rc = heatmap_write_png(&h, path, err, sizeof err);
   free(allowed);
   if (rc != 0) return fprintf(stderr, "clattn run: --heatmap: %s\n", err), 1;
@@ -512,7 +579,7 @@ static int run_checked(clattn_context *ctx, cp_problem *pb, int reps, double tol
   char route[512];
   snprintf(route, sizeof route, "%s", clattn_last_route());
   printf("%s\n", cp_describe(s, desc, sizeof desc));
-  if (files) {   /* the description shows the kit's kinds (mask=ones): say where the values came from */
+  if (files) { /* the description shows the kit's kinds (mask=ones): say where the values came from */
     const char *const opt[] = {"q", "k", "v", "mask", "bias"};
     const char *const path[] = {files->q, files->k, files->v, files->mask, files->bias};
     printf("  read:");
@@ -589,7 +656,7 @@ int run_main(int argc, char **argv) {
   const run_files *f = &c.f;
   const int from_files = f->q || f->k || f->v || f->out || f->bias || f->lse;
   if (from_files && load_inputs(&c, &a) != 0) return arrays_free(&a), 2;
-  if (f->mask && !from_files) {   /* a mask file over random inputs of the options' shape */
+  if (f->mask && !from_files) { /* a mask file over random inputs of the options' shape */
     const size_t full[4] = {(size_t)c.s.batch, (size_t)c.s.q_heads, (size_t)c.s.q_len, (size_t)c.s.kv_len};
     if (load("mask", f->mask, &a.mask) || load_mask(&c, &a, full) != 0) return arrays_free(&a), 2;
   }
@@ -610,8 +677,9 @@ int run_main(int argc, char **argv) {
   int rc = 1;
   if (st != CLATTN_OK)
     fprintf(stderr, "clattn run: cannot create a context: %s: %s\n", clattn_status_string(st), clattn_last_error(NULL));
-  else rc = run_problem(ctx, pb, c.reps, c.tol, note, c.heatmap, from_files || f->mask ? f : NULL, c.page_size,
-                        c.kv_dtype);
+  else
+    rc =
+        run_problem(ctx, pb, c.reps, c.tol, note, c.heatmap, from_files || f->mask ? f : NULL, c.page_size, c.kv_dtype);
   cp_free(pb);
   clattn_destroy(ctx);
   return rc;

@@ -96,10 +96,10 @@ static void config_text(const config *c, char *buf, size_t size) {
 }
 
 typedef struct {
-  clattn_context *base;          /* untuned defaults; its OpenCL objects are shared */
+  clattn_context *base; /* untuned defaults; its OpenCL objects are shared */
   cp_problem *work[W_COUNT];
-  float *expected[W_COUNT];      /* the starting configuration's output */
-  config best;                   /* the winners so far */
+  float *expected[W_COUNT]; /* the starting configuration's output */
+  config best;              /* the winners so far */
   char scratch_file[4096];
   int reps, step, steps, tty;
   const char *what;
@@ -130,8 +130,8 @@ static cp_problem *workload(clattn_context *ctx, int which, int quick, char *err
     case W_WEIGHTS: s.q_len = s.kv_len = big / 2, s.want_weights = 1; break;
   }
   s.algo = which == W_STAGED || which == W_WEIGHTS ? CLATTN_ALGO_STAGED
-           : which == W_GEMM                      ? CLATTN_ALGO_GEMM
-                                                  : CLATTN_ALGO_FUSED;
+           : which == W_GEMM                       ? CLATTN_ALGO_GEMM
+                                                   : CLATTN_ALGO_FUSED;
   s.seed = 77 + (uint64_t)which;
   cp_problem *pb = cp_build(&s, err, n);
   if (pb && cp_upload(pb, ctx) != 0) {
@@ -153,7 +153,8 @@ static int prepare(tuner *t, int quick) {
     char line[512];
     if (!cp_result_ok(&r, 1e-5))
       return fprintf(stderr, "clattn tune: the defaults disagree with the reference: %s\n",
-                     cp_result_format(&r, line, sizeof line)), -1;
+                     cp_result_format(&r, line, sizeof line)),
+             -1;
     size_t bytes = t->work[w]->out_count * sizeof(float);
     t->expected[w] = malloc(bytes);
     if (!t->expected[w]) return fprintf(stderr, "clattn tune: out of memory\n"), -1;
@@ -179,7 +180,7 @@ static clattn_context *open_config(tuner *t, const config *c) {
   if (clattn_create(&o, &ctx) != CLATTN_OK) return NULL;
   int applied = 0;
   clattn_tuning_note(ctx, &applied);
-  if (!applied) {   /* does not fit this device */
+  if (!applied) { /* does not fit this device */
     clattn_destroy(ctx);
     return NULL;
   }
@@ -230,14 +231,19 @@ typedef struct {
 } group;
 
 static const group groups[] = {
-  {"fused rows per work-item", {"flash_wg", "flash_bm"}, 2,
-   {{0, 2}, {0, 4}, {0, 8}, {0, 16}, {32, 4}, {64, 4}, {128, 4}}, 7, {W_PREFILL, W_DECODE}, 2},
-  {"qk_score tile", {"score_tm", "score_tn"}, 2, {{4, 16}, {8, 16}, {16, 16}, {8, 32}}, 4, {W_STAGED}, 1},
-  {"qk_score head-dim chunk", {"score_tk"}, 1, {{16}, {32}, {64}}, 3, {W_STAGED}, 1},
-  {"softmax width", {"softmax_wg"}, 1, {{16}, {64}, {256}}, 3, {W_STAGED}, 1},
-  {"mix tile", {"mix_tm", "mix_tv"}, 2, {{8, 16}, {16, 16}, {32, 8}, {4, 32}}, 4, {W_STAGED}, 1},
-  {"mix key chunk", {"mix_tj"}, 1, {{16}, {32}, {64}}, 3, {W_STAGED}, 1},
-  {"gemm scratch MiB", {"scratch_bytes"}, 1, {{16}, {64}, {256}}, 3, {W_GEMM}, 1},
+    {"fused rows per work-item",
+     {"flash_wg", "flash_bm"},
+     2,
+     {{0, 2}, {0, 4}, {0, 8}, {0, 16}, {32, 4}, {64, 4}, {128, 4}},
+     7,
+     {W_PREFILL, W_DECODE},
+     2},
+    {"qk_score tile", {"score_tm", "score_tn"}, 2, {{4, 16}, {8, 16}, {16, 16}, {8, 32}}, 4, {W_STAGED}, 1},
+    {"qk_score head-dim chunk", {"score_tk"}, 1, {{16}, {32}, {64}}, 3, {W_STAGED}, 1},
+    {"softmax width", {"softmax_wg"}, 1, {{16}, {64}, {256}}, 3, {W_STAGED}, 1},
+    {"mix tile", {"mix_tm", "mix_tv"}, 2, {{8, 16}, {16, 16}, {32, 8}, {4, 32}}, 4, {W_STAGED}, 1},
+    {"mix key chunk", {"mix_tj"}, 1, {{16}, {32}, {64}}, 3, {W_STAGED}, 1},
+    {"gemm scratch MiB", {"scratch_bytes"}, 1, {{16}, {64}, {256}}, 3, {W_GEMM}, 1},
 };
 #define N_GROUPS (sizeof groups / sizeof groups[0])
 
@@ -264,9 +270,11 @@ static void tune_group(tuner *t, const group *g, FILE *log) {
     progress(t, label);
     double s = score(t, &c, g->workloads, g->nworkloads, CLATTN_ALGO_AUTO, start < INFINITY ? ref : NULL, ms);
     fprintf(log, " [%s]", label + strlen(g->name) + 1);
-    if (s < INFINITY) fprintf(log, " %.3f", s / g->nworkloads);
-    else fprintf(log, " -");
-    if (s < best_score * 0.98) best_score = s, best_v = v;   /* a 2% margin against noise */
+    if (s < INFINITY)
+      fprintf(log, " %.3f", s / g->nworkloads);
+    else
+      fprintf(log, " -");
+    if (s < best_score * 0.98) best_score = s, best_v = v; /* a 2% margin against noise */
   }
   if (best_v >= 0)
     for (int k = 0; k < g->nkeys; k++) t->best.value[tunable_index(g->keys[k])] = group_value(g, best_v, k);
@@ -275,12 +283,14 @@ static void tune_group(tuner *t, const group *g, FILE *log) {
 
 /* AUTO per shape class: the fastest path on the class's workload. */
 static void tune_auto(tuner *t, FILE *log) {
-  static const struct { int cls; int w; } classes[] = {
-    {C_PREFILL, W_PREFILL}, {C_DECODE, W_DECODE}, {C_WEIGHTS, W_WEIGHTS}};
+  static const struct {
+    int cls;
+    int w;
+  } classes[] = {{C_PREFILL, W_PREFILL}, {C_DECODE, W_DECODE}, {C_WEIGHTS, W_WEIGHTS}};
   static const clattn_algo algos[] = {CLATTN_ALGO_FUSED, CLATTN_ALGO_STAGED, CLATTN_ALGO_GEMM};
   for (size_t i = 0; i < 3; i++) {
     double best = INFINITY;
-    const char *cls = class_keys[classes[i].cls] + 5;   /* "prefill", ... */
+    const char *cls = class_keys[classes[i].cls] + 5; /* "prefill", ... */
     fprintf(log, "AUTO for %s:", cls);
     for (size_t a = 0; a < 3; a++) {
       if (classes[i].cls == C_WEIGHTS && algos[a] == CLATTN_ALGO_FUSED) continue;
@@ -297,9 +307,11 @@ static void tune_auto(tuner *t, FILE *log) {
 }
 
 int tune_main(int argc, char **argv) {
-  static const struct option opts[] = {{"quick", no_argument, NULL, 'q'}, {"output", required_argument, NULL, 'o'},
-                                        {"reps", required_argument, NULL, 'r'}, {"help", no_argument, NULL, 'h'},
-                                        {NULL, 0, NULL, 0}};
+  static const struct option opts[] = {{"quick", no_argument, NULL, 'q'},
+                                       {"output", required_argument, NULL, 'o'},
+                                       {"reps", required_argument, NULL, 'r'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
   tune_args args = {0, 3, NULL};
   const int parsed = cli_parse("tune", argc - 1, argv + 1, opts, tune_help, on_tune_option, &args);
   if (parsed != 0) return parsed > 0 ? 0 : 2;
@@ -309,7 +321,7 @@ int tune_main(int argc, char **argv) {
   memset(&t, 0, sizeof t);
   t.reps = args.reps;
   clattn_options none = {0};
-  none.tuning_file = "";   /* start from the defaults */
+  none.tuning_file = ""; /* start from the defaults */
   if (clattn_create(&none, &t.base) != CLATTN_OK) {
     fprintf(stderr, "clattn tune: cannot create a context: %s\n", clattn_last_error(NULL));
     return 1;

@@ -36,22 +36,23 @@
 #include "problem.h"
 #include "worked.h"
 
-const char lab_usage[] = "       clattn lab [--json] [--heatmap FILE.png] [--seed S]\n"
-                         "       clattn lab --train [--quick] [--seeds N] [--steps S] [--lr LR] [--seed S]\n"
-                         "                          [--plot FILE.png]\n";
+const char lab_usage[] =
+    "       clattn lab [--json] [--heatmap FILE.png] [--seed S]\n"
+    "       clattn lab --train [--quick] [--seeds N] [--steps S] [--lr LR] [--seed S]\n"
+    "                          [--plot FILE.png]\n";
 
-#define SEED_TOL 1e-3      /* seeds' numbers printed to 3 decimals */
-#define DIAG_TOL 1e-4      /* library diagnostics vs the same from its weights */
-#define REF_TOL 1e-5       /* error against fp64 (ref_error) */
-#define MAX_VEC 4
-#define MAX_CHECKS 16
+#define SEED_TOL    1e-3 /* seeds' numbers printed to 3 decimals */
+#define DIAG_TOL    1e-4 /* library diagnostics vs the same from its weights */
+#define REF_TOL     1e-5 /* error against fp64 (ref_error) */
+#define MAX_VEC     4
+#define MAX_CHECKS  16
 #define MAX_METRICS 10
 #define MAX_ASSERTS 4
-#define MAX_INTV 8
+#define MAX_INTV    8
 
 /* ---- results ---- */
 
-typedef struct {           /* one compared quantity of a check */
+typedef struct { /* one compared quantity of a check */
   const char *label;
   int n;
   double expected[4], got[4], tol;
@@ -64,12 +65,18 @@ typedef struct {
 } lab_check;
 
 typedef struct {
-  const char *name, *what;                 /* what the intervention does */
-  struct { const char *key; double val; } metric[MAX_METRICS];
+  const char *name, *what; /* what the intervention does */
+  struct {
+    const char *key;
+    double val;
+  } metric[MAX_METRICS];
   int n_metric;
-  struct { char text[160]; int pass; } assert_[MAX_ASSERTS];
+  struct {
+    char text[160];
+    int pass;
+  } assert_[MAX_ASSERTS];
   int n_assert, pass;
-  double per_row[2][16];                   /* ablation: removed weight, output change per row */
+  double per_row[2][16]; /* ablation: removed weight, output change per row */
   int n_rows;
 } lab_intv;
 
@@ -89,19 +96,19 @@ typedef struct {
 
 /* ---- one attention read through the public API ---- */
 
-typedef struct {           /* dense inputs of one head, one batch row */
+typedef struct { /* dense inputs of one head, one batch row */
   int m, n, dk, dv;
-  const float *q, *k, *v;  /* [m,dk] [n,dk] [n,dv] */
+  const float *q, *k, *v;    /* [m,dk] [n,dk] [n,dv] */
   const unsigned char *mask; /* [m,n], NULL = everything allowed */
-  float scale;             /* NAN = 1/sqrt(dk) */
+  float scale;               /* NAN = 1/sqrt(dk) */
 } lab_input;
 
 typedef struct {
   int m, n, dv;
-  float *out, *w;                      /* [m,dv] [m,n] read back */
-  float *lib_entropy, *lib_max;        /* [m] the library's diagnostics */
+  float *out, *w;               /* [m,dv] [m,n] read back */
+  float *lib_entropy, *lib_max; /* [m] the library's diagnostics */
   int32_t *lib_argmax;
-  double *entropy, *max_w;             /* [m] the same, from w */
+  double *entropy, *max_w; /* [m] the same, from w */
   int *argmax;
 } lab_read;
 
@@ -153,7 +160,7 @@ static void check_diagnostics(lab *L, const char *run, const lab_read *r) {
                r->lib_entropy[i], r->lib_max[i], am, r->entropy[i], r->max_w[i], r->argmax[i]);
     if (d > DIAG_TOL) L->diag_fail++;
     if (!ok_arg) L->diag_argmax_fail++;
-    return;   /* one failure per read is enough to count it */
+    return; /* one failure per read is enough to count it */
   }
 }
 
@@ -257,8 +264,7 @@ static int lab_attend(lab *L, const char *run, const lab_input *in, lab_read *r)
   r->entropy = malloc(m * sizeof(double));
   r->max_w = malloc(m * sizeof(double));
   r->argmax = malloc(m * sizeof(int));
-  if (!r->out || !r->w || !r->lib_entropy || !r->lib_max || !r->lib_argmax || !r->entropy || !r->max_w ||
-      !r->argmax) {
+  if (!r->out || !r->w || !r->lib_entropy || !r->lib_max || !r->lib_argmax || !r->entropy || !r->max_w || !r->argmax) {
     snprintf(err, sizeof err, "out of memory");
     goto done;
   }
@@ -274,7 +280,8 @@ static int lab_attend(lab *L, const char *run, const lab_input *in, lab_read *r)
   if (!(e <= L->ref_worst)) L->ref_worst = isnan(e) ? INFINITY : e;
   if (!(e <= REF_TOL) || res.mismatch_out || res.mismatch_weights || res.nan_out || res.nan_weights) {
     char line[300];
-    if (!L->ref_first[0]) snprintf(L->ref_first, sizeof L->ref_first, "%s: %s", run, cp_result_format(&res, line, sizeof line));
+    if (!L->ref_first[0])
+      snprintf(L->ref_first, sizeof L->ref_first, "%s: %s", run, cp_result_format(&res, line, sizeof line));
     L->ref_fail++;
   }
   check_diagnostics(L, run, r);
@@ -337,8 +344,10 @@ static void worked_check(lab *L, const cp_worked *e, lab_read *keep) {
   if (lab_attend(L, c ? c->name : e->name, &in, &r) == 0) {
     add_vecf(c, "weights", e->n, e->want_w, r.w, tol_w);
     add_vecf(c, "output", e->dv, e->want_out, r.out, tol_out);
-    if (keep) *keep = r;
-    else read_free(&r);
+    if (keep)
+      *keep = r;
+    else
+      read_free(&r);
   }
   finish_check(c);
 }
@@ -388,17 +397,17 @@ static void seed_checks(lab *L) {
 /* ---- part 2: interventions on a synthetic retrieval task ---- */
 
 enum { RT_N = 256, RT_D = 32, RT_M = 16 };
-#define RT_SHARP 12.0   /* scale * |q|: makes the target's weight about 0.95 */
-#define RT_NOISE 0.3    /* |query noise| against a unit key */
+#define RT_SHARP   12.0 /* scale * |q|: makes the target's weight about 0.95 */
+#define RT_NOISE   0.3  /* |query noise| against a unit key */
 #define RT_DUP_EPS 1e-3 /* |near-duplicate key - target key| before normalising */
 
 typedef struct {
   float k[RT_N * RT_D], v[RT_N * RT_D], q[RT_M * RT_D];
   int target[RT_M];
-  double value_norm;       /* mean |v_j| */
+  double value_norm; /* mean |v_j| */
 } rtask;
 
-static uint64_t rng_next(uint64_t *s) {   /* splitmix64 */
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -572,7 +581,8 @@ static int interventions(lab *L, lab_read *base_out) {
     expect(v, dw <= 1e-6, "weights move with their pairs: max |difference| %.2g <= 1e-6", dw);
     expect(v, fabs(a.entropy_w - b.entropy_w) <= 1e-4, "entropy unchanged: %.6f vs %.6f", a.entropy_w, b.entropy_w);
     read_free(&r);
-  } else v->pass = 0;
+  } else
+    v->pass = 0;
 
   /* key shuffle: keys permuted, values stay; the target value stays at its slot */
   v = new_intv(L, "key shuffle", "keys permuted, values not: the addresses move, the content does not");
@@ -582,12 +592,13 @@ static int interventions(lab *L, lab_read *base_out) {
   if (lab_attend(L, v->name, &in, &r) == 0) {
     rsum a = summarise(t, &base, &r, slot);
     report(v, &a);
-    expect(v, a.hit_w <= 2.0 / RT_M, "the route misses the target value (top route on it for %.0f/%d)",
-           a.hit_w * RT_M, RT_M);
+    expect(v, a.hit_w <= 2.0 / RT_M, "the route misses the target value (top route on it for %.0f/%d)", a.hit_w * RT_M,
+           RT_M);
     expect(v, a.target_err >= 5 * b.target_err && a.target_err >= 0.5 * t->value_norm,
            "output error vs the target rises: %.3f (baseline %.3f)", a.target_err, b.target_err);
     read_free(&r);
-  } else v->pass = 0;
+  } else
+    v->pass = 0;
 
   /* value shuffle: same keys, so the same route; different content travels */
   v = new_intv(L, "value shuffle", "values permuted, keys not: same route, different content");
@@ -604,7 +615,8 @@ static int interventions(lab *L, lab_read *base_out) {
     expect(v, a.change >= 0.5 * t->value_norm, "output changes: mean |change| %.3f >= 0.5 x mean |v| %.3f", a.change,
            0.5 * t->value_norm);
     read_free(&r);
-  } else v->pass = 0;
+  } else
+    v->pass = 0;
 
   /* ablation: mask out each query's top key; the rest renormalises, so the
    * output must be the remaining keys' mixture under the baseline weights */
@@ -642,11 +654,13 @@ static int interventions(lab *L, lab_read *base_out) {
     metric(v, "removed_weight", removed);
     expect(v, masked_w == 0 && moved == RT_M, "the ablated key gets weight 0 (max %.2g), every top route moves (%d/%d)",
            masked_w, moved, RT_M);
-    expect(v, worst <= 1e-3, "output = the other keys' baseline mixture, renormalised (rel. error %.2g <= 1e-3)", worst);
+    expect(v, worst <= 1e-3, "output = the other keys' baseline mixture, renormalised (rel. error %.2g <= 1e-3)",
+           worst);
     expect(v, a.change >= 0.5 * t->value_norm, "output changes: mean |change| %.3f for mean removed weight %.3f",
            a.change, removed);
     read_free(&r);
-  } else v->pass = 0;
+  } else
+    v->pass = 0;
 
   /* near-duplicate keys: for each query, another slot gets almost the target
    * key and the opposite value; the route cannot tell them apart */
@@ -689,11 +703,14 @@ static int interventions(lab *L, lab_read *base_out) {
     expect(v, a.entropy_w >= b.entropy_w + 0.5, "route entropy rises by >= 0.5 nats: %.3f vs %.3f", a.entropy_w,
            b.entropy_w);
     read_free(&r);
-  } else v->pass = 0;
+  } else
+    v->pass = 0;
   rc = 0;
 done:
-  if (rc == 0 && base_out) *base_out = base;
-  else read_free(&base);
+  if (rc == 0 && base_out)
+    *base_out = base;
+  else
+    read_free(&base);
   free(t);
   free(x);
   free(mask);
@@ -722,8 +739,10 @@ static void run_checks(lab *L) {
 static void print_vec(const double *x, int n, int digits) {
   printf("[");
   for (int i = 0; i < n; i++) {
-    if (digits < 0) printf("%s%.3g", i ? ", " : "", x[i]);
-    else printf("%s%.*f", i ? ", " : "", digits, x[i]);
+    if (digits < 0)
+      printf("%s%.3g", i ? ", " : "", x[i]);
+    else
+      printf("%s%.*f", i ? ", " : "", digits, x[i]);
   }
   printf("]");
 }
@@ -749,14 +768,15 @@ static void print_text(const lab *L, int failed) {
   }
   if (L->ref_first[0]) printf("    first read off the reference: %s\n", L->ref_first);
   if (L->diag_first[0]) printf("    first disagreement: %s\n", L->diag_first);
-  printf("\ninterventions on a retrieval task: %d random unit keys in d=%d, %d queries each a noisy copy of one\n"
-         "target key (logits %g x cosine), random values in [-1,1]^%d (seed %llu); means over the queries:\n",
-         RT_N, RT_D, RT_M, RT_SHARP, RT_D, (unsigned long long)L->seed);
+  printf(
+      "\ninterventions on a retrieval task: %d random unit keys in d=%d, %d queries each a noisy copy of one\n"
+      "target key (logits %g x cosine), random values in [-1,1]^%d (seed %llu); means over the queries:\n",
+      RT_N, RT_D, RT_M, RT_SHARP, RT_D, (unsigned long long)L->seed);
   printf("  %-20s %10s %11s %9s %10s %12s\n", "", "out change", "target err", "entropy", "max weight", "top=target");
   for (int k = 0; k < L->n_intv; k++) {
     const lab_intv *v = &L->intv[k];
-    printf("  %-20s %10.4f %11.4f %9.4f %10.4f %12.2f\n", v->name, v->metric[0].val, v->metric[1].val,
-           v->metric[2].val, v->metric[3].val, v->metric[4].val);
+    printf("  %-20s %10.4f %11.4f %9.4f %10.4f %12.2f\n", v->name, v->metric[0].val, v->metric[1].val, v->metric[2].val,
+           v->metric[3].val, v->metric[4].val);
   }
   for (int k = 0; k < L->n_intv; k++) {
     const lab_intv *v = &L->intv[k];
@@ -770,16 +790,21 @@ static void print_text(const lab *L, int failed) {
 }
 
 static void json_num(double x) {
-  if (isfinite(x)) printf("%.9g", x);
-  else printf("null");
+  if (isfinite(x))
+    printf("%.9g", x);
+  else
+    printf("null");
 }
 
 static void json_str(const char *s) {
   putchar('"');
   for (; *s; s++) {
-    if (*s == '"' || *s == '\\') printf("\\%c", *s);
-    else if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
-    else putchar(*s);
+    if (*s == '"' || *s == '\\')
+      printf("\\%c", *s);
+    else if ((unsigned char)*s < 0x20)
+      printf("\\u%04x", *s);
+    else
+      putchar(*s);
   }
   putchar('"');
 }
@@ -807,15 +832,17 @@ static void print_json(const lab *L, const char *device, int failed) {
         if (i) putchar(',');
         json_str(c->vec[i].label);
         putchar(':');
-        if (part == 2) json_num(c->vec[i].tol);
-        else json_arr(part == 0 ? c->vec[i].expected : c->vec[i].got, c->vec[i].n);
+        if (part == 2)
+          json_num(c->vec[i].tol);
+        else
+          json_arr(part == 0 ? c->vec[i].expected : c->vec[i].got, c->vec[i].n);
       }
       putchar('}');
     }
     printf(",\"pass\":%s}", c->pass ? "true" : "false");
   }
-  printf("],\"task\":{\"keys\":%d,\"head_dim\":%d,\"value_dim\":%d,\"queries\":%d,\"sharpness\":%g,\"noise\":%g}",
-         RT_N, RT_D, RT_D, RT_M, RT_SHARP, RT_NOISE);
+  printf("],\"task\":{\"keys\":%d,\"head_dim\":%d,\"value_dim\":%d,\"queries\":%d,\"sharpness\":%g,\"noise\":%g}", RT_N,
+         RT_D, RT_D, RT_M, RT_SHARP, RT_NOISE);
   printf(",\"interventions\":[");
   for (int k = 0; k < L->n_intv; k++) {
     const lab_intv *v = &L->intv[k];
@@ -863,7 +890,8 @@ static int write_heatmap(const lab *L, const lab_read *base, const char *path) {
            "This is a routing diagnostic, not an explanation: what a route does is shown by intervening on keys, "
            "values and routes (see the interventions).",
            RT_D, (unsigned long long)L->seed);
-  heatmap h = {.a = base->w, .rows = base->m, .cols = base->n, .ld = (size_t)base->n, .title = title, .caption = caption};
+  heatmap h = {
+      .a = base->w, .rows = base->m, .cols = base->n, .ld = (size_t)base->n, .title = title, .caption = caption};
   if (heatmap_write_png(&h, path, err, sizeof err) != 0) {
     fprintf(stderr, "clattn lab: %s\n", err);
     return -1;
@@ -884,15 +912,20 @@ int lab_main(int argc, char **argv) {
   for (int i = 2; i < argc; i++) {
     const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
     char *end = NULL;
-    if (!strcmp(o, "--json")) json = 1;
-    else if (!strcmp(o, "--heatmap") && val) heat = val, i++;
-    else if (!strcmp(o, "--seed") && val && val[0] != '-' && (L->seed = strtoull(val, &end, 10), !*end)) i++;
+    if (!strcmp(o, "--json"))
+      json = 1;
+    else if (!strcmp(o, "--heatmap") && val)
+      heat = val, i++;
+    else if (!strcmp(o, "--seed") && val && val[0] != '-' && (L->seed = strtoull(val, &end, 10), !*end))
+      i++;
     else if (!strcmp(o, "-h") || !strcmp(o, "--help"))
       return free(L), printf("usage:\n%s\n--train:\n%s", lab_usage, lab_train_help), 0;
     else {
       if (!strcmp(o, "--heatmap") || !strcmp(o, "--seed"))
-        fprintf(stderr, "clattn lab: %s needs %s\n", o, !strcmp(o, "--seed") ? "a non-negative integer" : "a file name");
-      else fprintf(stderr, "clattn lab: bad option %s\n", o);
+        fprintf(stderr, "clattn lab: %s needs %s\n", o,
+                !strcmp(o, "--seed") ? "a non-negative integer" : "a file name");
+      else
+        fprintf(stderr, "clattn lab: bad option %s\n", o);
       free(L);
       return fprintf(stderr, "usage:\n%s", lab_usage), 2;
     }
@@ -918,7 +951,8 @@ int lab_main(int argc, char **argv) {
   for (int k = 0; k < L->n_checks; k++) failed |= !L->checks[k].pass;
   for (int k = 0; k < L->n_intv; k++) failed |= !L->intv[k].pass;
   if (heat && (!base.w || write_heatmap(L, &base, heat) != 0)) heat_failed = 1;
-  if (json) print_json(L, device, failed);
+  if (json)
+    print_json(L, device, failed);
   else {
     print_text(L, failed);
     if (heat && !heat_failed) printf("heat map: %s\n", heat);

@@ -23,12 +23,12 @@ const char *const intervention_name[INTV_KINDS] = {"none", "paired permutation",
                                                    "ablation of the matching key"};
 
 enum {
-  QKV = 2 * DK + DV,              /* columns of the projection [Wq | Wk | Wv] and of its output */
-  ROWS = CHUNK * TASK_T,          /* tokens of one chunk */
-  W_PROJ = TASK_D * QKV,          /* attention parameters: the projection, then the readout R, rb */
+  QKV = 2 * DK + DV,     /* columns of the projection [Wq | Wk | Wv] and of its output */
+  ROWS = CHUNK * TASK_T, /* tokens of one chunk */
+  W_PROJ = TASK_D * QKV, /* attention parameters: the projection, then the readout R, rb */
   W_READ = W_PROJ,
   W_ATTN = W_PROJ + DV * TASK_CLASSES + TASK_CLASSES,
-  M_W1 = 0,                       /* MLP parameters: W1, b1, W2, b2 */
+  M_W1 = 0, /* MLP parameters: W1, b1, W2, b2 */
   M_B1 = TASK_D * MLP_HIDDEN,
   M_W2 = M_B1 + MLP_HIDDEN,
   M_B2 = M_W2 + MLP_HIDDEN * TASK_CLASSES,
@@ -42,10 +42,10 @@ struct lab_device {
   cl_mem x, w, qkv, out, lse, d_out, d_q, d_k, d_v, d_w, mask, argmax, max_weight;
 };
 
-typedef struct {                  /* the route of one read, per sequence */
-  int key_at[CHUNK];              /* where the query's matching key is after the intervention; -1: removed */
-  cl_int argmax[CHUNK];           /* the top-weighted key (clattn's route diagnostics) */
-  float max_weight[CHUNK];        /* its weight */
+typedef struct {           /* the route of one read, per sequence */
+  int key_at[CHUNK];       /* where the query's matching key is after the intervention; -1: removed */
+  cl_int argmax[CHUNK];    /* the top-weighted key (clattn's route diagnostics) */
+  float max_weight[CHUNK]; /* its weight */
 } read_route;
 
 /* ---- the device ---- */
@@ -72,14 +72,22 @@ int lab_device_open(lab_device **out, char *err, size_t errlen) {
   d->queue = clattn_cl_queue(d->ctx);
   if (clGetDeviceInfo(clattn_cl_device(d->ctx), CL_DEVICE_NAME, sizeof d->name, d->name, NULL) != CL_SUCCESS)
     snprintf(d->name, sizeof d->name, "?");
-  struct { cl_mem *m; size_t bytes; } all[] = {
-      {&d->x, sizeof(float) * ROWS * TASK_D}, {&d->w, sizeof(float) * W_PROJ},
-      {&d->qkv, sizeof(float) * ROWS * QKV},  {&d->out, sizeof(float) * CHUNK * DV},
-      {&d->lse, sizeof(float) * CHUNK},       {&d->d_out, sizeof(float) * CHUNK * DV},
-      {&d->d_q, sizeof(float) * CHUNK * DK},  {&d->d_k, sizeof(float) * ROWS * DK},
-      {&d->d_v, sizeof(float) * ROWS * DV},   {&d->d_w, sizeof(float) * W_PROJ},
-      {&d->mask, ROWS},                       {&d->argmax, sizeof(cl_int) * CHUNK},
-      {&d->max_weight, sizeof(float) * CHUNK}};
+  struct {
+    cl_mem *m;
+    size_t bytes;
+  } all[] = {{&d->x, sizeof(float) * ROWS * TASK_D},
+             {&d->w, sizeof(float) * W_PROJ},
+             {&d->qkv, sizeof(float) * ROWS * QKV},
+             {&d->out, sizeof(float) * CHUNK * DV},
+             {&d->lse, sizeof(float) * CHUNK},
+             {&d->d_out, sizeof(float) * CHUNK * DV},
+             {&d->d_q, sizeof(float) * CHUNK * DK},
+             {&d->d_k, sizeof(float) * ROWS * DK},
+             {&d->d_v, sizeof(float) * ROWS * DV},
+             {&d->d_w, sizeof(float) * W_PROJ},
+             {&d->mask, ROWS},
+             {&d->argmax, sizeof(cl_int) * CHUNK},
+             {&d->max_weight, sizeof(float) * CHUNK}};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     cl_int e = CL_SUCCESS;
     *all[i].m = clCreateBuffer(clattn_cl_context(d->ctx), CL_MEM_READ_WRITE, all[i].bytes, NULL, &e);
@@ -94,8 +102,8 @@ int lab_device_open(lab_device **out, char *err, size_t errlen) {
 
 void lab_device_close(lab_device *d) {
   if (!d) return;
-  cl_mem all[] = {d->x,   d->w,   d->qkv, d->out,  d->lse,    d->d_out,
-                  d->d_q, d->d_k, d->d_v, d->d_w, d->mask, d->argmax, d->max_weight};
+  cl_mem all[] = {d->x,   d->w,   d->qkv, d->out,  d->lse,    d->d_out,     d->d_q,
+                  d->d_k, d->d_v, d->d_w, d->mask, d->argmax, d->max_weight};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (all[i]) clReleaseMemObject(all[i]);
   clattn_destroy(d->ctx);
@@ -141,7 +149,7 @@ static clattn_params read_params(lab_device *d, int nb, float scale, int masked,
   p.q_len = 1, p.kv_len = TASK_T, p.head_dim = DK, p.value_dim = DV;
   p.scale = scale;
   p.algo = CLATTN_ALGO_FUSED;
-  p.q = (clattn_tensor){d->qkv, TASK_PAIRS * QKV, {TASK_T * QKV, 0, QKV, 1}};   /* the query token's row */
+  p.q = (clattn_tensor){d->qkv, TASK_PAIRS * QKV, {TASK_T * QKV, 0, QKV, 1}}; /* the query token's row */
   p.k = (clattn_tensor){d->qkv, DK, {TASK_T * QKV, 0, QKV, 1}};
   p.v = (clattn_tensor){d->qkv, 2 * DK, {TASK_T * QKV, 0, QKV, 1}};
   p.out = (clattn_tensor){d->out, 0, {DV, DV, DV, 1}};
@@ -183,8 +191,7 @@ static int attention_read(const model *m, lab_device *d, const float *x, const i
     for (int b = 0; b < nb; b++) route->key_at[b] = intv == INTV_ABLATE ? -1 : match[b];
   if (put(d, d->x, x, rows * TASK_D * sizeof *x, "tokens", err, errlen) ||
       put(d, d->w, m->w, W_PROJ * sizeof *m->w, "projection", err, errlen) ||
-      sgemm(d, 0, rows, QKV, TASK_D, d->x, 0, TASK_D, d->w, QKV, d->qkv, 0, QKV, "[Q K V] = X [Wq Wk Wv]", err,
-            errlen))
+      sgemm(d, 0, rows, QKV, TASK_D, d->x, 0, TASK_D, d->w, QKV, d->qkv, 0, QKV, "[Q K V] = X [Wq Wk Wv]", err, errlen))
     return -1;
   const int shuffle = intv == INTV_PAIRED || intv == INTV_KEY_SHUFFLE || intv == INTV_VALUE_SHUFFLE;
   if (shuffle || qkv_host) {
@@ -318,7 +325,7 @@ int model_init(model *m, model_kind kind, uint64_t seed) {
   } else {
     for (int i = 0; i < W_PROJ; i++) m->w[i] = (float)(task_gauss(&s) / sqrt((double)TASK_D));
     for (int i = W_READ; i < W_READ + DV * TASK_CLASSES; i++) m->w[i] = (float)(task_gauss(&s) / sqrt((double)DV));
-    if (kind != MODEL_ATTENTION)   /* Wq, Wk: frozen (fixed) or without effect (uniform) */
+    if (kind != MODEL_ATTENTION) /* Wq, Wk: frozen (fixed) or without effect (uniform) */
       for (int r = 0; r < TASK_D; r++) memset(m->trained + r * QKV, 0, 2 * DK);
   }
   for (int i = 0; i < m->n_params; i++) m->n_trained += m->trained[i];
@@ -367,19 +374,23 @@ static int check_gradients(lab_device *d, const clattn_params *p, const float *x
     goto done;
   }
   double num = 0.0, den = 0.0;
-  const struct { const float *got; const double *want; size_t n; } parts[] = {
-      {gq, rq, (size_t)nb * DK}, {gk, rk, rows * DK}, {gv, rv, rows * DV}};
+  const struct {
+    const float *got;
+    const double *want;
+    size_t n;
+  } parts[] = {{gq, rq, (size_t)nb * DK}, {gk, rk, rows * DK}, {gv, rv, rows * DV}};
   for (int k = 0; k < 3; k++)
     for (size_t i = 0; i < parts[k].n; i++) {
       const double e = parts[k].got[i] - parts[k].want[i];
       num += e * e, den += parts[k].want[i] * parts[k].want[i];
     }
   out->attention = sqrt(num / (den > 0.0 ? den : 1.0));
-  for (size_t row = 0; row < rows; row++) {   /* dW = Xᵀ [dQ dK dV] in fp64; dQ only on query rows */
+  for (size_t row = 0; row < rows; row++) { /* dW = Xᵀ [dQ dK dV] in fp64; dQ only on query rows */
     const int b = (int)(row / TASK_T), t = (int)(row % TASK_T);
     for (int c = 0; c < QKV; c++) {
-      const double dr = c < DK ? (t == TASK_PAIRS ? rq[b * DK + c] : 0.0)
-                               : c < 2 * DK ? rk[row * DK + (c - DK)] : rv[row * DV + (c - 2 * DK)];
+      const double dr = c < DK       ? (t == TASK_PAIRS ? rq[b * DK + c] : 0.0)
+                        : c < 2 * DK ? rk[row * DK + (c - DK)]
+                                     : rv[row * DV + (c - 2 * DK)];
       for (int e = 0; e < TASK_D; e++) rw[e * QKV + c] += (double)x[row * TASK_D + e] * dr;
     }
   }
@@ -425,7 +436,7 @@ static int attention_step(model *m, lab_device *d, const task_set *s, double *lo
   if (get(d, d->d_w, m->g, W_PROJ * sizeof *m->g, "dW", err, errlen)) goto done;
   if (check && check_gradients(d, &bp.fwd, s->x, nb, qkv, d_o, m->g, check, err, errlen)) goto done;
   for (int i = 0; i < W_PROJ; i++)
-    if (!m->trained[i]) m->g[i] = 0.0f;   /* columns no GEMM wrote this step */
+    if (!m->trained[i]) m->g[i] = 0.0f; /* columns no GEMM wrote this step */
   rc = 0;
 done:
   free(qkv);
@@ -454,12 +465,14 @@ static void mlp_step(model *m, const task_set *s, double *loss) {
   }
 }
 
-int model_step(model *m, lab_device *d, const task_set *batch, double lr, double *loss, grad_check *check,
-               char *err, size_t errlen) {
+int model_step(model *m, lab_device *d, const task_set *batch, double lr, double *loss, grad_check *check, char *err,
+               size_t errlen) {
   if (batch->n < 1 || batch->n > CHUNK) return fail(err, errlen, "a batch of %d sequences (1 to %d)", batch->n, CHUNK);
   if (check && m->kind != MODEL_ATTENTION) return fail(err, errlen, "the gradient check is the attention model's");
-  if (m->kind == MODEL_MLP) mlp_step(m, batch, loss);
-  else if (attention_step(m, d, batch, loss, check, err, errlen)) return -1;
+  if (m->kind == MODEL_MLP)
+    mlp_step(m, batch, loss);
+  else if (attention_step(m, d, batch, loss, check, err, errlen))
+    return -1;
   adam(m, lr);
   return 0;
 }

@@ -24,9 +24,10 @@
 #include "lab_task.h"
 
 enum {
-  DK = 16, DV = 16,               /* the attention head's widths */
-  MLP_HIDDEN = 37,                /* the MLP's parameter count nearest the attention model's */
-  CHUNK = 128                     /* sequences per device call: the training batch */
+  DK = 16,
+  DV = 16,         /* the attention head's widths */
+  MLP_HIDDEN = 37, /* the MLP's parameter count nearest the attention model's */
+  CHUNK = 128      /* sequences per device call: the training batch */
 };
 
 typedef enum { MODEL_ATTENTION, MODEL_UNIFORM, MODEL_FIXED, MODEL_MLP, MODEL_KINDS } model_kind;
@@ -39,15 +40,15 @@ extern const char *const model_name[MODEL_KINDS];
 typedef enum { INTV_NONE, INTV_PAIRED, INTV_KEY_SHUFFLE, INTV_VALUE_SHUFFLE, INTV_ABLATE, INTV_KINDS } intervention;
 extern const char *const intervention_name[INTV_KINDS];
 
-typedef struct lab_device lab_device;   /* a clattn context and the buffers of one CHUNK */
+typedef struct lab_device lab_device; /* a clattn context and the buffers of one CHUNK */
 
 typedef struct {
   model_kind kind;
-  int n_params, n_trained;        /* all parameters; those trained (the rest frozen or without effect) */
-  float *w, *g;                   /* parameters and gradient, one flat vector (lab_models.c lays it out) */
-  double *m, *v;                  /* Adam's moments */
-  unsigned char *trained;         /* per parameter: 1 = Adam moves it */
-  long t;                         /* Adam steps taken */
+  int n_params, n_trained; /* all parameters; those trained (the rest frozen or without effect) */
+  float *w, *g;            /* parameters and gradient, one flat vector (lab_models.c lays it out) */
+  double *m, *v;           /* Adam's moments */
+  unsigned char *trained;  /* per parameter: 1 = Adam moves it */
+  long t;                  /* Adam steps taken */
 } model;
 
 /* The first step's gradients against fp64: dQ, dK, dV from clattn_backward
@@ -69,15 +70,15 @@ void model_free(model *m);
 /* One Adam step (learning rate lr) on the batch (at most CHUNK sequences);
  * *loss: its mean cross-entropy before the step. check non-NULL (attention
  * models only): also the gradient check. Returns 0, or -1 with a message in err. */
-int model_step(model *m, lab_device *d, const task_set *batch, double lr, double *loss, grad_check *check,
-               char *err, size_t errlen);
+int model_step(model *m, lab_device *d, const task_set *batch, double lr, double *loss, grad_check *check, char *err,
+               size_t errlen);
 
 /* The route of the attention models' read over a set (clattn's route
  * diagnostics argmax and max_weight). */
 typedef struct {
-  double to_key;                  /* the fraction of sequences whose top-weighted key is the query's
-                                     matching key, wherever the intervention moved it (0 when removed) */
-  double max_weight;              /* the top key's weight, mean over sequences */
+  double to_key;     /* the fraction of sequences whose top-weighted key is the query's
+                        matching key, wherever the intervention moved it (0 when removed) */
+  double max_weight; /* the top key's weight, mean over sequences */
 } route_summary;
 
 /* Accuracy on s under the intervention (INTV_NONE for any model; the

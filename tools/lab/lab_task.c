@@ -43,7 +43,7 @@ void task_set_draw(task_set *s, const task_embedding *e, uint64_t *rng) {
   for (int b = 0; b < s->n; b++) {
     int keys[TASK_KEYS];
     for (int k = 0; k < TASK_KEYS; k++) keys[k] = k;
-    for (int k = 0; k < TASK_PAIRS; k++) {   /* the first TASK_PAIRS of a random permutation: distinct keys */
+    for (int k = 0; k < TASK_PAIRS; k++) { /* the first TASK_PAIRS of a random permutation: distinct keys */
       const int r = k + (int)(task_unit(rng) * (TASK_KEYS - k)), t = keys[k];
       keys[k] = keys[r], keys[r] = t;
     }

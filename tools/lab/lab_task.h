@@ -16,11 +16,11 @@
 #include <stdint.h>
 
 enum {
-  TASK_PAIRS = 8,                 /* key-value pairs per sequence */
-  TASK_T = TASK_PAIRS + 1,        /* tokens per sequence: the pairs, then the query */
-  TASK_KEYS = 16,                 /* key symbols */
-  TASK_CLASSES = 16,              /* value classes = the answer classes */
-  TASK_D = 32                     /* embedding width */
+  TASK_PAIRS = 8,          /* key-value pairs per sequence */
+  TASK_T = TASK_PAIRS + 1, /* tokens per sequence: the pairs, then the query */
+  TASK_KEYS = 16,          /* key symbols */
+  TASK_CLASSES = 16,       /* value classes = the answer classes */
+  TASK_D = 32              /* embedding width */
 };
 
 typedef struct {
@@ -28,19 +28,19 @@ typedef struct {
 } task_embedding;
 
 typedef struct {
-  int n;                          /* sequences */
-  float *x;                       /* [n, TASK_T, TASK_D] tokens, row-major */
-  int *label;                     /* [n] the answer class */
-  int *match;                     /* [n] the position of the pair whose key matches the query */
-  double bag_ceiling;             /* the best accuracy without binding keys to values: the mean over
-                                     sequences of (count of the commonest value class) / TASK_PAIRS,
-                                     since every pair is then equally likely to be the match */
+  int n;              /* sequences */
+  float *x;           /* [n, TASK_T, TASK_D] tokens, row-major */
+  int *label;         /* [n] the answer class */
+  int *match;         /* [n] the position of the pair whose key matches the query */
+  double bag_ceiling; /* the best accuracy without binding keys to values: the mean over
+                         sequences of (count of the commonest value class) / TASK_PAIRS,
+                         since every pair is then equally likely to be the match */
 } task_set;
 
 /* splitmix64 and what the lab draws from it. */
 uint64_t task_rng(uint64_t *s);
-double task_unit(uint64_t *s);    /* uniform [0, 1) */
-double task_gauss(uint64_t *s);   /* standard normal */
+double task_unit(uint64_t *s);  /* uniform [0, 1) */
+double task_gauss(uint64_t *s); /* standard normal */
 
 /* Random embeddings, each entry N(0, 1/TASK_D) (rows of norm about 1). */
 void task_embedding_init(task_embedding *e, uint64_t seed);

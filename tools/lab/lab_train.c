@@ -32,9 +32,9 @@
 #include "lab_task.h"
 #include "lineplot.h"
 
-#define GRAD_TOL 1e-4   /* relative error of the first step's gradients against fp64 */
-#define MIN_ACC 0.8     /* attention's mean test accuracy, at least; also how often its route finds the key */
-#define MARGIN 0.3      /* attention over uniform pooling and the MLP; the breaking interventions' drop */
+#define GRAD_TOL   1e-4 /* relative error of the first step's gradients against fp64 */
+#define MIN_ACC    0.8  /* attention's mean test accuracy, at least; also how often its route finds the key */
+#define MARGIN     0.3  /* attention over uniform pooling and the MLP; the breaking interventions' drop */
 #define PAIRED_TOL 0.01 /* the paired permutation's change of accuracy, at most */
 
 enum { TEST_N = 512, MAX_SEEDS = 20, MAX_STEPS = 5000, MAX_POINTS = 64, TASK_SEED = 2026 };
@@ -47,10 +47,10 @@ typedef struct {
 } train_opts;
 
 typedef struct {
-  double acc[MAX_SEEDS];                       /* final test accuracy per seed */
-  double curve[MAX_POINTS];                    /* test accuracy at each evaluation, mean over seeds */
-  double intv[INTV_KINDS][MAX_SEEDS];          /* attention only: accuracy under each intervention */
-  route_summary route[INTV_KINDS][MAX_SEEDS];  /* attention only: the route under each intervention */
+  double acc[MAX_SEEDS];                      /* final test accuracy per seed */
+  double curve[MAX_POINTS];                   /* test accuracy at each evaluation, mean over seeds */
+  double intv[INTV_KINDS][MAX_SEEDS];         /* attention only: accuracy under each intervention */
+  route_summary route[INTV_KINDS][MAX_SEEDS]; /* attention only: the route under each intervention */
   int n_params, n_trained;
 } model_result;
 
@@ -60,7 +60,7 @@ static double mean_of(const double *x, int n) {
   return s / n;
 }
 
-static double sd_of(const double *x, int n) {   /* sample standard deviation; 0 for one value */
+static double sd_of(const double *x, int n) { /* sample standard deviation; 0 for one value */
   if (n < 2) return 0.0;
   const double mu = mean_of(x, n);
   double s = 0.0;
@@ -82,7 +82,7 @@ static int train_kind(model_kind kind, const train_opts *o, lab_device *d, const
     model m;
     if (model_init(&m, kind, o->seed + (uint64_t)s)) return snprintf(err, errlen, "out of host memory"), -1;
     r->n_params = m.n_params, r->n_trained = m.n_trained;
-    uint64_t data = (o->seed + (uint64_t)s) * 0xD1B54A32D192ED03ull + 1;   /* the same batches for every kind */
+    uint64_t data = (o->seed + (uint64_t)s) * 0xD1B54A32D192ED03ull + 1; /* the same batches for every kind */
     int rc = 0;
     for (int step = 0, pt = 0; step <= o->steps && !rc; step++) {
       if (step % o->every == 0 || step == o->steps) {
@@ -94,12 +94,11 @@ static int train_kind(model_kind kind, const train_opts *o, lab_device *d, const
       if (step == o->steps || rc) break;
       double loss = 0.0;
       task_set_draw(batch, emb, &data);
-      rc = model_step(&m, d, batch, o->lr, &loss, kind == MODEL_ATTENTION && s == 0 && step == 0 ? check : NULL,
-                      err, errlen);
+      rc = model_step(&m, d, batch, o->lr, &loss, kind == MODEL_ATTENTION && s == 0 && step == 0 ? check : NULL, err,
+                      errlen);
     }
     for (int v = 0; v < INTV_KINDS && !rc && kind == MODEL_ATTENTION; v++)
-      rc = model_accuracy(&m, d, test, (intervention)v, 99 + (uint64_t)s, &r->intv[v][s], &r->route[v][s], err,
-                          errlen);
+      rc = model_accuracy(&m, d, test, (intervention)v, 99 + (uint64_t)s, &r->intv[v][s], &r->route[v][s], err, errlen);
     model_free(&m);
     if (rc) return -1;
   }
@@ -116,7 +115,8 @@ static int write_plot(const train_opts *o, const model_result *res, char *err, s
   char caption[256];
   snprintf(caption, sizeof caption,
            "Test accuracy on %d held-out sequences (%d pairs + query, %d classes), mean over %d seed%s. "
-           "Chance: 1/%d.", TEST_N, TASK_PAIRS, TASK_CLASSES, o->seeds, o->seeds == 1 ? "" : "s", TASK_CLASSES);
+           "Chance: 1/%d.",
+           TEST_N, TASK_PAIRS, TASK_CLASSES, o->seeds, o->seeds == 1 ? "" : "s", TASK_CLASSES);
   const lineplot p = {.title = "clattn lab --train: key-value lookup among distractors",
                       .x_label = "training step",
                       .y_label = "test accuracy",
@@ -137,16 +137,20 @@ static int parse(int argc, char **argv, train_opts *o) {
     const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
     char *end = NULL;
     if (!strcmp(a, "--train")) continue;
-    if (!strcmp(a, "--quick")) quick = 1;
+    if (!strcmp(a, "--quick"))
+      quick = 1;
     else if (!strcmp(a, "--seeds") && val && (o->seeds = (int)strtol(val, &end, 10), !*end) && o->seeds >= 1 &&
              o->seeds <= MAX_SEEDS)
       seeds_set = 1, i++;
     else if (!strcmp(a, "--steps") && val && (o->steps = (int)strtol(val, &end, 10), !*end) && o->steps >= 1 &&
              o->steps <= MAX_STEPS)
       steps_set = 1, i++;
-    else if (!strcmp(a, "--lr") && val && (o->lr = strtod(val, &end), !*end) && o->lr > 0 && o->lr < 1) i++;
-    else if (!strcmp(a, "--seed") && val && val[0] != '-' && (o->seed = strtoull(val, &end, 10), !*end)) i++;
-    else if (!strcmp(a, "--plot") && val) o->plot = val, i++;
+    else if (!strcmp(a, "--lr") && val && (o->lr = strtod(val, &end), !*end) && o->lr > 0 && o->lr < 1)
+      i++;
+    else if (!strcmp(a, "--seed") && val && val[0] != '-' && (o->seed = strtoull(val, &end, 10), !*end))
+      i++;
+    else if (!strcmp(a, "--plot") && val)
+      o->plot = val, i++;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help"))
       return printf("usage:\n%s%s", lab_train_usage, lab_train_help), 0;
     else {
@@ -158,7 +162,7 @@ static int parse(int argc, char **argv, train_opts *o) {
     if (!seeds_set) o->seeds = 2;
     if (!steps_set) o->steps = 120;
   }
-  o->every = o->steps / 15 > 1 ? o->steps / 15 : 1;   /* about 16 points on the curve */
+  o->every = o->steps / 15 > 1 ? o->steps / 15 : 1; /* about 16 points on the curve */
   return -1;
 }
 
@@ -183,9 +187,10 @@ int lab_train_main(int argc, char **argv) {
   uint64_t test_rng = TASK_SEED + 1;
   task_set_draw(&test, &emb, &test_rng);
   printf("clattn lab --train on %s: key-value lookup among distractors\n", lab_device_name(d));
-  printf("task: %d key-value pairs + 1 query token (d %d), %d key symbols, %d classes (chance %.3f); "
-         "%d held-out test sequences\n",
-         TASK_PAIRS, TASK_D, TASK_KEYS, TASK_CLASSES, 1.0 / TASK_CLASSES, TEST_N);
+  printf(
+      "task: %d key-value pairs + 1 query token (d %d), %d key symbols, %d classes (chance %.3f); "
+      "%d held-out test sequences\n",
+      TASK_PAIRS, TASK_D, TASK_KEYS, TASK_CLASSES, 1.0 / TASK_CLASSES, TEST_N);
   printf("training: Adam lr %g, batch %d, %d steps, seeds %llu..%llu\n\n", o.lr, CHUNK, o.steps,
          (unsigned long long)o.seed, (unsigned long long)(o.seed + (uint64_t)o.seeds - 1));
   grad_check check = {NAN, NAN};
@@ -218,19 +223,22 @@ int lab_train_main(int argc, char **argv) {
   const int beats = acc >= MIN_ACC && acc - uni >= MARGIN && acc - mlp >= MARGIN;
   int intv_ok = fabs(mean_of(a->intv[INTV_PAIRED], o.seeds) - mean_of(a->intv[INTV_NONE], o.seeds)) <= PAIRED_TOL;
   for (int v = INTV_KEY_SHUFFLE; v < INTV_KINDS; v++) intv_ok &= acc - mean_of(a->intv[v], o.seeds) >= MARGIN;
-  for (int v = INTV_NONE; v < INTV_ABLATE; v++)   /* the route follows the matching key wherever it is */
+  for (int v = INTV_NONE; v < INTV_ABLATE; v++) /* the route follows the matching key wherever it is */
     for (int s = 0; s < o.seeds; s++) intv_ok &= a->route[v][s].to_key >= MIN_ACC;
   printf("\nfirst step's gradients vs fp64: dQ dK dV (clattn_backward) %.2e, dWq dWk dWv (CLBlast) %.2e (%s: <= %g)\n",
          check.attention, check.projection, grad_ok ? "ok" : "FAIL", GRAD_TOL);
   printf("attention %.3f vs uniform %.3f and MLP %.3f (%s: at least %.1f, and %.1f above both)\n", acc, uni, mlp,
          beats ? "ok" : "FAIL", MIN_ACC, MARGIN);
-  printf("interventions (%s: paired permutation within %.2f, key shuffle, value shuffle, ablation %.1f below; "
-         "the top key the matching one, wherever moved, in at least %.1f)\n",
-         intv_ok ? "ok" : "FAIL", PAIRED_TOL, MARGIN, MIN_ACC);
+  printf(
+      "interventions (%s: paired permutation within %.2f, key shuffle, value shuffle, ablation %.1f below; "
+      "the top key the matching one, wherever moved, in at least %.1f)\n",
+      intv_ok ? "ok" : "FAIL", PAIRED_TOL, MARGIN, MIN_ACC);
   rc = grad_ok && beats && intv_ok ? 0 : 1;
   if (o.plot) {
-    if (write_plot(&o, res, err, sizeof err)) fprintf(stderr, "clattn lab --train: %s\n", err), rc = 1;
-    else printf("learning curves: %s\n", o.plot);
+    if (write_plot(&o, res, err, sizeof err))
+      fprintf(stderr, "clattn lab --train: %s\n", err), rc = 1;
+    else
+      printf("learning curves: %s\n", o.plot);
   }
   printf("time: %.1f s\n", now() - t0);
 done:

@@ -10,7 +10,7 @@
  * hold, 1 otherwise, 2 on bad usage. */
 int lab_train_main(int argc, char **argv);
 
-extern const char lab_train_usage[];   /* the synopsis line */
-extern const char lab_train_help[];    /* the options */
+extern const char lab_train_usage[]; /* the synopsis line */
+extern const char lab_train_help[];  /* the options */
 
 #endif

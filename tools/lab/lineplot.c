@@ -23,7 +23,7 @@
 enum { AREA_W = 640, AREA_H = 384, MAX_SERIES = 8 };
 
 static const rgb WHITE = {255, 255, 255}, INK = {20, 20, 20}, FRAME = {120, 120, 120}, GRID = {225, 225, 225};
-static const rgb PALETTE[MAX_SERIES] = {{0, 114, 178},  {230, 159, 0},   {0, 158, 115}, {213, 94, 0},
+static const rgb PALETTE[MAX_SERIES] = {{0, 114, 178},   {230, 159, 0},  {0, 158, 115},   {213, 94, 0},
                                         {204, 121, 167}, {86, 180, 233}, {120, 120, 120}, {20, 20, 20}};
 
 /* The smallest step of 1, 2 or 5 x 10^k giving at most max_ticks intervals over span. */
@@ -78,7 +78,7 @@ int lineplot_write_png(const lineplot *p, const char *path, char *err, size_t er
   if (!c.px) return snprintf(err, errlen, "line plot: out of memory"), -1;
   canvas_fill(&c, 0, 0, w, h, WHITE);
   if (p->title) canvas_paragraph(&c, 10, 10, w - 20, p->title);
-#define PX(x) (ax + ((x) - x_lo) / (x_hi - x_lo) * (AREA_W - 1))
+#define PX(x) (ax + ((x)-x_lo) / (x_hi - x_lo) * (AREA_W - 1))
 #define PY(y) (ay + (p->y_max - fmin(fmax((y), p->y_min), p->y_max)) / (p->y_max - p->y_min) * (AREA_H - 1))
 
   /* y: grid lines, ticks, values, label upwards */

@@ -9,18 +9,18 @@
 #include <stddef.h>
 
 typedef struct {
-  const char *label;     /* in the legend */
-  const double *y;       /* n_points values; non-finite ones break the line */
+  const char *label; /* in the legend */
+  const double *y;   /* n_points values; non-finite ones break the line */
 } lineplot_series;
 
 typedef struct {
   const char *title, *x_label, *y_label;
-  const char *caption;   /* below the plot; '\n' separates lines, long lines wrap */
+  const char *caption; /* below the plot; '\n' separates lines, long lines wrap */
   int n_points;
-  const double *x;       /* n_points increasing values */
-  int n_series;          /* 1 to 8 */
+  const double *x; /* n_points increasing values */
+  int n_series;    /* 1 to 8 */
   const lineplot_series *series;
-  double y_min, y_max;   /* the y axis' range (y_min < y_max); values outside are clipped */
+  double y_min, y_max; /* the y axis' range (y_min < y_max); values outside are clipped */
 } lineplot;
 
 /* Returns 0, or -1 with a message in err (naming the file and why). */
