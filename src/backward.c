@@ -46,37 +46,23 @@ int ca_device_float_atomics(cl_device_id device) {
  * use, kept for the context's life. */
 static clattn_status backward_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
                                       cl_program *out) {
-  clattn_status st = CLATTN_OK;
+  struct ca_fused_program *entry = NULL;
+  int found = 0;
   pthread_mutex_lock(&ctx->programs_lock);
-  for (int i = 0; i < ctx->n_backward; i++)
-    if (ctx->backward[i].head_dim == head_dim && ctx->backward[i].value_dim == value_dim &&
-        ctx->backward[i].dtype == dtype) {
-      *out = ctx->backward[i].program;
-      goto done;
-    }
-  if (ctx->n_backward == ctx->cap_backward) {
-    int cap = ctx->cap_backward ? ctx->cap_backward * 2 : 4;
-    void *grown = realloc(ctx->backward, (size_t)cap * sizeof *ctx->backward);
-    if (!grown) {
-      st = ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "backward program table: out of host memory");
-      goto done;
-    }
-    ctx->backward = grown;
-    ctx->cap_backward = cap;
+  clattn_status st = ca_program_entry(&ctx->backward, &ctx->n_backward, &ctx->cap_backward, "backward", head_dim,
+                                      value_dim, dtype, dtype, &entry, &found);
+  if (st != CLATTN_OK || found) {
+    if (found) *out = entry->program;
+    goto done;
   }
   ca_program_text text;
   ca_backward_text(head_dim, value_dim, dtype, &text);
   if (ca_device_float_atomics(ctx->device)) ca_backward_float_atomics(&text);
   char name[64];
   snprintf(name, sizeof name, "backward dk=%d dv=%d dtype=%d", head_dim, value_dim, (int)dtype);
-  cl_program program = NULL;
-  if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &program)) == CLATTN_OK) {
-    ctx->backward[ctx->n_backward].head_dim = head_dim;
-    ctx->backward[ctx->n_backward].value_dim = value_dim;
-    ctx->backward[ctx->n_backward].dtype = dtype;
-    ctx->backward[ctx->n_backward].program = program;
+  if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &entry->program)) == CLATTN_OK) {
     ctx->n_backward++;
-    *out = program;
+    *out = entry->program;
   }
 done:
   pthread_mutex_unlock(&ctx->programs_lock);

@@ -43,23 +43,17 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
                                clattn_dtype kv_dtype, cl_program *out, tl_block *block) {
   clattn_status st = CLATTN_OK;
   if (kv_dtype == CLATTN_DTYPE_SAME) kv_dtype = dtype; /* one program either way */
+  struct ca_fused_program *entry = NULL;
+  int found = 0;
   pthread_mutex_lock(&ctx->programs_lock);
-  for (int i = 0; i < ctx->n_fused; i++)
-    if (ctx->fused[i].head_dim == head_dim && ctx->fused[i].value_dim == value_dim && ctx->fused[i].dtype == dtype &&
-        ctx->fused[i].kv_dtype == kv_dtype) {
-      *out = ctx->fused[i].program;
-      if (block) *block = ctx->fused[i].block;
-      goto done;
+  if ((st = ca_program_entry(&ctx->fused, &ctx->n_fused, &ctx->cap_fused, "fused", head_dim, value_dim, dtype, kv_dtype,
+                             &entry, &found)) ||
+      found) {
+    if (found) {
+      *out = entry->program;
+      if (block) *block = entry->block;
     }
-  if (ctx->n_fused == ctx->cap_fused) {
-    int cap = ctx->cap_fused ? ctx->cap_fused * 2 : 4;
-    void *grown = realloc(ctx->fused, (size_t)cap * sizeof *ctx->fused);
-    if (!grown) {
-      st = ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "fused program table: out of host memory");
-      goto done;
-    }
-    ctx->fused = grown;
-    ctx->cap_fused = cap;
+    goto done;
   }
   /* every fused kernel takes FLASH_KERNEL_ARGS: refused before building
    * when the device takes fewer bytes of arguments */
@@ -92,14 +86,10 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
     program = NULL;
   }
   if (st == CLATTN_OK) {
-    ctx->fused[ctx->n_fused].head_dim = head_dim;
-    ctx->fused[ctx->n_fused].value_dim = value_dim;
-    ctx->fused[ctx->n_fused].dtype = dtype;
-    ctx->fused[ctx->n_fused].kv_dtype = kv_dtype;
-    ctx->fused[ctx->n_fused].program = program;
+    entry->program = program;
     /* asked once per program, not per call */
-    ctx->fused[ctx->n_fused].block = with_block ? blk : (tl_block){0, 0};
-    if (block) *block = ctx->fused[ctx->n_fused].block;
+    entry->block = with_block ? blk : (tl_block){0, 0};
+    if (block) *block = entry->block;
     ctx->n_fused++;
     *out = program;
   }
@@ -127,7 +117,7 @@ ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items,
   ca_splits sp = {kv_len, 1};
   size_t units = dev->compute_units ? dev->compute_units : 1;
   const int gpu = !(dev->type & CL_DEVICE_TYPE_CPU);
-  if (gpu && dev->vendor_id == 0x8086) units = units >= 8 ? units / 8 : 1;
+  if (gpu && dev->vendor_id == TL_VENDOR_INTEL) units = units >= 8 ? units / 8 : 1;
   const size_t per_unit = !gpu ? 4 : group_items && dev->max_wg > group_items ? dev->max_wg / group_items : 1;
   const size_t slots = units * per_unit;
   const size_t blocks = (size_t)kv_len / MIN_SPLIT_KEYS;

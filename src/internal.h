@@ -36,13 +36,8 @@ struct clattn_context {
     cl_program program;
     tl_block block; /* fused: flash_block's tile, built and able to run its work-group; rm 0 = none */
   } * fused;
-  cl_program append[3][5];
-  cl_program core_kv[3][5];
-      /* core programs per (dtype, kv_dtype != dtype), built on first use; under programs_lock */ /* kv_append per
-                                                                                                     (source dtype,
-                                                                                                     cache dtype), built
-                                                                                                     on first use; under
-                                                                                                     programs_lock */
+  cl_program append[3][5];  /* kv_append per (source dtype, cache dtype), built on first use; under programs_lock */
+  cl_program core_kv[3][5]; /* core programs per (dtype, kv_dtype != dtype), built on first use; under programs_lock */
   int n_fused, cap_fused;            /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   struct ca_fused_program *backward; /* backward programs, likewise; under programs_lock */
   int n_backward, cap_backward;
@@ -117,6 +112,14 @@ void ca_platform_string(cl_platform_id platform, cl_platform_info what, char *bu
  * options; on failure the message carries the head of the build log. */
 clattn_status ca_build_program(clattn_context *ctx, const char *name, const char *const *sources, cl_uint n_sources,
                                const char *options, cl_program *out);
+/* A per-context table of programs keyed by (head_dim, value_dim, dtype,
+ * kv_dtype) (ctx->fused, ctx->backward): *entry is the matching one (*found
+ * 1), or room for a new one at (*table)[*n] (*found 0: the caller fills it
+ * and counts it in *n once built). OUT_OF_MEMORY, naming `what`, when the
+ * table cannot grow. The caller holds programs_lock. */
+clattn_status ca_program_entry(struct ca_fused_program **table, int *n, int *cap, const char *what, int head_dim,
+                               int value_dim, clattn_dtype dtype, clattn_dtype kv_dtype,
+                               struct ca_fused_program **entry, int *found);
 /* The core program for a storage type (f32: ctx->core; f16, bf16 built on
  * first use and kept for the context's life). */
 clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_program *out);

@@ -23,7 +23,7 @@ typedef struct {
   cl_uint address_bits;    /* CL_DEVICE_ADDRESS_BITS: 32 or 64; 0 = not known */
 } tl_device;
 
-enum { TL_VENDOR_AMD = 0x1002 };
+enum { TL_VENDOR_AMD = 0x1002, TL_VENDOR_INTEL = 0x8086 };
 
 /* The staged path's work-group shapes; every value is a power of two. */
 typedef struct {
