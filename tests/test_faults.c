@@ -672,6 +672,47 @@ done:;
     if (all[i]) clReleaseMemObject(all[i]);
 }
 
+/* A call whose program is not built yet, with each of the build's OpenCL
+ * calls (program creation, build) failing with each of n codes: the call
+ * returns OUT_OF_MEMORY or OPENCL naming the failed function and code, sets
+ * no done event and leaks nothing. `what` names the call in messages. */
+static void first_build_faults(const char *what, clattn_status (*call)(void *arg, cl_event *done), void *arg,
+                               const cl_int *codes, int n) {
+  const char *build_fns[] = {"clCreateProgramWithSource", "clBuildProgram"};
+  trim_pools();
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < n; k++) {
+      finish();
+      long live0 = shim_live();
+      cl_event done = NULL;
+      shim_reset();
+      shim_arm(1, codes[k], build_fns[i]);
+      clattn_status st = call(arg, &done);
+      shim_fault f;
+      int fired = shim_fired(&f);
+      shim_disarm();
+      finish();
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", clattn_last_error(NULL));
+      if (!CHECKF(fired, "%s: %s was not called: is the program already built?", what, build_fns[i])) continue;
+      g_injected++;
+      g_failed_cleanly += st != CLATTN_OK;
+      g_in_main++;
+      note_site(&f);
+      note_message(msg);
+      clattn_status want = is_oom_code(codes[k]) ? CLATTN_ERR_OUT_OF_MEMORY : CLATTN_ERR_OPENCL;
+      CHECKF(st == want, "%s, %s failing with %s: status %s, expected %s; message: %.200s", what, build_fns[i],
+             cl_name(codes[k]), clattn_status_string(st), clattn_status_string(want), msg);
+      CHECKF(strstr(msg, build_fns[i]) && strstr(msg, cl_name(codes[k])), "message: %.200s", msg);
+      CHECKF(done == NULL, "done set on failure");
+      CHECKF(shim_live() == live0, "%s, %s failing: live objects %ld -> %ld", what, build_fns[i], live0, shim_live());
+    }
+}
+
+static clattn_status forward_call(void *pb, cl_event *done) {
+  return clattn_forward(fx, &((cp_problem *)pb)->params, 0, NULL, done);
+}
+
 static void faults_fused_first_build(void) {
   cp_shape s = small_shape(CLATTN_ALGO_FUSED);
   s.head_dim = 12;
@@ -683,37 +724,8 @@ static void faults_fused_first_build(void) {
     cp_free(pb);
     return;
   }
-  const char *build_fns[] = {"clCreateProgramWithSource", "clBuildProgram"};
   const cl_int codes[] = {CL_OUT_OF_HOST_MEMORY, CL_OUT_OF_RESOURCES, CL_INVALID_OPERATION};
-  trim_pools();
-  for (int i = 0; i < 2; i++)
-    for (int k = 0; k < 3; k++) {
-      finish();
-      long live0 = shim_live();
-      cl_event done = NULL;
-      shim_reset();
-      shim_arm(1, codes[k], build_fns[i]);
-      clattn_status st = clattn_forward(fx, &pb->params, 0, NULL, &done);
-      shim_fault f;
-      int fired = shim_fired(&f);
-      shim_disarm();
-      finish();
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", clattn_last_error(NULL));
-      if (!CHECKF(fired, "%s was not called: is the program already built?", build_fns[i])) continue;
-      g_injected++;
-      g_failed_cleanly += st != CLATTN_OK;
-      g_in_main++;
-      note_site(&f);
-      note_message(msg);
-      clattn_status want = is_oom_code(codes[k]) ? CLATTN_ERR_OUT_OF_MEMORY : CLATTN_ERR_OPENCL;
-      CHECKF(st == want, "first build, %s failing with %s: status %s, expected %s; message: %.200s", build_fns[i],
-             cl_name(codes[k]), clattn_status_string(st), clattn_status_string(want), msg);
-      CHECKF(strstr(msg, build_fns[i]) && strstr(msg, cl_name(codes[k])), "message: %.200s", msg);
-      CHECKF(done == NULL, "done set on failure");
-      CHECKF(shim_live() == live0, "first build, %s failing: live objects %ld -> %ld", build_fns[i], live0,
-             shim_live());
-    }
+  first_build_faults("first build", forward_call, pb, codes, 3);
   cp_result r;
   long live0 = shim_live();
   CHECK(cp_run(pb, fx, &r) == 0);
@@ -863,6 +875,10 @@ static void faults_backward(void) {
   bwd_free(&a);
 }
 
+static clattn_status backward_call(void *a, cl_event *done) {
+  return clattn_backward(fx, &((bwd_arg *)a)->bp, 0, NULL, done);
+}
+
 /* The backward program for a new head-dim pair is built inside the call:
  * a failing build fails the call cleanly (nothing kept, nothing leaked),
  * and a later call builds it. */
@@ -872,37 +888,8 @@ static void faults_backward_first_build(void) {
     bwd_free(&a);
     return;
   }
-  const char *build_fns[] = {"clCreateProgramWithSource", "clBuildProgram"};
   const cl_int codes[] = {CL_OUT_OF_HOST_MEMORY, CL_INVALID_OPERATION};
-  trim_pools();
-  for (int i = 0; i < 2; i++)
-    for (int k = 0; k < 2; k++) {
-      finish();
-      long live0 = shim_live();
-      cl_event done = NULL;
-      shim_reset();
-      shim_arm(1, codes[k], build_fns[i]);
-      clattn_status st = clattn_backward(fx, &a.bp, 0, NULL, &done);
-      shim_fault f;
-      int fired = shim_fired(&f);
-      shim_disarm();
-      finish();
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", clattn_last_error(NULL));
-      if (!CHECKF(fired, "%s was not called: is the backward program already built?", build_fns[i])) continue;
-      g_injected++;
-      g_failed_cleanly += st != CLATTN_OK;
-      g_in_main++;
-      note_site(&f);
-      note_message(msg);
-      clattn_status want = is_oom_code(codes[k]) ? CLATTN_ERR_OUT_OF_MEMORY : CLATTN_ERR_OPENCL;
-      CHECKF(st == want, "backward first build, %s failing with %s: status %s, expected %s; message: %.200s",
-             build_fns[i], cl_name(codes[k]), clattn_status_string(st), clattn_status_string(want), msg);
-      CHECKF(strstr(msg, build_fns[i]) && strstr(msg, cl_name(codes[k])), "message: %.200s", msg);
-      CHECKF(done == NULL, "done set on failure");
-      CHECKF(shim_live() == live0, "backward first build, %s failing: live objects %ld -> %ld", build_fns[i], live0,
-             shim_live());
-    }
+  first_build_faults("backward first build", backward_call, &a, codes, 2);
   long live0 = shim_live();
   CHECK(bwd_prepare(&a) == 0);
   CHECK_STATUS(clattn_backward(fx, &a.bp, 0, NULL, NULL), CLATTN_OK);
