@@ -112,46 +112,22 @@ static void expect_reject(const clattn_params *p, clattn_status want, int want2,
 static void non_positive_dims_are_invalid(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
-  struct {
+  clattn_params p;
+  const struct {
     const char *name;
     int *field;
-    int value;
-  } cases[8];
-  clattn_params p = pb->params;
-  int n = 0;
+  } cases[] = {{"batch", &p.batch},       {"q_heads", &p.q_heads},   {"kv_heads", &p.kv_heads},
+               {"q_len", &p.q_len},       {"kv_len", &p.kv_len},     {"head_dim", &p.head_dim},
+               {"value_dim", &p.value_dim}};
   const int bad_values[] = {0, -1};
-  for (int v = 0; v < 2; v++) {
-    n = 0;
-    p = pb->params;
-    cases[n].name = "batch";
-    cases[n].field = &p.batch;
-    n++;
-    cases[n].name = "q_heads";
-    cases[n].field = &p.q_heads;
-    n++;
-    cases[n].name = "kv_heads";
-    cases[n].field = &p.kv_heads;
-    n++;
-    cases[n].name = "q_len";
-    cases[n].field = &p.q_len;
-    n++;
-    cases[n].name = "kv_len";
-    cases[n].field = &p.kv_len;
-    n++;
-    cases[n].name = "head_dim";
-    cases[n].field = &p.head_dim;
-    n++;
-    cases[n].name = "value_dim";
-    cases[n].field = &p.value_dim;
-    n++;
-    for (int c = 0; c < n; c++) {
+  for (int v = 0; v < 2; v++)
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
       p = pb->params;
       *cases[c].field = bad_values[v];
       char what[64];
       snprintf(what, sizeof what, "%s = %d", cases[c].name, bad_values[v]);
       REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, cases[c].name, what);
     }
-  }
 }
 
 static void kv_heads_not_dividing_q_heads_is_invalid(void) {
