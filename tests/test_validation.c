@@ -116,9 +116,8 @@ static void non_positive_dims_are_invalid(void) {
   const struct {
     const char *name;
     int *field;
-  } cases[] = {{"batch", &p.batch},       {"q_heads", &p.q_heads},   {"kv_heads", &p.kv_heads},
-               {"q_len", &p.q_len},       {"kv_len", &p.kv_len},     {"head_dim", &p.head_dim},
-               {"value_dim", &p.value_dim}};
+  } cases[] = {{"batch", &p.batch},   {"q_heads", &p.q_heads},   {"kv_heads", &p.kv_heads},  {"q_len", &p.q_len},
+               {"kv_len", &p.kv_len}, {"head_dim", &p.head_dim}, {"value_dim", &p.value_dim}};
   const int bad_values[] = {0, -1};
   for (int v = 0; v < 2; v++)
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
