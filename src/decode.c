@@ -12,41 +12,25 @@
 #include "internal.h"
 #include "tiles.h"
 
-enum { DECODE_WG = 64 }; /* cl/decode.cl's DEC_WG */
-
 clattn_status ca_decode_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_program program,
                                 cl_uint n_wait, const cl_event *wait, cl_event *done, int *taken) {
   clattn_status st = CLATTN_OK;
-  cl_int err = CL_SUCCESS;
   cl_kernel kernel = NULL;
   cl_mem part_o = NULL, part_lse = NULL, empty_flag = NULL;
   cl_event prev = NULL;
-  size_t max_items = 0;
   *taken = 0;
-  /* Route diagnostics and additive scoring stay with flash_tiled; the
-   * program holds flash_decode when its tile fits the device. */
+  /* Route diagnostics and additive scoring stay with flash_tiled. */
   const size_t rows_per_kv = (size_t)plan->group * (size_t)p->q_len;
-  if (plan->diag || p->score == CLATTN_SCORE_ADDITIVE || rows_per_kv > CA_DECODE_KERNEL_ROWS ||
-      tl_decode_keys(&ctx->caps, p->head_dim, p->value_dim) == 0)
-    return CLATTN_OK;
-  if ((st = ca_kernel_take(ctx, program, "flash_decode", &kernel))) {
-    *taken = 1;
-    return st;
-  }
-  /* A GPU compiler may allow fewer work-items per group (registers). */
-  err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof max_items, &max_items, NULL);
-  if (err != CL_SUCCESS || max_items < DECODE_WG) {
-    ca_kernel_give(ctx, kernel);
-    return CLATTN_OK;
-  }
+  if (plan->diag || p->score == CLATTN_SCORE_ADDITIVE || rows_per_kv > CA_DECODE_KERNEL_ROWS) return CLATTN_OK;
   *taken = 1;
+  if ((st = ca_kernel_take(ctx, program, "flash_decode", &kernel))) return st;
   if (done) *done = NULL;
 
   const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
   const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
   /* Packed sequences' rows are not mapped by the merge: one pass. */
   const ca_splits splits =
-      p->cu_seqlens_q ? (ca_splits){p->kv_len, 1} : ca_plan_splits(&ctx->caps, DECODE_WG, kv_pairs, p->kv_len);
+      p->cu_seqlens_q ? (ca_splits){p->kv_len, 1} : ca_plan_splits(&ctx->caps, CA_DECODE_WG, kv_pairs, p->kv_len);
   const size_t n_splits = splits.n_splits;
   if ((st = ca_flag_take(ctx, p->empty_rows, &empty_flag))) goto fail;
   if (n_splits > 1 &&
@@ -61,7 +45,7 @@ clattn_status ca_decode_forward(clattn_context *ctx, const clattn_params *p, con
   /* no packed copies; split_keys unused: each split follows its batch row's length */
   ca_arg_fused(&r, p, plan, NULL, NULL, 0, splits.split_keys, 0, part_o, part_lse, empty_flag);
   if ((st = ca_args_done(&r))) goto fail;
-  const size_t global[3] = {DECODE_WG, kv_pairs, n_splits}, local[3] = {DECODE_WG, 1, 1};
+  const size_t global[3] = {CA_DECODE_WG, kv_pairs, n_splits}, local[3] = {CA_DECODE_WG, 1, 1};
   if ((st = ca_enqueue(ctx, kernel, "flash_decode", 3, global, local, n_wait, wait, &prev))) goto fail;
 
   if (n_splits > 1 &&

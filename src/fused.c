@@ -21,26 +21,26 @@ enum { BLOCK_WG = 128 };       /* work-items per group of cl/flash_block.cl */
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-/* Whether the built flash_block can run as built: its 128 work-items per
- * group (a GPU compiler may allow fewer: registers) and without more
- * private memory than ctx->block_private_max (a GPU's spilled registers). If not,
- * a smaller tile is built, and when none fits flash_tiled runs instead. */
-static int block_kernel_runs(clattn_context *ctx, cl_program program) {
+/* Whether kernel `name` of a built program can run as built: `items`
+ * work-items per group (a GPU compiler may allow fewer: registers) and at
+ * most private_max bytes of private memory per work-item (a GPU's spilled
+ * registers). Asked once per program, when it is built. */
+static int kernel_runs(clattn_context *ctx, cl_program program, const char *name, size_t items, cl_ulong private_max) {
   cl_kernel kernel = NULL;
   size_t max_items = 0;
   cl_ulong private_bytes = 0;
-  if (ca_create_kernel(program, "flash_block", &kernel) != CLATTN_OK) return 0;
+  if (ca_create_kernel(program, name, &kernel) != CLATTN_OK) return 0;
   cl_int err =
       clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof max_items, &max_items, NULL);
   if (err == CL_SUCCESS)
     err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof private_bytes,
                                    &private_bytes, NULL);
   clReleaseKernel(kernel);
-  return err == CL_SUCCESS && max_items >= BLOCK_WG && private_bytes <= ctx->block_private_max;
+  return err == CL_SUCCESS && max_items >= items && private_bytes <= private_max;
 }
 
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                               clattn_dtype kv_dtype, cl_program *out, tl_block *block) {
+                               clattn_dtype kv_dtype, cl_program *out, struct ca_fused_program *info) {
   clattn_status st = CLATTN_OK;
   if (kv_dtype == CLATTN_DTYPE_SAME) kv_dtype = dtype; /* one program either way */
   struct ca_fused_program *entry = NULL;
@@ -51,7 +51,7 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
       found) {
     if (found) {
       *out = entry->program;
-      if (block) *block = entry->block;
+      if (info) *info = *entry;
     }
     goto done;
   }
@@ -77,7 +77,9 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
     snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d kv_dtype=%d block=%dx%d", head_dim, value_dim, (int)dtype,
              (int)kv_dtype, with_block ? blk.rm : 0, with_block ? blk.rn : 0);
     if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &program)) != CLATTN_OK) break;
-    if (!with_block || block_kernel_runs(ctx, program)) break;
+    /* flash_block can fail to run its group, or spill: a smaller tile, and
+     * when none fits flash_tiled runs instead */
+    if (!with_block || kernel_runs(ctx, program, "flash_block", BLOCK_WG, ctx->block_private_max)) break;
     if (tl_flash_block_below(&ctx->caps, head_dim, value_dim, &blk) != 0) {
       with_block = 0; /* no smaller tile: this program's flash_tiled runs */
       break;
@@ -87,9 +89,12 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
   }
   if (st == CLATTN_OK) {
     entry->program = program;
-    /* asked once per program, not per call */
+    /* asked once per program, not per call; the program holds flash_decode
+     * where the work-group kernels are used and its tile fits */
     entry->block = with_block ? blk : (tl_block){0, 0};
-    if (block) *block = entry->block;
+    entry->decode_runs = ctx->tiles.flash_wg > 0 && tl_decode_keys(&ctx->caps, head_dim, value_dim) > 0 &&
+                         kernel_runs(ctx, program, "flash_decode", CA_DECODE_WG, CL_ULONG_MAX);
+    if (info) *info = *entry;
     ctx->n_fused++;
     *out = program;
   }
@@ -225,11 +230,12 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
                    "(%llu bytes)",
                    (unsigned long long)kt_bytes, (unsigned long long)vp_bytes, (unsigned long long)ctx->max_alloc);
 
-  tl_block blk = {0, 0};
+  struct ca_fused_program info;
   int decoded = 0;
-  if ((st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program, &blk))) return st;
+  if ((st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &program, &info))) return st;
+  const tl_block blk = info.block;
   /* Decode shapes on GPUs: the key-parallel kernel (src/decode.c), where it applies. */
-  if (wg && ctx->flash_block && rows_per_kv <= CA_DECODE_KERNEL_ROWS &&
+  if (wg && ctx->flash_block && info.decode_runs && rows_per_kv <= CA_DECODE_KERNEL_ROWS &&
       ((st = ca_decode_forward(ctx, p, plan, program, n_wait, wait, done, &decoded)) || decoded))
     return st;
   /* flash_block where it applies; flash_tiled keeps the route diagnostics

@@ -34,11 +34,12 @@ struct clattn_context {
     int head_dim, value_dim;
     clattn_dtype dtype, kv_dtype;
     cl_program program;
-    tl_block block; /* fused: flash_block's tile, built and able to run its work-group; rm 0 = none */
+    tl_block block;  /* fused: flash_block's tile, built and able to run its work-group; rm 0 = none */
+    int decode_runs; /* fused: flash_decode built and able to run its CA_DECODE_WG work-items */
   } * fused;
   cl_program append[3][5];  /* kv_append per (source dtype, cache dtype), built on first use; under programs_lock */
   cl_program core_kv[3][5]; /* core programs per (dtype, kv_dtype != dtype), built on first use; under programs_lock */
-  int n_fused, cap_fused;            /* fused programs, one per (head_dim, value_dim), kept for the context's life */
+  int n_fused, cap_fused;   /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   struct ca_fused_program *backward; /* backward programs, likewise; under programs_lock */
   int n_backward, cap_backward;
   double build_ms;                  /* time to build the programs at creation */
@@ -127,10 +128,11 @@ clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_progra
  * equal: ca_core_program's); built on first use. */
 clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype kv_dtype, cl_program *out);
 /* The fused program for (head_dim, value_dim, dtype, kv_dtype): built on
- * first use, then kept for the context's life (fused.c). *block (when
- * non-NULL): the tile its flash_block runs with, rm 0 when it cannot. */
+ * first use, then kept for the context's life (fused.c). *info (when
+ * non-NULL): its table entry, with the tile its flash_block runs with (rm 0
+ * when it cannot) and whether its flash_decode runs, asked once per program. */
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                               clattn_dtype kv_dtype, cl_program *out, tl_block *block);
+                               clattn_dtype kv_dtype, cl_program *out, struct ca_fused_program *info);
 
 /* A fresh kernel object (calls take theirs from the pool: ca_kernel_take). */
 clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);
@@ -281,11 +283,6 @@ typedef struct {
   clattn_algo algo;      /* AUTO resolved */
 } ca_plan;
 
-/* flash_decode (cl/decode.cl, decode.c): the fused call at up to
- * CA_DECODE_KERNEL_ROWS query rows per KV head on GPUs. Sets *taken when it ran the
- * call (enqueued it, or failed); leaves it 0 when the kernel does not apply
- * (route diagnostics, additive scoring, no kernel in the program, or a
- * device that cannot run its work-group), the caller then runs the call. */
 /* The fused kernels' arguments (FLASH_KERNEL_ARGS in cl/flash.cl), which
  * flash_decode takes too: kt, vp and n_pad the packed copies (NULL, NULL, 0
  * when K and V are read in place), then the split, diagnostics, partial
@@ -297,7 +294,13 @@ void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_me
 clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p, size_t n_splits, cl_mem part_o,
                                      cl_mem part_lse, cl_mem flag, cl_uint n_wait, const cl_event *wait,
                                      cl_event *prev);
-enum { CA_DECODE_KERNEL_ROWS = 16 };
+/* flash_decode (cl/decode.cl, decode.c): the fused call at up to
+ * CA_DECODE_KERNEL_ROWS query rows per KV head on GPUs, for a program whose
+ * flash_decode runs (its entry's decode_runs). Sets *taken when it ran the
+ * call (enqueued it, or failed); leaves it 0 when the kernel does not apply
+ * (route diagnostics, additive scoring, more rows), the caller then runs
+ * the call. */
+enum { CA_DECODE_KERNEL_ROWS = 16, CA_DECODE_WG = 64 /* cl/decode.cl's DEC_WG */ };
 clattn_status ca_decode_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_program program,
                                 cl_uint n_wait, const cl_event *wait, cl_event *done, int *taken);
 

@@ -93,8 +93,7 @@ static void argument_block_is_the_kernels(void) {
   CHECK(ca_fused_arg_bytes(64) == 960 && ca_fused_arg_bytes(32) < 960);
   clattn_context *ctx = ct_context();
   cl_program program = NULL;
-  tl_block blk;
-  REQUIREF(ca_fused_program(ctx, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &program, &blk) == CLATTN_OK, "%s",
+  REQUIREF(ca_fused_program(ctx, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &program, NULL) == CLATTN_OK, "%s",
            clattn_last_error(ctx));
   const char *names[] = {"flash_block", "flash_tiled", "flash_rows"};
   for (int i = 0; i < 3; i++) {
