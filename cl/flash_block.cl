@@ -25,7 +25,7 @@
  * -D BLOCK_RM, BLOCK_RN: rows and keys of a work-item's score tile
  * (BLOCK_M = 16 BLOCK_RM, BLOCK_N = 8 BLOCK_RN), chosen by tl_flash_block
  * (src/tiles.c), which also counts the local memory, and stepped down by
- * src/fused.c when the built kernel cannot run its group or spills;
+ * src/registry.c when the built kernel cannot run its group or spills;
  * -D BLOCK_HALF: half K/V tiles for f16 K/V (below); -D FLASH_NO_BLOCK
  * leaves the kernel out (CPUs, or no tile fits).
  */

@@ -15,24 +15,6 @@ clattn_append_params clattn_append_params_default(void) {
   return ap;
 }
 
-/* The append program for (source, cache) storage: built on first use, kept
- * for the context's life. */
-static clattn_status append_program(clattn_context *ctx, clattn_dtype src, clattn_dtype kv, cl_program *out) {
-  clattn_status st = CLATTN_OK;
-  pthread_mutex_lock(&ctx->programs_lock);
-  cl_program *slot = &ctx->append[src][kv];
-  if (!*slot) {
-    ca_program_text text;
-    ca_append_text(src, kv, &text);
-    char name[48];
-    snprintf(name, sizeof name, "kv_append src=%d kv=%d", (int)src, (int)kv);
-    st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, slot);
-  }
-  *out = *slot;
-  pthread_mutex_unlock(&ctx->programs_lock);
-  return st;
-}
-
 /* One kv_append launch: the K or the V half of the call. */
 static clattn_status enqueue_half(clattn_context *ctx, cl_kernel kernel, const clattn_append_params *ap,
                                   const clattn_tensor *src, const clattn_tensor *dst, const clattn_tensor *scale,
@@ -79,7 +61,7 @@ clattn_status clattn_kv_append(clattn_context *ctx, const clattn_append_params *
   cl_program program = NULL;
   cl_kernel kernel = NULL;
   cl_event prev = NULL;
-  if ((st = append_program(ctx, ap->src_dtype, kv, &program)) ||
+  if ((st = ca_append_program(ctx, ap->src_dtype, kv, &program)) ||
       (st = ca_kernel_take(ctx, program, "kv_append", &kernel)))
     goto fail;
   /* kernel arguments are copied at enqueue, so one kernel serves both halves */

@@ -35,40 +35,6 @@ clattn_backward_params clattn_backward_params_default(void) {
   return bp;
 }
 
-int ca_device_float_atomics(cl_device_id device) {
-  char version[64] = "", ext[8192] = "";
-  ca_device_string(device, CL_DEVICE_VERSION, version, sizeof version);
-  ca_device_string(device, CL_DEVICE_EXTENSIONS, ext, sizeof ext);
-  return strncmp(version, "OpenCL 3.", 9) == 0 && strstr(ext, "cl_ext_float_atomics") != NULL;
-}
-
-/* The backward program for (head_dim, value_dim, dtype): built on first
- * use, kept for the context's life. */
-static clattn_status backward_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                                      cl_program *out) {
-  struct ca_fused_program *entry = NULL;
-  int found = 0;
-  pthread_mutex_lock(&ctx->programs_lock);
-  clattn_status st = ca_program_entry(&ctx->backward, &ctx->n_backward, &ctx->cap_backward, "backward", head_dim,
-                                      value_dim, dtype, dtype, &entry, &found);
-  if (st != CLATTN_OK || found) {
-    if (found) *out = entry->program;
-    goto done;
-  }
-  ca_program_text text;
-  ca_backward_text(head_dim, value_dim, dtype, &text);
-  if (ca_device_float_atomics(ctx->device)) ca_backward_float_atomics(&text);
-  char name[64];
-  snprintf(name, sizeof name, "backward dk=%d dv=%d dtype=%d", head_dim, value_dim, (int)dtype);
-  if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &entry->program)) == CLATTN_OK) {
-    ctx->n_backward++;
-    *out = entry->program;
-  }
-done:
-  pthread_mutex_unlock(&ctx->programs_lock);
-  return st;
-}
-
 /* Everything beyond the forward's own checks: lse, d_out and the gradient
  * views, the optional d_sinks / d_additive_w and what they need. */
 static clattn_status validate_backward(const clattn_context *ctx, const clattn_backward_params *bp) {
@@ -115,93 +81,6 @@ static clattn_status validate_backward(const clattn_context *ctx, const clattn_b
     if ((st = ca_check_view(ctx, "d_additive_w", &t, d_dims, 1, sizeof(float), 1))) return st;
   }
   return CLATTN_OK;
-}
-
-void ca_backward_args(ca_args *a, const clattn_params *p, const ca_plan *plan, const clattn_backward_params *bp,
-                      cl_mem dsum, cl_mem sinkt) {
-  ca_arg_view(a, &p->q);
-  ca_arg_view(a, &p->k);
-  ca_arg_view(a, &p->v);
-  ca_arg_view(a, &p->out);
-  ca_arg_view(a, &bp->d_out);
-  ca_arg_view(a, &p->lse);
-  ca_arg_score(a, p);
-  ca_arg_allowed(a, p);
-  ca_arg_int(a, p->q_heads);
-  ca_arg_int(a, p->kv_heads);
-  ca_arg_int(a, plan->group);
-  ca_arg_int(a, p->q_len);
-  ca_arg_int(a, p->kv_len);
-  ca_arg_float(a, plan->scale);
-  ca_arg_shape(a, p);
-  ca_arg_sinks(a, p);
-  ca_arg_int(a, plan->window_left);
-  ca_arg_int(a, plan->window_right);
-  ca_arg_mem(a, dsum);
-  ca_arg_mem(a, sinkt);
-}
-
-/* bwd_zero over a packed gradient view [1, heads, rows, cols]. */
-static clattn_status enqueue_zero(clattn_context *ctx, cl_kernel zero, const clattn_tensor *t, int heads, int rows,
-                                  int cols, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
-  ca_args a = {zero, "bwd_zero", 0, 0, CL_SUCCESS};
-  ca_arg_view(&a, t);
-  ca_arg_int(&a, rows);
-  ca_arg_int(&a, cols);
-  clattn_status st = ca_args_done(&a);
-  if (st) return st;
-  const size_t global[2] = {(size_t)rows, (size_t)heads};
-  return ca_enqueue(ctx, zero, "bwd_zero", 2, global, NULL, n_wait, wait, prev);
-}
-
-clattn_status ca_backward_fill(clattn_context *ctx, cl_kernel fill, cl_mem x, cl_ulong n, cl_uint n_wait,
-                               const cl_event *wait, cl_event *prev) {
-  ca_args a = {fill, "bwd_fill", 0, 0, CL_SUCCESS};
-  ca_arg_mem(&a, x);
-  ca_arg(&a, sizeof n, &n);
-  clattn_status st = ca_args_done(&a);
-  if (st) return st;
-  const size_t global[1] = {(size_t)n};
-  return ca_enqueue(ctx, fill, "bwd_fill", 1, global, NULL, n_wait, wait, prev);
-}
-
-clattn_status ca_backward_store(clattn_context *ctx, cl_kernel store, cl_mem acc, int acc_cols, int col0, int cols,
-                                int heads, int key_side, const clattn_params *p, const clattn_tensor *view,
-                                cl_uint n_wait, const cl_event *wait, cl_event *prev) {
-  ca_args a = {store, "bwd_store", 0, 0, CL_SUCCESS};
-  ca_arg_mem(&a, acc);
-  ca_arg_int(&a, acc_cols);
-  ca_arg_int(&a, col0);
-  ca_arg_int(&a, cols);
-  ca_arg_int(&a, heads);
-  ca_arg_int(&a, key_side);
-  ca_arg_seq(&a, p);
-  ca_arg_int(&a, p->q_len);
-  ca_arg_int(&a, p->kv_len);
-  ca_arg_view(&a, view);
-  clattn_status st = ca_args_done(&a);
-  if (st) return st;
-  const size_t global[2] = {(size_t)(key_side ? p->kv_len : p->q_len), (size_t)p->batch * (size_t)heads};
-  return ca_enqueue(ctx, store, "bwd_store", 2, global, NULL, n_wait, wait, prev);
-}
-
-/* bwd_sum: out[c] = sum over a < n_outer, r < n_inner of x[a so + c sc + r si]. */
-static clattn_status enqueue_sum(clattn_context *ctx, cl_kernel sum, cl_mem x, int n_cols, cl_ulong n_outer,
-                                 cl_ulong n_inner, cl_ulong s_outer, cl_ulong s_col, cl_ulong s_inner, cl_mem out,
-                                 cl_uint n_wait, const cl_event *wait, cl_event *prev) {
-  ca_args a = {sum, "bwd_sum", 0, 0, CL_SUCCESS};
-  ca_arg_mem(&a, x);
-  ca_arg_int(&a, n_cols);
-  ca_arg(&a, sizeof n_outer, &n_outer);
-  ca_arg(&a, sizeof n_inner, &n_inner);
-  ca_arg(&a, sizeof s_outer, &s_outer);
-  ca_arg(&a, sizeof s_col, &s_col);
-  ca_arg(&a, sizeof s_inner, &s_inner);
-  ca_arg_mem(&a, out);
-  clattn_status st = ca_args_done(&a);
-  if (st) return st;
-  const size_t global[1] = {(size_t)n_cols};
-  return ca_enqueue(ctx, sum, "bwd_sum", 1, global, NULL, n_wait, wait, prev);
 }
 
 clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params *bp, cl_uint n_wait,
@@ -255,7 +134,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
                    (unsigned long long)dq_bytes);
 
   size_t scratch_bytes = rows_total * sizeof(float) * (p.sinks ? 2 : 1) + (size_t)dw_bytes + (size_t)dq_bytes;
-  if ((st = backward_program(ctx, p.head_dim, p.value_dim, p.dtype, &program)) ||
+  if ((st = ca_backward_program(ctx, p.head_dim, p.value_dim, p.dtype, &program)) ||
       (st = ca_kernel_take(ctx, program, "bwd_rowdot", &rowdot)))
     goto fail;
   if (use_staged && (st = ca_backward_staged_init(ctx, program, &p, &staged, &scratch_bytes))) goto fail;
@@ -276,9 +155,9 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
 
   if (varlen) {
     /* rows no sequence covers (and rows past q_len / kv_len) still get 0 */
-    if ((st = enqueue_zero(ctx, zero, &bp->d_q, p.q_heads, p.total_q, p.head_dim, n_wait, wait, &prev)) ||
-        (st = enqueue_zero(ctx, zero, &bp->d_k, p.kv_heads, p.total_kv, p.head_dim, n_wait, wait, &prev)) ||
-        (st = enqueue_zero(ctx, zero, &bp->d_v, p.kv_heads, p.total_kv, p.value_dim, n_wait, wait, &prev)))
+    if ((st = ca_backward_zero(ctx, zero, &bp->d_q, p.q_heads, p.total_q, p.head_dim, n_wait, wait, &prev)) ||
+        (st = ca_backward_zero(ctx, zero, &bp->d_k, p.kv_heads, p.total_kv, p.head_dim, n_wait, wait, &prev)) ||
+        (st = ca_backward_zero(ctx, zero, &bp->d_v, p.kv_heads, p.total_kv, p.value_dim, n_wait, wait, &prev)))
       goto fail;
   }
 
@@ -330,12 +209,12 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
 
   const cl_ulong m = (cl_ulong)p.q_len, hq = (cl_ulong)p.q_heads;
   if (want_sinks && /* d_sinks[h] = sum over b, then i, of sinkt[(b Hq + h) M + i] */
-      (st = enqueue_sum(ctx, sum, sinkt, p.q_heads, (cl_ulong)p.batch, m, hq * m, m, 1, bp->d_sinks, n_wait, wait,
-                        &prev)))
+      (st = ca_backward_sum(ctx, sum, sinkt, p.q_heads, (cl_ulong)p.batch, m, hq * m, m, 1, bp->d_sinks, n_wait, wait,
+                            &prev)))
     goto fail;
   if (want_dw && /* d_w[t] = sum over rows r of dw_rows[r dk + t] */
-      (st = enqueue_sum(ctx, sum, dw_rows, p.head_dim, 1, (cl_ulong)rows_total, 0, 1, (cl_ulong)p.head_dim,
-                        bp->d_additive_w, n_wait, wait, &prev)))
+      (st = ca_backward_sum(ctx, sum, dw_rows, p.head_dim, 1, (cl_ulong)rows_total, 0, 1, (cl_ulong)p.head_dim,
+                            bp->d_additive_w, n_wait, wait, &prev)))
     goto fail;
 fail:;
   const cl_event used = st == CLATTN_OK ? prev : NULL; /* a failed call's last event may not follow all it enqueued */

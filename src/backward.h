@@ -1,20 +1,21 @@
 /*
  * What the backward's two paths share: the FA2 passes (backward.c) and the
  * staged path (backward_staged.c) run in the same program on the same
- * per-row scratch (D_i, sinks' terms, d_additive_w's row terms).
+ * per-row scratch (D_i, sinks' terms, d_additive_w's row terms), through
+ * the launches of backward_launch.c.
  */
 #ifndef CLATTN_BACKWARD_H
 #define CLATTN_BACKWARD_H
 
 #include "internal.h"
 
-/* Whether the device adds floats atomically itself (cl_ext_float_atomics on
- * an OpenCL 3.0 device); elsewhere the atomics variant adds by compare-and-swap. */
-int ca_device_float_atomics(cl_device_id device);
-
 /* BWD_ARGS (cl/backward.cl), in order. */
 void ca_backward_args(ca_args *a, const clattn_params *p, const ca_plan *plan, const clattn_backward_params *bp,
                       cl_mem dsum, cl_mem sinkt);
+
+/* bwd_zero over a packed gradient view [1, heads, rows, cols]. */
+clattn_status ca_backward_zero(clattn_context *ctx, cl_kernel zero, const clattn_tensor *t, int heads, int rows,
+                               int cols, cl_uint n_wait, const cl_event *wait, cl_event *prev);
 
 /* bwd_fill: x[0 .. n) = 0. */
 clattn_status ca_backward_fill(clattn_context *ctx, cl_kernel fill, cl_mem x, cl_ulong n, cl_uint n_wait,
@@ -25,6 +26,11 @@ clattn_status ca_backward_fill(clattn_context *ctx, cl_kernel fill, cl_mem x, cl
 clattn_status ca_backward_store(clattn_context *ctx, cl_kernel store, cl_mem acc, int acc_cols, int col0, int cols,
                                 int heads, int key_side, const clattn_params *p, const clattn_tensor *view,
                                 cl_uint n_wait, const cl_event *wait, cl_event *prev);
+
+/* bwd_sum: out[c] = sum over a < n_outer, r < n_inner of x[a so + c sc + r si]. */
+clattn_status ca_backward_sum(clattn_context *ctx, cl_kernel sum, cl_mem x, int n_cols, cl_ulong n_outer,
+                              cl_ulong n_inner, cl_ulong s_outer, cl_ulong s_col, cl_ulong s_inner, cl_mem out,
+                              cl_uint n_wait, const cl_event *wait, cl_event *prev);
 
 /* The staged path's kernels and scratch, made before anything is enqueued. */
 typedef struct {

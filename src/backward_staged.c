@@ -19,8 +19,6 @@
 
 enum { BS_TM = 8, BS_TN = 16 }; /* cl/backward_staged.cl's work-group tiles */
 
-static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
-
 clattn_status ca_backward_staged_init(clattn_context *ctx, cl_program program, const clattn_params *p,
                                       ca_backward_staged *s, size_t *scratch_bytes) {
   clattn_status st = CLATTN_OK;
@@ -89,7 +87,8 @@ clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_stag
       arg_chunk(&a, bh0, i0, rows);
       ca_arg_mem(&a, s->pw);
       ca_arg_mem(&a, s->gw);
-      const size_t pair_global[3] = {round_up((size_t)p->kv_len, BS_TN), round_up((size_t)rows, BS_TM), (size_t)heads};
+      const size_t pair_global[3] = {ca_round_up((size_t)p->kv_len, BS_TN), ca_round_up((size_t)rows, BS_TM),
+                                     (size_t)heads};
       if ((st = ca_args_done(&a)) ||
           (st = ca_enqueue(ctx, s->pairs, "bwds_pairs", 3, pair_global, tile, n_wait, wait, prev)))
         return st;
@@ -101,7 +100,7 @@ clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_stag
       ca_arg_view(&a, &bp->d_q);
       ca_arg_mem(&a, dw_rows);
       ca_arg_int(&a, dw_rows != NULL);
-      const size_t dq_global[3] = {round_up((size_t)dk, BS_TN), round_up((size_t)rows, BS_TM), (size_t)heads};
+      const size_t dq_global[3] = {ca_round_up((size_t)dk, BS_TN), ca_round_up((size_t)rows, BS_TM), (size_t)heads};
       if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, s->dq, "bwds_dq", 3, dq_global, tile, n_wait, wait, prev)))
         return st;
 
@@ -112,7 +111,7 @@ clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_stag
       ca_arg_mem(&a, s->pw);
       ca_arg_mem(&a, s->gw);
       ca_arg_mem(&a, s->acc);
-      const size_t kv_global[3] = {col_tiles * BS_TN, round_up((size_t)p->kv_len, BS_TM), kv_pairs};
+      const size_t kv_global[3] = {col_tiles * BS_TN, ca_round_up((size_t)p->kv_len, BS_TM), kv_pairs};
       if ((st = ca_args_done(&a)) ||
           (st = ca_enqueue(ctx, s->dkdv, "bwds_dkdv", 3, kv_global, tile, n_wait, wait, prev)))
         return st;

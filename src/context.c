@@ -34,89 +34,6 @@ fail:
   return st;
 }
 
-static clattn_status build_core_for(clattn_context *ctx, clattn_dtype dtype, cl_program *out) {
-  ca_program_text text;
-  ca_core_text(&ctx->tiles, dtype, &text);
-  return ca_build_program(ctx,
-                          dtype == CLATTN_F32   ? "core"
-                          : dtype == CLATTN_F16 ? "core f16"
-                                                : "core bf16",
-                          text.sources, text.n_sources, text.options, out);
-}
-
-static clattn_status build_core(clattn_context *ctx) { return build_core_for(ctx, CLATTN_F32, &ctx->core); }
-
-clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_program *out) {
-  if (dtype == CLATTN_F32) {
-    *out = ctx->core;
-    return CLATTN_OK;
-  }
-  clattn_status st = CLATTN_OK;
-  pthread_mutex_lock(&ctx->programs_lock);
-  cl_program *slot = &ctx->core_16[dtype == CLATTN_F16 ? 0 : 1];
-  if (!*slot) st = build_core_for(ctx, dtype, slot);
-  *out = *slot;
-  pthread_mutex_unlock(&ctx->programs_lock);
-  return st;
-}
-
-clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype kv_dtype, cl_program *out) {
-  if (kv_dtype == CLATTN_DTYPE_SAME || kv_dtype == dtype) return ca_core_program(ctx, dtype, out);
-  clattn_status st = CLATTN_OK;
-  pthread_mutex_lock(&ctx->programs_lock);
-  cl_program *slot = &ctx->core_kv[dtype][kv_dtype];
-  if (!*slot) {
-    ca_program_text text;
-    ca_core_kv_text(&ctx->tiles, dtype, kv_dtype, &text);
-    char name[40];
-    snprintf(name, sizeof name, "core dtype=%d kv_dtype=%d", (int)dtype, (int)kv_dtype);
-    st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, slot);
-  }
-  *out = *slot;
-  pthread_mutex_unlock(&ctx->programs_lock);
-  return st;
-}
-
-/* The largest group each core kernel can run with, as built: a GPU
- * compiler may allow fewer work-items than the device maximum (registers). */
-static clattn_status core_kernel_limit(clattn_context *ctx, size_t *limit) {
-  static const char *names[] = {"qk_score", "softmax_rows", "mix_values"};
-  clattn_status st = CLATTN_OK;
-  *limit = ctx->caps.max_wg;
-  for (int i = 0; i < 3 && st == CLATTN_OK; i++) {
-    cl_kernel k = NULL;
-    size_t wg = 0;
-    if ((st = ca_create_kernel(ctx->core, names[i], &k))) break;
-    cl_int err = clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
-    clReleaseKernel(k);
-    if (err != CL_SUCCESS)
-      st = ca_cl_fail(err, "clGetKernelWorkGroupInfo(CL_KERNEL_WORK_GROUP_SIZE)");
-    else if (wg < *limit)
-      *limit = wg;
-  }
-  return st;
-}
-
-/* Builds the core program; when a kernel cannot run the chosen group size,
- * lowers the work-group limit, chooses again and rebuilds. */
-static clattn_status build_core_fitting(clattn_context *ctx) {
-  for (int attempt = 0; attempt < 4; attempt++) {
-    size_t limit = 0;
-    clattn_status st = build_core(ctx);
-    if (st == CLATTN_OK) st = core_kernel_limit(ctx, &limit);
-    if (st != CLATTN_OK) return st;
-    const tl_tiles *t = &ctx->tiles;
-    if ((size_t)t->score_tm * t->score_tn <= limit && (size_t)t->mix_tm * t->mix_tv <= limit &&
-        (size_t)t->softmax_wg <= limit)
-      return CLATTN_OK;
-    clReleaseProgram(ctx->core);
-    ctx->core = NULL;
-    ctx->caps.max_wg = limit;
-    if (tl_clamp(&ctx->tiles, &ctx->caps) != 0) break;
-  }
-  return ca_fail(CLATTN_ERR_UNSUPPORTED, "the staged kernels cannot run any tile shape on this device");
-}
-
 static void describe(clattn_context *ctx) {
   char platform[256], device[256], driver[128];
   ca_platform_string(ctx->platform, CL_PLATFORM_NAME, platform, sizeof platform);
@@ -223,7 +140,7 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
                  ctx->caps.max_wg, (unsigned long long)ctx->caps.local_mem);
     goto fail;
   }
-  st = build_core_fitting(ctx);
+  st = ca_build_core(ctx);
   if (st != CLATTN_OK) goto fail;
   ctx->build_ms = now_ms() - t0;
   describe(ctx);
@@ -240,18 +157,7 @@ void clattn_destroy(clattn_context *ctx) {
   ca_scratch_pool_trim(ctx);
   pthread_mutex_destroy(&ctx->kernels_lock);
   pthread_mutex_destroy(&ctx->scratch_lock);
-  if (ctx->core) clReleaseProgram(ctx->core);
-  for (int i = 0; i < 2; i++)
-    if (ctx->core_16[i]) clReleaseProgram(ctx->core_16[i]);
-  for (int i = 0; i < ctx->n_fused; i++) clReleaseProgram(ctx->fused[i].program);
-  for (int s = 0; s < 3; s++)
-    for (int c = 0; c < 5; c++) {
-      if (ctx->append[s][c]) clReleaseProgram(ctx->append[s][c]);
-      if (ctx->core_kv[s][c]) clReleaseProgram(ctx->core_kv[s][c]);
-    }
-  free(ctx->fused);
-  for (int i = 0; i < ctx->n_backward; i++) clReleaseProgram(ctx->backward[i].program);
-  free(ctx->backward);
+  ca_release_programs(ctx);
   free(ctx->cache_dir);
   free(ctx->tuning_path);
   free(ctx->tuning_default_path);
@@ -266,18 +172,3 @@ cl_context clattn_cl_context(const clattn_context *ctx) { return ctx ? ctx->cont
 cl_command_queue clattn_cl_queue(const clattn_context *ctx) { return ctx ? ctx->queue : NULL; }
 cl_device_id clattn_cl_device(const clattn_context *ctx) { return ctx ? ctx->device : NULL; }
 const char *clattn_describe(const clattn_context *ctx) { return ctx ? ctx->description : ""; }
-
-void ca_note_scratch(clattn_context *ctx, size_t bytes) {
-  pthread_mutex_lock(&ctx->programs_lock);
-  if (bytes > ctx->peak_scratch) ctx->peak_scratch = bytes;
-  pthread_mutex_unlock(&ctx->programs_lock);
-}
-
-size_t clattn_peak_scratch_bytes(clattn_context *ctx, int reset) {
-  if (!ctx) return 0;
-  pthread_mutex_lock(&ctx->programs_lock);
-  size_t peak = ctx->peak_scratch;
-  if (reset) ctx->peak_scratch = 0;
-  pthread_mutex_unlock(&ctx->programs_lock);
-  return peak;
-}

@@ -134,3 +134,10 @@ clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *ma
 fail:
   return st;
 }
+
+int ca_device_float_atomics(cl_device_id device) {
+  char version[64] = "", ext[8192] = "";
+  ca_device_string(device, CL_DEVICE_VERSION, version, sizeof version);
+  ca_device_string(device, CL_DEVICE_EXTENSIONS, ext, sizeof ext);
+  return strncmp(version, "OpenCL 3.", 9) == 0 && strstr(ext, "cl_ext_float_atomics") != NULL;
+}

@@ -1,4 +1,4 @@
-/* The public entry: validate everything, then dispatch to a path. */
+/* The public entry: validate everything, plan (plan.c), then the path enqueues. */
 #include <math.h>
 
 #include "internal.h"
@@ -15,19 +15,10 @@ clattn_params clattn_params_default(void) {
   return p;
 }
 
-const char *clattn_algo_name(clattn_algo a) {
-  switch (a) {
-    case CLATTN_ALGO_AUTO: return "auto";
-    case CLATTN_ALGO_STAGED: return "staged";
-    case CLATTN_ALGO_FUSED: return "fused";
-    case CLATTN_ALGO_GEMM: return "gemm";
-  }
-  return "unknown";
-}
-
 clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p, cl_uint n_wait, const cl_event *wait,
                              cl_event *done) {
   ca_plan plan;
+  ca_fused_launch launch;
   if (done) *done = NULL;
   if (n_wait > 0 && !wait)
     return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_forward: n_wait is %u but wait is NULL", n_wait);
@@ -35,8 +26,14 @@ clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p, cl_uin
   if (st != CLATTN_OK) return st;
   ca_route_begin(clattn_algo_name(plan.algo)); /* each enqueue adds its kernel */
   switch (plan.algo) {
-    case CLATTN_ALGO_FUSED: return ca_fused_forward(ctx, p, &plan, n_wait, wait, done);
-    case CLATTN_ALGO_GEMM: return ca_gemm_forward(ctx, p, &plan, n_wait, wait, done);
-    default: return ca_staged_forward(ctx, p, &plan, n_wait, wait, done);
+    case CLATTN_ALGO_FUSED:
+      if ((st = ca_plan_fused(ctx, p, &plan, &launch))) return st;
+      return ca_fused_forward(ctx, p, &plan, &launch, n_wait, wait, done);
+    case CLATTN_ALGO_GEMM:
+      plan.chunk = ca_plan_chunks(p, ctx->scratch_budget);
+      return ca_gemm_forward(ctx, p, &plan, n_wait, wait, done);
+    default:
+      plan.chunk = ca_plan_chunks(p, ctx->scratch_budget);
+      return ca_staged_forward(ctx, p, &plan, n_wait, wait, done);
   }
 }

@@ -272,7 +272,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
   cl_event prev = NULL;
   size_t *offsets = NULL;
   const int pairs = p->batch * p->q_heads;
-  const ca_chunk chunk = ca_plan_chunks(p, ctx->scratch_budget);
+  const ca_chunk chunk = plan->chunk;
   operand q = view_operand(&p->q), k = view_operand(&p->k), v = view_operand(&p->v);
 
   if (done) *done = NULL;

@@ -29,7 +29,7 @@ struct clattn_context {
   char env_note[320];                    /* an environment override that was ignored, and why; "" = none */
   cl_program core;       /* built at creation (f32 storage): qk_score, softmax_rows, mix_values, merge_states, gemm */
   cl_program core_16[2]; /* the same for f16 and bf16 storage, built on first use; under programs_lock */
-  pthread_mutex_t programs_lock; /* guards the fused programs and peak_scratch */
+  pthread_mutex_t programs_lock; /* guards the programs built on first use */
   struct ca_fused_program {
     int head_dim, value_dim;
     clattn_dtype dtype, kv_dtype;
@@ -48,21 +48,21 @@ struct clattn_context {
   int builds_from_cache;            /* programs loaded from the disk cache; likewise */
   cl_ulong max_alloc;               /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
   size_t scratch_budget;            /* bytes of score scratch the staged path may hold */
-  size_t peak_scratch;              /* largest scratch of one call; guarded by programs_lock */
+  size_t peak_scratch;              /* largest scratch of one call; guarded by scratch_lock */
   atomic_int blast_ready;           /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
   atomic_ulong kernels_enqueued;    /* kernel launches by ca_enqueue so far (`clattn bench --host`'s floor) */
   int out_of_order;                 /* the queue runs commands out of order (scratch_pool.c orders reuse by events) */
   pthread_mutex_t kernels_lock;     /* guards kernels */
   struct ca_pooled_kernel *kernels; /* kernel objects, reused across calls (kernel_pool.c) */
-  pthread_mutex_t scratch_lock;     /* guards scratch, flags, sink_flag, scratch_bytes */
+  pthread_mutex_t scratch_lock;     /* guards scratch, flags, sink_flag, scratch_bytes, peak_scratch */
   struct ca_pooled_buffer *scratch, *flags; /* device scratch and EMPTY_ERROR flags, reused (scratch_pool.c) */
   cl_mem sink_flag;                         /* the empty-row flag of calls that never read it */
   size_t scratch_bytes;                     /* bytes the scratch pool holds */
   char description[6144];
 };
 
-/* Records that one call holds `bytes` of scratch (for clattn_peak_scratch_bytes). */
-void ca_note_scratch(clattn_context *ctx, size_t bytes);
+/* x rounded up to a multiple of m. */
+static inline size_t ca_round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 /* ---- the thread's last route (route.c, clattn_last_route) ---- */
 
@@ -106,6 +106,9 @@ clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *ma
 /* A device info string into buf (never fails: "?" when unknown). */
 void ca_device_string(cl_device_id device, cl_device_info what, char *buf, size_t size);
 void ca_platform_string(cl_platform_id platform, cl_platform_info what, char *buf, size_t size);
+/* Whether the device adds floats atomically itself (cl_ext_float_atomics on
+ * an OpenCL 3.0 device); elsewhere the backward's atomic dQ adds by compare-and-swap. */
+int ca_device_float_atomics(cl_device_id device);
 
 /* ---- programs (program.c) ---- */
 
@@ -113,14 +116,14 @@ void ca_platform_string(cl_platform_id platform, cl_platform_info what, char *bu
  * options; on failure the message carries the head of the build log. */
 clattn_status ca_build_program(clattn_context *ctx, const char *name, const char *const *sources, cl_uint n_sources,
                                const char *options, cl_program *out);
-/* A per-context table of programs keyed by (head_dim, value_dim, dtype,
- * kv_dtype) (ctx->fused, ctx->backward): *entry is the matching one (*found
- * 1), or room for a new one at (*table)[*n] (*found 0: the caller fills it
- * and counts it in *n once built). OUT_OF_MEMORY, naming `what`, when the
- * table cannot grow. The caller holds programs_lock. */
-clattn_status ca_program_entry(struct ca_fused_program **table, int *n, int *cap, const char *what, int head_dim,
-                               int value_dim, clattn_dtype dtype, clattn_dtype kv_dtype,
-                               struct ca_fused_program **entry, int *found);
+/* A fresh kernel object (calls take theirs from the pool: ca_kernel_take). */
+clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);
+
+/* ---- the program registry (registry.c) ---- */
+
+/* Builds the f32 core program at creation; when a kernel cannot run the
+ * chosen group size, lowers the work-group limit, chooses again, rebuilds. */
+clattn_status ca_build_core(clattn_context *ctx);
 /* The core program for a storage type (f32: ctx->core; f16, bf16 built on
  * first use and kept for the context's life). */
 clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_program *out);
@@ -128,14 +131,18 @@ clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_progra
  * equal: ca_core_program's); built on first use. */
 clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype kv_dtype, cl_program *out);
 /* The fused program for (head_dim, value_dim, dtype, kv_dtype): built on
- * first use, then kept for the context's life (fused.c). *info (when
+ * first use, then kept for the context's life. *info (when
  * non-NULL): its table entry, with the tile its flash_block runs with (rm 0
  * when it cannot) and whether its flash_decode runs, asked once per program. */
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
                                clattn_dtype kv_dtype, cl_program *out, struct ca_fused_program *info);
-
-/* A fresh kernel object (calls take theirs from the pool: ca_kernel_take). */
-clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *out);
+/* The backward program for (head_dim, value_dim, dtype); built on first use. */
+clattn_status ca_backward_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
+                                  cl_program *out);
+/* The kv_append program for (source, cache) storage; built on first use. */
+clattn_status ca_append_program(clattn_context *ctx, clattn_dtype src, clattn_dtype kv, cl_program *out);
+/* Releases every program the context holds (clattn_destroy). */
+void ca_release_programs(clattn_context *ctx);
 
 /* ---- context-owned kernels and scratch (kernel_pool.c, scratch_pool.c) ---- */
 
@@ -157,6 +164,8 @@ clattn_status ca_flag_take(clattn_context *ctx, clattn_empty_rows policy, cl_mem
 /* Gives a flag back: clean when read as zero after the call's last command,
  * else zeroed after last_use (NULL: not known) when next taken. */
 void ca_flag_give(clattn_context *ctx, cl_mem flag, int clean, cl_event last_use);
+/* Records that one call holds `bytes` of scratch (for clattn_peak_scratch_bytes). */
+void ca_note_scratch(clattn_context *ctx, size_t bytes);
 void ca_scratch_stats(clattn_context *ctx, int *buffers, size_t *bytes);
 /* Release what the pools hold idle (kernels; scratch and flags); the sink
  * flag too, so only while no call is in progress (context destruction, tests). */
@@ -200,6 +209,78 @@ char *ca_cache_dir_resolve(const char *opt);
 /* Programs built from source and loaded from the cache so far (for tests). */
 void ca_cache_counts(const clattn_context *ctx, int *from_source, int *from_cache);
 
+/* ---- validation (validate.c) ---- */
+
+/* A chunk of query rows: `rows` rows in each of `heads` consecutive
+ * (batch, head) pairs. The staged and GEMM paths hold heads x rows x N
+ * scores at a time; ca_plan_chunks keeps that under budget bytes. */
+typedef struct {
+  int heads, rows;
+} ca_chunk;
+
+/* A validated call, resolved into what the kernels take. */
+typedef struct {
+  float scale;                   /* effective scale */
+  int window_left, window_right; /* -1 = unbounded; causal folded in */
+  int group;                     /* q_heads / kv_heads */
+  int has_mask, has_bias, has_kv_lens, want_lse, want_weights;
+  int diag;              /* route diagnostics asked for: CA_DIAG_* bits */
+  clattn_dtype kv_dtype; /* K/V storage, CLATTN_DTYPE_SAME resolved */
+  int paged;             /* K/V through a block table */
+  clattn_algo algo;      /* AUTO resolved */
+  ca_chunk chunk;        /* staged and GEMM: query rows per pass (the plan step's ca_plan_chunks) */
+} ca_plan;
+
+enum { CA_DECODE_KERNEL_ROWS = 16, CA_DECODE_WG = 64 /* cl/decode.cl's DEC_WG */ };
+enum { CA_BLOCK_WG = 128 }; /* work-items per group of cl/flash_block.cl */
+
+/* The route diagnostics' bits (cl/common.h.cl's CA_DIAG_*). */
+enum { CA_DIAG_ENTROPY = 1, CA_DIAG_MAX_WEIGHT = 2, CA_DIAG_ARGMAX = 4 };
+
+/* Every check that needs no device work; fills plan. */
+clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
+
+/* Checks that a view of dims[0..rank) fits its buffer (and, for an output,
+ * neither broadcasts nor overlaps itself): BAD / BUFFER_TOO_SMALL. */
+clattn_status ca_check_view(const clattn_context *ctx, const char *name, const clattn_tensor *t, const int *dims,
+                            int rank, size_t elem_size, int is_output);
+
+/* Checks a merge call like ca_validate checks a forward call. */
+clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp);
+
+/* ---- the plan step (plan.c) ---- */
+
+/* The staged and GEMM paths' chunks for a budget of score bytes. */
+ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget);
+
+/* How the fused path splits kv_len keys across work-items when `items` row
+ * blocks alone would leave compute units idle: ranges of split_keys keys (a
+ * multiple of 16, or kv_len when unsplit), n_splits of them. Range s is
+ * [s * split_keys, min(kv_len, (s + 1) * split_keys)); its end can pass
+ * INT_MAX, so kernels take ranges in 64 bits. */
+typedef struct {
+  int split_keys;
+  size_t n_splits;
+} ca_splits;
+/* A pure function of the device (compute units, type, vendor, max_wg), the
+ * kernel's work-items per group, the number of work-groups per split
+ * (items) and kv_len: see plan.c. */
+ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len);
+
+/* How a fused call runs (plan.c's ca_plan_fused): the program and kernel,
+ * its grid, the packed copies of K and V (flash_rows: kt_bytes, vp_bytes
+ * over n_pad padded keys; 0 when read in place) and the key split. */
+typedef struct {
+  cl_program program;
+  char kernel[32];
+  size_t global[3], local[3];
+  int packed;
+  cl_long n_pad;
+  cl_ulong kt_bytes, vp_bytes;
+  ca_splits splits;
+} ca_fused_launch;
+clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, ca_fused_launch *l);
+
 /* ---- launching (launch.c) ---- */
 
 /* Sets a kernel's arguments in order; the first failure is kept for
@@ -232,6 +313,12 @@ void ca_arg_allowed(ca_args *a, const clattn_params *p);
 void ca_arg_score(ca_args *a, const clattn_params *p);
 /* Sinks: the buffer and whether it is there. */
 void ca_arg_sinks(ca_args *a, const clattn_params *p);
+/* The fused kernels' arguments (FLASH_KERNEL_ARGS in cl/flash.cl), which
+ * flash_decode takes too: kt, vp and n_pad the packed copies (NULL, NULL, 0
+ * when K and V are read in place), then the split, diagnostics, partial
+ * states and empty-row flag. */
+void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_mem kt, cl_mem vp, cl_long n_pad,
+                  int split_keys, int diag, cl_mem part_o, cl_mem part_lse, cl_mem flag);
 clattn_status ca_args_done(const ca_args *a);
 
 /* Enqueues a kernel after *prev (or, when *prev is NULL, after the caller's
@@ -239,13 +326,6 @@ clattn_status ca_args_done(const ca_args *a);
  * kernels on in-order and out-of-order queues alike. */
 clattn_status ca_enqueue(clattn_context *ctx, cl_kernel kernel, const char *name, cl_uint dims, const size_t *global,
                          const size_t *local, cl_uint n_wait, const cl_event *wait, cl_event *prev);
-/* A chunk of query rows: `rows` rows in each of `heads` consecutive
- * (batch, head) pairs. The staged and GEMM paths hold heads x rows x N
- * scores at a time; ca_plan_chunks keeps that under budget bytes. */
-typedef struct {
-  int heads, rows;
-} ca_chunk;
-ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget);
 
 /* Ends a call's enqueues: under EMPTY_ERROR waits for last and reads the
  * flag (CLATTN_ERR_EMPTY_ROW when raised). Gives *flag back (ca_flag_take's)
@@ -255,77 +335,19 @@ clattn_status ca_finish_call(clattn_context *ctx, clattn_empty_rows policy, cl_m
  * released. */
 void ca_hand_out(clattn_status st, cl_event *last, cl_event *done);
 
-/* How the fused path splits kv_len keys across work-items when `items` row
- * blocks alone would leave compute units idle: ranges of split_keys keys (a
- * multiple of 16, or kv_len when unsplit), n_splits of them. Range s is
- * [s * split_keys, min(kv_len, (s + 1) * split_keys)); its end can pass
- * INT_MAX, so kernels take ranges in 64 bits. */
-typedef struct {
-  int split_keys;
-  size_t n_splits;
-} ca_splits;
-/* A pure function of the device (compute units, type, vendor, max_wg), the
- * kernel's work-items per group, the number of work-groups per split
- * (items) and kv_len: see fused.c. */
-ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len);
-
-/* ---- validation (validate.c) ---- */
-
-/* A validated call, resolved into what the kernels take. */
-typedef struct {
-  float scale;                   /* effective scale */
-  int window_left, window_right; /* -1 = unbounded; causal folded in */
-  int group;                     /* q_heads / kv_heads */
-  int has_mask, has_bias, has_kv_lens, want_lse, want_weights;
-  int diag;              /* route diagnostics asked for: CA_DIAG_* bits */
-  clattn_dtype kv_dtype; /* K/V storage, CLATTN_DTYPE_SAME resolved */
-  int paged;             /* K/V through a block table */
-  clattn_algo algo;      /* AUTO resolved */
-} ca_plan;
-
-/* The fused kernels' arguments (FLASH_KERNEL_ARGS in cl/flash.cl), which
- * flash_decode takes too: kt, vp and n_pad the packed copies (NULL, NULL, 0
- * when K and V are read in place), then the split, diagnostics, partial
- * states and empty-row flag. */
-void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_mem kt, cl_mem vp, cl_long n_pad,
-                  int split_keys, int diag, cl_mem part_o, cl_mem part_lse, cl_mem flag);
-/* merge_states over n_splits partial states ([split][b][h][m] rows of
- * value_dim, and their lse) into p's out and lse. */
-clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p, size_t n_splits, cl_mem part_o,
-                                     cl_mem part_lse, cl_mem flag, cl_uint n_wait, const cl_event *wait,
-                                     cl_event *prev);
-/* flash_decode (cl/decode.cl, decode.c): the fused call at up to
- * CA_DECODE_KERNEL_ROWS query rows per KV head on GPUs, for a program whose
- * flash_decode runs (its entry's decode_runs). Sets *taken when it ran the
- * call (enqueued it, or failed); leaves it 0 when the kernel does not apply
- * (route diagnostics, additive scoring, more rows), the caller then runs
- * the call. */
-enum { CA_DECODE_KERNEL_ROWS = 16, CA_DECODE_WG = 64 /* cl/decode.cl's DEC_WG */ };
-clattn_status ca_decode_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_program program,
-                                cl_uint n_wait, const cl_event *wait, cl_event *done, int *taken);
-
-/* The route diagnostics' bits (cl/common.h.cl's CA_DIAG_*). */
-enum { CA_DIAG_ENTROPY = 1, CA_DIAG_MAX_WEIGHT = 2, CA_DIAG_ARGMAX = 4 };
-
-/* Every check that needs no device work; fills plan. */
-clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
-
-/* Checks that a view of dims[0..rank) fits its buffer (and, for an output,
- * neither broadcasts nor overlaps itself): BAD / BUFFER_TOO_SMALL. */
-clattn_status ca_check_view(const clattn_context *ctx, const char *name, const clattn_tensor *t, const int *dims,
-                            int rank, size_t elem_size, int is_output);
-
-/* Checks a merge call like ca_validate checks a forward call. */
-clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp);
-
 /* ---- paths ---- */
 /* Enqueues merge_states for validated params after *prev (see ca_enqueue);
  * out is stored as out_dtype; sinks (f32 [heads], or NULL) join each row as
  * a state with O = 0. */
 clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype, cl_mem sinks,
                                cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev);
-clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
-                               const cl_event *wait, cl_event *done);
+/* merge_states over n_splits partial states ([split][b][h][m] rows of
+ * value_dim, and their lse) into p's out and lse. */
+clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p, size_t n_splits, cl_mem part_o,
+                                     cl_mem part_lse, cl_mem flag, cl_uint n_wait, const cl_event *wait,
+                                     cl_event *prev);
+clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan,
+                               const ca_fused_launch *l, cl_uint n_wait, const cl_event *wait, cl_event *done);
 /* Whether this build has the GEMM path: 1 with CLBlast (gemm.c), else 0
  * (gemm_unsupported.c: ca_gemm_forward returns CLATTN_ERR_UNSUPPORTED). */
 int ca_gemm_available(void);

@@ -80,6 +80,37 @@ void ca_arg_sinks(ca_args *a, const clattn_params *p) {
   ca_arg_int(a, p->sinks != NULL);
 }
 
+void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_mem kt, cl_mem vp, cl_long n_pad,
+                  int split_keys, int diag, cl_mem part_o, cl_mem part_lse, cl_mem flag) {
+  ca_arg_view(r, &p->q);
+  ca_arg_mem(r, kt);
+  ca_arg_mem(r, vp);
+  ca_arg(r, sizeof n_pad, &n_pad);
+  ca_arg_view(r, &p->k);
+  ca_arg_view(r, &p->v);
+  ca_arg_score(r, p);
+  ca_arg_allowed(r, p);
+  ca_arg_kv(r, p);
+  ca_arg_int(r, p->q_heads);
+  ca_arg_int(r, p->kv_heads);
+  ca_arg_int(r, plan->group);
+  ca_arg_int(r, p->q_len);
+  ca_arg_int(r, p->kv_len);
+  ca_arg_float(r, plan->scale);
+  ca_arg_shape(r, p);
+  ca_arg_sinks(r, p);
+  ca_arg_int(r, plan->window_left);
+  ca_arg_int(r, plan->window_right);
+  ca_arg_int(r, split_keys);
+  ca_arg_view(r, &p->out);
+  ca_arg_view(r, &p->lse);
+  ca_arg_int(r, plan->want_lse);
+  ca_arg_diag(r, p, diag);
+  ca_arg_mem(r, part_o);
+  ca_arg_mem(r, part_lse);
+  ca_arg_mem(r, flag);
+}
+
 clattn_status ca_args_done(const ca_args *a) {
   if (a->err == CL_SUCCESS) return CLATTN_OK;
   char what[128];
@@ -127,23 +158,4 @@ void ca_hand_out(clattn_status st, cl_event *last, cl_event *done) {
   else if (*last)
     clReleaseEvent(*last);
   *last = NULL;
-}
-
-ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget) {
-  size_t row_bytes = (size_t)p->kv_len * sizeof(float);
-  size_t fit = budget / row_bytes;
-  size_t pairs = (size_t)p->batch * (size_t)p->q_heads;
-  ca_chunk c;
-  if (fit < 1) fit = 1;
-  if (fit >= (size_t)p->q_len) {
-    c.rows = p->q_len;
-    size_t heads = fit / (size_t)p->q_len;
-    c.heads = (int)(heads < pairs ? heads : pairs);
-  } else {
-    c.rows = (int)fit;
-    c.heads = 1;
-  }
-  /* Keep the softmax's rows x heads grid dimension inside int range. */
-  while ((long long)c.heads * c.rows > INT32_MAX / 2 && c.heads > 1) c.heads /= 2;
-  return c;
 }

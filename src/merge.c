@@ -33,6 +33,28 @@ clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *m
   return st;
 }
 
+clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p, size_t n_splits, cl_mem part_o,
+                                     cl_mem part_lse, cl_mem flag, cl_uint n_wait, const cl_event *wait,
+                                     cl_event *prev) {
+  const size_t m = (size_t)p->q_len, h = (size_t)p->q_heads, dv = (size_t)p->value_dim;
+  const size_t rows_total = (size_t)p->batch * h * m;
+  clattn_merge_params mp = {
+      .n_states = (int)n_splits,
+      .batch = p->batch,
+      .heads = p->q_heads,
+      .q_len = p->q_len,
+      .value_dim = p->value_dim,
+      .o = {part_o, 0, {h * m * dv, m * dv, dv, 1}},
+      .lse = {part_lse, 0, {h * m, m, 1, 0}},
+      .o_state_stride = rows_total * dv,
+      .lse_state_stride = rows_total,
+      .out = p->out,
+      .out_lse = p->lse,
+      .empty_rows = p->empty_rows,
+  };
+  return ca_enqueue_merge(ctx, &mp, p->dtype, p->sinks, flag, n_wait, wait, prev);
+}
+
 clattn_status clattn_merge_states(clattn_context *ctx, const clattn_merge_params *mp, cl_uint n_wait,
                                   const cl_event *wait, cl_event *done) {
   cl_mem flag = NULL;

@@ -64,28 +64,3 @@ clattn_status ca_create_kernel(cl_program program, const char *name, cl_kernel *
   }
   return CLATTN_OK;
 }
-
-clattn_status ca_program_entry(struct ca_fused_program **table, int *n, int *cap, const char *what, int head_dim,
-                               int value_dim, clattn_dtype dtype, clattn_dtype kv_dtype,
-                               struct ca_fused_program **entry, int *found) {
-  for (int i = 0; i < *n; i++) {
-    struct ca_fused_program *e = &(*table)[i];
-    if (e->head_dim == head_dim && e->value_dim == value_dim && e->dtype == dtype && e->kv_dtype == kv_dtype) {
-      *entry = e;
-      *found = 1;
-      return CLATTN_OK;
-    }
-  }
-  if (*n == *cap) {
-    const int grown_cap = *cap ? *cap * 2 : 4;
-    void *grown = realloc(*table, (size_t)grown_cap * sizeof **table);
-    if (!grown) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "%s program table: out of host memory", what);
-    *table = grown;
-    *cap = grown_cap;
-  }
-  *entry = &(*table)[*n];
-  **entry =
-      (struct ca_fused_program){.head_dim = head_dim, .value_dim = value_dim, .dtype = dtype, .kv_dtype = kv_dtype};
-  *found = 0;
-  return CLATTN_OK;
-}

@@ -1,7 +1,7 @@
 /*
  * The context's device scratch: buffers created on first need, grown when a
  * call needs more, kept for the context's life (never shrunk), and the
- * empty-row flags.
+ * empty-row flags; and the largest scratch one call held (clattn_peak_scratch_bytes).
  *
  * A buffer serves one call at a time, and a call must not overtake the
  * commands of the call that used it before. On an in-order queue the new
@@ -258,4 +258,19 @@ void ca_scratch_pool_trim(clattn_context *ctx) {
   if (ctx->sink_flag) clReleaseMemObject(ctx->sink_flag);
   ctx->sink_flag = NULL;
   pthread_mutex_unlock(&ctx->scratch_lock);
+}
+
+void ca_note_scratch(clattn_context *ctx, size_t bytes) {
+  pthread_mutex_lock(&ctx->scratch_lock);
+  if (bytes > ctx->peak_scratch) ctx->peak_scratch = bytes;
+  pthread_mutex_unlock(&ctx->scratch_lock);
+}
+
+size_t clattn_peak_scratch_bytes(clattn_context *ctx, int reset) {
+  if (!ctx) return 0;
+  pthread_mutex_lock(&ctx->scratch_lock);
+  size_t peak = ctx->peak_scratch;
+  if (reset) ctx->peak_scratch = 0;
+  pthread_mutex_unlock(&ctx->scratch_lock);
+  return peak;
 }

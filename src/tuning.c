@@ -177,7 +177,7 @@ static void apply_environment(clattn_context *ctx) {
   const char *half = getenv("CLATTN_BLOCK_HALF");
   if (half && *half) ctx->tiles.block_half = strcmp(half, "0") != 0;
   /* A GPU's flash_block with more private memory than this spilled
-   * registers (fused.c steps down); a CPU's private memory is its stack.
+   * registers (registry.c steps down); a CPU's private memory is its stack.
    * CLATTN_BLOCK_PRIVATE_MAX=bytes sets the limit on any device (tests). */
   ctx->block_private_max = (ctx->caps.type & CL_DEVICE_TYPE_GPU) ? 64 : CL_ULONG_MAX;
   const char *private_max = getenv("CLATTN_BLOCK_PRIVATE_MAX");

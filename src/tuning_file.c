@@ -30,6 +30,16 @@ ca_tunable ca_tunable_by_name(const char *name) {
 
 const char *ca_class_name(ca_shape_class c) { return c < CA_CLASS_COUNT ? class_keys[c] + 5 : "?"; }
 
+const char *clattn_algo_name(clattn_algo a) {
+  switch (a) {
+    case CLATTN_ALGO_AUTO: return "auto";
+    case CLATTN_ALGO_STAGED: return "staged";
+    case CLATTN_ALGO_FUSED: return "fused";
+    case CLATTN_ALGO_GEMM: return "gemm";
+  }
+  return "unknown";
+}
+
 static int *tile_field(tl_tiles *t, ca_tunable k) {
   switch (k) {
     case CA_T_SCORE_TM: return &t->score_tm;

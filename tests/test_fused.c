@@ -904,11 +904,11 @@ static void fused_scratch_is_linear_in_n(void) {
   printf("  fused M=N=4099 d=64: peak scratch %.2f MiB (M*N*4/8 = %.2f MiB), %.0f ms\n", peak / mib, mn / 8 / mib, ms);
   CHECKF(peak > 0 && (double)peak < mn / 8, "fused M=N=4099: peak scratch %zu bytes", peak);
 
-  /* M = N = 16384 (a 1 GiB score matrix): fused runs in well under 64 MiB */
+  /* M = N = 16384 (a 1 GiB score matrix): fused runs in well under 64 MiB
+   * (its time is printed, not checked: speed is the bench's, not a test's) */
   peak = square_run(16384, CLATTN_ALGO_FUSED, &ms);
   printf("  fused M=N=16384 d=64: peak scratch %.2f MiB, %.0f ms\n", peak / mib, ms);
   CHECKF(peak > 0 && (double)peak < 64 * mib, "fused M=N=16384: peak scratch %zu bytes", peak);
-  CHECKF(ms < 60e3, "fused M=N=16384 took %.0f ms", ms);
 
   /* a small square where the staged path holds the whole score matrix
    * (under its 64 MiB budget) and fused holds only the packed K and V */

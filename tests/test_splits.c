@@ -8,7 +8,7 @@
 #include "internal.h"
 #include "tiles.h"
 
-enum { MIN_KEYS = 256 }; /* fused.c's MIN_SPLIT_KEYS */
+enum { MIN_KEYS = 256 }; /* plan.c's MIN_SPLIT_KEYS */
 
 static tl_device gpu(cl_uint cus, size_t max_wg, cl_ulong local, cl_uint vendor) {
   tl_device d = {CL_DEVICE_TYPE_GPU, local, max_wg, {max_wg, max_wg, 64}, 32, cus, 0, 0, vendor, 0, 1024, 64};

@@ -1,5 +1,5 @@
 /*
- * flash_block's step-down (src/fused.c): a device whose built kernel cannot
+ * flash_block's step-down (src/registry.c): a device whose built kernel cannot
  * run 128 work-items per group, or spills into private memory, gets the
  * next smaller tile rebuilt, then flash_tiled; never a launch failure.
  * The device's answers are faked through the OpenCL shim (tests/cl_shim.c)
