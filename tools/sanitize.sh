@@ -114,7 +114,10 @@ run_asan() {
   echo "== ASan + UBSan: build-asan, the whole test suite ==" >&2
   configure build-asan address,undefined || { summary+=("asan: build FAILED"); status=1; return; }
   # meson keeps these when set (its own defaults otherwise); suppressions by absolute path.
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:print_summary=1:strict_string_checks=1:detect_stack_use_after_return=1
+  # use_sigaltstack=0: POCL's LLVM installs its own alternate signal stack
+  # (malloc'd) in the threads that compile, and ASan would munmap it at
+  # thread exit ("failed to deallocate ... unable to unmap", an abort).
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:print_summary=1:strict_string_checks=1:detect_stack_use_after_return=1:use_sigaltstack=0
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:print_summary=1
   export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=1
   rm -f build-asan/meson-logs/asan.json build-asan/meson-logs/asan.txt
