@@ -92,16 +92,11 @@ ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items,
  *   flash_rows         CPUs: flash_pack first (K transposed, V packed) */
 clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, ca_fused_launch *l) {
   *l = (ca_fused_launch){0};
-  struct ca_fused_program info;
-  clattn_status st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &l->program, &info);
-  if (st != CLATTN_OK) return st;
   const size_t rows_per_kv = (size_t)plan->group * (size_t)p->q_len;
   const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
   const int wg = ctx->tiles.flash_wg; /* > 0: the work-group kernels (GPUs) */
   const int plain = !plan->diag && p->score != CLATTN_SCORE_ADDITIVE;
   const size_t unit = plan->kv_dtype == CLATTN_Q8_0 ? 34 : 1;
-  const int decode = wg && ctx->flash_block && info.decode_runs && plain && rows_per_kv <= CA_DECODE_KERNEL_ROWS;
-  const int block = !decode && wg && ctx->flash_block && plain && info.block.rm > 0;
   const int direct = !wg && rows_per_kv <= 8 && p->head_dim % 16 == 0 && p->value_dim % 16 == 0 &&
                      p->k.stride[3] == unit && p->v.stride[3] == unit;
   l->packed = !wg && !direct;
@@ -119,6 +114,12 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
                      (unsigned long long)l->kt_bytes, (unsigned long long)l->vp_bytes,
                      (unsigned long long)ctx->max_alloc);
   }
+  /* After the size check: a call that cannot run builds nothing */
+  struct ca_fused_program info;
+  clattn_status st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &l->program, &info);
+  if (st != CLATTN_OK) return st;
+  const int decode = wg && ctx->flash_block && info.decode_runs && plain && rows_per_kv <= CA_DECODE_KERNEL_ROWS;
+  const int block = !decode && wg && ctx->flash_block && plain && info.block.rm > 0;
   /* rows per work-item (flash_rows*) or per work-group (flash_block, flash_tiled); flash_decode: every row of a KV head
    */
   const int bm = decode             ? (int)rows_per_kv
