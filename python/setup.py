@@ -4,7 +4,7 @@ package, so `pip install ./python` gives a self-contained module.
 
 Environment:
   CLATTN_MESON_BUILD_DIR  an existing meson build directory of this tree to
-                          build the library in (tools/test.sh passes its own)
+                          build the library in (tools/scripts/test.sh passes its own)
   CLATTN_NO_BUILD=1       build nothing: the module then loads libclattn from
                           $CLATTN_LIBRARY or the system loader at run time
 Without a clattn source tree next to this folder (an sdist), nothing is built
@@ -48,7 +48,7 @@ def build_library():
     meson = shutil.which("meson")
     if meson is None:
         raise RuntimeError("clattn: meson is needed to build libclattn (Debian: meson ninja-build; "
-                           "or tools/packages.sh in the checkout)")
+                           "or tools/scripts/packages.sh in the checkout)")
     build_dir = os.environ.get("CLATTN_MESON_BUILD_DIR")
     if build_dir:
         build_dir = os.path.abspath(os.path.join(ROOT, build_dir))

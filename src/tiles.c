@@ -115,7 +115,7 @@ size_t tl_block_local_bytes(tl_block blk, int head_dim, int value_dim) {
 }
 
 int tl_block_budget(const tl_device *dev) {
-  /* From tools/gpu-codegen.sh on gfx1100 (128 registers): 4 x 4 and 2 x 4
+  /* From tools/scripts/gpu-codegen.sh on gfx1100 (128 registers): 4 x 4 and 2 x 4
    * spill at d=64, 1 x 4 at d=64 (4 + 8 floats) does not; at d=128 1 x 4
    * (4 + 16) spills with f16 storage, 1 x 2 (2 + 16) does not. */
   const int rdna = dev->vendor_id == TL_VENDOR_AMD && dev->pref_multiple == 32;

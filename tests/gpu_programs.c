@@ -2,7 +2,7 @@
  * Writes every program the library would build on a GPU-like device, as
  * clang would be given it by a driver: one NAME.cl (the sources
  * concatenated in order) and one NAME.opts (the build options) per program,
- * for tools/gpu-codegen.sh to compile for amdgcn and nvptx targets.
+ * for tools/scripts/gpu-codegen.sh to compile for amdgcn and nvptx targets.
  *
  *   gpu_programs PROFILE OUT_DIR      PROFILE: amd-wave64, amd-wave32, nvidia
  *

@@ -23,7 +23,7 @@ export PKG_CONFIG_PATH=$pc_dir PKG_CONFIG_SYSROOT_DIR=$work/root
 flags=$(pkg-config --cflags --libs clattn)
 echo "pkg-config --cflags --libs clattn: $flags"
 lib_dir=$(dirname "$(find "$work/root" -name 'libclattn.so' | head -n 1)")
-# A sanitizer build (tools/sanitize.sh) installs an instrumented library:
+# A sanitizer build (tools/scripts/sanitize.sh) installs an instrumented library:
 # the program links the same runtime first.
 sanitize=()
 ldd "$lib_dir/libclattn.so" | grep -q libasan && sanitize+=(-fsanitize=address)

@@ -19,7 +19,7 @@ fi
 # first build of each program is slow on POCL.
 export CLATTN_CACHE_DIR=${CLATTN_CACHE_DIR:-${TMPDIR:-/tmp}/clattn-mpi-cache}
 mkdir -p "$CLATTN_CACHE_DIR"
-# Under tools/sanitize.sh: Open MPI's own allocations kept until exit are not
+# Under tools/scripts/sanitize.sh: Open MPI's own allocations kept until exit are not
 # ours; add tests/lsan-mpi.supp to the run's suppressions.
 if [[ "${LSAN_OPTIONS:-}" =~ (^|:)suppressions=([^:]*) ]]; then
   whole=${BASH_REMATCH[0]} lead=${BASH_REMATCH[1]} supp=${BASH_REMATCH[2]}

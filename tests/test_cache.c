@@ -412,7 +412,7 @@ enum { CHILD_WATCHDOG_S = 120 };
  * context on DIR. Returns its exit status (0: created, *src and *cache set),
  * or 128 + the signal that ended it (SIGALRM: the watchdog, it hung).
  * quiet: its stderr to /dev/null, for a crash inside POCL that is expected
- * (a sanitizer's report of it would count against tools/sanitize.sh). */
+ * (a sanitizer's report of it would count against tools/scripts/sanitize.sh). */
 static int create_in_child(const char *dir, int *src, int *cache, int quiet) {
   *src = *cache = -1;
   int out[2];

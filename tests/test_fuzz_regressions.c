@@ -46,7 +46,7 @@ static int replay_append(const uint8_t *data, size_t size, const char *name, cha
 }
 
 /* A parser's verdict must also be what the input's name says: accepted
- * exactly when it starts with "valid" (tools/fuzz_parser_seeds.py). */
+ * exactly when it starts with "valid" (tools/scripts/fuzz_parser_seeds.py). */
 static int replay_parser(int (*parse)(const uint8_t *, size_t, int *, char *, size_t), const uint8_t *data, size_t size,
                          const char *name, char *why, size_t n) {
   int accepted = -1;

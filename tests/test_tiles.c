@@ -175,7 +175,7 @@ static void block_tiles_fit_local_memory_and_registers(void) {
   tl_device nv = nvidia_like();
   tl_block blk;
   CHECK(tl_flash_block(&nv, 64, 64, &blk) == 0 && blk.rm == 4 && blk.rn == 4);
-  /* RDNA's wave32 work-items have half the registers (tools/gpu-codegen.sh:
+  /* RDNA's wave32 work-items have half the registers (tools/scripts/gpu-codegen.sh:
    * 4 x 4 and 2 x 4 spill on gfx1100): one row each up to d = 128 */
   CHECK(tl_flash_block(&rdna, 64, 64, &blk) == 0 && blk.rm == 1 && blk.rn == 4);
   CHECK(tl_flash_block(&rdna, 128, 128, &blk) == 0 && blk.rm == 1 && blk.rn == 2);

@@ -1,7 +1,7 @@
 /*
  * Decoding and checking of one clattn_kv_append fuzz input (append_case.h).
  *
- * Input format (bytes past the end read as 0; tools/fuzz_seeds.py writes it):
+ * Input format (bytes past the end read as 0; tools/scripts/fuzz_seeds.py writes it):
  *   0..4   batch, kv_heads, new_len, head_dim, value_dim: < 0xF0 small
  *          (batch 1..3, kv_heads 1..3, new_len 0..5, dims 32 64 3 17),
  *          else hostile_int (0, -1, INT_MAX, INT_MIN, ...)

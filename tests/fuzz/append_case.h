@@ -16,7 +16,7 @@
  *     new rows land on (shared pages) may hold either: it is not compared.
  *
  * Shared by the libFuzzer harness (fuzz_append.c) and test_fuzz_regressions
- * (--append: tests/fuzz/corpus-append, written by tools/fuzz_seeds.py).
+ * (--append: tests/fuzz/corpus-append, written by tools/scripts/fuzz_seeds.py).
  */
 #ifndef CLATTN_APPEND_CASE_H
 #define CLATTN_APPEND_CASE_H

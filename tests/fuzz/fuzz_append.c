@@ -3,7 +3,7 @@
  * clattn_append_params with device buffers (tests/fuzz/append_case.c
  * documents the format) and goes through append_case.h's checks; a violation
  * prints what was violated and traps so that libFuzzer saves the input.
- * Built only with clang (-fsanitize=fuzzer); run it with tools/fuzz.sh append.
+ * Built only with clang (-fsanitize=fuzzer); run it with tools/scripts/fuzz.sh append.
  * LLVMFuzzerInitialize builds the append program of every storage pair
  * (fz_append_warm_up), outside libFuzzer's per-input timeout.
  */

@@ -2,7 +2,7 @@
  * libFuzzer target: fz_cache_entry (fuzz_parsers.c) on every input; a violation
  * prints what was violated and traps so that libFuzzer saves the input.
  * Built only with clang (-fsanitize=fuzzer); run it with
- * tools/fuzz.sh cache-entry [SECONDS]. No device is needed.
+ * tools/scripts/fuzz.sh cache-entry [SECONDS]. No device is needed.
  */
 #include <stdio.h>
 

@@ -1,7 +1,7 @@
 /*
  * Decoding and checking of one fuzz input (see fuzz_case.h).
  *
- * Input format (bytes past the end read as 0; tools/fuzz_seeds.py writes it):
+ * Input format (bytes past the end read as 0; tools/scripts/fuzz_seeds.py writes it):
  *
  *   0..6   batch q_heads kv_heads q_len kv_len head_dim value_dim: one byte
  *          each; < 0xF0 a small value (batch 1..3, q_heads 1..8, kv_heads

@@ -23,7 +23,7 @@
  * Shared by the libFuzzer harness (fuzz_forward.c) and the opencl-suite
  * test that replays tests/fuzz/corpus and tests/fuzz/regressions
  * (test_fuzz_regressions.c). The input format is documented in
- * fuzz_case.c and written by tools/fuzz_seeds.py.
+ * fuzz_case.c and written by tools/scripts/fuzz_seeds.py.
  */
 #ifndef CLATTN_FUZZ_CASE_H
 #define CLATTN_FUZZ_CASE_H

@@ -6,7 +6,7 @@
  * saves the input. Every 100 inputs a known-good call checks that the
  * context still works.
  *
- * Built only with clang (-fsanitize=fuzzer); run it with tools/fuzz.sh.
+ * Built only with clang (-fsanitize=fuzzer); run it with tools/scripts/fuzz.sh.
  * The clattn context (seconds of kernel builds on POCL) is created once in
  * LLVMFuzzerInitialize, outside libFuzzer's per-input timeout, together
  * with one call of each path and of every head-dim pair the decoder

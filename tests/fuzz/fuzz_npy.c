@@ -3,7 +3,7 @@
  * input is a whole file; npy_case_check's properties must hold, else it
  * prints what was violated and traps so that libFuzzer saves the input.
  * No device is involved. Built only with clang (-fsanitize=fuzzer); run it
- * with tools/fuzz.sh npy.
+ * with tools/scripts/fuzz.sh npy.
  */
 #include <stdint.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
  *
  * Shared by the libFuzzer targets (fuzz_cache_entry.c, fuzz_tuning_file.c)
  * and the unit-suite test that replays their corpora
- * (tests/test_fuzz_parsers.c). tools/fuzz_parser_seeds.py writes the seeds.
+ * (tests/test_fuzz_parsers.c). tools/scripts/fuzz_parser_seeds.py writes the seeds.
  */
 #ifndef CLATTN_FUZZ_PARSERS_H
 #define CLATTN_FUZZ_PARSERS_H

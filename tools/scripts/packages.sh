@@ -2,7 +2,7 @@
 # Installs, from Debian's packages, what clattn needs and the extra packages
 # named on the command line, only those missing.
 #
-#   tools/packages.sh [EXTRA_PACKAGE...]
+#   tools/scripts/packages.sh [EXTRA_PACKAGE...]
 #
 # apt-get runs as root, or through sudo when not root.
 set -euo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes clattn with libFuzzer for a bounded time.
 #
-#   tools/fuzz.sh [TARGET] [SECONDS] [libFuzzer flags...]     default: forward, 60 seconds
+#   tools/scripts/fuzz.sh [TARGET] [SECONDS] [libFuzzer flags...]     default: forward, 60 seconds
 #
 # TARGET: forward (clattn_forward, tests/fuzz/fuzz_forward.c), append
 # (clattn_kv_append, tests/fuzz/fuzz_append.c, seeds in tests/fuzz/corpus-append,
@@ -11,7 +11,7 @@
 # entries and tuning files, tests/fuzz/fuzz_parsers.c). All but forward and
 # append take bytes in, need no device, and must never crash or hang.
 #
-# Installs what is missing (clang, libclang-rt-14-dev and tools/setup.sh's
+# Installs what is missing (clang, libclang-rt-14-dev and tools/scripts/setup.sh's
 # packages; apt-get as root, else through sudo), configures build-fuzz with
 # CC=clang, AddressSanitizer + UndefinedBehaviorSanitizer and libFuzzer's
 # coverage instrumentation on the whole build, then runs
@@ -29,17 +29,18 @@
 # Environment: CLATTN_FUZZ_KNOWN=alias,nan-row-weights,ref-inf-row-diag tolerates known
 # library bugs (tests/fuzz/fuzz_case.c names them), to explore past them.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
+case "${1:-}" in -h|--help) sed -n '2,30p' "$0"; exit 0;; esac
 target=forward
 case "${1:-}" in forward|append|npy|cache-entry|tuning-file) target=$1; shift;; esac
 seconds=${1:-60}
 shift || true
 case "$seconds" in ''|*[!0-9]*)
-  echo "usage: tools/fuzz.sh [forward|append|npy|cache-entry|tuning-file] [SECONDS] [libFuzzer flags...]" >&2; exit 2;; esac
+  echo "usage: tools/scripts/fuzz.sh [forward|append|npy|cache-entry|tuning-file] [SECONDS] [libFuzzer flags...]" >&2; exit 2;; esac
 exe=fuzz_${target//-/_}
 
-tools/packages.sh clang libclang-rt-14-dev
+tools/scripts/packages.sh clang libclang-rt-14-dev
 
 build=build-fuzz
 opts=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized

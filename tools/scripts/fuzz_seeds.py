@@ -5,7 +5,7 @@ starts from calls that reach every path and every check. Seeds named ext_*
 carry the format's extension (16-bit storage, quantised and paged K/V,
 score shaping, packed sequences), a few valid and a few hostile per field.
 
-    tools/fuzz_seeds.py [OUT_DIR]       default: tests/fuzz/corpus
+    tools/scripts/fuzz_seeds.py [OUT_DIR]       default: tests/fuzz/corpus
 
 and clattn_kv_append's (tests/fuzz/append_case.c) into corpus-append beside it.
 """
@@ -253,7 +253,7 @@ APPEND_SEEDS = {
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "fuzz",
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fuzz",
                                                              "corpus")
     os.makedirs(out, exist_ok=True)
     for name, data in SEEDS.items():

@@ -10,13 +10,13 @@
 # d=128 (flash_block where the program holds it, else flash_tiled) when it
 # spills or uses scratch on gfx90a or gfx1100.
 #
-#   tools/gpu-codegen.sh BUILD_DIR [WORK_DIR]
+#   tools/scripts/gpu-codegen.sh BUILD_DIR [WORK_DIR]
 #
 # Exit status: 0 all built and the gate held, 1 a build failed or a gated
-# kernel spilled, 77 clang-15 or libclc missing (tools/test.sh installs
+# kernel spilled, 77 clang-15 or libclc missing (tools/scripts/test.sh installs
 # them: clang-15 libclc-15 lld-15).
 set -uo pipefail
-build=${1:?usage: tools/gpu-codegen.sh BUILD_DIR [WORK_DIR]}
+build=${1:?usage: tools/scripts/gpu-codegen.sh BUILD_DIR [WORK_DIR]}
 work=${2:-$build/gpu-codegen}
 clang=$(command -v clang-15) || { echo "gpu-codegen: clang-15 not found: skipped"; exit 77; }
 lld=$(command -v ld.lld-15 || command -v ld.lld) || { echo "gpu-codegen: ld.lld not found: skipped"; exit 77; }

@@ -4,17 +4,17 @@
 # out-of-bounds access, data race, barrier divergence or API error it logs,
 # and on any result that does not match the fp64 reference.
 #
-#   tools/oclgrind.sh [BUILD_DIR]        default: build (set up by tools/setup.sh)
+#   tools/scripts/oclgrind.sh [BUILD_DIR]        default: build (set up by tools/scripts/setup.sh)
 #
 # Shapes are not tile multiples (1, 7, 37, 53...). Oclgrind's uninitialised-
 # value plugin is not used: Debian's oclgrind 21.10 stops on the LLVM
 # `freeze` instruction its own front end emits.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build}
 
-tools/packages.sh oclgrind
-[ -x "$build/tools/clattn" ] || tools/setup.sh "$build"
+tools/scripts/packages.sh oclgrind
+[ -x "$build/tools/clattn" ] || tools/scripts/setup.sh "$build"
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT

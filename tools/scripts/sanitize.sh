@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds clattn with sanitizers and runs the tests under them.
 #
-#   tools/sanitize.sh [asan|tsan|all]          default: all
+#   tools/scripts/sanitize.sh [asan|tsan|all]          default: all
 #
 #   asan  build-asan: AddressSanitizer + UndefinedBehaviorSanitizer (and
 #         LeakSanitizer at exit); runs the WHOLE test suite.
@@ -21,7 +21,7 @@
 # Installs what is missing with apt-get (as root, or through sudo). Exits
 # non-zero when a build or a test fails or a sanitizer reports anything.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 root=$PWD
 
 mode=${1:-all}
@@ -29,15 +29,15 @@ shift || true
 case "$mode" in
   asan|tsan|all) ;;
   -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
-  *) echo "usage: tools/sanitize.sh [asan|tsan|all] [meson test args...]" >&2; exit 2 ;;
+  *) echo "usage: tools/scripts/sanitize.sh [asan|tsan|all] [meson test args...]" >&2; exit 2 ;;
 esac
 
 export CC=${CC:-gcc}
 jobs=${SANITIZE_JOBS:-2}
 multiplier=${SANITIZE_TIMEOUT_MULTIPLIER:-1}
 
-# ---- packages: what tools/setup.sh installs, plus the sanitizer runtimes ----
-if [ "$CC" = clang ]; then tools/packages.sh clang; else tools/packages.sh; fi
+# ---- packages: what tools/scripts/setup.sh installs, plus the sanitizer runtimes ----
+if [ "$CC" = clang ]; then tools/scripts/packages.sh clang; else tools/scripts/packages.sh; fi
 
 # The runtimes (libasan, libubsan, libtsan) come with the compiler's dev
 # package (libgcc-N-dev for gcc, libclang-rt-N-dev for clang): probe them.
@@ -53,9 +53,9 @@ need=()
 for s in "${need[@]}"; do
   if ! probe "$s"; then
     if [ "$CC" = clang ]; then
-      tools/packages.sh "libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
+      tools/scripts/packages.sh "libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
     else
-      tools/packages.sh "libgcc-$(gcc -dumpversion | cut -d. -f1)-dev"
+      tools/scripts/packages.sh "libgcc-$(gcc -dumpversion | cut -d. -f1)-dev"
     fi
     probe "$s" || { echo "sanitize: $CC cannot build with -fsanitize=$s" >&2; exit 1; }
   fi

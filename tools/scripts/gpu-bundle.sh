@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Packs what tools/gpu-check.sh needs on a lent GPU machine, which has the
+# Packs what tools/scripts/gpu-check.sh needs on a lent GPU machine, which has the
 # NVIDIA driver, CUDA and PyTorch but no OpenCL loader, CLBlast or OpenBLAS,
 # and reaches no package registry: the clattn tool and the device test
 # programs, built here (release), with the shared libraries they load.
 #
-#   tools/gpu-bundle.sh        writes .gpu-bundle.tar.xz (git-ignored)
+#   tools/scripts/gpu-bundle.sh        writes .gpu-bundle.tar.xz (git-ignored)
 #
-# Then, with the device tool: run `tools/gpu-check.sh` with carry
+# Then, with the device tool: run `tools/scripts/gpu-check.sh` with carry
 # [".gpu-bundle.tar.xz"]. Binaries built on Debian 12 need glibc 2.34 and
 # GLIBCXX 3.4.29, which the GPU image (Ubuntu, Python 3.12) has.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-tools/setup.sh build-gpu
+cd "$(dirname "$0")/../.."
+tools/scripts/setup.sh build-gpu
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"

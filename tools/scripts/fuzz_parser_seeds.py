@@ -5,7 +5,7 @@ tuning files (src/tuning.h's format), valid ones and each kind of refusal.
 The replay (test_fuzz_regressions --parsers) requires an input to be
 accepted exactly when its name starts with "valid".
 
-    tools/fuzz_parser_seeds.py [FUZZ_DIR]     default: tests/fuzz
+    tools/scripts/fuzz_parser_seeds.py [FUZZ_DIR]     default: tests/fuzz
 """
 import os
 import struct
@@ -78,7 +78,7 @@ TUNING = {
 
 
 def main():
-    base = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "fuzz")
+    base = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fuzz")
     for sub, seeds in (("corpus-cache-entry", CACHE), ("corpus-tuning-file", TUNING)):
         out = os.path.join(base, sub)
         os.makedirs(out, exist_ok=True)

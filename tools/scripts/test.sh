@@ -1,30 +1,30 @@
 #!/usr/bin/env bash
-# Sets clattn up with warnings as errors (tools/setup.sh) and runs every
+# Sets clattn up with warnings as errors (tools/scripts/setup.sh) and runs every
 # check, each stage on its own, then one summary:
 #
 #   suite (loopvec)   meson test, whole suite, POCL_WORK_GROUP_METHOD=loopvec
 #                     (the 'mpi' suite included: mpirun at 2 and 4 ranks, under 30 s)
-#   python            the Python binding's pytest suite (tools/python.sh)
+#   python            the Python binding's pytest suite (tools/scripts/python.sh)
 #   suite (cbs)       the opencl suite again with POCL_WORK_GROUP_METHOD=cbs
 #   oclgrind          every kernel path at small shapes under Oclgrind
 #   sanitizers        the suite under ASan+UBSan, the threads test under TSan
 #   fuzz              libFuzzer on clattn_forward for 60 s
 #   fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
 #
-#   tools/test.sh            all stages (27 minutes on a clean clone, warm kernel caches, 2 cores)
-#   tools/test.sh --quick    the first two stages (suite, python)
+#   tools/scripts/test.sh            all stages (27 minutes on a clean clone, warm kernel caches, 2 cores)
+#   tools/scripts/test.sh --quick    the first two stages (suite, python)
 #
 # Exit status: 0 when every stage passed or was skipped (exit 77, named in
 # the summary with its reason above it).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 
-# clang-15, libclc and lld for the GPU code-generation test (tools/gpu-codegen.sh);
+# clang-15, libclc and lld for the GPU code-generation test (tools/scripts/gpu-codegen.sh);
 # Open MPI for the MPI layer and its tests (suite 'mpi', mpirun at 2 and 4 ranks)
-tools/packages.sh clang-15 libclc-15 lld-15 libopenmpi-dev openmpi-bin || exit 1
-tools/setup.sh build-test -Dwerror=true || exit 1
+tools/scripts/packages.sh clang-15 libclc-15 lld-15 libopenmpi-dev openmpi-bin || exit 1
+tools/scripts/setup.sh build-test -Dwerror=true || exit 1
 
 results=()
 status=0
@@ -65,13 +65,13 @@ suite() {   # suite METHOD [meson test args]
 }
 
 stage "suite (loopvec)" suite loopvec
-stage "python" tools/python.sh build-test
+stage "python" tools/scripts/python.sh build-test
 if [ $quick -eq 0 ]; then
   stage "suite (cbs)" suite cbs --suite opencl
-  stage "oclgrind" tools/oclgrind.sh build-test
-  stage "sanitizers" tools/sanitize.sh all
-  stage "fuzz" tools/fuzz.sh 60
-  stage "fuzz (npy)" tools/fuzz.sh npy 30
+  stage "oclgrind" tools/scripts/oclgrind.sh build-test
+  stage "sanitizers" tools/scripts/sanitize.sh all
+  stage "fuzz" tools/scripts/fuzz.sh 60
+  stage "fuzz (npy)" tools/scripts/fuzz.sh npy 30
 fi
 
 echo "==== summary"

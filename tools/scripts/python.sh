@@ -5,13 +5,13 @@
 # this Python (optional: its tests skip without it), the package installed
 # from python/ with libclattn built in BUILD_DIR, then pytest python/tests.
 #
-#   tools/python.sh [BUILD_DIR]        default: build-test (tools/setup.sh's)
+#   tools/scripts/python.sh [BUILD_DIR]        default: build-test (tools/scripts/setup.sh's)
 #
 # Exit status: 0 when pytest passed; 77 (skipped, with a message) when
 # python3 cannot make a virtual environment with pip; 1 otherwise, including
 # pytest's 5 (no tests collected).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build_dir=${1:-build-test}
 venv=$build_dir/python-venv
 
@@ -23,7 +23,7 @@ if [ ! -x "$venv/bin/pip" ]; then
   rm -rf "$venv"
   if ! python3 -m venv --system-site-packages "$venv" >/dev/null 2>&1; then
     # Debian's python3 has venv and ensurepip in python3-venv
-    command -v dpkg-query >/dev/null && tools/packages.sh python3-venv python3-pip
+    command -v dpkg-query >/dev/null && tools/scripts/packages.sh python3-venv python3-pip
     rm -rf "$venv"
     if ! python3 -m venv --system-site-packages "$venv" || [ ! -x "$venv/bin/pip" ]; then
       rm -rf "$venv"

@@ -2,13 +2,13 @@
 # Installs what clattn needs from Debian's packages (only what is missing),
 # then configures and builds it.
 #
-#   tools/setup.sh [BUILD_DIR [meson options...]]     default: build
+#   tools/scripts/setup.sh [BUILD_DIR [meson options...]]     default: build
 #
 # apt-get runs as root, or through sudo when not root.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
-tools/packages.sh
+tools/scripts/packages.sh
 
 build_dir=${1:-build}
 shift || true

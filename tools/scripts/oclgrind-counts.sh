@@ -10,12 +10,12 @@
 # per 4 FMAs in the QK^T and PV loops (the figures here are whole kernels,
 # softmax and tile loads included).
 #
-#   tools/oclgrind-counts.sh [BUILD_DIR] [clattn run options...]
+#   tools/scripts/oclgrind-counts.sh [BUILD_DIR] [clattn run options...]
 #
 # default shape: B1 H1 M=N=64 d=64, f32; e.g. add --dtype f16 (with
 # CLATTN_BLOCK_HALF=1 in the environment: half K/V tiles).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build}
 shift || true
 command -v oclgrind >/dev/null || { echo "oclgrind-counts: oclgrind not found: skipped"; exit 77; }

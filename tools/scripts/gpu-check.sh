@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one device check, for a session lent a GPU machine (NVIDIA H200): runs
-# there from the repository root, with the bundle tools/gpu-bundle.sh made
+# there from the repository root, with the bundle tools/scripts/gpu-bundle.sh made
 # here (carry: .gpu-bundle.tar.xz), and writes everything it measures to
 # $OUT/gpu-results.txt. Within about 8 minutes:
 #   1. points the bundled OpenCL loader at the driver's libnvidia-opencl
@@ -12,7 +12,7 @@
 # Nothing here is estimated: each figure is printed by the program that
 # measured it.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
 exec > >(tee "$out/gpu-results.txt") 2>&1
@@ -21,7 +21,7 @@ section() { echo; echo "==== $1 ($(date -u +%T))"; }
 work=/tmp/clattn-gpu
 rm -rf "$work"
 mkdir -p "$work/icd" "$work/cache"
-[ -f .gpu-bundle.tar.xz ] || { echo "no .gpu-bundle.tar.xz: run tools/gpu-bundle.sh first and carry it"; exit 1; }
+[ -f .gpu-bundle.tar.xz ] || { echo "no .gpu-bundle.tar.xz: run tools/scripts/gpu-bundle.sh first and carry it"; exit 1; }
 tar -C "$work" -xJf .gpu-bundle.tar.xz
 
 section "machine"
