@@ -33,8 +33,8 @@ typedef struct {
   int flash_bm;                     /* fused, flash_rows: query rows per work-item */
   int flash_wg;                     /* fused, flash_tiled: rows (work-items) per group; 0 = use flash_rows */
   int block_half;                   /* flash_block: f16 K/V tiles kept as half in local memory (cl_khr_fp16) */
-  int block_rm, block_rn;           /* flash_block's tuned tile (tuning file, CLATTN_BLOCK_RM/RN): a pair of
-                                       tl_block_pairs, 0 x 0 = tl_flash_block's choice per head dim */
+  int block_rm, block_rn;           /* flash_block's tuned tile (tuning file, CLATTN_BLOCK_RM/RN): one of
+                                       TL_BLOCK_PAIRS, or 0 x 0 = tl_flash_block's choice per head dim */
 } tl_tiles;
 
 /* Defaults from the device description, clamped to its limits. */

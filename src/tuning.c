@@ -146,14 +146,6 @@ static void apply_file(clattn_context *ctx, const char *opt) {
 
 /* ---- layer 4: the environment ---- */
 
-/* CLATTN_FLASH_WG=n forces the work-group fused kernel (flash_tiled) with
- * n rows per group, CLATTN_FLASH_WG=0 the register-blocked one (flash_rows):
- * how the tests run both on one device. CLATTN_SCRATCH_BYTES sets the
- * staged and GEMM paths' scratch budget. Each is checked by the tuning
- * file's rule; a value that breaks it is ignored, and ctx->env_note says why.
- * CLATTN_BLOCK_RM / CLATTN_BLOCK_RN set flash_block's tile (either or both,
- * over the file's: the pair they make must be one the file could give).
- * CLATTN_FLASH_BLOCK=0 keeps flash_block out of the work-group fused calls. */
 /* Appends "ignored <why>" to the environment's note. */
 static void env_ignored(clattn_context *ctx, const char *why) {
   size_t at = strlen(ctx->env_note);
@@ -189,6 +181,14 @@ static void apply_block_environment(clattn_context *ctx) {
   }
 }
 
+/* CLATTN_FLASH_WG=n forces the work-group fused kernel (flash_tiled) with
+ * n rows per group, CLATTN_FLASH_WG=0 the register-blocked one (flash_rows):
+ * how the tests run both on one device. CLATTN_SCRATCH_BYTES sets the
+ * staged and GEMM paths' scratch budget. Each is checked by the tuning
+ * file's rule; a value that breaks it is ignored, and ctx->env_note says why.
+ * CLATTN_BLOCK_RM / CLATTN_BLOCK_RN set flash_block's tile (either or both,
+ * over the file's: the pair they make must be one the file could give).
+ * CLATTN_FLASH_BLOCK=0 keeps flash_block out of the work-group fused calls. */
 static void apply_environment(clattn_context *ctx) {
   static const struct {
     const char *name;
