@@ -26,7 +26,7 @@ struct clattn_context {
   char *tuning_default_path;             /* where `clattn tune` writes this device's file; NULL = no cache directory */
   char tuning_note[1280];                /* what became of it: applied, absent, ignored or rejected (and why) */
   int tuning_applied;                    /* its values are in use */
-  char env_note[320];                    /* an environment override that was ignored, and why; "" = none */
+  char env_note[768];                    /* an environment override that was ignored, and why; "" = none */
   cl_program core;       /* built at creation (f32 storage): qk_score, softmax_rows, mix_values, merge_states, gemm */
   cl_program core_16[2]; /* the same for f16 and bf16 storage, built on first use; under programs_lock */
   pthread_mutex_t programs_lock; /* guards the programs built on first use */

@@ -62,7 +62,8 @@ void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, in
                    clattn_dtype kv_dtype, ca_program_text *out) {
   /* flash_block only where the work-group kernels are used (GPUs, or forced) and its tiles fit */
   tl_block blk;
-  const int block = tiles->flash_wg > 0 && tl_flash_block(dev, head_dim, value_dim, &blk) == 0;
+  const tl_block want = {tiles->block_rm, tiles->block_rn};
+  const int block = tiles->flash_wg > 0 && tl_flash_block_tuned(dev, head_dim, value_dim, want, &blk) == 0;
   ca_fused_text_tile(tiles, dev, head_dim, value_dim, dtype, kv_dtype, block ? &blk : NULL, out);
 }
 

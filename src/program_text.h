@@ -33,7 +33,9 @@ void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *ou
 void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_dtype, ca_program_text *out);
 /* The fused kernels for one (head_dim, value_dim, storage type of q/out,
  * storage type of k/v: CLATTN_DTYPE_SAME = dtype); flash_block is in it
- * when tl_flash_block fits and tiles->flash_wg > 0. */
+ * when tiles->flash_wg > 0 and a tile fits (tl_flash_block_tuned: the
+ * tuned block_rm x block_rn or tl_flash_block's choice). The block tile is
+ * in this program's options alone (BLOCK_RM, BLOCK_RN). */
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                    clattn_dtype kv_dtype, ca_program_text *out);
 /* Bytes of the fused kernels' argument block (FLASH_KERNEL_ARGS in

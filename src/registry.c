@@ -7,7 +7,8 @@
  *                lowered until every kernel runs its group), and per (q, K/V)
  *                storage pair
  *   fused        flash_* and flash_decode per (dk, dv, dtype, kv_dtype),
- *                flash_block's tile stepped down until it runs without spilling
+ *                flash_block's tile (tuned or chosen per head dim) stepped
+ *                down until it runs without spilling
  *   backward     cl/backward.cl per (dk, dv, dtype)
  *   kv_append    per (source, cache) storage
  * Lookups after creation hold programs_lock.
@@ -174,9 +175,12 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
     goto done;
   }
   /* flash_block where the work-group kernels are used (GPUs, or forced) and
-   * a tile fits; stepped down while the built kernel cannot run it */
+   * a tile fits (the tuned one, block_rm x block_rn, or the next smaller
+   * that fits these head dims); stepped down while the built kernel cannot
+   * run it */
   tl_block blk = {0, 0};
-  int with_block = ctx->tiles.flash_wg > 0 && tl_flash_block(&ctx->caps, head_dim, value_dim, &blk) == 0;
+  const tl_block want = {ctx->tiles.block_rm, ctx->tiles.block_rn};
+  int with_block = ctx->tiles.flash_wg > 0 && tl_flash_block_tuned(&ctx->caps, head_dim, value_dim, want, &blk) == 0;
   cl_program program = NULL;
   for (;;) {
     ca_program_text text;
@@ -188,7 +192,7 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
     /* flash_block can fail to run its group, or spill: a smaller tile, and
      * when none fits flash_tiled runs instead */
     if (!with_block || kernel_runs(ctx, program, "flash_block", CA_BLOCK_WG, ctx->block_private_max)) break;
-    if (tl_flash_block_below(&ctx->caps, head_dim, value_dim, &blk) != 0) {
+    if (tl_flash_block_step(&ctx->caps, head_dim, value_dim, want.rm > 0, &blk) != 0) {
       with_block = 0; /* no smaller tile: this program's flash_tiled runs */
       break;
     }

@@ -28,6 +28,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.flash_bm = 8;
     t.flash_wg = 0; /* register-blocked rows with 16-wide vectors: see cl/flash.cl */
     t.block_half = 0;
+    t.block_rm = t.block_rn = 0; /* flash_block's tile per head dim (tl_flash_block) */
   } else {
     /* GPUs: 256 work-items per group in 16-wide rows (a half warp, a quarter
      * wavefront), so global reads of a row coalesce and local reads broadcast. */
@@ -43,6 +44,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.flash_bm = 4;
     t.flash_wg = simd >= 64 ? simd : 64; /* one row per work-item, K/V tiles in local memory */
     t.block_half = dev->fp16;            /* a device with half arithmetic converts half loads natively */
+    t.block_rm = t.block_rn = 0;         /* flash_block's tile per head dim (tl_flash_block) */
   }
   tl_clamp(&t, dev);
   return t;
@@ -125,14 +127,16 @@ int tl_block_budget(const tl_device *dev) {
 static const tl_block choices[] = {{4, 4}, {2, 4}, {1, 4}, {1, 2}, {1, 1}}; /* largest first */
 enum { N_CHOICES = sizeof choices / sizeof choices[0] };
 
-/* The first tile from choices[first] on that fits. */
-static int block_from(const tl_device *dev, int head_dim, int value_dim, size_t first, tl_block *out) {
+/* The first tile from choices[first] on that fits (budget: also the
+ * register budget, else local memory alone). */
+static int block_from(const tl_device *dev, int head_dim, int value_dim, size_t first, int budget, tl_block *out) {
   const size_t local = dev->local_mem < 48 * 1024 ? (size_t)dev->local_mem : 48 * 1024;
-  const size_t dvb = round_to((size_t)value_dim, 32), budget = (size_t)tl_block_budget(dev);
+  const size_t dvb = round_to((size_t)value_dim, 32), floats = (size_t)tl_block_budget(dev);
   if (dev->max_wg < 128 || dev->max_item[0] < 128) return -1;
   for (size_t c = first; c < N_CHOICES; c++) {
     const size_t rm = (size_t)choices[c].rm, rn = (size_t)choices[c].rn;
-    if (rm * rn + rm * dvb / 8 <= budget && tl_block_local_bytes(choices[c], head_dim, value_dim) <= local) {
+    if ((!budget || rm * rn + rm * dvb / 8 <= floats) &&
+        tl_block_local_bytes(choices[c], head_dim, value_dim) <= local) {
       *out = choices[c];
       return 0;
     }
@@ -140,14 +144,32 @@ static int block_from(const tl_device *dev, int head_dim, int value_dim, size_t 
   return -1;
 }
 
+/* The index of blk among choices; N_CHOICES when it is none of them. */
+static size_t choice_index(tl_block blk) {
+  size_t c = 0;
+  while (c < N_CHOICES && (choices[c].rm != blk.rm || choices[c].rn != blk.rn)) c++;
+  return c;
+}
+
 int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *out) {
-  return block_from(dev, head_dim, value_dim, 0, out);
+  return block_from(dev, head_dim, value_dim, 0, 1, out);
 }
 
 int tl_flash_block_below(const tl_device *dev, int head_dim, int value_dim, tl_block *blk) {
-  for (size_t c = 0; c < N_CHOICES; c++)
-    if (choices[c].rm == blk->rm && choices[c].rn == blk->rn) return block_from(dev, head_dim, value_dim, c + 1, blk);
-  return -1;
+  return tl_flash_block_step(dev, head_dim, value_dim, 0, blk);
+}
+
+int tl_block_allowed(int rm, int rn) { return (rm == 0 && rn == 0) || choice_index((tl_block){rm, rn}) < N_CHOICES; }
+
+int tl_flash_block_tuned(const tl_device *dev, int head_dim, int value_dim, tl_block want, tl_block *out) {
+  const size_t c = choice_index(want);
+  if (c == N_CHOICES) return tl_flash_block(dev, head_dim, value_dim, out); /* 0 x 0 */
+  return block_from(dev, head_dim, value_dim, c, 0, out);
+}
+
+int tl_flash_block_step(const tl_device *dev, int head_dim, int value_dim, int tuned, tl_block *blk) {
+  const size_t c = choice_index(*blk);
+  return c < N_CHOICES ? block_from(dev, head_dim, value_dim, c + 1, !tuned, blk) : -1;
 }
 
 size_t tl_decode_local_bytes(int keys, int head_dim, int value_dim) {

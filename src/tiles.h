@@ -33,6 +33,8 @@ typedef struct {
   int flash_bm;                     /* fused, flash_rows: query rows per work-item */
   int flash_wg;                     /* fused, flash_tiled: rows (work-items) per group; 0 = use flash_rows */
   int block_half;                   /* flash_block: f16 K/V tiles kept as half in local memory (cl_khr_fp16) */
+  int block_rm, block_rn;           /* flash_block's tuned tile (tuning file, CLATTN_BLOCK_RM/RN): one of
+                                       TL_BLOCK_PAIRS, or 0 x 0 = tl_flash_block's choice per head dim */
 } tl_tiles;
 
 /* Defaults from the device description, clamped to its limits. */
@@ -70,6 +72,23 @@ int tl_flash_block_below(const tl_device *dev, int head_dim, int value_dim, tl_b
 int tl_block_budget(const tl_device *dev);
 /* Local memory (bytes) of flash_block with that tile. */
 size_t tl_block_local_bytes(tl_block blk, int head_dim, int value_dim);
+
+/* The tiles flash_block is built with (cl/flash_block.cl reads any BLOCK_RM
+ * x BLOCK_RN; these are the ones chosen, tuned and stepped through), largest
+ * first, as a tuning file's message names them. */
+#define TL_BLOCK_PAIRS "4x4, 2x4, 1x4, 1x2, 1x1"
+/* Whether rm x rn is a tile a tuning may ask for: one of TL_BLOCK_PAIRS, or
+ * 0 x 0 (tl_flash_block's choice per head dim). */
+int tl_block_allowed(int rm, int rn);
+/* flash_block's tile for these head dims with the tuned tile `want`: 0 x 0
+ * is tl_flash_block's choice; else want itself, or the next smaller pair
+ * whose local memory fits (as tl_flash_block counts it; the register
+ * budget, an estimate, is the tuning's to override: a built kernel that
+ * spills steps down after building). 0, or -1 when nothing fits. */
+int tl_flash_block_tuned(const tl_device *dev, int head_dim, int value_dim, tl_block want, tl_block *out);
+/* The step down after *blk for a tuned tile (tuned != 0: local memory
+ * only) or a chosen one (tl_flash_block_below): 0, or -1 when none. */
+int tl_flash_block_step(const tl_device *dev, int head_dim, int value_dim, int tuned, tl_block *blk);
 
 /* flash_decode's keys per tile (cl/decode.cl): 32, or 16 when a 32-key
  * tile with its Q and score tiles would pass the device's local memory or

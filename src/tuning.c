@@ -146,11 +146,48 @@ static void apply_file(clattn_context *ctx, const char *opt) {
 
 /* ---- layer 4: the environment ---- */
 
+/* Appends "ignored <why>" to the environment's note. */
+static void env_ignored(clattn_context *ctx, const char *why) {
+  size_t at = strlen(ctx->env_note);
+  snprintf(ctx->env_note + at, sizeof ctx->env_note - at, "%signored %s", at ? "; " : "", why);
+}
+
+/* CLATTN_BLOCK_RM and CLATTN_BLOCK_RN: each by the file's rule, then the
+ * pair they make with the other's value so far; ignored together. */
+static void apply_block_environment(clattn_context *ctx) {
+  static const char *const names[2] = {"CLATTN_BLOCK_RM", "CLATTN_BLOCK_RN"};
+  static const ca_tunable keys[2] = {CA_T_BLOCK_RM, CA_T_BLOCK_RN};
+  const char *env[2] = {getenv(names[0]), getenv(names[1])};
+  long long v[2] = {ctx->tiles.block_rm, ctx->tiles.block_rn};
+  int given[2], any = 0;
+  char why[320];
+  for (int i = 0; i < 2; i++) {
+    given[i] = env[i] && *env[i];
+    any |= given[i];
+    if (given[i] && ca_tunable_parse(keys[i], names[i], env[i], &v[i], why, sizeof why) != 0) {
+      env_ignored(ctx, why);
+      return;
+    }
+  }
+  if (!any) return;
+  if (ca_block_pair_check(given[0] ? names[0] : "block_rm", v[0], given[1] ? names[1] : "block_rn", v[1], why,
+                          sizeof why) != 0) {
+    env_ignored(ctx, why);
+    return;
+  }
+  for (int i = 0; i < 2; i++) {
+    ca_tunable_set(&ctx->tiles, &ctx->scratch_budget, keys[i], v[i]);
+    if (given[i]) ctx->origin[keys[i]] = CA_FROM_ENV;
+  }
+}
+
 /* CLATTN_FLASH_WG=n forces the work-group fused kernel (flash_tiled) with
  * n rows per group, CLATTN_FLASH_WG=0 the register-blocked one (flash_rows):
  * how the tests run both on one device. CLATTN_SCRATCH_BYTES sets the
  * staged and GEMM paths' scratch budget. Each is checked by the tuning
  * file's rule; a value that breaks it is ignored, and ctx->env_note says why.
+ * CLATTN_BLOCK_RM / CLATTN_BLOCK_RN set flash_block's tile (either or both,
+ * over the file's: the pair they make must be one the file could give).
  * CLATTN_FLASH_BLOCK=0 keeps flash_block out of the work-group fused calls. */
 static void apply_environment(clattn_context *ctx) {
   static const struct {
@@ -163,13 +200,13 @@ static void apply_environment(clattn_context *ctx) {
     long long v = 0;
     char why[256];
     if (ca_tunable_parse(vars[i].t, vars[i].name, env, &v, why, sizeof why) != 0) {
-      size_t at = strlen(ctx->env_note);
-      snprintf(ctx->env_note + at, sizeof ctx->env_note - at, "%signored %s", at ? "; " : "", why);
+      env_ignored(ctx, why);
       continue;
     }
     ca_tunable_set(&ctx->tiles, &ctx->scratch_budget, vars[i].t, v);
     ctx->origin[vars[i].t] = CA_FROM_ENV;
   }
+  apply_block_environment(ctx);
   const char *block = getenv("CLATTN_FLASH_BLOCK");
   ctx->flash_block = !(block && strcmp(block, "0") == 0);
   /* CLATTN_BLOCK_HALF=1/0 forces flash_block's half K/V tiles on or off
@@ -204,6 +241,34 @@ clattn_algo ca_auto_algo(const clattn_context *ctx, int q_len, int want_weights)
   return want_weights ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED;
 }
 
+/* flash_block's tile per head dim (dk = dv) as chosen before building (a
+ * built kernel that cannot run its group, or spills, steps down again). */
+static void describe_block(const clattn_context *ctx, char *buf, size_t size, size_t *at) {
+#define PUT(...) (*at += (size_t)snprintf(buf + *at, size > *at ? size - *at : 0, __VA_ARGS__))
+  const tl_tiles *t = &ctx->tiles;
+  if (t->flash_wg <= 0 || !ctx->flash_block) {
+    PUT("flash_block tile: not used (%s)\n",
+        t->flash_wg <= 0 ? "flash_rows on this device; CLATTN_FLASH_WG=64 forces the work-group kernels"
+                         : "CLATTN_FLASH_BLOCK=0");
+    return;
+  }
+  static const int dims[] = {32, 64, 80, 96, 128, 192, 256};
+  const tl_block want = {t->block_rm, t->block_rn};
+  if (want.rm)
+    PUT("flash_block tile per head dim (rm x rn; tuned %dx%d, smaller where it does not fit):", want.rm, want.rn);
+  else
+    PUT("flash_block tile per head dim (rm x rn):");
+  for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+    tl_block blk;
+    if (tl_flash_block_tuned(&ctx->caps, dims[i], dims[i], want, &blk) == 0)
+      PUT("%s %d: %dx%d", i ? "," : "", dims[i], blk.rm, blk.rn);
+    else
+      PUT("%s %d: none (flash_tiled)", i ? "," : "", dims[i]);
+  }
+  PUT("\n");
+#undef PUT
+}
+
 void ca_tuning_describe(const clattn_context *ctx, char *buf, size_t size) {
   size_t at = strlen(buf);
 #define PUT(...) (at += (size_t)snprintf(buf + at, size > at ? size - at : 0, __VA_ARGS__))
@@ -211,6 +276,7 @@ void ca_tuning_describe(const clattn_context *ctx, char *buf, size_t size) {
   for (int i = 0; i < CA_T_COUNT; i++)
     PUT("  %-14s %-10lld (%s)\n", ca_tunable_name((ca_tunable)i),
         ca_tunable_get(&ctx->tiles, ctx->scratch_budget, (ca_tunable)i), ca_origin_name(ctx->origin[i]));
+  describe_block(ctx, buf, size, &at);
   PUT("tuning file: %s\nenvironment: %s\nAUTO picks: ", ctx->tuning_note,
       ctx->env_note[0] ? ctx->env_note : "no values ignored");
   const struct {

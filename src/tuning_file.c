@@ -15,8 +15,8 @@
 enum { TUNING_FORMAT = 1, LINE_MAX_BYTES = 1023, FILE_MAX_BYTES = 1 << 16 };
 
 static const char *const tunable_names[CA_T_COUNT] = {
-    "score_tm", "score_tn", "score_tk", "softmax_wg", "mix_tm",
-    "mix_tv",   "mix_tj",   "flash_bm", "flash_wg",   "scratch_bytes",
+    "score_tm", "score_tn", "score_tk", "softmax_wg",    "mix_tm",   "mix_tv",
+    "mix_tj",   "flash_bm", "flash_wg", "scratch_bytes", "block_rm", "block_rn",
 };
 static const char *const class_keys[CA_CLASS_COUNT] = {"auto_prefill", "auto_decode", "auto_weights"};
 
@@ -51,6 +51,8 @@ static int *tile_field(tl_tiles *t, ca_tunable k) {
     case CA_T_MIX_TJ: return &t->mix_tj;
     case CA_T_FLASH_BM: return &t->flash_bm;
     case CA_T_FLASH_WG: return &t->flash_wg;
+    case CA_T_BLOCK_RM: return &t->block_rm;
+    case CA_T_BLOCK_RN: return &t->block_rn;
     default: return NULL;
   }
 }
@@ -78,6 +80,11 @@ static const char *out_of_range(ca_tunable t, long long v) {
     case CA_T_FLASH_WG: return v == 0 || (is_pow2(v) && v <= 1024) ? NULL : "0 or a power of two up to 1024";
     /* Any budget runs: below one score row the staged path goes a row at a time. */
     case CA_T_SCRATCH_BYTES: return v >= 1 && v <= (1LL << 40) ? NULL : "from 1 to 2^40 bytes";
+    case CA_T_BLOCK_RM:
+    case CA_T_BLOCK_RN:
+      return v == 0 || v == 1 || v == 2 || v == 4 ? NULL
+                                                  : "0, 1, 2 or 4 (with block_rm x block_rn one of " TL_BLOCK_PAIRS
+                                                    ", or 0 x 0: chosen per head dim)";
     default: return is_pow2(v) && v <= 1024 ? NULL : "a power of two from 1 to 1024";
   }
 }
@@ -106,6 +113,34 @@ int ca_tunable_parse(ca_tunable t, const char *key, const char *text, long long 
     return -1;
   }
   *v = x;
+  return 0;
+}
+
+int ca_block_pair_check(const char *rm_key, long long rm, const char *rn_key, long long rn, char *why, size_t n) {
+  if (rm >= 0 && rm <= 4 && rn >= 0 && rn <= 4 && tl_block_allowed((int)rm, (int)rn)) return 0;
+  snprintf(why, n,
+           "%s = %lld, %s = %lld: flash_block's tile must be one of " TL_BLOCK_PAIRS
+           " (rows x keys per work-item), or 0 x 0 (chosen per head dim)",
+           rm_key, rm, rn_key, rn);
+  return -1;
+}
+
+/* flash_block's tile in out: both keys or neither, an allowed pair. 0, or
+ * -1 with a message naming the file. */
+static int check_block_pair(const ca_tuning *out, const char *name, char *err, size_t errlen) {
+  const int rm = out->has[CA_T_BLOCK_RM], rn = out->has[CA_T_BLOCK_RN];
+  if (!rm && !rn) return 0;
+  if (rm != rn)
+    return snprintf(
+               err, errlen,
+               "%s: %s without %s: flash_block's tile is given as a pair, block_rm x block_rn one of " TL_BLOCK_PAIRS
+               ", or 0 x 0 (chosen per head dim)",
+               name, rm ? "block_rm" : "block_rn", rm ? "block_rn" : "block_rm"),
+           -1;
+  char why[320];
+  if (ca_block_pair_check("block_rm", out->value[CA_T_BLOCK_RM], "block_rn", out->value[CA_T_BLOCK_RN], why,
+                          sizeof why) != 0)
+    return snprintf(err, errlen, "%s: %s", name, why), -1;
   return 0;
 }
 
@@ -184,7 +219,8 @@ static int parse_lines(const char *text, size_t size, const char *name, ca_tunin
 
 int ca_tuning_parse_values(const char *text, size_t size, const char *name, ca_tuning *out, char *err, size_t errlen) {
   int format = 0;
-  return parse_lines(text, size, name, out, &format, 1, err, errlen);
+  if (parse_lines(text, size, name, out, &format, 1, err, errlen) != 0) return -1;
+  return check_block_pair(out, name, err, errlen);
 }
 
 int ca_tuning_parse(const char *text, size_t size, const char *name, ca_tuning *out, char *err, size_t errlen) {
@@ -193,7 +229,7 @@ int ca_tuning_parse(const char *text, size_t size, const char *name, ca_tuning *
   if (format != TUNING_FORMAT) return snprintf(err, errlen, "%s: no 'format = 1' line", name), -1;
   if (!out->platform[0] || !out->device[0] || !out->driver[0])
     return snprintf(err, errlen, "%s: needs platform, device and driver lines", name), -1;
-  return 0;
+  return check_block_pair(out, name, err, errlen);
 }
 
 int ca_tuning_read(const char *path, ca_tuning *out, char *err, size_t errlen) {

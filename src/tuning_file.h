@@ -10,6 +10,11 @@
  *   driver = <CL_DRIVER_VERSION>
  *   score_tm = 8   (and any other tile value below; absent = not tuned)
  *   scratch_bytes = 67108864          staged / GEMM score scratch per call
+ *   block_rm = 2                      flash_block's tile, rows x keys per
+ *   block_rn = 4                        work-item: both or neither, a pair
+ *                                       of TL_BLOCK_PAIRS or 0 x 0 (chosen
+ *                                       per head dim); stepped down per
+ *                                       head dim where it does not fit
  *   auto_prefill = fused              AUTO's choice per shape class:
  *   auto_decode = fused                 staged, fused or gemm (weights
  *   auto_weights = staged               requested: staged or gemm)
@@ -27,7 +32,8 @@
 
 enum { CA_DECODE_ROWS = 16 };
 
-/* The tunable values: the tile struct's fields, then the scratch budget. */
+/* The tunable values: the tile struct's fields, the scratch budget, then
+ * flash_block's tile (appended: clattn_tuning_name's indices stay). */
 typedef enum {
   CA_T_SCORE_TM,
   CA_T_SCORE_TN,
@@ -39,6 +45,8 @@ typedef enum {
   CA_T_FLASH_BM,
   CA_T_FLASH_WG,
   CA_T_SCRATCH_BYTES,
+  CA_T_BLOCK_RM,
+  CA_T_BLOCK_RN,
   CA_T_COUNT
 } ca_tunable;
 
@@ -64,6 +72,10 @@ void ca_tunable_set(tl_tiles *tiles, size_t *scratch, ca_tunable t, long long v)
 /* Parses and checks one value of t: the rule for tuning files and the
  * environment alike. 0, or -1 with "key = text: must be ..." in why. */
 int ca_tunable_parse(ca_tunable t, const char *key, const char *text, long long *v, char *why, size_t n);
+/* flash_block's tile as a pair (rm_key, rn_key: the names in the message):
+ * 0 when tl_block_allowed, else -1 with "rm_key = rm, rn_key = rn: the pair
+ * must be ..." in why. */
+int ca_block_pair_check(const char *rm_key, long long rm, const char *rn_key, long long rn, char *why, size_t n);
 
 /* Parses and checks a tuning file's bytes (syntax and each value's absolute
  * range; a line over 1023 bytes or holding a NUL is malformed). name: the

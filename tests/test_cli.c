@@ -108,7 +108,8 @@ static void help_for_every_command(void) {
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
     CHECKF(strstr(output, opts[i]), "run --help lacks %s", opts[i]);
   REQUIRE(tool("tune --help") == 0);
-  CHECK(strstr(output, "--quick") && strstr(output, "--output FILE") && strstr(output, "--reps R"));
+  CHECK(strstr(output, "--quick") && strstr(output, "--output FILE") && strstr(output, "--reps R") &&
+        strstr(output, "--tiny") && strstr(output, "--only GROUP") && strstr(output, "flash_block"));
   /* the tool's own help says what each command does */
   CHECKF(tool("--help") == 0 && strstr(output, "info     list") && strstr(output, "run      one") &&
              strstr(output, "demo     ") && strstr(output, "bench    ") && strstr(output, "tune     ") &&
@@ -148,6 +149,7 @@ static void bad_values_name_the_option_and_its_form(void) {
       {"run --q-len 4 --q q.npy --k k.npy --v v.npy", "--q-len", "the shape comes from the files"},
       {"tune --reps 0", "--reps 0", "integer from 1"},
       {"tune --bogus", "--bogus", "clattn tune --help"},
+      {"tune --only bogus", "--only bogus", "fused|flash_block|staged|gemm|auto"},
       {"info extra", "takes no options", "extra"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -411,6 +413,34 @@ static void on_device_npy_round_trip(void) {
   npy_round_trip("<f2", 1e-3); /* f16 storage: the output is rounded to it */
 }
 
+/* `clattn tune --only flash_block --tiny`: where flash_block does not run
+ * (POCL without CLATTN_FLASH_WG) the group is skipped, saying why, before
+ * any workload is built; either way the file is written with the tile's
+ * keys, and a second run starts from it, keeping the other groups' values
+ * and AUTO's choices. (Forced on POCL the tiny run builds a fused program
+ * per candidate: minutes, so not here.) */
+static void on_device_tune_only_flash_block_tiny(void) {
+  unsetenv("CLATTN_FLASH_WG");
+  const char *file = in_dir("tuning.txt");
+  int rc = tool("tune --only flash_block --tiny --output %s", file);
+  REQUIREF(rc == 0 && strstr(output, "only flash_block, tiny") && strstr(output, "flash_block tile:") &&
+               strstr(output, "wrote "),
+           "exit %d:\n%s", rc, output);
+  FILE *f = fopen(file, "a");
+  REQUIRE(f);
+  fprintf(f, "auto_decode = staged\n");
+  REQUIRE(fclose(f) == 0);
+  rc = tool("tune --only flash_block --tiny --output %s", file);
+  REQUIREF(rc == 0 && strstr(output, "starting from "), "exit %d:\n%s", rc, output);
+  char text[4096] = "";
+  f = fopen(file, "r");
+  REQUIRE(f);
+  text[fread(text, 1, sizeof text - 1, f)] = 0;
+  fclose(f);
+  CHECKF(strstr(text, "\nblock_rm = ") && strstr(text, "\nblock_rn = ") && strstr(text, "\nauto_decode = staged\n"),
+         "%s", text);
+}
+
 static void cleanup(void) {
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -430,6 +460,7 @@ int main(int argc, char **argv) {
       CT_TEST(on_device_heatmap_failures_give_the_reason),
       CT_TEST(on_device_npy_round_trip),
       CT_TEST(on_device_paged_quantised_runs_verified),
+      CT_TEST(on_device_tune_only_flash_block_tiny),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

@@ -3,8 +3,9 @@
  * run 128 work-items per group, or spills into private memory, gets the
  * next smaller tile rebuilt, then flash_tiled; never a launch failure.
  * The device's answers are faked through the OpenCL shim (tests/cl_shim.c)
- * on POCL with the GPU kernels forced (CLATTN_FLASH_WG=64). And the
- * argument block against CL_DEVICE_MAX_PARAMETER_SIZE.
+ * on POCL with the GPU kernels forced (CLATTN_FLASH_WG=64); a tuned tile
+ * (block_rm x block_rn) likewise, and stepped down per head dim where it
+ * does not fit. And the argument block against CL_DEVICE_MAX_PARAMETER_SIZE.
  */
 #include <stdlib.h>
 
@@ -15,11 +16,15 @@
 #include "kit_checks.h"
 #include "program_text.h"
 
-/* One fused call of a d=64 prefill on a fresh context (the fused program is
- * built, and the step-down taken, once per context), with `n` answers of
- * flash_block's `param` faked as `value`; *queries: flash_block's queries. */
-static void run_faked(cl_kernel_work_group_info param, cl_ulong value, long n, const char *what, long *queries) {
+/* One fused call of a prefill with head dims d on a fresh context (the
+ * fused program is built, and the step-down taken, once per context), with
+ * `n` answers of flash_block's `param` faked as `value`; *queries:
+ * flash_block's queries; *built: the tile its flash_block runs with (rm 0:
+ * none, flash_tiled). */
+static void run_faked_d(int d, cl_kernel_work_group_info param, cl_ulong value, long n, const char *what, long *queries,
+                        tl_block *built) {
   *queries = -1;
+  *built = (tl_block){-1, -1};
   char cache[256];
   snprintf(cache, sizeof cache, "%s/clattn-stepdown-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   REQUIREF(mkdtemp(cache) != NULL, "mkdtemp %s", cache);
@@ -36,8 +41,8 @@ static void run_faked(cl_kernel_work_group_info param, cl_ulong value, long n, c
   s.kv_heads = 1;
   s.q_len = 37;
   s.kv_len = 53;
-  s.head_dim = 64;
-  s.value_dim = 64;
+  s.head_dim = d;
+  s.value_dim = d;
   s.causal = 1;
   s.want_lse = 1;
   s.poison_gaps = 1;
@@ -48,12 +53,22 @@ static void run_faked(cl_kernel_work_group_info param, cl_ulong value, long n, c
   CHECKF(KC_RUN_OK(pb, CLATTN_ALGO_FUSED, 2e-5) == 1, "%s: the fused call failed or was wrong", what);
   *queries = shim_kernel_queries();
   shim_fake_kernel_info(NULL, 0, 0, 0);
+  cl_program program = NULL;
+  struct ca_fused_program info;
+  if (CHECK(ca_fused_program(ct_ctx, d, d, CLATTN_F32, CLATTN_DTYPE_SAME, &program, &info) == CLATTN_OK))
+    *built = info.block;
   cp_free(pb);
   clattn_destroy(ct_ctx);
   ct_ctx = NULL;
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
   (void)!system(cmd);
+}
+
+/* The same at d = 64. */
+static void run_faked(cl_kernel_work_group_info param, cl_ulong value, long n, const char *what, long *queries) {
+  tl_block built;
+  run_faked_d(64, param, value, n, what, queries, &built);
 }
 
 /* Each built flash_block is asked twice (work-group size, private memory). */
@@ -85,6 +100,38 @@ static void no_tile_runs_falls_back_to_flash_tiled(void) {
   long queries;
   run_faked(CL_KERNEL_WORK_GROUP_SIZE, 32, 1000, "every answer 32 work-items", &queries);
   CHECKF(queries == 10, "%ld queries", queries);
+}
+
+/* A tuned tile (CLATTN_BLOCK_RM / RN, as a tuning file's block_rm /
+ * block_rn) whose local memory does not fit these head dims is stepped down
+ * before building, to the next smaller pair that fits: 4x4 at d = 128 needs
+ * 64 KiB against the 48 KiB cap, 2x4 40 KiB. Built once, asked once. */
+static void oversize_tuned_tile_steps_down_per_head_dim(void) {
+  long queries;
+  tl_block built;
+  setenv("CLATTN_BLOCK_RM", "4", 1);
+  setenv("CLATTN_BLOCK_RN", "4", 1);
+  run_faked_d(128, CL_KERNEL_WORK_GROUP_SIZE, 0, 0, "tuned 4x4 at d=128", &queries, &built);
+  unsetenv("CLATTN_BLOCK_RM");
+  unsetenv("CLATTN_BLOCK_RN");
+  CHECKF(queries == 2, "%ld queries", queries);
+  CHECKF(built.rm == 2 && built.rn == 4, "built %dx%d", built.rm, built.rn);
+}
+
+/* A tuned tile whose built kernel cannot run its group steps down after
+ * building like a chosen one, by local memory alone (the register budget
+ * is the tuning's to override): tuned 2x4 at d = 64 (the choice would be
+ * 4x4) -> 1x4; the call still matches the reference. */
+static void tuned_tile_that_cannot_run_steps_down(void) {
+  long queries;
+  tl_block built;
+  setenv("CLATTN_BLOCK_RM", "2", 1);
+  setenv("CLATTN_BLOCK_RN", "4", 1);
+  run_faked_d(64, CL_KERNEL_WORK_GROUP_SIZE, 64, 1, "tuned 2x4, one answer of 64 work-items", &queries, &built);
+  unsetenv("CLATTN_BLOCK_RM");
+  unsetenv("CLATTN_BLOCK_RN");
+  CHECKF(queries == 4, "%ld queries", queries);
+  CHECKF(built.rm == 1 && built.rn == 4, "built %dx%d", built.rm, built.rn);
 }
 
 /* The argument block the host checks against CL_DEVICE_MAX_PARAMETER_SIZE
@@ -139,6 +186,8 @@ int main(int argc, char **argv) {
       CT_TEST(small_work_group_steps_down_one_tile),
       CT_TEST(large_private_memory_steps_down_one_tile),
       CT_TEST(no_tile_runs_falls_back_to_flash_tiled),
+      CT_TEST(oversize_tuned_tile_steps_down_per_head_dim),
+      CT_TEST(tuned_tile_that_cannot_run_steps_down),
       CT_TEST(argument_block_is_the_kernels),
       CT_TEST(small_parameter_size_is_refused),
   };

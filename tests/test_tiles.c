@@ -83,7 +83,7 @@ static void small_device_is_clamped_to_its_limits(void) {
 
 static void oversized_tiles_shrink_to_fit(void) {
   tl_device d = amd_like();
-  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096, 0};
+  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096, 0, 0, 0};
   CHECK(tl_clamp(&t, &d) == 0);
   check_fits(&t, &d, "clamped");
   CHECK(t.flash_bm <= 16 && (size_t)t.flash_wg <= d.max_wg);
@@ -149,6 +149,24 @@ static void retuning_one_tile_leaves_other_programs_alone(void) {
   ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &fused1);
   CHECKF(strcmp(core0.options, core1.options) == 0, "core options changed: %s -> %s", core0.options, core1.options);
   CHECKF(strcmp(fused0.options, fused1.options) != 0, "fused options unchanged: %s", fused1.options);
+  /* flash_block's tuned tile: the fused program's BLOCK_RM / BLOCK_RN
+   * change (4x4 is its choice at d = 64 here; 2x4 is not), the core
+   * program's options do not */
+  t = base;
+  t.block_rm = 2, t.block_rn = 4;
+  ca_program_text fused64, block64;
+  ca_fused_text(&base, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused64);
+  ca_core_text(&t, CLATTN_F32, &core1);
+  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &block64);
+  CHECKF(strcmp(core0.options, core1.options) == 0, "core options changed: %s -> %s", core0.options, core1.options);
+  CHECKF(
+      strstr(fused64.options, "-D BLOCK_RM=4 -D BLOCK_RN=4") && strstr(block64.options, "-D BLOCK_RM=2 -D BLOCK_RN=4"),
+      "fused options: %s -> %s", fused64.options, block64.options);
+  /* 0 x 0, the default, is the per-head-dim choice itself */
+  t = base;
+  t.block_rm = t.block_rn = 0;
+  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &block64);
+  CHECK(strcmp(fused64.options, block64.options) == 0);
 }
 
 static void block_tiles_fit_local_memory_and_registers(void) {
@@ -187,6 +205,74 @@ static void block_tiles_fit_local_memory_and_registers(void) {
   CHECK(tl_flash_block(&nv, 64, 64, &blk) != 0);
 }
 
+/* The tuned tile (block_rm x block_rn): only the pairs the kernel is built
+ * with are allowed; 0 x 0 is tl_flash_block's choice; a tuned pair is kept
+ * where its local memory fits (the register budget is the tuning's to
+ * override) and otherwise stepped down per head dim to the next smaller
+ * pair that fits, never to nothing while 1x1 fits. */
+static void tuned_block_tile_steps_down_per_head_dim(void) {
+  static const int allowed[][2] = {{0, 0}, {4, 4}, {2, 4}, {1, 4}, {1, 2}, {1, 1}};
+  static const int refused[][2] = {{3, 4}, {4, 2}, {2, 2}, {0, 4}, {4, 0}, {8, 8}, {2, 1}, {-1, -1}};
+  for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++)
+    CHECKF(tl_block_allowed(allowed[i][0], allowed[i][1]), "%dx%d refused", allowed[i][0], allowed[i][1]);
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+    CHECKF(!tl_block_allowed(refused[i][0], refused[i][1]), "%dx%d allowed", refused[i][0], refused[i][1]);
+
+  tl_device rdna = amd_like();
+  rdna.pref_multiple = 32;
+  const tl_device devs[] = {nvidia_like(), amd_like(), intel_like(), rdna, cpu_like()};
+  const char *names[] = {"nvidia-like", "amd-like", "intel-like", "rdna-like", "cpu-like"};
+  static const tl_block pairs[] = {{4, 4}, {2, 4}, {1, 4}, {1, 2}, {1, 1}};
+  for (int i = 0; i < 5; i++)
+    for (int d = 1; d <= 256; d += d < 64 ? 7 : 16) {
+      tl_block chosen, tuned;
+      const int has = tl_flash_block(&devs[i], d, d, &chosen) == 0;
+      CHECKF(tl_flash_block_tuned(&devs[i], d, d, (tl_block){0, 0}, &tuned) == (has ? 0 : -1) &&
+                 (!has || (tuned.rm == chosen.rm && tuned.rn == chosen.rn)),
+             "%s: 0x0 at d=%d is not tl_flash_block's choice", names[i], d);
+      for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
+        if (tl_flash_block_tuned(&devs[i], d, d, pairs[p], &tuned) != 0) {
+          /* nothing fits: not even 1x1's local memory */
+          CHECKF(tl_block_local_bytes((tl_block){1, 1}, d, d) > 48 * 1024, "%s: tuned %dx%d at d=%d: none", names[i],
+                 pairs[p].rm, pairs[p].rn, d);
+          continue;
+        }
+        size_t at = 0, want = p;
+        while (pairs[at].rm != tuned.rm || pairs[at].rn != tuned.rn) at++;
+        CHECKF(at >= want, "%s: tuned %dx%d at d=%d grew to %dx%d", names[i], pairs[p].rm, pairs[p].rn, d, tuned.rm,
+               tuned.rn);
+        CHECKF(tl_block_local_bytes(tuned, d, d) <= 48 * 1024 && tl_block_local_bytes(tuned, d, d) <= devs[i].local_mem,
+               "%s: tuned %dx%d at d=%d: %dx%d does not fit local memory", names[i], pairs[p].rm, pairs[p].rn, d,
+               tuned.rm, tuned.rn);
+        /* each pair skipped on the way down did not fit */
+        for (size_t k = want; k < at; k++)
+          CHECKF(tl_block_local_bytes(pairs[k], d, d) > 48 * 1024, "%s: tuned %dx%d at d=%d skipped %dx%d", names[i],
+                 pairs[p].rm, pairs[p].rn, d, pairs[k].rm, pairs[k].rn);
+      }
+    }
+  /* nvidia-like (48 KiB): a tuned 4x4 is 4x4 at d = 64, 2x4 at d = 128, 1x2 at d = 256 */
+  tl_device nv = nvidia_like();
+  tl_block blk;
+  CHECK(tl_flash_block_tuned(&nv, 64, 64, (tl_block){4, 4}, &blk) == 0 && blk.rm == 4 && blk.rn == 4);
+  CHECK(tl_flash_block_tuned(&nv, 128, 128, (tl_block){4, 4}, &blk) == 0 && blk.rm == 2 && blk.rn == 4);
+  CHECK(tl_flash_block_tuned(&nv, 256, 256, (tl_block){4, 4}, &blk) == 0 && blk.rm == 1 && blk.rn == 2);
+  /* smaller than the choice: kept */
+  CHECK(tl_flash_block_tuned(&nv, 64, 64, (tl_block){1, 2}, &blk) == 0 && blk.rm == 1 && blk.rn == 2);
+  /* RDNA: the register budget gives 1x4 at d = 64; a tuned 4x4 overrides it */
+  CHECK(tl_flash_block_tuned(&rdna, 64, 64, (tl_block){4, 4}, &blk) == 0 && blk.rm == 4 && blk.rn == 4);
+  /* the step down after building: a tuned tile by local memory alone, a
+   * chosen one by the register budget too */
+  blk = (tl_block){4, 4};
+  CHECK(tl_flash_block_step(&rdna, 64, 64, 1, &blk) == 0 && blk.rm == 2 && blk.rn == 4);
+  blk = (tl_block){4, 4};
+  CHECK(tl_flash_block_step(&rdna, 64, 64, 0, &blk) == 0 && blk.rm == 1 && blk.rn == 4);
+  blk = (tl_block){1, 1};
+  CHECK(tl_flash_block_step(&nv, 64, 64, 1, &blk) == -1);
+  /* a device that cannot run 128 work-items per group gets none, tuned or not */
+  nv.max_wg = 64;
+  CHECK(tl_flash_block_tuned(&nv, 64, 64, (tl_block){1, 1}, &blk) != 0);
+}
+
 int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(gpu_tiles_fit_and_fill_a_warp),
@@ -197,6 +283,7 @@ int main(int argc, char **argv) {
       CT_TEST(each_program_gets_only_its_tiles),
       CT_TEST(retuning_one_tile_leaves_other_programs_alone),
       CT_TEST(block_tiles_fit_local_memory_and_registers),
+      CT_TEST(tuned_block_tile_steps_down_per_head_dim),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

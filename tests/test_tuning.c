@@ -71,6 +71,8 @@ static void format_errors_name_the_line_and_value(void) {
       {"flash_wg = -5\n", "flash_wg = -5: must be 0 or a power of two up to 1024"},
       {"auto_weights = fused\n", "auto_weights = fused: must be staged or gemm"},
       {"auto_prefill = fast\n", "auto_prefill = fast: must be staged, fused or gemm"},
+      {"block_rm = 3\n", "block_rm = 3: must be 0, 1, 2 or 4 (with block_rm x block_rn one of 4x4, 2x4, 1x4, 1x2, 1x1"},
+      {"block_rn = 8\n", "block_rn = 8: must be 0, 1, 2 or 4"},
       {"tile = 4\n", "unknown key 'tile'"},
       {"flash_bm 4\n", "expected 'key = value'"},
   };
@@ -84,6 +86,29 @@ static void format_errors_name_the_line_and_value(void) {
   CHECK(read_text("format = 1\nplatform = P\n", err, sizeof err) == -1 && strstr(err, "platform, device and driver"));
   snprintf(text, sizeof text, "%s  # comment\nflash_bm = 16  # trailing\n\nauto_decode = gemm\n", head);
   CHECKF(read_text(text, err, sizeof err) == 0, "good file rejected: %s", err);
+
+  /* flash_block's tile: a pair the kernel is built with, or 0 x 0; both keys or neither */
+  static const struct {
+    const char *lines, *says;
+  } pairs[] = {
+      {"block_rm = 2\nblock_rn = 2\n",
+       "block_rm = 2, block_rn = 2: flash_block's tile must be one of 4x4, 2x4, 1x4, 1x2, 1x1 (rows x keys per "
+       "work-item), or 0 x 0 (chosen per head dim)"},
+      {"block_rm = 4\nblock_rn = 0\n", "block_rm = 4, block_rn = 0: flash_block's tile must be one of"},
+      {"block_rm = 2\n", "block_rm without block_rn: flash_block's tile is given as a pair"},
+      {"block_rn = 4\n", "block_rn without block_rm"},
+  };
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    snprintf(text, sizeof text, "%s%s", head, pairs[i].lines);
+    int rc = read_text(text, err, sizeof err);
+    CHECKF(rc == -1 && strstr(err, pairs[i].says), "%s: rc %d, '%s'", pairs[i].lines, rc, err);
+  }
+  static const char *const good_pairs[] = {"0\nblock_rn = 0", "4\nblock_rn = 4", "2\nblock_rn = 4",
+                                           "1\nblock_rn = 4", "1\nblock_rn = 2", "1\nblock_rn = 1"};
+  for (size_t i = 0; i < sizeof good_pairs / sizeof good_pairs[0]; i++) {
+    snprintf(text, sizeof text, "%sblock_rm = %s\n", head, good_pairs[i]);
+    CHECKF(read_text(text, err, sizeof err) == 0, "block_rm = %s rejected: %s", good_pairs[i], err);
+  }
 }
 
 /* Issue 18, item 7: fgets split a line over 1023 bytes, so the tail of a
@@ -187,6 +212,14 @@ static void environment_overrides_follow_the_file_rule(void) {
       {"CLATTN_FLASH_WG", "48", "ignored CLATTN_FLASH_WG = 48: must be 0 or a power of two up to 1024"},
       {"CLATTN_SCRATCH_BYTES", "-5", "ignored CLATTN_SCRATCH_BYTES = -5: must be from 1 to 2^40 bytes"},
       {"CLATTN_SCRATCH_BYTES", "4k", "ignored CLATTN_SCRATCH_BYTES = 4k: must be an integer"},
+      {"CLATTN_BLOCK_RM", "3",
+       "ignored CLATTN_BLOCK_RM = 3: must be 0, 1, 2 or 4 (with block_rm x block_rn one of "
+       "4x4, 2x4, 1x4, 1x2, 1x1, or 0 x 0: chosen per head dim)"},
+      {"CLATTN_BLOCK_RN", "x", "ignored CLATTN_BLOCK_RN = x: must be an integer"},
+      /* alone, with the default's block_rn = 0 */
+      {"CLATTN_BLOCK_RM", "2",
+       "ignored CLATTN_BLOCK_RM = 2, block_rn = 0: flash_block's tile must be one of 4x4, "
+       "2x4, 1x4, 1x2, 1x1"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     REQUIRE(setenv(bad[i].var, bad[i].value, 1) == 0);
@@ -198,7 +231,21 @@ static void environment_overrides_follow_the_file_rule(void) {
     CHECK(!memcmp(&ctx->tiles, &plain->tiles, sizeof ctx->tiles));
     CHECK(ctx->scratch_budget == plain->scratch_budget);
     CHECK(ctx->origin[CA_T_FLASH_WG] != CA_FROM_ENV && ctx->origin[CA_T_SCRATCH_BYTES] != CA_FROM_ENV);
+    CHECK(ctx->origin[CA_T_BLOCK_RM] != CA_FROM_ENV && ctx->origin[CA_T_BLOCK_RN] != CA_FROM_ENV);
     clattn_destroy(ctx);
+  }
+  /* a pair the two variables make together, refused */
+  REQUIRE(setenv("CLATTN_BLOCK_RM", "2", 1) == 0 && setenv("CLATTN_BLOCK_RN", "2", 1) == 0);
+  clattn_context *pair = open_with("");
+  unsetenv("CLATTN_BLOCK_RM");
+  unsetenv("CLATTN_BLOCK_RN");
+  if (pair) {
+    CHECKF(strstr(clattn_describe(pair),
+                  "ignored CLATTN_BLOCK_RM = 2, CLATTN_BLOCK_RN = 2: flash_block's tile must "
+                  "be one of 4x4, 2x4, 1x4, 1x2, 1x1") != NULL,
+           "%s", clattn_describe(pair));
+    CHECK(pair->tiles.block_rm == 0 && pair->tiles.block_rn == 0);
+    clattn_destroy(pair);
   }
   /* Valid values still apply (the tests' small scratch budgets among them). */
   REQUIRE(setenv("CLATTN_SCRATCH_BYTES", "256", 1) == 0);
@@ -215,6 +262,65 @@ static void environment_overrides_follow_the_file_rule(void) {
   clattn_destroy(plain);
 }
 
+/* flash_block's tile from the tuning file and CLATTN_BLOCK_RM / RN over it
+ * (either alone, making a pair with the file's other value), with their
+ * origins, and clattn_describe's line of the tile per head dim. */
+static void block_tile_from_file_and_environment(void) {
+  REQUIRE(write_for_device("block_rm = 1\nblock_rn = 4\n") == 0);
+  REQUIRE(setenv("CLATTN_FLASH_WG", "64", 1) == 0); /* flash_block on POCL */
+  clattn_context *ctx = open_with(g_path);
+  if (ctx) {
+    CHECKF(!strncmp(ctx->tuning_note, "applied", 7), "note: %s", ctx->tuning_note);
+    CHECK(ctx->tiles.block_rm == 1 && ctx->tiles.block_rn == 4);
+    CHECK(ctx->origin[CA_T_BLOCK_RM] == CA_FROM_FILE && ctx->origin[CA_T_BLOCK_RN] == CA_FROM_FILE);
+    const char *d = clattn_describe(ctx);
+    CHECKF(strstr(d, "block_rm       1          (tuning file)") &&
+               strstr(d,
+                      "flash_block tile per head dim (rm x rn; tuned 1x4, smaller where it does not fit): 32: 1x4, "
+                      "64: 1x4") &&
+               strstr(d, "256: 1x2"),
+           "describe:\n%s", d);
+    clattn_destroy(ctx);
+  }
+  REQUIRE(setenv("CLATTN_BLOCK_RN", "2", 1) == 0);
+  ctx = open_with(g_path);
+  unsetenv("CLATTN_BLOCK_RN");
+  if (ctx) {
+    CHECK(ctx->tiles.block_rm == 1 && ctx->tiles.block_rn == 2);
+    CHECK(ctx->origin[CA_T_BLOCK_RM] == CA_FROM_FILE && ctx->origin[CA_T_BLOCK_RN] == CA_FROM_ENV);
+    long long v = 0;
+    const char *origin = NULL;
+    CHECK(clattn_tuning_get(ctx, "block_rn", &v, &origin) == CLATTN_OK && v == 2 && !strcmp(origin, "environment"));
+    clattn_destroy(ctx);
+  }
+  /* both, over no file; 0 x 0 back to the choice per head dim */
+  REQUIRE(setenv("CLATTN_BLOCK_RM", "4", 1) == 0 && setenv("CLATTN_BLOCK_RN", "4", 1) == 0);
+  ctx = open_with("");
+  if (ctx) {
+    CHECK(ctx->tiles.block_rm == 4 && ctx->tiles.block_rn == 4 && ctx->origin[CA_T_BLOCK_RM] == CA_FROM_ENV);
+    CHECKF(strstr(clattn_describe(ctx), "tuned 4x4, smaller where it does not fit): 32: 4x4, 64: 4x4") &&
+               strstr(clattn_describe(ctx), "128: 2x4"),
+           "%s", clattn_describe(ctx));
+    clattn_destroy(ctx);
+  }
+  REQUIRE(setenv("CLATTN_BLOCK_RM", "0", 1) == 0 && setenv("CLATTN_BLOCK_RN", "0", 1) == 0);
+  ctx = open_with(g_path);
+  unsetenv("CLATTN_BLOCK_RM");
+  unsetenv("CLATTN_BLOCK_RN");
+  unsetenv("CLATTN_FLASH_WG");
+  if (ctx) {
+    CHECK(ctx->tiles.block_rm == 0 && ctx->tiles.block_rn == 0 && ctx->origin[CA_T_BLOCK_RN] == CA_FROM_ENV);
+    CHECKF(strstr(clattn_describe(ctx), "flash_block tile per head dim (rm x rn): 32: "), "%s", clattn_describe(ctx));
+    clattn_destroy(ctx);
+  }
+  /* without the work-group kernels (a CPU's default) the line says so */
+  ctx = open_with("");
+  if (ctx && ctx->tiles.flash_wg <= 0)
+    CHECKF(strstr(clattn_describe(ctx), "flash_block tile: not used (flash_rows on this device"), "%s",
+           clattn_describe(ctx));
+  clattn_destroy(ctx);
+}
+
 static void write_then_read_round_trips(void) {
   ca_tuning t, back;
   memset(&t, 0, sizeof t);
@@ -224,12 +330,14 @@ static void write_then_read_round_trips(void) {
   t.has[CA_T_MIX_TM] = 1, t.value[CA_T_MIX_TM] = 32;
   t.has[CA_T_SCRATCH_BYTES] = 1, t.value[CA_T_SCRATCH_BYTES] = 16 << 20;
   t.auto_algo[CA_CLASS_WEIGHTS] = CLATTN_ALGO_GEMM;
+  t.has[CA_T_BLOCK_RM] = t.has[CA_T_BLOCK_RN] = 1, t.value[CA_T_BLOCK_RM] = 2, t.value[CA_T_BLOCK_RN] = 4;
   char err[512];
   REQUIREF(ca_tuning_write(g_path, &t, err, sizeof err) == 0, "%s", err);
   REQUIREF(ca_tuning_read(g_path, &back, err, sizeof err) == 0, "%s", err);
   CHECK(!strcmp(back.device, t.device) && !strcmp(back.driver, t.driver));
   CHECK(back.has[CA_T_MIX_TM] && back.value[CA_T_MIX_TM] == 32 && !back.has[CA_T_MIX_TV]);
   CHECK(back.value[CA_T_SCRATCH_BYTES] == 16 << 20);
+  CHECK(back.has[CA_T_BLOCK_RM] && back.value[CA_T_BLOCK_RM] == 2 && back.value[CA_T_BLOCK_RN] == 4);
   CHECK(back.auto_algo[CA_CLASS_WEIGHTS] == CLATTN_ALGO_GEMM && back.auto_algo[CA_CLASS_PREFILL] == CLATTN_ALGO_AUTO);
 }
 
@@ -398,6 +506,9 @@ static void public_api_reads_values_and_writes_candidates(void) {
   CHECK(clattn_tuning_write(plain, "mix_tj = 32\nflash_bm = 5\n", g_path) == CLATTN_ERR_INVALID_ARGUMENT);
   CHECKF(strstr(clattn_last_error(NULL), "settings:2: flash_bm = 5"), "%s", clattn_last_error(NULL));
   CHECK(clattn_tuning_write(plain, "device = Other GPU\n", g_path) == CLATTN_ERR_INVALID_ARGUMENT);
+  CHECK(clattn_tuning_write(plain, "block_rm = 4\n", g_path) == CLATTN_ERR_INVALID_ARGUMENT);
+  CHECKF(strstr(clattn_last_error(NULL), "settings: block_rm without block_rn"), "%s", clattn_last_error(NULL));
+  CHECK(clattn_tuning_write(plain, "block_rm = 4\nblock_rn = 2\n", g_path) == CLATTN_ERR_INVALID_ARGUMENT);
   CHECK(clattn_tuning_write(NULL, "", g_path) == CLATTN_ERR_INVALID_ARGUMENT);
   CHECK(access(g_path, F_OK) != 0);
   CHECK(clattn_tuning_write(plain, "mix_tj = 8\n", "/nonexistent/dir/tuning.txt") == CLATTN_ERR_INVALID_ARGUMENT);
@@ -487,15 +598,11 @@ static void cleanup(void) {
 int main(int argc, char **argv) {
   if (argc == 2 && !strcmp(argv[1], "--create")) return create_main();
   static const ct_test tests[] = {
-      CT_TEST(format_errors_name_the_line_and_value),
-      CT_TEST(long_lines_and_nul_bytes_are_rejected),
-      CT_TEST(fifo_and_devices_do_not_block_creation),
-      CT_TEST(environment_overrides_follow_the_file_rule),
-      CT_TEST(write_then_read_round_trips),
-      CT_TEST(matching_file_is_applied_with_origins),
-      CT_TEST(decode_class_uses_its_choice),
-      CT_TEST(other_device_bad_value_or_misfit_use_defaults),
-      CT_TEST(public_api_reads_values_and_writes_candidates),
+      CT_TEST(format_errors_name_the_line_and_value),         CT_TEST(long_lines_and_nul_bytes_are_rejected),
+      CT_TEST(fifo_and_devices_do_not_block_creation),        CT_TEST(environment_overrides_follow_the_file_rule),
+      CT_TEST(block_tile_from_file_and_environment),          CT_TEST(write_then_read_round_trips),
+      CT_TEST(matching_file_is_applied_with_origins),         CT_TEST(decode_class_uses_its_choice),
+      CT_TEST(other_device_bad_value_or_misfit_use_defaults), CT_TEST(public_api_reads_values_and_writes_candidates),
       CT_TEST(retuned_staged_tile_keeps_the_fused_binary),
   };
   if (!mkdtemp(g_dir)) return fprintf(stderr, "mkdtemp failed\n"), 1;

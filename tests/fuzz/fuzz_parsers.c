@@ -82,6 +82,12 @@ int fz_tuning_file(const uint8_t *data, size_t size, int *accepted, char *why, s
       return snprintf(why, n, "accepted %s = %lld, which its rule refuses", ca_tunable_name((ca_tunable)k), t.value[k]),
              FZ_FAIL;
   }
+  if ((t.has[CA_T_BLOCK_RM] || t.has[CA_T_BLOCK_RN]) &&
+      (t.has[CA_T_BLOCK_RM] != t.has[CA_T_BLOCK_RN] ||
+       !tl_block_allowed((int)t.value[CA_T_BLOCK_RM], (int)t.value[CA_T_BLOCK_RN])))
+    return snprintf(why, n, "accepted flash_block's tile %lldx%lld (given: %d, %d)", t.value[CA_T_BLOCK_RM],
+                    t.value[CA_T_BLOCK_RN], t.has[CA_T_BLOCK_RM], t.has[CA_T_BLOCK_RN]),
+           FZ_FAIL;
   for (int c = 0; c < CA_CLASS_COUNT; c++) {
     clattn_algo a = t.auto_algo[c];
     int ok = a == CLATTN_ALGO_AUTO || a == CLATTN_ALGO_STAGED || a == CLATTN_ALGO_GEMM ||
