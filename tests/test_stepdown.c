@@ -102,6 +102,17 @@ static void no_tile_runs_falls_back_to_flash_tiled(void) {
   CHECKF(queries == 10, "%ld queries", queries);
 }
 
+/* run_faked_d on CL_KERNEL_WORK_GROUP_SIZE with the tile tuned to rm x rn
+ * (CLATTN_BLOCK_RM / RN, as a tuning file's block_rm / block_rn). */
+static void run_tuned(const char *rm, const char *rn, int d, cl_ulong value, long n, const char *what, long *queries,
+                      tl_block *built) {
+  setenv("CLATTN_BLOCK_RM", rm, 1);
+  setenv("CLATTN_BLOCK_RN", rn, 1);
+  run_faked_d(d, CL_KERNEL_WORK_GROUP_SIZE, value, n, what, queries, built);
+  unsetenv("CLATTN_BLOCK_RM");
+  unsetenv("CLATTN_BLOCK_RN");
+}
+
 /* A tuned tile (CLATTN_BLOCK_RM / RN, as a tuning file's block_rm /
  * block_rn) whose local memory does not fit these head dims is stepped down
  * before building, to the next smaller pair that fits: 4x4 at d = 128 needs
@@ -109,11 +120,7 @@ static void no_tile_runs_falls_back_to_flash_tiled(void) {
 static void oversize_tuned_tile_steps_down_per_head_dim(void) {
   long queries;
   tl_block built;
-  setenv("CLATTN_BLOCK_RM", "4", 1);
-  setenv("CLATTN_BLOCK_RN", "4", 1);
-  run_faked_d(128, CL_KERNEL_WORK_GROUP_SIZE, 0, 0, "tuned 4x4 at d=128", &queries, &built);
-  unsetenv("CLATTN_BLOCK_RM");
-  unsetenv("CLATTN_BLOCK_RN");
+  run_tuned("4", "4", 128, 0, 0, "tuned 4x4 at d=128", &queries, &built);
   CHECKF(queries == 2, "%ld queries", queries);
   CHECKF(built.rm == 2 && built.rn == 4, "built %dx%d", built.rm, built.rn);
 }
@@ -125,11 +132,7 @@ static void oversize_tuned_tile_steps_down_per_head_dim(void) {
 static void tuned_tile_that_cannot_run_steps_down(void) {
   long queries;
   tl_block built;
-  setenv("CLATTN_BLOCK_RM", "2", 1);
-  setenv("CLATTN_BLOCK_RN", "4", 1);
-  run_faked_d(64, CL_KERNEL_WORK_GROUP_SIZE, 64, 1, "tuned 2x4, one answer of 64 work-items", &queries, &built);
-  unsetenv("CLATTN_BLOCK_RM");
-  unsetenv("CLATTN_BLOCK_RN");
+  run_tuned("2", "4", 64, 64, 1, "tuned 2x4, one answer of 64 work-items", &queries, &built);
   CHECKF(queries == 4, "%ld queries", queries);
   CHECKF(built.rm == 1 && built.rn == 4, "built %dx%d", built.rm, built.rn);
 }
