@@ -21,11 +21,13 @@ static int find_profile(const char *name, tl_device *dev) {
     tl_device dev;
   } profiles[] = {
       /* CDNA (MI200/MI300): 64-wide wavefronts, 64 KiB LDS, 1024-item groups */
-      {"amd-wave64", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0, 0x1002, 1, 1024, 64}},
+      {"amd-wave64",
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0, 0x1002, 1, 1024, 64, 1, 1}},
       /* RDNA 3 (gfx1100): 32-wide waves */
-      {"amd-wave32", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0, 0x1002, 1, 1024, 64}},
+      {"amd-wave32",
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0, 0x1002, 1, 1024, 64, 1, 1}},
       /* NVIDIA's OpenCL: 32-wide warps, 48 KiB local memory, no cl_khr_fp16 (the widening path) */
-      {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0, 0x10de, 0, 4352, 64}},
+      {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0, 0x10de, 0, 4352, 64, 1, 1}},
   };
   for (size_t i = 0; i < sizeof profiles / sizeof profiles[0]; i++)
     if (strcmp(name, profiles[i].name) == 0) {
