@@ -54,6 +54,7 @@
 #define FLASH_CAT_(a, b) a##b
 #define FLASH_CAT(a, b) FLASH_CAT_(a, b)
 #define flash_vec FLASH_CAT(float, FLASH_VW)
+#define flash_ivec FLASH_CAT(int, FLASH_VW)
 #define flash_vload FLASH_CAT(vload, FLASH_VW)
 #define flash_vstore FLASH_CAT(vstore, FLASH_VW)
 /* Row-block capacity of the private arrays: the packed kernel's FLASH_BM
@@ -400,7 +401,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
                       (page_halves ? at_h[0].ok && at_h[1].ok : ca_kv_rows_ok(b, sq.k0 + j0, FLASH_BN, CA_PAGE_PASS));
     const bool per_key = !full || has_bias || has_alibi;   /* an element-wise pass is needed */
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
-    bool zero_weight = false;   /* an allowed key's weight underflowed to exactly 0 */
+    flash_ivec zero_lanes = (flash_ivec)(0);   /* lanes where some row's weight is exactly 0 */
     for (int r = 0; r < bm; r++) {
       flash_vec x0 = s0[r] * scale, x1 = s1[r] * scale;
       if (softcap > 0.0f) {
@@ -428,11 +429,12 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
       const float m_new = fmax(m[r], flash_hmax(fmax(x0, x1)));
       const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
       const flash_vec pr0 = exp(x0 - m_safe), pr1 = exp(x1 - m_safe);
-      alpha[r] = exp(m[r] - m_safe);
+      /* an unchanged finite maximum rescales by exp(0) = 1: no call */
+      alpha[r] = m_new == m[r] && isfinite(m_new) ? 1.0f : exp(m[r] - m_safe);
       if (diag) flash_diag_block(x0, x1, pr0, pr1, m[r], l[r], alpha[r], m_safe, j0, &tsum[r], &best[r]);
       l[r] = l[r] * alpha[r] + flash_hsum(pr0 + pr1);
       m[r] = m_new;
-      zero_weight = zero_weight || any(isequal(pr0, (flash_vec)(0.0f))) || any(isequal(pr1, (flash_vec)(0.0f)));
+      zero_lanes |= isequal(pr0, (flash_vec)(0.0f)) | isequal(pr1, (flash_vec)(0.0f));
       flash_vstore(pr0, 0, p[r]);
       flash_vstore(pr1, 0, p[r] + FLASH_VW);
     }
@@ -440,7 +442,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
      * add the block's weighted value rows (only keys below kv_len are read).
      * A zero weight (disallowed, or underflowed) mixes nothing in, even a
      * NaN or Inf value: without one, no guard is needed. */
-    const bool guard = !full || zero_weight;
+    const bool guard = !full || any(zero_lanes); /* an allowed key's weight underflowed to exactly 0 */
     const int n_block = guard ? (int)min((long)FLASH_BN, n_valid - j0) : FLASH_BN;
     if (!direct) {
       /* two vectors of columns per step: each weight feeds two multiply-adds */
