@@ -7,12 +7,14 @@
  *   gpu_programs PROFILE OUT_DIR      PROFILE: amd-wave64, amd-wave32, nvidia
  *
  * The device descriptions are what such devices report through OpenCL
- * (tile choice is a pure function of them: src/tiles.c).
+ * (tile choice is a pure function of them: src/tiles.c; flash_rows' vector
+ * width from their float vector widths, given as 1 here: ca_flash_vw).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "internal.h"
 #include "program_text.h"
 
 static int find_profile(const char *name, tl_device *dev) {
@@ -74,6 +76,7 @@ int main(int argc, char **argv) {
     char name[64];
     dev.head_dim = dev.value_dim = 0;
     tl_tiles tiles = tl_choose(&dev);
+    tiles.flash_vw = ca_flash_vw(&dev); /* as ca_tuning_choose sets it */
     ca_core_text(&tiles, dtypes[t].dtype, &text);
     snprintf(name, sizeof name, "core-%s", dtypes[t].name);
     if (write_program(argv[2], name, &text)) return 1;
@@ -98,6 +101,7 @@ int main(int argc, char **argv) {
     char name[64];
     dev.head_dim = dev.value_dim = 0;
     tl_tiles tiles = tl_choose(&dev);
+    tiles.flash_vw = ca_flash_vw(&dev); /* as ca_tuning_choose sets it */
     ca_core_kv_text(&tiles, CLATTN_F16, kv[c].dtype, &text);
     snprintf(name, sizeof name, "core-f16-kv%s", kv[c].name);
     if (write_program(argv[2], name, &text)) return 1;
