@@ -30,7 +30,10 @@
  * disallowed (a block spanning such a page takes the per-key pass).
  *
  * -D DK, DV: head dim and value dim (the program is specialised per pair).
- * -D FLASH_BM: rows per work-item (register block), FLASH_BN: keys per block.
+ * -D FLASH_BM: rows per work-item (register block); FLASH_VW: floats per
+ * vector of flash_rows* (4, 8 or 16: the device's float vector width,
+ * src/device.c); FLASH_BN = 2 FLASH_VW keys per block, so each query value
+ * loaded feeds two vector multiply-adds.
  */
 #ifndef DK
 #define DK 64
@@ -41,19 +44,34 @@
 #ifndef FLASH_BM
 #define FLASH_BM 4
 #endif
-#define FLASH_BN 16
+#ifndef FLASH_VW
+#define FLASH_VW 16
+#endif
+#if FLASH_VW != 4 && FLASH_VW != 8 && FLASH_VW != 16
+#error "FLASH_VW must be 4, 8 or 16"
+#endif
+#define FLASH_BN (2 * FLASH_VW)
+#define FLASH_CAT_(a, b) a##b
+#define FLASH_CAT(a, b) FLASH_CAT_(a, b)
+#define flash_vec FLASH_CAT(float, FLASH_VW)
+#define flash_ivec FLASH_CAT(int, FLASH_VW)
+#define flash_vload FLASH_CAT(vload, FLASH_VW)
+#define flash_vstore FLASH_CAT(vstore, FLASH_VW)
 /* Row-block capacity of the private arrays: the packed kernel's FLASH_BM
  * and the direct kernels' 1, 2, 4, 8 (the host clamps FLASH_BM to 16). */
 #define FLASH_BM_MAX 16
-/* Value rows are packed to a multiple of the vector width. */
+/* Value rows are packed to a multiple of 16 (the direct kernels' slices;
+ * a multiple of every FLASH_VW). */
 #define DVP (((DV) + 15) / 16 * 16)
 
 /*
- * flash_pack — copies K transposed and V row-major into contiguous scratch,
- * with keys past kv_lens[b] (and the padding up to n_pad) zeroed, so the main
- * kernel reads 16 consecutive keys of one dimension as one vector and never
- * multiplies a padded NaN.
- *   kt[bh][d][j] = k[b, hk, j, d]     vp[bh][j][c] = v[b, hk, j, c] (c < DV, else 0)
+ * flash_pack — copies K transposed per key block and V row-major into
+ * contiguous scratch, with keys past kv_lens[b] (and the padding up to
+ * n_pad, a multiple of FLASH_BN) zeroed, so the main kernel reads a block's
+ * keys of one dimension as two vectors, the block's DK rows one after
+ * another (unit stride), and never multiplies a padded NaN.
+ *   kt[bh][j / BN][d][j % BN] = k[b, hk, j, d]
+ *   vp[bh][j][c] = v[b, hk, j, c] (c < DV, else 0)
  * NDRange: (n_pad, batch * kv_heads); any work-group shape.
  */
 __kernel void flash_pack(__global const kv_t *k, ulong k_off, ulong4 k_st,
@@ -66,15 +84,16 @@ __kernel void flash_pack(__global const kv_t *k, ulong k_off, ulong4 k_st,
   const int b = bh / kv_heads, hk = bh % kv_heads;
   const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
   const bool valid = j < sq.keys;
-  __global float *kt_head = kt + (ulong)bh * DK * (ulong)n_pad;
+  /* key j's column of its block: the block's DK rows of FLASH_BN keys */
+  __global float *kt_key =
+      kt + ((ulong)bh * (ulong)n_pad + (ulong)j / FLASH_BN * FLASH_BN) * DK + (ulong)j % FLASH_BN;
   /* K/V storage (paged, quantised): located and dequantised here, once */
   const ca_kv_pos at = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS);
   const bool use = valid && at.ok;
   const ulong k_row = ca_at(k_off, k_st, at.slot, hk, at.row, 0), v_row = ca_at(v_off, v_st, at.slot, hk, at.row, 0);
   const float ks = use ? ca_kv_scale(k_scale, ks_off, ks_st, at, hk) : 0.0f;
   const float vs = use ? ca_kv_scale(v_scale, vs_off, vs_st, at, hk) : 0.0f;
-  for (int d = 0; d < DK; d++)
-    kt_head[(ulong)d * (ulong)n_pad + j] = use ? ca_kv_load(k, k_row, k_st.s3, d, ks) : 0.0f;
+  for (int d = 0; d < DK; d++) kt_key[d * FLASH_BN] = use ? ca_kv_load(k, k_row, k_st.s3, d, ks) : 0.0f;
   __global float *vp_row = vp + ((ulong)bh * (ulong)n_pad + (ulong)j) * DVP;
   for (int c = 0; c < DVP; c++) vp_row[c] = (use && c < DV) ? ca_kv_load(v, v_row, v_st.s3, c, vs) : 0.0f;
 }
@@ -89,17 +108,38 @@ static inline int2 flash_row_keys(long i, int q_len, int kv_len, int n_valid, in
   return (int2)((int)min(lo, (long)INT_MAX), (int)max(hi, -1L));
 }
 
-static inline float flash_hmax(float16 x) {
-  float8 a = fmax(x.lo, x.hi);
-  float4 b = fmax(a.lo, a.hi);
-  float2 c = fmax(b.lo, b.hi);
+/* Horizontal max and sum of a flash_vec (fmax: NaN lanes are passed over),
+ * and the sum of a float16 (the direct kernels' dot products). */
+static inline float flash_hmax(flash_vec x) {
+#if FLASH_VW == 16
+  const float8 a = fmax(x.lo, x.hi);
+  const float4 b = fmax(a.lo, a.hi);
+#elif FLASH_VW == 8
+  const float4 b = fmax(x.lo, x.hi);
+#else
+  const float4 b = x;
+#endif
+  const float2 c = fmax(b.lo, b.hi);
   return fmax(c.x, c.y);
 }
 
-static inline float flash_hsum(float16 x) {
-  float8 a = x.lo + x.hi;
-  float4 b = a.lo + a.hi;
-  float2 c = b.lo + b.hi;
+static inline float flash_hsum(flash_vec x) {
+#if FLASH_VW == 16
+  const float8 a = x.lo + x.hi;
+  const float4 b = a.lo + a.hi;
+#elif FLASH_VW == 8
+  const float4 b = x.lo + x.hi;
+#else
+  const float4 b = x;
+#endif
+  const float2 c = b.lo + b.hi;
+  return c.x + c.y;
+}
+
+static inline float flash_hsum16(float16 x) {
+  const float8 a = x.lo + x.hi;
+  const float4 b = a.lo + a.hi;
+  const float2 c = b.lo + b.hi;
   return c.x + c.y;
 }
 
@@ -180,35 +220,47 @@ static inline void flash_store_cols(const float4 *acc, int c0, int n, bool lead,
   }
 }
 
-/* The diagnostics' update for one block of scores x (-inf = not allowed)
- * whose weights are pr = exp(x - m_safe); m_old and l_old before the block. */
-static inline void flash_diag_block(float16 x, float16 pr, float m_old, float l_old, float alpha, float m_safe, long j0,
-                             float *t, int *best) {
-  const float16 term = select((float16)(0.0f), pr * (x - m_safe), isnotequal(pr, (float16)(0.0f)));
+/* The diagnostics' update for one block of scores x0, x1 (-inf = not
+ * allowed) whose weights are p0, p1 = exp(x - m_safe); m_old and l_old
+ * before the block. */
+static inline void flash_diag_block(flash_vec x0, flash_vec x1, flash_vec p0, flash_vec p1, float m_old, float l_old,
+                                    float alpha, float m_safe, long j0, float *t, int *best) {
+  const flash_vec z = (flash_vec)(0.0f);
+  const flash_vec term =
+      select(z, p0 * (x0 - m_safe), isnotequal(p0, z)) + select(z, p1 * (x1 - m_safe), isnotequal(p1, z));
   *t = (l_old == 0.0f ? 0.0f : alpha * (*t + l_old * (m_old - m_safe))) + flash_hsum(term);
-  const float block_max = flash_hmax(x);
+  const float block_max = flash_hmax(fmax(x0, x1));
   if (block_max > m_old) {   /* strictly: on a tie the earlier key stays */
     float e[FLASH_BN];
-    vstore16(x, 0, e);
+    flash_vstore(x0, 0, e);
+    flash_vstore(x1, 0, e + FLASH_VW);
     for (int jj = FLASH_BN - 1; jj >= 0; jj--)
       if (e[jj] == block_max) *best = (int)(j0 + jj);
   }
 }
 
-/* Columns c .. c+15 of value j of KV head (b, hk): packed (DVP floats per
- * key) or read in place from the row at v_base (scale: INT8's). */
-static inline float16 flash_value16(__global const float *vp, ulong vp_head, __global const kv_t *v, ulong v_base,
-                             float v_scale, int direct, long j, int c) {
-  return direct ? ca_kv_load16(v, v_base, c, v_scale) : vload16(0, vp + vp_head + (ulong)j * DVP + c);
+/* Key j0 + jj's place when the direct kernels locate pages per half block
+ * (FLASH_VW keys on one page: at_h[jj / FLASH_VW]), else located itself. */
+static inline ca_kv_pos flash_key_at(const ca_kv_pos *at_h, bool page_halves, int b, long key, int jj,
+                                     __global const int *block_table, int bt_stride, int page_size, int num_pages,
+                                     int paged) {
+  if (page_halves) {
+    const ca_kv_pos h = at_h[jj / FLASH_VW];
+    return (ca_kv_pos){h.slot, h.row + jj % FLASH_VW, h.ok};
+  }
+  return ca_kv_locate(b, key, CA_PAGE_PASS);
 }
 
 /*
  * The fused kernel's body, shared by flash_rows (packed K^T / V) and
  * flash_rows_direct* (K and V read in place). Each work-item keeps bm
  * query rows, their running (m, l) and their DVP-wide accumulators in
- * private memory and walks the key blocks with 16-wide vector arithmetic.
- * `direct` and `bm` are constants at each call, so each kernel compiles to
- * one branch with its row loops unrolled and its accumulators in registers.
+ * private memory and walks the keys in blocks of FLASH_BN = 2 FLASH_VW:
+ * a bm x FLASH_BN register tile of scores, two vectors per row, so each
+ * query value (and each weight, for the values) is loaded once for two
+ * vector multiply-adds. `direct` and `bm` are constants at each call, so
+ * each kernel compiles to one branch with its row loops unrolled and its
+ * accumulators in registers.
  */
 static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
                        __global const float *kt, __global const float *vp, long n_pad,
@@ -265,33 +317,49 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
   const ulong kt_head = (ulong)bhk * DK * (ulong)n_pad;
   const ulong vp_head = (ulong)bhk * (ulong)n_pad * DVP;
 
-  /* Pages holding whole blocks (blocks start at multiples of FLASH_BN, and
-   * paged calls have no packed sequences: k0 = 0): direct mode locates each
-   * block once, not each key (a division each). */
-  const bool page_blocks = direct && paged && page_size % FLASH_BN == 0;
+  /* Pages holding whole half blocks (half blocks start at multiples of
+   * FLASH_VW, and paged calls have no packed sequences: k0 = 0): direct
+   * mode locates each half block once, not each key (a division each). */
+  const bool page_halves = direct && paged && page_size % FLASH_VW == 0;
   for (long j0 = j_begin; j0 < j_end; j0 += FLASH_BN) {
-    float16 sv[FLASH_BM_MAX];
-    /* with page_blocks, key j0 + jj is row at0.row + jj of page at0.slot:
-     * keys past n_valid then read rows of that page, never used */
-    const ca_kv_pos at0 = page_blocks ? ca_kv_locate(b, j0, CA_PAGE_PASS) : (ca_kv_pos){0, 0, true};
+    flash_vec s0[FLASH_BM_MAX], s1[FLASH_BM_MAX];   /* keys j0 .. j0+VW-1, j0+VW .. j0+BN-1 */
+    /* with page_halves, key j0 + jj is row at_h[h].row + jj % FLASH_VW of
+     * page at_h[h].slot (h = jj / FLASH_VW): keys past n_valid then read
+     * rows of that page (or of page 0), never used */
+    ca_kv_pos at_h[2] = {{0, 0, true}, {0, 0, true}};
+    if (page_halves) {
+      at_h[0] = ca_kv_locate(b, j0, CA_PAGE_PASS);
+      at_h[1] = ca_kv_locate(b, j0 + FLASH_VW, CA_PAGE_PASS);
+    }
     if (!direct) {
-      /* Scores: BM x 16 outer products over the head dimension, the BM
-       * accumulators held in registers (the loops over r unroll). */
+      /* Scores: bm x FLASH_BN outer products over the head dimension, the
+       * 2 bm accumulators held in registers (the loops over r unroll); the
+       * block's K^T rows lie one after another. */
 #pragma unroll
-      for (int r = 0; r < bm; r++) sv[r] = (float16)(0.0f);
-      __global const float *kt_block = kt + kt_head + j0;
+      for (int r = 0; r < bm; r++) s0[r] = s1[r] = (flash_vec)(0.0f);
+      __global const float *kt_block = kt + kt_head + (ulong)j0 * DK;
       if (additive)
         for (int d = 0; d < DK; d++) {
-          const float16 kd = vload16(0, kt_block + (ulong)d * (ulong)n_pad);
-          const float16 wd = (float16)(add_w[d]);
+          const flash_vec k0 = flash_vload(0, kt_block + d * FLASH_BN);
+          const flash_vec k1 = flash_vload(0, kt_block + d * FLASH_BN + FLASH_VW);
+          const flash_vec wd = (flash_vec)(add_w[d]);
 #pragma unroll
-          for (int r = 0; r < bm; r++) sv[r] = fma(wd, tanh((float16)(qr[r][d]) + kd), sv[r]);
+          for (int r = 0; r < bm; r++) {
+            const flash_vec qd = (flash_vec)(qr[r][d]);
+            s0[r] = fma(wd, tanh(qd + k0), s0[r]);
+            s1[r] = fma(wd, tanh(qd + k1), s1[r]);
+          }
         }
       else
         for (int d = 0; d < DK; d++) {
-          const float16 kd = vload16(0, kt_block + (ulong)d * (ulong)n_pad);
+          const flash_vec k0 = flash_vload(0, kt_block + d * FLASH_BN);
+          const flash_vec k1 = flash_vload(0, kt_block + d * FLASH_BN + FLASH_VW);
 #pragma unroll
-          for (int r = 0; r < bm; r++) sv[r] = fma((float16)(qr[r][d]), kd, sv[r]);
+          for (int r = 0; r < bm; r++) {
+            const flash_vec qd = (flash_vec)(qr[r][d]);
+            s0[r] = fma(qd, k0, s0[r]);
+            s1[r] = fma(qd, k1, s1[r]);
+          }
         }
     } else {
       /* Scores as dot products with each key row read in place (DK % 16 == 0,
@@ -299,8 +367,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
       float e[FLASH_BM_MAX][FLASH_BN];
       for (int jj = 0; jj < FLASH_BN; jj++) {
         const long j = j0 + jj;
-        const ca_kv_pos at = page_blocks ? (ca_kv_pos){at0.slot, at0.row + jj, at0.ok}
-                                         : ca_kv_locate(b, sq.k0 + min(j, (long)n_valid - 1), CA_PAGE_PASS);
+        const ca_kv_pos at = flash_key_at(at_h, page_halves, b, sq.k0 + min(j, (long)n_valid - 1), jj, CA_PAGE_PASS);
         const ulong krow = ca_at(k_off, k_st, at.slot, hk, at.row, 0);
         const float ks = ca_kv_scale(k_scale, ks_off, ks_st, at, hk);
         /* each 16 columns of the key loaded (and dequantised) once for all
@@ -320,80 +387,142 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
           }
         }
 #pragma unroll
-        for (int r = 0; r < bm; r++) e[r][jj] = flash_hsum(dot[r]);
+        for (int r = 0; r < bm; r++) e[r][jj] = flash_hsum16(dot[r]);
       }
 #pragma unroll
-      for (int r = 0; r < bm; r++) sv[r] = vload16(0, e[r]);
+      for (int r = 0; r < bm; r++) {
+        s0[r] = flash_vload(0, e[r]);
+        s1[r] = flash_vload(0, e[r] + FLASH_VW);
+      }
     }
     /* Every key of the block allowed for every row, inside this split? */
     const bool full = !has_mask && j0 >= lo_max && j0 + FLASH_BN - 1 <= hi_min &&
                       j0 >= split_begin && j0 + FLASH_BN <= split_end &&
-                      (page_blocks ? at0.ok : ca_kv_rows_ok(b, sq.k0 + j0, FLASH_BN, CA_PAGE_PASS));
+                      (page_halves ? at_h[0].ok && at_h[1].ok : ca_kv_rows_ok(b, sq.k0 + j0, FLASH_BN, CA_PAGE_PASS));
     const bool per_key = !full || has_bias || has_alibi;   /* an element-wise pass is needed */
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
-    bool zero_weight = false;   /* an allowed key's weight underflowed to exactly 0 */
+    flash_ivec zero_lanes = (flash_ivec)(0);   /* lanes where some row's weight is exactly 0 */
     for (int r = 0; r < bm; r++) {
-      float16 x = sv[r] * scale;
-      if (softcap > 0.0f) x = softcap * tanh(x / softcap);
+      flash_vec x0 = s0[r] * scale, x1 = s1[r] * scale;
+      if (softcap > 0.0f) {
+        x0 = softcap * tanh(x0 / softcap);
+        x1 = softcap * tanh(x1 / softcap);
+      }
       if (per_key) {
         float e[FLASH_BN];
-        vstore16(x, 0, e);
+        flash_vstore(x0, 0, e);
+        flash_vstore(x1, 0, e + FLASH_VW);
         const int2 keys = flash_row_keys(is[r], sq.align_m, sq.align_n, n_valid, window_left, window_right);
         for (int jj = 0; jj < FLASH_BN; jj++) {
           const long j = j0 + jj;
           bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
           if (allowed && paged) /* page in the pool */
-            allowed = page_blocks ? at0.ok : ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok;
+            allowed = page_halves ? at_h[jj / FLASH_VW].ok : ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
           if (allowed && has_bias) e[jj] += bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)];
           if (allowed && has_alibi) e[jj] += ca_alibi(is[r], j, sq.align_m, sq.align_n, alibi[hs[r]]);
           e[jj] = allowed ? e[jj] : -INFINITY;
         }
-        x = vload16(0, e);
+        x0 = flash_vload(0, e);
+        x1 = flash_vload(0, e + FLASH_VW);
       }
-      const float m_new = fmax(m[r], flash_hmax(x));
+      const float m_new = fmax(m[r], flash_hmax(fmax(x0, x1)));
       const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
-      const float16 pr = exp(x - m_safe);
-      alpha[r] = exp(m[r] - m_safe);
-      if (diag) flash_diag_block(x, pr, m[r], l[r], alpha[r], m_safe, j0, &tsum[r], &best[r]);
-      l[r] = l[r] * alpha[r] + flash_hsum(pr);
+      const flash_vec pr0 = exp(x0 - m_safe), pr1 = exp(x1 - m_safe);
+      /* an unchanged finite maximum rescales by exp(0) = 1: no call */
+      alpha[r] = m_new == m[r] && isfinite(m_new) ? 1.0f : exp(m[r] - m_safe);
+      if (diag) flash_diag_block(x0, x1, pr0, pr1, m[r], l[r], alpha[r], m_safe, j0, &tsum[r], &best[r]);
+      l[r] = l[r] * alpha[r] + flash_hsum(pr0 + pr1);
       m[r] = m_new;
-      zero_weight = zero_weight || any(isequal(pr, (float16)(0.0f)));
-      vstore16(pr, 0, p[r]);
+      zero_lanes |= isequal(pr0, (flash_vec)(0.0f)) | isequal(pr1, (flash_vec)(0.0f));
+      flash_vstore(pr0, 0, p[r]);
+      flash_vstore(pr1, 0, p[r] + FLASH_VW);
     }
-    /* Values: per 16-column slice, rescale the BM accumulators once, then
-     * add the block's weighted value rows (only keys below kv_len are read). */
-    const int n_block = (int)min((long)FLASH_BN, n_valid - j0);
-    ulong v_base[FLASH_BN];  /* direct: each key's value row, located once per block */
-    float v_sc[FLASH_BN];
-    if (direct)
+    /* Values: per slice of columns, rescale the bm accumulators once, then
+     * add the block's weighted value rows (only keys below kv_len are read).
+     * A zero weight (disallowed, or underflowed) mixes nothing in, even a
+     * NaN or Inf value: without one, no guard is needed. */
+    const bool guard = !full || any(zero_lanes); /* an allowed key's weight underflowed to exactly 0 */
+    const int n_block = guard ? (int)min((long)FLASH_BN, n_valid - j0) : FLASH_BN;
+    if (!direct) {
+      /* two vectors of columns per step: each weight feeds two multiply-adds */
+      __global const float *v_block = vp + vp_head + (ulong)j0 * DVP;
+      for (int c = 0; c + 2 * FLASH_VW <= DVP; c += 2 * FLASH_VW) {
+        flash_vec a0[FLASH_BM_MAX], a1[FLASH_BM_MAX];
+#pragma unroll
+        for (int r = 0; r < bm; r++) {
+          a0[r] = flash_vload(0, acc[r] + c) * alpha[r];
+          a1[r] = flash_vload(0, acc[r] + c + FLASH_VW) * alpha[r];
+        }
+        if (!guard) {
+          for (int jj = 0; jj < FLASH_BN; jj++) {
+            const flash_vec v0 = flash_vload(0, v_block + jj * DVP + c);
+            const flash_vec v1 = flash_vload(0, v_block + jj * DVP + c + FLASH_VW);
+#pragma unroll
+            for (int r = 0; r < bm; r++) {
+              const flash_vec w = (flash_vec)(p[r][jj]);
+              a0[r] = fma(w, v0, a0[r]);
+              a1[r] = fma(w, v1, a1[r]);
+            }
+          }
+        } else {
+          for (int jj = 0; jj < n_block; jj++) {
+            const flash_vec v0 = flash_vload(0, v_block + jj * DVP + c);
+            const flash_vec v1 = flash_vload(0, v_block + jj * DVP + c + FLASH_VW);
+#pragma unroll
+            for (int r = 0; r < bm; r++) {
+              const flash_vec w = (flash_vec)(p[r][jj]);
+              const bool use = p[r][jj] != 0.0f;
+              a0[r] = use ? fma(w, v0, a0[r]) : a0[r];
+              a1[r] = use ? fma(w, v1, a1[r]) : a1[r];
+            }
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < bm; r++) {
+          flash_vstore(a0[r], 0, acc[r] + c);
+          flash_vstore(a1[r], 0, acc[r] + c + FLASH_VW);
+        }
+      }
+#if DVP % (2 * FLASH_VW) != 0
+      { /* the last FLASH_VW columns, one vector */
+        const int c = DVP - FLASH_VW;
+        flash_vec a0[FLASH_BM_MAX];
+#pragma unroll
+        for (int r = 0; r < bm; r++) a0[r] = flash_vload(0, acc[r] + c) * alpha[r];
+        for (int jj = 0; jj < n_block; jj++) {
+          const flash_vec v0 = flash_vload(0, v_block + jj * DVP + c);
+#pragma unroll
+          for (int r = 0; r < bm; r++)
+            a0[r] = !guard || p[r][jj] != 0.0f ? fma((flash_vec)(p[r][jj]), v0, a0[r]) : a0[r];
+        }
+#pragma unroll
+        for (int r = 0; r < bm; r++) flash_vstore(a0[r], 0, acc[r] + c);
+      }
+#endif
+    } else {
+      /* each key's value row, located once per block, read in place 16 columns at a time */
+      ulong v_base[FLASH_BN];
+      float v_sc[FLASH_BN];
       for (int jj = 0; jj < FLASH_BN; jj++) {
-        const ca_kv_pos at = page_blocks ? (ca_kv_pos){at0.slot, at0.row + jj, at0.ok}
-                                         : ca_kv_locate(b, sq.k0 + min(j0 + jj, (long)n_valid - 1), CA_PAGE_PASS);
+        const ca_kv_pos at =
+            flash_key_at(at_h, page_halves, b, sq.k0 + min(j0 + jj, (long)n_valid - 1), jj, CA_PAGE_PASS);
         v_base[jj] = ca_at(v_off, v_st, at.slot, hk, at.row, 0);
         v_sc[jj] = ca_kv_scale(v_scale, vs_off, vs_st, at, hk);
       }
-    for (int c = 0; c < DVP; c += 16) {
-      float16 a[FLASH_BM_MAX];
+      for (int c = 0; c < DVP; c += 16) {
+        float16 a[FLASH_BM_MAX];
 #pragma unroll
-      for (int r = 0; r < bm; r++) a[r] = vload16(0, acc[r] + c) * alpha[r];
-      if (full && !zero_weight) {   /* no guard needed: every weight is nonzero */
-        for (int jj = 0; jj < FLASH_BN; jj++) {
-          const float16 vv = flash_value16(vp, vp_head, v, v_base[jj], v_sc[jj], direct, j0 + jj, c);
-#pragma unroll
-          for (int r = 0; r < bm; r++) a[r] = fma((float16)(p[r][jj]), vv, a[r]);
-        }
-      } else {
+        for (int r = 0; r < bm; r++) a[r] = vload16(0, acc[r] + c) * alpha[r];
         for (int jj = 0; jj < n_block; jj++) {
-          const float16 vv = flash_value16(vp, vp_head, v, v_base[jj], v_sc[jj], direct, j0 + jj, c);
-          /* a zero weight (disallowed, or underflowed) mixes nothing in, even a NaN or Inf value */
+          const float16 vv = ca_kv_load16(v, v_base[jj], c, v_sc[jj]);
 #pragma unroll
           for (int r = 0; r < bm; r++)
-            a[r] = p[r][jj] != 0.0f ? fma((float16)(p[r][jj]), vv, a[r]) : a[r];
+            a[r] = !guard || p[r][jj] != 0.0f ? fma((float16)(p[r][jj]), vv, a[r]) : a[r];
         }
-      }
 #pragma unroll
-      for (int r = 0; r < bm; r++) vstore16(a[r], 0, acc[r] + c);
+        for (int r = 0; r < bm; r++) vstore16(a[r], 0, acc[r] + c);
+      }
     }
   }
 
@@ -407,7 +536,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
 
 /*
  * flash_rows — the fused kernel over packed K^T / V (flash_pack): scores as
- * outer products, 16 keys per vector; any head dims and strides.
+ * outer products, FLASH_VW keys per vector; any head dims and strides.
  * flash_rows_direct{1,2,4,8} — the same over K and V read in place with 1,
  * 2, 4 or 8 rows per work-item, for calls with few rows per KV head
  * (decode), where packing would cost more than it saves; they need DK and

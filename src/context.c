@@ -50,8 +50,9 @@ static void describe(clattn_context *ctx) {
   else if (t->flash_wg > 0)
     snprintf(fused, sizeof fused, "flash_tiled, %d rows per work-group, K/V tiles in local memory", t->flash_wg);
   else
-    snprintf(fused, sizeof fused, "flash_rows, %d rows per work-item, 16-wide vectors; decode reads K/V in place",
-             t->flash_bm);
+    snprintf(fused, sizeof fused,
+             "flash_rows, %d rows per work-item, %d-wide vectors, %d keys per block; decode reads K/V in place",
+             t->flash_bm, t->flash_vw, 2 * t->flash_vw);
   snprintf(ctx->description, sizeof ctx->description,
            "platform: %s\n"
            "device: %s (%s, driver %s)\n"

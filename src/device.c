@@ -121,6 +121,14 @@ clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *ma
               "clGetDeviceInfo(CL_DEVICE_MAX_PARAMETER_SIZE)");
   CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_ADDRESS_BITS, sizeof caps->address_bits, &caps->address_bits, NULL),
               "clGetDeviceInfo(CL_DEVICE_ADDRESS_BITS)");
+  CA_CHECK_CL(st,
+              clGetDeviceInfo(device, CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT, sizeof caps->vec_float_pref,
+                              &caps->vec_float_pref, NULL),
+              "clGetDeviceInfo(CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT)");
+  CA_CHECK_CL(st,
+              clGetDeviceInfo(device, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT, sizeof caps->vec_float_native,
+                              &caps->vec_float_native, NULL),
+              "clGetDeviceInfo(CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT)");
   size_t ext_size = 0;
   CA_CHECK_CL(st, clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_size),
               "clGetDeviceInfo(CL_DEVICE_EXTENSIONS)");
@@ -133,6 +141,15 @@ clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *ma
   CA_CHECK_CL(st, err, "clGetDeviceInfo(CL_DEVICE_EXTENSIONS)");
 fail:
   return st;
+}
+
+/* flash_rows' floats per vector: the wider of the device's preferred and
+ * native float vector widths (POCL: the SIMD registers, 16 with AVX-512, 8
+ * with AVX2), as a power of two clamped to 4 .. 16; 16 when the device
+ * reports neither. Its key blocks are twice that (two vectors per step). */
+int ca_flash_vw(const tl_device *caps) {
+  const cl_uint w = caps->vec_float_pref > caps->vec_float_native ? caps->vec_float_pref : caps->vec_float_native;
+  return w == 0 ? 16 : w >= 16 ? 16 : w >= 8 ? 8 : 4;
 }
 
 int ca_device_float_atomics(cl_device_id device) {

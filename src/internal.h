@@ -109,6 +109,9 @@ void ca_platform_string(cl_platform_id platform, cl_platform_info what, char *bu
 /* Whether the device adds floats atomically itself (cl_ext_float_atomics on
  * an OpenCL 3.0 device); elsewhere the backward's atomic dQ adds by compare-and-swap. */
 int ca_device_float_atomics(cl_device_id device);
+/* flash_rows' floats per vector (FLASH_VW: 4, 8 or 16), a pure function of
+ * the device's float vector widths; its key blocks hold twice that. */
+int ca_flash_vw(const tl_device *caps);
 
 /* ---- programs (program.c) ---- */
 
@@ -255,7 +258,8 @@ ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget);
 
 /* How the fused path splits kv_len keys across work-items when `items` row
  * blocks alone would leave compute units idle: ranges of split_keys keys (a
- * multiple of 16, or kv_len when unsplit), n_splits of them. Range s is
+ * multiple of 16, or kv_len when unsplit; ca_plan_fused rounds them up to
+ * flash_rows' key block), n_splits of them. Range s is
  * [s * split_keys, min(kv_len, (s + 1) * split_keys)); its end can pass
  * INT_MAX, so kernels take ranges in 64 bits. */
 typedef struct {

@@ -12,7 +12,7 @@
 
 #include "internal.h"
 
-enum { FLASH_BN = 16 };        /* keys per block; cl/flash.cl's FLASH_BN */
+enum { SPLIT_ROUND = 16 };     /* split ranges' multiple: the GPU kernels' */
 enum { MIN_SPLIT_KEYS = 256 }; /* a split smaller than this costs more than it hides */
 
 ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget) {
@@ -73,7 +73,7 @@ ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items,
   while (splits < max_splits && eff[splits] < 0.85 * best) splits++;
   if (splits == 1) return sp;
   /* at most kv_len / 2 rounded up to 16: fits an int */
-  sp.split_keys = (int)ca_round_up(((size_t)kv_len + splits - 1) / splits, FLASH_BN);
+  sp.split_keys = (int)ca_round_up(((size_t)kv_len + splits - 1) / splits, SPLIT_ROUND);
   sp.n_splits = ((size_t)kv_len + (size_t)sp.split_keys - 1) / (size_t)sp.split_keys;
   return sp;
 }
@@ -97,11 +97,13 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
   const int wg = ctx->tiles.flash_wg; /* > 0: the work-group kernels (GPUs) */
   const int plain = !plan->diag && p->score != CLATTN_SCORE_ADDITIVE;
   const size_t unit = plan->kv_dtype == CLATTN_Q8_0 ? 34 : 1;
+  /* flash_rows*' keys per block (cl/flash.cl's FLASH_BN): two vectors */
+  const size_t key_block = 2 * (size_t)(ctx->tiles.flash_vw > 0 ? ctx->tiles.flash_vw : 16);
   const int direct = !wg && rows_per_kv <= 8 && p->head_dim % 16 == 0 && p->value_dim % 16 == 0 &&
                      p->k.stride[3] == unit && p->v.stride[3] == unit;
   l->packed = !wg && !direct;
   if (l->packed) {
-    const size_t n_pad = ca_round_up((size_t)p->kv_len, FLASH_BN); /* 2^31 for kv_len near INT_MAX: a long */
+    const size_t n_pad = ca_round_up((size_t)p->kv_len, key_block); /* 2^31 for kv_len near INT_MAX: a long */
     l->n_pad = (cl_long)n_pad;
     /* Dimensions are positive ints, so these products of at most three fit in 64 bits. */
     l->kt_bytes = (cl_ulong)kv_pairs * (cl_ulong)p->head_dim * n_pad * sizeof(float);
@@ -136,6 +138,13 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
    * rows mapped by the merge: with either, one pass. */
   l->splits = plan->diag || p->cu_seqlens_q ? (ca_splits){p->kv_len, 1}
                                             : ca_plan_splits(&ctx->caps, group_items, row_blocks * kv_pairs, p->kv_len);
+  /* flash_rows*: each range a whole number of key blocks (at most kv_len / 2
+   * + 2 key blocks: an int) */
+  if (!wg && l->splits.n_splits > 1 && (size_t)l->splits.split_keys % key_block) {
+    const size_t keys = ca_round_up((size_t)l->splits.split_keys, key_block);
+    l->splits.n_splits = ((size_t)p->kv_len + keys - 1) / keys;
+    l->splits.split_keys = l->splits.n_splits > 1 ? (int)keys : p->kv_len;
+  }
   snprintf(l->kernel, sizeof l->kernel,
            decode   ? "flash_decode"
            : block  ? "flash_block"

@@ -26,6 +26,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.mix_tv = 16;
     t.mix_tj = 32;
     t.flash_bm = 8;
+    t.flash_vw = 0; /* the device's vector width: ca_flash_vw (device.c) */
     t.flash_wg = 0; /* register-blocked rows with 16-wide vectors: see cl/flash.cl */
     t.block_half = 0;
     t.block_rm = t.block_rn = 0; /* flash_block's tile per head dim (tl_flash_block) */
@@ -42,6 +43,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.mix_tj = 16;
     if (dev->value_dim > 0 && dev->value_dim <= 8) t.mix_tv = 8, t.mix_tm = 32;
     t.flash_bm = 4;
+    t.flash_vw = 0;
     t.flash_wg = simd >= 64 ? simd : 64; /* one row per work-item, K/V tiles in local memory */
     t.block_half = dev->fp16;            /* a device with half arithmetic converts half loads natively */
     t.block_rm = t.block_rn = 0;         /* flash_block's tile per head dim (tl_flash_block) */
@@ -79,6 +81,7 @@ int tl_clamp(tl_tiles *t, const tl_device *dev) {
   fit_2d(&t->mix_tv, &t->mix_tm, dev);
   t->softmax_wg = floor_pow2((size_t)(t->softmax_wg > 0 ? t->softmax_wg : 1));
   t->flash_bm = t->flash_bm < 1 ? 1 : t->flash_bm > 16 ? 16 : t->flash_bm;
+  if (t->flash_vw) t->flash_vw = t->flash_vw >= 16 ? 16 : t->flash_vw >= 8 ? 8 : 4;
   if (t->flash_wg > 0) {
     t->flash_wg = floor_pow2((size_t)t->flash_wg);
     while ((size_t)t->flash_wg > dev->max_wg || (size_t)t->flash_wg > dev->max_item[0]) t->flash_wg /= 2;
@@ -200,6 +203,6 @@ void tl_core_options(const tl_tiles *t, char *buf, size_t size) {
 
 void tl_fused_options(const tl_tiles *t, char *buf, size_t size) {
   size_t len = strlen(buf);
-  snprintf(buf + len, size > len ? size - len : 0, " -D FLASH_BM=%d -D FLASH_WG=%d", t->flash_bm,
-           t->flash_wg > 0 ? t->flash_wg : 1);
+  snprintf(buf + len, size > len ? size - len : 0, " -D FLASH_BM=%d -D FLASH_VW=%d -D FLASH_WG=%d", t->flash_bm,
+           t->flash_vw > 0 ? t->flash_vw : 16, t->flash_wg > 0 ? t->flash_wg : 1);
 }

@@ -11,16 +11,18 @@
 /* What a device reports that tile choice depends on. */
 typedef struct {
   cl_device_type type;
-  cl_ulong local_mem;      /* CL_DEVICE_LOCAL_MEM_SIZE */
-  size_t max_wg;           /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
-  size_t max_item[3];      /* CL_DEVICE_MAX_WORK_ITEM_SIZES */
-  size_t pref_multiple;    /* CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE */
-  cl_uint compute_units;   /* CL_DEVICE_MAX_COMPUTE_UNITS */
-  int head_dim, value_dim; /* 0 = not known yet */
-  cl_uint vendor_id;       /* CL_DEVICE_VENDOR_ID: 0x1002 AMD, 0x10de NVIDIA, 0x8086 Intel; 0 = not known */
-  int fp16;                /* cl_khr_fp16 among CL_DEVICE_EXTENSIONS: half arithmetic and half local memory */
-  size_t max_param;        /* CL_DEVICE_MAX_PARAMETER_SIZE: bytes of a kernel's arguments; 0 = not known */
-  cl_uint address_bits;    /* CL_DEVICE_ADDRESS_BITS: 32 or 64; 0 = not known */
+  cl_ulong local_mem;       /* CL_DEVICE_LOCAL_MEM_SIZE */
+  size_t max_wg;            /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+  size_t max_item[3];       /* CL_DEVICE_MAX_WORK_ITEM_SIZES */
+  size_t pref_multiple;     /* CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE */
+  cl_uint compute_units;    /* CL_DEVICE_MAX_COMPUTE_UNITS */
+  int head_dim, value_dim;  /* 0 = not known yet */
+  cl_uint vendor_id;        /* CL_DEVICE_VENDOR_ID: 0x1002 AMD, 0x10de NVIDIA, 0x8086 Intel; 0 = not known */
+  int fp16;                 /* cl_khr_fp16 among CL_DEVICE_EXTENSIONS: half arithmetic and half local memory */
+  size_t max_param;         /* CL_DEVICE_MAX_PARAMETER_SIZE: bytes of a kernel's arguments; 0 = not known */
+  cl_uint address_bits;     /* CL_DEVICE_ADDRESS_BITS: 32 or 64; 0 = not known */
+  cl_uint vec_float_pref;   /* CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT; 0 = not known */
+  cl_uint vec_float_native; /* CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT; 0 = not known */
 } tl_device;
 
 enum { TL_VENDOR_AMD = 0x1002, TL_VENDOR_INTEL = 0x8086 };
@@ -35,6 +37,8 @@ typedef struct {
   int block_half;                   /* flash_block: f16 K/V tiles kept as half in local memory (cl_khr_fp16) */
   int block_rm, block_rn;           /* flash_block's tuned tile (tuning file, CLATTN_BLOCK_RM/RN): one of
                                        TL_BLOCK_PAIRS, or 0 x 0 = tl_flash_block's choice per head dim */
+  int flash_vw;                     /* fused, flash_rows: floats per vector, 4, 8 or 16 (keys per block: twice
+                                       that); 0 = not chosen yet (ca_flash_vw in device.c chooses it) */
 } tl_tiles;
 
 /* Defaults from the device description, clamped to its limits. */
@@ -103,7 +107,7 @@ size_t tl_decode_local_bytes(int keys, int head_dim, int value_dim);
  * program's options (and cache key) and leaves the others' binaries valid.
  * The core program: qk_score's SCORE_*, softmax_rows' SOFTMAX_WG, mix_values' MIX_*. */
 void tl_core_options(const tl_tiles *t, char *buf, size_t size);
-/* The fused program: flash_rows' FLASH_BM, flash_tiled's FLASH_WG. */
+/* The fused program: flash_rows' FLASH_BM and FLASH_VW, flash_tiled's FLASH_WG. */
 void tl_fused_options(const tl_tiles *t, char *buf, size_t size);
 
 #endif

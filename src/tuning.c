@@ -207,6 +207,18 @@ static void apply_environment(clattn_context *ctx) {
     ctx->origin[vars[i].t] = CA_FROM_ENV;
   }
   apply_block_environment(ctx);
+  /* CLATTN_FLASH_VW=4|8|16: flash_rows' floats per vector instead of the
+   * device's (ca_flash_vw) */
+  const char *vw = getenv("CLATTN_FLASH_VW");
+  if (vw && *vw) {
+    if (!strcmp(vw, "4") || !strcmp(vw, "8") || !strcmp(vw, "16"))
+      ctx->tiles.flash_vw = atoi(vw);
+    else {
+      size_t at = strlen(ctx->env_note);
+      snprintf(ctx->env_note + at, sizeof ctx->env_note - at, "%signored CLATTN_FLASH_VW = %s: must be 4, 8 or 16",
+               at ? "; " : "", vw);
+    }
+  }
   const char *block = getenv("CLATTN_FLASH_BLOCK");
   ctx->flash_block = !(block && strcmp(block, "0") == 0);
   /* CLATTN_BLOCK_HALF=1/0 forces flash_block's half K/V tiles on or off
@@ -223,6 +235,7 @@ static void apply_environment(clattn_context *ctx) {
 
 void ca_tuning_choose(clattn_context *ctx, const char *tuning_file) {
   ctx->tiles = tl_choose(&ctx->caps);
+  ctx->tiles.flash_vw = ca_flash_vw(&ctx->caps);
   ctx->scratch_budget = DEFAULT_SCRATCH_BYTES;
   for (int t = 0; t < CA_T_COUNT; t++) ctx->origin[t] = CA_FROM_QUERY;
   for (int c = 0; c < CA_CLASS_COUNT; c++) ctx->auto_algo[c] = CLATTN_ALGO_AUTO;

@@ -7,12 +7,14 @@
  *   gpu_programs PROFILE OUT_DIR      PROFILE: amd-wave64, amd-wave32, nvidia
  *
  * The device descriptions are what such devices report through OpenCL
- * (tile choice is a pure function of them: src/tiles.c).
+ * (tile choice is a pure function of them: src/tiles.c; flash_rows' vector
+ * width from their float vector widths, given as 1 here: ca_flash_vw).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "internal.h"
 #include "program_text.h"
 
 static int find_profile(const char *name, tl_device *dev) {
@@ -21,11 +23,13 @@ static int find_profile(const char *name, tl_device *dev) {
     tl_device dev;
   } profiles[] = {
       /* CDNA (MI200/MI300): 64-wide wavefronts, 64 KiB LDS, 1024-item groups */
-      {"amd-wave64", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0, 0x1002, 1, 1024, 64}},
+      {"amd-wave64",
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0, 0x1002, 1, 1024, 64, 1, 1}},
       /* RDNA 3 (gfx1100): 32-wide waves */
-      {"amd-wave32", {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0, 0x1002, 1, 1024, 64}},
+      {"amd-wave32",
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0, 0x1002, 1, 1024, 64, 1, 1}},
       /* NVIDIA's OpenCL: 32-wide warps, 48 KiB local memory, no cl_khr_fp16 (the widening path) */
-      {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0, 0x10de, 0, 4352, 64}},
+      {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0, 0x10de, 0, 4352, 64, 1, 1}},
   };
   for (size_t i = 0; i < sizeof profiles / sizeof profiles[0]; i++)
     if (strcmp(name, profiles[i].name) == 0) {
@@ -72,6 +76,7 @@ int main(int argc, char **argv) {
     char name[64];
     dev.head_dim = dev.value_dim = 0;
     tl_tiles tiles = tl_choose(&dev);
+    tiles.flash_vw = ca_flash_vw(&dev); /* as ca_tuning_choose sets it */
     ca_core_text(&tiles, dtypes[t].dtype, &text);
     snprintf(name, sizeof name, "core-%s", dtypes[t].name);
     if (write_program(argv[2], name, &text)) return 1;
@@ -96,6 +101,7 @@ int main(int argc, char **argv) {
     char name[64];
     dev.head_dim = dev.value_dim = 0;
     tl_tiles tiles = tl_choose(&dev);
+    tiles.flash_vw = ca_flash_vw(&dev); /* as ca_tuning_choose sets it */
     ca_core_kv_text(&tiles, CLATTN_F16, kv[c].dtype, &text);
     snprintf(name, sizeof name, "core-f16-kv%s", kv[c].name);
     if (write_program(argv[2], name, &text)) return 1;

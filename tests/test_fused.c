@@ -16,8 +16,11 @@
  * reads K and V in place). On a 2-unit CPU, H=32/Hkv=8 decode does not split
  * (8 row blocks); the MQA and H=8/Hkv=2 shapes do.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kit_checks.h"
 
@@ -42,6 +45,23 @@ static cl_uint compute_units(void) {
 
 static size_t round16(size_t x) { return (x + 15) / 16 * 16; }
 
+/* flash_rows' keys per block, which the packed K^T and V are padded to:
+ * from the context's description ("..., N keys per block"), 16 where it
+ * names none (the work-group kernels, which pack nothing). */
+static size_t g_key_block;
+
+static size_t key_block(void) {
+  if (g_key_block == 0) {
+    const char *d = clattn_describe(ct_context());
+    const char *at = d ? strstr(d, " keys per block") : NULL;
+    const char *num = at;
+    while (num && num > d && isdigit((unsigned char)num[-1])) num--;
+    g_key_block = num && num < at ? strtoul(num, NULL, 10) : 16;
+    if (g_key_block == 0) g_key_block = 16;
+  }
+  return g_key_block;
+}
+
 /* Whether the fused path should split this shape's keys (see the header;
  * rows per work-item 4: a larger register block splits at least as often). */
 static int split_expected(const cp_shape *s) {
@@ -52,9 +72,11 @@ static int split_expected(const cp_shape *s) {
 
 /* Whether a fused call's peak scratch shows partial states: at least two
  * states of every output row beyond what the call needs without a split
- * (the packed K^T and V, or nothing where K and V are read in place). */
+ * (the packed K^T and V over kv_len padded to the key block, or nothing
+ * where K and V are read in place). */
 static int split_observed(const cp_shape *s, size_t peak) {
-  size_t pack = (size_t)s->batch * s->kv_heads * round16((size_t)s->kv_len) *
+  const size_t n_pad = ((size_t)s->kv_len + key_block() - 1) / key_block() * key_block();
+  size_t pack = (size_t)s->batch * s->kv_heads * n_pad *
                 ((size_t)s->head_dim + round16((size_t)s->value_dim)) * sizeof(float);
   size_t rows = (size_t)s->batch * s->q_heads * s->q_len;
   size_t partial = peak >= pack ? peak - pack : peak;

@@ -3,23 +3,24 @@
 #include <string.h>
 
 #include "check.h"
+#include "internal.h"
 #include "program_text.h"
 #include "tiles.h"
 
 static tl_device nvidia_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 128, 128, 0x10de, 0, 4352, 64};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 128, 128, 0x10de, 0, 4352, 64, 1, 1};
   return d;
 }
 static tl_device amd_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 256, {1024, 1024, 1024}, 64, 96, 64, 64, 0x1002, 1, 1024, 64};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 256, {1024, 1024, 1024}, 64, 96, 64, 64, 0x1002, 1, 1024, 64, 1, 1};
   return d;
 }
 static tl_device intel_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 16, 96, 128, 128, 0x8086, 1, 1024, 64};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 16, 96, 128, 128, 0x8086, 1, 1024, 64, 1, 1};
   return d;
 }
 static tl_device cpu_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_CPU, 1024 * 1024, 4096, {4096, 4096, 4096}, 8, 2, 0, 0, 0x8086, 0, 1024, 64};
+  tl_device d = {CL_DEVICE_TYPE_CPU, 1024 * 1024, 4096, {4096, 4096, 4096}, 8, 2, 0, 0, 0x8086, 0, 1024, 64, 8, 8};
   return d;
 }
 
@@ -75,7 +76,7 @@ static void cpu_tiles_are_wide_and_short(void) {
 }
 
 static void small_device_is_clamped_to_its_limits(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 2048, 64, {64, 8, 1}, 32, 4, 256, 256, 0, 0, 0, 0};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 2048, 64, {64, 8, 1}, 32, 4, 256, 256, 0, 0, 0, 0, 1, 1};
   tl_tiles t = tl_choose(&d);
   check_fits(&t, &d, "small");
   CHECK(tl_clamp(&t, &d) == 0);
@@ -83,14 +84,14 @@ static void small_device_is_clamped_to_its_limits(void) {
 
 static void oversized_tiles_shrink_to_fit(void) {
   tl_device d = amd_like();
-  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096, 0, 0, 0};
+  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096, 0, 0, 0, 0};
   CHECK(tl_clamp(&t, &d) == 0);
   check_fits(&t, &d, "clamped");
   CHECK(t.flash_bm <= 16 && (size_t)t.flash_wg <= d.max_wg);
 }
 
 static void device_that_fits_nothing_is_refused(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 0, 64, {64, 64, 64}, 32, 4, 64, 64, 0, 0, 0, 0};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 0, 64, {64, 64, 64}, 32, 4, 64, 64, 0, 0, 0, 0, 1, 1};
   tl_tiles t = tl_choose(&d);
   CHECK(tl_clamp(&t, &d) == -1);
 }
@@ -104,13 +105,13 @@ static void each_program_gets_only_its_tiles(void) {
   ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused);
   ca_backward_text(64, 64, CLATTN_F32, &backward);
   const char *core_names[] = {"SCORE_TM=", "SCORE_TN=", "SCORE_TK=", "SOFTMAX_WG=", "MIX_TM=", "MIX_TV=", "MIX_TJ="};
-  const char *fused_names[] = {"FLASH_BM=", "FLASH_WG="};
+  const char *fused_names[] = {"FLASH_BM=", "FLASH_WG=", "FLASH_VW="};
   for (int i = 0; i < 7; i++) {
     CHECKF(strstr(core.options, core_names[i]) != NULL, "core options lack %s: %s", core_names[i], core.options);
     CHECKF(strstr(fused.options, core_names[i]) == NULL, "fused options carry %s: %s", core_names[i], fused.options);
     CHECKF(strstr(backward.options, core_names[i]) == NULL, "backward options carry %s", core_names[i]);
   }
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) {
     CHECKF(strstr(fused.options, fused_names[i]) != NULL, "fused options lack %s: %s", fused_names[i], fused.options);
     CHECKF(strstr(core.options, fused_names[i]) == NULL, "core options carry %s: %s", fused_names[i], core.options);
     CHECKF(strstr(backward.options, fused_names[i]) == NULL, "backward options carry %s", fused_names[i]);
@@ -273,6 +274,31 @@ static void tuned_block_tile_steps_down_per_head_dim(void) {
   CHECK(tl_flash_block_tuned(&nv, 64, 64, (tl_block){1, 1}, &blk) != 0);
 }
 
+/* flash_rows' vector width from the device's float vector widths: the
+ * wider, as a power of two in 4..16; 16 when neither is reported. The key
+ * block (2 VW) then divides the fused options' FLASH_VW. */
+static void flash_vector_width_follows_the_device(void) {
+  const struct {
+    cl_uint pref, native;
+    int vw;
+  } cases[] = {{16, 16, 16}, {8, 8, 8},    {4, 8, 8},  {8, 16, 16}, {1, 1, 4}, {0, 1, 4},
+               {0, 0, 16},   {32, 32, 16}, {12, 0, 8}, {3, 3, 4},   {4, 4, 4}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    tl_device d = cpu_like();
+    d.vec_float_pref = cases[i].pref;
+    d.vec_float_native = cases[i].native;
+    CHECKF(ca_flash_vw(&d) == cases[i].vw, "preferred %u, native %u: %d, want %d", cases[i].pref, cases[i].native,
+           ca_flash_vw(&d), cases[i].vw);
+  }
+  tl_device d = cpu_like();
+  tl_tiles t = tl_choose(&d);
+  t.flash_vw = ca_flash_vw(&d);
+  CHECK(tl_clamp(&t, &d) == 0 && t.flash_vw == 8);
+  ca_program_text fused;
+  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused);
+  CHECKF(strstr(fused.options, "-D FLASH_VW=8 ") != NULL, "fused options: %s", fused.options);
+}
+
 int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(gpu_tiles_fit_and_fill_a_warp),
@@ -284,6 +310,7 @@ int main(int argc, char **argv) {
       CT_TEST(retuning_one_tile_leaves_other_programs_alone),
       CT_TEST(block_tiles_fit_local_memory_and_registers),
       CT_TEST(tuned_block_tile_steps_down_per_head_dim),
+      CT_TEST(flash_vector_width_follows_the_device),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }
