@@ -4,7 +4,10 @@
 #   tools/scripts/sanitize.sh [asan|tsan|all]          default: all
 #
 #   asan  build-asan: AddressSanitizer + UndefinedBehaviorSanitizer (and
-#         LeakSanitizer at exit); runs the WHOLE test suite.
+#         LeakSanitizer at exit); runs the test suite but for the repeats
+#         with a GPU kernel forced (suite gpu-kernels: the same host code as
+#         their default runs, half the suite's time on POCL) and the GPU
+#         code generation (suite codegen: clang, not clattn, at work).
 #   tsan  build-tsan: ThreadSanitizer; runs the threads test (eight host
 #         threads, 1000 clattn_forward calls on shared and own queues) and
 #         the first-use test (eight threads in clattn_create and in their
@@ -14,9 +17,9 @@
 # POCL, the OpenCL ICD loader, LLVM and CLBlast are not instrumented: the
 # suppression files (tests/lsan.supp, tests/tsan.supp) name only those
 # libraries, never clattn's own code. Extra arguments after the mode go to
-# `meson test` (e.g. a test name). Environment: CC (default gcc),
-# SANITIZE_JOBS (parallel tests, default 2), SANITIZE_TIMEOUT_MULTIPLIER
-# (default 1: the suite's own timeouts).
+# `meson test` in place of the default selection (e.g. a test name).
+# Environment: CC (default gcc), SANITIZE_JOBS (parallel tests, default 2),
+# SANITIZE_TIMEOUT_MULTIPLIER (default 1: the suite's own timeouts).
 #
 # Installs what is missing with apt-get (as root, or through sudo). Exits
 # non-zero when a build or a test fails or a sanitizer reports anything.
@@ -28,7 +31,7 @@ mode=${1:-all}
 shift || true
 case "$mode" in
   asan|tsan|all) ;;
-  -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
   *) echo "usage: tools/scripts/sanitize.sh [asan|tsan|all] [meson test args...]" >&2; exit 2 ;;
 esac
 
@@ -111,7 +114,7 @@ PY
 }
 
 run_asan() {
-  echo "== ASan + UBSan: build-asan, the whole test suite ==" >&2
+  echo "== ASan + UBSan: build-asan, the test suite (but suites gpu-kernels and codegen) ==" >&2
   configure build-asan address,undefined || { summary+=("asan: build FAILED"); status=1; return; }
   # meson keeps these when set (its own defaults otherwise); suppressions by absolute path.
   # use_sigaltstack=0: POCL's LLVM installs its own alternate signal stack
@@ -121,8 +124,10 @@ run_asan() {
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:print_summary=1
   export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=1
   rm -f build-asan/meson-logs/asan.json build-asan/meson-logs/asan.txt
+  local only=(--no-suite gpu-kernels --no-suite codegen)
+  [ $# -eq 0 ] || only=("$@")
   meson test -C build-asan --print-errorlogs --num-processes "$jobs" --logbase asan \
-    --timeout-multiplier "$multiplier" "$@" || true
+    --timeout-multiplier "$multiplier" "${only[@]}" || true
   local log=build-asan/meson-logs/asan.txt
   if [ ! -f build-asan/meson-logs/asan.json ]; then
     summary+=("asan+ubsan: meson test did not run"); status=1; return
