@@ -11,7 +11,7 @@
 #   fuzz              libFuzzer on clattn_forward for 60 s
 #   fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
 #
-#   tools/scripts/test.sh            all stages (27 minutes on a clean clone, warm kernel caches, 2 cores)
+#   tools/scripts/test.sh            all stages (46 minutes on 2 cores, kernel caches mostly warm; see README)
 #   tools/scripts/test.sh --quick    the first two stages (suite, python)
 #
 # Exit status: 0 when every stage passed or was skipped (exit 77, named in
