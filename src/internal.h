@@ -258,8 +258,8 @@ ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget);
 
 /* How the fused path splits kv_len keys across work-items when `items` row
  * blocks alone would leave compute units idle: ranges of split_keys keys (a
- * multiple of 16, or kv_len when unsplit; ca_plan_fused rounds them up to
- * flash_rows' key block), n_splits of them. Range s is
+ * multiple of the kernel's key block: 16 for the GPU kernels, flash_rows'
+ * 2 * FLASH_VW; or kv_len when unsplit), n_splits of them. Range s is
  * [s * split_keys, min(kv_len, (s + 1) * split_keys)); its end can pass
  * INT_MAX, so kernels take ranges in 64 bits. */
 typedef struct {
@@ -268,8 +268,8 @@ typedef struct {
 } ca_splits;
 /* A pure function of the device (compute units, type, vendor, max_wg), the
  * kernel's work-items per group, the number of work-groups per split
- * (items) and kv_len: see plan.c. */
-ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len);
+ * (items), kv_len and the key block the ranges are multiples of: see plan.c. */
+ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len, size_t multiple);
 
 /* How a fused call runs (plan.c's ca_plan_fused): the program and kernel,
  * its grid, the packed copies of K and V (flash_rows: kt_bytes, vp_bytes

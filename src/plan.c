@@ -12,7 +12,7 @@
 
 #include "internal.h"
 
-enum { SPLIT_ROUND = 16 };     /* split ranges' multiple: the GPU kernels' */
+enum { GPU_KEY_TILE = 16 };    /* the GPU kernels' split ranges are whole tiles of 16 keys */
 enum { MIN_SPLIT_KEYS = 256 }; /* a split smaller than this costs more than it hides */
 
 ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget) {
@@ -47,9 +47,10 @@ ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget) {
  * compute units, and a work-group runs inside one subslice of 8 EUs (Gen9
  * to Gen12; an Xe core's 8 or 16 vector engines likewise): their slots
  * count subslices. At least MIN_SPLIT_KEYS keys per split, at most 128
- * splits. A fixed function of the shape and the device, so results stay
- * bitwise repeatable. */
-ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len) {
+ * splits, each a multiple of `multiple` keys (the kernel's key block). A
+ * fixed function of the shape and the device, so results stay bitwise
+ * repeatable. */
+ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len, size_t multiple) {
   ca_splits sp = {kv_len, 1};
   size_t units = dev->compute_units ? dev->compute_units : 1;
   const int gpu = !(dev->type & CL_DEVICE_TYPE_CPU);
@@ -72,8 +73,9 @@ ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items,
   size_t splits = 1;
   while (splits < max_splits && eff[splits] < 0.85 * best) splits++;
   if (splits == 1) return sp;
-  /* at most kv_len / 2 rounded up to 16: fits an int */
-  sp.split_keys = (int)ca_round_up(((size_t)kv_len + splits - 1) / splits, SPLIT_ROUND);
+  /* at most kv_len / 2 rounded up to a key block (kv_len >= 512, blocks of
+   * at most 32 keys): fits an int, and leaves at least two ranges */
+  sp.split_keys = (int)ca_round_up(((size_t)kv_len + splits - 1) / splits, multiple);
   sp.n_splits = ((size_t)kv_len + (size_t)sp.split_keys - 1) / (size_t)sp.split_keys;
   return sp;
 }
@@ -137,14 +139,8 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
   /* The diagnostics are not merged across splits, nor are packed sequences'
    * rows mapped by the merge: with either, one pass. */
   l->splits = plan->diag || p->cu_seqlens_q ? (ca_splits){p->kv_len, 1}
-                                            : ca_plan_splits(&ctx->caps, group_items, row_blocks * kv_pairs, p->kv_len);
-  /* flash_rows*: each range a whole number of key blocks (at most kv_len / 2
-   * + 2 key blocks: an int) */
-  if (!wg && l->splits.n_splits > 1 && (size_t)l->splits.split_keys % key_block) {
-    const size_t keys = ca_round_up((size_t)l->splits.split_keys, key_block);
-    l->splits.n_splits = ((size_t)p->kv_len + keys - 1) / keys;
-    l->splits.split_keys = l->splits.n_splits > 1 ? (int)keys : p->kv_len;
-  }
+                                            : ca_plan_splits(&ctx->caps, group_items, row_blocks * kv_pairs, p->kv_len,
+                                                             wg ? GPU_KEY_TILE : key_block);
   snprintf(l->kernel, sizeof l->kernel,
            decode   ? "flash_decode"
            : block  ? "flash_block"

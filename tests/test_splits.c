@@ -26,32 +26,35 @@ static const cl_uint NVIDIA = 0x10de, AMD = 0x1002, INTEL = 0x8086;
 static void worked_examples(void) {
   /* H100-like: 132 SMs, 1024-item groups: 16 groups of 64 per SM, 2112 slots */
   const tl_device h100 = gpu(132, 1024, 48 * 1024, NVIDIA);
-  ca_splits sp = ca_plan_splits(&h100, 64, 2000, 1 << 20);
+  ca_splits sp = ca_plan_splits(&h100, 64, 2000, 1 << 20, 16);
   CHECKF(sp.n_splits == 1 && sp.split_keys == 1 << 20, "2000 groups fill 2112 slots: %zu splits", sp.n_splits);
   /* 8 groups, 4096 keys: 16 blocks of 256; efficiency grows with the count,
    * and 14, 15 leave ceil(16 / s) = 2 like 13: 16 splits of 256 keys */
-  sp = ca_plan_splits(&h100, 64, 8, 4096);
+  sp = ca_plan_splits(&h100, 64, 8, 4096, 16);
   CHECKF(sp.n_splits == 16 && sp.split_keys == 256, "8 groups, 4096 keys: %zu x %d", sp.n_splits, sp.split_keys);
   /* the kernel's work-group size counts: 1000 groups of 128 fill 1056 slots, of 64 they do not */
-  CHECK(ca_plan_splits(&h100, 128, 1000, 65536).n_splits == 1);
-  CHECK(ca_plan_splits(&h100, 64, 1000, 65536).n_splits > 1);
+  CHECK(ca_plan_splits(&h100, 128, 1000, 65536, 16).n_splits == 1);
+  CHECK(ca_plan_splits(&h100, 64, 1000, 65536, 16).n_splits > 1);
   /* MI200-like reporting 256-item groups: 4 per CU, 384 slots; 100 groups:
    * efficiencies .26 .52 .78 .52 .65 .78 .91: 7 splits of 9376 keys */
   const tl_device mi = gpu(96, 256, 64 * 1024, AMD);
-  sp = ca_plan_splits(&mi, 64, 100, 65536);
+  sp = ca_plan_splits(&mi, 64, 100, 65536, 16);
   CHECKF(sp.n_splits == 7 && sp.split_keys == 9376, "100 groups on 384 slots: %zu x %d", sp.n_splits, sp.split_keys);
   /* Intel: 96 EUs are 12 subslices, 8 groups of 64 each: 96 slots, which
    * 80 groups fill; the same numbers from another vendor are 768 slots */
   const tl_device intel = gpu(96, 512, 64 * 1024, INTEL), other = gpu(96, 512, 64 * 1024, AMD);
-  CHECK(ca_plan_splits(&intel, 64, 80, 65536).n_splits == 1);
-  CHECK(ca_plan_splits(&other, 64, 80, 65536).n_splits > 1);
+  CHECK(ca_plan_splits(&intel, 64, 80, 65536, 16).n_splits == 1);
+  CHECK(ca_plan_splits(&other, 64, 80, 65536, 16).n_splits > 1);
   /* CPUs: four groups per compute unit; 1 group on 2 units: 8 slots, 8 splits */
   const tl_device two = cpu(2);
-  sp = ca_plan_splits(&two, 1, 1, 4099);
+  sp = ca_plan_splits(&two, 1, 1, 4099, 16);
   CHECKF(sp.n_splits == 8, "1 group on a 2-unit CPU: %zu splits", sp.n_splits);
-  CHECK(ca_plan_splits(&two, 1, 7, 4099).n_splits == 1);
+  /* flash_rows' 32-key blocks (AVX-512): ceil(4099 / 8) = 513 -> 544 keys, still 8 ranges */
+  sp = ca_plan_splits(&two, 1, 1, 4099, 32);
+  CHECKF(sp.n_splits == 8 && sp.split_keys == 544, "32-key blocks: %zu x %d", sp.n_splits, sp.split_keys);
+  CHECK(ca_plan_splits(&two, 1, 7, 4099, 16).n_splits == 1);
   /* too few keys to split: under two blocks of MIN_KEYS */
-  CHECK(ca_plan_splits(&h100, 64, 1, 2 * MIN_KEYS - 1).n_splits == 1);
+  CHECK(ca_plan_splits(&h100, 64, 1, 2 * MIN_KEYS - 1, 16).n_splits == 1);
 }
 
 static double efficiency(size_t items, size_t s, size_t slots) {
@@ -84,7 +87,7 @@ static void the_rule_holds_over_a_grid(void) {
           const size_t units = gpu_dev && dev->vendor_id == INTEL ? dev->compute_units / 8 : dev->compute_units;
           const size_t slots = units * (gpu_dev ? dev->max_wg / wgs[w] : 4);
           const size_t blocks = (size_t)lens[n] / MIN_KEYS;
-          const ca_splits sp = ca_plan_splits(dev, wgs[w], items[i], lens[n]);
+          const ca_splits sp = ca_plan_splits(dev, wgs[w], items[i], lens[n], 16);
           checked++;
           if (items[i] >= 0.8 * slots || blocks < 2) {
             if (!CHECKF(sp.n_splits == 1 && sp.split_keys == lens[n], "dev %zu wg %zu items %zu kv %d: %zu splits", d,
