@@ -214,9 +214,9 @@ static void apply_environment(clattn_context *ctx) {
     if (!strcmp(vw, "4") || !strcmp(vw, "8") || !strcmp(vw, "16"))
       ctx->tiles.flash_vw = atoi(vw);
     else {
-      size_t at = strlen(ctx->env_note);
-      snprintf(ctx->env_note + at, sizeof ctx->env_note - at, "%signored CLATTN_FLASH_VW = %s: must be 4, 8 or 16",
-               at ? "; " : "", vw);
+      char why[320];
+      snprintf(why, sizeof why, "CLATTN_FLASH_VW = %s: must be 4, 8 or 16", vw);
+      env_ignored(ctx, why);
     }
   }
   const char *block = getenv("CLATTN_FLASH_BLOCK");

@@ -220,6 +220,7 @@ static void environment_overrides_follow_the_file_rule(void) {
       {"CLATTN_BLOCK_RM", "2",
        "ignored CLATTN_BLOCK_RM = 2, block_rn = 0: flash_block's tile must be one of 4x4, "
        "2x4, 1x4, 1x2, 1x1"},
+      {"CLATTN_FLASH_VW", "12", "ignored CLATTN_FLASH_VW = 12: must be 4, 8 or 16"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     REQUIRE(setenv(bad[i].var, bad[i].value, 1) == 0);
