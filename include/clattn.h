@@ -280,7 +280,9 @@ CLATTN_EXPORT const char *clattn_describe(const clattn_context *ctx);
  * score_tn, score_tk, softmax_wg, mix_tm, mix_tv, mix_tj, flash_bm, flash_wg,
  * scratch_bytes, block_rm, block_rn (flash_block's tile: a pair of 4x4, 2x4,
  * 1x4, 1x2, 1x1, or 0x0 = chosen per head dim; set together, and stepped
- * down per head dim where it does not fit). Each comes from one of: "default from device query",
+ * down per head dim where it does not fit), flash_tile (flash_tiled's keys
+ * per K/V tile: a power of two up to 64, or 0 = chosen per head dim; halved
+ * per head dim where it does not fit). Each comes from one of: "default from device query",
  * "built-in table", "tuning file", "environment" (the last over the first). */
 
 /* The name of tunable value i = 0, 1, ...; NULL past the last. */

@@ -30,6 +30,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.flash_wg = 0; /* register-blocked rows with 16-wide vectors: see cl/flash.cl */
     t.block_half = 0;
     t.block_rm = t.block_rn = 0; /* flash_block's tile per head dim (tl_flash_block) */
+    t.flash_tile = 0;            /* flash_tiled's tile per head dim (tl_flash_tile) */
   } else {
     /* GPUs: 256 work-items per group in 16-wide rows (a half warp, a quarter
      * wavefront), so global reads of a row coalesce and local reads broadcast. */
@@ -47,6 +48,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.flash_wg = simd >= 64 ? simd : 64; /* one row per work-item, K/V tiles in local memory */
     t.block_half = dev->fp16;            /* a device with half arithmetic converts half loads natively */
     t.block_rm = t.block_rn = 0;         /* flash_block's tile per head dim (tl_flash_block) */
+    t.flash_tile = 0;                    /* flash_tiled's tile per head dim (tl_flash_tile) */
   }
   tl_clamp(&t, dev);
   return t;
@@ -99,8 +101,8 @@ int tl_clamp(tl_tiles *t, const tl_device *dev) {
   return 0;
 }
 
-int tl_flash_tile(const tl_device *dev, int head_dim, int value_dim) {
-  int tile = 32;
+int tl_flash_tile(const tl_device *dev, int head_dim, int value_dim, int want) {
+  int tile = want > 0 ? want : 32;
   size_t row_bytes = ((size_t)head_dim + (size_t)value_dim) * sizeof(float);
   while (tile > 1 && (size_t)tile * row_bytes + 64 > dev->local_mem) tile /= 2;
   return tile;

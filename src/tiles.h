@@ -39,6 +39,8 @@ typedef struct {
                                        TL_BLOCK_PAIRS, or 0 x 0 = tl_flash_block's choice per head dim */
   int flash_vw;                     /* fused, flash_rows: floats per vector, 4, 8 or 16 (keys per block: twice
                                        that); 0 = not chosen yet (ca_flash_vw in device.c chooses it) */
+  int flash_tile;                   /* fused, flash_tiled: keys per K/V tile as tuned (tuning file,
+                                       CLATTN_FLASH_TILE), a power of two up to 64; 0 = tl_flash_tile's choice */
 } tl_tiles;
 
 /* Defaults from the device description, clamped to its limits. */
@@ -53,9 +55,10 @@ size_t tl_score_local_bytes(const tl_tiles *t);
 size_t tl_mix_local_bytes(const tl_tiles *t);
 size_t tl_softmax_local_bytes(const tl_tiles *t);
 
-/* Keys per local-memory tile of flash_tiled for these head dims: the
- * largest power of two up to 32 whose K and V tiles fit local memory. */
-int tl_flash_tile(const tl_device *dev, int head_dim, int value_dim);
+/* Keys per local-memory tile of flash_tiled for these head dims: the tuned
+ * tile `want` (0: 32, the choice), halved until its K and V tiles fit the
+ * device's local memory (stepped down per head dim, never refused). */
+int tl_flash_tile(const tl_device *dev, int head_dim, int value_dim, int want);
 
 /* flash_block's score tile per work-item (cl/flash_block.cl): rows rm and
  * keys rn, so a group of 16 x 8 work-items owns 16 rm rows and 8 rn keys.

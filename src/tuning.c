@@ -184,7 +184,8 @@ static void apply_block_environment(clattn_context *ctx) {
 /* CLATTN_FLASH_WG=n forces the work-group fused kernel (flash_tiled) with
  * n rows per group, CLATTN_FLASH_WG=0 the register-blocked one (flash_rows):
  * how the tests run both on one device. CLATTN_SCRATCH_BYTES sets the
- * staged and GEMM paths' scratch budget. Each is checked by the tuning
+ * staged and GEMM paths' scratch budget, CLATTN_FLASH_TILE flash_tiled's
+ * keys per K/V tile. Each is checked by the tuning
  * file's rule; a value that breaks it is ignored, and ctx->env_note says why.
  * CLATTN_BLOCK_RM / CLATTN_BLOCK_RN set flash_block's tile (either or both,
  * over the file's: the pair they make must be one the file could give).
@@ -193,7 +194,9 @@ static void apply_environment(clattn_context *ctx) {
   static const struct {
     const char *name;
     ca_tunable t;
-  } vars[] = {{"CLATTN_FLASH_WG", CA_T_FLASH_WG}, {"CLATTN_SCRATCH_BYTES", CA_T_SCRATCH_BYTES}};
+  } vars[] = {{"CLATTN_FLASH_WG", CA_T_FLASH_WG},
+              {"CLATTN_SCRATCH_BYTES", CA_T_SCRATCH_BYTES},
+              {"CLATTN_FLASH_TILE", CA_T_FLASH_TILE}};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
     const char *env = getenv(vars[i].name);
     if (!env || !*env) continue;
@@ -254,6 +257,26 @@ clattn_algo ca_auto_algo(const clattn_context *ctx, int q_len, int want_weights)
   return want_weights ? CLATTN_ALGO_STAGED : CLATTN_ALGO_FUSED;
 }
 
+static const int described_dims[] = {32, 64, 80, 96, 128, 192, 256};
+#define N_DESCRIBED_DIMS (sizeof described_dims / sizeof described_dims[0])
+
+/* flash_tiled's key tile per head dim (dk = dv), where the work-group
+ * kernels run. */
+static void describe_tiled(const clattn_context *ctx, char *buf, size_t size, size_t *at) {
+#define PUT(...) (*at += (size_t)snprintf(buf + *at, size > *at ? size - *at : 0, __VA_ARGS__))
+  const int want = ctx->tiles.flash_tile;
+  if (ctx->tiles.flash_wg <= 0) return;
+  if (want)
+    PUT("flash_tiled keys per tile per head dim (tuned %d, smaller where it does not fit):", want);
+  else
+    PUT("flash_tiled keys per tile per head dim:");
+  for (size_t i = 0; i < N_DESCRIBED_DIMS; i++)
+    PUT("%s %d: %d", i ? "," : "", described_dims[i],
+        tl_flash_tile(&ctx->caps, described_dims[i], described_dims[i], want));
+  PUT("\n");
+#undef PUT
+}
+
 /* flash_block's tile per head dim (dk = dv) as chosen before building (a
  * built kernel that cannot run its group, or spills, steps down again). */
 static void describe_block(const clattn_context *ctx, char *buf, size_t size, size_t *at) {
@@ -265,13 +288,13 @@ static void describe_block(const clattn_context *ctx, char *buf, size_t size, si
                          : "CLATTN_FLASH_BLOCK=0");
     return;
   }
-  static const int dims[] = {32, 64, 80, 96, 128, 192, 256};
+  const int *dims = described_dims;
   const tl_block want = {t->block_rm, t->block_rn};
   if (want.rm)
     PUT("flash_block tile per head dim (rm x rn; tuned %dx%d, smaller where it does not fit):", want.rm, want.rn);
   else
     PUT("flash_block tile per head dim (rm x rn):");
-  for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+  for (size_t i = 0; i < N_DESCRIBED_DIMS; i++) {
     tl_block blk;
     if (tl_flash_block_tuned(&ctx->caps, dims[i], dims[i], want, &blk) == 0)
       PUT("%s %d: %dx%d", i ? "," : "", dims[i], blk.rm, blk.rn);
@@ -290,6 +313,7 @@ void ca_tuning_describe(const clattn_context *ctx, char *buf, size_t size) {
     PUT("  %-14s %-10lld (%s)\n", ca_tunable_name((ca_tunable)i),
         ca_tunable_get(&ctx->tiles, ctx->scratch_budget, (ca_tunable)i), ca_origin_name(ctx->origin[i]));
   describe_block(ctx, buf, size, &at);
+  describe_tiled(ctx, buf, size, &at);
   PUT("tuning file: %s\nenvironment: %s\nAUTO picks: ", ctx->tuning_note,
       ctx->env_note[0] ? ctx->env_note : "no values ignored");
   const struct {

@@ -15,8 +15,8 @@
 enum { TUNING_FORMAT = 1, LINE_MAX_BYTES = 1023, FILE_MAX_BYTES = 1 << 16 };
 
 static const char *const tunable_names[CA_T_COUNT] = {
-    "score_tm", "score_tn", "score_tk", "softmax_wg",    "mix_tm",   "mix_tv",
-    "mix_tj",   "flash_bm", "flash_wg", "scratch_bytes", "block_rm", "block_rn",
+    "score_tm", "score_tn", "score_tk",      "softmax_wg", "mix_tm",   "mix_tv",     "mix_tj",
+    "flash_bm", "flash_wg", "scratch_bytes", "block_rm",   "block_rn", "flash_tile",
 };
 static const char *const class_keys[CA_CLASS_COUNT] = {"auto_prefill", "auto_decode", "auto_weights"};
 
@@ -53,6 +53,7 @@ static int *tile_field(tl_tiles *t, ca_tunable k) {
     case CA_T_FLASH_WG: return &t->flash_wg;
     case CA_T_BLOCK_RM: return &t->block_rm;
     case CA_T_BLOCK_RN: return &t->block_rn;
+    case CA_T_FLASH_TILE: return &t->flash_tile;
     default: return NULL;
   }
 }
@@ -78,6 +79,9 @@ static const char *out_of_range(ca_tunable t, long long v) {
   switch (t) {
     case CA_T_FLASH_BM: return is_pow2(v) && v <= 16 ? NULL : "a power of two from 1 to 16";
     case CA_T_FLASH_WG: return v == 0 || (is_pow2(v) && v <= 1024) ? NULL : "0 or a power of two up to 1024";
+    /* flash_tiled holds a tile's scores in private memory: 64 floats at most */
+    case CA_T_FLASH_TILE:
+      return v == 0 || (is_pow2(v) && v <= 64) ? NULL : "0 (chosen per head dim) or a power of two up to 64";
     /* Any budget runs: below one score row the staged path goes a row at a time. */
     case CA_T_SCRATCH_BYTES: return v >= 1 && v <= (1LL << 40) ? NULL : "from 1 to 2^40 bytes";
     case CA_T_BLOCK_RM:

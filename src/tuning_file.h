@@ -15,6 +15,10 @@
  *                                       of TL_BLOCK_PAIRS or 0 x 0 (chosen
  *                                       per head dim); stepped down per
  *                                       head dim where it does not fit
+ *   flash_tile = 16                   flash_tiled's keys per K/V tile: a
+ *                                       power of two up to 64, or 0 (32);
+ *                                       halved per head dim where it does
+ *                                       not fit local memory
  *   auto_prefill = fused              AUTO's choice per shape class:
  *   auto_decode = fused                 staged, fused or gemm (weights
  *   auto_weights = staged               requested: staged or gemm)
@@ -33,7 +37,8 @@
 enum { CA_DECODE_ROWS = 16 };
 
 /* The tunable values: the tile struct's fields, the scratch budget, then
- * flash_block's tile (appended: clattn_tuning_name's indices stay). */
+ * flash_block's tile and flash_tiled's (appended: clattn_tuning_name's
+ * indices stay). */
 typedef enum {
   CA_T_SCORE_TM,
   CA_T_SCORE_TN,
@@ -47,6 +52,7 @@ typedef enum {
   CA_T_SCRATCH_BYTES,
   CA_T_BLOCK_RM,
   CA_T_BLOCK_RN,
+  CA_T_FLASH_TILE,
   CA_T_COUNT
 } ca_tunable;
 

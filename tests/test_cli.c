@@ -149,7 +149,7 @@ static void bad_values_name_the_option_and_its_form(void) {
       {"run --q-len 4 --q q.npy --k k.npy --v v.npy", "--q-len", "the shape comes from the files"},
       {"tune --reps 0", "--reps 0", "integer from 1"},
       {"tune --bogus", "--bogus", "clattn tune --help"},
-      {"tune --only bogus", "--only bogus", "fused|flash_block|staged|gemm|auto"},
+      {"tune --only bogus", "--only bogus", "fused|flash_block|flash_tiled|staged|gemm|auto"},
       {"info extra", "takes no options", "extra"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -59,7 +59,7 @@ static void gpu_tiles_fit_and_fill_a_warp(void) {
     CHECKF(t.flash_wg > 0 && t.flash_wg % (int)devs[i].pref_multiple == 0 && (size_t)t.flash_wg <= devs[i].max_wg,
            "%s: fused group %d does not fill whole SIMD groups", names[i], t.flash_wg);
     for (int dk = 1; dk <= 256; dk = dk * 2 + 1) {
-      int tile = tl_flash_tile(&devs[i], dk, dk);
+      int tile = tl_flash_tile(&devs[i], dk, dk, 0);
       CHECKF(tile >= 1 && (size_t)tile * 2 * dk * sizeof(float) <= devs[i].local_mem,
              "%s: fused tile of %d keys at d=%d overflows local memory", names[i], tile, dk);
     }
@@ -84,7 +84,7 @@ static void small_device_is_clamped_to_its_limits(void) {
 
 static void oversized_tiles_shrink_to_fit(void) {
   tl_device d = amd_like();
-  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096, 0, 0, 0, 0};
+  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096, 0, 0, 0, 0, 0};
   CHECK(tl_clamp(&t, &d) == 0);
   check_fits(&t, &d, "clamped");
   CHECK(t.flash_bm <= 16 && (size_t)t.flash_wg <= d.max_wg);
@@ -277,6 +277,35 @@ static void tuned_block_tile_steps_down_per_head_dim(void) {
 /* flash_rows' vector width from the device's float vector widths: the
  * wider, as a power of two in 4..16; 16 when neither is reported. The key
  * block (2 VW) then divides the fused options' FLASH_VW. */
+/* flash_tiled's tuned key tile (flash_tile, CLATTN_FLASH_TILE): taken where
+ * its K and V tiles fit local memory, halved per head dim where they do not;
+ * 0 is the choice (32 where it fits). Only the fused program's FLASH_TILE
+ * changes. */
+static void tuned_flash_tile_steps_down_per_head_dim(void) {
+  const tl_device d = nvidia_like(); /* 48 KiB of local memory */
+  CHECK(tl_flash_tile(&d, 64, 64, 0) == 32 && tl_flash_tile(&d, 64, 64, 64) == 64);
+  CHECK(tl_flash_tile(&d, 128, 128, 8) == 8);
+  /* 64 keys of K and V at d = 256 are 128 KiB: 16 keys (32 KiB) fit */
+  CHECKF(tl_flash_tile(&d, 256, 256, 64) == 16, "got %d", tl_flash_tile(&d, 256, 256, 64));
+  CHECK(tl_flash_tile(&d, 256, 256, 0) == 16);
+  for (int want = 0; want <= 64; want = want ? want * 2 : 1)
+    for (int dk = 1; dk <= 1024; dk = dk * 2 + 3) {
+      const int tile = tl_flash_tile(&d, dk, dk, want);
+      CHECKF(tile >= 1 && (want == 0 || tile <= want) && (size_t)tile * 2 * dk * sizeof(float) + 64 <= d.local_mem,
+             "tuned %d at d=%d: %d keys", want, dk, tile);
+    }
+  tl_tiles t = tl_choose(&d);
+  ca_program_text core0, fused0, core1, fused1;
+  ca_core_text(&t, CLATTN_F32, &core0);
+  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused0);
+  t.flash_tile = 8;
+  ca_core_text(&t, CLATTN_F32, &core1);
+  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused1);
+  CHECKF(strstr(fused0.options, "-D FLASH_TILE=32 ") && strstr(fused1.options, "-D FLASH_TILE=8 "),
+         "fused options: %s -> %s", fused0.options, fused1.options);
+  CHECK(strcmp(core0.options, core1.options) == 0);
+}
+
 static void flash_vector_width_follows_the_device(void) {
   const struct {
     cl_uint pref, native;
@@ -310,6 +339,7 @@ int main(int argc, char **argv) {
       CT_TEST(retuning_one_tile_leaves_other_programs_alone),
       CT_TEST(block_tiles_fit_local_memory_and_registers),
       CT_TEST(tuned_block_tile_steps_down_per_head_dim),
+      CT_TEST(tuned_flash_tile_steps_down_per_head_dim),
       CT_TEST(flash_vector_width_follows_the_device),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);

@@ -73,6 +73,8 @@ static void format_errors_name_the_line_and_value(void) {
       {"auto_prefill = fast\n", "auto_prefill = fast: must be staged, fused or gemm"},
       {"block_rm = 3\n", "block_rm = 3: must be 0, 1, 2 or 4 (with block_rm x block_rn one of 4x4, 2x4, 1x4, 1x2, 1x1"},
       {"block_rn = 8\n", "block_rn = 8: must be 0, 1, 2 or 4"},
+      {"flash_tile = 128\n", "flash_tile = 128: must be 0 (chosen per head dim) or a power of two up to 64"},
+      {"flash_tile = 24\n", "flash_tile = 24: must be 0 (chosen per head dim) or a power of two up to 64"},
       {"tile = 4\n", "unknown key 'tile'"},
       {"flash_bm 4\n", "expected 'key = value'"},
   };
@@ -221,6 +223,8 @@ static void environment_overrides_follow_the_file_rule(void) {
        "ignored CLATTN_BLOCK_RM = 2, block_rn = 0: flash_block's tile must be one of 4x4, "
        "2x4, 1x4, 1x2, 1x1"},
       {"CLATTN_FLASH_VW", "12", "ignored CLATTN_FLASH_VW = 12: must be 4, 8 or 16"},
+      {"CLATTN_FLASH_TILE", "48",
+       "ignored CLATTN_FLASH_TILE = 48: must be 0 (chosen per head dim) or a power of two up to 64"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     REQUIRE(setenv(bad[i].var, bad[i].value, 1) == 0);
@@ -233,6 +237,7 @@ static void environment_overrides_follow_the_file_rule(void) {
     CHECK(ctx->scratch_budget == plain->scratch_budget);
     CHECK(ctx->origin[CA_T_FLASH_WG] != CA_FROM_ENV && ctx->origin[CA_T_SCRATCH_BYTES] != CA_FROM_ENV);
     CHECK(ctx->origin[CA_T_BLOCK_RM] != CA_FROM_ENV && ctx->origin[CA_T_BLOCK_RN] != CA_FROM_ENV);
+    CHECK(ctx->origin[CA_T_FLASH_TILE] != CA_FROM_ENV);
     clattn_destroy(ctx);
   }
   /* a pair the two variables make together, refused */
@@ -319,6 +324,40 @@ static void block_tile_from_file_and_environment(void) {
   if (ctx && ctx->tiles.flash_wg <= 0)
     CHECKF(strstr(clattn_describe(ctx), "flash_block tile: not used (flash_rows on this device"), "%s",
            clattn_describe(ctx));
+  clattn_destroy(ctx);
+}
+
+/* flash_tiled's key tile from the tuning file and CLATTN_FLASH_TILE over
+ * it, with origins, and clattn_describe's line of the tile per head dim
+ * (POCL's 1 MiB of local memory takes any tuned tile). */
+static void flash_tile_from_file_and_environment(void) {
+  REQUIRE(write_for_device("flash_tile = 8\n") == 0);
+  REQUIRE(setenv("CLATTN_FLASH_WG", "64", 1) == 0); /* the work-group kernels on POCL */
+  clattn_context *ctx = open_with(g_path);
+  if (ctx) {
+    CHECKF(!strncmp(ctx->tuning_note, "applied", 7), "note: %s", ctx->tuning_note);
+    CHECK(ctx->tiles.flash_tile == 8 && ctx->origin[CA_T_FLASH_TILE] == CA_FROM_FILE);
+    CHECKF(strstr(clattn_describe(ctx),
+                  "flash_tiled keys per tile per head dim (tuned 8, smaller where it does not fit): 32: 8, 64: 8"),
+           "%s", clattn_describe(ctx));
+    clattn_destroy(ctx);
+  }
+  REQUIRE(setenv("CLATTN_FLASH_TILE", "64", 1) == 0);
+  ctx = open_with(g_path);
+  unsetenv("CLATTN_FLASH_TILE");
+  unsetenv("CLATTN_FLASH_WG");
+  if (ctx) {
+    long long v = 0;
+    const char *origin = NULL;
+    CHECK(clattn_tuning_get(ctx, "flash_tile", &v, &origin) == CLATTN_OK && v == 64 && !strcmp(origin, "environment"));
+    CHECKF(strstr(clattn_describe(ctx), "(tuned 64, smaller where it does not fit): 32: 64,"), "%s",
+           clattn_describe(ctx));
+    clattn_destroy(ctx);
+  }
+  /* without the work-group kernels there is no flash_tiled line */
+  ctx = open_with("");
+  if (ctx && ctx->tiles.flash_wg <= 0)
+    CHECKF(!strstr(clattn_describe(ctx), "flash_tiled keys per tile"), "%s", clattn_describe(ctx));
   clattn_destroy(ctx);
 }
 
@@ -599,11 +638,17 @@ static void cleanup(void) {
 int main(int argc, char **argv) {
   if (argc == 2 && !strcmp(argv[1], "--create")) return create_main();
   static const ct_test tests[] = {
-      CT_TEST(format_errors_name_the_line_and_value),         CT_TEST(long_lines_and_nul_bytes_are_rejected),
-      CT_TEST(fifo_and_devices_do_not_block_creation),        CT_TEST(environment_overrides_follow_the_file_rule),
-      CT_TEST(block_tile_from_file_and_environment),          CT_TEST(write_then_read_round_trips),
-      CT_TEST(matching_file_is_applied_with_origins),         CT_TEST(decode_class_uses_its_choice),
-      CT_TEST(other_device_bad_value_or_misfit_use_defaults), CT_TEST(public_api_reads_values_and_writes_candidates),
+      CT_TEST(format_errors_name_the_line_and_value),
+      CT_TEST(long_lines_and_nul_bytes_are_rejected),
+      CT_TEST(fifo_and_devices_do_not_block_creation),
+      CT_TEST(environment_overrides_follow_the_file_rule),
+      CT_TEST(block_tile_from_file_and_environment),
+      CT_TEST(flash_tile_from_file_and_environment),
+      CT_TEST(write_then_read_round_trips),
+      CT_TEST(matching_file_is_applied_with_origins),
+      CT_TEST(decode_class_uses_its_choice),
+      CT_TEST(other_device_bad_value_or_misfit_use_defaults),
+      CT_TEST(public_api_reads_values_and_writes_candidates),
       CT_TEST(retuned_staged_tile_keeps_the_fused_binary),
   };
   if (!mkdtemp(g_dir)) return fprintf(stderr, "mkdtemp failed\n"), 1;

@@ -16,6 +16,10 @@
  *                stepped down per head dim where it does not fit) on
  *                prefills at d = 64 and d = 128, where flash_block runs
  *                (GPUs with the work-group kernels, or CLATTN_FLASH_WG)
+ *   flash_tiled: flash_tiled's keys per K/V tile (flash_tile 8 .. 64; each
+ *                halved per head dim where it does not fit) on a prefill
+ *                with additive scoring, which flash_tiled computes where
+ *                the work-group kernels run
  *   staged:      qk_score tiles, head-dim chunk, softmax width, mix tiles,
  *                key chunk, on a staged prefill shape
  *   gemm:        the scratch budget (query rows per chunk), on a GEMM prefill
@@ -53,17 +57,17 @@ static const char tune_help[] =
     "\n"
     "  --quick          smaller workloads: a shorter run, a rougher result\n"
     "  --tiny           tiny workloads, one timed call each: a smoke run, not a tuning\n"
-    "  --only GROUP     tune one group: fused, flash_block, staged, gemm or auto (the\n"
-    "                   other values and AUTO's choices kept from the file it\n"
-    "                   overwrites, when that file is for this device)\n"
+    "  --only GROUP     tune one group: fused, flash_block, flash_tiled, staged, gemm or\n"
+    "                   auto (the other values and AUTO's choices kept from the file\n"
+    "                   it overwrites, when that file is for this device)\n"
     "  --output FILE    where to write it (default: this device's file in the cache\n"
     "                   directory, where clattn_create looks for it)\n"
     "  --reps R         timed calls per candidate, a positive integer (default 3)\n"
     "  -h, --help       this help\n";
 
 /* The groups --only names. */
-static const char *const group_ids[] = {"fused", "flash_block", "staged", "gemm", "auto"};
-enum { G_FUSED, G_BLOCK, G_STAGED, G_GEMM, G_AUTO, G_COUNT };
+static const char *const group_ids[] = {"fused", "flash_block", "flash_tiled", "staged", "gemm", "auto"};
+enum { G_FUSED, G_BLOCK, G_TILED, G_STAGED, G_GEMM, G_AUTO, G_COUNT };
 
 typedef struct {
   int quick, tiny, reps, only; /* only: a G_ value, -1 = every group */
@@ -82,7 +86,7 @@ static int on_tune_option(int code, const char *arg, void *ctx) {
   return -1;
 }
 
-enum { W_PREFILL, W_DECODE, W_STAGED, W_GEMM, W_WEIGHTS, W_PREFILL128, W_COUNT };
+enum { W_PREFILL, W_DECODE, W_STAGED, W_GEMM, W_WEIGHTS, W_PREFILL128, W_ADDITIVE, W_COUNT };
 
 /* AUTO's shape classes as a tuning file names them. */
 enum { C_PREFILL, C_DECODE, C_WEIGHTS, C_COUNT };
@@ -154,6 +158,7 @@ static cp_problem *workload(clattn_context *ctx, int which, int size, char *err,
     case W_STAGED: s.q_len = s.kv_len = big / 2; break;
     case W_GEMM: s.q_len = s.kv_len = big * 2; break;
     case W_WEIGHTS: s.q_len = s.kv_len = big / 2, s.want_weights = 1; break;
+    case W_ADDITIVE: s.q_len = s.kv_len = big / 2, s.additive = 1; break;
   }
   s.algo = which == W_STAGED || which == W_WEIGHTS ? CLATTN_ALGO_STAGED
            : which == W_GEMM                       ? CLATTN_ALGO_GEMM
@@ -278,6 +283,8 @@ static const group groups[] = {
      5,
      {W_PREFILL, W_PREFILL128},
      2},
+    /* 0 (32 where it fits) is the start */
+    {G_TILED, "flash_tiled keys per tile", {"flash_tile"}, 1, {{8}, {16}, {32}, {64}}, 4, {W_ADDITIVE}, 1},
     {G_STAGED, "qk_score tile", {"score_tm", "score_tn"}, 2, {{4, 16}, {8, 16}, {16, 16}, {8, 32}}, 4, {W_STAGED}, 1},
     {G_STAGED, "qk_score head-dim chunk", {"score_tk"}, 1, {{16}, {32}, {64}}, 3, {W_STAGED}, 1},
     {G_STAGED, "softmax width", {"softmax_wg"}, 1, {{16}, {64}, {256}}, 3, {W_STAGED}, 1},
@@ -292,14 +299,16 @@ static long long group_value(const group *g, int v, int k) {
   return !strcmp(g->keys[k], "scratch_bytes") ? x << 20 : x;
 }
 
-/* Whether flash_block runs with the best values so far: the work-group
- * kernels (flash_wg > 0, on GPUs or by CLATTN_FLASH_WG) without
- * CLATTN_FLASH_BLOCK=0, as the context describes them. */
-static int block_runs(tuner *t) {
+/* Whether group g's kernel runs with the best values so far: flash_block
+ * and flash_tiled are work-group kernels (flash_wg > 0, on GPUs or by
+ * CLATTN_FLASH_WG), flash_block also not turned off by
+ * CLATTN_FLASH_BLOCK=0, as the context describes it. */
+static int group_runs(tuner *t, const group *g) {
+  if (g->id != G_BLOCK && g->id != G_TILED) return 1;
   clattn_context *ctx = open_config(t, &t->best);
   long long wg = 0;
   const int runs = ctx && clattn_tuning_get(ctx, "flash_wg", &wg, NULL) == CLATTN_OK && wg > 0 &&
-                   strstr(clattn_describe(ctx), "flash_block tile per head dim") != NULL;
+                   (g->id == G_TILED || strstr(clattn_describe(ctx), "flash_block tile per head dim") != NULL);
   clattn_destroy(ctx);
   return runs;
 }
@@ -307,12 +316,12 @@ static int block_runs(tuner *t) {
 /* Tunes one group: every candidate with the others at their best so far.
  * 0, or -1 when a workload cannot be prepared. */
 static int tune_group(tuner *t, const group *g, FILE *log) {
-  if (g->id == G_BLOCK && !block_runs(t)) {
+  if (!group_runs(t, g)) {
     t->step += g->nvalues;
     fprintf(log,
-            "%s: skipped (flash_block does not run here: CPUs run flash_rows unless CLATTN_FLASH_WG forces the "
+            "%s: skipped (%s does not run here: CPUs run flash_rows unless CLATTN_FLASH_WG forces the "
             "work-group kernels)\n",
-            g->name);
+            g->name, group_ids[g->id]);
     return 0;
   }
   for (int w = 0; w < g->nworkloads; w++)

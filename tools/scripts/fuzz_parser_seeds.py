@@ -54,7 +54,7 @@ TUNING = {
     "valid-all-keys": HEAD + b"".join(b"%s = %d\n" % (k, v) for k, v in [
         (b"score_tm", 8), (b"score_tn", 16), (b"score_tk", 32), (b"softmax_wg", 64), (b"mix_tm", 8),
         (b"mix_tv", 16), (b"mix_tj", 32), (b"flash_bm", 8), (b"flash_wg", 0), (b"scratch_bytes", 67108864),
-        (b"block_rm", 2), (b"block_rn", 4)])
+        (b"block_rm", 2), (b"block_rn", 4), (b"flash_tile", 16)])
         + b"auto_prefill = fused\nauto_decode = gemm\nauto_weights = staged\n",
     "valid-comments-crlf": b"# written by hand\r\nformat = 1 # one\r\nplatform = Portable Computing Language\r\n"
         b"device = pthread-cpu\r\ndriver = 3.1+debian\r\n\r\n  flash_bm = 16  \r\n",
@@ -70,6 +70,7 @@ TUNING = {
     "weights-fused": HEAD + b"auto_weights = fused\n",
     "block-pair-refused": HEAD + b"block_rm = 2\nblock_rn = 2\n",
     "block-rm-alone": HEAD + b"block_rm = 4\n",
+    "flash-tile-past-64": HEAD + b"flash_tile = 128\n",
     "unknown-key": HEAD + b"tile = 4\n",
     "no-equals": HEAD + b"flash_bm 4\n",
     "no-format": b"platform = P\ndevice = D\ndriver = 1\n",
