@@ -152,6 +152,8 @@ int ca_flash_vw(const tl_device *caps) {
   return w == 0 ? 16 : w >= 16 ? 16 : w >= 8 ? 8 : 4;
 }
 
+int ca_flash_bm(const tl_device *caps, int vw) { return (caps->type & CL_DEVICE_TYPE_CPU) && vw >= 16 ? 8 : 4; }
+
 int ca_device_float_atomics(cl_device_id device) {
   char version[64] = "", ext[8192] = "";
   ca_device_string(device, CL_DEVICE_VERSION, version, sizeof version);

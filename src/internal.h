@@ -112,6 +112,11 @@ int ca_device_float_atomics(cl_device_id device);
 /* flash_rows' floats per vector (FLASH_VW: 4, 8 or 16), a pure function of
  * the device's float vector widths; its key blocks hold twice that. */
 int ca_flash_vw(const tl_device *caps);
+/* flash_rows' rows per work-item with vectors of vw floats: its score tile
+ * (two vectors per row) stays in registers across the head dim. 8 on CPUs
+ * with width 16 (AVX-512: 32 vector registers), else 4 (AVX2 and SSE have
+ * 16: 8 rows spill; GPUs run flash_rows only when forced). */
+int ca_flash_bm(const tl_device *caps, int vw);
 
 /* ---- programs (program.c) ---- */
 

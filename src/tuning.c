@@ -246,6 +246,9 @@ void ca_tuning_choose(clattn_context *ctx, const char *tuning_file) {
   apply_builtin(ctx);
   apply_file(ctx, tuning_file);
   apply_environment(ctx);
+  /* rows per work-item follow the vector width (CLATTN_FLASH_VW's too)
+   * unless a layer set them */
+  if (ctx->origin[CA_T_FLASH_BM] == CA_FROM_QUERY) ctx->tiles.flash_bm = ca_flash_bm(&ctx->caps, ctx->tiles.flash_vw);
   if (ctx->max_alloc && ctx->scratch_budget > ctx->max_alloc) ctx->scratch_budget = (size_t)ctx->max_alloc;
 }
 

@@ -7,14 +7,17 @@
  * block, and GQA rows sharing KV heads with per-head masks and biases.
  *
  * The split-KV path is taken when few row blocks would leave compute units
- * idle: on a CPU, ceil(group * q_len / rows_per_item) * batch * kv_heads <
- * 0.8 * 4 * compute_units and kv_len >= 512 (ca_plan_splits). The tests predict it with 4 rows per
- * work-item (a larger block splits at least as often) from the device's
- * compute units, and see it taken through clattn_peak_scratch_bytes: the
- * partial states make a split call allocate at least two (O, lse) states per
- * output row beyond the packed K and V (or nothing, where the fused path
- * reads K and V in place). On a 2-unit CPU, H=32/Hkv=8 decode does not split
- * (8 row blocks); the MQA and H=8/Hkv=2 shapes do.
+ * idle (ca_plan_splits, FlashAttention-2's rule over 4 slots per compute
+ * unit on a CPU). It surely splits when the row blocks, ceil(group * q_len
+ * / rows_per_item) * batch * kv_heads, fill at most half the slots and
+ * kv_len >= 512: two splits then double the one wave's efficiency. The
+ * tests predict that with 4 rows per work-item (a larger block makes fewer
+ * row blocks) from the device's compute units, and see it taken through
+ * clattn_peak_scratch_bytes: the partial states make a split call allocate
+ * at least two (O, lse) states per output row beyond the packed K and V (or
+ * nothing, where the fused path reads K and V in place). On a 2-unit CPU,
+ * H=32/Hkv=8 decode does not split (8 row blocks); the MQA and H=8/Hkv=2
+ * shapes do up to 2 query rows.
  */
 #include <ctype.h>
 #include <math.h>
@@ -62,12 +65,12 @@ static size_t key_block(void) {
   return g_key_block;
 }
 
-/* Whether the fused path should split this shape's keys (see the header;
- * rows per work-item 4: a larger register block splits at least as often). */
+/* Whether the fused path surely splits this shape's keys (see the header;
+ * rows per work-item 4: a larger register block makes fewer row blocks). */
 static int split_expected(const cp_shape *s) {
   long group = s->q_heads / s->kv_heads;
   long items = (group * s->q_len + 3) / 4 * (long)s->batch * s->kv_heads;
-  return items * 5 < 16L * (long)compute_units() && s->kv_len >= 512;
+  return items * 2 <= 4L * (long)compute_units() && s->kv_len >= 512;
 }
 
 /* Whether a fused call's peak scratch shows partial states: at least two
@@ -288,7 +291,7 @@ static void split_and_unsplit_agree(void) {
   s.batch = 2;
   s.q_heads = 4;
   s.kv_heads = 1;
-  s.q_len = 3;
+  s.q_len = 2;
   s.kv_len = 10000;
   s.head_dim = s.value_dim = 111;
   s.mask = CP_MASK_RANDOM;

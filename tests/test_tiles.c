@@ -319,7 +319,12 @@ static void flash_vector_width_follows_the_device(void) {
     CHECKF(ca_flash_vw(&d) == cases[i].vw, "preferred %u, native %u: %d, want %d", cases[i].pref, cases[i].native,
            ca_flash_vw(&d), cases[i].vw);
   }
+  /* rows per work-item: 8 with AVX-512's width (32 registers), 4 with
+   * AVX2's or SSE's (16 registers), 4 on GPUs */
   tl_device d = cpu_like();
+  CHECK(ca_flash_bm(&d, 16) == 8 && ca_flash_bm(&d, 8) == 4 && ca_flash_bm(&d, 4) == 4);
+  const tl_device gpu = nvidia_like();
+  CHECK(ca_flash_bm(&gpu, ca_flash_vw(&gpu)) == 4 && ca_flash_bm(&gpu, 16) == 4);
   tl_tiles t = tl_choose(&d);
   t.flash_vw = ca_flash_vw(&d);
   CHECK(tl_clamp(&t, &d) == 0 && t.flash_vw == 8);

@@ -361,6 +361,29 @@ static void flash_tile_from_file_and_environment(void) {
   clattn_destroy(ctx);
 }
 
+/* flash_rows' rows per work-item follow the vector width, CLATTN_FLASH_VW's
+ * included (AVX2's 8: 4 rows), unless the tuning file gives them. */
+static void rows_per_work_item_follow_the_vector_width(void) {
+  REQUIRE(setenv("CLATTN_FLASH_VW", "8", 1) == 0);
+  clattn_context *ctx = open_with("");
+  if (ctx) {
+    CHECK(ctx->tiles.flash_vw == 8 && ctx->tiles.flash_bm == 4 && ctx->origin[CA_T_FLASH_BM] == CA_FROM_QUERY);
+    clattn_destroy(ctx);
+  }
+  REQUIRE(write_for_device("flash_bm = 8\n") == 0);
+  ctx = open_with(g_path);
+  unsetenv("CLATTN_FLASH_VW");
+  if (ctx) {
+    CHECK(ctx->tiles.flash_vw == 8 && ctx->tiles.flash_bm == 8 && ctx->origin[CA_T_FLASH_BM] == CA_FROM_FILE);
+    clattn_destroy(ctx);
+  }
+  ctx = open_with("");
+  if (ctx) {
+    CHECK(ctx->tiles.flash_bm == ca_flash_bm(&ctx->caps, ctx->tiles.flash_vw));
+    clattn_destroy(ctx);
+  }
+}
+
 static void write_then_read_round_trips(void) {
   ca_tuning t, back;
   memset(&t, 0, sizeof t);
@@ -638,17 +661,12 @@ static void cleanup(void) {
 int main(int argc, char **argv) {
   if (argc == 2 && !strcmp(argv[1], "--create")) return create_main();
   static const ct_test tests[] = {
-      CT_TEST(format_errors_name_the_line_and_value),
-      CT_TEST(long_lines_and_nul_bytes_are_rejected),
-      CT_TEST(fifo_and_devices_do_not_block_creation),
-      CT_TEST(environment_overrides_follow_the_file_rule),
-      CT_TEST(block_tile_from_file_and_environment),
-      CT_TEST(flash_tile_from_file_and_environment),
-      CT_TEST(write_then_read_round_trips),
-      CT_TEST(matching_file_is_applied_with_origins),
-      CT_TEST(decode_class_uses_its_choice),
-      CT_TEST(other_device_bad_value_or_misfit_use_defaults),
-      CT_TEST(public_api_reads_values_and_writes_candidates),
+      CT_TEST(format_errors_name_the_line_and_value),         CT_TEST(long_lines_and_nul_bytes_are_rejected),
+      CT_TEST(fifo_and_devices_do_not_block_creation),        CT_TEST(environment_overrides_follow_the_file_rule),
+      CT_TEST(block_tile_from_file_and_environment),          CT_TEST(flash_tile_from_file_and_environment),
+      CT_TEST(rows_per_work_item_follow_the_vector_width),    CT_TEST(write_then_read_round_trips),
+      CT_TEST(matching_file_is_applied_with_origins),         CT_TEST(decode_class_uses_its_choice),
+      CT_TEST(other_device_bad_value_or_misfit_use_defaults), CT_TEST(public_api_reads_values_and_writes_candidates),
       CT_TEST(retuned_staged_tile_keeps_the_fused_binary),
   };
   if (!mkdtemp(g_dir)) return fprintf(stderr, "mkdtemp failed\n"), 1;
