@@ -11,7 +11,8 @@
 #   fuzz              libFuzzer on clattn_forward for 60 s
 #   fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
 #
-#   tools/scripts/test.sh            all stages (46 minutes on 2 cores, kernel caches mostly warm; see README)
+#   tools/scripts/test.sh            all stages (46 minutes on 2 cores, kernel caches mostly warm, before the cbs
+#                                    stage built its own kernels; see README)
 #   tools/scripts/test.sh --quick    suite (quick): meson suites 'unit' and 'quick' (each path's
 #                                    defaults), then python; about 4 minutes with cold caches
 #
