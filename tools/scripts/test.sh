@@ -5,7 +5,8 @@
 #   suite (loopvec)   meson test, whole suite, POCL_WORK_GROUP_METHOD=loopvec
 #                     (the 'mpi' suite included: mpirun at 2 and 4 ranks, under 30 s)
 #   python            the Python binding's pytest suite (tools/scripts/python.sh)
-#   suite (cbs)       the opencl suite again with POCL_WORK_GROUP_METHOD=cbs
+#   suite (cbs)       the opencl suite again with POCL_WORK_GROUP_METHOD=cbs, but for suite
+#                     'loopvec-only' (runs the method cannot change: tests/meson.build)
 #   oclgrind          every kernel path at small shapes under Oclgrind
 #   sanitizers        the suite under ASan+UBSan, the threads test under TSan
 #   fuzz              libFuzzer on clattn_forward for 60 s
@@ -82,7 +83,7 @@ else
 fi
 stage "python" tools/scripts/python.sh build-test
 if [ $quick -eq 0 ]; then
-  stage "suite (cbs)" suite cbs --suite opencl
+  stage "suite (cbs)" suite cbs --suite opencl --no-suite loopvec-only
   stage "oclgrind" tools/scripts/oclgrind.sh build-test
   stage "sanitizers" tools/scripts/sanitize.sh all
   stage "fuzz" tools/scripts/fuzz.sh 60
