@@ -274,9 +274,6 @@ static void tuned_block_tile_steps_down_per_head_dim(void) {
   CHECK(tl_flash_block_tuned(&nv, 64, 64, (tl_block){1, 1}, &blk) != 0);
 }
 
-/* flash_rows' vector width from the device's float vector widths: the
- * wider, as a power of two in 4..16; 16 when neither is reported. The key
- * block (2 VW) then divides the fused options' FLASH_VW. */
 /* flash_tiled's tuned key tile (flash_tile, CLATTN_FLASH_TILE): taken where
  * its K and V tiles fit local memory, halved per head dim where they do not;
  * 0 is the choice (32 where it fits). Only the fused program's FLASH_TILE
@@ -306,6 +303,9 @@ static void tuned_flash_tile_steps_down_per_head_dim(void) {
   CHECK(strcmp(core0.options, core1.options) == 0);
 }
 
+/* flash_rows' vector width from the device's float vector widths: the
+ * wider, as a power of two in 4..16; 16 when neither is reported. The key
+ * block (2 VW) then divides the fused options' FLASH_VW. */
 static void flash_vector_width_follows_the_device(void) {
   const struct {
     cl_uint pref, native;

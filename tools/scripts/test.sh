@@ -15,7 +15,7 @@
 #   tools/scripts/test.sh            all stages (46 minutes on 2 cores, kernel caches mostly warm, before the cbs
 #                                    stage built its own kernels; see README)
 #   tools/scripts/test.sh --quick    suite (quick): meson suites 'unit' and 'quick' (each path's
-#                                    defaults), then python; about 4 minutes with cold caches
+#                                    defaults), then python; 3 minutes on a fresh clone with cold caches
 #
 # Exit status: 0 when every stage passed or was skipped (exit 77, named in
 # the summary with its reason above it).
@@ -63,7 +63,8 @@ PY
 # POCL 3.1 keys a cached work-group function by program and local size, not
 # by work-group method, and a program binary (what clattn's cache keeps)
 # carries those functions: a cbs run over loopvec's caches runs loopvec's
-# compiled kernels. So cbs gets caches of its own, built anew by cbs.
+# compiled kernels. So cbs gets caches of its own, built anew by cbs (the
+# build's cbs-cache, which tests/meson.build's decode-block-cbs uses too).
 cbs_cache=build-test/cbs-cache
 suite() {   # suite METHOD [meson test args]
   local method=$1
