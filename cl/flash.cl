@@ -34,6 +34,10 @@
  * vector of flash_rows* (4, 8 or 16: the device's float vector width,
  * src/device.c); FLASH_BN = 2 FLASH_VW keys per block, so each query value
  * loaded feeds two vector multiply-adds.
+ * -D FLASH_NO_ROWS leaves out the CPU kernels (flash_pack, flash_rows*) and
+ * -D FLASH_NO_TILED flash_tiled: a program holds one device's kernels only,
+ * as a program binary holds every kernel compiled (POCL compiles them all
+ * when asked for it).
  */
 #ifndef DK
 #define DK 64
@@ -74,6 +78,7 @@
  *   vp[bh][j][c] = v[b, hk, j, c] (c < DV, else 0)
  * NDRange: (n_pad, batch * kv_heads); any work-group shape.
  */
+#ifndef FLASH_NO_ROWS
 __kernel void flash_pack(__global const kv_t *k, ulong k_off, ulong4 k_st,
                          __global const kv_t *v, ulong v_off, ulong4 v_st,
                          CA_SEQ_ARGS, CA_KV_ARGS, int q_len, int kv_heads, int kv_len, long n_pad,
@@ -97,6 +102,7 @@ __kernel void flash_pack(__global const kv_t *k, ulong k_off, ulong4 k_st,
   __global float *vp_row = vp + ((ulong)bh * (ulong)n_pad + (ulong)j) * DVP;
   for (int c = 0; c < DVP; c++) vp_row[c] = (use && c < DV) ? ca_kv_load(v, v_row, v_st.s3, c, vs) : 0.0f;
 }
+#endif /* FLASH_NO_ROWS */
 
 /* The key range [lo, hi] that row (h, i) may see: window and kv_lens. */
 static inline int2 flash_row_keys(long i, int q_len, int kv_len, int n_valid, int window_left, int window_right) {
@@ -564,6 +570,7 @@ static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_s
       out, out_off, out_st, lse,                                                                    \
       lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag
 
+#ifndef FLASH_NO_ROWS
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows(FLASH_KERNEL_ARGS) {
   flash_body(FLASH_BODY_ARGS(0, FLASH_BM));
 }
@@ -580,6 +587,7 @@ FLASH_DIRECT_KERNEL(2)
 FLASH_DIRECT_KERNEL(4)
 FLASH_DIRECT_KERNEL(8)
 #endif
+#endif /* FLASH_NO_ROWS */
 
 /*
  * flash_tiled — the fused kernel for GPUs: a work-group of FLASH_WG
@@ -600,6 +608,7 @@ FLASH_DIRECT_KERNEL(8)
 #define FLASH_TILE 32
 #endif
 
+#ifndef FLASH_NO_TILED
 __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(FLASH_KERNEL_ARGS) {
   __local float k_tile[FLASH_TILE][DK];
   __local float v_tile[FLASH_TILE][DV];
@@ -703,3 +712,4 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
                     n_splits, out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
                     empty_flag);
 }
+#endif /* FLASH_NO_TILED */

@@ -62,7 +62,8 @@ typedef struct {
   cl_device_id device;
   cl_command_queue queue;
   const char *device_match; /* NULL: env CLATTN_DEVICE, else first GPU, else first device */
-  const char *cache_dir;    /* NULL: env CLATTN_CACHE_DIR, else XDG cache; "" = no disk cache */
+  const char *cache_dir;    /* NULL: env CLATTN_CACHE_DIR, else XDG cache; "" = no disk cache
+                               (on POCL the default one keeps no binaries: POCL's own cache does) */
   const char *tuning_file;  /* NULL: env CLATTN_TUNING_FILE, else the one `clattn tune` wrote for
                                this device in the cache directory, when there; "" = none */
 } clattn_options;

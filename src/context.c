@@ -67,8 +67,13 @@ static void describe(clattn_context *ctx) {
   size_t at = strlen(ctx->description);
   snprintf(ctx->description + at, sizeof ctx->description - at,
            "program build at creation: %.1f ms\n"
-           "program cache: %s (at creation: %d built from source, %d loaded from cache)\n",
-           ctx->build_ms, ctx->cache_dir ? ctx->cache_dir : "off", ctx->builds_from_source, ctx->builds_from_cache);
+           "program cache: %s%s (at creation: %d built from source, %d loaded from cache)\n",
+           ctx->build_ms, ctx->cache_dir ? ctx->cache_dir : "off",
+           ctx->cache_dir && !ctx->cache_binaries
+               ? " holds the tuning file; binaries: POCL's own kernel cache (CLATTN_CACHE_DIR names a directory that "
+                 "keeps them)"
+               : "",
+           ctx->builds_from_source, ctx->builds_from_cache);
 }
 
 static clattn_status attach(clattn_context *ctx, const clattn_options *opt) {
@@ -130,7 +135,9 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
   if (st != CLATTN_OK) goto fail;
   st = ca_query_device(ctx->device, &ctx->caps, &ctx->max_alloc);
   if (st != CLATTN_OK) goto fail;
-  ctx->cache_dir = ca_cache_dir_resolve((opt ? opt : &defaults)->cache_dir); /* NULL: no disk cache */
+  const char *named_dir = opt && opt->cache_dir ? opt->cache_dir : getenv("CLATTN_CACHE_DIR");
+  ctx->cache_dir = ca_cache_dir_resolve(named_dir); /* NULL: no disk cache */
+  ctx->cache_binaries = ctx->cache_dir && ca_cache_keeps_binaries(ctx->platform, named_dir != NULL);
 
   double t0 = now_ms();
   st = probe_preferred_multiple(ctx, &ctx->caps.pref_multiple);

@@ -44,6 +44,7 @@ struct clattn_context {
   int n_backward, cap_backward;
   double build_ms;                  /* time to build the programs at creation */
   char *cache_dir;                  /* the program cache's directory; NULL = no disk cache */
+  int cache_binaries;               /* program binaries kept in cache_dir (ca_cache_keeps_binaries) */
   int builds_from_source;           /* programs compiled from source; creation or under programs_lock */
   int builds_from_cache;            /* programs loaded from the disk cache; likewise */
   cl_ulong max_alloc;               /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
@@ -214,6 +215,10 @@ void ca_cache_evict(const char *dir, const char *keep, uint64_t cap);
  * $XDG_CACHE_HOME/clattn, else $HOME/.cache/clattn, created when missing.
  * NULL (no cache) for "" or when it cannot be created or written. malloc'd. */
 char *ca_cache_dir_resolve(const char *opt);
+/* Whether program binaries go to the cache directory: always to one the
+ * caller named (options.cache_dir or CLATTN_CACHE_DIR); to the default one
+ * except on POCL with its own kernel cache on (cache.c says why). */
+int ca_cache_keeps_binaries(cl_platform_id platform, int dir_named);
 /* Programs built from source and loaded from the cache so far (for tests). */
 void ca_cache_counts(const clattn_context *ctx, int *from_source, int *from_cache);
 

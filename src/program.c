@@ -15,7 +15,7 @@ clattn_status ca_build_program(clattn_context *ctx, const char *name, const char
   cl_int err = CL_SUCCESS;
   *out = NULL;
   ca_cache_key key = {{0}};
-  if (ctx->cache_dir) {
+  if (ctx->cache_binaries) {
     ca_cache_key_of(ctx, sources, n_sources, options, &key);
     cl_program cached = ca_cache_load(ctx, &key, options);
     if (cached) {
@@ -45,7 +45,7 @@ clattn_status ca_build_program(clattn_context *ctx, const char *name, const char
     goto fail;
   }
   ctx->builds_from_source++;
-  if (ctx->cache_dir) ca_cache_store(ctx, &key, program);
+  if (ctx->cache_binaries) ca_cache_store(ctx, &key, program);
   *out = program;
   return CLATTN_OK;
 fail:

@@ -71,10 +71,12 @@ void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_di
                         clattn_dtype kv_dtype, const tl_block *blk, ca_program_text *out) {
   *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_flash, clattn_src_flash_block, clattn_src_decode},
                            .n_sources = 4};
-  int at = snprintf(out->options, sizeof out->options,
-                    "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d -D DK=%d -D DV=%d -D FLASH_TILE=%d", (int)dtype,
-                    (int)(kv_dtype == CLATTN_DTYPE_SAME ? dtype : kv_dtype), head_dim, value_dim,
-                    tl_flash_tile(dev, head_dim, value_dim, tiles->flash_tile));
+  int at =
+      snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d -D DK=%d -D DV=%d",
+               (int)dtype, (int)(kv_dtype == CLATTN_DTYPE_SAME ? dtype : kv_dtype), head_dim, value_dim);
+  if (tiles->flash_wg > 0) /* flash_tiled's key tile */
+    at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_TILE=%d",
+                   tl_flash_tile(dev, head_dim, value_dim, tiles->flash_tile));
   if (blk)
     at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_RM=%d -D BLOCK_RN=%d%s", blk->rm,
                    blk->rn, tiles->block_half ? " -D BLOCK_HALF" : "");

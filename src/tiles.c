@@ -205,6 +205,9 @@ void tl_core_options(const tl_tiles *t, char *buf, size_t size) {
 
 void tl_fused_options(const tl_tiles *t, char *buf, size_t size) {
   size_t len = strlen(buf);
-  snprintf(buf + len, size > len ? size - len : 0, " -D FLASH_BM=%d -D FLASH_VW=%d -D FLASH_WG=%d", t->flash_bm,
-           t->flash_vw > 0 ? t->flash_vw : 16, t->flash_wg > 0 ? t->flash_wg : 1);
+  if (t->flash_wg > 0)
+    snprintf(buf + len, size > len ? size - len : 0, " -D FLASH_NO_ROWS -D FLASH_WG=%d", t->flash_wg);
+  else
+    snprintf(buf + len, size > len ? size - len : 0, " -D FLASH_NO_TILED -D FLASH_BM=%d -D FLASH_VW=%d", t->flash_bm,
+             t->flash_vw > 0 ? t->flash_vw : 16);
 }

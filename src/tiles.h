@@ -110,7 +110,9 @@ size_t tl_decode_local_bytes(int keys, int head_dim, int value_dim);
  * program's options (and cache key) and leaves the others' binaries valid.
  * The core program: qk_score's SCORE_*, softmax_rows' SOFTMAX_WG, mix_values' MIX_*. */
 void tl_core_options(const tl_tiles *t, char *buf, size_t size);
-/* The fused program: flash_rows' FLASH_BM and FLASH_VW, flash_tiled's FLASH_WG. */
+/* The fused program, one device's kernels: flash_rows' FLASH_BM and
+ * FLASH_VW without the work-group kernels (FLASH_NO_TILED), flash_tiled's
+ * FLASH_WG with them (FLASH_NO_ROWS). */
 void tl_fused_options(const tl_tiles *t, char *buf, size_t size);
 
 #endif

@@ -15,10 +15,8 @@ if ! command -v mpirun >/dev/null; then
   echo "skipped: mpirun is not installed"
   exit 77
 fi
-# All ranks share one kernel cache (the suite's, when set), so only the
-# first build of each program is slow on POCL.
-export CLATTN_CACHE_DIR=${CLATTN_CACHE_DIR:-${TMPDIR:-/tmp}/clattn-mpi-cache}
-mkdir -p "$CLATTN_CACHE_DIR"
+# All ranks share the kernel caches (POCL's, and clattn's where one is
+# named), so only the first build of each program is slow on POCL.
 # Under tools/scripts/sanitize.sh: Open MPI's own allocations kept until exit are not
 # ours; add tests/lsan-mpi.supp to the run's suppressions.
 if [[ "${LSAN_OPTIONS:-}" =~ (^|:)suppressions=([^:]*) ]]; then
@@ -40,8 +38,9 @@ args=(--oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none 
       -np "$ranks")
 [ "$(id -u)" -eq 0 ] && args=(--allow-run-as-root "${args[@]}")
 # -x passes the sanitizer settings to every rank (mpirun forwards only some).
-for v in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS TSAN_OPTIONS CLATTN_DEVICE CLATTN_CACHE_DIR POCL_WORK_GROUP_METHOD; do
-  [ -n "${!v:-}" ] && args+=(-x "$v")
+for v in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS TSAN_OPTIONS CLATTN_DEVICE CLATTN_CACHE_DIR POCL_CACHE_DIR \
+         POCL_WORK_GROUP_METHOD; do
+  [ -n "${!v+set}" ] && args+=(-x "$v")
 done
 timeout --kill-after=10 "${CLATTN_MPI_TIMEOUT:-240}" mpirun "${args[@]}" "$program" "$@"
 rc=$?

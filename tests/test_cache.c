@@ -635,6 +635,63 @@ static void empty_cache_dir_disables(void) {
   CHECKF(l.n <= 0, "CLATTN_CACHE_DIR = \"\": %d files under XDG_CACHE_HOME/clattn", l.n);
 }
 
+/* The default directory (options.cache_dir and CLATTN_CACHE_DIR unset)
+ * keeps no binaries on POCL with its kernel cache on (POCL's cache does,
+ * without compiling every kernel of a program first): programs are built
+ * (POCL finds them in its own cache), the directory stays the tuning file's,
+ * and describe says where binaries are. POCL_KERNEL_CACHE=0 brings ours
+ * back; elsewhere the default keeps binaries, as a named directory does. */
+static void default_dir_leaves_binaries_to_pocl(void) {
+  char xdg[300], xdg_clattn[400];
+  make_dir(xdg, sizeof xdg, "xdg-default");
+  REQUIRE(mkdir(xdg, 0755) == 0 || errno == EEXIST);
+  snprintf(xdg_clattn, sizeof xdg_clattn, "%s/clattn", xdg);
+  const char *old_xdg = getenv("XDG_CACHE_HOME");
+  char *saved = old_xdg ? strdup(old_xdg) : NULL;
+  setenv("XDG_CACHE_HOME", xdg, 1);
+  clattn_context *ctx = create_on(NULL);
+  if (saved)
+    setenv("XDG_CACHE_HOME", saved, 1);
+  else
+    unsetenv("XDG_CACHE_HOME");
+  free(saved);
+  REQUIRE(ctx != NULL);
+  const cl_platform_id platform_id = ctx->platform; /* platforms outlive contexts */
+  char platform[256];
+  ca_platform_string(platform_id, CL_PLATFORM_NAME, platform, sizeof platform);
+  const int pocl = strstr(platform, "Portable Computing Language") != NULL;
+  const char *pocl_cache = getenv("POCL_KERNEL_CACHE");
+  const int pocl_keeps = pocl && !(pocl_cache && !strcmp(pocl_cache, "0"));
+  size_t n = 0;
+  free(run_small(ctx, CLATTN_ALGO_FUSED, &n));
+  int src = 0, cache = 0;
+  counts(ctx, &src, &cache);
+  const char *path = clattn_tuning_default_path(ctx);
+  CHECKF(path && !strncmp(path, xdg_clattn, strlen(xdg_clattn)), "tuning file at %s, not in %s", path ? path : "(none)",
+         xdg_clattn);
+  CHECKF(!!strstr(clattn_describe(ctx), "binaries: POCL's own kernel cache") == pocl_keeps, "describe says\n%s",
+         clattn_describe(ctx));
+  clattn_destroy(ctx);
+  listing l = list_dir(xdg_clattn);
+  if (pocl_keeps)
+    CHECKF(l.n <= 0 && cache == 0, "POCL: %d files in the default directory, %d programs loaded from it", l.n, cache);
+  else
+    CHECKF(l.n > 0, "%s: no binaries in the default directory", platform);
+  CHECK(ca_cache_keeps_binaries(platform_id, 1) == 1); /* a named directory: always */
+  if (pocl) {
+    char *saved_pocl = pocl_cache ? strdup(pocl_cache) : NULL;
+    setenv("POCL_KERNEL_CACHE", "0", 1);
+    CHECK(ca_cache_keeps_binaries(platform_id, 0) == 1);
+    setenv("POCL_KERNEL_CACHE", "1", 1);
+    CHECK(ca_cache_keeps_binaries(platform_id, 0) == 0);
+    if (saved_pocl)
+      setenv("POCL_KERNEL_CACHE", saved_pocl, 1);
+    else
+      unsetenv("POCL_KERNEL_CACHE");
+    free(saved_pocl);
+  }
+}
+
 /* Writes a file of n bytes at dir/name whose last use (mtime) is `when`. */
 static void fake_file(const char *dir, const char *name, size_t n, time_t when) {
   char path[400];
@@ -896,6 +953,7 @@ int main(int argc, char **argv) {
       CT_TEST(crafted_entries_are_rebuilt_not_loaded),
       CT_TEST(unwritable_cache_dir_still_works),
       CT_TEST(empty_cache_dir_disables),
+      CT_TEST(default_dir_leaves_binaries_to_pocl),
       CT_TEST(concurrent_processes_fill_cache),
       CT_TEST(prepare_builds_what_the_first_calls_need),
       CT_TEST(size_cap_removes_least_recently_used_first),

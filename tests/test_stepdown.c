@@ -25,11 +25,8 @@ static void run_faked_d(int d, cl_kernel_work_group_info param, cl_ulong value, 
                         tl_block *built) {
   *queries = -1;
   *built = (tl_block){-1, -1};
-  char cache[256];
-  snprintf(cache, sizeof cache, "%s/clattn-stepdown-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-  REQUIREF(mkdtemp(cache) != NULL, "mkdtemp %s", cache);
   clattn_options opt = {0};
-  opt.cache_dir = cache;
+  opt.cache_dir = ""; /* every program built here, none loaded */
   clattn_status st = clattn_create(&opt, &ct_ctx);
   if (st == CLATTN_ERR_NO_DEVICE) {
     printf("skipped: no OpenCL device (%s)\n", clattn_last_error(NULL));
@@ -60,9 +57,6 @@ static void run_faked_d(int d, cl_kernel_work_group_info param, cl_ulong value, 
   cp_free(pb);
   clattn_destroy(ct_ctx);
   ct_ctx = NULL;
-  char cmd[512];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache);
-  (void)!system(cmd);
 }
 
 /* The same at d = 64. */
@@ -137,24 +131,47 @@ static void tuned_tile_that_cannot_run_steps_down(void) {
   CHECKF(built.rm == 1 && built.rn == 4, "built %dx%d", built.rm, built.rn);
 }
 
+/* The fused kernels of program (all but flash_pack) each take CA_FUSED_ARGS
+ * arguments; `want` among them. */
+static void fused_kernels_take_the_host_count(cl_program program, const char *const *want, int n_want) {
+  cl_kernel kernels[16];
+  cl_uint n = 0;
+  REQUIRE(clCreateKernelsInProgram(program, 16, kernels, &n) == CL_SUCCESS);
+  int found = 0;
+  for (cl_uint i = 0; i < n; i++) {
+    char name[64] = "";
+    cl_uint args = 0;
+    CHECK(clGetKernelInfo(kernels[i], CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL) == CL_SUCCESS);
+    CHECK(clGetKernelInfo(kernels[i], CL_KERNEL_NUM_ARGS, sizeof args, &args, NULL) == CL_SUCCESS);
+    CHECKF(!strcmp(name, "flash_pack") || args == CA_FUSED_ARGS, "%s takes %u arguments, the host counts %d", name,
+           args, (int)CA_FUSED_ARGS);
+    for (int w = 0; w < n_want; w++) found += !strcmp(name, want[w]);
+    clReleaseKernel(kernels[i]);
+  }
+  CHECKF(found == n_want, "%d of the %d kernels expected in the program (%u kernels)", found, n_want, n);
+}
+
 /* The argument block the host checks against CL_DEVICE_MAX_PARAMETER_SIZE
- * is the kernels' own: as many arguments as the built kernels take. */
+ * is the kernels' own: as many arguments as the built kernels take, in the
+ * work-group kernels' program (this context's) and in flash_rows' (a CPU's). */
 static void argument_block_is_the_kernels(void) {
   CHECK(ca_fused_arg_bytes(64) == 960 && ca_fused_arg_bytes(32) < 960);
   clattn_context *ctx = ct_context();
   cl_program program = NULL;
   REQUIREF(ca_fused_program(ctx, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &program, NULL) == CLATTN_OK, "%s",
            clattn_last_error(ctx));
-  const char *names[] = {"flash_block", "flash_tiled", "flash_rows"};
-  for (int i = 0; i < 3; i++) {
-    cl_int err;
-    cl_kernel k = clCreateKernel(program, names[i], &err);
-    REQUIREF(err == CL_SUCCESS, "clCreateKernel(%s): %d", names[i], err);
-    cl_uint n = 0;
-    CHECK(clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof n, &n, NULL) == CL_SUCCESS);
-    CHECKF(n == CA_FUSED_ARGS, "%s takes %u arguments, the host counts %d", names[i], n, (int)CA_FUSED_ARGS);
-    clReleaseKernel(k);
-  }
+  const char *work_group[] = {"flash_block", "flash_tiled", "flash_decode"};
+  fused_kernels_take_the_host_count(program, work_group, 3);
+  tl_tiles rows_tiles = ctx->tiles;
+  rows_tiles.flash_wg = 0;
+  ca_program_text text;
+  ca_fused_text(&rows_tiles, &ctx->caps, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &text);
+  REQUIREF(
+      ca_build_program(ctx, "fused (flash_rows)", text.sources, text.n_sources, text.options, &program) == CLATTN_OK,
+      "%s", clattn_last_error(ctx));
+  const char *rows[] = {"flash_pack", "flash_rows", "flash_rows_direct8"};
+  fused_kernels_take_the_host_count(program, rows, 3);
+  clReleaseProgram(program);
 }
 
 /* A device taking fewer bytes of arguments than the fused kernels need

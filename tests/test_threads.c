@@ -421,6 +421,22 @@ out:
   return NULL;
 }
 
+/* The context's reference count once POCL has released the objects behind
+ * the commands that finished (it does so asynchronously, after clFinish):
+ * unchanged over 100 ms, or after 3 s. Counted before the threads too early,
+ * it held the baseline's last events, and the count after them read low. */
+static cl_uint settled_context_refs(cl_context c) {
+  cl_uint refs = cp_context_refs(c);
+  for (int tries = 0, same = 0; tries < 300 && same < 10; tries++) {
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    const cl_uint now = cp_context_refs(c);
+    same = now == refs ? same + 1 : 0;
+    refs = now;
+  }
+  return refs;
+}
+
 static void threads_match_single_threaded_results(void) {
   clattn_context *ctx = ct_context();
   make_cases();
@@ -450,7 +466,7 @@ static void threads_match_single_threaded_results(void) {
    * (one per head_dim/value_dim, however many threads ask at once). */
   const cl_context cl_ctx = clattn_cl_context(ctx);
   const cl_command_queue shared_queue = clattn_cl_queue(ctx);
-  const cl_uint ctx_refs0 = cp_context_refs(cl_ctx), queue_refs0 = cp_queue_refs(shared_queue);
+  const cl_uint ctx_refs0 = settled_context_refs(cl_ctx), queue_refs0 = cp_queue_refs(shared_queue);
   int src0, cache0;
   ca_cache_counts(ctx, &src0, &cache0);
 

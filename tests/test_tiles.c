@@ -96,27 +96,35 @@ static void device_that_fits_nothing_is_refused(void) {
   CHECK(tl_clamp(&t, &d) == -1);
 }
 
-/* Each program's options carry the tiles its kernels read and no others. */
+/* Each program's options carry the tiles its kernels read and no others;
+ * the fused program holds one device's kernels: the work-group ones on a
+ * GPU (flash_tiled's FLASH_WG and FLASH_TILE), flash_rows* on a CPU (its
+ * FLASH_BM and FLASH_VW). */
 static void each_program_gets_only_its_tiles(void) {
-  tl_device d = nvidia_like();
-  tl_tiles t = tl_choose(&d);
-  ca_program_text core, fused, backward;
-  ca_core_text(&t, CLATTN_F32, &core);
-  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused);
-  ca_backward_text(64, 64, CLATTN_F32, &backward);
+  const tl_device devs[] = {nvidia_like(), cpu_like()};
   const char *core_names[] = {"SCORE_TM=", "SCORE_TN=", "SCORE_TK=", "SOFTMAX_WG=", "MIX_TM=", "MIX_TV=", "MIX_TJ="};
-  const char *fused_names[] = {"FLASH_BM=", "FLASH_WG=", "FLASH_VW="};
-  for (int i = 0; i < 7; i++) {
-    CHECKF(strstr(core.options, core_names[i]) != NULL, "core options lack %s: %s", core_names[i], core.options);
-    CHECKF(strstr(fused.options, core_names[i]) == NULL, "fused options carry %s: %s", core_names[i], fused.options);
-    CHECKF(strstr(backward.options, core_names[i]) == NULL, "backward options carry %s", core_names[i]);
+  const char *family[2][3] = {{"FLASH_WG=", "FLASH_TILE=", "FLASH_NO_ROWS"},
+                              {"FLASH_BM=", "FLASH_VW=", "FLASH_NO_TILED"}};
+  for (int g = 0; g < 2; g++) {
+    tl_tiles t = tl_choose(&devs[g]);
+    ca_program_text core, fused, backward;
+    ca_core_text(&t, CLATTN_F32, &core);
+    ca_fused_text(&t, &devs[g], 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused);
+    ca_backward_text(64, 64, CLATTN_F32, &backward);
+    for (int i = 0; i < 7; i++) {
+      CHECKF(strstr(core.options, core_names[i]) != NULL, "core options lack %s: %s", core_names[i], core.options);
+      CHECKF(strstr(fused.options, core_names[i]) == NULL, "fused options carry %s: %s", core_names[i], fused.options);
+      CHECKF(strstr(backward.options, core_names[i]) == NULL, "backward options carry %s", core_names[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+      CHECKF(strstr(fused.options, family[g][i]) != NULL, "fused options lack %s: %s", family[g][i], fused.options);
+      CHECKF(strstr(fused.options, family[1 - g][i]) == NULL, "fused options carry %s: %s", family[1 - g][i],
+             fused.options);
+      CHECKF(strstr(core.options, family[g][i]) == NULL, "core options carry %s: %s", family[g][i], core.options);
+      CHECKF(strstr(backward.options, family[g][i]) == NULL, "backward options carry %s", family[g][i]);
+    }
+    CHECK(strncmp(core.options, "-cl-std=CL1.2 ", 14) == 0 && strncmp(fused.options, "-cl-std=CL1.2 ", 14) == 0);
   }
-  for (int i = 0; i < 3; i++) {
-    CHECKF(strstr(fused.options, fused_names[i]) != NULL, "fused options lack %s: %s", fused_names[i], fused.options);
-    CHECKF(strstr(core.options, fused_names[i]) == NULL, "core options carry %s: %s", fused_names[i], core.options);
-    CHECKF(strstr(backward.options, fused_names[i]) == NULL, "backward options carry %s", fused_names[i]);
-  }
-  CHECK(strncmp(core.options, "-cl-std=CL1.2 ", 14) == 0 && strncmp(fused.options, "-cl-std=CL1.2 ", 14) == 0);
 }
 
 /* Retuning one kernel's tile changes only its program's options, hence only
@@ -143,13 +151,21 @@ static void retuning_one_tile_leaves_other_programs_alone(void) {
     ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &fused1);
     CHECKF(strcmp(fused0.options, fused1.options) == 0, "staged value %d changed the fused options", i);
   }
-  /* the fused rows per work-item: the fused program changes, the core one does not */
+  /* flash_rows' rows per work-item: a CPU's fused program changes, a GPU's
+   * (no flash_rows in it) and the core program do not */
   t = base;
   t.flash_bm = t.flash_bm == 16 ? 8 : t.flash_bm * 2;
   ca_core_text(&t, CLATTN_F32, &core1);
   ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &fused1);
   CHECKF(strcmp(core0.options, core1.options) == 0, "core options changed: %s -> %s", core0.options, core1.options);
-  CHECKF(strcmp(fused0.options, fused1.options) != 0, "fused options unchanged: %s", fused1.options);
+  CHECKF(strcmp(fused0.options, fused1.options) == 0, "GPU fused options changed: %s", fused1.options);
+  const tl_device cpu = cpu_like();
+  tl_tiles c = tl_choose(&cpu);
+  ca_program_text cpu0, cpu1;
+  ca_fused_text(&c, &cpu, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &cpu0);
+  c.flash_bm = c.flash_bm == 16 ? 8 : c.flash_bm * 2;
+  ca_fused_text(&c, &cpu, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &cpu1);
+  CHECKF(strcmp(cpu0.options, cpu1.options) != 0, "CPU fused options unchanged: %s", cpu1.options);
   /* flash_block's tuned tile: the fused program's BLOCK_RM / BLOCK_RN
    * change (4x4 is its choice at d = 64 here; 2x4 is not), the core
    * program's options do not */
@@ -330,7 +346,7 @@ static void flash_vector_width_follows_the_device(void) {
   CHECK(tl_clamp(&t, &d) == 0 && t.flash_vw == 8);
   ca_program_text fused;
   ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused);
-  CHECKF(strstr(fused.options, "-D FLASH_VW=8 ") != NULL, "fused options: %s", fused.options);
+  CHECKF(strstr(fused.options, "-D FLASH_VW=8") != NULL, "fused options: %s", fused.options);
 }
 
 int main(int argc, char **argv) {

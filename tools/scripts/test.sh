@@ -61,16 +61,16 @@ PY
 }
 
 # POCL 3.1 keys a cached work-group function by program and local size, not
-# by work-group method, and a program binary (what clattn's cache keeps)
-# carries those functions: a cbs run over loopvec's caches runs loopvec's
-# compiled kernels. So cbs gets caches of its own, built anew by cbs (the
-# build's cbs-cache, which tests/meson.build's decode-block-cbs uses too).
+# by work-group method, and a program binary carries those functions: a cbs
+# run over loopvec's caches runs loopvec's compiled kernels. So cbs gets a
+# POCL cache of its own, built anew by cbs (the build's cbs-cache, which
+# tests/meson.build's decode-block-cbs uses too), and no clattn binaries.
 cbs_cache=build-test/cbs-cache
 suite() {   # suite METHOD [meson test args]
   local method=$1
   shift
   local caches=()
-  [ "$method" = cbs ] && caches=(POCL_CACHE_DIR="$PWD/$cbs_cache/pocl" CLATTN_CACHE_DIR="$PWD/$cbs_cache/clattn")
+  [ "$method" = cbs ] && caches=(POCL_CACHE_DIR="$PWD/$cbs_cache/pocl" CLATTN_CACHE_DIR=)
   env "${caches[@]}" POCL_WORK_GROUP_METHOD=$method meson test -C build-test --print-errorlogs --num-processes 2 "$@"
   local rc=$?
   count
