@@ -597,6 +597,28 @@ static void unwritable_cache_dir_still_works(void) {
   chmod(ro, 0755);
 }
 
+/* A context with options.cache_dir NULL, XDG_CACHE_HOME a new directory
+ * `leaf` and CLATTN_CACHE_DIR = clattn_env (NULL: unset), both restored
+ * after; xdg_clattn gets the default directory under it. */
+static clattn_context *create_under_xdg(const char *leaf, const char *clattn_env, char *xdg_clattn, size_t n) {
+  char xdg[300];
+  make_dir(xdg, sizeof xdg, leaf);
+  if (!CHECK(mkdir(xdg, 0755) == 0 || errno == EEXIST)) return NULL;
+  snprintf(xdg_clattn, n, "%s/clattn", xdg);
+  const char *old_xdg = getenv("XDG_CACHE_HOME");
+  char *saved = old_xdg ? strdup(old_xdg) : NULL;
+  setenv("XDG_CACHE_HOME", xdg, 1);
+  if (clattn_env) setenv("CLATTN_CACHE_DIR", clattn_env, 1);
+  clattn_context *ctx = create_on(NULL);
+  if (clattn_env) unsetenv("CLATTN_CACHE_DIR");
+  if (saved)
+    setenv("XDG_CACHE_HOME", saved, 1);
+  else
+    unsetenv("XDG_CACHE_HOME");
+  free(saved);
+  return ctx;
+}
+
 static void empty_cache_dir_disables(void) {
   /* options.cache_dir = "" wins over the environment. */
   char env_dir[300];
@@ -613,22 +635,8 @@ static void empty_cache_dir_disables(void) {
   CHECKF(l.n <= 0, "options.cache_dir = \"\": %d files in CLATTN_CACHE_DIR", l.n);
 
   /* CLATTN_CACHE_DIR = "" wins over XDG_CACHE_HOME (options.cache_dir NULL). */
-  char xdg[300], xdg_clattn[400];
-  make_dir(xdg, sizeof xdg, "xdg-but-off");
-  REQUIRE(mkdir(xdg, 0755) == 0 || errno == EEXIST);
-  snprintf(xdg_clattn, sizeof xdg_clattn, "%s/clattn", xdg);
-  const char *old_xdg = getenv("XDG_CACHE_HOME");
-  char *saved = old_xdg ? strdup(old_xdg) : NULL;
-  setenv("XDG_CACHE_HOME", xdg, 1);
-  setenv("CLATTN_CACHE_DIR", "", 1);
-  ctx = create_on(NULL);
-  unsetenv("CLATTN_CACHE_DIR");
-  if (saved)
-    setenv("XDG_CACHE_HOME", saved, 1);
-  else
-    unsetenv("XDG_CACHE_HOME");
-  free(saved);
-  REQUIRE(ctx != NULL);
+  char xdg_clattn[400];
+  REQUIRE((ctx = create_under_xdg("xdg-but-off", "", xdg_clattn, sizeof xdg_clattn)) != NULL);
   CHECKF(strstr(clattn_describe(ctx), "program cache: off") != NULL, "describe says\n%s", clattn_describe(ctx));
   clattn_destroy(ctx);
   l = list_dir(xdg_clattn);
@@ -642,19 +650,8 @@ static void empty_cache_dir_disables(void) {
  * and describe says where binaries are. POCL_KERNEL_CACHE=0 brings ours
  * back; elsewhere the default keeps binaries, as a named directory does. */
 static void default_dir_leaves_binaries_to_pocl(void) {
-  char xdg[300], xdg_clattn[400];
-  make_dir(xdg, sizeof xdg, "xdg-default");
-  REQUIRE(mkdir(xdg, 0755) == 0 || errno == EEXIST);
-  snprintf(xdg_clattn, sizeof xdg_clattn, "%s/clattn", xdg);
-  const char *old_xdg = getenv("XDG_CACHE_HOME");
-  char *saved = old_xdg ? strdup(old_xdg) : NULL;
-  setenv("XDG_CACHE_HOME", xdg, 1);
-  clattn_context *ctx = create_on(NULL);
-  if (saved)
-    setenv("XDG_CACHE_HOME", saved, 1);
-  else
-    unsetenv("XDG_CACHE_HOME");
-  free(saved);
+  char xdg_clattn[400];
+  clattn_context *ctx = create_under_xdg("xdg-default", NULL, xdg_clattn, sizeof xdg_clattn);
   REQUIRE(ctx != NULL);
   const cl_platform_id platform_id = ctx->platform; /* platforms outlive contexts */
   char platform[256];

@@ -1,32 +1,36 @@
 #!/usr/bin/env bash
-# Sets clattn up with warnings as errors (tools/scripts/setup.sh) and runs every
-# check, each stage on its own, then one summary:
+# Sets clattn up with warnings as errors (tools/scripts/setup.sh) and runs
+# checks, each stage on its own, then one summary:
 #
-#   suite (loopvec)   meson test, whole suite, POCL_WORK_GROUP_METHOD=loopvec
-#                     (the 'mpi' suite included: mpirun at 2 and 4 ranks, under 30 s)
-#   python            the Python binding's pytest suite (tools/scripts/python.sh)
-#   suite (cbs)       the opencl suite again with POCL_WORK_GROUP_METHOD=cbs, but for suite
-#                     'loopvec-only' (runs the method cannot change: tests/meson.build)
-#   oclgrind          every kernel path at small shapes under Oclgrind
-#   sanitizers        the suite under ASan+UBSan, the threads test under TSan
-#   fuzz              libFuzzer on clattn_forward for 60 s
-#   fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
+#   tools/scripts/test.sh           the README's test command:
+#     suite (loopvec)   meson test, whole suite, POCL_WORK_GROUP_METHOD=loopvec
+#                       (GPU code generation and the 'mpi' suite included)
+#     python            the Python binding's pytest suite (tools/scripts/python.sh)
+#   tools/scripts/test.sh --quick   meson suites 'unit' and 'quick' (each path's
+#                       defaults), then python
+#   tools/scripts/test.sh --deep    the deep checks, which .ci/run adds:
+#     suite (cbs)       the opencl suite again with POCL_WORK_GROUP_METHOD=cbs, but for
+#                       suite 'loopvec-only' (runs the method cannot change: tests/meson.build)
+#     oclgrind          every kernel path at small shapes under Oclgrind
+#     sanitizers        the suite under ASan+UBSan, the threads test under TSan
+#     fuzz              libFuzzer on clattn_forward for 60 s
+#     fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
 #
-#   tools/scripts/test.sh            all stages (46 minutes on 2 cores, kernel caches mostly warm, before the cbs
-#                                    stage built its own kernels; see README)
-#   tools/scripts/test.sh --quick    suite (quick): meson suites 'unit' and 'quick' (each path's
-#                                    defaults), then python; 3 minutes on a fresh clone with cold caches
-#
+# Times on 2 cores with cold kernel caches: README, "Quick start".
 # Exit status: 0 when every stage passed or was skipped (exit 77, named in
 # the summary with its reason above it).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-quick=0
-[ "${1:-}" = "--quick" ] && quick=1
+mode=${1:-main}
+case "$mode" in
+  main|--quick|--deep) ;;
+  -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+  *) echo "usage: tools/scripts/test.sh [--quick | --deep]" >&2; exit 2 ;;
+esac
 
 # clang-15, libclc and lld for the GPU code-generation test (tools/scripts/gpu-codegen.sh);
 # Open MPI for the MPI layer and its tests (suite 'mpi', mpirun at 2 and 4 ranks)
-if [ $quick -eq 0 ]; then
+if [ "$mode" = main ]; then
   tools/scripts/packages.sh clang-15 libclc-15 lld-15 libopenmpi-dev openmpi-bin || exit 1
 fi
 tools/scripts/setup.sh build-test -Dwerror=true || exit 1
@@ -77,19 +81,20 @@ suite() {   # suite METHOD [meson test args]
   return $rc
 }
 
-if [ $quick -eq 1 ]; then
-  stage "suite (quick)" suite loopvec --suite unit --suite quick
-else
-  stage "suite (loopvec)" suite loopvec
-fi
-stage "python" tools/scripts/python.sh build-test
-if [ $quick -eq 0 ]; then
-  stage "suite (cbs)" suite cbs --suite opencl --no-suite loopvec-only
-  stage "oclgrind" tools/scripts/oclgrind.sh build-test
-  stage "sanitizers" tools/scripts/sanitize.sh all
-  stage "fuzz" tools/scripts/fuzz.sh 60
-  stage "fuzz (npy)" tools/scripts/fuzz.sh npy 30
-fi
+case "$mode" in
+  main)
+    stage "suite (loopvec)" suite loopvec
+    stage "python" tools/scripts/python.sh build-test ;;
+  --quick)
+    stage "suite (quick)" suite loopvec --suite unit --suite quick
+    stage "python" tools/scripts/python.sh build-test ;;
+  --deep)
+    stage "suite (cbs)" suite cbs --suite opencl --no-suite loopvec-only
+    stage "oclgrind" tools/scripts/oclgrind.sh build-test
+    stage "sanitizers" tools/scripts/sanitize.sh all
+    stage "fuzz" tools/scripts/fuzz.sh 60
+    stage "fuzz (npy)" tools/scripts/fuzz.sh npy 30 ;;
+esac
 
 echo "==== summary"
 printf '%s\n' "${results[@]}"
