@@ -121,7 +121,8 @@ class Context:
 
     device: a substring of the platform or device name (None: $CLATTN_DEVICE,
     else the first GPU, else the first device). cache_dir: the program binary
-    cache (None: $CLATTN_CACHE_DIR, else the XDG cache; "" = none). queue: a
+    cache (None: $CLATTN_CACHE_DIR, else the XDG cache, which on POCL leaves
+    binaries to POCL's own cache; "" = none). queue: a
     pyopencl CommandQueue to embed in (its context and device), so that
     pyopencl arrays in that context pass without a copy.
 

@@ -171,14 +171,15 @@ static size_t small_bytes(long count, int one_short) {
 }
 
 /* cu_seqlens entries: < 0xF0 steps of 0..len from 0 (a valid packing),
- * else a hostile value (negative, decreasing, too long, huge). */
+ * else a hostile value (negative, decreasing, too long, huge). A hostile
+ * len (the case's own q_len or kv_len, negative) takes steps of 0. */
 static void dec_cu(int32_t *cu, size_t n, int len, fz_reader *r) {
   for (size_t i = 0; i < n; i++) {
     const uint8_t x = fz_rd(r);
     const long long prev = i ? cu[i - 1] : 0;
     long long v;
     if (x < 0xF0) {
-      v = i ? prev + x % (len + 1LL) : 0;
+      v = i && len > 0 ? prev + x % (len + 1LL) : prev;
     } else {
       const long long hostile[8] = {-1, INT_MAX, INT_MIN, prev - 1, prev + len + 1LL, prev + 1, 0, 1 << 30};
       v = hostile[x & 7];

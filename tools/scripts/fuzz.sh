@@ -72,6 +72,9 @@ cp -n "$seeds"/* "$corpus"/ 2>/dev/null || true
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:fast_unwind_on_malloc=0:malloc_context_size=30:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
+# libFuzzer exits 77 on a crash or a leak by default: the status test.sh
+# (and meson) read as "skipped". A finding must fail the run.
+found=(-error_exitcode=1 -timeout_exitcode=1)
 if [ "$target" = append ]; then
   # The append programs (one per source and cache storage) are built on first
   # use: fuzz_append's initialisation builds them all (fz_append_warm_up), in a
@@ -79,14 +82,14 @@ if [ "$target" = append ]; then
   # the process).
   echo "fuzz: building the append kernels (slow only the first time)" >&2
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0 \
-    "$build/tests/$exe" -runs=0 -timeout=0 "$seeds" >"$build/fuzz-append-warm-up.log" 2>&1 || {
+    "$build/tests/$exe" "${found[@]}" -runs=0 -timeout=0 "$seeds" >"$build/fuzz-append-warm-up.log" 2>&1 || {
     echo "fuzz: the append warm-up failed:" >&2
     grep -v "^    #" "$build/fuzz-append-warm-up.log" | tail -30 >&2
     exit 1
   }
   echo "fuzz: running $build/tests/$exe for ${seconds}s (corpus $corpus, failures to $artifacts/)" >&2
   status=0
-  "$build/tests/$exe" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=1024 \
+  "$build/tests/$exe" "${found[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=1024 \
     -print_final_stats=1 -artifact_prefix="$artifacts/append-" "$@" "$corpus" || status=$?
   echo "fuzz: corpus now $(ls "$corpus" | wc -l) inputs; exit status $status" >&2
   exit $status
@@ -96,7 +99,7 @@ if [ "$target" != forward ]; then
   # past the 1023-byte line limit and the 48-byte headers alike.
   echo "fuzz: running $build/tests/$exe for ${seconds}s (corpus $corpus, failures to $artifacts/)" >&2
   status=0
-  "$build/tests/$exe" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
+  "$build/tests/$exe" "${found[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
     -print_final_stats=1 -artifact_prefix="$artifacts/$target-" "$@" "$corpus" "${regressions[@]}" || status=$?
   echo "fuzz: corpus now $(ls "$corpus" | wc -l) inputs; exit status $status" >&2
   exit $status
@@ -112,14 +115,14 @@ echo "fuzz: building the kernels the harness uses (slow only the first time)" >&
 # Without leak checking: full allocation stacks make every allocation of
 # POCL's compiler unwind its stack, and the builds ten times slower.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0 \
-  "$build/tests/fuzz_forward" -runs=0 "$warm" >"$build/fuzz-warm-up.log" 2>&1 || {
+  "$build/tests/fuzz_forward" "${found[@]}" -runs=0 "$warm" >"$build/fuzz-warm-up.log" 2>&1 || {
   echo "fuzz: the warm-up failed:" >&2
   grep -v "^    #" "$build/fuzz-warm-up.log" | tail -30 >&2
   exit 1
 }
 echo "fuzz: running $build/tests/fuzz_forward for ${seconds}s (corpus $corpus, failures to $artifacts/)" >&2
 status=0
-"$build/tests/fuzz_forward" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=4096 \
+"$build/tests/fuzz_forward" "${found[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=4096 \
   -print_final_stats=1 -artifact_prefix="$artifacts/" "$@" "$corpus" tests/fuzz/regressions || status=$?
 echo "fuzz: corpus now $(ls "$corpus" | wc -l) inputs; exit status $status" >&2
 exit $status
