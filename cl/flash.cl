@@ -266,9 +266,11 @@ static inline ca_kv_pos flash_key_at(const ca_kv_pos *at_h, bool page_halves, in
  * query value (and each weight, for the values) is loaded once for two
  * vector multiply-adds. `direct` and `bm` are constants at each call, so
  * each kernel compiles to one branch with its row loops unrolled and its
- * accumulators in registers.
+ * accumulators in registers. always_inline: POCL builds with -Dinline=, and
+ * the copy of the body it then kept for itself failed to unroll those
+ * loops, with eleven warnings on stderr at every build.
  */
-static inline void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
+static inline __attribute__((always_inline)) void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
                        __global const float *kt, __global const float *vp, long n_pad,
                        __global const kv_t *k, ulong k_off, ulong4 k_st,
                        __global const kv_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS, const int direct,
