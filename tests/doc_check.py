@@ -317,7 +317,8 @@ def main():
     a = ap.parse_args()
     if a.self_test:
         return 0 if self_test(a.cc) else 1
-    c = Checker(os.path.abspath(a.root), a.cc, a.lib, a.python)
+    absolute = lambda path: os.path.abspath(path) if path else None
+    c = Checker(os.path.abspath(a.root), a.cc, absolute(a.lib), absolute(a.python))
     return 0 if c.run(documents(c.root)) else 1
 
 
