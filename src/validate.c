@@ -237,26 +237,38 @@ static clattn_status check_enums(const clattn_params *p) {
   if (p->score == CLATTN_SCORE_ADDITIVE && !p->additive_w)
     return BAD("additive_w is NULL: CLATTN_SCORE_ADDITIVE needs the weights w (f32 [head_dim])");
   if (p->score == CLATTN_SCORE_DOT && p->additive_w) return BAD("additive_w is set but score is CLATTN_SCORE_DOT");
+  if (p->alibi_batch_stride < 0)
+    return BAD("alibi_batch_stride must be >= 0 (0: one slope per head; got %d)", p->alibi_batch_stride);
+  if (p->alibi_batch_stride > 0 && !p->alibi_slopes)
+    return BAD("alibi_batch_stride is %d but alibi_slopes is NULL", p->alibi_batch_stride);
   return CLATTN_OK;
 }
 
 /* Packed variable-length batches: both offset arrays, no kv_lens, the
- * totals given, and q, k, v, out with no batch stride (sequences are rows). */
+ * totals given, and q, k, v, out with no batch stride (sequences are rows).
+ * Over a paged cache only the queries are packed: cu_seqlens_q, and each
+ * sequence's keys through the block table, kv_lens[b] of them. */
 static clattn_status check_varlen(const clattn_params *p) {
   if (!p->cu_seqlens_q && !p->cu_seqlens_k) return CLATTN_OK;
-  if (!p->cu_seqlens_q || !p->cu_seqlens_k)
-    return BAD("cu_seqlens_q and cu_seqlens_k come together (got only %s)",
+  const int paged = p->block_table != NULL;
+  if (paged && !p->cu_seqlens_q)
+    return BAD("cu_seqlens_k with a block table: paged keys are found through the block table (packed queries take "
+               "cu_seqlens_q, each sequence's key count kv_lens)");
+  if (paged && p->cu_seqlens_k)
+    return BAD("cu_seqlens_k with a block table: each sequence's keys are kv_lens[b] keys through its block-table "
+               "row; cu_seqlens_k must be NULL");
+  if (!paged && (!p->cu_seqlens_q || !p->cu_seqlens_k))
+    return BAD("cu_seqlens_q and cu_seqlens_k come together without a block table (got only %s)",
                p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
-  if (p->kv_lens) return BAD("kv_lens with cu_seqlens: packed sequences carry their own lengths");
-  if (p->block_table) return BAD("cu_seqlens with a block table: paged K/V is indexed per batch row, not packed");
+  if (!paged && p->kv_lens) return BAD("kv_lens with cu_seqlens: packed sequences carry their own lengths");
   if (p->batch == INT32_MAX) return BAD("batch %d: cu_seqlens would need batch + 1 entries", p->batch);
-  if (p->total_q <= 0 || p->total_kv <= 0)
-    return BAD("total_q and total_kv must be positive with cu_seqlens (got %d, %d)", p->total_q, p->total_kv);
+  if (p->total_q <= 0) return BAD("total_q must be positive with cu_seqlens_q (got %d)", p->total_q);
+  if (!paged && p->total_kv <= 0) return BAD("total_kv must be positive with cu_seqlens_k (got %d)", p->total_kv);
   const struct {
     const char *name;
     const clattn_tensor *t;
-  } views[] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}};
-  for (size_t i = 0; i < 4; i++)
+  } views[] = {{"q", &p->q}, {"out", &p->out}, {"k", &p->k}, {"v", &p->v}};
+  for (size_t i = 0; i < (paged ? 2 : 4); i++) /* paged k and v: stride[0] steps a page */
     if (views[i].t->stride[0] != 0)
       return BAD("%s.stride[0] must be 0 with cu_seqlens: sequence b's rows are found through cu_seqlens (got %zu)",
                  views[i].name, views[i].t->stride[0]);
@@ -324,12 +336,14 @@ static clattn_status check_views(const clattn_context *ctx, const clattn_params 
     const int cu_dims[] = {p->batch + 1};
     const clattn_tensor cq = {p->cu_seqlens_q, 0, {1, 0, 0, 0}}, ck = {p->cu_seqlens_k, 0, {1, 0, 0, 0}};
     if ((st = check_view(cc, "cu_seqlens_q", &cq, cu_dims, 1, sizeof(int32_t), 0)) ||
-        (st = check_view(cc, "cu_seqlens_k", &ck, cu_dims, 1, sizeof(int32_t), 0)))
+        (ck.buf && (st = check_view(cc, "cu_seqlens_k", &ck, cu_dims, 1, sizeof(int32_t), 0))))
       return st;
   }
-  const int h_dims[] = {p->q_heads};
-  const clattn_tensor alibi = {p->alibi_slopes, 0, {1, 0, 0, 0}}, sinks = {p->sinks, 0, {1, 0, 0, 0}};
-  if (p->alibi_slopes && (st = check_view(cc, "alibi_slopes", &alibi, h_dims, 1, sizeof(float), 0))) return st;
+  const int h_dims[] = {p->q_heads}, bh_dims[] = {p->batch, p->q_heads};
+  /* per (batch, head) with a batch stride, else one slope per head */
+  const clattn_tensor alibi = {p->alibi_slopes, 0, {(size_t)p->alibi_batch_stride, 1, 0, 0}},
+                      sinks = {p->sinks, 0, {1, 0, 0, 0}};
+  if (p->alibi_slopes && (st = check_view(cc, "alibi_slopes", &alibi, bh_dims, 2, sizeof(float), 0))) return st;
   if (p->sinks && (st = check_view(cc, "sinks", &sinks, h_dims, 1, sizeof(float), 0))) return st;
   const int d_dims[] = {p->head_dim};
   const clattn_tensor w = {p->additive_w, 0, {1, 0, 0, 0}};
@@ -390,6 +404,8 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
     if (dims[i].value <= 0) return BAD("%s must be positive (got %d)", dims[i].name, dims[i].value);
   if (mp->empty_rows != CLATTN_EMPTY_ZERO && mp->empty_rows != CLATTN_EMPTY_ERROR)
     return BAD("empty_rows %d is not a clattn_empty_rows", (int)mp->empty_rows);
+  if (mp->out_dtype != CLATTN_F32 && mp->out_dtype != CLATTN_F16 && mp->out_dtype != CLATTN_BF16)
+    return BAD("out_dtype %d: merged outputs are stored as CLATTN_F32, CLATTN_F16 or CLATTN_BF16", (int)mp->out_dtype);
   if (!mp->o.buf) return BAD("o.buf is NULL");
   if (!mp->lse.buf) return BAD("lse.buf is NULL");
   if (!mp->out.buf) return BAD("out.buf is NULL");
@@ -406,7 +422,8 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
   if ((st = check_view(cc, "o", &o_last, o_dims, 4, sizeof(float), 0))) return st;
   if ((st = check_view(cc, "lse", &lse_last, o_dims, 3, sizeof(float), 0))) return st;
   extent ext[2];
-  if ((st = check_view_at(cc, "out", &mp->out, o_dims, 4, sizeof(float), 1, &ext[0]))) return st;
+  const size_t out_elem = mp->out_dtype == CLATTN_F32 ? sizeof(float) : 2;
+  if ((st = check_view_at(cc, "out", &mp->out, o_dims, 4, out_elem, 1, &ext[0]))) return st;
   if (mp->out_lse.buf && (st = check_view_at(cc, "out_lse", &mp->out_lse, o_dims, 3, sizeof(float), 1, &ext[1])))
     return st;
   return check_outputs_disjoint(ext, mp->out_lse.buf ? 2 : 1);

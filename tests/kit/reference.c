@@ -69,7 +69,7 @@ double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int
   if (in->bias) sc += (double)in->bias[view_index(&p->bias, b, h, i, j)];
   if (in->alibi_slopes) {
     const long pos = (long)i + ((long)sq.align_n - (long)sq.align_m);
-    sc -= (double)in->alibi_slopes[h] * (double)labs(pos - j);
+    sc -= (double)in->alibi_slopes[(size_t)b * (size_t)p->alibi_batch_stride + (size_t)h] * (double)labs(pos - j);
   }
   return sc;
 }

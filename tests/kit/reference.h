@@ -18,7 +18,8 @@ typedef struct {
   const unsigned char *mask;                  /* NULL unless p->mask.buf is set */
   const float *bias;                          /* NULL unless p->bias.buf is set */
   const int32_t *kv_lens;                     /* NULL unless p->kv_lens is set: [B] */
-  const float *alibi_slopes;                  /* NULL unless p->alibi_slopes is set: [Hq] */
+  const float *alibi_slopes;                  /* NULL unless p->alibi_slopes is set: slope (b, h) at
+                                                 b * p->alibi_batch_stride + h */
   const float *sinks;                         /* NULL unless p->sinks is set: [Hq] */
   const float *additive_w;                    /* set exactly when p->score is CLATTN_SCORE_ADDITIVE: [head_dim] */
   const int32_t *cu_seqlens_q, *cu_seqlens_k; /* set exactly when p->cu_seqlens_q is: [B + 1] each */
