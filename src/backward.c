@@ -109,7 +109,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   clattn_params p = bp->fwd;
   p.weights.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
   p.algo = CLATTN_ALGO_FUSED;
-  if ((st = ca_validate(ctx, &p, &plan)) || (st = validate_backward(ctx, bp))) return st;
+  if ((st = ca_validate_backward_fwd(ctx, &p, &plan)) || (st = validate_backward(ctx, bp))) return st;
   p.algo = bp->fwd.algo;
 
   cl_program program = NULL;

@@ -252,6 +252,9 @@ enum { CA_DIAG_ENTROPY = 1, CA_DIAG_MAX_WEIGHT = 2, CA_DIAG_ARGMAX = 4 };
 
 /* Every check that needs no device work; fills plan. */
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
+/* The same for clattn_backward's fwd: out and lse are the forward's, read
+ * (a buffer created CL_MEM_READ_ONLY will do), each element its own. */
+clattn_status ca_validate_backward_fwd(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
 
 /* Checks that a view of dims[0..rank) fits its buffer (and, for an output,
  * neither broadcasts nor overlaps itself): BAD / BUFFER_TOO_SMALL. */

@@ -92,12 +92,17 @@ static clattn_status check_mem(cl_context context, const char *name, cl_mem buf,
   return CLATTN_OK;
 }
 
+/* A view's role: read, written, or read but shaped like an output (each
+ * element its own: no broadcast, no overlap), as clattn_backward reads the
+ * forward's out and lse. */
+enum { VIEW_IN = 0, VIEW_OUT = 1, VIEW_READ_WHOLE = 2 };
+
 static clattn_status check_view_at(cl_context context, const char *name, const clattn_tensor *t, const int *dims,
-                                   int rank, size_t elem_size, int is_output, extent *ext) {
+                                   int rank, size_t elem_size, int role, extent *ext) {
   size_t last = t->offset;
   for (int d = 0; d < rank; d++) {
     size_t step;
-    if (is_output && dims[d] > 1 && t->stride[d] == 0)
+    if (role != VIEW_IN && dims[d] > 1 && t->stride[d] == 0)
       return BAD("%s.stride[%d] is 0: an output view cannot broadcast", name, d);
     if (!mul_ok((size_t)(dims[d] - 1), t->stride[d], &step) || !add_ok(last, step, &last))
       return BAD("%s: offset and strides overflow the address range", name);
@@ -105,11 +110,11 @@ static clattn_status check_view_at(cl_context context, const char *name, const c
   size_t need;
   if (!add_ok(last, 1, &need) || !mul_ok(need, elem_size, &need))
     return BAD("%s: offset and strides overflow the address range", name);
-  if (is_output && view_overlaps(t, dims, rank))
+  if (role != VIEW_IN && view_overlaps(t, dims, rank))
     return BAD("%s: the view overlaps itself (strides %zu, %zu, %zu, %zu): two results would share an element", name,
                t->stride[0], t->stride[1], t->stride[2], t->stride[3]);
   size_t have = 0;
-  clattn_status st = check_mem(context, name, t->buf, is_output, &have);
+  clattn_status st = check_mem(context, name, t->buf, role == VIEW_OUT, &have);
   if (st != CLATTN_OK) return st;
   if (need > have)
     return ca_fail(CLATTN_ERR_BUFFER_TOO_SMALL, "%s: the view addresses %zu bytes but the buffer holds %zu", name, need,
@@ -252,11 +257,13 @@ static clattn_status check_varlen(const clattn_params *p) {
   if (!p->cu_seqlens_q && !p->cu_seqlens_k) return CLATTN_OK;
   const int paged = p->block_table != NULL;
   if (paged && !p->cu_seqlens_q)
-    return BAD("cu_seqlens_k with a block table: paged keys are found through the block table (packed queries take "
-               "cu_seqlens_q, each sequence's key count kv_lens)");
+    return BAD(
+        "cu_seqlens_k with a block table: paged keys are found through the block table (packed queries take "
+        "cu_seqlens_q, each sequence's key count kv_lens)");
   if (paged && p->cu_seqlens_k)
-    return BAD("cu_seqlens_k with a block table: each sequence's keys are kv_lens[b] keys through its block-table "
-               "row; cu_seqlens_k must be NULL");
+    return BAD(
+        "cu_seqlens_k with a block table: each sequence's keys are kv_lens[b] keys through its block-table "
+        "row; cu_seqlens_k must be NULL");
   if (!paged && (!p->cu_seqlens_q || !p->cu_seqlens_k))
     return BAD("cu_seqlens_q and cu_seqlens_k come together without a block table (got only %s)",
                p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
@@ -275,7 +282,8 @@ static clattn_status check_varlen(const clattn_params *p) {
   return CLATTN_OK;
 }
 
-static clattn_status check_views(const clattn_context *ctx, const clattn_params *p) {
+/* out_role: VIEW_OUT, or VIEW_READ_WHOLE for out and lse read by the backward. */
+static clattn_status check_views(const clattn_context *ctx, const clattn_params *p, int out_role) {
   clattn_status st;
   /* packed sequences: q, k, v, out are one batch of total_q / total_kv rows */
   const int varlen = p->cu_seqlens_q != NULL, qb = varlen ? 1 : p->batch;
@@ -319,12 +327,12 @@ static clattn_status check_views(const clattn_context *ctx, const clattn_params 
   };
   extent ext[1 + sizeof outs / sizeof outs[0]];
   int n_ext = 0;
-  if ((st = check_view_at(cc, "out", &p->out, o_dims, 4, elem, 1, &ext[n_ext++]))) return st;
+  if ((st = check_view_at(cc, "out", &p->out, o_dims, 4, elem, out_role, &ext[n_ext++]))) return st;
   if (p->mask.buf && (st = check_view(cc, "mask", &p->mask, s_dims, 4, 1, 0))) return st;
   if (p->bias.buf && (st = check_view(cc, "bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
   for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
-    if (outs[i].t->buf &&
-        (st = check_view_at(cc, outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem, 1, &ext[n_ext++])))
+    if (outs[i].t->buf && (st = check_view_at(cc, outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem,
+                                              i == 0 ? out_role : VIEW_OUT, &ext[n_ext++])))
       return st;
   if ((st = check_outputs_disjoint(ext, n_ext))) return st;
   if (p->kv_lens) {
@@ -351,14 +359,14 @@ static clattn_status check_views(const clattn_context *ctx, const clattn_params 
   return CLATTN_OK;
 }
 
-clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan) {
+static clattn_status validate(const clattn_context *ctx, const clattn_params *p, int out_role, ca_plan *plan) {
   clattn_status st;
   if (!ctx) return BAD("clattn_forward: ctx is NULL");
   if (!p) return BAD("clattn_forward: params is NULL");
   if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_varlen(p))) return st;
   if (p->block_table && !p->kv_lens)
     return BAD("block_table without kv_lens: a paged cache needs each batch row's length");
-  if ((st = check_views(ctx, p))) return st;
+  if ((st = check_views(ctx, p, out_role))) return st;
 
   const int want_weights = p->weights.buf != NULL;
   plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo : ca_auto_algo(ctx, p->q_len, want_weights);
@@ -387,6 +395,14 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
                (p->argmax.buf ? CA_DIAG_ARGMAX : 0);
   plan->want_weights = want_weights;
   return CLATTN_OK;
+}
+
+clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan) {
+  return validate(ctx, p, VIEW_OUT, plan);
+}
+
+clattn_status ca_validate_backward_fwd(const clattn_context *ctx, const clattn_params *p, ca_plan *plan) {
+  return validate(ctx, p, VIEW_READ_WHOLE, plan);
 }
 
 clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp) {

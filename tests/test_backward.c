@@ -898,6 +898,32 @@ static void validation_rejects_before_enqueue(void) {
   CHECK_STATUS(clattn_backward(ct_context(), NULL, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
   CHECK(clattn_backward(NULL, &w.bp, 0, NULL, NULL) == CLATTN_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(clattn_backward(ct_context(), &w.bp, 1, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
+  /* the forward's out and lse are read: buffers created CL_MEM_READ_ONLY will do */
+  {
+    cp_problem *pb = w.pb;
+    void *o_host = malloc(pb->out_elems * 4), *l_host = malloc(pb->lse_elems * 4);
+    cl_int e1 = CL_SUCCESS, e2 = CL_SUCCESS;
+    if (CHECK(o_host && l_host) && CHECK(clEnqueueReadBuffer(pb->queue, pb->out_buf, CL_TRUE, 0, pb->out_elems * 4,
+                                                             o_host, 0, NULL, NULL) == CL_SUCCESS &&
+                                         clEnqueueReadBuffer(pb->queue, pb->lse_buf, CL_TRUE, 0, pb->lse_elems * 4,
+                                                             l_host, 0, NULL, NULL) == CL_SUCCESS)) {
+      bp = w.bp;
+      bp.fwd.out.buf =
+          clCreateBuffer(pb->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, pb->out_elems * 4, o_host, &e1);
+      bp.fwd.lse.buf =
+          clCreateBuffer(pb->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, pb->lse_elems * 4, l_host, &e2);
+      if (CHECK(e1 == CL_SUCCESS && e2 == CL_SUCCESS)) {
+        const clattn_backward_params keep = w.bp;
+        w.bp = bp;
+        bwd_check(&w, 1e-4, "read-only out and lse");
+        w.bp = keep;
+      }
+      if (bp.fwd.out.buf) clReleaseMemObject(bp.fwd.out.buf);
+      if (bp.fwd.lse.buf) clReleaseMemObject(bp.fwd.lse.buf);
+    }
+    free(o_host);
+    free(l_host);
+  }
   /* and the same params, accepted, with an event handed back */
   cl_event done = NULL;
   CHECK_STATUS(clattn_backward(ct_context(), &w.bp, 0, NULL, &done), CLATTN_OK);
