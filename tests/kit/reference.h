@@ -40,7 +40,8 @@ typedef struct {
  * batches start at row 0 with q_len rows and kv_lens[b] (or kv_len) keys,
  * aligned on q_len / kv_len; packed sequences (cu_seqlens) at their offsets,
  * clamped to total_q / total_kv, with their own lengths (at most q_len /
- * kv_len) for rows, keys and alignment. Rows i >= rows do not exist: they
+ * kv_len) for rows, keys and alignment; packed queries without
+ * cu_seqlens_k (a paged cache's form) over kv_lens[b] keys aligned on them. Rows i >= rows do not exist: they
  * have no output row (the reference writes zeros, argmax -1). */
 typedef struct {
   long q0, k0;
