@@ -69,10 +69,9 @@ def kv_append(self, k_cache, v_cache, k_new, v_new, positions, *, block_table=No
         return None  # nothing to write: a valid no-op
     scale_axes = axes[:3] + (None,)
 
-    self._enter()
-    views, waits, events, inplace = [], [], [], []
+    inplace = []
     ap = self._lib.append_params_default()
-    try:
+    with self._device_call({}) as (views, waits, events):
         ap.batch, ap.kv_heads, ap.new_len, ap.head_dim, ap.value_dim = B, Hkv, L, dk, dv
         ap.src_dtype = src
         ap.kv_dtype = kv
@@ -94,11 +93,4 @@ def kv_append(self, k_cache, v_cache, k_new, v_new, positions, *, block_table=No
         else:
             ap.capacity = rows
         self._run(self._lib.kv_append, ap, waits, {}, events, inplace)
-    except BaseException:
-        if events:
-            self._cl.finish(self._cl_queue)
-        raise
-    finally:
-        self._release(events, views, {})
-        self._leave()
     return None

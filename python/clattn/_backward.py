@@ -48,10 +48,9 @@ def attention_backward(self, q, k, v, o, lse, d_out, *, deterministic=True, **kw
             raise ValueError("clattn: %s is a pyopencl array from another OpenCL context" % name)
     bias_shape = None if c.bias is None else tuple(c.bias.shape)
 
-    self._enter()
-    views, waits, events, outs = [], [], [], {}
+    outs = {}
     bp = self._lib.backward_params_default()
-    try:
+    with self._device_call(outs) as (views, waits, events):
         p = bp.fwd
         c.fill(p, views, waits)
         p.out = c.view(o, "o", c.q_axes, views, waits)
@@ -81,13 +80,6 @@ def attention_backward(self, q, k, v, o, lse, d_out, *, deterministic=True, **kw
         if "d_bias" in t:
             bp.d_bias = t["d_bias"]
         self._run(self._lib.backward, bp, waits, outs, events)
-    except BaseException:
-        if events:
-            self._cl.finish(self._cl_queue)
-        raise
-    finally:
-        self._release(events, views, outs)
-        self._leave()
     res = [outs["d_q"][0], outs["d_k"][0], outs["d_v"][0]]
     if c.sinks is not None:
         res.append(outs["d_sinks"][0])

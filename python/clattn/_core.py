@@ -1,6 +1,7 @@
 """Context: the device, its buffers and the calls (attention here; the
 backward in _backward.py, the cache append in _append.py; the arguments of
 an attention call in _call.py)."""
+import contextlib
 import ctypes
 import threading
 
@@ -334,6 +335,25 @@ class Context:
             tensors[name] = _View(buf, 0, shape, strides, owned=False).tensor()
         return tensors
 
+    @contextlib.contextmanager
+    def _device_call(self, outs):
+        """The frame of a call that makes buffers and enqueues: yields the
+        (views, waits, events) lists the call fills; afterwards releases
+        them all and the numpy outputs' buffers of outs, after waiting for
+        the queue when the call failed with work enqueued (nothing may still
+        write into the caller's arrays)."""
+        self._enter()
+        views, waits, events = [], [], []
+        try:
+            yield views, waits, events
+        except BaseException:
+            if events:
+                self._cl.finish(self._cl_queue)
+            raise
+        finally:
+            self._release(events, views, outs)
+            self._leave()
+
     def _release(self, events, views, outs):
         for e in events:
             self._cl.release_event(e)
@@ -375,9 +395,8 @@ class Context:
         if empty_rows not in _ffi.EMPTY_ROWS:
             raise ValueError("clattn: empty_rows must be 'zero' or 'error' (got %r)" % (empty_rows,))
         out_code, out_np = _merge_out_dtype(out_dtype)
-        self._enter()
-        views, waits, events, outs = [], [], [], {}
-        try:
+        outs = {}
+        with self._device_call(outs) as (views, waits, events):
             mp = _ffi.MergeParams()
             mp.n_states, mp.batch, mp.heads, mp.q_len, mp.value_dim = S, B, H, M, dv
             vo = self._input(o, "o", views, waits)
@@ -391,13 +410,6 @@ class Context:
             mp.empty_rows = _ffi.EMPTY_ROWS[empty_rows]
             mp.out_dtype = out_code
             self._run(self._lib.merge_states, mp, waits, outs, events)
-        except BaseException:
-            if events:
-                self._cl.finish(self._cl_queue)
-            raise
-        finally:
-            self._release(events, views, outs)
-            self._leave()
         return outs["out"][0], outs["out_lse"][0]
 
     # ---- attention -----------------------------------------------------------
@@ -454,10 +466,9 @@ class Context:
         yet (seed and offset are checked and kept for it)."""
         loc = locals()
         c = Call(self, q, k, v, {n: loc[n] for n in DEFAULTS})
-        self._enter()
-        views, waits, events, outs = [], [], [], {}
+        outs = {}
         p = self._lib.params_default()
-        try:
+        with self._device_call(outs) as (views, waits, events):
             c.fill(p, views, waits)
             o_shape, o_strides = c.out_spec()
             row_shape, row_strides = c.row_spec()
@@ -474,13 +485,6 @@ class Context:
             for name, t in self._outputs(want, c.out_cl, outs, zeroed=("out",) if c.packed_q else ()).items():
                 setattr(p, name, t)
             self._run(self._lib.forward, p, waits, outs, events)
-        except BaseException:
-            if events:
-                self._cl.finish(self._cl_queue)  # nothing may still write into our arrays
-            raise
-        finally:
-            self._release(events, views, outs)
-            self._leave()
 
         o = outs["out"][0]
         if not (return_lse or return_weights or return_diagnostics):
