@@ -278,7 +278,7 @@ class Call:
         if self.packed_q:
             self.cu_q, cu_host = self._cu(o["cu_seqlens_q"], "cu_seqlens_q", rows_q)
             B = len(cu_host) - 1
-            M = self._longest(o["max_seqlen_q"], "max_seqlen_q", cu_host)
+            M = self._longest(o["max_seqlen_q"], "max_seqlen_q", np.diff(cu_host.astype(np.int64)))
         else:
             B, M = qd[0], rows_q
         if self.paged:
@@ -298,18 +298,16 @@ class Call:
             if self.kv_lens is None:
                 raise ValueError("clattn: a block table needs each sequence's key count (kv_lens or cu_seqlens_k)")
             entries = self.table.shape[1]
-            if o["max_seqlen_k"] is not None:
-                N = check_int(o["max_seqlen_k"], "max_seqlen_k", 1)
-            elif is_cl_array(self.kv_lens):
-                N = entries * page_size
+            if is_cl_array(self.kv_lens):  # the lengths stay on the device: the table's reach bounds them
+                N = entries * page_size if o["max_seqlen_k"] is None else check_int(o["max_seqlen_k"], "max_seqlen_k", 1)
             else:
-                N = max(1, int(np.max(host_ints(self.kv_lens, "kv_lens"), initial=0)))
+                N = self._longest(o["max_seqlen_k"], "max_seqlen_k", host_ints(self.kv_lens, "kv_lens"))
             self.pages, self.page_size, self.entries = pages, page_size, entries
         elif self.packed_k:
             self.cu_k, cu_host = self._cu(o["cu_seqlens_k"], "cu_seqlens_k", rows_k)
             if len(cu_host) != B + 1:
                 raise ValueError("clattn: cu_seqlens_k must have batch + 1 = %d entries" % (B + 1))
-            N = self._longest(o["max_seqlen_k"], "max_seqlen_k", cu_host)
+            N = self._longest(o["max_seqlen_k"], "max_seqlen_k", np.diff(cu_host.astype(np.int64)))
         else:
             N = rows_k
             if kb != B:
@@ -336,10 +334,13 @@ class Call:
         return a, host
 
     @staticmethod
-    def _longest(given, name, cu):
-        if given is not None:
-            return check_int(given, name, 1)
-        return max(1, int(np.max(np.diff(cu.astype(np.int64)))))
+    def _longest(given, name, lengths):
+        """max_seqlen_q / _k: as given (at least the longest sequence: a
+        shorter bound would drop rows), else the longest."""
+        longest = max(1, int(np.max(np.asarray(lengths, np.int64), initial=0)))
+        if given is not None and check_int(given, name, 1) < longest:
+            raise ValueError("clattn: %s = %d is below the longest sequence's %d" % (name, given, longest))
+        return longest if given is None else int(given)
 
     # -- scalars and extras ------------------------------------------------------
 

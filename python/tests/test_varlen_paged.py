@@ -241,3 +241,14 @@ def test_errors(ctx, rng, case):
     }
     with pytest.raises((TypeError, ValueError, clattn.Error)):
         calls[case]()
+
+
+def test_max_seqlen_below_the_longest(ctx, rng):
+    q = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    cu = np.array([0, 2, 5], np.int32)
+    with pytest.raises(ValueError):
+        ctx.attention(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2)
+    pages = rng.standard_normal((2, 2, 4, 16)).astype(np.float32)
+    with pytest.raises(ValueError):
+        ctx.attention(q, pages, pages, cu_seqlens_q=cu, block_table=np.array([[0, 1], [1, 0]], np.int32),
+                      kv_lens=np.array([8, 3], np.int32), max_seqlen_k=4)
