@@ -366,12 +366,12 @@ class Context:
 
     # ---- merge_states ----------------------------------------------------------
 
-    def merge_states(self, o, lse, *, empty_rows="zero", out_dtype=None):
+    def merge_states(self, o, lse, *, empty_rows="zero", out_dtype=None, return_lse=False):
         """Combines S partial attention states of the same query rows
         (clattn_merge_states): o float32 [S,B,H,M,dv], lse float32 [S,B,H,M]
         (natural-log sums, -inf for a state that saw no allowed key). Returns
-        (O [B,H,M,dv], lse [B,H,M]), numpy or pyopencl like o; lse float32,
-        O stored as out_dtype: None or "float32", "float16", or "bfloat16"
+        O [B,H,M,dv], or (O, lse [B,H,M]) with return_lse=True (as attention
+        does), numpy or pyopencl like o; lse float32, O stored as out_dtype: None or "float32", "float16", or "bfloat16"
         (numpy has no bfloat16: O comes back as np.uint16 holding bfloat16
         bit patterns; view it with ml_dtypes.bfloat16 or torch.bfloat16, or
         pass the ml_dtypes.bfloat16 dtype itself to get that dtype), rounded
@@ -410,7 +410,7 @@ class Context:
             mp.empty_rows = _ffi.EMPTY_ROWS[empty_rows]
             mp.out_dtype = out_code
             self._run(self._lib.merge_states, mp, waits, outs, events)
-        return outs["out"][0], outs["out_lse"][0]
+        return (outs["out"][0], outs["out_lse"][0]) if return_lse else outs["out"][0]
 
     # ---- attention -----------------------------------------------------------
 

@@ -24,8 +24,8 @@ def states(ctx, rng, B=2, H=3, M=7, N=53, d=24):
 @pytest.mark.parametrize("out_dtype", ["float16", np.float16, "bfloat16"])
 def test_16bit_outputs_are_the_rounded_f32_merge(ctx, rng, out_dtype):
     o, lse, ref = states(ctx, rng)
-    o32, lse32 = ctx.merge_states(o, lse)
-    o16, lse16 = ctx.merge_states(o, lse, out_dtype=out_dtype)
+    o32, lse32 = ctx.merge_states(o, lse, return_lse=True)
+    o16, lse16 = ctx.merge_states(o, lse, out_dtype=out_dtype, return_lse=True)
     assert lse16.dtype == np.float32 and lse16.tobytes() == lse32.tobytes()
     if out_dtype == "bfloat16":
         assert o16.dtype == np.uint16 and o16.tobytes() == f32_to_bf16(o32).tobytes()
@@ -38,8 +38,8 @@ def test_16bit_outputs_are_the_rounded_f32_merge(ctx, rng, out_dtype):
 def test_ml_dtypes_bfloat16(ctx, rng):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     o, lse, _ = states(ctx, rng, B=1, H=1, M=3)
-    got, _ = ctx.merge_states(o, lse, out_dtype=ml_dtypes.bfloat16)
-    bits, _ = ctx.merge_states(o, lse, out_dtype="bfloat16")
+    got = ctx.merge_states(o, lse, out_dtype=ml_dtypes.bfloat16)
+    bits = ctx.merge_states(o, lse, out_dtype="bfloat16")
     assert got.dtype == ml_dtypes.bfloat16 and got.view(np.uint16).tobytes() == bits.tobytes()
 
 
