@@ -20,7 +20,7 @@
 enum { BS_TM = 8, BS_TN = 16 }; /* cl/backward_staged.cl's work-group tiles */
 
 clattn_status ca_backward_staged_init(clattn_context *ctx, cl_program program, const clattn_params *p,
-                                      ca_backward_staged *s, size_t *scratch_bytes) {
+                                      ca_backward_staged *s, ca_deps *deps, size_t *scratch_bytes) {
   clattn_status st = CLATTN_OK;
   *s = (ca_backward_staged){0};
   s->chunk = ca_plan_chunks(p, ctx->scratch_budget / 2);
@@ -42,9 +42,9 @@ clattn_status ca_backward_staged_init(clattn_context *ctx, cl_program program, c
       (st = ca_kernel_take(ctx, program, "bwds_dkdv", &s->dkdv)) ||
       (st = ca_kernel_take(ctx, program, "bwd_fill", &s->fill)) ||
       (st = ca_kernel_take(ctx, program, "bwd_store", &s->store)) ||
-      (st = ca_scratch_take(ctx, (size_t)pair_bytes, "staged backward weights P", &s->pw)) ||
-      (st = ca_scratch_take(ctx, (size_t)pair_bytes, "staged backward score gradients G", &s->gw)) ||
-      (st = ca_scratch_take(ctx, (size_t)acc_bytes, "staged backward dK, dV accumulators", &s->acc))) {
+      (st = ca_scratch_take(ctx, (size_t)pair_bytes, "staged backward weights P", deps, &s->pw)) ||
+      (st = ca_scratch_take(ctx, (size_t)pair_bytes, "staged backward score gradients G", deps, &s->gw)) ||
+      (st = ca_scratch_take(ctx, (size_t)acc_bytes, "staged backward dK, dV accumulators", deps, &s->acc))) {
     ca_backward_staged_release(ctx, s, NULL);
     return st;
   }

@@ -14,24 +14,27 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
   cl_kernel pack = NULL, rows = NULL;
   cl_mem kt = NULL, vp = NULL, part_o = NULL, part_lse = NULL, empty_flag = NULL;
   cl_event prev = NULL;
+  ca_deps deps;
+  ca_deps_init(&deps, n_wait, wait);
   const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
   const size_t n_splits = l->splits.n_splits;
   const size_t rows_total = (size_t)p->batch * (size_t)p->q_heads * (size_t)p->q_len;
   if (done) *done = NULL;
 
-  if ((st = ca_kernel_take(ctx, l->program, l->kernel, &rows)) || (st = ca_flag_take(ctx, p->empty_rows, &empty_flag)))
+  if ((st = ca_kernel_take(ctx, l->program, l->kernel, &rows)) || (st = ca_flag_take(ctx, p->empty_rows, &deps, &empty_flag)))
     goto fail;
   if (l->packed && ((st = ca_kernel_take(ctx, l->program, "flash_pack", &pack)) ||
-                    (st = ca_scratch_take(ctx, (size_t)l->kt_bytes, "fused packed keys", &kt)) ||
-                    (st = ca_scratch_take(ctx, (size_t)l->vp_bytes, "fused packed values", &vp))))
+                    (st = ca_scratch_take(ctx, (size_t)l->kt_bytes, "fused packed keys", &deps, &kt)) ||
+                    (st = ca_scratch_take(ctx, (size_t)l->vp_bytes, "fused packed values", &deps, &vp))))
     goto fail;
   if (n_splits > 1 &&
       ((st = ca_scratch_take(ctx, n_splits * rows_total * (size_t)p->value_dim * sizeof(float),
-                             "split-KV partial outputs", &part_o)) ||
-       (st = ca_scratch_take(ctx, n_splits * rows_total * sizeof(float), "split-KV partial lse", &part_lse))))
+                             "split-KV partial outputs", &deps, &part_o)) ||
+       (st = ca_scratch_take(ctx, n_splits * rows_total * sizeof(float), "split-KV partial lse", &deps, &part_lse))))
     goto fail;
   ca_note_scratch(ctx, (size_t)(l->kt_bytes + l->vp_bytes) + sizeof(cl_int) +
                            (n_splits > 1 ? n_splits * rows_total * ((size_t)p->value_dim + 1) * sizeof(float) : 0));
+  if ((st = ca_deps_list(&deps, &n_wait, &wait))) goto fail; /* the first command's wait list */
 
   if (l->packed) {
     ca_args a = {pack, "flash_pack", 0, 0, CL_SUCCESS};
@@ -68,6 +71,7 @@ fail:;
   ca_scratch_give(ctx, part_o, used);
   ca_scratch_give(ctx, part_lse, used);
   ca_flag_give(ctx, empty_flag, 0, used);
+  ca_deps_release(&deps);
   ca_hand_out(st, &prev, done);
   return st;
 }

@@ -53,6 +53,7 @@ struct clattn_context {
   atomic_int blast_ready;           /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
   atomic_ulong kernels_enqueued;    /* kernel launches by ca_enqueue so far (`clattn bench --host`'s floor) */
   int out_of_order;                 /* the queue runs commands out of order (scratch_pool.c orders reuse by events) */
+  pthread_mutex_t barrier_lock;     /* out-of-order queues: a barrier and the commands behind it go in together (gemm.c) */
   pthread_mutex_t kernels_lock;     /* guards kernels */
   struct ca_pooled_kernel *kernels; /* kernel objects, reused across calls (kernel_pool.c) */
   pthread_mutex_t scratch_lock;     /* guards scratch, flags, sink_flag, scratch_bytes, peak_scratch */
@@ -160,16 +161,35 @@ void ca_release_programs(clattn_context *ctx);
 clattn_status ca_kernel_take(clattn_context *ctx, cl_program program, const char *name, cl_kernel *out);
 void ca_kernel_give(clattn_context *ctx, cl_kernel kernel); /* NULL: nothing */
 int ca_kernel_pool_size(clattn_context *ctx);
-/* A device buffer of at least `bytes` for this call alone, ordered after
- * its previous use; a buffer is created or grown when none idle fits (what
- * names it in the error). */
-clattn_status ca_scratch_take(clattn_context *ctx, size_t bytes, const char *what, cl_mem *out);
+/* What a call's first command waits for (deps.c): the caller's wait list
+ * and the pending last uses of the scratch and flags it took, which the
+ * pools add (out-of-order queues). Every later command of the call chains
+ * on the one before, so the call waits for nothing else. */
+enum { CA_DEPS_MAX = 16 };
+typedef struct {
+  cl_uint n_caller, n_own;
+  const cl_event *caller;
+  cl_event own[CA_DEPS_MAX]; /* held references; past CA_DEPS_MAX one marker stands for them */
+  cl_event *merged;          /* the caller's and own events, made by ca_deps_list */
+} ca_deps;
+void ca_deps_init(ca_deps *d, cl_uint n_wait, const cl_event *wait);
+/* Adds ev (its reference passes to d, also on failure). */
+clattn_status ca_deps_add(clattn_context *ctx, ca_deps *d, cl_event ev);
+/* The wait list of the call's first command (valid until ca_deps_release). */
+clattn_status ca_deps_list(ca_deps *d, cl_uint *n, const cl_event **list);
+void ca_deps_release(ca_deps *d);
+
+/* A device buffer of at least `bytes` for this call alone; a buffer is
+ * created or grown when none idle fits (what names it in the error). Its
+ * previous use's pending last event goes to deps (out-of-order queues). */
+clattn_status ca_scratch_take(clattn_context *ctx, size_t bytes, const char *what, ca_deps *deps, cl_mem *out);
 /* Gives a buffer back; last_use: the event of the call's last command
  * (after every command that used it), NULL when not known (a failed call). */
 void ca_scratch_give(clattn_context *ctx, cl_mem mem, cl_event last_use);
 /* The empty-row flag of a call: under CLATTN_EMPTY_ERROR a zeroed device int
- * of its own, otherwise the context's sink flag (never read). */
-clattn_status ca_flag_take(clattn_context *ctx, clattn_empty_rows policy, cl_mem *flag);
+ * of its own (the zeroing, when it needs one, goes to deps), otherwise the
+ * context's sink flag (never read). */
+clattn_status ca_flag_take(clattn_context *ctx, clattn_empty_rows policy, ca_deps *deps, cl_mem *flag);
 /* Gives a flag back: clean when read as zero after the call's last command,
  * else zeroed after last_use (NULL: not known) when next taken. */
 void ca_flag_give(clattn_context *ctx, cl_mem flag, int clean, cl_event last_use);

@@ -63,11 +63,16 @@ clattn_status clattn_merge_states(clattn_context *ctx, const clattn_merge_params
   if (n_wait > 0 && !wait)
     return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "clattn_merge_states: n_wait is %u but wait is NULL", n_wait);
   clattn_status st = ca_validate_merge(ctx, mp);
-  if (st == CLATTN_OK) ca_route_begin("merge_states");
-  if (st == CLATTN_OK) st = ca_flag_take(ctx, mp->empty_rows, &flag);
+  if (st != CLATTN_OK) return st;
+  ca_deps deps;
+  ca_deps_init(&deps, n_wait, wait);
+  ca_route_begin("merge_states");
+  if (st == CLATTN_OK) st = ca_flag_take(ctx, mp->empty_rows, &deps, &flag);
+  if (st == CLATTN_OK) st = ca_deps_list(&deps, &n_wait, &wait);
   if (st == CLATTN_OK) st = ca_enqueue_merge(ctx, mp, CLATTN_F32, NULL, flag, n_wait, wait, &last);
   if (st == CLATTN_OK) st = ca_finish_call(ctx, mp->empty_rows, &flag, last);
   ca_flag_give(ctx, flag, 0, NULL); /* a failed call's */
+  ca_deps_release(&deps);
   ca_hand_out(st, &last, done);
   return st;
 }
