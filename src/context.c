@@ -4,8 +4,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "command_buffer.h"
 #include "program_text.h"
-#include "internal.h"
 
 static double now_ms(void) {
   struct timespec ts;
@@ -168,6 +168,7 @@ void clattn_destroy(clattn_context *ctx) {
   pthread_mutex_destroy(&ctx->scratch_lock);
   pthread_mutex_destroy(&ctx->barrier_lock);
   ca_release_programs(ctx);
+  ca_command_buffer_forget(ctx);
   free(ctx->cache_dir);
   free(ctx->tuning_path);
   free(ctx->tuning_default_path);

@@ -38,23 +38,14 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
 
   if (l->packed) {
     ca_args a = {pack, "flash_pack", 0, 0, CL_SUCCESS};
-    ca_arg_view(&a, &p->k);
-    ca_arg_view(&a, &p->v);
-    ca_arg_seq(&a, p);
-    ca_arg_kv(&a, p);
-    ca_arg_int(&a, p->q_len);
-    ca_arg_int(&a, p->kv_heads);
-    ca_arg_int(&a, p->kv_len);
-    ca_arg(&a, sizeof l->n_pad, &l->n_pad);
-    ca_arg_mem(&a, kt);
-    ca_arg_mem(&a, vp);
+    ca_arg_pack(&a, p, l->n_pad, kt, vp, NULL);
     if ((st = ca_args_done(&a))) goto fail;
     const size_t pack_global[2] = {(size_t)l->n_pad, kv_pairs};
     if ((st = ca_enqueue(ctx, pack, "flash_pack", 2, pack_global, NULL, n_wait, wait, &prev))) goto fail;
   }
 
   ca_args r = {rows, l->kernel, 0, 0, CL_SUCCESS};
-  ca_arg_fused(&r, p, plan, kt, vp, l->n_pad, l->splits.split_keys, plan->diag, part_o, part_lse, empty_flag);
+  ca_arg_fused(&r, p, plan, kt, vp, l->n_pad, l->splits.split_keys, plan->diag, part_o, part_lse, empty_flag, NULL);
   if ((st = ca_args_done(&r))) goto fail;
   if ((st = ca_enqueue(ctx, rows, l->kernel, 3, l->global, l->local, n_wait, wait, &prev))) goto fail;
 

@@ -54,6 +54,7 @@ struct clattn_context {
   atomic_ulong kernels_enqueued;    /* kernel launches by ca_enqueue so far (`clattn bench --host`'s floor) */
   int out_of_order;                 /* the queue runs commands out of order (scratch_pool.c orders reuse by events) */
   pthread_mutex_t barrier_lock;     /* out-of-order queues: a barrier and the commands behind it go in together (gemm.c) */
+  struct ca_cb_api *cb_api;         /* command buffers: what the device offers, probed on first use; under programs_lock */
   pthread_mutex_t kernels_lock;     /* guards kernels */
   struct ca_pooled_kernel *kernels; /* kernel objects, reused across calls (kernel_pool.c) */
   pthread_mutex_t scratch_lock;     /* guards scratch, flags, sink_flag, scratch_bytes, peak_scratch */
@@ -72,6 +73,8 @@ static inline size_t ca_round_up(size_t x, size_t m) { return (x + m - 1) / m * 
 void ca_route_begin(const char *what);
 /* Adds a kernel (ca_enqueue does for every enqueue) unless already listed. */
 void ca_route_kernel(const char *name);
+/* Sets this thread's route to a whole one ("fused: flash_rows, merge_states"). */
+void ca_route_set(const char *whole);
 
 /* ---- errors (error.c) ---- */
 
@@ -300,10 +303,14 @@ typedef struct {
  * kernel's work-items per group, the number of work-groups per split
  * (items), kv_len and the key block the ranges are multiples of: see plan.c. */
 ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len, size_t multiple);
+/* The most splits ca_plan_splits gives any kv_len up to this one. */
+size_t ca_plan_splits_bound(const tl_device *dev, size_t group_items, int kv_len);
 
 /* How a fused call runs (plan.c's ca_plan_fused): the program and kernel,
  * its grid, the packed copies of K and V (flash_rows: kt_bytes, vp_bytes
- * over n_pad padded keys; 0 when read in place) and the key split. */
+ * over n_pad padded keys; 0 when read in place) and the key split, with
+ * what the split follows from (group_items, row_blocks, kv_pairs,
+ * key_multiple; unsplit: one pass whatever the length). */
 typedef struct {
   cl_program program;
   char kernel[32];
@@ -312,8 +319,13 @@ typedef struct {
   cl_long n_pad;
   cl_ulong kt_bytes, vp_bytes;
   ca_splits splits;
+  size_t group_items, row_blocks, kv_pairs, key_multiple;
+  int unsplit;
 } ca_fused_launch;
 clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, ca_fused_launch *l);
+/* Re-plans what follows kv_len (n_pad, the split, the grid's splits) for
+ * a call like l's with kv_len keys: the same as ca_plan_fused would give. */
+void ca_fused_lengths(const clattn_context *ctx, ca_fused_launch *l, int kv_len);
 
 /* ---- launching (launch.c) ---- */
 
@@ -347,12 +359,21 @@ void ca_arg_allowed(ca_args *a, const clattn_params *p);
 void ca_arg_score(ca_args *a, const clattn_params *p);
 /* Sinks: the buffer and whether it is there. */
 void ca_arg_sinks(ca_args *a, const clattn_params *p);
+/* Where the arguments a plan's step patches sit (their indices): the q,
+ * out and lse views' offsets, kv_len, n_pad and split_keys (flash_pack:
+ * kv_len and n_pad). */
+typedef struct {
+  cl_uint q_off, out_off, lse_off, kv_len, n_pad, split_keys;
+} ca_fused_slots;
 /* The fused kernels' arguments (FLASH_KERNEL_ARGS in cl/flash.cl), which
  * flash_decode takes too: kt, vp and n_pad the packed copies (NULL, NULL, 0
  * when K and V are read in place), then the split, diagnostics, partial
- * states and empty-row flag. */
+ * states and empty-row flag; slots (when non-NULL) gets where they sit. */
 void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_mem kt, cl_mem vp, cl_long n_pad,
-                  int split_keys, int diag, cl_mem part_o, cl_mem part_lse, cl_mem flag);
+                  int split_keys, int diag, cl_mem part_o, cl_mem part_lse, cl_mem flag, ca_fused_slots *slots);
+/* flash_pack's arguments: K and V into kt and vp over n_pad keys (slots:
+ * its kv_len and n_pad). */
+void ca_arg_pack(ca_args *a, const clattn_params *p, cl_long n_pad, cl_mem kt, cl_mem vp, ca_fused_slots *slots);
 clattn_status ca_args_done(const ca_args *a);
 
 /* Enqueues a kernel after *prev (or, when *prev is NULL, after the caller's
@@ -375,8 +396,19 @@ void ca_hand_out(clattn_status st, cl_event *last, cl_event *done);
  * a state with O = 0. */
 clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype, cl_mem sinks,
                                cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev);
-/* merge_states over n_splits partial states ([split][b][h][m] rows of
- * value_dim, and their lse) into p's out and lse. */
+/* Where merge_states' arguments a plan's step patches sit: n_states, the
+ * out and out_lse views' offsets. */
+typedef struct {
+  cl_uint n_states, out_off, lse_off;
+} ca_merge_slots;
+/* merge_states' arguments for mp (slots, when non-NULL, gets where they sit)
+ * and its grid. */
+void ca_arg_merge(ca_args *a, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag, ca_merge_slots *slots);
+void ca_merge_global(const clattn_merge_params *mp, size_t global[3]);
+/* The merge of n_splits partial states ([split][b][h][m] rows of value_dim,
+ * and their lse) into p's out and lse. */
+clattn_merge_params ca_split_merge_params(const clattn_params *p, size_t n_splits, cl_mem part_o, cl_mem part_lse);
+/* merge_states over n_splits partial states (ca_split_merge_params). */
 clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p, size_t n_splits, cl_mem part_o,
                                      cl_mem part_lse, cl_mem flag, cl_uint n_wait, const cl_event *wait,
                                      cl_event *prev);
@@ -401,5 +433,8 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
 clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_params *ap);
 clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
                                 const cl_event *wait, cl_event *done);
+
+/* Steps of a plan that replayed its command buffer (forward_plan.c; for tests and the bench). */
+long ca_plan_replays(clattn_plan *plan);
 
 #endif
