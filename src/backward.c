@@ -172,7 +172,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
    * vectorising its loops across work-items. */
   const size_t one[2] = {1, 1};
   const size_t *block_local = ctx->tiles.flash_wg ? NULL : one;
-  ca_args a = {rowdot, "bwd_rowdot", 0, 0, CL_SUCCESS};
+  ca_args a = {rowdot, "bwd_rowdot", 0, 0, CL_SUCCESS, NULL};
   ca_backward_args(&a, &p, &plan, bp, dsum, sinkt);
   if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, rowdot, "bwd_rowdot", 2, row_global, NULL, n_wait, wait, &prev)))
     goto fail;
@@ -184,7 +184,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
     if (use_atomics &&
         (st = ca_backward_fill(ctx, fill, dq_acc, (cl_ulong)rows_total * (cl_ulong)p.head_dim, n_wait, wait, &prev)))
       goto fail;
-    a = (ca_args){dkdv, "bwd_dkdv", 0, 0, CL_SUCCESS};
+    a = (ca_args){dkdv, "bwd_dkdv", 0, 0, CL_SUCCESS, NULL};
     ca_backward_args(&a, &p, &plan, bp, dsum, sinkt);
     ca_arg_view(&a, &bp->d_k);
     ca_arg_view(&a, &bp->d_v);
@@ -199,7 +199,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
                                   wait, &prev)))
         goto fail;
     } else {
-      a = (ca_args){dq, "bwd_dq", 0, 0, CL_SUCCESS};
+      a = (ca_args){dq, "bwd_dq", 0, 0, CL_SUCCESS, NULL};
       ca_backward_args(&a, &p, &plan, bp, dsum, sinkt);
       ca_arg_view(&a, &bp->d_q);
       ca_arg_mem(&a, dw_rows);

@@ -46,16 +46,6 @@ typedef struct {
   const size_t *global_work_offset, *global_work_size, *local_work_size;
 } ca_cl_mutable_dispatch_config;
 
-/* A kernel launch: its name (for messages), dims, grid and work-group
- * (NULL = the runtime's). */
-typedef struct {
-  cl_kernel kernel;
-  const char *name;
-  cl_uint dims;
-  size_t global[3];
-  const size_t *local;
-} ca_launch;
-
 enum { CA_CB_LAUNCHES = 3, CA_CB_ARGS = 8 };
 
 /* An argument change for launch `launch` of a recorded command buffer. */

@@ -220,12 +220,12 @@ static clattn_status own_buffer(clattn_context *ctx, size_t bytes, const void *i
 
 static clattn_status set_int(cl_kernel k, cl_uint at, int v, const char *name) {
   cl_int err = clSetKernelArg(k, at, sizeof v, &v);
-  return err == CL_SUCCESS ? CLATTN_OK : ca_args_done(&(ca_args){k, name, at + 1, at, err});
+  return err == CL_SUCCESS ? CLATTN_OK : ca_args_done(&(ca_args){k, name, at + 1, at, err, NULL});
 }
 
 static clattn_status set_ulong(cl_kernel k, cl_uint at, cl_ulong v, const char *name) {
   cl_int err = clSetKernelArg(k, at, sizeof v, &v);
-  return err == CL_SUCCESS ? CLATTN_OK : ca_args_done(&(ca_args){k, name, at + 1, at, err});
+  return err == CL_SUCCESS ? CLATTN_OK : ca_args_done(&(ca_args){k, name, at + 1, at, err, NULL});
 }
 
 /* Sets the arguments that follow the step's values where they differ from
@@ -384,18 +384,18 @@ static clattn_status fused_init(clattn_plan *pl) {
   if ((st = own_buffer(ctx, sizeof zero, &zero, "empty-row flag", &pl->flag))) return st;
   ca_note_scratch(ctx, scratch);
 
-  ca_args r = {pl->rows, l->kernel, 0, 0, CL_SUCCESS};
+  ca_args r = {pl->rows, l->kernel, 0, 0, CL_SUCCESS, NULL};
   ca_arg_fused(&r, p, &pl->plan, pl->kt, pl->vp, l->n_pad, l->splits.split_keys, pl->plan.diag, pl->part_o,
                pl->part_lse, pl->flag, &pl->rows_at);
   if ((st = ca_args_done(&r))) return st;
   if (pl->pack) {
-    ca_args a = {pl->pack, "flash_pack", 0, 0, CL_SUCCESS};
+    ca_args a = {pl->pack, "flash_pack", 0, 0, CL_SUCCESS, NULL};
     ca_arg_pack(&a, p, l->n_pad, pl->kt, pl->vp, &pl->pack_at);
     if ((st = ca_args_done(&a))) return st;
   }
   if (pl->merge) {
     const clattn_merge_params mp = ca_split_merge_params(p, l->splits.n_splits, pl->part_o, pl->part_lse);
-    ca_args m = {pl->merge, "merge_states", 0, 0, CL_SUCCESS};
+    ca_args m = {pl->merge, "merge_states", 0, 0, CL_SUCCESS, NULL};
     ca_arg_merge(&m, &mp, p->sinks, pl->flag, &pl->merge_at);
     if ((st = ca_args_done(&m))) return st;
     ca_merge_global(&mp, pl->merge_global);
@@ -538,6 +538,13 @@ clattn_status clattn_plan_enqueue(clattn_plan *plan, const clattn_step *step, cl
   clattn_status st = resolve_step(plan, step, &v);
   if (st != CLATTN_OK) return st;
   return plan->fused ? fused_step(plan, &v, n_wait, wait, done) : path_step(plan, &v, n_wait, wait, done);
+}
+
+int ca_plan_launches(clattn_plan *plan, ca_launch *out) {
+  pthread_mutex_lock(&plan->lock);
+  const int n = plan->fused ? launches_now(plan, out) : 0;
+  pthread_mutex_unlock(&plan->lock);
+  return n;
 }
 
 long ca_plan_replays(clattn_plan *plan) {

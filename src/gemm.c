@@ -66,7 +66,7 @@ static clattn_status kv_gather(clattn_context *ctx, const clattn_params *p, cons
   if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
       (st = ca_kernel_take(ctx, core, "gemm_kv_gather", &kernel)))
     return st;
-  ca_args a = {kernel, "gemm_kv_gather", 0, 0, CL_SUCCESS};
+  ca_args a = {kernel, "gemm_kv_gather", 0, 0, CL_SUCCESS, NULL};
   ca_arg_view(&a, t);
   ca_arg_view(&a, scale);
   ca_arg_int(&a, heads);
@@ -98,7 +98,7 @@ static clattn_status dense_copy(clattn_context *ctx, const clattn_params *p, con
   cl_program core = NULL;
   if ((st = ca_core_program(ctx, p->dtype, &core)) || (st = ca_kernel_take(ctx, core, "gemm_dense_copy", &kernel)))
     return st;
-  ca_args a = {kernel, "gemm_dense_copy", 0, 0, CL_SUCCESS};
+  ca_args a = {kernel, "gemm_dense_copy", 0, 0, CL_SUCCESS, NULL};
   ca_arg_view(&a, t);
   ca_arg_int(&a, heads);
   ca_arg_int(&a, width);
@@ -237,7 +237,7 @@ static clattn_status product_scores(clattn_context *ctx, cl_kernel mask, cl_mem 
                          prev)))
     return st;
 
-  ca_args a = {mask, "gemm_mask_scores", 0, 0, CL_SUCCESS};
+  ca_args a = {mask, "gemm_mask_scores", 0, 0, CL_SUCCESS, NULL};
   ca_arg_mem(&a, scores);
   ca_arg_allowed(&a, p);
   ca_arg_kv(&a, p);
@@ -349,7 +349,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
                              "CLBlastSgemmStridedBatched(A V)", n_wait, wait, &prev)))
         goto fail;
 
-      ca_args o = {store, "gemm_store_rows", 0, 0, CL_SUCCESS};
+      ca_args o = {store, "gemm_store_rows", 0, 0, CL_SUCCESS, NULL};
       ca_arg_mem(&o, o_rows);
       ca_arg_mem(&o, scores);
       ca_arg_view(&o, &p->v);

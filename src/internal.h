@@ -159,9 +159,34 @@ void ca_release_programs(clattn_context *ctx);
 
 /* ---- context-owned kernels and scratch (kernel_pool.c, scratch_pool.c) ---- */
 
+/* Sets a kernel's arguments in order (launch.c's ca_arg*); the first failure
+ * is kept for ca_args_done, so a call site reads as the kernel's signature.
+ * held: the values a pooled kernel object holds from its earlier calls. */
+enum { CA_HELD_ARGS = 96, CA_HELD_BYTES = 32 };
+typedef struct ca_arg_cache {
+  struct ca_held_arg {
+    unsigned char size; /* 0: not known */
+    unsigned char bytes[CA_HELD_BYTES];
+  } arg[CA_HELD_ARGS];
+} ca_arg_cache;
+typedef struct {
+  cl_kernel kernel;
+  const char *name;
+  cl_uint index, failed_index;
+  cl_int err;
+  ca_arg_cache *held; /* the values the kernel object holds (a pooled one's), NULL = not known */
+} ca_args;
+
+
 /* An idle kernel object of (program, name) for this call alone, created
  * when none is idle; give it back once its last enqueue has returned. */
 clattn_status ca_kernel_take(clattn_context *ctx, cl_program program, const char *name, cl_kernel *out);
+/* The same, as a ca_args that knows the argument values the object holds
+ * from its earlier calls: an argument equal to its held value is not set
+ * again (a decode loop changes a few of a fused kernel's 74). Held: every
+ * value but a cl_mem other than NULL, whose handle may name another
+ * buffer by now. */
+clattn_status ca_kernel_take_args(clattn_context *ctx, cl_program program, const char *name, ca_args *out);
 void ca_kernel_give(clattn_context *ctx, cl_kernel kernel); /* NULL: nothing */
 int ca_kernel_pool_size(clattn_context *ctx);
 /* What a call's first command waits for (deps.c): the caller's wait list
@@ -244,6 +269,22 @@ char *ca_cache_dir_resolve(const char *opt);
 int ca_cache_keeps_binaries(cl_platform_id platform, int dir_named);
 /* Programs built from source and loaded from the cache so far (for tests). */
 void ca_cache_counts(const clattn_context *ctx, int *from_source, int *from_cache);
+
+/* ---- what validation learns of a caller's cl_mem (mem_facts.c) ---- */
+
+/* CL_MEM_SIZE, CL_MEM_TYPE, CL_MEM_CONTEXT and CL_MEM_FLAGS: fixed for a
+ * cl_mem's life. */
+typedef struct {
+  size_t size;
+  cl_mem_object_type type;
+  cl_context context;
+  cl_mem_flags flags;
+} ca_mem_facts;
+/* 1 with m's facts when kept (m alive since), else 0. */
+int ca_mem_facts_cached(cl_mem m, ca_mem_facts *out);
+/* Keeps m's facts until the runtime deletes m (a destructor callback); not
+ * kept when the callback cannot be registered. */
+void ca_mem_facts_keep(cl_mem m, const ca_mem_facts *facts);
 
 /* ---- validation (validate.c) ---- */
 
@@ -329,14 +370,7 @@ void ca_fused_lengths(const clattn_context *ctx, ca_fused_launch *l, int kv_len)
 
 /* ---- launching (launch.c) ---- */
 
-/* Sets a kernel's arguments in order; the first failure is kept for
- * ca_args_done, so a call site reads as the kernel's signature. */
-typedef struct {
-  cl_kernel kernel;
-  const char *name;
-  cl_uint index, failed_index;
-  cl_int err;
-} ca_args;
+/* The argument setters (ca_args above). */
 void ca_arg(ca_args *a, size_t size, const void *value);
 void ca_arg_mem(ca_args *a, cl_mem m);
 void ca_arg_int(ca_args *a, int v);
@@ -434,7 +468,21 @@ clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_
 clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
                                 const cl_event *wait, cl_event *done);
 
+/* A kernel launch: its name (for messages), dims, grid and work-group
+ * (NULL = the runtime's). */
+typedef struct {
+  cl_kernel kernel;
+  const char *name;
+  cl_uint dims;
+  size_t global[3];
+  const size_t *local;
+} ca_launch;
+
 /* Steps of a plan that replayed its command buffer (forward_plan.c; for tests and the bench). */
 long ca_plan_replays(clattn_plan *plan);
+/* A fused plan's launches as its kernels stand (its own kernel objects,
+ * every argument set), at most 3; 0 for a staged or GEMM plan. For
+ * `clattn bench --host`'s floor, which enqueues them bare. */
+int ca_plan_launches(clattn_plan *plan, ca_launch *out);
 
 #endif

@@ -2,18 +2,32 @@
  * enqueues, and the end of a call (the empty-row flag, the last event). */
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "internal.h"
 
-void ca_arg(ca_args *a, size_t size, const void *value) {
+/* Sets argument a->index unless the object holds that value already (held:
+ * whether a value may be taken as held; a cl_mem other than NULL may not). */
+static void set_arg(ca_args *a, size_t size, const void *value, int holdable) {
   if (a->err == CL_SUCCESS) {
+    struct ca_held_arg *h = a->held && a->index < CA_HELD_ARGS && size <= CA_HELD_BYTES ? &a->held->arg[a->index] : NULL;
+    if (h && holdable && h->size == size && memcmp(h->bytes, value, size) == 0) {
+      a->index++;
+      return;
+    }
     a->err = clSetKernelArg(a->kernel, a->index, size, value);
     if (a->err != CL_SUCCESS) a->failed_index = a->index;
+    if (h) {
+      h->size = a->err == CL_SUCCESS && holdable ? (unsigned char)size : 0;
+      if (h->size) memcpy(h->bytes, value, size);
+    }
   }
   a->index++;
 }
 
-void ca_arg_mem(ca_args *a, cl_mem m) { ca_arg(a, sizeof m, &m); }
+void ca_arg(ca_args *a, size_t size, const void *value) { set_arg(a, size, value, 1); }
+
+void ca_arg_mem(ca_args *a, cl_mem m) { set_arg(a, sizeof m, &m, m == NULL); }
 
 void ca_arg_int(ca_args *a, int v) { ca_arg(a, sizeof v, &v); }
 

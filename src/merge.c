@@ -31,18 +31,17 @@ void ca_merge_global(const clattn_merge_params *mp, size_t global[3]) {
 
 clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype, cl_mem sinks,
                                cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
-  cl_kernel kernel = NULL;
+  ca_args a = {0};
   cl_program core = NULL;
   clattn_status st = ca_core_program(ctx, out_dtype, &core);
-  if (st == CLATTN_OK) st = ca_kernel_take(ctx, core, "merge_states", &kernel);
+  if (st == CLATTN_OK) st = ca_kernel_take_args(ctx, core, "merge_states", &a);
   if (st != CLATTN_OK) return st;
-  ca_args a = {kernel, "merge_states", 0, 0, CL_SUCCESS};
   ca_arg_merge(&a, mp, sinks, empty_flag, NULL);
   size_t global[3];
   ca_merge_global(mp, global);
   if ((st = ca_args_done(&a)) == CLATTN_OK)
-    st = ca_enqueue(ctx, kernel, "merge_states", 3, global, NULL, n_wait, wait, prev);
-  ca_kernel_give(ctx, kernel);
+    st = ca_enqueue(ctx, a.kernel, "merge_states", 3, global, NULL, n_wait, wait, prev);
+  ca_kernel_give(ctx, a.kernel);
   return st;
 }
 

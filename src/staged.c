@@ -46,7 +46,7 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
                                    &prev)))
         goto fail;
 
-      ca_args m = {mix, "mix_values", 0, 0, CL_SUCCESS};
+      ca_args m = {mix, "mix_values", 0, 0, CL_SUCCESS, NULL};
       ca_arg_mem(&m, scratch);
       ca_arg_view(&m, &p->v);
       ca_arg_seq(&m, p);
