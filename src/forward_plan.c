@@ -480,9 +480,13 @@ static clattn_status fused_step(clattn_plan *pl, const step_values *v, cl_uint n
   if (st == CLATTN_OK) st = fused_enqueue(pl, n_wait, wait, &last);
   if (st == CLATTN_OK && pl->p.empty_rows == CLATTN_EMPTY_ERROR) st = read_flag(pl, &last);
   if (last && pl->ctx->out_of_order) { /* whatever went in, the next step waits for it */
+    const cl_int err = clRetainEvent(last); /* one reference for the plan, one for *done */
     if (pl->last) clReleaseEvent(pl->last);
     pl->last = last;
-    clRetainEvent(last);
+    if (err != CL_SUCCESS) {
+      if (st == CLATTN_OK) st = ca_cl_fail(err, "clRetainEvent(a plan step's last event)");
+      last = NULL;
+    }
   }
   pthread_mutex_unlock(&pl->lock);
   ca_hand_out(st, &last, done);

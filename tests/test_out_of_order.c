@@ -18,8 +18,7 @@
  */
 #include <stdint.h>
 
-#include "check.h"
-#include "problem.h"
+#include "kit_checks.h"
 
 enum { B = 1, HQ = 4, HKV = 2, D = 32, P0 = 520 }; /* P0 keys already cached: decode splits the keys */
 enum { N_CHAINS = 5, N_CALLS = 4 };                /* calls per round: append, forward, backward, merge */
@@ -346,29 +345,10 @@ static void chains_match_in_order(clattn_context *ooo, int rounds) {
 }
 
 static void out_of_order_chains_equal_in_order_bitwise(void) {
-  clattn_context *base = ct_context();
-  cl_command_queue_properties props = 0;
-  clGetDeviceInfo(clattn_cl_device(base), CL_DEVICE_QUEUE_PROPERTIES, sizeof props, &props, NULL);
-  if (!(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)) {
-    printf("  (the device has no out-of-order queues: not tested)\n");
-    return;
-  }
-  cl_int e;
-  cl_command_queue q =
-      clCreateCommandQueue(clattn_cl_context(base), clattn_cl_device(base), CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &e);
-  REQUIREF(e == CL_SUCCESS, "clCreateCommandQueue(out of order): %s", cp_cl_error_name(e));
-  clattn_options opt;
-  memset(&opt, 0, sizeof opt);
-  opt.context = clattn_cl_context(base);
-  opt.device = clattn_cl_device(base);
-  opt.queue = q;
-  clattn_context *ooo = NULL;
-  if (CHECKF(clattn_create(&opt, &ooo) == CLATTN_OK, "embedded out-of-order context: %s", clattn_last_error(NULL))) {
-    static const int lengths[] = {1, 3, 8};
-    for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) chains_match_in_order(ooo, lengths[i]);
-    clattn_destroy(ooo);
-  }
-  clReleaseCommandQueue(q);
+  clattn_context *ooo = kc_out_of_order_context();
+  static const int lengths[] = {1, 3, 8};
+  for (size_t i = 0; ooo && i < sizeof lengths / sizeof lengths[0]; i++) chains_match_in_order(ooo, lengths[i]);
+  clattn_destroy(ooo);
 }
 
 int main(int argc, char **argv) {

@@ -308,23 +308,7 @@ static void cleanup(void) {
 }
 
 static clattn_context *ooo_context(void) {
-  if (g_ooo) return g_ooo;
-  clattn_context *base = ct_context();
-  cl_command_queue_properties props = 0;
-  clGetDeviceInfo(clattn_cl_device(base), CL_DEVICE_QUEUE_PROPERTIES, sizeof props, &props, NULL);
-  if (!(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)) return NULL;
-  cl_int e;
-  cl_command_queue q =
-      clCreateCommandQueue(clattn_cl_context(base), clattn_cl_device(base), CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &e);
-  if (e != CL_SUCCESS) return NULL;
-  clattn_options opt;
-  memset(&opt, 0, sizeof opt);
-  opt.context = clattn_cl_context(base);
-  opt.device = clattn_cl_device(base);
-  opt.queue = q;
-  if (clattn_create(&opt, &g_ooo) != CLATTN_OK) g_ooo = NULL;
-  clReleaseCommandQueue(q);
-  ct_cleanup = cleanup;
+  if (!g_ooo && (g_ooo = kc_out_of_order_context())) ct_cleanup = cleanup;
   return g_ooo;
 }
 
@@ -352,7 +336,6 @@ static void plan_steps_equal_forward_bitwise(void) {
   g_replays = 0;
   for (size_t i = 0; i < N_CASES; i++) run_case(&g_cases[i], ct_context(), "in-order");
   clattn_context *ooo = ooo_context();
-  if (!ooo) printf("  (the device has no out-of-order queues: in-order only)\n");
   for (size_t i = 0; ooo && i < N_CASES; i++) run_case(&g_cases[i], ooo, "out-of-order");
   const char *env = getenv("CLATTN_COMMAND_BUFFER");
   const int forced = env && strcmp(env, "1") == 0, off = env && strcmp(env, "0") == 0;
