@@ -147,7 +147,7 @@ typedef struct {
   clattn_tensor entropy;
   clattn_tensor max_weight;
   clattn_tensor argmax;
-  /* Score shaping, in this order (docs/DESIGN.md, README "Semantics"):
+  /* Score shaping, in this order (docs/semantics.md):
    *   s = scale * <q_i, k_j>          (or the additive score below)
    *   s = softcap * tanh(s / softcap)  when softcap > 0
    *   s += bias_ij - alibi_slopes[h] * |p_i - j|   (p_i = i + kv_len - q_len)
@@ -275,7 +275,7 @@ CLATTN_EXPORT clattn_status clattn_merge_states(clattn_context *ctx, const clatt
  * destroyed. */
 CLATTN_EXPORT const char *clattn_describe(const clattn_context *ctx);
 
-/* Tuning (README "Tuning"; functions added in ABI 1, no struct changed).
+/* Tuning (docs/tuning.md; functions added in ABI 1, no struct changed).
  * A context's tunable values are its kernels' tile sizes and the staged and
  * GEMM paths' scratch budget, each named as in a tuning file: score_tm,
  * score_tn, score_tk, softmax_wg, mix_tm, mix_tv, mix_tj, flash_bm, flash_wg,

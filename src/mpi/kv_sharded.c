@@ -187,7 +187,7 @@ clattn_status clattn_mpi_kv_sharded_forward(clattn_mpi *m, const clattn_params *
   const double t0 = cm_now();
   int desc[D_COUNT] = {0};
   int *all = malloc((size_t)m->size * (D_COUNT + 1) * sizeof *all);
-  if (!all) return cm_fail(m, CLATTN_ERR_OUT_OF_MEMORY, "descriptor agreement"); /* cannot take part: see README */
+  if (!all) return cm_fail(m, CLATTN_ERR_OUT_OF_MEMORY, "descriptor agreement"); /* cannot take part: docs/mpi.md */
   clattn_status st = check_local(m, p, s);
   size_t o_n = 0, lse_n = 0;
   int gather_all = 1, receives = 1;
