@@ -73,15 +73,20 @@ static clattn_status mem_info(const char *name, cl_mem buf, cl_mem_info param, c
  * context or one created without the access the call needs is refused here
  * (a driver may accept it and then fail or corrupt memory). *size: CL_MEM_SIZE. */
 static clattn_status check_mem(cl_context context, const char *name, cl_mem buf, int is_output, size_t *size) {
-  cl_mem_object_type type = 0;
-  cl_context owner = NULL;
-  cl_mem_flags flags = 0;
+  ca_mem_facts f = {0, 0, NULL, 0};
   clattn_status st;
-  if ((st = mem_info(name, buf, CL_MEM_SIZE, "CL_MEM_SIZE", sizeof *size, size)) ||
-      (st = mem_info(name, buf, CL_MEM_TYPE, "CL_MEM_TYPE", sizeof type, &type)) ||
-      (st = mem_info(name, buf, CL_MEM_CONTEXT, "CL_MEM_CONTEXT", sizeof owner, &owner)) ||
-      (st = mem_info(name, buf, CL_MEM_FLAGS, "CL_MEM_FLAGS", sizeof flags, &flags)))
-    return st;
+  if (!ca_mem_facts_cached(buf, &f)) { /* asked once while buf lives (mem_facts.c) */
+    if ((st = mem_info(name, buf, CL_MEM_SIZE, "CL_MEM_SIZE", sizeof f.size, &f.size)) ||
+        (st = mem_info(name, buf, CL_MEM_TYPE, "CL_MEM_TYPE", sizeof f.type, &f.type)) ||
+        (st = mem_info(name, buf, CL_MEM_CONTEXT, "CL_MEM_CONTEXT", sizeof f.context, &f.context)) ||
+        (st = mem_info(name, buf, CL_MEM_FLAGS, "CL_MEM_FLAGS", sizeof f.flags, &f.flags)))
+      return st;
+    ca_mem_facts_keep(buf, &f);
+  }
+  *size = f.size;
+  const cl_mem_object_type type = f.type;
+  const cl_context owner = f.context;
+  const cl_mem_flags flags = f.flags;
   if (type != CL_MEM_OBJECT_BUFFER)
     return BAD("%s.buf is not a buffer (CL_MEM_TYPE 0x%x): views must be cl_mem buffers", name, (unsigned)type);
   if (owner != context) return BAD("%s.buf belongs to another cl_context than the clattn context's", name);
