@@ -19,7 +19,8 @@ import weakref
 import numpy as np
 
 from . import _ffi
-from ._core import (Error, _broadcast, _cl_error, _dtype_code, _int, _is_cl_array, _View)
+from ._call import Call, check_int, is_cl_array
+from ._error import Error, cl_error as _cl_error
 
 c_int, c_size_t, c_void_p = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
 PLANNED = 2**(8 * ctypes.sizeof(c_size_t)) - 1  # CLATTN_STEP_PLANNED
@@ -66,59 +67,25 @@ class Plan:
     naming the field, and the plan stays usable. close() releases it (a
     Context closes its plans first)."""
 
-    def __init__(self, ctx, q, k, v, *, causal=False, window=(-1, -1), mask=None, bias=None, kv_lens=None,
-                 scale=None, softcap=0.0, alibi_slopes=None, sinks=None, empty_rows="zero", algo="auto",
-                 layout="bhsd", return_lse=False):
+    def __init__(self, ctx, q, k, v, *, return_lse=False, **kw):
         self._ptr = None
         self._ctx = ctx
         self._views, self._outs = [], {}
-        arrs = [x if _is_cl_array(x) or isinstance(x, np.ndarray) else np.asarray(x) for x in (q, k, v)]
-        if len({a.dtype for a in arrs}) != 1:
-            raise TypeError("clattn: q, k and v must have one dtype")
-        if any(len(a.shape) != 4 for a in arrs):
-            raise ValueError("clattn: q, k and v must be 4-D")
-        if layout not in ("bhsd", "bshd"):
-            raise ValueError("clattn: layout must be 'bhsd' or 'bshd' (got %r)" % (layout,))
-        if empty_rows not in _ffi.EMPTY_ROWS or algo not in _ffi.ALGOS:
-            raise ValueError("clattn: empty_rows %r or algo %r is not one of clattn's" % (empty_rows, algo))
-        perm = (0, 1, 2, 3) if layout == "bhsd" else (0, 2, 1, 3)
-        (B, Hq, M, dk), (_, Hkv, N, _), (_, _, _, dv) = ([a.shape[i] for i in perm] for a in arrs)
-        wl, wr = (_int(w, "window") for w in (window or (-1, -1)))
+        c = Call(ctx, q, k, v, kw)  # attention's keywords, checked as attention checks them
         self._return_lse = bool(return_lse)
-        self._out_cl = _is_cl_array(arrs[0])
-        self._lse_shape = (B, Hq, M)
+        self._out_cl = c.out_cl
         plib = _lib()
         ctx._enter()
         try:
             p = ctx._lib.params_default()
-            p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len = B, Hq, Hkv, M, N
-            p.head_dim, p.value_dim, p.dtype = dk, dv, _dtype_code(np.dtype(arrs[0].dtype), "q")
-            for name, a in zip("qkv", arrs):
-                vw = ctx._input(a, name, self._views, [])
-                vw.strides = [vw.strides[i] for i in perm]
-                setattr(p, name, vw.tensor())
-            s_shape = (B, Hq, M, N)
-            for name, a in (("mask", mask), ("bias", bias)):
-                if a is not None:
-                    a = a if _is_cl_array(a) else np.asarray(a, np.uint8 if name == "mask" else np.float32)
-                    vw = ctx._input(a, name, self._views, [])
-                    vw.strides = _broadcast(vw.shape, vw.strides, s_shape, name)
-                    setattr(p, name, vw.tensor())
-            for name, a, n, dt in (("kv_lens", kv_lens, B, np.int32), ("alibi_slopes", alibi_slopes, Hq, np.float32),
-                                   ("sinks", sinks, Hq, np.float32)):
-                if a is not None:
-                    setattr(p, name, ctx._small(ctx._prep_small(a, name, n, dt), name, self._views, []))
-            p.scale = float("nan") if scale is None else float(scale)
-            p.causal = 1 if causal else 0
-            p.window_left, p.window_right = wl, wr
-            p.softcap = float(softcap)
-            p.empty_rows, p.algo = _ffi.EMPTY_ROWS[empty_rows], _ffi.ALGOS[algo]
-            o_shape = (B, Hq, M, dv) if layout == "bhsd" else (B, M, Hq, dv)
-            o_strides = [Hq * M * dv, M * dv, dv, 1] if layout == "bhsd" else [M * Hq * dv, dv, Hq * dv, 1]
-            want = [("out", o_shape, np.dtype(arrs[0].dtype), o_strides)]
+            c.fill(p, self._views, [])
+            o_shape, o_strides = c.out_spec()
+            row_shape, row_strides = c.row_spec()
+            want = [("out", o_shape, c.q.dtype, o_strides)]
             if return_lse:
-                want.append(("lse", self._lse_shape, np.dtype(np.float32), [Hq * M, M, 1, 0]))
-            for name, t in ctx._outputs(want, self._out_cl, self._outs).items():
+                want.append(("lse", row_shape, np.dtype(np.float32), row_strides))
+            # packed rows no sequence covers are never written: they read 0
+            for name, t in ctx._outputs(want, self._out_cl, self._outs, zeroed=("out",) if c.packed_q else ()).items():
                 setattr(p, name, t)
             self.q_offset, self.out_offset, self.lse_offset = p.q.offset, p.out.offset, p.lse.offset
             ptr = c_void_p()
@@ -126,7 +93,7 @@ class Plan:
             if st != 0:
                 raise Error(_ffi.STATUS_NAMES.get(st, str(st)), ctx._message())
             self._ptr = ptr.value
-            self._inputs = [a for a in arrs if _is_cl_array(a)]
+            self._inputs = [a for a in (c.q, c.k, c.v) if is_cl_array(a)]
             ctx.__dict__.setdefault("_plans", weakref.WeakSet()).add(self)  # closed before the context
         except BaseException:
             self._free()
@@ -146,7 +113,7 @@ class Plan:
         plib, ctx, cl = _lib(), self._ctx, self._ctx._cl
         s = plib.step_default()
         if kv_len is not None:
-            s.kv_len = _int(kv_len, "kv_len", lo=1)
+            s.kv_len = check_int(kv_len, "kv_len", 1)
         for field, value in (("q_offset", q_offset), ("out_offset", out_offset), ("lse_offset", lse_offset)):
             if value is None:
                 continue

@@ -56,9 +56,8 @@ def test_refused_step_names_the_field_and_plan_keeps_working(ctx, rng):
 
 def test_bad_params_are_refused_at_creation(ctx, rng):
     q, k, v = _decode_problem(rng, Hq=3, Hkv=2, N=16)  # kv_heads does not divide q_heads
-    with pytest.raises(clattn.Error) as e:
+    with pytest.raises(ValueError, match="not a multiple"):  # checked on the host, as attention checks it
         ctx.plan(q, k, v)
-    assert e.value.status == "INVALID_ARGUMENT"
     with pytest.raises(TypeError):
         ctx.plan(q.astype(np.float64), k, v)
 
