@@ -166,6 +166,7 @@ void clattn_destroy(clattn_context *ctx) {
   pthread_mutex_destroy(&ctx->kernels_lock);
   pthread_mutex_destroy(&ctx->scratch_lock);
   ca_release_programs(ctx);
+  ca_gemm_release(ctx);
   free(ctx->cache_dir);
   free(ctx->tuning_path);
   free(ctx->tuning_default_path);

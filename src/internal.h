@@ -365,6 +365,9 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
 /* Whether this build has the GEMM path: 1 with CLBlast (gemm.c), else 0
  * (gemm_unsupported.c: ca_gemm_forward returns CLATTN_ERR_UNSUPPORTED). */
 int ca_gemm_available(void);
+/* At clattn_destroy: when ctx was the last live context to have called
+ * CLBlast, empties CLBlast's process-wide program caches (gemm.c says why). */
+void ca_gemm_release(clattn_context *ctx);
 clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
                               const cl_event *wait, cl_event *done);
 /* Enqueues qk_score for a chunk (heads x rows x N scores: scaled, shaped,

@@ -93,5 +93,22 @@ for g in "${kv_groups[@]}"; do
     failed=$((failed + 1))
   fi
 done
-echo "oclgrind: $(( ${#cases[@]} + ${#backward_paths[@]} * ${#backward_tests[@]} + ${#kv_groups[@]} )) cases, $failed failed"
+# A GEMM call from a program linked to libclattn alone (the tool and the
+# tests link CLBlast themselves, which changes the order libraries are torn
+# down at exit): clattn_destroy must release CLBlast's cached programs while
+# Oclgrind's runtime is still there, or the process aborts at exit.
+exits=0
+if [ -x "$build/tests/gemm_at_exit" ]; then
+  exits=1
+  log="$logs/gemm-at-exit.log"
+  if oclgrind --data-races --check-api --max-errors 20 --log "$log" "$build/tests/gemm_at_exit" \
+      >"$logs/gemm-at-exit.out" 2>&1 && [ ! -s "$log" ]; then
+    echo "oclgrind: gemm at exit: ok"
+  else
+    echo "oclgrind: gemm at exit: FAILED"
+    cat "$logs/gemm-at-exit.out" "$log" | tail -30
+    failed=$((failed + 1))
+  fi
+fi
+echo "oclgrind: $(( ${#cases[@]} + ${#backward_paths[@]} * ${#backward_tests[@]} + ${#kv_groups[@]} + exits )) cases, $failed failed"
 [ "$failed" -eq 0 ]
