@@ -250,6 +250,11 @@ enum { CA_BLOCK_WG = 128 }; /* work-items per group of cl/flash_block.cl */
 /* The route diagnostics' bits (cl/common.h.cl's CA_DIAG_*). */
 enum { CA_DIAG_ENTROPY = 1, CA_DIAG_MAX_WEIGHT = 2, CA_DIAG_ARGMAX = 4 };
 
+/* The fields that decide which programs a call builds: dtype, kv_dtype,
+ * head_dim, value_dim (their ranges; Q8_0's blocks of 32). ca_validate and
+ * clattn_prepare both check them here, so they refuse the same shapes. */
+clattn_status ca_check_storage(const clattn_params *p);
+
 /* Every check that needs no device work; fills plan. */
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
 

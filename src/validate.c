@@ -198,13 +198,29 @@ static clattn_status check_block_table(cl_context cc, cl_mem table, int batch, i
   return check_view(cc, "block_table", &t, dims, 2, sizeof(int32_t), 0);
 }
 
+clattn_status ca_check_storage(const clattn_params *p) {
+  if (p->dtype == CLATTN_Q8_0 || p->dtype == CLATTN_INT8)
+    return BAD("dtype %s: quantised storage is for k and v only (kv_dtype); q and out are F32, F16 or BF16",
+               p->dtype == CLATTN_Q8_0 ? "CLATTN_Q8_0" : "CLATTN_INT8");
+  if (p->dtype != CLATTN_F32 && p->dtype != CLATTN_F16 && p->dtype != CLATTN_BF16)
+    return BAD("dtype %d is not a storage type of q and out", (int)p->dtype);
+  if (p->kv_dtype < CLATTN_DTYPE_SAME || p->kv_dtype > CLATTN_INT8)
+    return BAD("kv_dtype %d is not a clattn_dtype", (int)p->kv_dtype);
+  if (p->head_dim <= 0) return BAD("head_dim must be positive (got %d)", p->head_dim);
+  if (p->value_dim <= 0) return BAD("value_dim must be positive (got %d)", p->value_dim);
+  if (p->kv_dtype == CLATTN_Q8_0 && (p->head_dim % 32 || p->value_dim % 32))
+    return BAD("kv_dtype CLATTN_Q8_0 stores rows in blocks of 32 elements: head_dim (%d) and value_dim (%d) must be "
+               "multiples of 32",
+               p->head_dim, p->value_dim);
+  return CLATTN_OK;
+}
+
 static clattn_status check_dims(const clattn_params *p) {
   const struct {
     const char *name;
     int value;
   } dims[] = {
-      {"batch", p->batch},   {"q_heads", p->q_heads},   {"kv_heads", p->kv_heads},   {"q_len", p->q_len},
-      {"kv_len", p->kv_len}, {"head_dim", p->head_dim}, {"value_dim", p->value_dim},
+      {"batch", p->batch}, {"q_heads", p->q_heads}, {"kv_heads", p->kv_heads}, {"q_len", p->q_len}, {"kv_len", p->kv_len},
   };
   for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
     if (dims[i].value <= 0) return BAD("%s must be positive (got %d)", dims[i].name, dims[i].value);
@@ -216,13 +232,6 @@ static clattn_status check_dims(const clattn_params *p) {
 }
 
 static clattn_status check_enums(const clattn_params *p) {
-  if (p->dtype == CLATTN_Q8_0 || p->dtype == CLATTN_INT8)
-    return BAD("dtype %s: quantised storage is for k and v only (kv_dtype); q and out are F32, F16 or BF16",
-               p->dtype == CLATTN_Q8_0 ? "CLATTN_Q8_0" : "CLATTN_INT8");
-  if (p->dtype != CLATTN_F32 && p->dtype != CLATTN_F16 && p->dtype != CLATTN_BF16)
-    return BAD("dtype %d is not a storage type of q and out", (int)p->dtype);
-  if (p->kv_dtype < CLATTN_DTYPE_SAME || p->kv_dtype > CLATTN_INT8)
-    return BAD("kv_dtype %d is not a clattn_dtype", (int)p->kv_dtype);
   if (p->empty_rows != CLATTN_EMPTY_ZERO && p->empty_rows != CLATTN_EMPTY_ERROR)
     return BAD("empty_rows %d is not a clattn_empty_rows", (int)p->empty_rows);
   if (p->algo < CLATTN_ALGO_AUTO || p->algo > CLATTN_ALGO_GEMM)
@@ -341,7 +350,8 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   clattn_status st;
   if (!ctx) return BAD("clattn_forward: ctx is NULL");
   if (!p) return BAD("clattn_forward: params is NULL");
-  if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_varlen(p))) return st;
+  if ((st = check_dims(p)) || (st = ca_check_storage(p)) || (st = check_enums(p)) || (st = check_varlen(p)))
+    return st;
   if (p->block_table && !p->kv_lens)
     return BAD("block_table without kv_lens: a paged cache needs each batch row's length");
   if ((st = check_views(ctx, p))) return st;

@@ -392,6 +392,50 @@ static void outputs_overlapping_each_other_are_invalid(void) {
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "lse", "FUSED: lse at out's start");
 }
 
+/* clattn_prepare checks the fields that pick a call's programs (dtype,
+ * kv_dtype, head_dim, value_dim) exactly as the forward does: each shape
+ * the forward refuses, prepare refuses with the forward's message, after
+ * "clattn_prepare: shapes[i]: " naming which, and builds nothing. */
+static void prepare_refuses_what_the_forward_refuses(void) {
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_context *ctx = ct_context();
+  clattn_params p;
+  const struct {
+    const char *what;
+    int *field;
+    int value;
+    clattn_dtype kv_dtype;
+  } cases[] = {
+      {"Q8_0 with head_dim 33", &p.head_dim, 33, CLATTN_Q8_0},  {"Q8_0 with value_dim 40", &p.value_dim, 40, CLATTN_Q8_0},
+      {"Q8_0 with head_dim 16", &p.head_dim, 16, CLATTN_Q8_0},  {"head_dim 0", &p.head_dim, 0, CLATTN_DTYPE_SAME},
+      {"value_dim -3", &p.value_dim, -3, CLATTN_DTYPE_SAME},    {"dtype Q8_0", (int *)&p.dtype, CLATTN_Q8_0, CLATTN_Q8_0},
+      {"dtype INT8", (int *)&p.dtype, CLATTN_INT8, CLATTN_DTYPE_SAME}, {"dtype 9", (int *)&p.dtype, 9, CLATTN_DTYPE_SAME},
+      {"kv_dtype 7", (int *)&p.kv_dtype, 7, CLATTN_DTYPE_SAME},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    p = pb->params;
+    p.head_dim = p.value_dim = 64;
+    p.kv_dtype = cases[i].kv_dtype;
+    *cases[i].field = cases[i].value;
+    REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, NULL, cases[i].what);
+    char forward_msg[512];
+    snprintf(forward_msg, sizeof forward_msg, "%s", clattn_last_error(ctx));
+    int src0, cache0, src, cache;
+    ca_cache_counts(ctx, &src0, &cache0);
+    const clattn_status st = clattn_prepare(ctx, &p, 1);
+    ca_cache_counts(ctx, &src, &cache);
+    char want[600];
+    snprintf(want, sizeof want, "clattn_prepare: shapes[0]: %s", forward_msg);
+    const char *msg = clattn_last_error(ctx);
+    CHECKF(st == CLATTN_ERR_INVALID_ARGUMENT && strcmp(msg, want) == 0,
+           "%s: prepare returned %s with \"%s\"; the forward refused it with \"%s\"", cases[i].what,
+           clattn_status_string(st), msg, forward_msg);
+    CHECKF(src == src0 && cache == cache0, "%s: prepare built %d programs for a refused shape", cases[i].what,
+           src + cache - src0 - cache0);
+  }
+}
+
 /* A merge call that must be rejected naming field, with nothing written. */
 static void merge_reject(cp_problem *pb, const clattn_merge_params *m, const char *field, const char *what) {
   clattn_context *ctx = ct_context();
@@ -566,6 +610,7 @@ int main(int argc, char **argv) {
       CT_TEST(null_context_or_params_are_invalid),
       CT_TEST(half_precision_views_are_sized_in_16_bits),
       CT_TEST(out_of_range_enums_are_invalid),
+      CT_TEST(prepare_refuses_what_the_forward_refuses),
       CT_TEST(broadcast_output_view_is_invalid),
       CT_TEST(outputs_overlapping_each_other_are_invalid),
       CT_TEST(unusable_cl_mem_objects_are_invalid),
