@@ -209,9 +209,10 @@ clattn_status ca_check_storage(const clattn_params *p) {
   if (p->head_dim <= 0) return BAD("head_dim must be positive (got %d)", p->head_dim);
   if (p->value_dim <= 0) return BAD("value_dim must be positive (got %d)", p->value_dim);
   if (p->kv_dtype == CLATTN_Q8_0 && (p->head_dim % 32 || p->value_dim % 32))
-    return BAD("kv_dtype CLATTN_Q8_0 stores rows in blocks of 32 elements: head_dim (%d) and value_dim (%d) must be "
-               "multiples of 32",
-               p->head_dim, p->value_dim);
+    return BAD(
+        "kv_dtype CLATTN_Q8_0 stores rows in blocks of 32 elements: head_dim (%d) and value_dim (%d) must be "
+        "multiples of 32",
+        p->head_dim, p->value_dim);
   return CLATTN_OK;
 }
 
@@ -220,7 +221,8 @@ static clattn_status check_dims(const clattn_params *p) {
     const char *name;
     int value;
   } dims[] = {
-      {"batch", p->batch}, {"q_heads", p->q_heads}, {"kv_heads", p->kv_heads}, {"q_len", p->q_len}, {"kv_len", p->kv_len},
+      {"batch", p->batch}, {"q_heads", p->q_heads}, {"kv_heads", p->kv_heads},
+      {"q_len", p->q_len}, {"kv_len", p->kv_len},
   };
   for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
     if (dims[i].value <= 0) return BAD("%s must be positive (got %d)", dims[i].name, dims[i].value);
@@ -350,8 +352,7 @@ clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_
   clattn_status st;
   if (!ctx) return BAD("clattn_forward: ctx is NULL");
   if (!p) return BAD("clattn_forward: params is NULL");
-  if ((st = check_dims(p)) || (st = ca_check_storage(p)) || (st = check_enums(p)) || (st = check_varlen(p)))
-    return st;
+  if ((st = check_dims(p)) || (st = ca_check_storage(p)) || (st = check_enums(p)) || (st = check_varlen(p))) return st;
   if (p->block_table && !p->kv_lens)
     return BAD("block_table without kv_lens: a paged cache needs each batch row's length");
   if ((st = check_views(ctx, p))) return st;

@@ -396,7 +396,7 @@ static void outputs_overlapping_each_other_are_invalid(void) {
  * kv_dtype, head_dim, value_dim) exactly as the forward does: each shape
  * the forward refuses, prepare refuses with the forward's message, after
  * "clattn_prepare: shapes[i]: " naming which, and builds nothing. */
-static void prepare_refuses_what_the_forward_refuses(void) {
+static void prepare_and_forward_refuse_the_same_shapes_with_one_message(void) {
   cp_problem *pb = base();
   REQUIRE(pb);
   clattn_context *ctx = ct_context();
@@ -407,10 +407,14 @@ static void prepare_refuses_what_the_forward_refuses(void) {
     int value;
     clattn_dtype kv_dtype;
   } cases[] = {
-      {"Q8_0 with head_dim 33", &p.head_dim, 33, CLATTN_Q8_0},  {"Q8_0 with value_dim 40", &p.value_dim, 40, CLATTN_Q8_0},
-      {"Q8_0 with head_dim 16", &p.head_dim, 16, CLATTN_Q8_0},  {"head_dim 0", &p.head_dim, 0, CLATTN_DTYPE_SAME},
-      {"value_dim -3", &p.value_dim, -3, CLATTN_DTYPE_SAME},    {"dtype Q8_0", (int *)&p.dtype, CLATTN_Q8_0, CLATTN_Q8_0},
-      {"dtype INT8", (int *)&p.dtype, CLATTN_INT8, CLATTN_DTYPE_SAME}, {"dtype 9", (int *)&p.dtype, 9, CLATTN_DTYPE_SAME},
+      {"Q8_0 with head_dim 33", &p.head_dim, 33, CLATTN_Q8_0},
+      {"Q8_0 with value_dim 40", &p.value_dim, 40, CLATTN_Q8_0},
+      {"Q8_0 with head_dim 16", &p.head_dim, 16, CLATTN_Q8_0},
+      {"head_dim 0", &p.head_dim, 0, CLATTN_DTYPE_SAME},
+      {"value_dim -3", &p.value_dim, -3, CLATTN_DTYPE_SAME},
+      {"dtype Q8_0", (int *)&p.dtype, CLATTN_Q8_0, CLATTN_Q8_0},
+      {"dtype INT8", (int *)&p.dtype, CLATTN_INT8, CLATTN_DTYPE_SAME},
+      {"dtype 9", (int *)&p.dtype, 9, CLATTN_DTYPE_SAME},
       {"kv_dtype 7", (int *)&p.kv_dtype, 7, CLATTN_DTYPE_SAME},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -610,7 +614,7 @@ int main(int argc, char **argv) {
       CT_TEST(null_context_or_params_are_invalid),
       CT_TEST(half_precision_views_are_sized_in_16_bits),
       CT_TEST(out_of_range_enums_are_invalid),
-      CT_TEST(prepare_refuses_what_the_forward_refuses),
+      CT_TEST(prepare_and_forward_refuse_the_same_shapes_with_one_message),
       CT_TEST(broadcast_output_view_is_invalid),
       CT_TEST(outputs_overlapping_each_other_are_invalid),
       CT_TEST(unusable_cl_mem_objects_are_invalid),
