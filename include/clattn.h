@@ -114,13 +114,27 @@ typedef struct {    /* a strided view of a cl_mem; buf NULL = absent */
   size_t stride[4]; /* in elements: batch, head, row, column; 0 broadcasts (inputs only).
                        Outputs must not overlap themselves: ordered by stride, each
                        dimension longer than 1 steps past the span of the smaller ones
-                       (so interleaved dimensions are refused too). Nor may two outputs
-                       of one call (out, lse, weights, entropy, max_weight, argmax;
-                       merge's out and out_lse) share bytes: in one cl_mem, their
-                       extents (first element to the end of the last) must be
-                       disjoint, else INVALID_ARGUMENT before anything is enqueued.
-                       Sub-buffers are cl_mems of their own and are not compared */
+                       (so interleaved dimensions are refused too). */
 } clattn_tensor;
+
+/* Aliasing, one rule for every call (clattn_forward, clattn_backward,
+ * clattn_kv_append, clattn_merge_states): an output may share no byte with
+ * any other view or buffer of its call, input or output; inputs may share
+ * bytes with each other. A call that breaks the rule is INVALID_ARGUMENT,
+ * naming both, before anything is enqueued: nothing is computed in place
+ * (out on q, d_q on q or d_out, d_k on k, the k and v caches on the same
+ * bytes, new rows inside the cache, merge's out on a state: all refused).
+ *   outputs: forward out, lse, weights, entropy, max_weight, argmax;
+ *   backward d_q, d_k, d_v, d_sinks, d_additive_w (fwd.out and fwd.lse are
+ *   its inputs); kv_append k, v, k_scale, v_scale; merge out, out_lse (its
+ *   o and lse count as all n_states states).
+ * Bytes are compared element by element, not by extents, so views that
+ * interleave without sharing a byte are fine (packed QKV or dQKV, a cache
+ * holding K and V page by page); a pair of layouts too intricate to settle
+ * within a small search is refused as one that may share. Views through
+ * sub-buffers are compared at their parent's bytes (CL_MEM_ASSOCIATED_MEMOBJECT,
+ * CL_MEM_OFFSET), buffers created with CL_MEM_USE_HOST_PTR at their host
+ * addresses (CL_MEM_HOST_PTR). */
 
 typedef struct {
   int batch, q_heads, kv_heads; /* q_heads % kv_heads == 0 (MHA, GQA, MQA) */

@@ -222,6 +222,43 @@ int ca_cache_keeps_binaries(cl_platform_id platform, int dir_named);
 /* Programs built from source and loaded from the cache so far (for tests). */
 void ca_cache_counts(const clattn_context *ctx, int *from_source, int *from_cache);
 
+/* ---- which views of a call share bytes (alias.c) ---- */
+
+/* The bytes one view reaches: count[d] elements step[d] bytes apart in each
+ * dimension that moves (longer than 1, stride not 0), elem bytes each, from
+ * byte `first` of its cl_mem; end: one past its last byte. space and base
+ * place its cl_mem's bytes among other cl_mems' (validate.c's locate). */
+typedef struct {
+  const char *name;
+  int is_output;
+  cl_mem buf;
+  const void *space;
+  size_t base, first, end, elem;
+  int rank;
+  size_t count[5], step[5];
+} ca_extent;
+
+enum { CA_MAX_VIEWS = 32 }; /* a backward call checks at most 26 */
+
+/* The views of one call, recorded as validation checks them. */
+typedef struct {
+  cl_context context; /* the clattn context's: every view's cl_mem must belong to it */
+  int n;
+  ca_extent v[CA_MAX_VIEWS];
+} ca_views;
+
+void ca_views_init(ca_views *vs, cl_context context);
+/* Records view t of dims[0..rank) (checked: it fits its buffer, end bytes
+ * from the start) whose cl_mem's bytes lie at base in space. */
+clattn_status ca_views_add(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims, int rank,
+                           size_t elem, int is_output, const void *space, size_t base, size_t end);
+/* Makes the last view recorded the last of n copies, step bytes apart
+ * (merge's states). */
+void ca_views_repeat_last(ca_views *vs, size_t n, size_t step);
+/* INVALID_ARGUMENT naming both when an output shares a byte with another
+ * view of the call (clattn.h, clattn_tensor). */
+clattn_status ca_views_disjoint(const ca_views *vs);
+
 /* ---- validation (validate.c) ---- */
 
 /* A chunk of query rows: `rows` rows in each of `heads` consecutive
@@ -257,11 +294,15 @@ clattn_status ca_check_storage(const clattn_params *p);
 
 /* Every check that needs no device work; fills plan. */
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
+/* ca_validate, leaving its views in *views (ca_views_init'ed here) for the
+ * caller to add to and check with ca_views_disjoint; views NULL: ca_validate. */
+clattn_status ca_validate_views(const clattn_context *ctx, const clattn_params *p, ca_plan *plan, ca_views *views);
 
 /* Checks that a view of dims[0..rank) fits its buffer (and, for an output,
- * neither broadcasts nor overlaps itself): BAD / BUFFER_TOO_SMALL. */
-clattn_status ca_check_view(const clattn_context *ctx, const char *name, const clattn_tensor *t, const int *dims,
-                            int rank, size_t elem_size, int is_output);
+ * neither broadcasts nor overlaps itself): BAD / BUFFER_TOO_SMALL; records
+ * it in vs. */
+clattn_status ca_check_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims, int rank,
+                            size_t elem_size, int is_output);
 
 /* Checks a merge call like ca_validate checks a forward call. */
 clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp);
