@@ -31,8 +31,9 @@ clattn_status ca_views_add(ca_views *vs, const char *name, const clattn_tensor *
                            size_t elem, int is_output, const void *space, size_t base, size_t end) {
   if (vs->n == CA_MAX_VIEWS) /* a bound of the library, not of the call */
     return ca_fail(CLATTN_ERR_UNSUPPORTED, "%s: more than %d views in one call", name, CA_MAX_VIEWS);
-  ca_extent *e = &vs->v[vs->n++];
-  *e = (ca_extent){name, is_output, t->buf, space, base, t->offset * elem, end, elem, 0, {0}, {0}};
+  ca_extent *e = &vs->v[vs->n++]; /* field by field: count and step are filled up to rank */
+  e->name = name, e->is_output = is_output, e->buf = t->buf, e->space = space, e->base = base;
+  e->first = t->offset * elem, e->end = end, e->elem = elem, e->rank = 0;
   for (int d = 0; d < rank; d++)
     if (dims[d] > 1 && t->stride[d] > 0) {
       e->count[e->rank] = (size_t)dims[d];
