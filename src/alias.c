@@ -119,11 +119,12 @@ clattn_status ca_views_disjoint(const ca_views *vs) {
       const int r = share(a, b);
       if (!r) continue;
       return BAD(
-          "%s and %s %s bytes of one buffer%s (%s: bytes [%zu, %zu) of its cl_mem, %s: [%zu, %zu)): an output "
+          "%s and %s %s bytes of one buffer%s (%s: bytes [%zu, %zu) of its cl_mem, %s: [%zu, %zu)%s): an output "
           "may share no byte with another view of the call, input or output",
-          a->name, b->name, r > 0 ? "share" : "may share (too intricate a pair of layouts to rule it out)",
+          a->name, b->name, r > 0 ? "share" : "may share",
           a->buf == b->buf ? "" : " (through sub-buffers of one buffer, or over the same host memory)", a->name,
-          a->first, a->end, b->name, b->first, b->end);
+          a->first, a->end, b->name, b->first, b->end,
+          r > 0 ? "" : "; their layouts are too intricate to rule it out quickly");
     }
   return CLATTN_OK;
 }
