@@ -72,10 +72,11 @@ typedef struct {
  * time). In embedded mode clattn retains the caller's context, device and
  * queue and releases only those references on destroy. Destroying the last
  * live context that ran the GEMM path also empties CLBlast's process-wide
- * program caches (CLBlastClearCache: the caller's own CLBlast calls then
- * rebuild their programs on next use): left to CLBlast's static destructors,
- * they are released at exit, after some OpenCL runtimes (Oclgrind's) have
- * gone, and the process aborts. So destroy every context before exit. */
+ * program caches (CLBlastClearCache: a later context's first GEMM call, and
+ * the caller's own CLBlast calls, then rebuild their programs): left to
+ * CLBlast's static destructors, they are released at exit after some OpenCL
+ * runtimes (Oclgrind's) have gone, and the process aborts. So destroy every
+ * context before exit. */
 CLATTN_EXPORT clattn_status clattn_create(const clattn_options *opt /* NULL = defaults */, clattn_context **out);
 CLATTN_EXPORT void clattn_destroy(clattn_context *ctx);
 CLATTN_EXPORT cl_context clattn_cl_context(const clattn_context *ctx);
