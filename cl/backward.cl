@@ -92,7 +92,7 @@ static inline float16 bwd_pairs(float16 x, int16 *ok, long b, long h, long i0, i
       continue;
     }
     if (has_bias) e[l] += bias[ca_at(bias_off, bias_st, b, h, i, j)];
-    if (has_alibi) e[l] += ca_alibi(i, j, sq.align_m, sq.align_n, alibi[h]);
+    if (has_alibi) e[l] += ca_alibi(i, j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, h));
   }
   *ok = vload16(0, a);
   return vload16(0, e);
@@ -413,6 +413,55 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
     if (want_dw)
       for (int d = 0; d < DK; d++) dw_rows[bwd_row(b, h, i, q_heads, q_len) * DK + d] = gwa[d][l];
   }
+}
+
+/*
+ * bwd_dbias — dL/dbias (clattn_backward_params.d_bias): each pair's
+ * dS_ij = p_ij (<dO_i, v_j> - D_i), the gradient of its shaped score after
+ * the bias is added, summed over the dimensions of `summed` (bit 0 batch,
+ * 1 head, 2 row, 3 key: those the output view broadcasts) in that order,
+ * one work-item per output element: bitwise repeatable. A pair that is not
+ * allowed, of an empty row or past a sequence, or whose weight is 0 adds
+ * nothing, whatever its key or value holds.
+ * NDRange: (kv_len, q_len, batch * q_heads), each 1 where summed.
+ */
+__kernel void bwd_dbias(BWD_ARGS, int batch, __global float *d_bias, ulong db_off, ulong4 db_st, int summed) {
+  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks; (void)has_sinks;
+  const int heads_out = summed & 2 ? 1 : q_heads, rows_out = summed & 4 ? 1 : q_len;
+  const long j_out = get_global_id(0);
+  const int i_out = get_global_id(1), b_out = get_global_id(2) / heads_out, h_out = get_global_id(2) % heads_out;
+  if (j_out >= (summed & 8 ? 1 : kv_len) || i_out >= rows_out) return;
+  float acc = 0.0f;
+  for (int b = summed & 1 ? 0 : b_out; b < (summed & 1 ? batch : b_out + 1); b++) {
+    const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
+    for (int h = summed & 2 ? 0 : h_out; h < (summed & 2 ? q_heads : h_out + 1); h++) {
+      const int hk = h / group;
+      for (int i = summed & 4 ? 0 : i_out; i < min(summed & 4 ? q_len : i_out + 1, sq.rows); i++) {
+        const float row_lse = lse[ca_at(lse_off, lse_st, b, h, i, 0)];
+        if (row_lse == -INFINITY) continue; /* an empty row */
+        const float d_row = dsum[bwd_row(b, h, i, q_heads, q_len)];
+        for (long j = summed & 8 ? 0 : j_out; j < min(summed & 8 ? (long)kv_len : j_out + 1, (long)sq.keys); j++) {
+          if (!ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right)) continue;
+          if (has_mask && mask[ca_at(mask_off, mask_st, b, h, i, j)] == 0) continue;
+          float raw = 0.0f, dp = 0.0f;
+          for (int d = 0; d < DK; d++) {
+            const float qd = ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d));
+            const float kd = ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + j, d));
+            raw = additive ? fma(add_w[d], tanh(qd + kd), raw) : fma(qd, kd, raw);
+          }
+          const float x = ca_shape(scale * raw, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h, i,
+                                   j, sq.align_m, sq.align_n, CA_SHAPE_PASS);
+          const float p = exp(x - row_lse);
+          if (p == 0.0f) continue; /* disallowed by its score, or underflowed: no gradient */
+          for (int c = 0; c < DV; c++)
+            dp = fma(ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)),
+                     ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)), dp);
+          acc += p * (dp - d_row);
+        }
+      }
+    }
+  }
+  d_bias[ca_at(db_off, db_st, b_out, h_out, i_out, j_out)] = acc;
 }
 
 /*

@@ -104,7 +104,7 @@ void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __globa
       x = softcap * t;
     }
     if (has_bias) x += bias[ca_at(bias_off, bias_st, b, h, i, j)];
-    if (has_alibi) x += ca_alibi(i, j, sq.align_m, sq.align_n, alibi[h]);
+    if (has_alibi) x += ca_alibi(i, j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, h));
     const float p = exp(x - row_lse);
     if (p != 0.0f) {   /* a NaN weight (a NaN in an allowed key) goes on, as in the forward */
       pv = p;
@@ -130,7 +130,7 @@ void bwds_dq(BWD_ARGS, int bh0, int i0, int rows, __global const float *gw, __gl
   (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)has_sinks; (void)sinks; (void)v; (void)v_off; (void)v_st;
   (void)d_o; (void)do_off; (void)do_st; (void)lse; (void)lse_off; (void)lse_st; (void)mask; (void)mask_off;
   (void)mask_st; (void)has_mask; (void)bias; (void)bias_off; (void)bias_st; (void)has_bias; (void)dsum; (void)scale;
-  (void)softcap; (void)alibi; (void)has_alibi; (void)window_left; (void)window_right;
+  (void)softcap; (void)alibi; (void)has_alibi; (void)alibi_bstride; (void)window_left; (void)window_right;
   __local float a_tile[BS_TM][BS_TK];
   __local float k_tile[BS_TK][BS_TN];
   const int lx = get_local_id(0), ly = get_local_id(1), lid = ly * BS_TN + lx;
@@ -194,6 +194,7 @@ void bwds_dkdv(BWD_ARGS, int bh0, int i0, int rows, int heads, __global const fl
   (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)has_sinks; (void)sinks; (void)v; (void)v_off; (void)v_st;
   (void)lse; (void)lse_off; (void)lse_st; (void)mask; (void)mask_off; (void)mask_st; (void)has_mask; (void)bias;
   (void)bias_off; (void)bias_st; (void)has_bias; (void)dsum; (void)scale; (void)softcap; (void)alibi; (void)has_alibi;
+  (void)alibi_bstride;
   (void)window_left; (void)window_right;
   __local float a_tile[BS_TM][BS_TK];
   __local float x_tile[BS_TK][BS_TN];

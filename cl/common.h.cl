@@ -166,9 +166,11 @@ static inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, lo
  * 0, q_len rows, kv_lens[b] (or kv_len) keys, aligned on q_len / kv_len.
  * Packed variable-length batches (varlen): sequence b is rows cu_q[b] ..
  * cu_q[b+1]-1 of q and out and cu_k[b] .. cu_k[b+1]-1 of k and v, aligned
- * on its own lengths. Paged K/V (paged): each batch row aligned on its own
- * kv_lens[b]. The offsets are clamped to the totals and the
- * lengths to q_len / kv_len, so malformed cu_seqlens never leave the views. */
+ * on its own lengths. Paged K/V (paged): each batch row's kv_lens[b] keys
+ * through the block table (k0 = 0; cu_k is not read), aligned on that
+ * length, so packed queries over a paged cache are each sequence's last
+ * positions. The offsets are clamped to the totals and the lengths to
+ * q_len / kv_len, so malformed cu_seqlens never leave the views. */
 #define CA_SEQ_ARGS                                                                                 \
   __global const int *kv_lens, int has_kv_lens, __global const int *cu_q, __global const int *cu_k, \
       int varlen, int total_q, int total_kv, int paged
@@ -180,24 +182,20 @@ typedef struct {
 } ca_seq;
 
 static inline ca_seq ca_sequence(long b, int q_len, int kv_len, CA_SEQ_ARGS) {
-  ca_seq s;
-  if (!varlen) {
-    s.q0 = 0;
-    s.k0 = 0;
-    s.rows = q_len;
-    s.keys = ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
-    s.align_m = q_len;
-    s.align_n = paged ? s.keys : kv_len; /* a paged row is aligned on its own length */
-    return s;
+  ca_seq s = {0, 0, q_len, kv_len, q_len, kv_len};
+  if (varlen) {
+    const int q0 = clamp(cu_q[b], 0, total_q), q1 = clamp(cu_q[b + 1], q0, total_q);
+    s.q0 = q0;
+    s.rows = s.align_m = min(q1 - q0, q_len);
   }
-  const int q0 = clamp(cu_q[b], 0, total_q), q1 = clamp(cu_q[b + 1], q0, total_q);
-  const int k0 = clamp(cu_k[b], 0, total_kv), k1 = clamp(cu_k[b + 1], k0, total_kv);
-  s.q0 = q0;
-  s.k0 = k0;
-  s.rows = min(q1 - q0, q_len);
-  s.keys = min(k1 - k0, kv_len);
-  s.align_m = s.rows;
-  s.align_n = s.keys;
+  if (varlen && !paged) {
+    const int k0 = clamp(cu_k[b], 0, total_kv), k1 = clamp(cu_k[b + 1], k0, total_kv);
+    s.k0 = k0;
+    s.keys = s.align_n = min(k1 - k0, kv_len);
+  } else {
+    s.keys = ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
+    if (paged) s.align_n = s.keys; /* a paged row is aligned on its own length */
+  }
   return s;
 }
 
@@ -207,17 +205,22 @@ static inline ca_seq ca_sequence(long b, int q_len, int kv_len, CA_SEQ_ARGS) {
 #define CA_SCORE_PASS add_w, additive
 
 /* Score shaping after scale * <q, k> (clattn.h's order): softcap, then the
- * bias and ALiBi's -slope_h |p_i - j| with p_i the bottom-right aligned
- * position. softcap 0 = off; alibi NULL when has_alibi is 0. */
-#define CA_SHAPE_ARGS float softcap, __global const float *alibi, int has_alibi
-#define CA_SHAPE_PASS softcap, alibi, has_alibi
+ * bias and ALiBi's -slope |p_i - j| with p_i the bottom-right aligned
+ * position and slope alibi[b * alibi_bstride + h] (alibi_bstride 0: one
+ * slope per head). softcap 0 = off; alibi NULL when has_alibi is 0. */
+#define CA_SHAPE_ARGS float softcap, __global const float *alibi, int has_alibi, int alibi_bstride
+#define CA_SHAPE_PASS softcap, alibi, has_alibi, alibi_bstride
 static inline float ca_softcap(float s, float softcap) { return softcap > 0.0f ? softcap * tanh(s / softcap) : s; }
+static inline float ca_alibi_slope(__global const float *alibi, int alibi_bstride, long b, long h) {
+  return alibi[b * (long)alibi_bstride + h];
+}
 static inline float ca_alibi(long i, long j, int q_len, int kv_len, float slope) {
   return -slope * (float)abs((long)(i + (long)kv_len - (long)q_len) - j);
 }
-static inline float ca_shape(float s, float bias_ij, long h, long i, long j, int q_len, int kv_len, CA_SHAPE_ARGS) {
+static inline float ca_shape(float s, float bias_ij, long b, long h, long i, long j, int q_len, int kv_len,
+                             CA_SHAPE_ARGS) {
   s = ca_softcap(s, softcap) + bias_ij;
-  return has_alibi ? s + ca_alibi(i, j, q_len, kv_len, alibi[h]) : s;
+  return has_alibi ? s + ca_alibi(i, j, q_len, kv_len, ca_alibi_slope(alibi, alibi_bstride, b, h)) : s;
 }
 
 /* Route diagnostics (bits of `diag`) and where a row's go. */

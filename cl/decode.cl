@@ -126,7 +126,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
         bool allowed = key_ok && i < sq.rows && j >= keys.x && j <= keys.y;
         if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
         s_tile[t * DEC_N + kk] =
-            allowed ? ca_shape(scale * s[u], has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j,
+            allowed ? ca_shape(scale * s[u], has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h, i, j,
                                sq.align_m, sq.align_n, CA_SHAPE_PASS)
                     : -INFINITY;
       }

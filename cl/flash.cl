@@ -428,7 +428,8 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
             allowed = page_halves ? at_h[jj / FLASH_VW].ok : ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
           if (allowed && has_bias) e[jj] += bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)];
-          if (allowed && has_alibi) e[jj] += ca_alibi(is[r], j, sq.align_m, sq.align_n, alibi[hs[r]]);
+          if (allowed && has_alibi)
+            e[jj] += ca_alibi(is[r], j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, hs[r]));
           e[jj] = allowed ? e[jj] : -INFINITY;
         }
         x0 = flash_vload(0, e);
@@ -682,7 +683,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
           for (int d = 0; d < DK; d++) dot += add_w[d] * tanh(qr[d] + k_tile[jj][d]);
         else
           for (int d = 0; d < DK; d++) dot += qr[d] * k_tile[jj][d];
-        x = ca_shape(scale * dot, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, sq.align_m,
+        x = ca_shape(scale * dot, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h, i, j, sq.align_m,
                      sq.align_n, CA_SHAPE_PASS);
       }
       s[jj] = x;

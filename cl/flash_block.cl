@@ -198,8 +198,8 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
         if (!fast && allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
         if (!fast && allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
         __local float *cell = p_tile + row * PS + tx * BLOCK_RN + e % BLOCK_RN;
-        *cell = allowed ? ca_shape(scale * *cell, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i,
-                                   j, sq.align_m, sq.align_n, CA_SHAPE_PASS)
+        *cell = allowed ? ca_shape(scale * *cell, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h,
+                                   i, j, sq.align_m, sq.align_n, CA_SHAPE_PASS)
                         : -INFINITY;
       }
       for (int r = 0; r < BLOCK_RM; r++)

@@ -66,7 +66,7 @@ __kernel void gemm_mask_scores(__global float *scores,
   const ulong at = ((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j;
   float s = -INFINITY;
   if (allowed)
-    s = ca_shape(scale * scores[at], has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, sq.align_m,
+    s = ca_shape(scale * scores[at], has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h, i, j, sq.align_m,
                  sq.align_n, CA_SHAPE_PASS);
   scores[at] = s;
 }

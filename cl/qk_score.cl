@@ -82,7 +82,7 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
     if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
     float s = -INFINITY;
     if (allowed)
-      s = ca_shape(scale * acc, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, h, i, j, sq.align_m,
+      s = ca_shape(scale * acc, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h, i, j, sq.align_m,
                    sq.align_n, CA_SHAPE_PASS);
     scores[((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j] = s;
   }

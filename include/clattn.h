@@ -41,7 +41,7 @@ extern "C" {
  * value (docs/DESIGN.md, "ABI"). Initialise structs with the *_default()
  * functions, never field by field from zero: new fields get their absent
  * values there. */
-#define CLATTN_ABI_VERSION 1
+#define CLATTN_ABI_VERSION 2
 
 typedef enum {
   CLATTN_OK = 0,
@@ -126,9 +126,9 @@ typedef struct {    /* a strided view of a cl_mem; buf NULL = absent */
  * (out on q, d_q on q or d_out, d_k on k, the k and v caches on the same
  * bytes, new rows inside the cache, merge's out on a state: all refused).
  *   outputs: forward out, lse, weights, entropy, max_weight, argmax;
- *   backward d_q, d_k, d_v, d_sinks, d_additive_w (fwd.out and fwd.lse are
- *   its inputs); kv_append k, v, k_scale, v_scale; merge out, out_lse (its
- *   o and lse count as all n_states states).
+ *   backward d_q, d_k, d_v, d_bias, d_sinks, d_additive_w (fwd.out and
+ *   fwd.lse are its inputs); kv_append k, v, k_scale, v_scale; merge out,
+ *   out_lse (its o and lse count as all n_states states).
  * Bytes are compared element by element, not by extents, so views that
  * interleave without sharing a byte are fine (packed QKV or dQKV, a cache
  * holding K and V page by page); a pair of layouts too intricate to settle
@@ -167,16 +167,17 @@ typedef struct {
   clattn_tensor entropy;
   clattn_tensor max_weight;
   clattn_tensor argmax;
-  /* Score shaping, in this order (docs/DESIGN.md, README "Semantics"):
+  /* Score shaping, in this order (docs/semantics.md):
    *   s = scale * <q_i, k_j>          (or the additive score below)
    *   s = softcap * tanh(s / softcap)  when softcap > 0
-   *   s += bias_ij - alibi_slopes[h] * |p_i - j|   (p_i = i + kv_len - q_len)
+   *   s += bias_ij - slope * |p_i - j|   (p_i = i + kv_len - q_len; slope =
+   *        alibi_slopes[h], or [b * alibi_batch_stride + h] per batch row)
    *   disallowed keys removed (mask, window, kv_lens)
    *   softmax, with sinks[h] joining the denominator as a logit that carries
    *   no value: lse includes it, a row with no allowed key gets O = 0 and
    *   lse = sinks[h] (still an empty row for EMPTY_ERROR). */
   float softcap;       /* 0 = off; > 0 and finite */
-  cl_mem alibi_slopes; /* f32 [q_heads]; NULL = none */
+  cl_mem alibi_slopes; /* f32 [q_heads] (per batch row too: alibi_batch_stride); NULL = none */
   cl_mem sinks;        /* f32 [q_heads]; NULL = none */
   clattn_score score;  /* CLATTN_SCORE_DOT (default) or CLATTN_SCORE_ADDITIVE */
   cl_mem additive_w;   /* f32 [head_dim]: s = scale * sum_t w_t tanh(q_it + k_jt) */
@@ -184,7 +185,13 @@ typedef struct {
    * sequence b's query rows are cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of the
    * row dimension (stride[2]) of q and out (likewise k and v with
    * cu_seqlens_k); stride[0] must be 0; q_len and kv_len are the longest
-   * lengths; total_q and total_kv are the last entries. */
+   * lengths; total_q and total_kv are the last entries. Over a paged cache
+   * (block_table) only the queries are packed: cu_seqlens_q with total_q,
+   * cu_seqlens_k NULL (total_kv not read), sequence b's keys the kv_lens[b]
+   * keys of its block-table row, and its queries its last positions
+   * (FlashAttention's and vLLM's alignment: p_i = i + kv_lens[b] - its
+   * query count). lse and the route diagnostics stay [B, Hq, q_len],
+   * indexed by the row within the sequence. */
   cl_mem cu_seqlens_q, cu_seqlens_k;
   int total_q, total_kv;
   /* K/V caches as inference engines keep them (ABI 1; docs/DESIGN.md
@@ -194,14 +201,21 @@ typedef struct {
    * column], stride[0] stepping one page. kv_lens is required with a block
    * table and each row is aligned on its own length: p_i = i + kv_lens[b] -
    * q_len (kv_len is an upper bound of kv_lens). An entry outside
-   * [0, num_pages) is never followed: its keys are disallowed. cu_seqlens
-   * with a block table is INVALID_ARGUMENT. */
+   * [0, num_pages) is never followed: its keys are disallowed. Packed
+   * queries (cu_seqlens_q) combine with a block table, see above;
+   * cu_seqlens_k with one is INVALID_ARGUMENT. clattn_backward does not
+   * take paged K/V (UNSUPPORTED). */
   clattn_dtype kv_dtype;          /* storage of k and v; CLATTN_DTYPE_SAME = dtype. q and out stay in dtype */
   clattn_tensor k_scale, v_scale; /* INT8 only: f32 [b, kv head, key] (stride[0..2]); paged: [page, kv head, row] */
   cl_mem block_table;             /* int32 [batch * block_table_stride]; NULL = contiguous K/V */
   int block_table_stride;         /* entries per batch row, >= ceil(kv_len / page_size) */
   int page_size;                  /* keys per page, > 0 with a block table */
   int num_pages;                  /* pages in the pool, > 0 with a block table: views are checked for this many */
+  /* ABI 2: ALiBi slopes per (batch, head): slope (b, h) is alibi_slopes[b *
+   * alibi_batch_stride + h], so alibi_slopes holds (batch - 1) *
+   * alibi_batch_stride + q_heads floats (q_heads for a dense [batch, q_heads]);
+   * 0 = one slope per head shared by every batch row, f32 [q_heads]. */
+  int alibi_batch_stride;
 } clattn_params;
 
 /* Everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO, kv_dtype
@@ -281,9 +295,13 @@ typedef struct {
   clattn_tensor o;   /* f32 [B,H,M,dv]: state 0 */
   clattn_tensor lse; /* f32 [B,H,M] (stride[0..2]): state 0 */
   size_t o_state_stride, lse_state_stride;
-  clattn_tensor out;     /* f32 [B,H,M,dv] */
+  clattn_tensor out;     /* [B,H,M,dv], stored as out_dtype */
   clattn_tensor out_lse; /* optional f32 [B,H,M] */
   clattn_empty_rows empty_rows;
+  /* ABI 2: the storage of out, CLATTN_F32 (0: a zeroed struct's value),
+   * CLATTN_F16 or CLATTN_BF16 (rounded to nearest even, as clattn_forward
+   * stores them); the states and out_lse stay f32. */
+  clattn_dtype out_dtype;
 } clattn_merge_params;
 
 /* Enqueues the combination of mp's states (validated first, like forward). */
@@ -295,7 +313,7 @@ CLATTN_EXPORT clattn_status clattn_merge_states(clattn_context *ctx, const clatt
  * destroyed. */
 CLATTN_EXPORT const char *clattn_describe(const clattn_context *ctx);
 
-/* Tuning (README "Tuning"; functions added in ABI 1, no struct changed).
+/* Tuning (docs/tuning.md; functions added in ABI 1, no struct changed).
  * A context's tunable values are its kernels' tile sizes and the staged and
  * GEMM paths' scratch budget, each named as in a tuning file: score_tm,
  * score_tn, score_tk, softmax_wg, mix_tm, mix_tv, mix_tj, flash_bm, flash_wg,
@@ -367,6 +385,15 @@ typedef struct {
   cl_mem d_additive_w;         /* optional out, f32 [head_dim], additive scoring */
   int deterministic;           /* default 1: bitwise identical across runs; 0 lets the
                                   FUSED path add dQ atomically in its dK/dV pass */
+  /* ABI 2: optional out, f32, dL/dbias: the gradient of an additive score
+   * bias, dS_ij = p_ij (<dO_i, v_j> - D_i) (D_i = <dO_i, O_i>; 0 for
+   * disallowed pairs and empty rows), indexed [b, q head, row, key] like
+   * fwd.bias. A dimension whose stride is 0 is summed over (a bias
+   * broadcast over batch and heads takes its gradient with stride[0] =
+   * stride[1] = 0), in a fixed order: bitwise repeatable. fwd.bias need not
+   * be given (then it is the gradient of a zero bias). Each element is
+   * overwritten. */
+  clattn_tensor d_bias;
 } clattn_backward_params;
 
 /* fwd = clattn_params_default(), every view and buffer absent, deterministic 1. */

@@ -10,8 +10,8 @@
  *                          causal balance; K/V blocks travel round the ring
  *                          while each rank computes on the block it holds.
  *
- * Causal and window rules apply to GLOBAL positions (README, "Beyond one
- * device"). Device data is staged through host memory. Every call is
+ * Causal and window rules apply to GLOBAL positions (docs/mpi.md).
+ * Device data is staged through host memory. Every call is
  * collective over the handle's communicator and blocking: it returns when
  * the outputs are written. A failure on one rank (bad input, OpenCL or MPI
  * error) returns the same status and message on every rank; nothing aborts.

@@ -10,6 +10,7 @@
  *     bwd_dkdv adds dQ's shares atomically to f32 rows (bwd_fill first,
  *     bwd_store after)
  *   fwd.algo STAGED / GEMM: the staged path (backward_staged.c)
+ *   bwd_dbias    d_bias: each pair's dS, summed where the view broadcasts
  *   bwd_sum      d_sinks, d_additive_w in a fixed order
  * Every deterministic pass writes each output element from one work-item
  * in a fixed order, so results are bitwise repeatable; the atomic dQ's
@@ -75,6 +76,12 @@ static clattn_status validate_backward(ca_views *vs, const clattn_backward_param
     const clattn_tensor t = {bp->d_sinks, 0, {1, 0, 0, 0}};
     if ((st = ca_check_view(vs, "d_sinks", &t, h_dims, 1, sizeof(float), 1))) return st;
   }
+  if (bp->d_bias.buf) { /* a dimension the view broadcasts is summed: one element there */
+    const int s_dims[] = {p->batch, p->q_heads, p->q_len, p->kv_len};
+    int dims[4];
+    for (int d = 0; d < 4; d++) dims[d] = bp->d_bias.stride[d] == 0 ? 1 : s_dims[d];
+    if ((st = ca_check_view(vs, "d_bias", &bp->d_bias, dims, 4, sizeof(float), 1))) return st;
+  }
   if (bp->d_additive_w) {
     if (p->score != CLATTN_SCORE_ADDITIVE) return BAD("d_additive_w is set but fwd.score is not CLATTN_SCORE_ADDITIVE");
     const int d_dims[] = {p->head_dim};
@@ -104,13 +111,13 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   p.weights.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
   p.algo = CLATTN_ALGO_FUSED;
   ca_views views;
-  if ((st = ca_validate_views(ctx, &p, &plan, &views))) return st;
-  for (int i = 0; i < views.n; i++) views.v[i].is_output = 0; /* the forward's out and lse are read here */
-  if ((st = validate_backward(&views, bp)) || (st = ca_views_disjoint(&views))) return st;
+  if ((st = ca_validate_backward_fwd(ctx, &p, &plan, &views)) || (st = validate_backward(&views, bp)) ||
+      (st = ca_views_disjoint(&views)))
+    return st;
   p.algo = bp->fwd.algo;
 
   cl_program program = NULL;
-  cl_kernel rowdot = NULL, dkdv = NULL, dq = NULL, sum = NULL, zero = NULL, fill = NULL, store = NULL;
+  cl_kernel rowdot = NULL, dkdv = NULL, dq = NULL, sum = NULL, zero = NULL, fill = NULL, store = NULL, dbias = NULL;
   cl_mem dsum = NULL, sinkt = NULL, dw_rows = NULL, dq_acc = NULL;
   ca_backward_staged staged = {0};
   cl_event prev = NULL;
@@ -150,6 +157,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
     goto fail;
   if ((want_sinks || want_dw) && (st = ca_kernel_take(ctx, program, "bwd_sum", &sum))) goto fail;
   if (varlen && (st = ca_kernel_take(ctx, program, "bwd_zero", &zero))) goto fail;
+  if (bp->d_bias.buf && (st = ca_kernel_take(ctx, program, "bwd_dbias", &dbias))) goto fail;
   if ((st = ca_scratch_take(ctx, rows_total * sizeof(float), "backward row sums D", &dsum)) ||
       (p.sinks && (st = ca_scratch_take(ctx, rows_total * sizeof(float), "backward sink terms", &sinkt))) ||
       (want_dw && (st = ca_scratch_take(ctx, (size_t)dw_bytes, "backward additive-w row terms", &dw_rows))) ||
@@ -211,6 +219,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
     }
   }
 
+  if (dbias && (st = ca_backward_dbias(ctx, dbias, &p, &plan, bp, dsum, sinkt, n_wait, wait, &prev))) goto fail;
   const cl_ulong m = (cl_ulong)p.q_len, hq = (cl_ulong)p.q_heads;
   if (want_sinks && /* d_sinks[h] = sum over b, then i, of sinkt[(b Hq + h) M + i] */
       (st = ca_backward_sum(ctx, sum, sinkt, p.q_heads, (cl_ulong)p.batch, m, hq * m, m, 1, bp->d_sinks, n_wait, wait,
@@ -222,7 +231,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
     goto fail;
 fail:;
   const cl_event used = st == CLATTN_OK ? prev : NULL; /* a failed call's last event may not follow all it enqueued */
-  const cl_kernel kernels[] = {rowdot, dkdv, dq, sum, zero, fill, store};
+  const cl_kernel kernels[] = {rowdot, dkdv, dq, sum, zero, fill, store, dbias};
   for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) ca_kernel_give(ctx, kernels[i]);
   const cl_mem bufs[] = {dsum, sinkt, dw_rows, dq_acc};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ca_scratch_give(ctx, bufs[i], used);

@@ -27,6 +27,12 @@ clattn_status ca_backward_store(clattn_context *ctx, cl_kernel store, cl_mem acc
                                 int heads, int key_side, const clattn_params *p, const clattn_tensor *view,
                                 cl_uint n_wait, const cl_event *wait, cl_event *prev);
 
+/* bwd_dbias: d_bias (bp->d_bias, validated) after bwd_rowdot (dsum): each
+ * pair's dS, summed over the dimensions its view broadcasts. */
+clattn_status ca_backward_dbias(clattn_context *ctx, cl_kernel dbias, const clattn_params *p, const ca_plan *plan,
+                                const clattn_backward_params *bp, cl_mem dsum, cl_mem sinkt, cl_uint n_wait,
+                                const cl_event *wait, cl_event *prev);
+
 /* bwd_sum: out[c] = sum over a < n_outer, r < n_inner of x[a so + c sc + r si]. */
 clattn_status ca_backward_sum(clattn_context *ctx, cl_kernel sum, cl_mem x, int n_cols, cl_ulong n_outer,
                               cl_ulong n_inner, cl_ulong s_outer, cl_ulong s_col, cl_ulong s_inner, cl_mem out,

@@ -70,6 +70,24 @@ clattn_status ca_backward_store(clattn_context *ctx, cl_kernel store, cl_mem acc
   return ca_enqueue(ctx, store, "bwd_store", 2, global, NULL, n_wait, wait, prev);
 }
 
+clattn_status ca_backward_dbias(clattn_context *ctx, cl_kernel dbias, const clattn_params *p, const ca_plan *plan,
+                                const clattn_backward_params *bp, cl_mem dsum, cl_mem sinkt, cl_uint n_wait,
+                                const cl_event *wait, cl_event *prev) {
+  const int dims[4] = {p->batch, p->q_heads, p->q_len, p->kv_len};
+  int summed = 0; /* bit d: the view broadcasts dimension d, which is summed */
+  for (int d = 0; d < 4; d++) summed |= bp->d_bias.stride[d] == 0 ? 1 << d : 0;
+  ca_args a = {dbias, "bwd_dbias", 0, 0, CL_SUCCESS};
+  ca_backward_args(&a, p, plan, bp, dsum, sinkt);
+  ca_arg_int(&a, p->batch);
+  ca_arg_view(&a, &bp->d_bias);
+  ca_arg_int(&a, summed);
+  clattn_status st = ca_args_done(&a);
+  if (st) return st;
+  const size_t global[3] = {summed & 8 ? 1 : (size_t)dims[3], summed & 4 ? 1 : (size_t)dims[2],
+                            (summed & 1 ? 1 : (size_t)dims[0]) * (summed & 2 ? 1 : (size_t)dims[1])};
+  return ca_enqueue(ctx, dbias, "bwd_dbias", 3, global, NULL, n_wait, wait, prev);
+}
+
 clattn_status ca_backward_sum(clattn_context *ctx, cl_kernel sum, cl_mem x, int n_cols, cl_ulong n_outer,
                               cl_ulong n_inner, cl_ulong s_outer, cl_ulong s_col, cl_ulong s_inner, cl_mem out,
                               cl_uint n_wait, const cl_event *wait, cl_event *prev) {

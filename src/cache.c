@@ -427,7 +427,7 @@ char *ca_cache_dir_resolve(const char *opt) {
  * for a program's binary makes it first compile every kernel of the program
  * for any work-group size, kernels a call may never run: a first `clattn
  * run` took 12.2 s storing binaries and 2.2 s without, a warm one 0.10 s
- * and 0.19 s (README, "Binary cache"). So the default directory keeps no
+ * and 0.19 s (docs/cache.md). So the default directory keeps no
  * binaries there; a directory the caller named is used as asked. */
 int ca_cache_keeps_binaries(cl_platform_id platform, int dir_named) {
   if (dir_named) return 1;

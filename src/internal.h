@@ -294,9 +294,12 @@ clattn_status ca_check_storage(const clattn_params *p);
 
 /* Every check that needs no device work; fills plan. */
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
-/* ca_validate, leaving its views in *views (ca_views_init'ed here) for the
- * caller to add to and check with ca_views_disjoint; views NULL: ca_validate. */
-clattn_status ca_validate_views(const clattn_context *ctx, const clattn_params *p, ca_plan *plan, ca_views *views);
+/* The same for clattn_backward's fwd: out and lse are the forward's, read
+ * (a buffer created CL_MEM_READ_ONLY will do), each element its own. Its
+ * views are left in *views (ca_views_init'ed here), every one an input, for
+ * the backward to add its own to and check with ca_views_disjoint. */
+clattn_status ca_validate_backward_fwd(const clattn_context *ctx, const clattn_params *p, ca_plan *plan,
+                                       ca_views *views);
 
 /* Checks that a view of dims[0..rank) fits its buffer (and, for an output,
  * neither broadcasts nor overlaps itself): BAD / BUFFER_TOO_SMALL; records
@@ -358,7 +361,7 @@ void ca_arg_float(ca_args *a, float v);
 void ca_arg_view(ca_args *a, const clattn_tensor *t); /* buffer, offset, stride */
 /* The route diagnostics' arguments: entropy, max_weight and argmax views, then plan->diag. */
 void ca_arg_diag(ca_args *a, const clattn_params *p, int diag);
-/* The score shaping's arguments (common.h.cl's CA_SHAPE_ARGS): softcap, ALiBi slopes. */
+/* The score shaping's arguments (common.h.cl's CA_SHAPE_ARGS): softcap, ALiBi slopes, their batch stride. */
 void ca_arg_shape(ca_args *a, const clattn_params *p);
 /* Where each sequence lies (common.h.cl's CA_SEQ_ARGS): kv_lens, packed
  * variable-length batches' cu_seqlens and totals, whether K/V are paged. */
@@ -397,10 +400,10 @@ void ca_hand_out(clattn_status st, cl_event *last, cl_event *done);
 
 /* ---- paths ---- */
 /* Enqueues merge_states for validated params after *prev (see ca_enqueue);
- * out is stored as out_dtype; sinks (f32 [heads], or NULL) join each row as
- * a state with O = 0. */
-clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype, cl_mem sinks,
-                               cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev);
+ * out is stored as mp->out_dtype; sinks (f32 [heads], or NULL) join each row
+ * as a state with O = 0. */
+clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag,
+                               cl_uint n_wait, const cl_event *wait, cl_event *prev);
 /* merge_states over n_splits partial states ([split][b][h][m] rows of
  * value_dim, and their lse) into p's out and lse. */
 clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p, size_t n_splits, cl_mem part_o,

@@ -39,6 +39,7 @@ void ca_arg_shape(ca_args *a, const clattn_params *p) {
   ca_arg_float(a, p->softcap);
   ca_arg_mem(a, p->alibi_slopes);
   ca_arg_int(a, p->alibi_slopes != NULL);
+  ca_arg_int(a, p->alibi_slopes ? p->alibi_batch_stride : 0);
 }
 
 void ca_arg_seq(ca_args *a, const clattn_params *p) {
@@ -49,7 +50,7 @@ void ca_arg_seq(ca_args *a, const clattn_params *p) {
   ca_arg_mem(a, p->cu_seqlens_k);
   ca_arg_int(a, varlen);
   ca_arg_int(a, varlen ? p->total_q : 0);
-  ca_arg_int(a, varlen ? p->total_kv : 0);
+  ca_arg_int(a, varlen && p->cu_seqlens_k ? p->total_kv : 0);
   ca_arg_int(a, p->block_table != NULL);
 }
 

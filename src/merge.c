@@ -3,11 +3,11 @@
 #include "internal.h"
 #include "program_text.h"
 
-clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, clattn_dtype out_dtype, cl_mem sinks,
-                               cl_mem empty_flag, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
+clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag,
+                               cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   cl_kernel kernel = NULL;
   cl_program core = NULL;
-  clattn_status st = ca_core_program(ctx, out_dtype, &core);
+  clattn_status st = ca_core_program(ctx, mp->out_dtype, &core);
   if (st == CLATTN_OK) st = ca_kernel_take(ctx, core, "merge_states", &kernel);
   if (st != CLATTN_OK) return st;
   cl_ulong o_state = mp->o_state_stride, lse_state = mp->lse_state_stride;
@@ -51,8 +51,9 @@ clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p
       .out = p->out,
       .out_lse = p->lse,
       .empty_rows = p->empty_rows,
+      .out_dtype = p->dtype,
   };
-  return ca_enqueue_merge(ctx, &mp, p->dtype, p->sinks, flag, n_wait, wait, prev);
+  return ca_enqueue_merge(ctx, &mp, p->sinks, flag, n_wait, wait, prev);
 }
 
 clattn_status clattn_merge_states(clattn_context *ctx, const clattn_merge_params *mp, cl_uint n_wait,
@@ -65,7 +66,7 @@ clattn_status clattn_merge_states(clattn_context *ctx, const clattn_merge_params
   clattn_status st = ca_validate_merge(ctx, mp);
   if (st == CLATTN_OK) ca_route_begin("merge_states");
   if (st == CLATTN_OK) st = ca_flag_take(ctx, mp->empty_rows, &flag);
-  if (st == CLATTN_OK) st = ca_enqueue_merge(ctx, mp, CLATTN_F32, NULL, flag, n_wait, wait, &last);
+  if (st == CLATTN_OK) st = ca_enqueue_merge(ctx, mp, NULL, flag, n_wait, wait, &last);
   if (st == CLATTN_OK) st = ca_finish_call(ctx, mp->empty_rows, &flag, last);
   ca_flag_give(ctx, flag, 0, NULL); /* a failed call's */
   ca_hand_out(st, &last, done);

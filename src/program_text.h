@@ -42,7 +42,7 @@ void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, in
  * cl/flash.cl, each argument at its natural alignment) on a device with
  * address_bits-wide pointers, and how many arguments it has. */
 size_t ca_fused_arg_bytes(unsigned address_bits);
-enum { CA_FUSED_ARGS = 74 };
+enum { CA_FUSED_ARGS = 75 };
 /* The same with flash_block's tile given (NULL: no flash_block). */
 void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                         clattn_dtype kv_dtype, const tl_block *block, ca_program_text *out);

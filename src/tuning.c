@@ -27,7 +27,7 @@ const char *ca_origin_name(ca_origin o) {
  * of the platform and device names, and the device type), only where they
  * differ from tl_choose's defaults for that device: a row that repeats a
  * default would only mislabel its origin. None differs yet: POCL's
- * measurements (README "Tuning") are tl_choose's CPU preset itself. */
+ * measurements (docs/tuning.md) are tl_choose's CPU preset itself. */
 typedef struct {
   const char *platform, *device; /* NULL platform ends the table */
   cl_device_type type;

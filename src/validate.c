@@ -111,17 +111,22 @@ static clattn_status check_mem(cl_context context, const char *name, cl_mem buf,
   return locate(name, buf, flags, space, base);
 }
 
+/* A view's role: read, written, or read but shaped like an output (each
+ * element its own: no broadcast, no overlap), as clattn_backward reads the
+ * forward's out and lse. */
+enum { VIEW_IN = 0, VIEW_OUT = 1, VIEW_READ_WHOLE = 2 };
+
 /* Checks that a view of dims[0..rank) fits its cl_mem: the last element it
  * addresses, offset + sum (dim-1)*stride, must lie inside CL_MEM_SIZE. An
- * output view may not broadcast (a zero stride over a dimension longer than
- * one would make several results share an element) nor overlap itself.
- * Records the view in vs, for ca_views_disjoint. */
+ * output view (and a VIEW_READ_WHOLE one) may not broadcast (a zero stride
+ * over a dimension longer than one would make several results share an
+ * element) nor overlap itself. Records the view in vs, for ca_views_disjoint. */
 static clattn_status check_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims, int rank,
-                                size_t elem_size, int is_output) {
+                                size_t elem_size, int role) {
   size_t last = t->offset;
   for (int d = 0; d < rank; d++) {
     size_t step;
-    if (is_output && dims[d] > 1 && t->stride[d] == 0)
+    if (role != VIEW_IN && dims[d] > 1 && t->stride[d] == 0)
       return BAD("%s.stride[%d] is 0: an output view cannot broadcast", name, d);
     if (!mul_ok((size_t)(dims[d] - 1), t->stride[d], &step) || !add_ok(last, step, &last))
       return BAD("%s: offset and strides overflow the address range", name);
@@ -129,17 +134,17 @@ static clattn_status check_view(ca_views *vs, const char *name, const clattn_ten
   size_t need;
   if (!add_ok(last, 1, &need) || !mul_ok(need, elem_size, &need))
     return BAD("%s: offset and strides overflow the address range", name);
-  if (is_output && view_overlaps(t, dims, rank))
+  if (role != VIEW_IN && view_overlaps(t, dims, rank))
     return BAD("%s: the view overlaps itself (strides %zu, %zu, %zu, %zu): two results would share an element", name,
                t->stride[0], t->stride[1], t->stride[2], t->stride[3]);
   size_t have = 0, base = 0;
   const void *space = NULL;
-  clattn_status st = check_mem(vs->context, name, t->buf, is_output, &have, &space, &base);
+  clattn_status st = check_mem(vs->context, name, t->buf, role == VIEW_OUT, &have, &space, &base);
   if (st != CLATTN_OK) return st;
   if (need > have)
     return ca_fail(CLATTN_ERR_BUFFER_TOO_SMALL, "%s: the view addresses %zu bytes but the buffer holds %zu", name, need,
                    have);
-  return ca_views_add(vs, name, t, dims, rank, elem_size, is_output, space, base, need);
+  return ca_views_add(vs, name, t, dims, rank, elem_size, role == VIEW_OUT, space, base, need);
 }
 
 /* A Q8_0 view (offset and strides in bytes, stride[3] = 34) of rows of
@@ -250,33 +255,48 @@ static clattn_status check_enums(const clattn_params *p) {
   if (p->score == CLATTN_SCORE_ADDITIVE && !p->additive_w)
     return BAD("additive_w is NULL: CLATTN_SCORE_ADDITIVE needs the weights w (f32 [head_dim])");
   if (p->score == CLATTN_SCORE_DOT && p->additive_w) return BAD("additive_w is set but score is CLATTN_SCORE_DOT");
+  if (p->alibi_batch_stride < 0)
+    return BAD("alibi_batch_stride must be >= 0 (0: one slope per head; got %d)", p->alibi_batch_stride);
+  if (p->alibi_batch_stride > 0 && !p->alibi_slopes)
+    return BAD("alibi_batch_stride is %d but alibi_slopes is NULL", p->alibi_batch_stride);
   return CLATTN_OK;
 }
 
 /* Packed variable-length batches: both offset arrays, no kv_lens, the
- * totals given, and q, k, v, out with no batch stride (sequences are rows). */
+ * totals given, and q, k, v, out with no batch stride (sequences are rows).
+ * Over a paged cache only the queries are packed: cu_seqlens_q, and each
+ * sequence's keys through the block table, kv_lens[b] of them. */
 static clattn_status check_varlen(const clattn_params *p) {
   if (!p->cu_seqlens_q && !p->cu_seqlens_k) return CLATTN_OK;
-  if (!p->cu_seqlens_q || !p->cu_seqlens_k)
-    return BAD("cu_seqlens_q and cu_seqlens_k come together (got only %s)",
+  const int paged = p->block_table != NULL;
+  if (paged && !p->cu_seqlens_q)
+    return BAD(
+        "cu_seqlens_k with a block table: paged keys are found through the block table (packed queries take "
+        "cu_seqlens_q, each sequence's key count kv_lens)");
+  if (paged && p->cu_seqlens_k)
+    return BAD(
+        "cu_seqlens_k with a block table: each sequence's keys are kv_lens[b] keys through its block-table "
+        "row; cu_seqlens_k must be NULL");
+  if (!paged && (!p->cu_seqlens_q || !p->cu_seqlens_k))
+    return BAD("cu_seqlens_q and cu_seqlens_k come together without a block table (got only %s)",
                p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
-  if (p->kv_lens) return BAD("kv_lens with cu_seqlens: packed sequences carry their own lengths");
-  if (p->block_table) return BAD("cu_seqlens with a block table: paged K/V is indexed per batch row, not packed");
+  if (!paged && p->kv_lens) return BAD("kv_lens with cu_seqlens: packed sequences carry their own lengths");
   if (p->batch == INT32_MAX) return BAD("batch %d: cu_seqlens would need batch + 1 entries", p->batch);
-  if (p->total_q <= 0 || p->total_kv <= 0)
-    return BAD("total_q and total_kv must be positive with cu_seqlens (got %d, %d)", p->total_q, p->total_kv);
+  if (p->total_q <= 0) return BAD("total_q must be positive with cu_seqlens_q (got %d)", p->total_q);
+  if (!paged && p->total_kv <= 0) return BAD("total_kv must be positive with cu_seqlens_k (got %d)", p->total_kv);
   const struct {
     const char *name;
     const clattn_tensor *t;
-  } views[] = {{"q", &p->q}, {"k", &p->k}, {"v", &p->v}, {"out", &p->out}};
-  for (size_t i = 0; i < 4; i++)
+  } views[] = {{"q", &p->q}, {"out", &p->out}, {"k", &p->k}, {"v", &p->v}};
+  for (size_t i = 0; i < (paged ? 2 : 4); i++) /* paged k and v: stride[0] steps a page */
     if (views[i].t->stride[0] != 0)
       return BAD("%s.stride[0] must be 0 with cu_seqlens: sequence b's rows are found through cu_seqlens (got %zu)",
                  views[i].name, views[i].t->stride[0]);
   return CLATTN_OK;
 }
 
-static clattn_status check_views(ca_views *vs, const clattn_params *p) {
+/* out_role: VIEW_OUT, or VIEW_READ_WHOLE for out and lse read by the backward. */
+static clattn_status check_views(ca_views *vs, const clattn_params *p, int out_role) {
   clattn_status st;
   /* packed sequences: q, k, v, out are one batch of total_q / total_kv rows */
   const int varlen = p->cu_seqlens_q != NULL, qb = varlen ? 1 : p->batch;
@@ -316,11 +336,12 @@ static clattn_status check_views(ca_views *vs, const clattn_params *p) {
       {"entropy", &p->entropy, lse_dims, 3, sizeof(float)}, {"max_weight", &p->max_weight, lse_dims, 3, sizeof(float)},
       {"argmax", &p->argmax, lse_dims, 3, sizeof(int32_t)},
   };
-  if ((st = check_view(vs, "out", &p->out, o_dims, 4, elem, 1))) return st;
+  if ((st = check_view(vs, "out", &p->out, o_dims, 4, elem, out_role))) return st;
   if (p->mask.buf && (st = check_view(vs, "mask", &p->mask, s_dims, 4, 1, 0))) return st;
   if (p->bias.buf && (st = check_view(vs, "bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
   for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
-    if (outs[i].t->buf && (st = check_view(vs, outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem, 1)))
+    if (outs[i].t->buf && (st = check_view(vs, outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem,
+                                           i == 0 ? out_role : VIEW_OUT)))
       return st;
   if (p->kv_lens) {
     clattn_tensor lens = {p->kv_lens, 0, {1, 0, 0, 0}};
@@ -331,12 +352,14 @@ static clattn_status check_views(ca_views *vs, const clattn_params *p) {
     const int cu_dims[] = {p->batch + 1};
     const clattn_tensor cq = {p->cu_seqlens_q, 0, {1, 0, 0, 0}}, ck = {p->cu_seqlens_k, 0, {1, 0, 0, 0}};
     if ((st = check_view(vs, "cu_seqlens_q", &cq, cu_dims, 1, sizeof(int32_t), 0)) ||
-        (st = check_view(vs, "cu_seqlens_k", &ck, cu_dims, 1, sizeof(int32_t), 0)))
+        (ck.buf && (st = check_view(vs, "cu_seqlens_k", &ck, cu_dims, 1, sizeof(int32_t), 0))))
       return st;
   }
-  const int h_dims[] = {p->q_heads};
-  const clattn_tensor alibi = {p->alibi_slopes, 0, {1, 0, 0, 0}}, sinks = {p->sinks, 0, {1, 0, 0, 0}};
-  if (p->alibi_slopes && (st = check_view(vs, "alibi_slopes", &alibi, h_dims, 1, sizeof(float), 0))) return st;
+  const int h_dims[] = {p->q_heads}, bh_dims[] = {p->batch, p->q_heads};
+  /* per (batch, head) with a batch stride, else one slope per head */
+  const clattn_tensor alibi = {p->alibi_slopes, 0, {(size_t)p->alibi_batch_stride, 1, 0, 0}},
+                      sinks = {p->sinks, 0, {1, 0, 0, 0}};
+  if (p->alibi_slopes && (st = check_view(vs, "alibi_slopes", &alibi, bh_dims, 2, sizeof(float), 0))) return st;
   if (p->sinks && (st = check_view(vs, "sinks", &sinks, h_dims, 1, sizeof(float), 0))) return st;
   const int d_dims[] = {p->head_dim};
   const clattn_tensor w = {p->additive_w, 0, {1, 0, 0, 0}};
@@ -344,7 +367,10 @@ static clattn_status check_views(ca_views *vs, const clattn_params *p) {
   return CLATTN_OK;
 }
 
-clattn_status ca_validate_views(const clattn_context *ctx, const clattn_params *p, ca_plan *plan, ca_views *views) {
+/* views NULL: the call's own (checked for sharing here); else left in
+ * *views for the caller to add to and check. */
+static clattn_status validate(const clattn_context *ctx, const clattn_params *p, int out_role, ca_plan *plan,
+                              ca_views *views) {
   clattn_status st;
   if (!ctx) return BAD("clattn_forward: ctx is NULL");
   if (!p) return BAD("clattn_forward: params is NULL");
@@ -354,7 +380,7 @@ clattn_status ca_validate_views(const clattn_context *ctx, const clattn_params *
   ca_views own;
   ca_views *vs = views ? views : &own;
   ca_views_init(vs, ctx->context);
-  if ((st = check_views(vs, p)) || (!views && (st = ca_views_disjoint(vs)))) return st;
+  if ((st = check_views(vs, p, out_role)) || (!views && (st = ca_views_disjoint(vs)))) return st;
 
   const int want_weights = p->weights.buf != NULL;
   plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo : ca_auto_algo(ctx, p->q_len, want_weights);
@@ -386,7 +412,12 @@ clattn_status ca_validate_views(const clattn_context *ctx, const clattn_params *
 }
 
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan) {
-  return ca_validate_views(ctx, p, plan, NULL);
+  return validate(ctx, p, VIEW_OUT, plan, NULL);
+}
+
+clattn_status ca_validate_backward_fwd(const clattn_context *ctx, const clattn_params *p, ca_plan *plan,
+                                       ca_views *views) {
+  return validate(ctx, p, VIEW_READ_WHOLE, plan, views);
 }
 
 clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp) {
@@ -404,6 +435,8 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
     if (dims[i].value <= 0) return BAD("%s must be positive (got %d)", dims[i].name, dims[i].value);
   if (mp->empty_rows != CLATTN_EMPTY_ZERO && mp->empty_rows != CLATTN_EMPTY_ERROR)
     return BAD("empty_rows %d is not a clattn_empty_rows", (int)mp->empty_rows);
+  if (mp->out_dtype != CLATTN_F32 && mp->out_dtype != CLATTN_F16 && mp->out_dtype != CLATTN_BF16)
+    return BAD("out_dtype %d: merged outputs are stored as CLATTN_F32, CLATTN_F16 or CLATTN_BF16", (int)mp->out_dtype);
   if (!mp->o.buf) return BAD("o.buf is NULL");
   if (!mp->lse.buf) return BAD("lse.buf is NULL");
   if (!mp->out.buf) return BAD("out.buf is NULL");
@@ -423,7 +456,8 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
   ca_views_repeat_last(&vs, (size_t)mp->n_states, mp->o_state_stride * sizeof(float));
   if ((st = check_view(&vs, "lse", &lse_last, o_dims, 3, sizeof(float), 0))) return st;
   ca_views_repeat_last(&vs, (size_t)mp->n_states, mp->lse_state_stride * sizeof(float));
-  if ((st = check_view(&vs, "out", &mp->out, o_dims, 4, sizeof(float), 1)) ||
+  const size_t out_elem = mp->out_dtype == CLATTN_F32 ? sizeof(float) : 2;
+  if ((st = check_view(&vs, "out", &mp->out, o_dims, 4, out_elem, 1)) ||
       (mp->out_lse.buf && (st = check_view(&vs, "out_lse", &mp->out_lse, o_dims, 3, sizeof(float), 1))))
     return st;
   return ca_views_disjoint(&vs);

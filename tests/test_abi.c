@@ -9,15 +9,24 @@
 
 static const struct {
   int abi;
-  size_t options, tensor, params, params_last, merge, append, backward; /* params_last: offset of the last field */
+  /* params_last, merge_last: offsets of the structs' last fields (a field
+   * appended into padding keeps the size) */
+  size_t options, tensor, params, params_last, merge, merge_last, append, backward;
 } layouts[] = {
     /* LP64 */
-    {0, 48, 48, 664, 660, 240, 0, 0},
+    {0, 48, 48, 664, 660, 240, 232, 0, 0},
     /* ABI 1: kv_dtype, k_scale, v_scale, block_table, block_table_stride,
      * page_size, num_pages appended to clattn_params; clattn_append_params;
      * clattn_backward_params (which holds a clattn_params) */
-    {1, 48, 48, 792, 784, 240, 352, 1008},
+    {1, 48, 48, 792, 784, 240, 232, 352, 1008},
+    /* ABI 2: alibi_batch_stride appended to clattn_params, out_dtype to
+     * clattn_merge_params, d_bias to clattn_backward_params */
+    {2, 48, 48, 792, 788, 240, 236, 352, 1056},
 };
+
+/* The last field of each struct in this version's header. */
+#define PARAMS_LAST alibi_batch_stride
+#define MERGE_LAST  out_dtype
 
 static void header_and_soname_agree(void) {
   CHECKF(CLATTN_ABI_VERSION == ABI_SONAME, "clattn.h says ABI %d, meson.build's soname is %d", CLATTN_ABI_VERSION,
@@ -36,8 +45,10 @@ static void public_structs_have_this_versions_layout(void) {
            CLATTN_ABI_VERSION, layouts[i].params);
     CHECKF(offsetof(clattn_params, total_kv) == 660, "clattn_params: fields moved (total_kv at %zu)",
            offsetof(clattn_params, total_kv));
-    CHECKF(offsetof(clattn_params, num_pages) == layouts[i].params_last,
-           "clattn_params: fields moved (num_pages at %zu)", offsetof(clattn_params, num_pages));
+    CHECKF(offsetof(clattn_params, PARAMS_LAST) == layouts[i].params_last,
+           "clattn_params: fields moved (its last field at %zu)", offsetof(clattn_params, PARAMS_LAST));
+    CHECKF(offsetof(clattn_merge_params, MERGE_LAST) == layouts[i].merge_last,
+           "clattn_merge_params: fields moved (its last field at %zu)", offsetof(clattn_merge_params, MERGE_LAST));
     CHECKF(sizeof(clattn_append_params) == layouts[i].append, "clattn_append_params: %zu bytes",
            sizeof(clattn_append_params));
     CHECKF(sizeof(clattn_merge_params) == layouts[i].merge, "clattn_merge_params: %zu bytes",

@@ -97,7 +97,9 @@ typedef struct {
   clattn_backward_params bp;
   grad_buf d_out, d_q, d_k, d_v;
   cl_mem d_sinks, d_w;
-  double *dout; /* dense logical dO */
+  cl_mem d_bias;      /* with a bias: f32, viewed like it (its pad NaN, broadcast dimensions summed) */
+  float *d_bias_host; /* read back: the whole buffer, bias_elems */
+  double *dout;       /* dense logical dO */
   ref_grads ref;
   size_t nq, nk, nv, no;
 } bwd;
@@ -109,6 +111,9 @@ static void bwd_free(bwd *w) {
   grad_free(&w->d_v);
   if (w->d_sinks) clReleaseMemObject(w->d_sinks);
   if (w->d_w) clReleaseMemObject(w->d_w);
+  if (w->d_bias) clReleaseMemObject(w->d_bias);
+  free(w->d_bias_host);
+  free(w->ref.d_scores);
   free(w->dout);
   free(w->ref.d_q);
   free(w->ref.d_k);
@@ -193,6 +198,14 @@ static int bwd_setup(bwd *w, cp_shape s, void (*edit)(cp_problem *)) {
   if (pb->additive_w && p->head_dim <= 64)
     w->d_w = clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, (size_t)p->head_dim * sizeof(float),
                             (void *)nan_h, &e2);
+  if (pb->bias) {
+    w->d_bias_host = malloc(pb->bias_elems * sizeof(float));
+    w->ref.d_scores = malloc((size_t)B * Hq * M * N * sizeof(double));
+    if (!CHECK(w->d_bias_host && w->ref.d_scores)) return -1;
+    for (size_t e = 0; e < pb->bias_elems; e++) w->d_bias_host[e] = NAN;
+    w->d_bias = clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, pb->bias_elems * sizeof(float),
+                               w->d_bias_host, &e1);
+  }
   if (!CHECK(e1 == CL_SUCCESS && e2 == CL_SUCCESS)) return -1;
   w->bp = clattn_backward_params_default();
   w->bp.fwd = *p;
@@ -204,6 +217,10 @@ static int bwd_setup(bwd *w, cp_shape s, void (*edit)(cp_problem *)) {
   w->bp.d_v = w->d_v.t;
   w->bp.d_sinks = w->d_sinks;
   w->bp.d_additive_w = w->d_w;
+  if (w->d_bias) {
+    w->bp.d_bias = p->bias;
+    w->bp.d_bias.buf = w->d_bias;
+  }
   if (!CHECK(ref_backward(p, &in, w->dout, &w->ref) == 0)) return -1;
   return 0;
 }
@@ -303,10 +320,52 @@ done:
   free(dv);
 }
 
+/* d_bias read back against the reference's pair gradients summed over the
+ * dimensions the bias broadcasts; the buffer's pad keeps its NaN. */
+static void bwd_compare_bias(bwd *w, double tol, const char *what) {
+  const cp_problem *pb = w->pb;
+  const clattn_params *p = &pb->params;
+  const clattn_tensor *bt = &p->bias;
+  const int B = p->batch, Hq = p->q_heads, M = p->q_len, N = p->kv_len;
+  const size_t n = pb->bias_elems;
+  double *want = calloc(n, sizeof *want);
+  unsigned char *seen = calloc(n, 1);
+  if (!CHECK(want && seen) || !CHECK(clEnqueueReadBuffer(pb->queue, w->d_bias, CL_TRUE, 0, n * sizeof(float),
+                                                         w->d_bias_host, 0, NULL, NULL) == CL_SUCCESS))
+    goto done;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < Hq; h++)
+      for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+          const size_t e = cp_index(bt, b, h, i, j);
+          want[e] += w->ref.d_scores[(((size_t)b * Hq + h) * M + i) * N + j];
+          seen[e] = 1;
+        }
+  float *got = malloc(n * sizeof *got);
+  if (!CHECK(got != NULL)) goto done;
+  long outside = 0, nonfinite_in = 0;
+  for (size_t e = 0; e < n; e++) {
+    got[e] = seen[e] ? w->d_bias_host[e] : 0.0f;
+    if (!seen[e]) outside += !isnan(w->d_bias_host[e]);
+    nonfinite_in += seen[e] && !isfinite(got[e]) && isfinite(want[e]);
+  }
+  for (size_t e = 0; e < n; e++)
+    if (!seen[e]) want[e] = 0.0;
+  const double err = cp_rel_err(got, want, n);
+  CHECKF(err <= tol && outside == 0 && nonfinite_in == 0,
+         "%s: d_bias relative error %.3g (tol %g), %ld elements outside the view written, %ld non-finite", what, err,
+         tol, outside, nonfinite_in);
+  free(got);
+done:
+  free(want);
+  free(seen);
+}
+
 /* Runs and checks every gradient against the reference within tol. */
 static void bwd_check(bwd *w, double tol, const char *what) {
   CHECK_STATUS(bwd_run(w), CLATTN_OK);
   bwd_compare(w, tol, what);
+  if (w->d_bias) bwd_compare_bias(w, tol, what);
 }
 
 static cp_shape base_shape(int M, int N) {
@@ -439,6 +498,9 @@ static void softcap_alibi_sinks(void) {
   s.kv_lens = 1;
   s.poison_disallowed = 1;
   check_shape(s, NULL, 1e-4, "softcap+alibi+sinks+bias+kv_lens");
+  s.alibi = 2;
+  s.causal = 1;
+  check_shape(s, NULL, 1e-4, "alibi per (batch, head) causal+softcap+sinks+bias+kv_lens");
 }
 
 /* ---------- storage ---------- */
@@ -475,6 +537,69 @@ static void packed_sequences(void) {
   s.seq_k = sk;
   s.causal = 0;
   check_shape(s, NULL, 1e-4, "cu_seqlens with empty sequences");
+}
+
+/* ---------- the bias's gradient ---------- */
+
+/* d_bias: each pair's dS summed over the dimensions the bias broadcasts
+ * (none; batch and heads; rows, a per-key bias; heads and rows) with causal,
+ * kv_lens, a mask, softcap, ALiBi per (batch, head), sinks, GQA and
+ * poisoned disallowed keys; packed sequences; f16 storage; bitwise
+ * repeatable; and without fwd.bias, the gradient of a zero bias. */
+static void bias_gradient_sums_over_broadcast_dims(void) {
+  const unsigned bcasts[] = {0, CP_BCAST_BATCH | CP_BCAST_HEAD, CP_BCAST_ROW, CP_BCAST_HEAD | CP_BCAST_ROW};
+  for (size_t v = 0; v < 4; v++) {
+    cp_shape s = base_shape(37, 53);
+    s.causal = 1;
+    s.kv_lens = 1;
+    s.mask = CP_MASK_RANDOM;
+    s.mask_density = 0.8;
+    s.bias = CP_BIAS_RANDOM;
+    s.bias_bcast = bcasts[v];
+    s.softcap = 4.0f;
+    s.alibi = 2;
+    s.sinks = 1;
+    s.poison_disallowed = 1;
+    s.seed = 30 + v;
+    char what[64];
+    snprintf(what, sizeof what, "d_bias, broadcast flags %u", bcasts[v]);
+    bwd w;
+    if (bwd_setup(&w, s, NULL) == 0) {
+      bwd_check(&w, 1e-4, what);
+      float *first = malloc(w.pb->bias_elems * sizeof *first);
+      if (CHECK(first != NULL)) { /* a second run: the same bits */
+        memcpy(first, w.d_bias_host, w.pb->bias_elems * sizeof *first);
+        CHECK_STATUS(bwd_run(&w), CLATTN_OK);
+        CHECK(clEnqueueReadBuffer(w.pb->queue, w.d_bias, CL_TRUE, 0, w.pb->bias_elems * sizeof(float), w.d_bias_host, 0,
+                                  NULL, NULL) == CL_SUCCESS);
+        CHECKF(memcmp(first, w.d_bias_host, w.pb->bias_elems * sizeof *first) == 0, "%s: not bitwise repeatable", what);
+      }
+      free(first);
+    }
+    bwd_free(&w);
+  }
+  cp_shape s = base_shape(37, 53);
+  s.varlen = 1;
+  s.causal = 1;
+  s.bias = CP_BIAS_RANDOM;
+  s.bias_bcast = CP_BCAST_BATCH;
+  check_shape(s, NULL, 1e-4, "d_bias, packed sequences");
+  s = base_shape(37, 53);
+  s.dtype = CLATTN_F16;
+  s.bias = CP_BIAS_RANDOM;
+  s.window_left = 5;
+  s.window_right = 7;
+  check_shape(s, NULL, 1e-2, "d_bias, f16");
+  s = base_shape(7, 53);
+  s.bias = CP_BIAS_CONST; /* a zero bias in the reference, none given to the backward */
+  s.bias_amp = 0.0;
+  s.bias_bcast = CP_BCAST_BATCH | CP_BCAST_HEAD | CP_BCAST_ROW;
+  bwd w;
+  if (bwd_setup(&w, s, NULL) == 0) {
+    w.bp.fwd.bias.buf = NULL;
+    bwd_check(&w, 1e-4, "d_bias without fwd.bias");
+  }
+  bwd_free(&w);
 }
 
 /* ---------- determinism ---------- */
@@ -752,6 +877,16 @@ static void validation_rejects_before_enqueue(void) {
   bp = w.bp;
   bp.d_additive_w = w.d_q.t.buf; /* with dot scoring */
   expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "d_additive_w with dot scoring");
+  /* d_bias over [B, Hq, M, N] = [2, 4, 7, 9], f32, summed where it broadcasts */
+  bp = w.bp;
+  bp.d_bias = (clattn_tensor){w.pb->lse_buf, 0, {4 * 7 * 9, 7 * 9, 9, 1}}; /* the lse buffer: 62 floats */
+  expect_rejected(&w, &bp, CLATTN_ERR_BUFFER_TOO_SMALL, "d_bias buffer too small");
+  bp.d_bias.stride[0] = bp.d_bias.stride[1] = 0; /* one [M, N] gradient: 63 floats, still one too many */
+  expect_rejected(&w, &bp, CLATTN_ERR_BUFFER_TOO_SMALL, "d_bias [M, N] one float too large");
+  bp.d_bias.buf = w.d_q.t.buf;
+  bp.d_bias.stride[2] = 1;
+  bp.d_bias.stride[3] = 2; /* rows and keys interleaved: two sums would share an element */
+  expect_rejected(&w, &bp, CLATTN_ERR_INVALID_ARGUMENT, "d_bias overlaps itself");
   /* the K/V caches of inference engines are forward-only */
   bp = w.bp;
   bp.fwd.kv_dtype = CLATTN_F16; /* q in f32, k and v in f16 */
@@ -763,6 +898,32 @@ static void validation_rejects_before_enqueue(void) {
   CHECK_STATUS(clattn_backward(ct_context(), NULL, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
   CHECK(clattn_backward(NULL, &w.bp, 0, NULL, NULL) == CLATTN_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(clattn_backward(ct_context(), &w.bp, 1, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
+  /* the forward's out and lse are read: buffers created CL_MEM_READ_ONLY will do */
+  {
+    cp_problem *pb = w.pb;
+    void *o_host = malloc(pb->out_elems * 4), *l_host = malloc(pb->lse_elems * 4);
+    cl_int e1 = CL_SUCCESS, e2 = CL_SUCCESS;
+    if (CHECK(o_host && l_host) && CHECK(clEnqueueReadBuffer(pb->queue, pb->out_buf, CL_TRUE, 0, pb->out_elems * 4,
+                                                             o_host, 0, NULL, NULL) == CL_SUCCESS &&
+                                         clEnqueueReadBuffer(pb->queue, pb->lse_buf, CL_TRUE, 0, pb->lse_elems * 4,
+                                                             l_host, 0, NULL, NULL) == CL_SUCCESS)) {
+      bp = w.bp;
+      bp.fwd.out.buf =
+          clCreateBuffer(pb->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, pb->out_elems * 4, o_host, &e1);
+      bp.fwd.lse.buf =
+          clCreateBuffer(pb->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, pb->lse_elems * 4, l_host, &e2);
+      if (CHECK(e1 == CL_SUCCESS && e2 == CL_SUCCESS)) {
+        const clattn_backward_params keep = w.bp;
+        w.bp = bp;
+        bwd_check(&w, 1e-4, "read-only out and lse");
+        w.bp = keep;
+      }
+      if (bp.fwd.out.buf) clReleaseMemObject(bp.fwd.out.buf);
+      if (bp.fwd.lse.buf) clReleaseMemObject(bp.fwd.lse.buf);
+    }
+    free(o_host);
+    free(l_host);
+  }
   /* and the same params, accepted, with an event handed back */
   cl_event done = NULL;
   CHECK_STATUS(clattn_backward(ct_context(), &w.bp, 0, NULL, &done), CLATTN_OK);
@@ -964,7 +1125,8 @@ static void defaults(void) {
   const clattn_backward_params bp = clattn_backward_params_default();
   CHECK(bp.deterministic == 1);
   CHECK(bp.d_out.buf == NULL && bp.d_q.buf == NULL && bp.d_k.buf == NULL && bp.d_v.buf == NULL);
-  CHECK(bp.d_sinks == NULL && bp.d_additive_w == NULL);
+  CHECK(bp.d_sinks == NULL && bp.d_additive_w == NULL && bp.d_bias.buf == NULL);
+  CHECK(bp.fwd.alibi_batch_stride == 0);
   CHECK(isnan(bp.fwd.scale) && bp.fwd.window_left == -1 && bp.fwd.window_right == -1 && bp.fwd.lse.buf == NULL);
 }
 
@@ -977,6 +1139,7 @@ int main(int argc, char **argv) {
       CT_TEST(empty_rows_give_zero),
       CT_TEST(nan_in_allowed_key_stays_in_its_rows),
       CT_TEST(softcap_alibi_sinks),
+      CT_TEST(bias_gradient_sums_over_broadcast_dims),
       CT_TEST(f16_and_bf16_storage),
       CT_TEST(additive_scores),
       CT_TEST(packed_sequences),

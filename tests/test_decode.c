@@ -110,7 +110,7 @@ static void decode_rows_match_reference_with_every_feature(void) {
           s.sinks = 1;
           s.causal = 1;
           break;
-        default: /* everything at once */
+        default: /* everything at once, ALiBi slopes per (batch, head) */
           s.kv_lens = 1;
           s.causal = 1;
           s.window_left = N / 2;
@@ -118,7 +118,7 @@ static void decode_rows_match_reference_with_every_feature(void) {
           s.mask_density = 0.8;
           s.bias = CP_BIAS_RANDOM;
           s.bias_bcast = CP_BCAST_HEAD;
-          s.alibi = 1;
+          s.alibi = 2;
           s.softcap = 30.0f;
           s.sinks = 1;
           break;

@@ -820,6 +820,10 @@ static void merge_rejects_bad_params(void) {
   BAD_CASE("out_lse at out's start", (m_.out_lse.buf = m_.out.buf, m_.out_lse.offset = m_.out.offset),
            CLATTN_ERR_INVALID_ARGUMENT);
   BAD_CASE("empty_rows 7", m_.empty_rows = (clattn_empty_rows)7, CLATTN_ERR_INVALID_ARGUMENT);
+  BAD_CASE("out_dtype Q8_0", m_.out_dtype = CLATTN_Q8_0, CLATTN_ERR_INVALID_ARGUMENT);
+  BAD_CASE("out_dtype INT8", m_.out_dtype = CLATTN_INT8, CLATTN_ERR_INVALID_ARGUMENT);
+  BAD_CASE("out_dtype SAME", m_.out_dtype = CLATTN_DTYPE_SAME, CLATTN_ERR_INVALID_ARGUMENT);
+  BAD_CASE("out_dtype 9", m_.out_dtype = (clattn_dtype)9, CLATTN_ERR_INVALID_ARGUMENT);
   /* an overflowing state stride: any rejection will do (checked below) */
   BAD_CASE("o_state_stride overflows", m_.o_state_stride = SIZE_MAX / 2, CLATTN_OK);
 #undef BAD_CASE
@@ -846,6 +850,85 @@ static void merge_rejects_bad_params(void) {
   CHECK(clFinish(clattn_cl_queue(ctx)) == CL_SUCCESS);
   free(o);
   free(l);
+  states_free(&st);
+}
+
+/* ---------- merge into 16-bit outputs ---------- */
+
+/* out_dtype F16 / BF16: each merged element is the f32 merge's rounded to
+ * nearest even (bitwise), within the storage's rounding of the fp64 merge,
+ * lse unchanged; elements outside the view keep their NaN; a view sized
+ * for 16-bit elements is too small for f32. */
+static void merge_stores_f16_and_bf16(void) {
+  clattn_context *ctx = ct_context();
+  states st;
+  const int S = 3, B = 2, H = 3, M = 7, dv = 37, pad = 3;
+  REQUIRE(states_init(&st, S, B, H, M, dv));
+  for (int s = 0; s < S; s++)
+    for (size_t r = 0; r < st.rows; r++) {
+      const int empty = (s == 1 && r % 4 == 0) || (s == 2 && r % 5 == 1);
+      st.lse[(size_t)s * st.rows + r] = empty ? -INFINITY : (float)(8.0 * urand() - 4.0);
+      for (int c = 0; c < dv; c++)
+        st.o[(size_t)s * st.o_state + r * dv + c] = empty ? NAN : (float)(300.0 * urand() - 150.0);
+    }
+  REQUIRE(states_upload(&st));
+  const size_t n = st.o_state;
+  float *o32 = malloc(n * sizeof(float)), *l32 = malloc(st.rows * sizeof(float)), *l16 = malloc(st.rows * 4);
+  uint16_t *o16 = malloc((n + 2 * pad) * 2), *nan16 = malloc((n + 2 * pad) * 2);
+  double *ref = malloc((size_t)dv * sizeof(double));
+  cl_mem out16 = NULL;
+  if (!CHECK(o32 && l32 && l16 && o16 && nan16 && ref)) goto done;
+  clattn_merge_params mp = states_params(&st);
+  CHECK_STATUS(clattn_merge_states(ctx, &mp, 0, NULL, NULL), CLATTN_OK);
+  CHECK(read_floats(st.out_buf, o32, n) && read_floats(st.out_lse_buf, l32, st.rows));
+  const clattn_dtype types[] = {CLATTN_F16, CLATTN_BF16};
+  for (int t = 0; t < 2; t++) {
+    const clattn_dtype dt = types[t];
+    for (size_t e = 0; e < n + 2 * pad; e++) nan16[e] = dt == CLATTN_F16 ? 0x7e00u : 0x7fc0u;
+    out16 = make_buf((n + 2 * pad) * 2, nan16);
+    if (!CHECK(out16 != NULL)) goto done;
+    clattn_merge_params m16 = mp;
+    m16.out = dense_view(out16, pad, H, M, dv);
+    m16.out_dtype = dt;
+    CHECK(fill_floats(st.out_lse_buf, st.rows, NAN));
+    CHECK_STATUS(clattn_merge_states(ctx, &m16, 0, NULL, NULL), CLATTN_OK);
+    CHECK(clEnqueueReadBuffer(clattn_cl_queue(ctx), out16, CL_TRUE, 0, (n + 2 * pad) * 2, o16, 0, NULL, NULL) ==
+          CL_SUCCESS);
+    CHECK(read_floats(st.out_lse_buf, l16, st.rows) && memcmp(l16, l32, st.rows * 4) == 0);
+    long differ = 0, outside = 0;
+    double worst = 0.0, worst_rounding = 0.0;
+    for (size_t e = 0; e < n; e++) {
+      const uint16_t want = dt == CLATTN_F16 ? cp_f16_bits(o32[e]) : cp_bf16_bits(o32[e]);
+      differ += o16[pad + e] != want;
+    }
+    for (int e = 0; e < pad; e++) outside += o16[e] != nan16[e] || o16[pad + n + e] != nan16[e];
+    for (size_t r = 0; r < st.rows; r++) {
+      double rl;
+      host_merge(&st, r, NULL, ref, &rl);
+      for (int c = 0; c < dv; c++) {
+        const uint16_t got = o16[pad + r * dv + c];
+        const double x = dt == CLATTN_F16 ? cp_f16_value(got) : cp_bf16_value(got);
+        worst = fmax(worst, fabs(x - ref[c]));
+        worst_rounding = fmax(worst_rounding, fabs((double)cp_round_to(dt, (float)ref[c]) - ref[c]));
+      }
+    }
+    CHECKF(differ == 0 && outside == 0, "%s: %ld elements differ from the rounded f32 merge, %ld outside the view",
+           dt == CLATTN_F16 ? "f16" : "bf16", differ, outside);
+    /* FlashAttention's rule: at most twice the error of the fp64 merge stored in 16 bits */
+    CHECKF(worst <= 2.0 * worst_rounding, "%s: max error %.3g vs the fp64 merge, rounding alone %.3g",
+           dt == CLATTN_F16 ? "f16" : "bf16", worst, worst_rounding);
+    m16.out_dtype = CLATTN_F32; /* the same view holds too few bytes for f32 */
+    CHECK_STATUS(clattn_merge_states(ctx, &m16, 0, NULL, NULL), CLATTN_ERR_BUFFER_TOO_SMALL);
+    release(&out16);
+  }
+done:
+  release(&out16);
+  free(o32);
+  free(l32);
+  free(l16);
+  free(o16);
+  free(nan16);
+  free(ref);
   states_free(&st);
 }
 
@@ -1031,6 +1114,7 @@ int main(int argc, char **argv) {
       CT_TEST(merge_with_empty_partials_has_no_nan),
       CT_TEST(merge_uses_natural_log),
       CT_TEST(merge_rejects_bad_params),
+      CT_TEST(merge_stores_f16_and_bf16),
       CT_TEST(fused_scratch_is_linear_in_n),
       CT_TEST(causal_skips_blocks),
       CT_TEST(fused_gqa_rows_share_kv),

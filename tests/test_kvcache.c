@@ -684,6 +684,8 @@ typedef struct {
   int expect_split;    /* peak scratch shows split-KV partial states */
   int hostile;         /* every cache row finite, then block-table entries random (many outside the pool) */
   const int *dev_lens; /* kv_lens as given to the device (NULL: lens); lens is what it clamps them to */
+  const int *q_lens;   /* packed queries (cu_seqlens_q): sequence b has q_lens[b] <= M rows, its last
+                          positions; NULL: a padded batch of M rows each */
 } kvcase;
 
 typedef struct {
@@ -693,6 +695,8 @@ typedef struct {
   int32_t *table, bt_stride, num_pages;
   unsigned char *mask, *ref_mask;
   float *bias, *alibi, *sinks, *addw;
+  int alibi_stride;       /* c.alibi 2: slopes per (batch, head), Hq + 1 apart; else 0 */
+  int32_t *cu_q, total_q; /* c.q_lens: the packed rows' offsets [B + 1] */
 } kvprob;
 
 static void kvprob_free(kvprob *p) {
@@ -708,6 +712,17 @@ static void kvprob_free(kvprob *p) {
   free(p->alibi);
   free(p->sinks);
   free(p->addw);
+  free(p->cu_q);
+}
+
+/* Query rows of batch row b: its packed sequence's, or M. */
+static int kv_rows(const kvcase *c, int b) { return c->q_lens ? c->q_lens[b] : c->M; }
+
+/* Where query row i of (b, h) lies in the device's q and out, in rows:
+ * packed [1, Hq, total_q], or [B, Hq, M]. */
+static size_t kv_qrow(const kvprob *p, int b, int h, int i) {
+  const kvcase *c = &p->c;
+  return c->q_lens ? (size_t)h * p->total_q + p->cu_q[b] + i : ((size_t)b * c->Hq + h) * c->M + i;
 }
 
 /* Builds the host problem: logical keys, the cache (pages shuffled, shared,
@@ -822,27 +837,46 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
     if (!p->bias) return -1;
     for (size_t i = 0; i < ns; i++) p->bias[i] = urand(1.0f);
   }
-  p->alibi = malloc(sizeof(float) * Hq);
+  p->alibi_stride = c->alibi == 2 ? Hq + 1 : 0;
+  p->alibi = malloc(sizeof(float) * (size_t)B * (Hq + 1));
   p->sinks = malloc(sizeof(float) * Hq);
   p->addw = malloc(sizeof(float) * c->dk);
-  if (!p->alibi || !p->sinks || !p->addw) return -1;
-  for (int h = 0; h < Hq; h++) {
-    p->alibi[h] = powf(2.0f, -8.0f * (h + 1) / Hq);
-    p->sinks[h] = urand(2.0f) + 1.0f;
-  }
+  p->cu_q = calloc((size_t)B + 1, sizeof(int32_t));
+  if (!p->alibi || !p->sinks || !p->addw || !p->cu_q) return -1;
+  for (int b = 0; b < B; b++) /* per (batch, head): each batch row's own, NaN in the slot between */
+    for (int h = 0; h <= Hq; h++)
+      p->alibi[(size_t)b * (Hq + 1) + h] = h == Hq ? NAN : powf(2.0f, -8.0f * (h + 1) / Hq) * (b + 2) / 2.0f;
+  if (!p->alibi_stride)
+    for (int h = 0; h < Hq; h++) p->alibi[h] = powf(2.0f, -8.0f * (h + 1) / Hq);
+  for (int h = 0; h < Hq; h++) p->sinks[h] = urand(2.0f) + 1.0f;
+  for (int b = 0; b < B; b++) p->cu_q[b + 1] = p->cu_q[b] + kv_rows(c, b);
+  p->total_q = p->cu_q[B];
   for (int d = 0; d < c->dk; d++) p->addw[d] = urand(1.0f);
   return 0;
 }
 
+/* The values a row that does not exist (past a packed sequence's rows) gets
+ * in the dense arrays, on both sides of the comparison. */
+static void kv_absent_row(size_t row, int dv, double *out, double *lse, double *ent, double *mw, int32_t *am) {
+  for (int d = 0; d < dv; d++) out[row * dv + d] = 0.0;
+  lse[row] = ent[row] = mw[row] = 0.0;
+  am[row] = -1;
+}
+
 /* The fp64 reference over the dequantised cache, dense outputs. A paged row
- * is its own sequence of kv_lens[b] keys (aligned on it): one reference call
- * per batch row. */
+ * is its own sequence of kv_lens[b] keys (aligned on it), with q_lens[b]
+ * queries when packed (its last positions): one reference call per batch
+ * row, into the first rows of each head. */
 static int kvprob_reference(const kvprob *p, double *out, double *lse, double *ent, double *mw, int32_t *am) {
   const kvcase *c = &p->c;
   const int B = c->B, Hq = c->Hq, Hkv = c->Hkv, M = c->M, N = c->N, ps = c->paged ? c->page_size : N;
   float *kd = calloc((size_t)Hkv * N * c->dk, 4), *vd = calloc((size_t)Hkv * N * c->dv, 4);
+  const size_t hm = (size_t)Hq * M; /* one batch row's dense rows */
+  double *o1 = malloc(hm * c->dv * 8), *l1 = malloc(hm * 8), *e1 = malloc(hm * 8), *w1 = malloc(hm * 8);
+  int32_t *a1 = malloc(hm * 4);
   int rc = 0;
-  if (!kd || !vd) rc = -1;
+  if (!kd || !vd || !o1 || !l1 || !e1 || !w1 || !a1) rc = -1;
+  for (size_t r = 0; r < (size_t)B * hm; r++) kv_absent_row(r, c->dv, out, lse, ent, mw, am);
   for (int b = 0; b < B && rc == 0; b++) {
     const int n = c->paged ? c->lens[b] : N;
     for (int h = 0; h < Hkv; h++)
@@ -857,8 +891,11 @@ static int kvprob_reference(const kvprob *p, double *out, double *lse, double *e
         for (int d = 0; d < c->dv; d++) vd[((size_t)h * N + j) * c->dv + d] = ok ? hc_read(&p->vc, s, h, r, d) : 0.0f;
       }
     const size_t rows = (size_t)Hq * M, o0 = (size_t)b * rows;
+    const int m = kv_rows(c, b);
+    if (m == 0) continue;
     if (n == 0) { /* no keys: an empty row everywhere */
       for (size_t i = 0; i < rows; i++) {
+        if ((int)(i % M) >= m) continue;
         for (int d = 0; d < c->dv; d++) out[(o0 + i) * c->dv + d] = 0.0;
         lse[o0 + i] = c->sinks ? p->sinks[i / M] : -INFINITY;
         ent[o0 + i] = mw[o0 + i] = 0.0;
@@ -870,7 +907,7 @@ static int kvprob_reference(const kvprob *p, double *out, double *lse, double *e
     rp.batch = 1;
     rp.q_heads = Hq;
     rp.kv_heads = Hkv;
-    rp.q_len = M;
+    rp.q_len = m;
     rp.kv_len = n;
     rp.head_dim = c->dk;
     rp.value_dim = c->dv;
@@ -899,19 +936,33 @@ static int kvprob_reference(const kvprob *p, double *out, double *lse, double *e
     in.mask = p->ref_mask;
     in.bias = p->bias;
     in.kv_lens = &len;
-    in.alibi_slopes = c->alibi ? p->alibi : NULL; /* the reference reads what is given */
+    in.alibi_slopes = c->alibi ? p->alibi + (size_t)b * p->alibi_stride : NULL; /* batch row b's */
     in.sinks = c->sinks ? p->sinks : NULL;
     in.additive_w = c->additive ? p->addw : NULL;
     ref_outputs o = {0};
-    o.out = out + o0 * c->dv;
-    o.lse = lse + o0;
-    o.entropy = ent + o0;
-    o.max_weight = mw + o0;
-    o.argmax = am + o0;
+    o.out = o1;
+    o.lse = l1;
+    o.entropy = e1;
+    o.max_weight = w1;
+    o.argmax = a1;
     if (ref_forward(&rp, &in, &o) != 0) rc = -1;
+    for (int h = 0; h < Hq; h++) /* [Hq, m] rows into the first m of each head's M */
+      for (int i = 0; i < m; i++) {
+        const size_t from = (size_t)h * m + i, to = o0 + (size_t)h * M + i;
+        memcpy(out + to * c->dv, o1 + from * c->dv, (size_t)c->dv * 8);
+        lse[to] = l1[from];
+        ent[to] = e1[from];
+        mw[to] = w1[from];
+        am[to] = a1[from];
+      }
   }
   free(kd);
   free(vd);
+  free(o1);
+  free(l1);
+  free(e1);
+  free(w1);
+  free(a1);
   return rc;
 }
 
@@ -944,7 +995,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   kvprob p;
   cl_mem q_buf = NULL, k_buf = NULL, v_buf = NULL, ks_buf = NULL, vs_buf = NULL, bt_buf = NULL, lens_buf = NULL;
   cl_mem out_buf = NULL, lse_buf = NULL, ent_buf = NULL, mw_buf = NULL, am_buf = NULL, mask_buf = NULL, bias_buf = NULL,
-         alibi_buf = NULL, sinks_buf = NULL, w_buf = NULL;
+         alibi_buf = NULL, sinks_buf = NULL, w_buf = NULL, cu_buf = NULL;
   const int B = c->B, Hq = c->Hq, M = c->M;
   const size_t rows = (size_t)B * Hq * M, no = rows * c->dv, elem = c->dtype == CLATTN_F32 ? 4 : 2;
   double *ro = malloc(no * 8), *rl = malloc(rows * 8), *re = malloc(rows * 8), *rm = malloc(rows * 8);
@@ -955,17 +1006,23 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
     CHECKF(0, "%s: host setup", c->label);
     goto done;
   }
-  /* device buffers */
-  if (c->dtype == CLATTN_F32) {
-    q_buf = make_buf(rows * c->dk * 4, p.q);
-  } else {
+  /* device buffers: q's existing rows where the device reads them, NaN past them */
+  {
     const size_t nq = rows * c->dk;
+    float *qd = malloc(nq * 4);
     uint16_t *h = malloc(nq * 2);
-    if (h) {
-      for (size_t i = 0; i < nq; i++) h[i] = c->dtype == CLATTN_F16 ? cp_f16_bits(p.q[i]) : cp_bf16_bits(p.q[i]);
-      q_buf = make_buf(nq * 2, h);
-      free(h);
+    if (qd && h) {
+      for (size_t i = 0; i < nq; i++) qd[i] = NAN;
+      for (int b = 0; b < B; b++)
+        for (int hh = 0; hh < Hq; hh++)
+          for (int i = 0; i < kv_rows(c, b); i++)
+            memcpy(qd + kv_qrow(&p, b, hh, i) * c->dk, p.q + (((size_t)b * Hq + hh) * M + i) * c->dk,
+                   (size_t)c->dk * 4);
+      for (size_t i = 0; i < nq; i++) h[i] = c->dtype == CLATTN_F16 ? cp_f16_bits(qd[i]) : cp_bf16_bits(qd[i]);
+      q_buf = c->dtype == CLATTN_F32 ? make_buf(nq * 4, qd) : make_buf(nq * 2, h);
     }
+    free(qd);
+    free(h);
   }
   k_buf = make_buf(p.kc.units * p.kc.unit, p.kc.data);
   v_buf = make_buf(p.vc.units * p.vc.unit, p.vc.data);
@@ -989,11 +1046,12 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   }
   if (c->mask) mask_buf = make_buf((size_t)B * Hq * M * c->N, p.mask);
   if (c->bias) bias_buf = make_buf((size_t)B * Hq * M * c->N * 4, p.bias);
-  alibi_buf = make_buf(sizeof(float) * Hq, p.alibi);
+  alibi_buf = make_buf(sizeof(float) * (size_t)B * (Hq + 1), p.alibi);
+  cu_buf = make_buf(sizeof(int32_t) * ((size_t)B + 1), p.cu_q);
   sinks_buf = make_buf(sizeof(float) * Hq, p.sinks);
   w_buf = make_buf(sizeof(float) * c->dk, p.addw);
   if (!q_buf || !k_buf || !v_buf || !bt_buf || !lens_buf || !out_buf || !lse_buf || !ent_buf || !mw_buf || !am_buf ||
-      (c->kv == CLATTN_INT8 && (!ks_buf || !vs_buf)) || (c->mask && !mask_buf) || (c->bias && !bias_buf) ||
+      !cu_buf || (c->kv == CLATTN_INT8 && (!ks_buf || !vs_buf)) || (c->mask && !mask_buf) || (c->bias && !bias_buf) ||
       !alibi_buf || !sinks_buf || !w_buf) {
     CHECKF(0, "%s: device buffers", c->label);
     goto done;
@@ -1008,7 +1066,13 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   fp.value_dim = c->dv;
   fp.dtype = c->dtype;
   fp.kv_dtype = c->kv == c->dtype ? CLATTN_DTYPE_SAME : c->kv; /* SAME: stored like q */
-  fp.q = (clattn_tensor){q_buf, 0, {(size_t)Hq * M * c->dk, (size_t)M * c->dk, (size_t)c->dk, 1}};
+  /* packed queries: one batch of total_q rows per head */
+  const size_t q_rows = c->q_lens ? (size_t)p.total_q : (size_t)M, q_b = c->q_lens ? 0 : (size_t)Hq * q_rows;
+  fp.q = (clattn_tensor){q_buf, 0, {q_b * c->dk, q_rows * c->dk, (size_t)c->dk, 1}};
+  if (c->q_lens) {
+    fp.cu_seqlens_q = cu_buf;
+    fp.total_q = p.total_q;
+  }
   fp.k = p.kc.view;
   fp.k.buf = k_buf;
   fp.v = p.vc.view;
@@ -1026,7 +1090,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
     fp.num_pages = p.num_pages;
   }
   fp.kv_lens = lens_buf;
-  fp.out = (clattn_tensor){out_buf, 0, {(size_t)Hq * M * c->dv, (size_t)M * c->dv, (size_t)c->dv, 1}};
+  fp.out = (clattn_tensor){out_buf, 0, {q_b * c->dv, q_rows * c->dv, (size_t)c->dv, 1}};
   const clattn_tensor row_view = {NULL, 0, {(size_t)Hq * M, (size_t)M, 1, 0}};
   if (c->lse) {
     fp.lse = row_view;
@@ -1052,6 +1116,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   }
   fp.softcap = c->softcap ? 5.0f : 0.0f;
   if (c->alibi) fp.alibi_slopes = alibi_buf;
+  fp.alibi_batch_stride = p.alibi_stride;
   if (c->sinks) fp.sinks = sinks_buf;
   if (c->additive) {
     fp.score = CLATTN_SCORE_ADDITIVE;
@@ -1069,10 +1134,19 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
     CHECKF(0, "%s: read back", c->label);
     goto done;
   }
-  for (size_t i = 0; i < no; i++)
-    out[i] = c->dtype == CLATTN_F32   ? ((float *)raw)[i]
-             : c->dtype == CLATTN_F16 ? cp_f16_value(((uint16_t *)raw)[i])
-                                      : cp_bf16_value(((uint16_t *)raw)[i]);
+  for (size_t r = 0; r < rows; r++) { /* dense logical rows, the absent ones as the reference has them */
+    const int b = (int)(r / ((size_t)Hq * M)), h = (int)(r / M % Hq), i = (int)(r % M);
+    const size_t at = kv_qrow(&p, b, h, i) * c->dv;
+    for (int d = 0; d < c->dv && i < kv_rows(c, b); d++)
+      out[r * c->dv + d] = c->dtype == CLATTN_F32   ? ((float *)raw)[at + d]
+                           : c->dtype == CLATTN_F16 ? cp_f16_value(((uint16_t *)raw)[at + d])
+                                                    : cp_bf16_value(((uint16_t *)raw)[at + d]);
+    if (i >= kv_rows(c, b)) {
+      for (int d = 0; d < c->dv; d++) out[r * c->dv + d] = 0.0f;
+      lse[r] = ent[r] = mw[r] = 0.0f;
+      am[r] = -1;
+    }
+  }
   if (kvprob_reference(&p, ro, rl, re, rm, ra)) {
     CHECKF(0, "%s: reference failed", c->label);
     goto done;
@@ -1121,7 +1195,7 @@ done:
   free(mw);
   free(raw);
   cl_mem *all[] = {&q_buf,   &k_buf,  &v_buf,  &ks_buf,   &vs_buf,   &bt_buf,    &lens_buf,  &out_buf, &lse_buf,
-                   &ent_buf, &mw_buf, &am_buf, &mask_buf, &bias_buf, &alibi_buf, &sinks_buf, &w_buf};
+                   &ent_buf, &mw_buf, &am_buf, &mask_buf, &bias_buf, &alibi_buf, &sinks_buf, &w_buf,   &cu_buf};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
 }
 
@@ -1149,8 +1223,8 @@ static void paged_prefill_matches_reference(void) {
   for (size_t i = 0; i < sizeof all_kv / sizeof all_kv[0]; i++) {
     char label[96];
     snprintf(label, sizeof label, "prefill paged kv=%s", kv_name(all_kv[i]));
-    kvcase c = {label, 3, 4,  2,  5, 31, 64, 32, CLATTN_F32, all_kv[i], 1, 7, 3, 1, 1,
-                lens,  1, -1, -1, 0, 0,  0,  0,  0,          1,         0, 0, 0, 0, NULL};
+    kvcase c = {label, 3,  4,  2, 5, 31, 64, 32, CLATTN_F32, all_kv[i], 1, 7, 3, 1,    1,   lens,
+                1,     -1, -1, 0, 0, 0,  0,  0,  1,          0,         0, 0, 0, NULL, NULL};
     kv_forward_case(&c, CLATTN_ALGO_FUSED);
   }
 }
@@ -1164,8 +1238,8 @@ static void paged_quantised_with_every_feature(void) {
     for (int m = 1; m <= 6; m += 5) {
       char label[96];
       snprintf(label, sizeof label, "features paged kv=%s M=%d", kv_name(kvs[i]), m);
-      kvcase c = {label, 3, 6,  2, m, 45, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 1, 0,
-                  lens,  0, 11, 2, 1, 1,  1,  1,  1,          1,      1, 0, 0, 0, NULL};
+      kvcase c = {label, 3,  6, 2, m, 45, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 1,    0,   lens,
+                  0,     11, 2, 1, 1, 1,  1,  1,  1,          1,      0, 0, 0, NULL, NULL};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
   /* additive scores and f16 queries/outputs over a Q8_0 cache */
@@ -1199,6 +1273,7 @@ static void paged_quantised_with_every_feature(void) {
               1,
               0,
               0,
+              NULL,
               NULL};
   kv_forward_case(&a, CLATTN_ALGO_FUSED);
 }
@@ -1214,8 +1289,8 @@ static void paged_16bit_storage_matches_reference(void) {
     for (int m = 1; m <= 7; m += 6) {
       char label[96];
       snprintf(label, sizeof label, "paged q=%s kv=%s M=%d", kv_name(types[i].q), kv_name(types[i].kv), m);
-      kvcase c = {label, 2, 4,  2,  m, 30, 32, 32, types[i].q, types[i].kv, 1, 3, 1, 1, 1,
-                  lens,  1, -1, -1, 0, 1,  0,  0,  0,          1,           0, 0, 0, 0, NULL};
+      kvcase c = {label, 2,  4,  2, m, 30, 32, 32, types[i].q, types[i].kv, 1, 3, 1, 1,    1,   lens,
+                  1,     -1, -1, 0, 1, 0,  0,  0,  1,          0,           0, 0, 0, NULL, NULL};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
 }
@@ -1228,8 +1303,8 @@ static void contiguous_quantised_matches_reference(void) {
     for (int m = 1; m <= 9; m += 8) {
       char label[96];
       snprintf(label, sizeof label, "contiguous kv=%s M=%d", kv_name(all_kv[i]), m);
-      kvcase c = {label, 2, 4,  2,  m, 50, 64, 32, CLATTN_F32, all_kv[i], 0, 0, 0, 0, 0,
-                  lens,  1, -1, -1, 1, 0,  0,  0,  0,          1,         1, 0, 0, 0, NULL};
+      kvcase c = {label, 2,  4,  2, m, 50, 64, 32, CLATTN_F32, all_kv[i], 0, 0, 0, 0,    0,   lens,
+                  1,     -1, -1, 1, 0, 0,  0,  0,  1,          1,         0, 0, 0, NULL, NULL};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
 }
@@ -1242,10 +1317,70 @@ static void paged_decode_split_kv_matches_reference(void) {
   for (size_t i = 0; i < 3; i++) {
     char label[96];
     snprintf(label, sizeof label, "decode N=4099 paged kv=%s", kv_name(kvs[i]));
-    kvcase c = {label, 2, 4,  1,  1, 4099, 64, 32, CLATTN_F32, kvs[i], 1, 7, 2, 1, 0,
-                lens,  1, -1, -1, 0, 0,    0,  0,  1,          1,      0, 0, 1, 0, NULL};
+    kvcase c = {label, 2,  4,  1, 1, 4099, 64, 32, CLATTN_F32, kvs[i], 1, 7, 2, 1,    0,   lens,
+                1,     -1, -1, 0, 0, 0,    0,  1,  1,          0,      0, 1, 0, NULL, NULL};
     kv_forward_case(&c, CLATTN_ALGO_FUSED);
   }
+}
+
+/* Packed queries over a paged cache (continuous batching): cu_seqlens_q with
+ * a block table, each sequence's kv_lens[b] keys through its table row and
+ * its queries at its last positions (FlashAttention's and vLLM's alignment),
+ * sequences of 0 .. M queries and key counts that are not page or tile
+ * multiples, on every path: a chunked prefill beside decodes over every
+ * storage, decode-only batches (the decode kernels), and every feature at
+ * once with ALiBi slopes per (batch, head). */
+static void packed_queries_over_paged_cache(void) {
+  static const int lens[3] = {29, 23, 9}, q_lens[3] = {5, 1, 3};
+  for (size_t i = 0; i < sizeof all_kv / sizeof all_kv[0]; i++) {
+    char label[96];
+    snprintf(label, sizeof label, "packed queries, paged kv=%s", kv_name(all_kv[i]));
+    kvcase c = {label, 3,  4,  2, 5, 31, 64, 32, CLATTN_F32, all_kv[i], 1, 7, 3, 1,    1,     lens,
+                1,     -1, -1, 0, 0, 0,  0,  0,  1,          0,         0, 0, 0, NULL, q_lens};
+    kv_forward_case(&c, CLATTN_ALGO_FUSED);
+  }
+  static const int dec_lens[3] = {300, 17, 0}, ones[3] = {1, 1, 1};
+  const clattn_dtype kvs[] = {CLATTN_Q8_0, CLATTN_F16};
+  for (size_t i = 0; i < 2; i++) {
+    char label[96];
+    snprintf(label, sizeof label, "packed decode, paged kv=%s", kv_name(kvs[i]));
+    kvcase c = {label, 3,  4,  1, 1, 300, 64, 32, CLATTN_F32, kvs[i], 1, 7, 2, 0,    0,   dec_lens,
+                1,     -1, -1, 0, 0, 0,   0,  1,  1,          0,      0, 0, 0, NULL, ones};
+    kv_forward_case(&c, CLATTN_ALGO_FUSED);
+  }
+  static const int f_lens[3] = {40, 17, 0}, f_q[3] = {6, 0, 2};
+  kvcase f = {"packed queries, paged int8, every feature",
+              3,
+              6,
+              2,
+              6,
+              45,
+              64,
+              32,
+              CLATTN_BF16,
+              CLATTN_INT8,
+              1,
+              5,
+              2,
+              1,
+              0,
+              f_lens,
+              0,
+              11,
+              2,
+              1,
+              1,
+              2,
+              1,
+              1,
+              1,
+              1,
+              0,
+              0,
+              0,
+              NULL,
+              f_q};
+  kv_forward_case(&f, CLATTN_ALGO_FUSED);
 }
 
 /* Hostile block tables and kv_lens: entries at the int32 extremes, -1,
@@ -1260,8 +1395,8 @@ static void paged_hostile_tables_and_lengths(void) {
       for (int m = 1; m <= 4; m += 3) {
         char label[96];
         snprintf(label, sizeof label, "hostile table #%d kv=%s M=%d", seed, kv_name(kvs[i]), m);
-        kvcase c = {label, 3, 4,  2,  m, 24, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 0, 0,
-                    lens,  1, -1, -1, 0, 0,  0,  0,  0,          1,      1, 0, 0, 1, dev_lens};
+        kvcase c = {label, 3,  4,  2, m, 24, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 0,        0,   lens,
+                    1,     -1, -1, 0, 0, 0,  0,  0,  1,          1,      0, 0, 1, dev_lens, NULL};
         kv_forward_case(&c, CLATTN_ALGO_FUSED);
       }
 }
@@ -1308,15 +1443,19 @@ static void random_paged_quantised_sweep(void) {
     c.window_right = !c.causal && rnd() % 3 == 0 ? (int)(rnd() % 5) : -1;
     c.mask = rnd() % 3 == 0;
     c.bias = rnd() % 3 == 0;
-    c.alibi = rnd() % 4 == 0;
+    c.alibi = rnd() % 4 == 0 ? 1 + (int)(rnd() % 2) : 0; /* 2: slopes per (batch, head) */
     c.softcap = rnd() % 4 == 0;
     c.sinks = rnd() % 4 == 0;
     c.lse = 1;
     c.diag = rnd() % 3 == 0;
     c.additive = rnd() % 6 == 0;
+    int q_lens[3] = {c.M, 0, 0}; /* packed queries: sequence 0 the longest */
+    for (int b = 1; b < c.B; b++) q_lens[b] = (int)(rnd() % (uint32_t)(c.M + 1));
+    c.q_lens = c.paged && rnd() % 3 == 0 ? q_lens : NULL;
     snprintf(label, sizeof label, "random #%d: B=%d Hq=%d Hkv=%d M=%d N=%d q=%s kv=%s %s ps=%d%s%s%s", n, c.B, c.Hq,
-             c.Hkv, c.M, c.N, kv_name(c.dtype), kv_name(c.kv), c.paged ? "paged" : "contiguous", c.page_size,
-             c.shared ? " shared" : "", c.bad_entry ? " bad-entry" : "", c.hostile ? " hostile" : "");
+             c.Hkv, c.M, c.N, kv_name(c.dtype), kv_name(c.kv),
+             c.paged ? (c.q_lens ? "paged, packed q" : "paged") : "contiguous", c.page_size, c.shared ? " shared" : "",
+             c.bad_entry ? " bad-entry" : "", c.hostile ? " hostile" : "");
     c.label = label;
     kv_forward_case(&c, CLATTN_ALGO_FUSED);
   }
@@ -1355,6 +1494,7 @@ static void auto_runs_paged_quantised_calls(void) {
               0,
               0,
               0,
+              NULL,
               NULL};
   kv_forward_case(&c, CLATTN_ALGO_AUTO);
 }
@@ -1438,9 +1578,18 @@ static void forward_rejects_bad_kv_input_and_touches_nothing(void) {
        (a->kv_dtype = CLATTN_INT8, a->k = a->v = int8_view, a->k_scale = a->v_scale = scale_view,
         a->k_scale.stride[0] = 9));
   CASE("scales with Q8_0", CLATTN_ERR_INVALID_ARGUMENT, a->k_scale = scale_view);
-  CASE("cu_seqlens with a block table", CLATTN_ERR_INVALID_ARGUMENT,
-       (a->cu_seqlens_q = a->cu_seqlens_k = cuq, a->kv_lens = NULL, a->total_q = 2, a->total_kv = 2,
-        a->q.stride[0] = a->out.stride[0] = 0, a->k.stride[0] = a->v.stride[0] = 0));
+  CASE("cu_seqlens_k with a block table", CLATTN_ERR_INVALID_ARGUMENT,
+       (a->cu_seqlens_q = a->cu_seqlens_k = cuq, a->total_q = 2, a->total_kv = 2, a->q.stride[0] = 0,
+        a->out.stride[0] = 0));
+  CASE("cu_seqlens_k alone with a block table", CLATTN_ERR_INVALID_ARGUMENT, (a->cu_seqlens_k = cuq, a->total_kv = 2));
+  CASE("packed queries over pages without kv_lens", CLATTN_ERR_INVALID_ARGUMENT,
+       (a->cu_seqlens_q = cuq, a->total_q = 2, a->q.stride[0] = a->out.stride[0] = 0, a->kv_lens = NULL));
+  CASE("packed queries over pages, q batch stride", CLATTN_ERR_INVALID_ARGUMENT,
+       (a->cu_seqlens_q = cuq, a->total_q = 2, a->out.stride[0] = 0));
+  CASE("packed queries over pages, total_q 0", CLATTN_ERR_INVALID_ARGUMENT,
+       (a->cu_seqlens_q = cuq, a->total_q = 0, a->q.stride[0] = a->out.stride[0] = 0));
+  CASE("packed queries over pages, cu_seqlens_q short", CLATTN_ERR_BUFFER_TOO_SMALL,
+       (a->cu_seqlens_q = kl, a->total_q = 2, a->q.stride[0] = a->out.stride[0] = 0));
   CASE("weights too small with paged K/V", CLATTN_ERR_BUFFER_TOO_SMALL,
        (a->algo = CLATTN_ALGO_STAGED, a->weights = (clattn_tensor){w, 0, {128, 128, 64, 1}}));
 #undef CASE
@@ -1453,9 +1602,15 @@ static void forward_rejects_bad_kv_input_and_touches_nothing(void) {
   CHECK(clFinish(clattn_cl_queue(ct_context())) == CL_SUCCESS);
   CHECK(read_buf(out, back, sizeof back) && memcmp(back, outp, sizeof back) == 0);
   CHECK(read_buf(w, back, sizeof back) && memcmp(back, outp, sizeof back) == 0);
-  /* the valid call runs after the rejections (a zero cache: O = 0) */
+  /* the valid call runs after the rejections (a zero cache: O = 0), and so
+   * does its packed-queries form (one sequence of 2 rows) */
   CHECK_STATUS(clattn_forward(ct_context(), &ok, 0, NULL, NULL), CLATTN_OK);
   CHECK(read_buf(out, back, sizeof back) && back[0] == 0.0f);
+  clattn_params packed = ok;
+  packed.cu_seqlens_q = cuq;
+  packed.total_q = 2;
+  packed.q.stride[0] = packed.out.stride[0] = 0;
+  CHECK_STATUS(clattn_forward(ct_context(), &packed, 0, NULL, NULL), CLATTN_OK);
   /* every entry outside the pool: every row is empty, on every path */
   const int32_t outside[2] = {-1, PAGES};
   cl_mem bt_out = make_buf(sizeof outside, outside);
@@ -1503,6 +1658,7 @@ int main(int argc, char **argv) {
       CT_TEST(paged_16bit_storage_matches_reference),
       CT_TEST(contiguous_quantised_matches_reference),
       CT_TEST(paged_decode_split_kv_matches_reference),
+      CT_TEST(packed_queries_over_paged_cache),
       CT_TEST(paged_hostile_tables_and_lengths),
       CT_TEST(random_paged_quantised_sweep),
       CT_TEST(auto_runs_paged_quantised_calls),

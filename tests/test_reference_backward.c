@@ -52,14 +52,16 @@ static void check_shape(const cp_shape *s) {
   grid(pb->v, pb->v_elems);
   grid(pb->sinks, pb->sinks ? (size_t)p->q_heads : 0);
   grid(pb->additive_w, pb->additive_w ? (size_t)p->head_dim : 0);
+  grid(pb->bias, pb->bias_elems);
   const int B = p->batch, Hq = p->q_heads, Hkv = p->kv_heads, M = p->q_len, N = p->kv_len;
   const int dk = p->head_dim, dv = p->value_dim, group = Hq / Hkv;
   const size_t nq = (size_t)B * Hq * M * dk, nk = (size_t)B * Hkv * N * dk, nv = (size_t)B * Hkv * N * dv;
   const size_t no = (size_t)B * Hq * M * dv;
   double *d_out = malloc(no * sizeof *d_out);
-  ref_grads g = {malloc(nq * sizeof(double)), malloc(nk * sizeof(double)), malloc(nv * sizeof(double)),
-                 calloc((size_t)Hq, sizeof(double)), calloc((size_t)dk, sizeof(double))};
-  if (!d_out || !g.d_q || !g.d_k || !g.d_v || !g.d_sinks || !g.d_additive_w) {
+  ref_grads g = {malloc(nq * sizeof(double)),        malloc(nk * sizeof(double)),
+                 malloc(nv * sizeof(double)),        calloc((size_t)Hq, sizeof(double)),
+                 calloc((size_t)dk, sizeof(double)), calloc(no / dv * N, sizeof(double))};
+  if (!d_out || !g.d_q || !g.d_k || !g.d_v || !g.d_sinks || !g.d_additive_w || !g.d_scores) {
     CHECKF(0, "out of memory");
     goto done;
   }
@@ -97,6 +99,22 @@ static void check_shape(const cp_shape *s) {
   for (int d = 0; pb->additive_w && d < dk; d++)
     CHECK_GRAD("d_additive_w", g.d_additive_w[d], fd(pb, &pb->additive_w[d], d_out),
                max_abs(g.d_additive_w, (size_t)dk));
+  /* a stored bias element's gradient: d_scores summed over every pair that
+   * reads it (over the dimensions the bias broadcasts) */
+  const double sb_ = max_abs(g.d_scores, no / dv * N);
+  const clattn_tensor *bt = &p->bias;
+  for (int b = 0; pb->bias && b < (bt->stride[0] ? B : 1); b++)
+    for (int h = 0; h < (bt->stride[1] ? Hq : 1); h++)
+      for (int i = 0; i < (bt->stride[2] ? M : 1); i++)
+        for (int j = 0; j < N; j++) {
+          const size_t e = cp_index(bt, b, h, i, j);
+          double an = 0.0;
+          for (int b2 = 0; b2 < B; b2++)
+            for (int h2 = 0; h2 < Hq; h2++)
+              for (int i2 = 0; i2 < M; i2++)
+                if (cp_index(bt, b2, h2, i2, j) == e) an += g.d_scores[(((size_t)b2 * Hq + h2) * M + i2) * N + j];
+          CHECK_GRAD("d_bias", an, fd(pb, &pb->bias[e], d_out), sb_);
+        }
   (void)group;
 done:
   free(d_out);
@@ -105,6 +123,7 @@ done:
   free(g.d_v);
   free(g.d_sinks);
   free(g.d_additive_w);
+  free(g.d_scores);
   cp_free(pb);
 }
 
@@ -138,6 +157,9 @@ static void fd_causal_window_kv_lens_mask_bias_gqa(void) {
   s.mask_density = 0.8;
   s.bias = CP_BIAS_RANDOM;
   s.bias_amp = 1.0;
+  check_shape(&s);
+  s.bias_bcast = CP_BCAST_BATCH | CP_BCAST_HEAD; /* one [M, N] bias: its gradient sums over batch and heads */
+  s.softcap = 1.5f;
   check_shape(&s);
 }
 

@@ -203,7 +203,7 @@ static void score_shaping_matches_reference(void) {
     s.poison_disallowed = 1;
     s.seed = 40 + (uint64_t)variant;
     s.softcap = variant == 0 || variant == 3 ? 2.5f : 0.0f;
-    s.alibi = variant == 1 || variant == 3;
+    s.alibi = variant == 1 ? 1 : variant >= 3 ? 2 : 0; /* 2: slopes per (batch, head) */
     s.sinks = variant == 2 || variant == 3 || variant == 4;
     if (variant >= 3) {
       s.mask = CP_MASK_RANDOM;
@@ -296,31 +296,37 @@ static void additive_scoring_matches_reference(void) {
   cp_free(pb);
 }
 
-/* ALiBi with scale 0: a_j proportional to exp(-slope |p - j|), closed form. */
+/* ALiBi with scale 0: a_j proportional to exp(-slope |p - j|), closed form,
+ * with one slope per head and with slopes per (batch, head). */
 static void alibi_alone_gives_closed_form_weights(void) {
-  cp_shape s = cp_shape_default();
-  s.q_heads = 2;
-  s.kv_heads = 1;
-  s.q_len = 1;
-  s.kv_len = 40;
-  s.head_dim = 8;
-  s.value_dim = 8;
-  s.scale = 0.0f;
-  s.alibi = 1;
-  s.want_weights = 1;
-  s.want_lse = 1;
-  cp_problem *pb;
-  KC_BUILD(pb, &s);
-  for (size_t a = 0; a < KC_NALGOS; a++) {
-    if (KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0) continue;
-    for (int h = 0; h < 2; h++) {
-      const double slope = pow(2.0, -8.0 * (h + 1) / 2);
-      double z = 0.0;
-      for (int j = 0; j < 40; j++) z += exp(-slope * (39 - j));
-      for (int j = 0; j < 40; j++) CHECK_CLOSE(pb->weights[(size_t)h * 40 + j], exp(-slope * (39 - j)) / z, 1e-6);
+  for (int per_batch = 0; per_batch < 2; per_batch++) {
+    cp_shape s = cp_shape_default();
+    s.batch = 1 + per_batch;
+    s.q_heads = 2;
+    s.kv_heads = 1;
+    s.q_len = 1;
+    s.kv_len = 40;
+    s.head_dim = 8;
+    s.value_dim = 8;
+    s.scale = 0.0f;
+    s.alibi = 1 + per_batch;
+    s.want_weights = 1;
+    s.want_lse = 1;
+    cp_problem *pb;
+    KC_BUILD(pb, &s);
+    for (size_t a = 0; a < KC_NALGOS; a++) {
+      if (KC_RUN_OK(pb, kc_algos[a], 1e-5) <= 0) continue;
+      for (int b = 0; b < s.batch; b++)
+        for (int h = 0; h < 2; h++) {
+          const double slope = pow(2.0, -8.0 * (h + 1) / 2) * (per_batch ? (b + 2) / 2.0 : 1.0);
+          double z = 0.0;
+          for (int j = 0; j < 40; j++) z += exp(-slope * (39 - j));
+          for (int j = 0; j < 40; j++)
+            CHECK_CLOSE(pb->weights[((size_t)b * 2 + h) * 40 + j], exp(-slope * (39 - j)) / z, 1e-6);
+        }
     }
+    cp_free(pb);
   }
-  cp_free(pb);
 }
 
 /* A sink takes its share of the denominator: the keys' weights sum to

@@ -4,7 +4,7 @@
     ctx = clattn.Context()                       # or Context(queue=pyopencl_queue)
     o = ctx.attention(q, k, v, causal=True)      # numpy float32/float16 [B,H,S,D]
 
-A ctypes binding over clattn's public C API (clattn.h); see README "Python".
+A ctypes binding over clattn's public C API (clattn.h); see docs/python.md.
 """
 from ._core import Context, Error
 

@@ -1,66 +1,19 @@
-"""Context and attention: argument checks, views, buffers, the call."""
+"""Context: the device, its buffers and the calls (attention here; the
+backward in _backward.py, the cache append in _append.py; the arguments of
+an attention call in _call.py)."""
+import contextlib
 import ctypes
-import math
-import sys
 import threading
 
 import numpy as np
 
-from . import _ffi
+from . import _append, _backward, _ffi
+from ._call import DEFAULTS, DTYPE_NAMES, Call, as_array, is_cl_array as _is_cl_array, storage_code
+from ._error import Error, cl_error as _cl_error
 
 __all__ = ["Error", "Context"]
 
 INT_MAX = 2**31 - 1
-FLT_MAX = float(np.finfo(np.float32).max)
-
-
-class Error(RuntimeError):
-    """A clattn status other than OK. ``status`` is its name
-    ("INVALID_ARGUMENT", "EMPTY_ROW", ...), ``message`` the library's detail
-    (clattn_last_error)."""
-
-    def __init__(self, status, message):
-        self.status = status
-        self.message = message
-        super().__init__("%s: %s" % (status, message))
-
-
-def _cl_error(code, what):
-    # the mapping clattn itself uses for OpenCL failures
-    if code in (-4, -5, -6, -61):  # allocation failure, resources, host memory, buffer size
-        return Error("OUT_OF_MEMORY", "%s failed: OpenCL error %d" % (what, code))
-    return Error("OPENCL", "%s failed: OpenCL error %d" % (what, code))
-
-
-def _pyopencl_array_type():
-    # pyopencl is optional: a pyopencl array can only exist once its module
-    # is imported, so numpy-only callers never pay for (or need) the import
-    m = sys.modules.get("pyopencl.array")
-    return getattr(m, "Array", None) if m is not None else None
-
-
-def _is_cl_array(a):
-    t = _pyopencl_array_type()
-    return t is not None and isinstance(a, t)
-
-
-def _dtype_code(dt, name):
-    if dt == np.float32:
-        return _ffi.F32
-    if dt == np.float16:
-        return _ffi.F16
-    if dt.name == "bfloat16" and dt.itemsize == 2:  # ml_dtypes' bfloat16
-        return _ffi.BF16
-    raise TypeError("clattn: %s must be float32 or float16 (got %s)" % (name, dt))
-
-
-def _int(x, name, lo=None):
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
-        raise TypeError("clattn: %s must be an int (got %r)" % (name, x))
-    x = int(x)
-    if x > INT_MAX or x < -INT_MAX - 1 or (lo is not None and x < lo):
-        raise ValueError("clattn: %s = %d is out of range" % (name, x))
-    return x
 
 
 class _View:
@@ -83,25 +36,6 @@ class _View:
         return t
 
 
-def _broadcast(shape, strides, target, name):
-    """Right-aligned numpy broadcasting of (shape, strides) to target; size-1
-    dimensions broadcast with stride 0."""
-    if len(shape) > len(target):
-        raise ValueError("clattn: %s of shape %s does not broadcast to %s" % (name, tuple(shape), tuple(target)))
-    pad = len(target) - len(shape)
-    shape = (1,) * pad + tuple(shape)
-    strides = (0,) * pad + tuple(strides)
-    out = []
-    for n, s, t in zip(shape, strides, target):
-        if n == t:
-            out.append(s if n > 1 else 0)
-        elif n == 1:
-            out.append(0)
-        else:
-            raise ValueError("clattn: %s of shape %s does not broadcast to %s" % (name, shape[pad:], tuple(target)))
-    return out
-
-
 def _elem_strides(byte_strides, shape, itemsize):
     """Element strides, or None when numpy's strides cannot be clattn's
     (negative, or not a multiple of the item size). Size-1 dimensions get 0."""
@@ -114,6 +48,24 @@ def _elem_strides(byte_strides, shape, itemsize):
         else:
             out.append(s // itemsize)
     return out
+
+
+def _merge_out_dtype(out_dtype):
+    """merge_states' out_dtype: (clattn storage, the numpy dtype O comes back in)."""
+    if out_dtype is None:
+        return _ffi.F32, np.dtype(np.float32)
+    if isinstance(out_dtype, str):
+        if out_dtype not in DTYPE_NAMES:
+            raise ValueError("clattn: out_dtype must be one of %s (got %r)" % (", ".join(DTYPE_NAMES), out_dtype))
+        code = DTYPE_NAMES[out_dtype]
+        return code, np.dtype({_ffi.F32: np.float32, _ffi.F16: np.float16, _ffi.BF16: np.uint16}[code])
+    try:
+        dt = np.dtype(out_dtype)
+    except TypeError:
+        raise TypeError("clattn: out_dtype must be a dtype name or a numpy dtype (got %r)" % (out_dtype,)) from None
+    if dt == np.float32 or dt == np.float16 or dt.name == "bfloat16":
+        return storage_code(dt, "out_dtype"), dt
+    raise TypeError("clattn: out_dtype must be float32, float16 or bfloat16 (got %s)" % dt)
 
 
 class Context:
@@ -288,11 +240,13 @@ class Context:
             waits.append(ev.int_ptr)
         return _View(a.base_data.int_ptr, a.offset // item, a.shape, st, owned=False, keep=a)
 
-    def _np_view(self, a, name):
+    def _np_view(self, a, name, flags=None):
         """A numpy array: its memory span goes to one new buffer as it lies
         (one upload, no repacking), with its own strides as the view. Arrays
         whose strides clattn cannot express (negative, not whole elements) or
-        whose span is far larger than their data are packed first."""
+        whose span is far larger than their data are packed first. The view
+        keeps the array uploaded, so an in-place call can copy its elements
+        back (_run's inplace)."""
         if a.size == 0:
             raise ValueError("clattn: %s is empty (shape %s)" % (name, a.shape))
         item = a.itemsize
@@ -305,51 +259,27 @@ class Context:
             a = np.ascontiguousarray(a)
             st = _elem_strides(a.strides, a.shape, item)
             span = a.size
-        buf = self._new_buffer(self._cl.MEM_READ_ONLY, span * item, ctypes.c_void_p(a.ctypes.data))
-        return _View(buf, 0, a.shape, st, owned=True)
+        flags = self._cl.MEM_READ_ONLY if flags is None else flags
+        buf = self._new_buffer(flags, span * item, ctypes.c_void_p(a.ctypes.data))
+        return _View(buf, 0, a.shape, st, owned=True, keep=(a, span * item))
 
-    def _input(self, a, name, views, waits):
+    def _input(self, a, name, views, waits, writable=False):
+        """An array as a view of a cl_mem: a pyopencl array's own buffer, a
+        numpy array's upload (read-write when the call writes it in place)."""
         if _is_cl_array(a):
             v = self._cl_array_view(a, name, waits)
         else:
-            v = self._np_view(a, name)
+            if writable and not a.flags.writeable:
+                raise ValueError("clattn: %s is written in place but is a read-only array" % name)
+            v = self._np_view(a, name, self._cl.MEM_READ_WRITE if writable else None)
         views.append(v)
         return v
 
-    def _prep_small(self, a, name, n, dtype):
-        """kv_lens, alibi_slopes, sinks, checked before any device work: a
-        dense, offset-0 pyopencl array of n dtype values in this context (used
-        as it is), else a contiguous numpy array of them."""
-        if _is_cl_array(a):
-            if a.context.int_ptr != self._cl_context:
-                raise ValueError("clattn: %s is a pyopencl array from another OpenCL context" % name)
-            if a.shape != (n,):
-                raise ValueError("clattn: %s must have shape (%d,) (got %s)" % (name, n, a.shape))
-            if a.dtype != dtype:
-                raise TypeError("clattn: %s must be %s (got %s)" % (name, np.dtype(dtype).name, a.dtype))
-            if a.offset == 0 and a.flags.c_contiguous:
-                return a
-            a = a.get()
-        arr = np.asarray(a)
-        if arr.shape != (n,):
-            raise ValueError("clattn: %s must have shape (%d,) (got %s)" % (name, n, arr.shape))
-        if dtype == np.int32:
-            if arr.dtype.kind not in "iu":
-                raise TypeError("clattn: %s must be integers (int32), got %s" % (name, arr.dtype))
-            if arr.size and (arr.min() < -INT_MAX - 1 or arr.max() > INT_MAX):
-                raise ValueError("clattn: %s does not fit int32" % name)
-        elif isinstance(a, np.ndarray) or arr.dtype.kind not in "iuf":
-            if arr.dtype not in (np.float32, np.float16):
-                raise TypeError("clattn: %s must be float32 (got %s)" % (name, arr.dtype))
-        return np.ascontiguousarray(arr, dtype=dtype)
-
-    def _small(self, a, name, views, waits):
-        """The cl_mem of a _prep_small result."""
-        return self._input(a, name, views, waits).buf
-
-    def _run(self, fn, p, waits, outs, events):
+    def _run(self, fn, p, waits, outs, events, inplace=()):
         """Enqueues fn(ctx, p) after waits, reads the numpy outputs back after
         it and waits for all of it: the wait is a foreign call (GIL released).
+        inplace: (numpy array, its _View) pairs the call wrote, copied back
+        element by element (the span may hold other arrays' elements).
         Every event made goes to events (the caller releases them)."""
         wait_arr = (ctypes.c_void_p * len(waits))(*waits) if waits else None
         done = ctypes.c_void_p()
@@ -366,27 +296,63 @@ class Context:
             if r != 0:
                 raise _cl_error(r, "clEnqueueReadBuffer")
             events.append(ev.value)
+        back = []
+        for target, vw in inplace:
+            if not vw.owned:
+                continue  # a pyopencl array: written where it lies
+            up, nbytes = vw.keep
+            tmp = np.empty(nbytes, np.uint8)
+            ev = ctypes.c_void_p()
+            r = self._cl.enqueue_read(self._cl_queue, vw.buf, 0, 0, nbytes, ctypes.c_void_p(tmp.ctypes.data),
+                                      1, ctypes.byref(done), ctypes.byref(ev))
+            if r != 0:
+                raise _cl_error(r, "clEnqueueReadBuffer")
+            events.append(ev.value)
+            back.append((target, np.lib.stride_tricks.as_strided(tmp.view(up.dtype), up.shape, up.strides)))
         ev_arr = (ctypes.c_void_p * len(events))(*events)
         r = self._cl.wait(len(events), ev_arr)
         if r != 0:
             raise _cl_error(r, "clWaitForEvents")
+        for target, written in back:
+            np.copyto(target, written)
 
-    def _outputs(self, want, out_cl, outs):
+    def _outputs(self, want, out_cl, outs, zeroed=()):
         """Makes the output arrays (numpy with a new buffer, or pyopencl on
-        the queue); returns {name: clattn_tensor}."""
+        the queue), those named in zeroed filled with 0 (elements the call
+        may leave unwritten); returns {name: clattn_tensor}."""
         tensors = {}
         for name, shape, dt, strides in want:
             if out_cl:
                 import pyopencl.array as cla
-                arr = cla.empty(self._pyopencl_queue(), shape, dt)
+                arr = (cla.zeros if name in zeroed else cla.empty)(self._pyopencl_queue(), shape, dt)
                 outs[name] = (arr, None)
                 buf = arr.base_data.int_ptr
             else:
-                arr = np.empty(shape, dt)
-                buf = self._new_buffer(self._cl.MEM_WRITE_ONLY, arr.nbytes)
+                arr = np.zeros(shape, dt) if name in zeroed else np.empty(shape, dt)
+                buf = self._new_buffer(self._cl.MEM_WRITE_ONLY, arr.nbytes,
+                                       ctypes.c_void_p(arr.ctypes.data) if name in zeroed else None)
                 outs[name] = (arr, buf)
             tensors[name] = _View(buf, 0, shape, strides, owned=False).tensor()
         return tensors
+
+    @contextlib.contextmanager
+    def _device_call(self, outs):
+        """The frame of a call that makes buffers and enqueues: yields the
+        (views, waits, events) lists the call fills; afterwards releases
+        them all and the numpy outputs' buffers of outs, after waiting for
+        the queue when the call failed with work enqueued (nothing may still
+        write into the caller's arrays)."""
+        self._enter()
+        views, waits, events = [], [], []
+        try:
+            yield views, waits, events
+        except BaseException:
+            if events:
+                self._cl.finish(self._cl_queue)
+            raise
+        finally:
+            self._release(events, views, outs)
+            self._leave()
 
     def _release(self, events, views, outs):
         for e in events:
@@ -400,16 +366,18 @@ class Context:
 
     # ---- merge_states ----------------------------------------------------------
 
-    def merge_states(self, o, lse, *, empty_rows="zero"):
+    def merge_states(self, o, lse, *, empty_rows="zero", out_dtype=None, return_lse=False):
         """Combines S partial attention states of the same query rows
         (clattn_merge_states): o float32 [S,B,H,M,dv], lse float32 [S,B,H,M]
         (natural-log sums, -inf for a state that saw no allowed key). Returns
-        (O [B,H,M,dv], lse [B,H,M]), float32, numpy or pyopencl like o."""
+        O [B,H,M,dv], or (O, lse [B,H,M]) with return_lse=True (as attention
+        does), numpy or pyopencl like o; lse float32, O stored as out_dtype: None or "float32", "float16", or "bfloat16"
+        (numpy has no bfloat16: O comes back as np.uint16 holding bfloat16
+        bit patterns; view it with ml_dtypes.bfloat16 or torch.bfloat16, or
+        pass the ml_dtypes.bfloat16 dtype itself to get that dtype), rounded
+        to nearest even from the f32 merge."""
+        o, lse = as_array(o), as_array(lse)
         o_cl = _is_cl_array(o)
-        if not o_cl and not isinstance(o, np.ndarray):
-            o = np.asarray(o)
-        if not _is_cl_array(lse) and not isinstance(lse, np.ndarray):
-            lse = np.asarray(lse)
         for name, x in (("o", o), ("lse", lse)):
             if x.dtype != np.float32:
                 raise TypeError("clattn: %s must be float32 (got %s)" % (name, x.dtype))
@@ -426,9 +394,9 @@ class Context:
             raise ValueError("clattn: o's dimensions exceed 2^31 - 1")
         if empty_rows not in _ffi.EMPTY_ROWS:
             raise ValueError("clattn: empty_rows must be 'zero' or 'error' (got %r)" % (empty_rows,))
-        self._enter()
-        views, waits, events, outs = [], [], [], {}
-        try:
+        out_code, out_np = _merge_out_dtype(out_dtype)
+        outs = {}
+        with self._device_call(outs) as (views, waits, events):
             mp = _ffi.MergeParams()
             mp.n_states, mp.batch, mp.heads, mp.q_len, mp.value_dim = S, B, H, M, dv
             vo = self._input(o, "o", views, waits)
@@ -436,184 +404,87 @@ class Context:
             mp.o_state_stride, mp.lse_state_stride = vo.strides[0], vl.strides[0]
             mp.o = _View(vo.buf, vo.offset, o.shape[1:], vo.strides[1:], owned=False).tensor()
             mp.lse = _View(vl.buf, vl.offset, lse.shape[1:], vl.strides[1:] + [0], owned=False).tensor()
-            t = self._outputs([("out", (B, H, M, dv), np.dtype(np.float32), [H * M * dv, M * dv, dv, 1]),
+            t = self._outputs([("out", (B, H, M, dv), out_np, [H * M * dv, M * dv, dv, 1]),
                                ("out_lse", (B, H, M), np.dtype(np.float32), [H * M, M, 1, 0])], o_cl, outs)
             mp.out, mp.out_lse = t["out"], t["out_lse"]
             mp.empty_rows = _ffi.EMPTY_ROWS[empty_rows]
+            mp.out_dtype = out_code
             self._run(self._lib.merge_states, mp, waits, outs, events)
-        except BaseException:
-            if events:
-                self._cl.finish(self._cl_queue)
-            raise
-        finally:
-            self._release(events, views, outs)
-            self._leave()
-        return outs["out"][0], outs["out_lse"][0]
+        return (outs["out"][0], outs["out_lse"][0]) if return_lse else outs["out"][0]
 
     # ---- attention -----------------------------------------------------------
 
     def attention(self, q, k, v, *, causal=False, window=(-1, -1), mask=None, bias=None,
                   kv_lens=None, scale=None, softcap=0.0, alibi_slopes=None, sinks=None,
                   empty_rows="zero", algo="auto", layout="bhsd", return_lse=False,
-                  return_weights=False, return_diagnostics=False):
+                  return_weights=False, return_diagnostics=False,
+                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                  block_table=None, page_size=None, kv_dtype=None, k_scale=None, v_scale=None,
+                  dropout_p=0.0, seed=0, offset=0):
         """O = softmax(scale·QKᵀ + bias, restricted to the allowed keys) V.
 
         q [B,Hq,M,dk], k [B,Hkv,N,dk], v [B,Hkv,N,dv] (layout "bshd": [B,S,H,D]),
-        float32 or float16, numpy arrays with any strides or pyopencl arrays in
-        this context. Returns O in q's dtype and layout ([B,Hq,M,dv] or
-        [B,M,Hq,dv]), or (O, lse), (O, weights), (O, lse, weights) when asked;
-        lse is float32 [B,Hq,M], weights float32 [B,Hq,M,N] in both layouts.
+        numpy arrays with any strides or pyopencl arrays in this context.
+        Storage: float32, float16 or bfloat16 (numpy has none: pass
+        ml_dtypes.bfloat16 arrays, or np.uint16 arrays holding bfloat16 bit
+        patterns, e.g. torch's ``t.view(torch.int16).numpy().view(np.uint16)``;
+        O then comes back in that same dtype). k and v may be stored
+        otherwise than q (a float16 cache under float32 queries), or
+        quantised with kv_dtype:
+          "q8_0"  ggml's block_q8_0: k, v uint8 (or int8) with rows of
+                  head_dim / 32 blocks of 34 bytes (the last axis holds
+                  head_dim / 32 * 34 bytes: an f16 scale, then 32 int8)
+          "int8"  int8 k, v with k_scale, v_scale float32 of k's shape without
+                  its last axis (one scale per key row)
+        Returns O in q's dtype and layout ([B,Hq,M,dv] or [B,M,Hq,dv]), or
+        (O, lse), (O, weights), (O, lse, weights) when asked; lse is float32
+        [B,Hq,M], weights float32 [B,Hq,M,N] in both layouts.
         return_diagnostics adds, last, a dict of the route diagnostics per
         query row: "entropy" (nats) and "max_weight" float32 [B,Hq,M],
-        "argmax" int32 [B,Hq,M] (empty rows: 0, 0, -1)."""
-        # -- everything that needs no device: types, shapes, keywords
-        kinds = [_is_cl_array(x) for x in (q, k, v)]
-        arrs = []
-        for name, x, is_cl in zip("qkv", (q, k, v), kinds):
-            if not is_cl:
-                if not isinstance(x, np.ndarray):
-                    x = np.asarray(x)
-            arrs.append(x)
-        q, k, v = arrs
-        codes = [_dtype_code(np.dtype(x.dtype), n) for n, x in zip("qkv", arrs)]
-        if not (q.dtype == k.dtype == v.dtype):
-            raise TypeError("clattn: q, k and v must have one dtype (got %s, %s, %s)" % (q.dtype, k.dtype, v.dtype))
-        for n, x in zip("qkv", arrs):
-            if len(x.shape) != 4:
-                raise ValueError("clattn: %s must be 4-D (got shape %s)" % (n, tuple(x.shape)))
-        if layout not in ("bhsd", "bshd"):
-            raise ValueError("clattn: layout must be 'bhsd' or 'bshd' (got %r)" % (layout,))
-        perm = (0, 1, 2, 3) if layout == "bhsd" else (0, 2, 1, 3)
-        qs, ks, vs = ([x.shape[i] for i in perm] for x in arrs)
-        B, Hq, M, dk = qs
-        _, Hkv, N, dk2 = ks
-        dv = vs[3]
-        if any(n == 0 for s in (qs, ks, vs) for n in s):
-            raise ValueError("clattn: empty dimension in q %s, k %s or v %s" % (q.shape, k.shape, v.shape))
-        if ks[0] != B or vs[0] != B:
-            raise ValueError("clattn: batch differs: q %d, k %d, v %d" % (B, ks[0], vs[0]))
-        if dk2 != dk:
-            raise ValueError("clattn: head_dim differs: q %d, k %d" % (dk, dk2))
-        if vs[1] != Hkv or vs[2] != N:
-            raise ValueError("clattn: k [B,%d heads,%d keys] and v [B,%d heads,%d keys] differ"
-                             % (Hkv, N, vs[1], vs[2]))
-        if Hq % Hkv:
-            raise ValueError("clattn: q_heads %d is not a multiple of kv_heads %d" % (Hq, Hkv))
-        for nm, val in (("batch", B), ("q_heads", Hq), ("q_len", M), ("kv_len", N), ("head_dim", dk),
-                        ("value_dim", dv), ("batch*q_heads", B * Hq)):
-            if val > INT_MAX:
-                raise ValueError("clattn: %s = %d exceeds 2^31 - 1" % (nm, val))
-        if window is None:
-            window = (-1, -1)
-        try:
-            wl, wr = window
-        except (TypeError, ValueError):
-            raise TypeError("clattn: window must be a pair (left, right)") from None
-        wl, wr = _int(wl, "window[0]"), _int(wr, "window[1]")
-        if wl < -1 or wr < -1:
-            raise ValueError("clattn: window bounds are >= 0, or -1 for unbounded (got %s)" % ((wl, wr),))
-        if empty_rows not in _ffi.EMPTY_ROWS:
-            raise ValueError("clattn: empty_rows must be 'zero' or 'error' (got %r)" % (empty_rows,))
-        if algo not in _ffi.ALGOS:
-            raise ValueError("clattn: algo must be one of %s (got %r)" % (", ".join(_ffi.ALGOS), algo))
-        if scale is None:
-            scale_f = float("nan")
-        else:
-            try:
-                scale_f = float(scale)
-            except (TypeError, ValueError):
-                raise TypeError("clattn: scale must be a number or None") from None
-            if math.isinf(scale_f) or abs(scale_f) > FLT_MAX:
-                raise ValueError("clattn: scale must be finite in float32 (got %r)" % (scale,))
-        try:
-            softcap_f = float(softcap)
-        except (TypeError, ValueError):
-            raise TypeError("clattn: softcap must be a number") from None
-        if not (0.0 <= softcap_f <= FLT_MAX):
-            raise ValueError("clattn: softcap must be 0 (off) or positive and finite (got %r)" % (softcap,))
-        s_shape = (B, Hq, M, N)
-        if mask is not None and not _is_cl_array(mask):
-            mask = np.asarray(mask)
-        if mask is not None:
-            if mask.dtype == np.bool_:
-                mask = mask.view(np.uint8)
-            elif mask.dtype != np.uint8:
-                raise TypeError("clattn: mask must be bool or uint8 (got %s)" % mask.dtype)
-            _broadcast(mask.shape, [0] * len(mask.shape), s_shape, "mask")
-        if bias is not None and not _is_cl_array(bias):
-            bias = np.asarray(bias)
-            if bias.dtype == np.float16:
-                bias = bias.astype(np.float32)
-        if bias is not None:
-            if bias.dtype != np.float32:
-                raise TypeError("clattn: bias must be float32 (got %s)" % bias.dtype)
-            _broadcast(bias.shape, [0] * len(bias.shape), s_shape, "bias")
-        if kv_lens is not None:
-            kv_lens = self._prep_small(kv_lens, "kv_lens", B, np.int32)
-        if alibi_slopes is not None:
-            alibi_slopes = self._prep_small(alibi_slopes, "alibi_slopes", Hq, np.float32)
-        if sinks is not None:
-            sinks = self._prep_small(sinks, "sinks", Hq, np.float32)
-        out_cl = kinds[0]
-        for name, x in (("q", q), ("k", k), ("v", v), ("mask", mask), ("bias", bias), ("kv_lens", kv_lens),
-                        ("alibi_slopes", alibi_slopes), ("sinks", sinks)):
-            if x is not None and _is_cl_array(x) and x.context.int_ptr != self._cl_context:
-                raise ValueError("clattn: %s is a pyopencl array from another OpenCL context than this "
-                                 "clattn.Context's (create the Context with queue= in that context)" % name)
+        "argmax" int32 [B,Hq,M] (empty rows: 0, 0, -1).
 
-        # -- buffers and the call
-        self._enter()
-        views, waits, events = [], [], []
+        Packed variable-length batches (FlashAttention's varlen form):
+        cu_seqlens_q int32 [B+1] and q, O 3-D, [Hq, total_q, dk] ("bshd":
+        [total_q, Hq, dk]); sequence b is rows cu_seqlens_q[b] ..
+        cu_seqlens_q[b+1]-1. Keys likewise with cu_seqlens_k (k, v 3-D).
+        max_seqlen_q / max_seqlen_k: the longest (computed from the offsets
+        when None). lse and the diagnostics are [B, Hq, max_seqlen_q],
+        indexed by the row within its sequence.
+
+        Paged K/V (vLLM / FlashInfer form): block_table int32 [B, pages per
+        sequence] and k, v [num_pages, Hkv, page_size, d] ("bshd":
+        [num_pages, page_size, Hkv, d], FlashAttention's); key j of sequence
+        b is row j % page_size of page block_table[b, j // page_size]; each
+        sequence's key count in kv_lens (or, FlashAttention's form, as
+        offsets in cu_seqlens_k); page_size, when given, must be the pages'.
+        With packed queries (cu_seqlens_q) each sequence's queries are its
+        last positions (continuous batching).
+
+        alibi_slopes: float32 [Hq], or [B, Hq] per batch row. sinks: float32
+        [Hq]. mask (bool/uint8) and bias (float32) broadcast to [B,Hq,M,N].
+        dropout_p > 0 raises clattn.Error "UNSUPPORTED": dropout is not built
+        yet (seed and offset are checked and kept for it)."""
+        loc = locals()
+        c = Call(self, q, k, v, {n: loc[n] for n in DEFAULTS})
         outs = {}
         p = self._lib.params_default()
-        try:
-            p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len = B, Hq, Hkv, M, N
-            p.head_dim, p.value_dim, p.dtype = dk, dv, codes[0]
-            for name, x, t in (("q", q, "q"), ("k", k, "k"), ("v", v, "v")):
-                vw = self._input(x, name, views, waits)
-                vw.shape = tuple(vw.shape[i] for i in perm)
-                vw.strides = [vw.strides[i] for i in perm]
-                setattr(p, t, vw.tensor())
-            for name, x in (("mask", mask), ("bias", bias)):
-                if x is not None:
-                    vw = self._input(x, name, views, waits)
-                    vw.strides = _broadcast(vw.shape, vw.strides, s_shape, name)
-                    setattr(p, name, vw.tensor())
-            if kv_lens is not None:
-                p.kv_lens = self._small(kv_lens, "kv_lens", views, waits)
-            if alibi_slopes is not None:
-                p.alibi_slopes = self._small(alibi_slopes, "alibi_slopes", views, waits)
-            if sinks is not None:
-                p.sinks = self._small(sinks, "sinks", views, waits)
-            p.scale = scale_f
-            p.causal = 1 if causal else 0
-            p.window_left, p.window_right = wl, wr
-            p.softcap = softcap_f
-            p.empty_rows = _ffi.EMPTY_ROWS[empty_rows]
-            p.algo = _ffi.ALGOS[algo]
-
-            # outputs: dense, in q's layout for O
-            o_shape = (B, Hq, M, dv) if layout == "bhsd" else (B, M, Hq, dv)
-            o_strides = ([Hq * M * dv, M * dv, dv, 1] if layout == "bhsd" else [M * Hq * dv, dv, Hq * dv, 1])
-            want = [("out", o_shape, q.dtype, o_strides)]
+        with self._device_call(outs) as (views, waits, events):
+            c.fill(p, views, waits)
+            o_shape, o_strides = c.out_spec()
+            row_shape, row_strides = c.row_spec()
+            want = [("out", o_shape, c.q.dtype, o_strides)]
             if return_lse:
-                want.append(("lse", (B, Hq, M), np.dtype(np.float32), [Hq * M, M, 1, 0]))
+                want.append(("lse", row_shape, np.dtype(np.float32), row_strides))
             if return_weights:
-                want.append(("weights", s_shape, np.dtype(np.float32), [Hq * M * N, M * N, N, 1]))
+                want.append(("weights", row_shape + (c.N,), np.dtype(np.float32),
+                             [c.Hq * c.M * c.N, c.M * c.N, c.N, 1]))
             if return_diagnostics:
                 for name, dt in (("entropy", np.float32), ("max_weight", np.float32), ("argmax", np.int32)):
-                    want.append((name, (B, Hq, M), np.dtype(dt), [Hq * M, M, 1, 0]))
-            for name, t in self._outputs(want, out_cl, outs).items():
+                    want.append((name, row_shape, np.dtype(dt), row_strides))
+            # packed rows no sequence covers are never written: they read 0
+            for name, t in self._outputs(want, c.out_cl, outs, zeroed=("out",) if c.packed_q else ()).items():
                 setattr(p, name, t)
-
             self._run(self._lib.forward, p, waits, outs, events)
-        except BaseException:
-            if events:
-                self._cl.finish(self._cl_queue)  # nothing may still write into our arrays
-            raise
-        finally:
-            self._release(events, views, outs)
-            self._leave()
 
         o = outs["out"][0]
         if not (return_lse or return_weights or return_diagnostics):
@@ -626,3 +497,6 @@ class Context:
         if return_diagnostics:
             res.append({n: outs[n][0] for n in ("entropy", "max_weight", "argmax")})
         return tuple(res)
+
+    attention_backward = _backward.attention_backward
+    kv_append = _append.kv_append

@@ -82,6 +82,7 @@ class Params(ctypes.Structure):
         ("k_scale", Tensor), ("v_scale", Tensor),
         ("block_table", c_void_p),
         ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
+        ("alibi_batch_stride", c_int),  # ABI 2
         ("_reserved", ctypes.c_char * RESERVED),
     ]
 
@@ -94,6 +95,42 @@ class MergeParams(ctypes.Structure):
         ("o_state_stride", c_size_t), ("lse_state_stride", c_size_t),
         ("out", Tensor), ("out_lse", Tensor),
         ("empty_rows", c_int),
+        ("out_dtype", c_int),  # ABI 2
+        ("_reserved", ctypes.c_char * RESERVED),
+    ]
+
+
+# ---- the backward, the cache append (ABI 1 and 2 structures) ----
+
+Q8_0, INT8, DTYPE_SAME = 3, 4, -1
+
+
+class _ParamsExact(ctypes.Structure):  # a clattn_params held inside another structure: no reserved bytes
+    _fields_ = [f for f in Params._fields_ if f[0] != "_reserved"]
+
+
+class BackwardParams(ctypes.Structure):
+    _fields_ = [
+        ("fwd", _ParamsExact),
+        ("d_out", Tensor), ("d_q", Tensor), ("d_k", Tensor), ("d_v", Tensor),
+        ("d_sinks", c_void_p), ("d_additive_w", c_void_p),
+        ("deterministic", c_int),
+        ("d_bias", Tensor),  # ABI 2
+        ("_reserved", ctypes.c_char * RESERVED),
+    ]
+
+
+class AppendParams(ctypes.Structure):
+    _fields_ = [
+        ("batch", c_int), ("kv_heads", c_int), ("new_len", c_int), ("head_dim", c_int), ("value_dim", c_int),
+        ("src_dtype", c_int),
+        ("k_new", Tensor), ("v_new", Tensor),
+        ("positions", c_void_p),
+        ("kv_dtype", c_int),
+        ("k", Tensor), ("v", Tensor), ("k_scale", Tensor), ("v_scale", Tensor),
+        ("block_table", c_void_p),
+        ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
+        ("capacity", c_int),
         ("_reserved", ctypes.c_char * RESERVED),
     ]
 
@@ -125,6 +162,13 @@ class _Lib:
         self.merge_states = _fn(lib, "clattn_merge_states", c_int, c_void_p, ctypes.POINTER(MergeParams),
                                 cl_uint, c_void_p, ctypes.POINTER(c_void_p))
         self.describe = _fn(lib, "clattn_describe", c_char_p, c_void_p)
+        # the backward and the cache append
+        self.backward_params_default = _fn(lib, "clattn_backward_params_default", BackwardParams)
+        self.backward = _fn(lib, "clattn_backward", c_int, c_void_p, ctypes.POINTER(BackwardParams),
+                            cl_uint, c_void_p, ctypes.POINTER(c_void_p))
+        self.append_params_default = _fn(lib, "clattn_append_params_default", AppendParams)
+        self.kv_append = _fn(lib, "clattn_kv_append", c_int, c_void_p, ctypes.POINTER(AppendParams),
+                             cl_uint, c_void_p, ctypes.POINTER(c_void_p))
         self.peak_scratch_bytes = _fn(lib, "clattn_peak_scratch_bytes", c_size_t, c_void_p, c_int)
 
 
@@ -181,13 +225,13 @@ def _library_candidates():
     cands = [os.path.join(here, n) for n in ("libclattn.so", "libclattn.dylib", "clattn.dll")]
     cands = [c for c in cands if os.path.exists(c)]
     found = ctypes.util.find_library("clattn")
-    cands += [c for c in (found, "libclattn.so.0", "libclattn.so") if c]
+    cands += [c for c in (found, "libclattn.so.2", "libclattn.so") if c]  # the soname: ABI 2
     return cands, False
 
 
 def lib():
     """Loads libclattn once: $CLATTN_LIBRARY, else the copy installed inside
-    the package, else the system loader (an installed libclattn.so.0)."""
+    the package, else the system loader (an installed libclattn.so.2)."""
     global _lib
     if _lib is None:
         with _lock:

@@ -49,16 +49,20 @@ def test_merge_states_equals_the_whole(ctx, rng):
     # a state that saw no key adds nothing, whatever its O holds
     os_.append(np.full_like(os_[0], np.nan))
     ls_.append(np.full_like(ls_[0], -np.inf))
-    o, lse = ctx.merge_states(np.stack(os_), np.stack(ls_))
+    o, lse = ctx.merge_states(np.stack(os_), np.stack(ls_), return_lse=True)
     ro, rl, _ = reference(q, k, v)
     np.testing.assert_allclose(o, ro, **TOL)
     np.testing.assert_allclose(lse, rl, **TOL)
+    # without return_lse the call returns O alone (the third-wave contract: o = ctx.merge_states(...))
+    alone = ctx.merge_states(np.stack(os_), np.stack(ls_))
+    assert isinstance(alone, np.ndarray) and alone.shape == (B, H, M, d)
+    np.testing.assert_array_equal(alone, o)
 
 
 def test_merge_states_empty_rows_and_errors(ctx):
     o = np.zeros((2, 1, 1, 3, 4), np.float32)
     lse = np.full((2, 1, 1, 3), -np.inf, np.float32)
-    out, out_lse = ctx.merge_states(o, lse)
+    out, out_lse = ctx.merge_states(o, lse, return_lse=True)
     assert np.all(out == 0) and np.all(np.isneginf(out_lse))
     with pytest.raises(clattn.Error) as e:
         ctx.merge_states(o, lse, empty_rows="error")

@@ -105,7 +105,7 @@ def test_merge_states_on_pyopencl(embedded, queue, rng):
              for lo, hi in ((0, 3), (3, 7))]
     o_states = cla.to_device(queue, np.stack([p[0].get() for p in parts]))
     l_states = cla.to_device(queue, np.stack([p[1].get() for p in parts]))
-    o, lse = embedded.merge_states(o_states, l_states)
+    o, lse = embedded.merge_states(o_states, l_states, return_lse=True)
     assert isinstance(o, cla.Array) and isinstance(lse, cla.Array)
     ro, rl, _ = reference(q, k, v)
     np.testing.assert_allclose(o.get(), ro, **TOL)

@@ -172,7 +172,8 @@ static clattn_status merge(clattn_mpi *m, const clattn_params *p, const float *s
                             per,
                             p->out,
                             p->lse,
-                            p->empty_rows};
+                            p->empty_rows,
+                            p->dtype};
   cl_event done = NULL;
   st = clattn_merge_states(m->ctx, &mp, 0, NULL, &done);
   if (done) {

@@ -169,7 +169,8 @@ static clattn_status merge_chunks(clattn_mpi *m, const ring *g) {
                               g->lse_state,
                               p->out,
                               p->lse,
-                              p->empty_rows};
+                              p->empty_rows,
+                              p->dtype};
     mp.out.offset += row * p->out.stride[2];
     if (mp.out_lse.buf) mp.out_lse.offset += row * p->lse.stride[2];
     cl_event done = NULL;

@@ -52,8 +52,10 @@
  *          64 the alibi, sinks and additive_w buffers one float short
  *   3      softcap: 5 1 0.5 30 2 0.25 10 50 NaN -1 inf -0 0 FLT_MIN -inf 1e-3
  *   4      packed sequences: 1 cu_seqlens_q, 2 cu_seqlens_k, 4 their buffers
- *          one int short, 8 q/k/v/out keep their batch stride (else 0);
- *          bits 4-5 total_q, 6-7 total_kv: the last entry, +1, -1, 0
+ *          one int short, 8 q/k/v/out keep their batch stride (else 0; a
+ *          paged k/v keeps its page stride); bits 4-5 total_q, 6-7
+ *          total_kv: the last entry, +1, -1, 0. With a block table, packed
+ *          queries take cu_seqlens_q alone (cu_seqlens_k is refused)
  *   5      paged K/V: 1 block table (K/V, k_scale and v_scale then index
  *          [page, head, row in page]), 2 its buffer one entry short
  *   6, 7   page_size 1 + b % 16, num_pages 1 + b % 32 (>= 0xF0 hostile_int)
@@ -63,6 +65,9 @@
  *   10..17 the k_scale and v_scale views (f32 [slot, kv head, key]), as above
  *   18, 19 Q8_0 k / v view (decoded in 34-byte blocks, then in bytes):
  *          1 odd offset, 2 odd stride[2], 4 stride[3] 32, 8 odd stride[0]
+ *   20     alibi_batch_stride (slopes per (batch, head)): b % 3: 0, q_heads,
+ *          q_heads + 1; >= 0xF0 hostile_int; the alibi buffer then holds
+ *          (batch - 1) * stride + q_heads floats
  * Its data, after kv_lens: cu_seqlens_q and _k ([B + 1]; < 0xF0 steps of
  * b % (len + 1) from 0, else -1, INT_MAX, INT_MIN, a decrease, a step past
  * the longest length, ...), the block table ([B * stride]; < 0xF0 b %

@@ -1,7 +1,7 @@
 /*
  * One fuzz case: bytes -> clattn_params (every field, hostile values too) +
  * device buffers + host copies, one clattn_forward call, and every check
- * the contract allows (include/clattn.h, README "Semantics in brief"):
+ * the contract allows (include/clattn.h, docs/semantics.md):
  *
  *   - the status is one of the enum's values, and one of the statuses the
  *     host-side rules predict (a call the rules reject must be rejected, a

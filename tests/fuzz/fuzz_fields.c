@@ -33,7 +33,8 @@ enum {
   E_K_SCALE_VIEW,
   E_V_SCALE_VIEW = E_K_SCALE_VIEW + 4,
   E_Q8_K = E_V_SCALE_VIEW + 4,
-  E_Q8_V
+  E_Q8_V,
+  E_ALIBI_STRIDE
 };
 enum { S_SOFTCAP = 1, S_ALIBI = 2, S_SINKS = 4, S_ADDITIVE = 8, S_BAD_SCORE = 16, S_W_MISMATCH = 32, S_SHORT = 64 };
 enum { V_CU_Q = 1, V_CU_K = 2, V_SHORT = 4, V_BATCH_STRIDE = 8 };
@@ -82,6 +83,12 @@ void fz_ext_header(fz_case *c, const uint8_t *e) {
                                      NAN, -1.f, INFINITY, -0.f, 0.f, FLT_MIN, -INFINITY, 1e-3f};
   p->softcap = (s & S_SOFTCAP) ? softcaps[e[E_SOFTCAP] % 16] : 0.f;
   c->aux[A_ALIBI] = !!(s & S_ALIBI);
+  /* slopes per (batch, head): 0 (per head), q_heads, q_heads + 1 apart, or hostile */
+  const uint8_t as = e[E_ALIBI_STRIDE];
+  const long long stride = as >= 0xF0    ? fz_hostile_int[as - 0xF0]
+                           : as % 3 == 0 ? 0
+                                         : p->q_heads + (long long)(as % 3 == 2);
+  p->alibi_batch_stride = (int)(stride > INT_MAX ? INT_MAX : stride < INT_MIN ? INT_MIN : stride);
   c->aux[A_SINKS] = !!(s & S_SINKS);
   p->score = (s & S_BAD_SCORE)  ? (clattn_score)((s & 128) ? -1 : 2)
              : (s & S_ADDITIVE) ? CLATTN_SCORE_ADDITIVE
@@ -193,8 +200,14 @@ int fz_ext_data(fz_case *c, fz_reader *r) {
   if (!c->ext) return 0;
   const int vshort = !!(e_byte(c, E_VARLEN) & V_SHORT), sshort = !!(e_byte(c, E_SCORE) & S_SHORT);
   const long long table_n = (long long)p->batch * p->block_table_stride;
-  const long counts[A_COUNT] = {p->batch + 1L, p->batch + 1L, table_n > 0 && table_n <= INT_MAX ? (long)table_n : -1,
-                                p->q_heads,    p->q_heads,    p->head_dim};
+  const long long alibi_n =
+      p->alibi_batch_stride > 0 ? (p->batch - 1LL) * p->alibi_batch_stride + p->q_heads : p->q_heads;
+  const long counts[A_COUNT] = {p->batch + 1L,
+                                p->batch + 1L,
+                                table_n > 0 && table_n <= INT_MAX ? (long)table_n : -1,
+                                alibi_n > 0 && alibi_n <= INT_MAX ? (long)alibi_n : -1,
+                                p->q_heads,
+                                p->head_dim};
   const int shorts[A_COUNT] = {vshort, vshort, !!(e_byte(c, E_PAGED) & P_SHORT), sshort, sshort, sshort};
   for (int a = 0; a < A_COUNT; a++) {
     if (!c->aux[a]) continue;
@@ -299,16 +312,23 @@ void fz_ext_rules(const fz_case *c, int dims_ok, fz_reason_fn reason, void *rc) 
   if (p->score == CLATTN_SCORE_ADDITIVE && !c->aux[A_ADDW]) R(inv, "additive score without additive_w");
   if (p->score == CLATTN_SCORE_DOT && c->aux[A_ADDW]) R(inv, "additive_w with the dot score");
   const int vl = c->aux[A_CU_Q] || c->aux[A_CU_K];
-  if (vl) {
+  if (vl && paged(c)) { /* packed queries over the pages: cu_seqlens_q alone, lengths in kv_lens */
+    if (c->aux[A_CU_K]) R(inv, "cu_seqlens_k with a block table");
+    if (c->aux[A_CU_Q] && p->total_q <= 0) R(inv, "total_q %d", p->total_q);
+  } else if (vl) {
     if (c->aux[A_CU_Q] != c->aux[A_CU_K]) R(inv, "only one of cu_seqlens_q / cu_seqlens_k");
     if (c->kv_lens) R(inv, "kv_lens with cu_seqlens");
-    if (paged(c)) R(inv, "cu_seqlens with a block table");
-    if (p->batch == INT_MAX) R(inv, "cu_seqlens with batch INT_MAX");
     if (p->total_q <= 0 || p->total_kv <= 0) R(inv, "total_q %d, total_kv %d", p->total_q, p->total_kv);
-    const clattn_tensor *v4[4] = {&p->q, &p->k, &p->v, &p->out};
-    for (int i = 0; i < 4; i++)
-      if (c->present[i] && v4[i]->stride[0] != 0) R(inv, "view %d has a batch stride with cu_seqlens", i);
   }
+  if (vl) {
+    if (p->batch == INT_MAX) R(inv, "cu_seqlens with batch INT_MAX");
+    const clattn_tensor *v4[4] = {&p->q, &p->k, &p->v, &p->out};
+    for (int i = 0; i < 4; i++) /* paged k and v: stride[0] steps a page */
+      if (c->present[i] && v4[i]->stride[0] != 0 && !(paged(c) && (i == T_K || i == T_V)))
+        R(inv, "view %d has a batch stride with cu_seqlens", i);
+  }
+  if (p->alibi_batch_stride < 0) R(inv, "alibi_batch_stride %d", p->alibi_batch_stride);
+  if (p->alibi_batch_stride > 0 && !c->aux[A_ALIBI]) R(inv, "alibi_batch_stride without alibi_slopes");
   if (paged(c) && !c->kv_lens) R(inv, "block table without kv_lens");
   if (!dims_ok) return;
   if (vl) {
@@ -340,7 +360,10 @@ void fz_ext_rules(const fz_case *c, int dims_ok, fz_reason_fn reason, void *rc) 
   if (kv == CLATTN_INT8 && (!c->present[T_KS] || !c->present[T_VS])) R(inv, "INT8 without k_scale / v_scale");
   if (kv != CLATTN_INT8 && (c->present[T_KS] || c->present[T_VS])) R(inv, "k_scale / v_scale without INT8");
   const size_t heads = (size_t)p->q_heads * 4;
-  if (c->aux[A_ALIBI] && c->aux_bytes[A_ALIBI] < heads) R(small, "alibi_slopes %zu bytes", c->aux_bytes[A_ALIBI]);
+  if (c->aux[A_ALIBI] && p->alibi_batch_stride >= 0) { /* [batch, heads] with the batch stride (0: broadcast) */
+    const unsigned long long last = (unsigned long long)(p->batch - 1) * (unsigned)p->alibi_batch_stride + p->q_heads;
+    if (last * 4 > c->aux_bytes[A_ALIBI]) R(small, "alibi_slopes %zu bytes", c->aux_bytes[A_ALIBI]);
+  }
   if (c->aux[A_SINKS] && c->aux_bytes[A_SINKS] < heads) R(small, "sinks %zu bytes", c->aux_bytes[A_SINKS]);
   if (c->aux[A_ADDW] && c->aux_bytes[A_ADDW] < (size_t)p->head_dim * 4)
     R(small, "additive_w %zu bytes", c->aux_bytes[A_ADDW]);
@@ -475,11 +498,15 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
     free(pool_v);
     return -1;
   }
+  /* queries: packed as the call has them (cu_seqlens_q, clamped alike by
+   * the reference), else batch row b's M rows packed at b * M */
+  const int32_t *cu_q = varlen(c) ? (const int32_t *)(const void *)c->aux_host[A_CU_Q] : NULL;
   long total = 0;
-  r->cu_q[0] = r->cu_k[0] = 0;
+  r->cu_q[0] = cu_q ? cu_q[0] : 0;
+  r->cu_k[0] = 0;
   for (int b = 0; b < B; b++) {
     total += clampl(c->kv_lens_host[b], 0, N);
-    r->cu_q[b + 1] = (b + 1) * M;
+    r->cu_q[b + 1] = cu_q ? cu_q[b + 1] : (b + 1) * M;
     r->cu_k[b + 1] = (int32_t)total;
   }
   const size_t T = total > 0 ? (size_t)total : 1;
@@ -506,7 +533,7 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
     }
     for (int h = 0; h < Hq; h++)
       for (int i = 0; i < M; i++) {
-        for (int d = 0; d < dk; d++)
+        for (int d = 0; d < dk && !cu_q; d++)
           qp[((size_t)h * B * M + (size_t)b * M + i) * dk + d] = in->q[cp_index(&p->q, b, h, i, d)];
         for (int j = 0; j < N; j++) {
           const size_t at = (((size_t)b * Hq + h) * M + i) * N + j;
@@ -521,9 +548,15 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
   }
   free(pool_k);
   free(pool_v);
-  free(r->q);
-  r->q = qp;
-  in->q = qp;
+  if (cu_q) { /* the call's own q and view */
+    free(qp);
+  } else {
+    free(r->q);
+    r->q = qp;
+    in->q = qp;
+    rp->q = dense_view((size_t)Hq, (size_t)B * M, (size_t)dk, 0);
+    rp->total_q = B * M;
+  }
   in->k = r->k;
   in->v = r->v;
   in->mask = r->mask;
@@ -532,9 +565,7 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
   in->cu_seqlens_k = r->cu_k;
   rp->kv_lens = NULL;
   rp->cu_seqlens_q = rp->cu_seqlens_k = DUMMY_MEM;
-  rp->total_q = B * M;
   rp->total_kv = (int)total;
-  rp->q = dense_view((size_t)Hq, (size_t)B * M, (size_t)dk, 0);
   rp->k = dense_view((size_t)Hkv, T, (size_t)dk, 0);
   rp->v = dense_view((size_t)Hkv, T, (size_t)dv, 0);
   rp->mask = (clattn_tensor){DUMMY_MEM, 0, {(size_t)Hq * M * N, (size_t)M * N, (size_t)N, 1}};
@@ -573,8 +604,8 @@ int fz_ext_view(const fz_case *c, int t, uint8_t vb[4]) {
 void fz_ext_adjust_view(fz_case *c, int t) {
   if (!c->ext || !c->present[t]) return;
   clattn_tensor *tv = t == T_Q ? &c->p.q : t == T_K ? &c->p.k : t == T_V ? &c->p.v : t == T_OUT ? &c->p.out : NULL;
-  if (tv && varlen(c) && !(e_byte(c, E_VARLEN) & V_BATCH_STRIDE))
-    tv->stride[0] = 0; /* sequences are rows (the batch dimension is 1) */
+  if (tv && varlen(c) && !(e_byte(c, E_VARLEN) & V_BATCH_STRIDE) && !(paged(c) && (t == T_K || t == T_V)))
+    tv->stride[0] = 0; /* sequences are rows (the batch dimension is 1); pages keep their stride */
   if ((t == T_K || t == T_V) && c->kv == CLATTN_Q8_0) fz_q8_view(c, t, e_byte(c, t == T_K ? E_Q8_K : E_Q8_V));
 }
 

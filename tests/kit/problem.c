@@ -411,7 +411,11 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen) {
   if (s->mask != CP_MASK_NONE) ok &= !!(pb->mask = xcalloc(pb->mask_elems, 1));
   if (s->bias != CP_BIAS_NONE) ok &= !!(pb->bias = xcalloc(pb->bias_elems, sizeof(float)));
   if (s->kv_lens && !s->varlen) ok &= !!(pb->kv_lens = xcalloc((size_t)B, sizeof(int32_t)));
-  if (s->alibi) ok &= !!(pb->alibi_slopes = xcalloc((size_t)Hq, sizeof(float)));
+  if (s->alibi) {
+    p->alibi_batch_stride = s->alibi == 2 ? Hq + 1 : 0;
+    pb->alibi_elems = (size_t)(B - 1) * (size_t)p->alibi_batch_stride + (size_t)Hq;
+    ok &= !!(pb->alibi_slopes = xcalloc(pb->alibi_elems, sizeof(float)));
+  }
   if (s->sinks) ok &= !!(pb->sinks = xcalloc((size_t)Hq, sizeof(float)));
   if (s->additive) ok &= !!(pb->additive_w = xcalloc((size_t)dk, sizeof(float)));
   if (!ok) {
@@ -474,10 +478,13 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen) {
   if (pb->kv_lens)
     for (int b = 0; b < B; b++) pb->kv_lens[b] = 1 + (int32_t)(rng_next(&g) % (uint64_t)N);
   for (int d = 0; pb->additive_w && d < dk; d++) pb->additive_w[d] = rng_sym(&g, 1.0);
-  for (int h = 0; h < Hq; h++) {
-    if (pb->alibi_slopes) pb->alibi_slopes[h] = (float)pow(2.0, -8.0 * (h + 1) / Hq);
-    if (pb->sinks) pb->sinks[h] = 1.0f + rng_sym(&g, 2.0);
+  for (size_t e = 0; e < pb->alibi_elems; e++) { /* per batch row: each row's own slopes, NaN between rows */
+    const size_t stride = p->alibi_batch_stride ? (size_t)p->alibi_batch_stride : (size_t)Hq;
+    const int b = (int)(e / stride), h = (int)(e % stride);
+    pb->alibi_slopes[e] =
+        h == Hq ? NAN : (float)(pow(2.0, -8.0 * (h + 1) / Hq) * (s->alibi == 2 ? (b + 2) / 2.0 : 1.0));
   }
+  for (int h = 0; h < Hq && pb->sinks; h++) pb->sinks[h] = 1.0f + rng_sym(&g, 2.0);
 
   if (s->poison_disallowed) cp_poison_disallowed(pb);
   return pb;
@@ -675,7 +682,7 @@ int cp_write_inputs(cp_problem *pb) {
   if (write_inputs_qkv(pb, 0) || write_buf(pb, pb->mask_buf, pb->mask_elems, pb->mask, "mask") ||
       write_buf(pb, pb->bias_buf, pb->bias_elems * sizeof(float), pb->bias, "bias") ||
       write_buf(pb, pb->kv_lens_buf, (size_t)pb->params.batch * sizeof(int32_t), pb->kv_lens, "kv_lens") ||
-      write_buf(pb, pb->alibi_buf, (size_t)pb->params.q_heads * sizeof(float), pb->alibi_slopes, "alibi") ||
+      write_buf(pb, pb->alibi_buf, pb->alibi_elems * sizeof(float), pb->alibi_slopes, "alibi") ||
       write_buf(pb, pb->sinks_buf, (size_t)pb->params.q_heads * sizeof(float), pb->sinks, "sinks") ||
       write_buf(pb, pb->additive_w_buf, (size_t)pb->params.head_dim * sizeof(float), pb->additive_w, "additive_w") ||
       write_buf(pb, pb->cu_q_buf, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_q, "cu_seqlens_q") ||
@@ -706,7 +713,7 @@ int cp_upload(cp_problem *pb, clattn_context *ctx) {
       create_buf(pb, &pb->kv_lens_buf, ro, (size_t)pb->params.batch * sizeof(int32_t), pb->kv_lens, "kv_lens"))
     goto fail;
   if (pb->alibi_slopes &&
-      create_buf(pb, &pb->alibi_buf, ro, (size_t)pb->params.q_heads * sizeof(float), pb->alibi_slopes, "alibi_slopes"))
+      create_buf(pb, &pb->alibi_buf, ro, pb->alibi_elems * sizeof(float), pb->alibi_slopes, "alibi_slopes"))
     goto fail;
   if (pb->sinks && create_buf(pb, &pb->sinks_buf, ro, (size_t)pb->params.q_heads * sizeof(float), pb->sinks, "sinks"))
     goto fail;

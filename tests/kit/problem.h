@@ -80,7 +80,9 @@ typedef struct {
   clattn_dtype dtype;       /* storage of q, k, v, out: inputs are rounded to it on the host,
                                so the reference sees exactly what the device reads */
   float softcap;            /* 0 = off */
-  int alibi;                /* ALiBi slopes: the standard 2^(-8 (h+1) / Hq) */
+  int alibi;                /* ALiBi slopes: 1, the standard 2^(-8 (h+1) / Hq) per head; 2, per (batch,
+                               head): head h's times (b + 2) / 2 in batch row b, alibi_batch_stride
+                               Hq + 1 (the unused slot after each row's slopes holds NaN) */
   int sinks;                /* a random sink logit per head in [-1, 3] */
   int additive;             /* CLATTN_SCORE_ADDITIVE with random weights w in [-1, 1] */
   int varlen;               /* packed variable-length batch: sequence b has random lengths
@@ -102,10 +104,10 @@ typedef struct {
   float *q, *k, *v, *bias;
   unsigned char *mask;
   int32_t *kv_lens;
-  float *alibi_slopes, *sinks; /* [Hq] each, NULL when absent */
+  float *alibi_slopes, *sinks; /* [Hq] each (alibi 2: alibi_elems), NULL when absent */
   float *additive_w;           /* [head_dim], NULL unless additive */
   int32_t *cu_q, *cu_k;        /* [B + 1] each, NULL unless varlen */
-  size_t q_elems, k_elems, v_elems, mask_elems, bias_elems;
+  size_t q_elems, k_elems, v_elems, mask_elems, bias_elems, alibi_elems;
   size_t out_elems, lse_elems, weights_elems; /* whole output buffers */
   size_t diag_elems;                          /* each of entropy, max_weight, argmax (viewed like lse) */
 

@@ -32,14 +32,17 @@ ref_seq ref_sequence(const clattn_params *p, const ref_inputs *in, int b) {
   if (in->cu_seqlens_q) {
     const long q0 = clampl(in->cu_seqlens_q[b], 0, p->total_q);
     const long q1 = clampl(in->cu_seqlens_q[b + 1], q0, p->total_q);
+    s.q0 = q0;
+    s.rows = s.align_m = (int)(q1 - q0 < p->q_len ? q1 - q0 : p->q_len);
+  }
+  if (in->cu_seqlens_q && in->cu_seqlens_k) {
     const long k0 = clampl(in->cu_seqlens_k[b], 0, p->total_kv);
     const long k1 = clampl(in->cu_seqlens_k[b + 1], k0, p->total_kv);
-    s.q0 = q0;
     s.k0 = k0;
-    s.rows = s.align_m = (int)(q1 - q0 < p->q_len ? q1 - q0 : p->q_len);
     s.keys = s.align_n = (int)(k1 - k0 < p->kv_len ? k1 - k0 : p->kv_len);
   } else if (in->kv_lens) {
     s.keys = (int)clampl(in->kv_lens[b], 0, p->kv_len);
+    if (in->cu_seqlens_q) s.align_n = s.keys; /* packed queries over per-row keys (a paged cache's form) */
   }
   return s;
 }
@@ -69,7 +72,7 @@ double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int
   if (in->bias) sc += (double)in->bias[view_index(&p->bias, b, h, i, j)];
   if (in->alibi_slopes) {
     const long pos = (long)i + ((long)sq.align_n - (long)sq.align_m);
-    sc -= (double)in->alibi_slopes[h] * (double)labs(pos - j);
+    sc -= (double)in->alibi_slopes[(size_t)b * (size_t)p->alibi_batch_stride + (size_t)h] * (double)labs(pos - j);
   }
   return sc;
 }

@@ -18,7 +18,8 @@ typedef struct {
   const unsigned char *mask;                  /* NULL unless p->mask.buf is set */
   const float *bias;                          /* NULL unless p->bias.buf is set */
   const int32_t *kv_lens;                     /* NULL unless p->kv_lens is set: [B] */
-  const float *alibi_slopes;                  /* NULL unless p->alibi_slopes is set: [Hq] */
+  const float *alibi_slopes;                  /* NULL unless p->alibi_slopes is set: slope (b, h) at
+                                                 b * p->alibi_batch_stride + h */
   const float *sinks;                         /* NULL unless p->sinks is set: [Hq] */
   const float *additive_w;                    /* set exactly when p->score is CLATTN_SCORE_ADDITIVE: [head_dim] */
   const int32_t *cu_seqlens_q, *cu_seqlens_k; /* set exactly when p->cu_seqlens_q is: [B + 1] each */
@@ -39,7 +40,8 @@ typedef struct {
  * batches start at row 0 with q_len rows and kv_lens[b] (or kv_len) keys,
  * aligned on q_len / kv_len; packed sequences (cu_seqlens) at their offsets,
  * clamped to total_q / total_kv, with their own lengths (at most q_len /
- * kv_len) for rows, keys and alignment. Rows i >= rows do not exist: they
+ * kv_len) for rows, keys and alignment; packed queries without
+ * cu_seqlens_k (a paged cache's form) over kv_lens[b] keys aligned on them. Rows i >= rows do not exist: they
  * have no output row (the reference writes zeros, argmax -1). */
 typedef struct {
   long q0, k0;

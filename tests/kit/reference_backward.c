@@ -27,6 +27,7 @@ int ref_backward(const clattn_params *p, const ref_inputs *in, const double *d_o
   memset(g->d_v, 0, (size_t)B * Hkv * N * dv * sizeof(double));
   if (g->d_sinks) memset(g->d_sinks, 0, (size_t)Hq * sizeof(double));
   if (g->d_additive_w) memset(g->d_additive_w, 0, (size_t)dk * sizeof(double));
+  if (g->d_scores) memset(g->d_scores, 0, (size_t)B * Hq * M * N * sizeof(double));
 
   double *s = malloc((size_t)N * sizeof *s); /* shaped scores, then weights */
   unsigned char *use = malloc((size_t)N);
@@ -81,6 +82,7 @@ int ref_backward(const clattn_params *p, const ref_inputs *in, const double *d_o
             dvj[c] += pj * dor[c];
           }
           double ds = pj * (dp - D); /* dL / d(shaped score) */
+          if (g->d_scores) g->d_scores[row * N + j] = ds;
           double dot = 0.0;
           for (int d = 0; d < dk; d++) {
             const double qd = in->q[at(&p->q, b, h, sq.q0 + i, d)], kd = in->k[at(&p->k, b, hk, sq.k0 + j, d)];

@@ -18,6 +18,8 @@ typedef struct {
   double *d_q, *d_k, *d_v; /* required: B*Hq*M*dk, B*Hkv*N*dk, B*Hkv*N*dv */
   double *d_sinks;         /* optional: [Hq] (zeros without sinks) */
   double *d_additive_w;    /* optional: [head_dim] (zeros unless additive) */
+  double *d_scores;        /* optional: B*Hq*M*N, dL/d(shaped score) of each pair, the bias's
+                              gradient before any broadcast sum (zeros where no pair flows) */
 } ref_grads;
 
 /* The gradients of L = sum dO . O in fp64. Returns 0, or -1 for params the

@@ -368,7 +368,7 @@ static int check_gradients(lab_device *d, const clattn_params *p, const float *x
     goto done;
   for (int i = 0; i < nb * DV; i++) dout[i] = d_o[i];
   const ref_inputs in = {.q = qkv, .k = qkv, .v = qkv};
-  ref_grads g = {rq, rk, rv, NULL, NULL};
+  ref_grads g = {rq, rk, rv, NULL, NULL, NULL};
   if (ref_backward(p, &in, dout, &g) != 0) {
     fail(err, errlen, "the fp64 reference cannot run these params");
     goto done;

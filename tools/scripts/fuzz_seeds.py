@@ -65,10 +65,11 @@ TOTAL = {"last": 0, "last+1": 1, "last-1": 2, "zero": 3}
 
 def ext(dtype="f32", kv="same", score=(), softcap=5.0, varlen=(), total_q="last", total_kv="last", paged=False,
         table_short=False, page_size=4, num_pages=8, bt_stride=0, scale_flips=0, k_scale_view=(0, 0, 0, 0),
-        v_scale_view=(0, 0, 0, 0), q8_k=0, q8_v=0, **kw):
+        v_scale_view=(0, 0, 0, 0), q8_k=0, q8_v=0, alibi_stride=0, **kw):
     """An input of the extended format: the magic, its header, then case(**kw).
     page_size 1..16, num_pages 1..32 (or a hostile byte >= 0xF0), bt_stride:
-    0 the least entries, 1 / 2 more, 3 one too few (or a hostile byte)."""
+    0 the least entries, 1 / 2 more, 3 one too few (or a hostile byte).
+    alibi_stride: 0 per head, 1 q_heads, 2 q_heads + 1 (or a hostile byte)."""
     e = [0] * EXT_LEN
     e[0] = DTYPE[dtype]
     e[1] = KV[kv]
@@ -84,6 +85,7 @@ def ext(dtype="f32", kv="same", score=(), softcap=5.0, varlen=(), total_q="last"
     e[14:18] = v_scale_view
     e[18] = q8_k
     e[19] = q8_v
+    e[20] = alibi_stride
     return MAGIC + bytes(e) + case(**kw)
 
 
@@ -197,6 +199,29 @@ SEEDS = {
     "ext_paged_table_short": ext(paged=True, table_short=True, B=2, flags=("kv_lens",)),
     "ext_paged_pool_view_too_small": ext(paged=True, num_pages=5, flags=("kv_lens",), views={"k": (0, 0, 1, 0)}),
     "ext_paged_with_varlen_invalid": ext(paged=True, varlen=("cu_q", "cu_k"), B=2),
+    # packed queries over the pages (continuous batching): kv_lens N = 20 and N/2 = 10, cu_q steps 3 and 1,
+    # then the tables as ext_paged_f32's
+    "ext_paged_packed_queries": ext(paged=True, varlen=("cu_q",), page_size=4, num_pages=10, B=2, M=3, N=20,
+                                    causal=1, flags=("kv_lens", "lse"),
+                                    data=bytes([0, 6, 0, 3, 1, 3, 7, 1, 0, 9, 2, 3, 4, 5, 6])),
+    "ext_paged_packed_queries_q8_0_window": ext(kv="q8_0", paged=True, varlen=("cu_q",), page_size=5, num_pages=6,
+                                                B=2, M=4, N=9, dk=32, dv=32, wl=2, algo=2, flags=("kv_lens",),
+                                                data=bytes([0, 2, 0, 4, 2, 5, 0, 1, 0, 3])),
+    "ext_paged_packed_queries_batch_stride_invalid": ext(paged=True, varlen=("cu_q", "batch_stride"), B=2,
+                                                         flags=("kv_lens",)),
+    "ext_paged_packed_queries_total_zero_invalid": ext(paged=True, varlen=("cu_q",), total_q="zero", B=2,
+                                                       flags=("kv_lens",)),
+    # ALiBi slopes per (batch, head): q_heads + 1 apart (a gap never read), q_heads apart with GQA
+    "ext_alibi_per_batch_gaps": ext(score=("alibi",), alibi_stride=2, B=3, Hq=2, M=5, N=7, causal=1,
+                                    flags=("lse",)),
+    "ext_alibi_per_batch_paged_staged": ext(score=("alibi", "sinks"), alibi_stride=1, paged=True, page_size=4,
+                                            num_pages=10, B=2, Hq=4, Hkv=2, M=3, N=20, algo=1,
+                                            flags=("kv_lens", "weights"),
+                                            data=bytes([0, 6, 3, 7, 1, 0, 9, 2, 3, 4, 5, 6])),
+    "ext_alibi_stride_without_slopes_invalid": ext(alibi_stride=1, B=2),
+    "ext_alibi_stride_negative_invalid": ext(score=("alibi",), alibi_stride=0xF1, B=2),
+    "ext_alibi_per_batch_short": ext(score=("alibi", "short"), alibi_stride=1, B=3, Hq=2),
+    "ext_alibi_stride_huge": ext(score=("alibi",), alibi_stride=0xF2, B=2),
 }
 
 

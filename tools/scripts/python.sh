@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The Python binding's stage: a virtual environment in BUILD_DIR/python-venv
 # (it sees the system's site-packages, so an installed torch or pyopencl is
-# used) with numpy and pytest from PyPI, pyopencl when PyPI has a wheel for
-# this Python (optional: its tests skip without it), the package installed
-# from python/ with libclattn built in BUILD_DIR, then pytest python/tests.
+# used) with numpy and pytest from PyPI, pyopencl and ml_dtypes when PyPI has
+# wheels for this Python (optional: their tests skip without them), the
+# package installed from python/ with libclattn built in BUILD_DIR, then
+# pytest python/tests.
 #
 #   tools/scripts/python.sh [BUILD_DIR]        default: build-test (tools/scripts/setup.sh's)
 #
@@ -37,6 +38,10 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 if ! "$venv/bin/python" -c "import pyopencl" 2>/dev/null; then
   "${pip[@]}" install --only-binary :all: pyopencl 2>/dev/null ||
     echo "python: no pyopencl wheel for this Python: the pyopencl tests will be skipped"
+fi
+if ! "$venv/bin/python" -c "import ml_dtypes" 2>/dev/null; then
+  "${pip[@]}" install --only-binary :all: ml_dtypes 2>/dev/null ||
+    echo "python: no ml_dtypes wheel for this Python: the ml_dtypes.bfloat16 tests will be skipped"
 fi
 CLATTN_MESON_BUILD_DIR=$build_dir "${pip[@]}" install --force-reinstall --no-deps ./python ||
   { echo "python: pip install ./python failed" >&2; exit 1; }

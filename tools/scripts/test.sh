@@ -16,7 +16,7 @@
 #     fuzz              libFuzzer on clattn_forward for 60 s
 #     fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
 #
-# Times on 2 cores with cold kernel caches: README, "Quick start".
+# Times on 2 cores with cold kernel caches: docs/development.md.
 # Exit status: 0 when every stage passed or was skipped (exit 77, named in
 # the summary with its reason above it).
 set -uo pipefail
