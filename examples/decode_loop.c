@@ -7,8 +7,12 @@
  *   prefill:  project the prompt, clattn_kv_append its K/V rows into the
  *             pages, clattn_forward causal over them;
  *   decode:   per step and layer, project the new token, clattn_kv_append
- *             one row per sequence at its position, clattn_forward with
- *             q_len 1 over kv_lens[b] keys through the block table.
+ *             one row per sequence at its position, then the layer's plan:
+ *             clattn_plan_enqueue of an attention call with q_len 1 over
+ *             kv_lens[b] keys through the block table, checked and prepared
+ *             once (clattn_plan_create before the loop). The plan's kv_len
+ *             is the cache's capacity and the kv_lens buffer carries each
+ *             sequence's length, so every step enqueues the plan as made.
  *
  * Projections are CLBlast GEMMs on the same queue; nothing but the logits
  * (and, for the check, the cache) comes back to the host. Every attention
@@ -154,6 +158,38 @@ out:
   return worst;
 }
 
+/* One layer's attention call over m new rows per sequence: q and out are
+ * the projections' rows (b, i) holding every head, k and v the layer's
+ * paged Q8_0 cache ([page, kv head, row, block], in bytes), kv_lens each
+ * sequence's length (causal aligns the new rows at its end), kv_len the
+ * cache's capacity (an upper bound of kv_lens). */
+static clattn_params layer_attention(int m, cl_mem q, cl_mem out, cl_mem k_cache, cl_mem v_cache, cl_mem table,
+                                     cl_mem kv_lens) {
+  const size_t act_q = (size_t)HQ * DH;
+  const clattn_tensor cache_view = {NULL, 0, {(size_t)HKV * PAGE * ROW_BYTES, (size_t)PAGE * ROW_BYTES, ROW_BYTES, 34}};
+  clattn_params p = clattn_params_default();
+  p.batch = B;
+  p.q_heads = HQ;
+  p.kv_heads = HKV;
+  p.q_len = m;
+  p.kv_len = PAGES_PER_SEQ * PAGE;
+  p.head_dim = p.value_dim = DH;
+  p.q = (clattn_tensor){q, 0, {(size_t)m * act_q, DH, act_q, 1}};
+  p.out = (clattn_tensor){out, 0, {(size_t)m * act_q, DH, act_q, 1}};
+  p.kv_dtype = CLATTN_Q8_0;
+  p.k = cache_view;
+  p.k.buf = k_cache;
+  p.v = cache_view;
+  p.v.buf = v_cache;
+  p.block_table = table;
+  p.block_table_stride = PAGES_PER_SEQ;
+  p.page_size = PAGE;
+  p.num_pages = POOL;
+  p.kv_lens = kv_lens;
+  p.causal = 1;
+  return p;
+}
+
 int main(void) {
   clattn_context *ctx = NULL;
   if (clattn_create(NULL, &ctx) != CLATTN_OK) {
@@ -173,6 +209,7 @@ int main(void) {
   float *w = malloc(n_weights * sizeof *w), *logits = malloc((size_t)B * VOCAB * sizeof *logits);
   cl_mem weights = NULL, x = NULL, qp = NULL, kp = NULL, vp = NULL, attn = NULL, positions = NULL, kv_lens = NULL;
   cl_mem table_buf = NULL, k_cache[LAYERS] = {NULL}, v_cache[LAYERS] = {NULL};
+  clattn_plan *plans[LAYERS] = {NULL};
   if (!w || !logits) goto done;
   for (size_t i = 0; i < n_weights; i++) w[i] = frand() / sqrtf((float)DM) * (i < n_embed ? 8.0f : 1.0f);
   const size_t rows_max = (size_t)B * PROMPT; /* activation rows: (sequence, token) */
@@ -210,6 +247,15 @@ int main(void) {
                                  ((size_t)b * PROMPT + i) * DM * sizeof(float), DM * sizeof(float), 0, NULL, NULL),
              "clEnqueueCopyBuffer(embedding)");
 
+  /* the attention call of each layer: prefill (the prompt's rows, once)
+   * through clattn_forward, decode (one row per sequence) through a plan */
+  clattn_params prefill[LAYERS], decode[LAYERS];
+  for (int l = 0; l < LAYERS; l++) {
+    prefill[l] = layer_attention(PROMPT, qp, attn, k_cache[l], v_cache[l], table_buf, kv_lens);
+    decode[l] = layer_attention(1, qp, attn, k_cache[l], v_cache[l], table_buf, kv_lens);
+    TRY_ATTN(clattn_plan_create(ctx, &decode[l], &plans[l]), "clattn_plan_create");
+  }
+
   int32_t pos[B] = {0, 0}, lens[B];
   for (int step = 0; step <= STEPS; step++) {
     const int m = step == 0 ? PROMPT : 1; /* new tokens per sequence */
@@ -223,9 +269,7 @@ int main(void) {
       TRY_BLAST(matmul(&queue, rows, act_kv, DM, x, weights, wl + n_q, 0.0f, kp), "x Wk");
       TRY_BLAST(matmul(&queue, rows, act_kv, DM, x, weights, wl + n_q + n_kv, 0.0f, vp), "x Wv");
 
-      /* the cache, as both calls describe it: [page, kv head, row, block] in bytes */
-      const clattn_tensor cache_view = {
-          NULL, 0, {(size_t)HKV * PAGE * ROW_BYTES, (size_t)PAGE * ROW_BYTES, ROW_BYTES, 34}};
+      const clattn_params *p = step == 0 ? &prefill[l] : &decode[l];
       clattn_append_params ap = clattn_append_params_default();
       ap.batch = B;
       ap.kv_heads = HKV;
@@ -235,36 +279,18 @@ int main(void) {
       ap.k_new = (clattn_tensor){kp, 0, {(size_t)m * act_kv, DH, act_kv, 1}}; /* row (b, i) holds every head */
       ap.v_new = (clattn_tensor){vp, 0, {(size_t)m * act_kv, DH, act_kv, 1}};
       ap.positions = positions;
-      ap.kv_dtype = CLATTN_Q8_0;
-      ap.k = cache_view;
-      ap.k.buf = k_cache[l];
-      ap.v = cache_view;
-      ap.v.buf = v_cache[l];
+      ap.kv_dtype = CLATTN_Q8_0; /* the cache as the attention call describes it */
+      ap.k = p->k;
+      ap.v = p->v;
       ap.block_table = table_buf;
       ap.block_table_stride = PAGES_PER_SEQ;
       ap.page_size = PAGE;
       ap.num_pages = POOL;
       TRY_ATTN(clattn_kv_append(ctx, &ap, 0, NULL, NULL), "clattn_kv_append");
-
-      clattn_params p = clattn_params_default();
-      p.batch = B;
-      p.q_heads = HQ;
-      p.kv_heads = HKV;
-      p.q_len = m;
-      p.kv_len = PAGES_PER_SEQ * PAGE; /* an upper bound of kv_lens */
-      p.head_dim = p.value_dim = DH;
-      p.q = (clattn_tensor){qp, 0, {(size_t)m * act_q, DH, act_q, 1}};
-      p.out = (clattn_tensor){attn, 0, {(size_t)m * act_q, DH, act_q, 1}};
-      p.kv_dtype = CLATTN_Q8_0;
-      p.k = ap.k;
-      p.v = ap.v;
-      p.block_table = table_buf;
-      p.block_table_stride = PAGES_PER_SEQ;
-      p.page_size = PAGE;
-      p.num_pages = POOL;
-      p.kv_lens = kv_lens; /* each sequence's length; causal aligns the new rows at its end */
-      p.causal = 1;
-      TRY_ATTN(clattn_forward(ctx, &p, 0, NULL, NULL), "clattn_forward");
+      if (step == 0)
+        TRY_ATTN(clattn_forward(ctx, p, 0, NULL, NULL), "clattn_forward");
+      else
+        TRY_ATTN(clattn_plan_enqueue(plans[l], NULL, 0, NULL, NULL), "clattn_plan_enqueue");
 
       int bad = 0;
       const double e = check_attention(queue, qp, attn, k_cache[l], v_cache[l], table, lens, m, &bad);
@@ -311,6 +337,7 @@ int main(void) {
   printf("  worst attention error against the fp64 reference: %.3g (%d checks)\n", worst, (generated + 1) * LAYERS);
   status = failed || generated != STEPS ? 1 : 0;
 done:
+  for (int l = 0; l < LAYERS; l++) clattn_plan_release(plans[l]); /* before the context */
   if (weights) clReleaseMemObject(weights);
   cl_mem all[] = {x, qp, kp, vp, attn, positions, kv_lens, table_buf};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)

@@ -364,6 +364,65 @@ CLATTN_EXPORT size_t clattn_peak_scratch_bytes(clattn_context *ctx, int reset);
  * naming it; a build failure CLATTN_ERR_BUILD with the log. */
 CLATTN_EXPORT clattn_status clattn_prepare(clattn_context *ctx, const clattn_params *shapes, int n);
 
+/* Plans: a serving loop's attention call, made once, enqueued per step.
+ *
+ * clattn_plan_create does once everything clattn_forward does before it
+ * enqueues: every check of p (the views for p->kv_len included), the
+ * program builds, AUTO's choice, the launch (key splits, grid), the kernel
+ * arguments. A FUSED plan (AUTO's choice for decode and prefill) holds
+ * kernel objects and device scratch of its own, so clattn_plan_enqueue only
+ * patches the arguments the step changes and enqueues, with no OpenCL
+ * query; a STAGED or GEMM plan skips the checks and planning and runs the
+ * path as clattn_forward does. Each step's outputs are bitwise those of
+ * clattn_forward with the plan's params changed as the step says (the same
+ * kernels, the same splits).
+ *
+ * What a step may change: the KV length (kv_len up to the planned one, so
+ * plan with the largest length a step may use: the plan's capacity), the
+ * offsets of the q, out and lse views, the contents of every buffer (kv_lens
+ * too), the wait list and the done event. Any other change (buffers, shapes,
+ * masks, dtypes) is another plan. A step the plan cannot take is refused
+ * with CLATTN_ERR_INVALID_ARGUMENT or CLATTN_ERR_BUFFER_TOO_SMALL naming
+ * the step's field, before anything is enqueued; the plan stays usable.
+ *
+ * A plan retains the cl_mems of p's views and buffers until released, and
+ * must be released before its context is destroyed. Plans are independent
+ * of each other; one plan may be enqueued from several threads (its steps
+ * go in one at a time). On an out-of-order queue each step also waits for
+ * the plan's previous step, whose scratch it reuses.
+ *
+ * Where the device reports cl_khr_command_buffer, a FUSED plan may record
+ * its kernels once and replay them per step (updating the changed
+ * arguments in place with cl_khr_command_buffer_mutable_dispatch); by
+ * default only on GPUs (CPU runtimes measured slower replaying than
+ * enqueuing). CLATTN_COMMAND_BUFFER=0 in the environment forces the plain
+ * enqueues everywhere, =1 command buffers wherever reported. Results are
+ * the same either way. */
+typedef struct clattn_plan clattn_plan;
+
+/* "As planned" for a step's offsets. */
+#define CLATTN_STEP_PLANNED ((size_t)-1)
+
+typedef struct {
+  int kv_len;        /* this step's keys, 1 .. the planned kv_len; 0 = as planned */
+  size_t q_offset;   /* q's view offset (elements) this step; CLATTN_STEP_PLANNED = as planned */
+  size_t out_offset; /* out's view offset; CLATTN_STEP_PLANNED = as planned */
+  size_t lse_offset; /* lse's view offset (a plan with an lse view); CLATTN_STEP_PLANNED = as planned */
+} clattn_step;
+
+/* Every field "as planned": kv_len 0, offsets CLATTN_STEP_PLANNED. */
+CLATTN_EXPORT clattn_step clattn_step_default(void);
+/* Makes a plan of *p (checked like clattn_forward: a rejected p makes no
+ * plan and *out is NULL). */
+CLATTN_EXPORT clattn_status clattn_plan_create(clattn_context *ctx, const clattn_params *p, clattn_plan **out);
+/* Enqueues one step (step NULL = as planned) after the n_wait events;
+ * *done, when non-NULL, receives an event that completes with it. Like
+ * clattn_forward otherwise (EMPTY_ERROR waits for the device). */
+CLATTN_EXPORT clattn_status clattn_plan_enqueue(clattn_plan *plan, const clattn_step *step, cl_uint n_wait,
+                                                const cl_event *wait, cl_event *done);
+/* Releases the plan (NULL: nothing); steps already enqueued still run. */
+CLATTN_EXPORT void clattn_plan_release(clattn_plan *plan);
+
 /* Name of an algorithm ("auto", "staged", "fused", "gemm"). */
 CLATTN_EXPORT const char *clattn_algo_name(clattn_algo a);
 

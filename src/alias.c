@@ -15,6 +15,7 @@
  * sharing (refused, saying so).
  */
 #include <stdint.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -48,6 +49,15 @@ void ca_views_repeat_last(ca_views *vs, size_t n, size_t step) {
   e->first -= (n - 1) * step;
   e->count[e->rank] = n;
   e->step[e->rank++] = step;
+}
+
+void ca_views_move(ca_views *vs, const char *name, size_t first) {
+  for (int i = 0; i < vs->n; i++) {
+    ca_extent *e = &vs->v[i];
+    if (strcmp(e->name, name) != 0) continue;
+    e->end = e->end - e->first + first; /* the span stays */
+    e->first = first;
+  }
 }
 
 /* x * w + (the rest) in [lo, hi], x in [x_lo, x_hi]: one term of the search. */

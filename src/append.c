@@ -20,7 +20,7 @@ static clattn_status enqueue_half(clattn_context *ctx, cl_kernel kernel, const c
                                   const clattn_tensor *src, const clattn_tensor *dst, const clattn_tensor *scale,
                                   int cols, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   const int paged = ap->block_table != NULL;
-  ca_args a = {kernel, "kv_append", 0, 0, CL_SUCCESS};
+  ca_args a = {kernel, "kv_append", 0, 0, CL_SUCCESS, NULL};
   ca_arg_view(&a, src);
   ca_arg_view(&a, dst);
   ca_arg_view(&a, scale);

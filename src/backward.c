@@ -121,6 +121,8 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   cl_mem dsum = NULL, sinkt = NULL, dw_rows = NULL, dq_acc = NULL;
   ca_backward_staged staged = {0};
   cl_event prev = NULL;
+  ca_deps deps;
+  ca_deps_init(&deps, n_wait, wait);
   const size_t rows_total = (size_t)p.batch * (size_t)p.q_heads * (size_t)p.q_len;
   const int varlen = p.cu_seqlens_q != NULL;
   const int want_sinks = bp->d_sinks != NULL, want_dw = bp->d_additive_w != NULL;
@@ -148,7 +150,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   if ((st = ca_backward_program(ctx, p.head_dim, p.value_dim, p.dtype, &program)) ||
       (st = ca_kernel_take(ctx, program, "bwd_rowdot", &rowdot)))
     goto fail;
-  if (use_staged && (st = ca_backward_staged_init(ctx, program, &p, &staged, &scratch_bytes))) goto fail;
+  if (use_staged && (st = ca_backward_staged_init(ctx, program, &p, &staged, &deps, &scratch_bytes))) goto fail;
   if (!use_staged &&
       ((st = ca_kernel_take(ctx, program, "bwd_dkdv", &dkdv)) || (st = ca_kernel_take(ctx, program, "bwd_dq", &dq))))
     goto fail;
@@ -158,12 +160,13 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   if ((want_sinks || want_dw) && (st = ca_kernel_take(ctx, program, "bwd_sum", &sum))) goto fail;
   if (varlen && (st = ca_kernel_take(ctx, program, "bwd_zero", &zero))) goto fail;
   if (bp->d_bias.buf && (st = ca_kernel_take(ctx, program, "bwd_dbias", &dbias))) goto fail;
-  if ((st = ca_scratch_take(ctx, rows_total * sizeof(float), "backward row sums D", &dsum)) ||
-      (p.sinks && (st = ca_scratch_take(ctx, rows_total * sizeof(float), "backward sink terms", &sinkt))) ||
-      (want_dw && (st = ca_scratch_take(ctx, (size_t)dw_bytes, "backward additive-w row terms", &dw_rows))) ||
-      (use_atomics && (st = ca_scratch_take(ctx, (size_t)dq_bytes, "backward atomic dQ rows", &dq_acc))))
+  if ((st = ca_scratch_take(ctx, rows_total * sizeof(float), "backward row sums D", &deps, &dsum)) ||
+      (p.sinks && (st = ca_scratch_take(ctx, rows_total * sizeof(float), "backward sink terms", &deps, &sinkt))) ||
+      (want_dw && (st = ca_scratch_take(ctx, (size_t)dw_bytes, "backward additive-w row terms", &deps, &dw_rows))) ||
+      (use_atomics && (st = ca_scratch_take(ctx, (size_t)dq_bytes, "backward atomic dQ rows", &deps, &dq_acc))))
     goto fail;
   ca_note_scratch(ctx, scratch_bytes);
+  if ((st = ca_deps_list(&deps, &n_wait, &wait))) goto fail; /* the first command's wait list */
 
   if (varlen) {
     /* rows no sequence covers (and rows past q_len / kv_len) still get 0 */
@@ -181,7 +184,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
    * vectorising its loops across work-items. */
   const size_t one[2] = {1, 1};
   const size_t *block_local = ctx->tiles.flash_wg ? NULL : one;
-  ca_args a = {rowdot, "bwd_rowdot", 0, 0, CL_SUCCESS};
+  ca_args a = {rowdot, "bwd_rowdot", 0, 0, CL_SUCCESS, NULL};
   ca_backward_args(&a, &p, &plan, bp, dsum, sinkt);
   if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, rowdot, "bwd_rowdot", 2, row_global, NULL, n_wait, wait, &prev)))
     goto fail;
@@ -193,7 +196,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
     if (use_atomics &&
         (st = ca_backward_fill(ctx, fill, dq_acc, (cl_ulong)rows_total * (cl_ulong)p.head_dim, n_wait, wait, &prev)))
       goto fail;
-    a = (ca_args){dkdv, "bwd_dkdv", 0, 0, CL_SUCCESS};
+    a = (ca_args){dkdv, "bwd_dkdv", 0, 0, CL_SUCCESS, NULL};
     ca_backward_args(&a, &p, &plan, bp, dsum, sinkt);
     ca_arg_view(&a, &bp->d_k);
     ca_arg_view(&a, &bp->d_v);
@@ -208,7 +211,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
                                   wait, &prev)))
         goto fail;
     } else {
-      a = (ca_args){dq, "bwd_dq", 0, 0, CL_SUCCESS};
+      a = (ca_args){dq, "bwd_dq", 0, 0, CL_SUCCESS, NULL};
       ca_backward_args(&a, &p, &plan, bp, dsum, sinkt);
       ca_arg_view(&a, &bp->d_q);
       ca_arg_mem(&a, dw_rows);
@@ -236,6 +239,7 @@ fail:;
   const cl_mem bufs[] = {dsum, sinkt, dw_rows, dq_acc};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ca_scratch_give(ctx, bufs[i], used);
   ca_backward_staged_release(ctx, &staged, used);
+  ca_deps_release(&deps);
   ca_hand_out(st, &prev, done);
   return st;
 }

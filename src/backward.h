@@ -47,9 +47,10 @@ typedef struct {
 
 /* Takes the staged path's kernels and scratch from the pools (P and G chunked to the
  * context's scratch budget; f32 dK, dV accumulators): CLATTN_ERR_OUT_OF_MEMORY
- * with a message when they cannot be had. Adds its bytes to *scratch_bytes. */
+ * with a message when they cannot be had. Adds its bytes to *scratch_bytes and
+ * the scratch's pending last uses to deps. */
 clattn_status ca_backward_staged_init(clattn_context *ctx, cl_program program, const clattn_params *p,
-                                      ca_backward_staged *s, size_t *scratch_bytes);
+                                      ca_backward_staged *s, ca_deps *deps, size_t *scratch_bytes);
 
 /* Enqueues the staged passes after bwd_rowdot (dsum, sinkt): dQ (and with
  * dw_rows, d_additive_w's row terms), dK and dV. */

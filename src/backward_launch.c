@@ -29,7 +29,7 @@ void ca_backward_args(ca_args *a, const clattn_params *p, const ca_plan *plan, c
 
 clattn_status ca_backward_zero(clattn_context *ctx, cl_kernel zero, const clattn_tensor *t, int heads, int rows,
                                int cols, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
-  ca_args a = {zero, "bwd_zero", 0, 0, CL_SUCCESS};
+  ca_args a = {zero, "bwd_zero", 0, 0, CL_SUCCESS, NULL};
   ca_arg_view(&a, t);
   ca_arg_int(&a, rows);
   ca_arg_int(&a, cols);
@@ -41,7 +41,7 @@ clattn_status ca_backward_zero(clattn_context *ctx, cl_kernel zero, const clattn
 
 clattn_status ca_backward_fill(clattn_context *ctx, cl_kernel fill, cl_mem x, cl_ulong n, cl_uint n_wait,
                                const cl_event *wait, cl_event *prev) {
-  ca_args a = {fill, "bwd_fill", 0, 0, CL_SUCCESS};
+  ca_args a = {fill, "bwd_fill", 0, 0, CL_SUCCESS, NULL};
   ca_arg_mem(&a, x);
   ca_arg(&a, sizeof n, &n);
   clattn_status st = ca_args_done(&a);
@@ -53,7 +53,7 @@ clattn_status ca_backward_fill(clattn_context *ctx, cl_kernel fill, cl_mem x, cl
 clattn_status ca_backward_store(clattn_context *ctx, cl_kernel store, cl_mem acc, int acc_cols, int col0, int cols,
                                 int heads, int key_side, const clattn_params *p, const clattn_tensor *view,
                                 cl_uint n_wait, const cl_event *wait, cl_event *prev) {
-  ca_args a = {store, "bwd_store", 0, 0, CL_SUCCESS};
+  ca_args a = {store, "bwd_store", 0, 0, CL_SUCCESS, NULL};
   ca_arg_mem(&a, acc);
   ca_arg_int(&a, acc_cols);
   ca_arg_int(&a, col0);
@@ -76,7 +76,7 @@ clattn_status ca_backward_dbias(clattn_context *ctx, cl_kernel dbias, const clat
   const int dims[4] = {p->batch, p->q_heads, p->q_len, p->kv_len};
   int summed = 0; /* bit d: the view broadcasts dimension d, which is summed */
   for (int d = 0; d < 4; d++) summed |= bp->d_bias.stride[d] == 0 ? 1 << d : 0;
-  ca_args a = {dbias, "bwd_dbias", 0, 0, CL_SUCCESS};
+  ca_args a = {dbias, "bwd_dbias", 0, 0, CL_SUCCESS, NULL};
   ca_backward_args(&a, p, plan, bp, dsum, sinkt);
   ca_arg_int(&a, p->batch);
   ca_arg_view(&a, &bp->d_bias);
@@ -91,7 +91,7 @@ clattn_status ca_backward_dbias(clattn_context *ctx, cl_kernel dbias, const clat
 clattn_status ca_backward_sum(clattn_context *ctx, cl_kernel sum, cl_mem x, int n_cols, cl_ulong n_outer,
                               cl_ulong n_inner, cl_ulong s_outer, cl_ulong s_col, cl_ulong s_inner, cl_mem out,
                               cl_uint n_wait, const cl_event *wait, cl_event *prev) {
-  ca_args a = {sum, "bwd_sum", 0, 0, CL_SUCCESS};
+  ca_args a = {sum, "bwd_sum", 0, 0, CL_SUCCESS, NULL};
   ca_arg_mem(&a, x);
   ca_arg_int(&a, n_cols);
   ca_arg(&a, sizeof n_outer, &n_outer);

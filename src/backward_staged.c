@@ -20,7 +20,7 @@
 enum { BS_TM = 8, BS_TN = 16 }; /* cl/backward_staged.cl's work-group tiles */
 
 clattn_status ca_backward_staged_init(clattn_context *ctx, cl_program program, const clattn_params *p,
-                                      ca_backward_staged *s, size_t *scratch_bytes) {
+                                      ca_backward_staged *s, ca_deps *deps, size_t *scratch_bytes) {
   clattn_status st = CLATTN_OK;
   *s = (ca_backward_staged){0};
   s->chunk = ca_plan_chunks(p, ctx->scratch_budget / 2);
@@ -42,9 +42,9 @@ clattn_status ca_backward_staged_init(clattn_context *ctx, cl_program program, c
       (st = ca_kernel_take(ctx, program, "bwds_dkdv", &s->dkdv)) ||
       (st = ca_kernel_take(ctx, program, "bwd_fill", &s->fill)) ||
       (st = ca_kernel_take(ctx, program, "bwd_store", &s->store)) ||
-      (st = ca_scratch_take(ctx, (size_t)pair_bytes, "staged backward weights P", &s->pw)) ||
-      (st = ca_scratch_take(ctx, (size_t)pair_bytes, "staged backward score gradients G", &s->gw)) ||
-      (st = ca_scratch_take(ctx, (size_t)acc_bytes, "staged backward dK, dV accumulators", &s->acc))) {
+      (st = ca_scratch_take(ctx, (size_t)pair_bytes, "staged backward weights P", deps, &s->pw)) ||
+      (st = ca_scratch_take(ctx, (size_t)pair_bytes, "staged backward score gradients G", deps, &s->gw)) ||
+      (st = ca_scratch_take(ctx, (size_t)acc_bytes, "staged backward dK, dV accumulators", deps, &s->acc))) {
     ca_backward_staged_release(ctx, s, NULL);
     return st;
   }
@@ -82,7 +82,7 @@ clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_stag
     const size_t kv_pairs = (size_t)((bh0 + heads - 1) / plan->group - bh0 / plan->group + 1);
     for (int i0 = 0, rows; i0 < p->q_len; i0 += rows) {
       rows = s->chunk.rows < p->q_len - i0 ? s->chunk.rows : p->q_len - i0;
-      ca_args a = {s->pairs, "bwds_pairs", 0, 0, CL_SUCCESS};
+      ca_args a = {s->pairs, "bwds_pairs", 0, 0, CL_SUCCESS, NULL};
       ca_backward_args(&a, p, plan, bp, dsum, sinkt);
       arg_chunk(&a, bh0, i0, rows);
       ca_arg_mem(&a, s->pw);
@@ -93,7 +93,7 @@ clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_stag
           (st = ca_enqueue(ctx, s->pairs, "bwds_pairs", 3, pair_global, tile, n_wait, wait, prev)))
         return st;
 
-      a = (ca_args){s->dq, "bwds_dq", 0, 0, CL_SUCCESS};
+      a = (ca_args){s->dq, "bwds_dq", 0, 0, CL_SUCCESS, NULL};
       ca_backward_args(&a, p, plan, bp, dsum, sinkt);
       arg_chunk(&a, bh0, i0, rows);
       ca_arg_mem(&a, s->gw);
@@ -104,7 +104,7 @@ clattn_status ca_backward_staged_run(clattn_context *ctx, const ca_backward_stag
       if ((st = ca_args_done(&a)) || (st = ca_enqueue(ctx, s->dq, "bwds_dq", 3, dq_global, tile, n_wait, wait, prev)))
         return st;
 
-      a = (ca_args){s->dkdv, "bwds_dkdv", 0, 0, CL_SUCCESS};
+      a = (ca_args){s->dkdv, "bwds_dkdv", 0, 0, CL_SUCCESS, NULL};
       ca_backward_args(&a, p, plan, bp, dsum, sinkt);
       arg_chunk(&a, bh0, i0, rows);
       ca_arg_int(&a, heads);

@@ -4,8 +4,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "command_buffer.h"
 #include "program_text.h"
-#include "internal.h"
 
 static double now_ms(void) {
   struct timespec ts;
@@ -131,6 +131,7 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
   pthread_mutex_init(&ctx->programs_lock, NULL);
   pthread_mutex_init(&ctx->kernels_lock, NULL);
   pthread_mutex_init(&ctx->scratch_lock, NULL);
+  pthread_mutex_init(&ctx->barrier_lock, NULL);
   st = attach(ctx, opt ? opt : &defaults);
   if (st != CLATTN_OK) goto fail;
   st = ca_query_device(ctx->device, &ctx->caps, &ctx->max_alloc);
@@ -165,8 +166,10 @@ void clattn_destroy(clattn_context *ctx) {
   ca_scratch_pool_trim(ctx);
   pthread_mutex_destroy(&ctx->kernels_lock);
   pthread_mutex_destroy(&ctx->scratch_lock);
+  pthread_mutex_destroy(&ctx->barrier_lock);
   ca_release_programs(ctx);
   ca_gemm_release(ctx);
+  ca_command_buffer_forget(ctx);
   free(ctx->cache_dir);
   free(ctx->tuning_path);
   free(ctx->tuning_default_path);

@@ -46,25 +46,27 @@ static int gemm_ready(const clattn_params *p, const clattn_tensor *t, int width)
   return p->dtype == CLATTN_F32 && !p->cu_seqlens_q && t->stride[3] == 1 && t->stride[2] >= (size_t)width;
 }
 
+/* A dense f32 copy [batch, heads, len, width] in scratch buf, as an operand. */
+static operand dense_operand(cl_mem buf, int heads, int len, int width) {
+  operand o = {buf, 0, 0, 0, (size_t)width};
+  o.stride_h = (size_t)len * (size_t)width;
+  o.stride_b = (size_t)heads * o.stride_h;
+  return o;
+}
+
 /* Enqueues gemm_kv_gather of K or V stored paged or quantised (or in another
- * storage than q) into a new dense f32 [B, Hkv, N, width] buffer. */
+ * storage than q) into out, a dense f32 [B, Hkv, N, width] scratch buffer. */
 static clattn_status kv_gather(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, const clattn_tensor *t,
                                const clattn_tensor *scale, int width, cl_uint n_wait, const cl_event *wait,
-                               cl_event *prev, operand *out) {
+                               cl_event *prev, cl_mem out) {
   const int heads = p->kv_heads, len = p->kv_len, paged = plan->paged;
   clattn_status st = CLATTN_OK;
   cl_kernel kernel = NULL;
-  size_t bytes = (size_t)p->batch * heads * (size_t)len * (size_t)width * sizeof(float);
-  if ((st = ca_scratch_take(ctx, bytes, "GEMM K/V gather", &out->buf))) goto fail;
-  out->offset = 0;
-  out->ld = (size_t)width;
-  out->stride_h = (size_t)len * (size_t)width;
-  out->stride_b = (size_t)heads * out->stride_h;
   cl_program core = NULL;
   if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
       (st = ca_kernel_take(ctx, core, "gemm_kv_gather", &kernel)))
-    goto fail;
-  ca_args a = {kernel, "gemm_kv_gather", 0, 0, CL_SUCCESS};
+    return st;
+  ca_args a = {kernel, "gemm_kv_gather", 0, 0, CL_SUCCESS, NULL};
   ca_arg_view(&a, t);
   ca_arg_view(&a, scale);
   ca_arg_int(&a, heads);
@@ -76,37 +78,27 @@ static clattn_status kv_gather(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_int(&a, paged ? p->num_pages : 0);
   ca_arg_int(&a, p->q_len);
   ca_arg_int(&a, p->kv_len);
-  ca_arg_mem(&a, out->buf);
-  if ((st = ca_args_done(&a))) goto fail;
+  ca_arg_mem(&a, out);
   const size_t global[3] = {(size_t)width, (size_t)len, (size_t)p->batch * (size_t)heads};
-  st = ca_enqueue(ctx, kernel, "gemm_kv_gather", 3, global, NULL, n_wait, wait, prev);
-fail:
+  if ((st = ca_args_done(&a)) == CLATTN_OK)
+    st = ca_enqueue(ctx, kernel, "gemm_kv_gather", 3, global, NULL, n_wait, wait, prev);
   ca_kernel_give(ctx, kernel);
-  if (st != CLATTN_OK) { /* the caller only holds a gather that was enqueued */
-    ca_scratch_give(ctx, out->buf, NULL);
-    out->buf = NULL;
-  }
   return st;
 }
 
 /* Enqueues gemm_dense_copy of view t ([batch, heads, len, width], query or
- * key side) into a new dense f32 buffer, rows past each sequence zeroed. */
+ * key side) into out, a dense f32 scratch buffer, rows past each sequence
+ * zeroed. */
 static clattn_status dense_copy(clattn_context *ctx, const clattn_params *p, const clattn_tensor *t, int key_side,
                                 int heads, int width, cl_uint n_wait, const cl_event *wait, cl_event *prev,
-                                operand *out) {
-  const int batch = p->batch, len = key_side ? p->kv_len : p->q_len;
+                                cl_mem out) {
+  const int len = key_side ? p->kv_len : p->q_len;
   clattn_status st = CLATTN_OK;
   cl_kernel kernel = NULL;
-  size_t bytes = (size_t)batch * heads * (size_t)len * (size_t)width * sizeof(float);
-  if ((st = ca_scratch_take(ctx, bytes, "GEMM dense copy", &out->buf))) goto fail;
-  out->offset = 0;
-  out->ld = (size_t)width;
-  out->stride_h = (size_t)len * (size_t)width;
-  out->stride_b = (size_t)heads * out->stride_h;
   cl_program core = NULL;
   if ((st = ca_core_program(ctx, p->dtype, &core)) || (st = ca_kernel_take(ctx, core, "gemm_dense_copy", &kernel)))
-    goto fail;
-  ca_args a = {kernel, "gemm_dense_copy", 0, 0, CL_SUCCESS};
+    return st;
+  ca_args a = {kernel, "gemm_dense_copy", 0, 0, CL_SUCCESS, NULL};
   ca_arg_view(&a, t);
   ca_arg_int(&a, heads);
   ca_arg_int(&a, width);
@@ -114,16 +106,11 @@ static clattn_status dense_copy(clattn_context *ctx, const clattn_params *p, con
   ca_arg_seq(&a, p);
   ca_arg_int(&a, p->q_len);
   ca_arg_int(&a, p->kv_len);
-  ca_arg_mem(&a, out->buf);
-  if ((st = ca_args_done(&a))) goto fail;
-  const size_t global[3] = {(size_t)width, (size_t)len, (size_t)batch * (size_t)heads};
-  st = ca_enqueue(ctx, kernel, "gemm_dense_copy", 3, global, NULL, n_wait, wait, prev);
-fail:
+  ca_arg_mem(&a, out);
+  const size_t global[3] = {(size_t)width, (size_t)len, (size_t)p->batch * (size_t)heads};
+  if ((st = ca_args_done(&a)) == CLATTN_OK)
+    st = ca_enqueue(ctx, kernel, "gemm_dense_copy", 3, global, NULL, n_wait, wait, prev);
   ca_kernel_give(ctx, kernel);
-  if (st != CLATTN_OK) { /* the caller only holds a copy that was enqueued */
-    ca_scratch_give(ctx, out->buf, NULL);
-    out->buf = NULL;
-  }
   return st;
 }
 
@@ -132,7 +119,8 @@ static operand view_operand(const clattn_tensor *t) {
   return o;
 }
 
-/* CLBlast takes no wait list: a barrier after *prev orders it on any queue. */
+/* CLBlast takes no wait list: a barrier after *prev orders it on any queue
+ * (and every later command, other calls' too, after *prev). */
 static clattn_status order_after(clattn_context *ctx, cl_uint n_wait, const cl_event *wait, const cl_event *prev) {
   cl_uint n = *prev ? 1 : n_wait;
   const cl_event *list = *prev ? prev : (n_wait ? wait : NULL);
@@ -205,10 +193,13 @@ static int even_run(const size_t *offsets, int heads, int g0, size_t step[3]) {
 static clattn_status batched_gemm(clattn_context *ctx, int b_transposed, size_t m, size_t n, size_t k, cl_mem a,
                                   size_t a_ld, cl_mem b, size_t b_ld, cl_mem c, size_t c_ld, const size_t *offsets,
                                   int heads, const char *what, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
-  clattn_status st = order_after(ctx, n_wait, wait, prev);
-  if (st != CLATTN_OK) return st;
   cl_event *runs = malloc((size_t)heads * sizeof *runs);
   if (!runs) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+  /* POCL 3.1 orders a command after the last barrier enqueued alone: on an
+   * out-of-order queue another thread's barrier must not come between this
+   * one and the GEMMs it orders. */
+  if (ctx->out_of_order) pthread_mutex_lock(&ctx->barrier_lock);
+  clattn_status st = order_after(ctx, n_wait, wait, prev);
   cl_uint n_runs = 0;
   for (int g0 = 0, len; g0 < heads && st == CLATTN_OK; g0 += len) {
     size_t step[3];
@@ -229,6 +220,7 @@ static clattn_status batched_gemm(clattn_context *ctx, int b_transposed, size_t 
     else
       runs[n_runs++] = ev, ca_route_kernel("CLBlast SGEMM");
   }
+  if (ctx->out_of_order) pthread_mutex_unlock(&ctx->barrier_lock);
   /* The next step waits for *prev alone: on an out-of-order queue the runs
    * may finish in any order, so one marker stands for them all. */
   cl_event last = n_runs == 1 ? runs[0] : NULL;
@@ -260,7 +252,7 @@ static clattn_status product_scores(clattn_context *ctx, cl_kernel mask, cl_mem 
                          prev)))
     return st;
 
-  ca_args a = {mask, "gemm_mask_scores", 0, 0, CL_SUCCESS};
+  ca_args a = {mask, "gemm_mask_scores", 0, 0, CL_SUCCESS, NULL};
   ca_arg_mem(&a, scores);
   ca_arg_allowed(&a, p);
   ca_arg_kv(&a, p);
@@ -291,47 +283,62 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
   operand q = view_operand(&p->q), k = view_operand(&p->k), v = view_operand(&p->v);
 
   if (done) *done = NULL;
+  ca_deps deps;
+  ca_deps_init(&deps, n_wait, wait);
   cl_program core = NULL;
   /* Additive scores are no matrix product: qk_score computes them, shaped and masked. */
   const int additive = p->score == CLATTN_SCORE_ADDITIVE;
+  /* K/V paged or stored otherwise than q: gathered and dequantised into scratch */
+  const int kv_stored = plan->paged || plan->kv_dtype != p->dtype;
+  const int copy_q = !additive && !gemm_ready(p, &p->q, p->head_dim);
+  const int copy_k = !additive && (kv_stored || !gemm_ready(p, &p->k, p->head_dim));
+  /* V with kv_lens too: the copy zeroes what a GEMM must not see */
+  const int copy_v = kv_stored || !gemm_ready(p, &p->v, p->value_dim) || plan->has_kv_lens;
+  const size_t q_floats = (size_t)pairs * p->q_len * p->head_dim;
+  const size_t k_floats = (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
+  const size_t v_floats = (size_t)p->batch * p->kv_heads * p->kv_len * p->value_dim;
   size_t score_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len;
   size_t o_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->value_dim;
+  /* every buffer before the first command, which waits for their last uses */
   if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
       (st = ca_kernel_take(ctx, core, additive ? "qk_score" : "gemm_mask_scores", &mask)) ||
       (st = ca_kernel_take(ctx, core, "softmax_rows", &softmax)) ||
       (st = ca_kernel_take(ctx, core, "gemm_store_rows", &store)) ||
-      (st = ca_flag_take(ctx, p->empty_rows, &empty_flag)) ||
-      (st = ca_scratch_take(ctx, score_floats * sizeof(float), "GEMM score scratch", &scores)) ||
-      (st = ca_scratch_take(ctx, o_floats * sizeof(float), "GEMM output rows", &o_rows)))
+      (st = ca_flag_take(ctx, p->empty_rows, &deps, &empty_flag)) ||
+      (st = ca_scratch_take(ctx, score_floats * sizeof(float), "GEMM score scratch", &deps, &scores)) ||
+      (st = ca_scratch_take(ctx, o_floats * sizeof(float), "GEMM output rows", &deps, &o_rows)) ||
+      (copy_q && (st = ca_scratch_take(ctx, q_floats * sizeof(float), "GEMM dense copy of q", &deps, &q_copy))) ||
+      (copy_k && (st = ca_scratch_take(ctx, k_floats * sizeof(float), kv_stored ? "GEMM K gather" : "GEMM dense copy of k",
+                                       &deps, &k_copy))) ||
+      (copy_v && (st = ca_scratch_take(ctx, v_floats * sizeof(float), kv_stored ? "GEMM V gather" : "GEMM dense copy of v",
+                                       &deps, &v_copy))) ||
+      (st = ca_deps_list(&deps, &n_wait, &wait)))
     goto fail;
   offsets = malloc((size_t)chunk.heads * 3 * sizeof(size_t));
   if (!offsets) {
     st = ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "GEMM path: out of host memory");
     goto fail;
   }
-  size_t copies = 0;
-  if (!additive && !gemm_ready(p, &p->q, p->head_dim)) {
-    if ((st = dense_copy(ctx, p, &p->q, 0, p->q_heads, p->head_dim, n_wait, wait, &prev, &q))) goto fail;
-    q_copy = q.buf;
-    copies += (size_t)pairs * p->q_len * p->head_dim;
+  if (copy_q) {
+    if ((st = dense_copy(ctx, p, &p->q, 0, p->q_heads, p->head_dim, n_wait, wait, &prev, q_copy))) goto fail;
+    q = dense_operand(q_copy, p->q_heads, p->q_len, p->head_dim);
   }
-  /* K/V paged or stored otherwise than q: gathered and dequantised into scratch */
-  const int kv_stored = plan->paged || plan->kv_dtype != p->dtype;
-  if (!additive && (kv_stored || !gemm_ready(p, &p->k, p->head_dim))) {
-    if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->k, &p->k_scale, p->head_dim, n_wait, wait, &prev, &k)
-                        : dense_copy(ctx, p, &p->k, 1, p->kv_heads, p->head_dim, n_wait, wait, &prev, &k)))
+  if (copy_k) {
+    if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->k, &p->k_scale, p->head_dim, n_wait, wait, &prev, k_copy)
+                        : dense_copy(ctx, p, &p->k, 1, p->kv_heads, p->head_dim, n_wait, wait, &prev, k_copy)))
       goto fail;
-    k_copy = k.buf;
-    copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
+    k = dense_operand(k_copy, p->kv_heads, p->kv_len, p->head_dim);
   }
-  if (kv_stored || !gemm_ready(p, &p->v, p->value_dim) || plan->has_kv_lens) { /* zero what a GEMM must not see */
-    if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->v, &p->v_scale, p->value_dim, n_wait, wait, &prev, &v)
-                        : dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, &v)))
+  if (copy_v) {
+    if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->v, &p->v_scale, p->value_dim, n_wait, wait, &prev, v_copy)
+                        : dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, v_copy)))
       goto fail;
-    v_copy = v.buf;
-    copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->value_dim;
+    v = dense_operand(v_copy, p->kv_heads, p->kv_len, p->value_dim);
   }
-  ca_note_scratch(ctx, (score_floats + o_floats + copies) * sizeof(float) + sizeof(cl_int));
+  ca_note_scratch(ctx, (score_floats + o_floats + (copy_q ? q_floats : 0) + (copy_k ? k_floats : 0) +
+                        (copy_v ? v_floats : 0)) *
+                               sizeof(float) +
+                           sizeof(cl_int));
 
   /* Step by what was done, not by the chunk: i0 + chunk.rows can pass INT_MAX. */
   for (int bh0 = 0, heads; bh0 < pairs; bh0 += heads) {
@@ -357,7 +364,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
                              "CLBlastSgemmStridedBatched(A V)", n_wait, wait, &prev)))
         goto fail;
 
-      ca_args o = {store, "gemm_store_rows", 0, 0, CL_SUCCESS};
+      ca_args o = {store, "gemm_store_rows", 0, 0, CL_SUCCESS, NULL};
       ca_arg_mem(&o, o_rows);
       ca_arg_mem(&o, scores);
       ca_arg_view(&o, &p->v);
@@ -387,6 +394,7 @@ fail:;
   const cl_mem held[] = {scores, o_rows, q_copy, k_copy, v_copy};
   for (size_t i = 0; i < sizeof held / sizeof held[0]; i++) ca_scratch_give(ctx, held[i], used);
   ca_flag_give(ctx, empty_flag, 0, used);
+  ca_deps_release(&deps);
   ca_hand_out(st, &prev, done);
   return st;
 }

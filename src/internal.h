@@ -42,20 +42,22 @@ struct clattn_context {
   int n_fused, cap_fused;   /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   struct ca_fused_program *backward; /* backward programs, likewise; under programs_lock */
   int n_backward, cap_backward;
-  double build_ms;                  /* time to build the programs at creation */
-  char *cache_dir;                  /* the program cache's directory; NULL = no disk cache */
-  int cache_binaries;               /* program binaries kept in cache_dir (ca_cache_keeps_binaries) */
-  int builds_from_source;           /* programs compiled from source; creation or under programs_lock */
-  int builds_from_cache;            /* programs loaded from the disk cache; likewise */
-  cl_ulong max_alloc;               /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
-  size_t scratch_budget;            /* bytes of score scratch the staged path may hold */
-  size_t peak_scratch;              /* largest scratch of one call; guarded by scratch_lock */
-  atomic_int blast_ready;           /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
-  atomic_ulong kernels_enqueued;    /* kernel launches by ca_enqueue so far (`clattn bench --host`'s floor) */
-  int out_of_order;                 /* the queue runs commands out of order (scratch_pool.c orders reuse by events) */
-  pthread_mutex_t kernels_lock;     /* guards kernels */
-  struct ca_pooled_kernel *kernels; /* kernel objects, reused across calls (kernel_pool.c) */
-  pthread_mutex_t scratch_lock;     /* guards scratch, flags, sink_flag, scratch_bytes, peak_scratch */
+  double build_ms;               /* time to build the programs at creation */
+  char *cache_dir;               /* the program cache's directory; NULL = no disk cache */
+  int cache_binaries;            /* program binaries kept in cache_dir (ca_cache_keeps_binaries) */
+  int builds_from_source;        /* programs compiled from source; creation or under programs_lock */
+  int builds_from_cache;         /* programs loaded from the disk cache; likewise */
+  cl_ulong max_alloc;            /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+  size_t scratch_budget;         /* bytes of score scratch the staged path may hold */
+  size_t peak_scratch;           /* largest scratch of one call; guarded by scratch_lock */
+  atomic_int blast_ready;        /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
+  atomic_ulong kernels_enqueued; /* kernel launches by ca_enqueue so far (`clattn bench --host`'s floor) */
+  int out_of_order;              /* the queue runs commands out of order (scratch_pool.c orders reuse by events) */
+  pthread_mutex_t barrier_lock;  /* out-of-order queues: a barrier and the commands behind it go in together (gemm.c) */
+  struct ca_cb_api *cb_api;      /* command buffers: what the device offers, probed on first use; under programs_lock */
+  pthread_mutex_t kernels_lock;  /* guards kernels */
+  struct ca_pooled_kernel *kernels;         /* kernel objects, reused across calls (kernel_pool.c) */
+  pthread_mutex_t scratch_lock;             /* guards scratch, flags, sink_flag, scratch_bytes, peak_scratch */
   struct ca_pooled_buffer *scratch, *flags; /* device scratch and EMPTY_ERROR flags, reused (scratch_pool.c) */
   cl_mem sink_flag;                         /* the empty-row flag of calls that never read it */
   size_t scratch_bytes;                     /* bytes the scratch pool holds */
@@ -71,6 +73,8 @@ static inline size_t ca_round_up(size_t x, size_t m) { return (x + m - 1) / m * 
 void ca_route_begin(const char *what);
 /* Adds a kernel (ca_enqueue does for every enqueue) unless already listed. */
 void ca_route_kernel(const char *name);
+/* Sets this thread's route to a whole one ("fused: flash_rows, merge_states"). */
+void ca_route_set(const char *whole);
 
 /* ---- errors (error.c) ---- */
 
@@ -155,21 +159,64 @@ void ca_release_programs(clattn_context *ctx);
 
 /* ---- context-owned kernels and scratch (kernel_pool.c, scratch_pool.c) ---- */
 
+/* Sets a kernel's arguments in order (launch.c's ca_arg*); the first failure
+ * is kept for ca_args_done, so a call site reads as the kernel's signature.
+ * held: the values a pooled kernel object holds from its earlier calls. */
+enum { CA_HELD_ARGS = 96, CA_HELD_BYTES = 32 };
+typedef struct ca_arg_cache {
+  struct ca_held_arg {
+    unsigned char size; /* 0: not known */
+    unsigned char bytes[CA_HELD_BYTES];
+  } arg[CA_HELD_ARGS];
+} ca_arg_cache;
+typedef struct {
+  cl_kernel kernel;
+  const char *name;
+  cl_uint index, failed_index;
+  cl_int err;
+  ca_arg_cache *held; /* the values the kernel object holds (a pooled one's), NULL = not known */
+} ca_args;
+
 /* An idle kernel object of (program, name) for this call alone, created
  * when none is idle; give it back once its last enqueue has returned. */
 clattn_status ca_kernel_take(clattn_context *ctx, cl_program program, const char *name, cl_kernel *out);
+/* The same, as a ca_args that knows the argument values the object holds
+ * from its earlier calls: an argument equal to its held value is not set
+ * again (a decode loop changes a few of a fused kernel's 74). Held: every
+ * value but a cl_mem other than NULL, whose handle may name another
+ * buffer by now. */
+clattn_status ca_kernel_take_args(clattn_context *ctx, cl_program program, const char *name, ca_args *out);
 void ca_kernel_give(clattn_context *ctx, cl_kernel kernel); /* NULL: nothing */
 int ca_kernel_pool_size(clattn_context *ctx);
-/* A device buffer of at least `bytes` for this call alone, ordered after
- * its previous use; a buffer is created or grown when none idle fits (what
- * names it in the error). */
-clattn_status ca_scratch_take(clattn_context *ctx, size_t bytes, const char *what, cl_mem *out);
+/* What a call's first command waits for (deps.c): the caller's wait list
+ * and the pending last uses of the scratch and flags it took, which the
+ * pools add (out-of-order queues). Every later command of the call chains
+ * on the one before, so the call waits for nothing else. */
+enum { CA_DEPS_MAX = 16 };
+typedef struct {
+  cl_uint n_caller, n_own;
+  const cl_event *caller;
+  cl_event own[CA_DEPS_MAX]; /* held references; past CA_DEPS_MAX one marker stands for them */
+  cl_event *merged;          /* the caller's and own events, made by ca_deps_list */
+} ca_deps;
+void ca_deps_init(ca_deps *d, cl_uint n_wait, const cl_event *wait);
+/* Adds ev (its reference passes to d, also on failure). */
+clattn_status ca_deps_add(clattn_context *ctx, ca_deps *d, cl_event ev);
+/* The wait list of the call's first command (valid until ca_deps_release). */
+clattn_status ca_deps_list(ca_deps *d, cl_uint *n, const cl_event **list);
+void ca_deps_release(ca_deps *d);
+
+/* A device buffer of at least `bytes` for this call alone; a buffer is
+ * created or grown when none idle fits (what names it in the error). Its
+ * previous use's pending last event goes to deps (out-of-order queues). */
+clattn_status ca_scratch_take(clattn_context *ctx, size_t bytes, const char *what, ca_deps *deps, cl_mem *out);
 /* Gives a buffer back; last_use: the event of the call's last command
  * (after every command that used it), NULL when not known (a failed call). */
 void ca_scratch_give(clattn_context *ctx, cl_mem mem, cl_event last_use);
 /* The empty-row flag of a call: under CLATTN_EMPTY_ERROR a zeroed device int
- * of its own, otherwise the context's sink flag (never read). */
-clattn_status ca_flag_take(clattn_context *ctx, clattn_empty_rows policy, cl_mem *flag);
+ * of its own (the zeroing, when it needs one, goes to deps), otherwise the
+ * context's sink flag (never read). */
+clattn_status ca_flag_take(clattn_context *ctx, clattn_empty_rows policy, ca_deps *deps, cl_mem *flag);
 /* Gives a flag back: clean when read as zero after the call's last command,
  * else zeroed after last_use (NULL: not known) when next taken. */
 void ca_flag_give(clattn_context *ctx, cl_mem flag, int clean, cl_event last_use);
@@ -255,9 +302,31 @@ clattn_status ca_views_add(ca_views *vs, const char *name, const clattn_tensor *
 /* Makes the last view recorded the last of n copies, step bytes apart
  * (merge's states). */
 void ca_views_repeat_last(ca_views *vs, size_t n, size_t step);
+/* Moves view `name` (when recorded) to start at byte `first` of its cl_mem
+ * (a plan's step moving q, out or lse). */
+void ca_views_move(ca_views *vs, const char *name, size_t first);
 /* INVALID_ARGUMENT naming both when an output shares a byte with another
  * view of the call (clattn.h, clattn_tensor). */
 clattn_status ca_views_disjoint(const ca_views *vs);
+
+/* ---- what validation learns of a caller's cl_mem (mem_facts.c) ---- */
+
+/* CL_MEM_SIZE, CL_MEM_TYPE, CL_MEM_CONTEXT, CL_MEM_FLAGS and where the bytes lie
+ * (CL_MEM_ASSOCIATED_MEMOBJECT, CL_MEM_OFFSET, CL_MEM_HOST_PTR): fixed for a
+ * cl_mem's life. */
+typedef struct {
+  size_t size;
+  cl_mem_object_type type;
+  cl_context context;
+  cl_mem_flags flags;
+  const void *space; /* and where its bytes lie among other cl_mems' (validate.c's locate) */
+  size_t base;
+} ca_mem_facts;
+/* 1 with m's facts when kept (m alive since), else 0. */
+int ca_mem_facts_cached(cl_mem m, ca_mem_facts *out);
+/* Keeps m's facts until the runtime deletes m (a destructor callback); not
+ * kept when the callback cannot be registered. */
+void ca_mem_facts_keep(cl_mem m, const ca_mem_facts *facts);
 
 /* ---- validation (validate.c) ---- */
 
@@ -294,6 +363,9 @@ clattn_status ca_check_storage(const clattn_params *p);
 
 /* Every check that needs no device work; fills plan. */
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
+/* ca_validate, its views left in *views: what a plan's steps check again
+ * with ca_views_move. */
+clattn_status ca_validate_views(const clattn_context *ctx, const clattn_params *p, ca_plan *plan, ca_views *views);
 /* The same for clattn_backward's fwd: out and lse are the forward's, read
  * (a buffer created CL_MEM_READ_ONLY will do), each element its own. Its
  * views are left in *views (ca_views_init'ed here), every one an input, for
@@ -329,10 +401,14 @@ typedef struct {
  * kernel's work-items per group, the number of work-groups per split
  * (items), kv_len and the key block the ranges are multiples of: see plan.c. */
 ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len, size_t multiple);
+/* The most splits ca_plan_splits gives any kv_len up to this one. */
+size_t ca_plan_splits_bound(const tl_device *dev, size_t group_items, int kv_len);
 
 /* How a fused call runs (plan.c's ca_plan_fused): the program and kernel,
  * its grid, the packed copies of K and V (flash_rows: kt_bytes, vp_bytes
- * over n_pad padded keys; 0 when read in place) and the key split. */
+ * over n_pad padded keys; 0 when read in place) and the key split, with
+ * what the split follows from (group_items, row_blocks, kv_pairs,
+ * key_multiple; unsplit: one pass whatever the length). */
 typedef struct {
   cl_program program;
   char kernel[32];
@@ -341,19 +417,17 @@ typedef struct {
   cl_long n_pad;
   cl_ulong kt_bytes, vp_bytes;
   ca_splits splits;
+  size_t group_items, row_blocks, kv_pairs, key_multiple;
+  int unsplit;
 } ca_fused_launch;
 clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, ca_fused_launch *l);
+/* Re-plans what follows kv_len (n_pad, the split, the grid's splits) for
+ * a call like l's with kv_len keys: the same as ca_plan_fused would give. */
+void ca_fused_lengths(const clattn_context *ctx, ca_fused_launch *l, int kv_len);
 
 /* ---- launching (launch.c) ---- */
 
-/* Sets a kernel's arguments in order; the first failure is kept for
- * ca_args_done, so a call site reads as the kernel's signature. */
-typedef struct {
-  cl_kernel kernel;
-  const char *name;
-  cl_uint index, failed_index;
-  cl_int err;
-} ca_args;
+/* The argument setters (ca_args above). */
 void ca_arg(ca_args *a, size_t size, const void *value);
 void ca_arg_mem(ca_args *a, cl_mem m);
 void ca_arg_int(ca_args *a, int v);
@@ -376,12 +450,21 @@ void ca_arg_allowed(ca_args *a, const clattn_params *p);
 void ca_arg_score(ca_args *a, const clattn_params *p);
 /* Sinks: the buffer and whether it is there. */
 void ca_arg_sinks(ca_args *a, const clattn_params *p);
+/* Where the arguments a plan's step patches sit (their indices): the q,
+ * out and lse views' offsets, kv_len, n_pad and split_keys (flash_pack:
+ * kv_len and n_pad). */
+typedef struct {
+  cl_uint q_off, out_off, lse_off, kv_len, n_pad, split_keys;
+} ca_fused_slots;
 /* The fused kernels' arguments (FLASH_KERNEL_ARGS in cl/flash.cl), which
  * flash_decode takes too: kt, vp and n_pad the packed copies (NULL, NULL, 0
  * when K and V are read in place), then the split, diagnostics, partial
- * states and empty-row flag. */
+ * states and empty-row flag; slots (when non-NULL) gets where they sit. */
 void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_mem kt, cl_mem vp, cl_long n_pad,
-                  int split_keys, int diag, cl_mem part_o, cl_mem part_lse, cl_mem flag);
+                  int split_keys, int diag, cl_mem part_o, cl_mem part_lse, cl_mem flag, ca_fused_slots *slots);
+/* flash_pack's arguments: K and V into kt and vp over n_pad keys (slots:
+ * its kv_len and n_pad). */
+void ca_arg_pack(ca_args *a, const clattn_params *p, cl_long n_pad, cl_mem kt, cl_mem vp, ca_fused_slots *slots);
 clattn_status ca_args_done(const ca_args *a);
 
 /* Enqueues a kernel after *prev (or, when *prev is NULL, after the caller's
@@ -404,8 +487,19 @@ void ca_hand_out(clattn_status st, cl_event *last, cl_event *done);
  * as a state with O = 0. */
 clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag,
                                cl_uint n_wait, const cl_event *wait, cl_event *prev);
-/* merge_states over n_splits partial states ([split][b][h][m] rows of
- * value_dim, and their lse) into p's out and lse. */
+/* Where merge_states' arguments a plan's step patches sit: n_states, the
+ * out and out_lse views' offsets. */
+typedef struct {
+  cl_uint n_states, out_off, lse_off;
+} ca_merge_slots;
+/* merge_states' arguments for mp (slots, when non-NULL, gets where they sit)
+ * and its grid. */
+void ca_arg_merge(ca_args *a, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag, ca_merge_slots *slots);
+void ca_merge_global(const clattn_merge_params *mp, size_t global[3]);
+/* The merge of n_splits partial states ([split][b][h][m] rows of value_dim,
+ * and their lse) into p's out and lse. */
+clattn_merge_params ca_split_merge_params(const clattn_params *p, size_t n_splits, cl_mem part_o, cl_mem part_lse);
+/* merge_states over n_splits partial states (ca_split_merge_params). */
 clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p, size_t n_splits, cl_mem part_o,
                                      cl_mem part_lse, cl_mem flag, cl_uint n_wait, const cl_event *wait,
                                      cl_event *prev);
@@ -433,5 +527,22 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
 clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_params *ap);
 clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
                                 const cl_event *wait, cl_event *done);
+
+/* A kernel launch: its name (for messages), dims, grid and work-group
+ * (NULL = the runtime's). */
+typedef struct {
+  cl_kernel kernel;
+  const char *name;
+  cl_uint dims;
+  size_t global[3];
+  const size_t *local;
+} ca_launch;
+
+/* Steps of a plan that replayed its command buffer (forward_plan.c; for tests and the bench). */
+long ca_plan_replays(clattn_plan *plan);
+/* A fused plan's launches as its kernels stand (its own kernel objects,
+ * every argument set), at most 3; 0 for a staged or GEMM plan. For
+ * `clattn bench --host`'s floor, which enqueues them bare. */
+int ca_plan_launches(clattn_plan *plan, ca_launch *out);
 
 #endif

@@ -7,6 +7,8 @@
  * gives it back once its last enqueue has returned (OpenCL captures the
  * arguments at enqueue, so the object may be reused right away). The pool
  * therefore holds, per kernel, as many objects as calls ever ran it at once.
+ * Each object remembers the argument values it holds (ca_kernel_take_args),
+ * so the next call sets only those that changed.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -19,15 +21,17 @@ struct ca_pooled_kernel {
   cl_kernel kernel;
   int busy;
   char name[48];
+  ca_arg_cache held; /* what its arguments hold (launch.c) */
 };
 
-clattn_status ca_kernel_take(clattn_context *ctx, cl_program program, const char *name, cl_kernel *out) {
+/* The pooled object taken for this call. */
+static clattn_status take(clattn_context *ctx, cl_program program, const char *name, struct ca_pooled_kernel **out) {
   *out = NULL;
   pthread_mutex_lock(&ctx->kernels_lock);
   for (struct ca_pooled_kernel *k = ctx->kernels; k; k = k->next)
     if (!k->busy && k->program == program && strcmp(k->name, name) == 0) {
       k->busy = 1;
-      *out = k->kernel;
+      *out = k;
       break;
     }
   pthread_mutex_unlock(&ctx->kernels_lock);
@@ -49,8 +53,22 @@ clattn_status ca_kernel_take(clattn_context *ctx, cl_program program, const char
   k->next = ctx->kernels;
   ctx->kernels = k;
   pthread_mutex_unlock(&ctx->kernels_lock);
-  *out = k->kernel;
+  *out = k;
   return CLATTN_OK;
+}
+
+clattn_status ca_kernel_take(clattn_context *ctx, cl_program program, const char *name, cl_kernel *out) {
+  struct ca_pooled_kernel *k = NULL;
+  clattn_status st = take(ctx, program, name, &k);
+  *out = k ? k->kernel : NULL;
+  return st;
+}
+
+clattn_status ca_kernel_take_args(clattn_context *ctx, cl_program program, const char *name, ca_args *out) {
+  struct ca_pooled_kernel *k = NULL;
+  clattn_status st = take(ctx, program, name, &k);
+  *out = (ca_args){k ? k->kernel : NULL, name, 0, 0, CL_SUCCESS, k ? &k->held : NULL};
+  return st;
 }
 
 void ca_kernel_give(clattn_context *ctx, cl_kernel kernel) {

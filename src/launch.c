@@ -2,18 +2,32 @@
  * enqueues, and the end of a call (the empty-row flag, the last event). */
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "internal.h"
 
-void ca_arg(ca_args *a, size_t size, const void *value) {
+/* Sets argument a->index unless the object holds that value already (held:
+ * whether a value may be taken as held; a cl_mem other than NULL may not). */
+static void set_arg(ca_args *a, size_t size, const void *value, int holdable) {
   if (a->err == CL_SUCCESS) {
+    struct ca_held_arg *h = a->held && a->index < CA_HELD_ARGS && size <= CA_HELD_BYTES ? &a->held->arg[a->index] : NULL;
+    if (h && holdable && h->size == size && memcmp(h->bytes, value, size) == 0) {
+      a->index++;
+      return;
+    }
     a->err = clSetKernelArg(a->kernel, a->index, size, value);
     if (a->err != CL_SUCCESS) a->failed_index = a->index;
+    if (h) {
+      h->size = a->err == CL_SUCCESS && holdable ? (unsigned char)size : 0;
+      if (h->size) memcpy(h->bytes, value, size);
+    }
   }
   a->index++;
 }
 
-void ca_arg_mem(ca_args *a, cl_mem m) { ca_arg(a, sizeof m, &m); }
+void ca_arg(ca_args *a, size_t size, const void *value) { set_arg(a, size, value, 1); }
+
+void ca_arg_mem(ca_args *a, cl_mem m) { set_arg(a, sizeof m, &m, m == NULL); }
 
 void ca_arg_int(ca_args *a, int v) { ca_arg(a, sizeof v, &v); }
 
@@ -82,10 +96,13 @@ void ca_arg_sinks(ca_args *a, const clattn_params *p) {
 }
 
 void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_mem kt, cl_mem vp, cl_long n_pad,
-                  int split_keys, int diag, cl_mem part_o, cl_mem part_lse, cl_mem flag) {
+                  int split_keys, int diag, cl_mem part_o, cl_mem part_lse, cl_mem flag, ca_fused_slots *slots) {
+  ca_fused_slots at;
+  at.q_off = r->index + 1; /* a view: buffer, offset, strides */
   ca_arg_view(r, &p->q);
   ca_arg_mem(r, kt);
   ca_arg_mem(r, vp);
+  at.n_pad = r->index;
   ca_arg(r, sizeof n_pad, &n_pad);
   ca_arg_view(r, &p->k);
   ca_arg_view(r, &p->v);
@@ -96,20 +113,40 @@ void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_me
   ca_arg_int(r, p->kv_heads);
   ca_arg_int(r, plan->group);
   ca_arg_int(r, p->q_len);
+  at.kv_len = r->index;
   ca_arg_int(r, p->kv_len);
   ca_arg_float(r, plan->scale);
   ca_arg_shape(r, p);
   ca_arg_sinks(r, p);
   ca_arg_int(r, plan->window_left);
   ca_arg_int(r, plan->window_right);
+  at.split_keys = r->index;
   ca_arg_int(r, split_keys);
+  at.out_off = r->index + 1;
   ca_arg_view(r, &p->out);
+  at.lse_off = r->index + 1;
   ca_arg_view(r, &p->lse);
   ca_arg_int(r, plan->want_lse);
   ca_arg_diag(r, p, diag);
   ca_arg_mem(r, part_o);
   ca_arg_mem(r, part_lse);
   ca_arg_mem(r, flag);
+  if (slots) *slots = at;
+}
+
+void ca_arg_pack(ca_args *a, const clattn_params *p, cl_long n_pad, cl_mem kt, cl_mem vp, ca_fused_slots *slots) {
+  ca_arg_view(a, &p->k);
+  ca_arg_view(a, &p->v);
+  ca_arg_seq(a, p);
+  ca_arg_kv(a, p);
+  ca_arg_int(a, p->q_len);
+  ca_arg_int(a, p->kv_heads);
+  if (slots) slots->kv_len = a->index;
+  ca_arg_int(a, p->kv_len);
+  if (slots) slots->n_pad = a->index;
+  ca_arg(a, sizeof n_pad, &n_pad);
+  ca_arg_mem(a, kt);
+  ca_arg_mem(a, vp);
 }
 
 clattn_status ca_args_done(const ca_args *a) {

@@ -5,6 +5,7 @@
  *   ca_plan_chunks   the staged and GEMM paths' chunks of query rows
  *   ca_plan_splits   split-KV: how many key ranges, FlashAttention-2's rule
  *   ca_plan_fused    the fused call's kernel, grid, packed copies and split
+ *   ca_fused_lengths what of that follows kv_len (a plan's step re-plans it)
  */
 #include <math.h>
 #include <stdint.h>
@@ -50,13 +51,25 @@ ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget) {
  * splits, each a multiple of `multiple` keys (the kernel's key block). A
  * fixed function of the shape and the device, so results stay bitwise
  * repeatable. */
-ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len, size_t multiple) {
-  ca_splits sp = {kv_len, 1};
+/* The groups of a kernel of group_items work-items the device runs at once. */
+static size_t split_slots(const tl_device *dev, size_t group_items) {
   size_t units = dev->compute_units ? dev->compute_units : 1;
   const int gpu = !(dev->type & CL_DEVICE_TYPE_CPU);
   if (gpu && dev->vendor_id == TL_VENDOR_INTEL) units = units >= 8 ? units / 8 : 1;
   const size_t per_unit = !gpu ? 4 : group_items && dev->max_wg > group_items ? dev->max_wg / group_items : 1;
-  const size_t slots = units * per_unit;
+  return units * per_unit;
+}
+
+size_t ca_plan_splits_bound(const tl_device *dev, size_t group_items, int kv_len) {
+  size_t bound = split_slots(dev, group_items), blocks = (size_t)kv_len / MIN_SPLIT_KEYS;
+  if (bound > 128) bound = 128;
+  if (bound > blocks) bound = blocks;
+  return bound > 1 ? bound : 1;
+}
+
+ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len, size_t multiple) {
+  ca_splits sp = {kv_len, 1};
+  const size_t slots = split_slots(dev, group_items);
   const size_t blocks = (size_t)kv_len / MIN_SPLIT_KEYS;
   if (items == 0 || (double)items >= 0.8 * (double)slots || blocks < 2) return sp;
   size_t max_splits = 128;
@@ -134,13 +147,13 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
                  : rows_per_kv <= 2 ? 2
                  : rows_per_kv <= 4 ? 4
                                     : 8;
-  const size_t group_items = decode ? CA_DECODE_WG : block ? CA_BLOCK_WG : (size_t)wg;
-  const size_t row_blocks = (rows_per_kv + (size_t)bm - 1) / (size_t)bm;
+  l->group_items = decode ? CA_DECODE_WG : block ? CA_BLOCK_WG : (size_t)wg;
+  l->row_blocks = (rows_per_kv + (size_t)bm - 1) / (size_t)bm;
+  l->kv_pairs = kv_pairs;
+  l->key_multiple = wg ? GPU_KEY_TILE : key_block;
   /* The diagnostics are not merged across splits, nor are packed sequences'
    * rows mapped by the merge: with either, one pass. */
-  l->splits = plan->diag || p->cu_seqlens_q ? (ca_splits){p->kv_len, 1}
-                                            : ca_plan_splits(&ctx->caps, group_items, row_blocks * kv_pairs, p->kv_len,
-                                                             wg ? GPU_KEY_TILE : key_block);
+  l->unsplit = plan->diag || p->cu_seqlens_q;
   snprintf(l->kernel, sizeof l->kernel,
            decode   ? "flash_decode"
            : block  ? "flash_block"
@@ -148,10 +161,18 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
            : direct ? "flash_rows_direct%d"
                     : "flash_rows",
            bm);
-  l->global[0] = wg ? row_blocks * group_items : row_blocks;
+  l->global[0] = wg ? l->row_blocks * l->group_items : l->row_blocks;
   l->global[1] = kv_pairs;
-  l->global[2] = l->splits.n_splits;
-  l->local[0] = wg ? group_items : 1;
+  l->local[0] = wg ? l->group_items : 1;
   l->local[1] = l->local[2] = 1;
+  ca_fused_lengths(ctx, l, p->kv_len);
   return CLATTN_OK;
+}
+
+void ca_fused_lengths(const clattn_context *ctx, ca_fused_launch *l, int kv_len) {
+  if (l->packed) l->n_pad = (cl_long)ca_round_up((size_t)kv_len, l->key_multiple);
+  l->splits = l->unsplit ? (ca_splits){kv_len, 1}
+                         : ca_plan_splits(&ctx->caps, l->group_items, l->row_blocks * l->kv_pairs, kv_len,
+                                          l->key_multiple);
+  l->global[2] = l->splits.n_splits;
 }

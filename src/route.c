@@ -20,4 +20,10 @@ void ca_route_kernel(const char *name) {
   snprintf(route + used, sizeof route - used, "%s %s", list[0] ? "," : "", name);
 }
 
+void ca_route_set(const char *whole) {
+  const size_t n = strlen(whole);
+  memcpy(route, whole, n < sizeof route ? n + 1 : sizeof route - 1);
+  route[sizeof route - 1] = 0;
+}
+
 const char *clattn_last_route(void) { return route; }

@@ -7,16 +7,19 @@
  * commands of the call that used it before. On an in-order queue the new
  * call's commands run after those in queue order, so an idle buffer is
  * reused at once. On an out-of-order queue a buffer keeps the event of its
- * last use; a call that takes it before that event completes enqueues a
- * barrier on it first. Waiting beats a fresh buffer per call: calls enqueued
- * faster than they run would otherwise grow the pool without bound, while
- * this way it holds as many buffers as calls ever held at once.
+ * last use, and the call that takes it next adds that event to its first
+ * command's wait list (deps.c); a buffer whose last use is not known (a
+ * failed call's) gives a marker over every earlier command instead.
+ * Waiting beats a fresh buffer per call: calls enqueued faster than they
+ * run would otherwise grow the pool without bound, while this way it holds
+ * as many buffers as calls ever held at once.
  *
  * Empty-row flags: a call under CLATTN_EMPTY_ERROR takes a zeroed int of its
  * own, pooled the same way. It reads the flag after its last command, so the
  * flag comes back clean, or marked dirty (raised, or given back by a failed
- * call) and is zeroed, after its last use, when next taken. Every other call
- * gets the context's sink flag, which kernels raise and nobody reads.
+ * call) and is zeroed, after its last use, by a write the taking call's first
+ * command waits for. Every other call gets the context's sink flag, which
+ * kernels raise and nobody reads.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,25 +36,28 @@ struct ca_pooled_buffer {
   cl_event last_use; /* out-of-order queue: its last use, NULL when none may be pending */
 };
 
-/* Orders the caller's next commands after b's last use (out-of-order queues). */
-static clattn_status order_after_last_use(clattn_context *ctx, struct ca_pooled_buffer *b) {
-  if (!b->last_use && !b->unordered) return CLATTN_OK;
-  if (b->last_use) {
-    cl_int status = CL_QUEUED; /* not known: ordered like a pending one */
-    clGetEventInfo(b->last_use, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
-    if (status <= CL_COMPLETE && !b->unordered) { /* done (or ended by an error): nothing to wait for */
-      clReleaseEvent(b->last_use);
-      b->last_use = NULL;
-      return CLATTN_OK;
-    }
+/* What waits for b's last use (out-of-order queues): its pending event, or
+ * a marker over every earlier command when not known; NULL when none is
+ * pending. The event's reference passes to the caller. */
+static clattn_status last_use_event(clattn_context *ctx, struct ca_pooled_buffer *b, cl_event *out) {
+  *out = NULL;
+  if (b->unordered) {
+    cl_int err = clEnqueueMarkerWithWaitList(ctx->queue, 0, NULL, out);
+    if (err != CL_SUCCESS) return ca_cl_fail(err, "clEnqueueMarkerWithWaitList(after a scratch buffer's unknown last use)");
+    b->unordered = 0;
+    if (b->last_use) clReleaseEvent(b->last_use);
+  } else {
+    *out = b->last_use;
   }
-  const int all = b->unordered || !b->last_use;
-  cl_int err = clEnqueueBarrierWithWaitList(ctx->queue, all ? 0 : 1, all ? NULL : &b->last_use, NULL);
-  if (err != CL_SUCCESS) return ca_cl_fail(err, "clEnqueueBarrierWithWaitList(after a scratch buffer's last use)");
-  if (b->last_use) clReleaseEvent(b->last_use);
   b->last_use = NULL;
-  b->unordered = 0;
   return CLATTN_OK;
+}
+
+/* Orders the taking call after b's last use: its first command waits for it. */
+static clattn_status order_after_last_use(clattn_context *ctx, struct ca_pooled_buffer *b, ca_deps *deps) {
+  cl_event ev = NULL;
+  clattn_status st = last_use_event(ctx, b, &ev);
+  return st == CLATTN_OK && ev ? ca_deps_add(ctx, deps, ev) : st;
 }
 
 /* Keeps last_use as b's last use (out-of-order queues); NULL: not known. */
@@ -82,7 +88,7 @@ static size_t grown_size(const clattn_context *ctx, size_t bytes) {
   return size;
 }
 
-clattn_status ca_scratch_take(clattn_context *ctx, size_t bytes, const char *what, cl_mem *out) {
+clattn_status ca_scratch_take(clattn_context *ctx, size_t bytes, const char *what, ca_deps *deps, cl_mem *out) {
   *out = NULL;
   if (bytes == 0) bytes = sizeof(cl_int);
   struct ca_pooled_buffer *b = NULL, *largest = NULL;
@@ -106,7 +112,7 @@ clattn_status ca_scratch_take(clattn_context *ctx, size_t bytes, const char *wha
 
   clattn_status st = CLATTN_OK;
   if (b && !old) {
-    if ((st = order_after_last_use(ctx, b)) != CLATTN_OK) {
+    if ((st = order_after_last_use(ctx, b, deps)) != CLATTN_OK) {
       ca_scratch_give(ctx, b->mem, NULL);
       return st;
     }
@@ -173,7 +179,7 @@ static clattn_status sink_flag(clattn_context *ctx, cl_mem *flag) {
   return err == CL_SUCCESS ? CLATTN_OK : ca_cl_fail(err, "clCreateBuffer(empty-row flag)");
 }
 
-clattn_status ca_flag_take(clattn_context *ctx, clattn_empty_rows policy, cl_mem *flag) {
+clattn_status ca_flag_take(clattn_context *ctx, clattn_empty_rows policy, ca_deps *deps, cl_mem *flag) {
   *flag = NULL;
   if (policy != CLATTN_EMPTY_ERROR) return sink_flag(ctx, flag);
   struct ca_pooled_buffer *b = NULL;
@@ -183,14 +189,18 @@ clattn_status ca_flag_take(clattn_context *ctx, clattn_empty_rows policy, cl_mem
   if (b) b->busy = 1;
   pthread_mutex_unlock(&ctx->scratch_lock);
 
-  cl_int zero = 0, err = CL_SUCCESS;
+  static const cl_int zero = 0; /* static: the non-blocking write may read it after this returns */
   if (b) {
     clattn_status st = CLATTN_OK;
-    if (b->dirty) {
-      if ((st = order_after_last_use(ctx, b)) == CLATTN_OK) {
-        err = clEnqueueWriteBuffer(ctx->queue, b->mem, CL_TRUE, 0, sizeof zero, &zero, 0, NULL, NULL);
+    if (b->dirty) { /* zeroed after its last use, before the call's first command */
+      cl_event last = NULL, zeroed = NULL;
+      if ((st = last_use_event(ctx, b, &last)) == CLATTN_OK) {
+        cl_int err = clEnqueueWriteBuffer(ctx->queue, b->mem, CL_FALSE, 0, sizeof zero, &zero, last ? 1 : 0,
+                                          last ? &last : NULL, ctx->out_of_order ? &zeroed : NULL);
         if (err != CL_SUCCESS) st = ca_cl_fail(err, "clEnqueueWriteBuffer(zeroing an empty-row flag)");
       }
+      if (last) clReleaseEvent(last);
+      if (st == CLATTN_OK && zeroed) st = ca_deps_add(ctx, deps, zeroed);
       if (st == CLATTN_OK) b->dirty = 0;
     }
     if (st != CLATTN_OK) {
@@ -201,7 +211,8 @@ clattn_status ca_flag_take(clattn_context *ctx, clattn_empty_rows policy, cl_mem
     return CLATTN_OK;
   }
   if (!(b = calloc(1, sizeof *b))) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "flag pool: out of host memory");
-  b->mem = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zero, &zero, &err);
+  cl_int err = CL_SUCCESS;
+  b->mem = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zero, (void *)&zero, &err);
   if (err != CL_SUCCESS) {
     free(b);
     return ca_cl_fail(err, "clCreateBuffer(empty-row flag)");

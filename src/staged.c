@@ -14,6 +14,8 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
   cl_kernel score = NULL, softmax = NULL, mix = NULL;
   cl_mem scratch = NULL, empty_flag = NULL;
   cl_event prev = NULL;
+  ca_deps deps;
+  ca_deps_init(&deps, n_wait, wait);
   const tl_tiles *t = &ctx->tiles;
   const int pairs = p->batch * p->q_heads;
   const ca_chunk chunk = plan->chunk;
@@ -25,8 +27,9 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
       (st = ca_kernel_take(ctx, core, "qk_score", &score)) ||
       (st = ca_kernel_take(ctx, core, "softmax_rows", &softmax)) ||
       (st = ca_kernel_take(ctx, core, "mix_values", &mix)) ||
-      (st = ca_scratch_take(ctx, scratch_bytes, "staged score scratch", &scratch)) ||
-      (st = ca_flag_take(ctx, p->empty_rows, &empty_flag)))
+      (st = ca_scratch_take(ctx, scratch_bytes, "staged score scratch", &deps, &scratch)) ||
+      (st = ca_flag_take(ctx, p->empty_rows, &deps, &empty_flag)) ||
+      (st = ca_deps_list(&deps, &n_wait, &wait))) /* the first command's wait list */
     goto fail;
   ca_note_scratch(ctx, scratch_bytes + sizeof(cl_int));
 
@@ -43,7 +46,7 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
                                    &prev)))
         goto fail;
 
-      ca_args m = {mix, "mix_values", 0, 0, CL_SUCCESS};
+      ca_args m = {mix, "mix_values", 0, 0, CL_SUCCESS, NULL};
       ca_arg_mem(&m, scratch);
       ca_arg_view(&m, &p->v);
       ca_arg_seq(&m, p);
@@ -73,6 +76,7 @@ fail:;
   ca_kernel_give(ctx, score);
   ca_kernel_give(ctx, softmax);
   ca_kernel_give(ctx, mix);
+  ca_deps_release(&deps);
   ca_hand_out(st, &prev, done);
   return st;
 }

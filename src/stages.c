@@ -7,7 +7,7 @@ clattn_status ca_enqueue_qk_score(clattn_context *ctx, cl_kernel score, cl_mem s
                                   const cl_event *wait, cl_event *prev) {
   clattn_status st;
   const tl_tiles *t = &ctx->tiles;
-  ca_args a = {score, "qk_score", 0, 0, CL_SUCCESS};
+  ca_args a = {score, "qk_score", 0, 0, CL_SUCCESS, NULL};
   ca_arg_view(&a, &p->q);
   ca_arg_view(&a, &p->k);
   ca_arg_score(&a, p);
@@ -37,7 +37,7 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
                                  const ca_plan *plan, int bh0, int i0, int rows, int heads, cl_mem empty_flag,
                                  cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   clattn_status st;
-  ca_args s = {softmax, "softmax_rows", 0, 0, CL_SUCCESS};
+  ca_args s = {softmax, "softmax_rows", 0, 0, CL_SUCCESS, NULL};
   ca_arg_mem(&s, scores);
   ca_arg_int(&s, p->kv_len);
   ca_arg_seq(&s, p);

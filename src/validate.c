@@ -92,23 +92,28 @@ static clattn_status locate(const char *name, cl_mem buf, cl_mem_flags flags, co
  * *space, *base: where its bytes lie (locate). */
 static clattn_status check_mem(cl_context context, const char *name, cl_mem buf, int is_output, size_t *size,
                                const void **space, size_t *base) {
-  cl_mem_object_type type = 0;
-  cl_context owner = NULL;
-  cl_mem_flags flags = 0;
+  ca_mem_facts f = {0, 0, NULL, 0, NULL, 0};
   clattn_status st;
-  if ((st = mem_info(name, buf, CL_MEM_SIZE, "CL_MEM_SIZE", sizeof *size, size)) ||
-      (st = mem_info(name, buf, CL_MEM_TYPE, "CL_MEM_TYPE", sizeof type, &type)) ||
-      (st = mem_info(name, buf, CL_MEM_CONTEXT, "CL_MEM_CONTEXT", sizeof owner, &owner)) ||
-      (st = mem_info(name, buf, CL_MEM_FLAGS, "CL_MEM_FLAGS", sizeof flags, &flags)))
-    return st;
-  if (type != CL_MEM_OBJECT_BUFFER)
-    return BAD("%s.buf is not a buffer (CL_MEM_TYPE 0x%x): views must be cl_mem buffers", name, (unsigned)type);
-  if (owner != context) return BAD("%s.buf belongs to another cl_context than the clattn context's", name);
-  if (is_output && (flags & CL_MEM_READ_ONLY))
+  if (!ca_mem_facts_cached(buf, &f)) { /* asked once while buf lives (mem_facts.c) */
+    if ((st = mem_info(name, buf, CL_MEM_SIZE, "CL_MEM_SIZE", sizeof f.size, &f.size)) ||
+        (st = mem_info(name, buf, CL_MEM_TYPE, "CL_MEM_TYPE", sizeof f.type, &f.type)) ||
+        (st = mem_info(name, buf, CL_MEM_CONTEXT, "CL_MEM_CONTEXT", sizeof f.context, &f.context)) ||
+        (st = mem_info(name, buf, CL_MEM_FLAGS, "CL_MEM_FLAGS", sizeof f.flags, &f.flags)) ||
+        (st = locate(name, buf, f.flags, &f.space, &f.base)))
+      return st;
+    ca_mem_facts_keep(buf, &f);
+  }
+  *size = f.size;
+  *space = f.space;
+  *base = f.base;
+  if (f.type != CL_MEM_OBJECT_BUFFER)
+    return BAD("%s.buf is not a buffer (CL_MEM_TYPE 0x%x): views must be cl_mem buffers", name, (unsigned)f.type);
+  if (f.context != context) return BAD("%s.buf belongs to another cl_context than the clattn context's", name);
+  if (is_output && (f.flags & CL_MEM_READ_ONLY))
     return BAD("%s.buf was created CL_MEM_READ_ONLY: the kernels cannot write an output there", name);
-  if (!is_output && (flags & CL_MEM_WRITE_ONLY))
+  if (!is_output && (f.flags & CL_MEM_WRITE_ONLY))
     return BAD("%s.buf was created CL_MEM_WRITE_ONLY: the kernels cannot read an input there", name);
-  return locate(name, buf, flags, space, base);
+  return CLATTN_OK;
 }
 
 /* A view's role: read, written, or read but shaped like an output (each
@@ -367,10 +372,10 @@ static clattn_status check_views(ca_views *vs, const clattn_params *p, int out_r
   return CLATTN_OK;
 }
 
-/* views NULL: the call's own (checked for sharing here); else left in
- * *views for the caller to add to and check. */
+/* The views go to *views (NULL: the call's own); whether any output shares
+ * bytes is checked here unless the caller adds views first (the backward). */
 static clattn_status validate(const clattn_context *ctx, const clattn_params *p, int out_role, ca_plan *plan,
-                              ca_views *views) {
+                              ca_views *views, int check_sharing) {
   clattn_status st;
   if (!ctx) return BAD("clattn_forward: ctx is NULL");
   if (!p) return BAD("clattn_forward: params is NULL");
@@ -380,7 +385,7 @@ static clattn_status validate(const clattn_context *ctx, const clattn_params *p,
   ca_views own;
   ca_views *vs = views ? views : &own;
   ca_views_init(vs, ctx->context);
-  if ((st = check_views(vs, p, out_role)) || (!views && (st = ca_views_disjoint(vs)))) return st;
+  if ((st = check_views(vs, p, out_role)) || (check_sharing && (st = ca_views_disjoint(vs)))) return st;
 
   const int want_weights = p->weights.buf != NULL;
   plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo : ca_auto_algo(ctx, p->q_len, want_weights);
@@ -412,12 +417,16 @@ static clattn_status validate(const clattn_context *ctx, const clattn_params *p,
 }
 
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan) {
-  return validate(ctx, p, VIEW_OUT, plan, NULL);
+  return validate(ctx, p, VIEW_OUT, plan, NULL, 1);
+}
+
+clattn_status ca_validate_views(const clattn_context *ctx, const clattn_params *p, ca_plan *plan, ca_views *views) {
+  return validate(ctx, p, VIEW_OUT, plan, views, 1);
 }
 
 clattn_status ca_validate_backward_fwd(const clattn_context *ctx, const clattn_params *p, ca_plan *plan,
                                        ca_views *views) {
-  return validate(ctx, p, VIEW_READ_WHOLE, plan, views);
+  return validate(ctx, p, VIEW_READ_WHOLE, plan, views, 0);
 }
 
 clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp) {

@@ -436,6 +436,12 @@ CL_API_ENTRY cl_int CL_API_CALL clGetMemObjectInfo(cl_mem memobj, cl_mem_info pa
            param_value_size_ret);
 }
 
+CL_API_ENTRY cl_int CL_API_CALL clSetMemObjectDestructorCallback(cl_mem memobj,
+                                                                 void(CL_CALLBACK *pfn_notify)(cl_mem, void *),
+                                                                 void *user_data) {
+  FALLIBLE(clSetMemObjectDestructorCallback, CL_OUT_OF_RESOURCES, memobj, pfn_notify, user_data);
+}
+
 /* programs and kernels */
 
 CL_API_ENTRY cl_program CL_API_CALL clCreateProgramWithSource(cl_context context, cl_uint count, const char **strings,
@@ -629,4 +635,91 @@ CL_API_ENTRY cl_int CL_API_CALL clEnqueueMarkerWithWaitList(cl_command_queue com
                                                             cl_uint num_events_in_wait_list,
                                                             const cl_event *event_wait_list, cl_event *event) {
   ENQUEUE(clEnqueueMarkerWithWaitList, command_queue, num_events_in_wait_list, event_wait_list, event);
+}
+
+/* command buffers (cl_khr_command_buffer, mutable dispatch): extension
+ * functions come from clGetExtensionFunctionAddressForPlatform, which hands
+ * out these wrappers (fallible and counted like the core functions) in
+ * front of the runtime's entry points. */
+
+typedef void *shim_cb; /* cl_command_buffer_khr */
+static void *real_create_cb, *real_finalize_cb, *real_release_cb, *real_enqueue_cb, *real_ndrange_cb, *real_update_cb;
+
+static shim_cb CL_API_CALL shim_clCreateCommandBufferKHR(cl_uint n, const cl_command_queue *queues,
+                                                        const cl_ulong *properties, cl_int *errcode_ret) {
+  cl_int f = fault("clCreateCommandBufferKHR", CALLER, CL_OUT_OF_RESOURCES);
+  if (f != CL_SUCCESS) {
+    if (errcode_ret) *errcode_ret = f;
+    return NULL;
+  }
+  return ((shim_cb(CL_API_CALL *)(cl_uint, const cl_command_queue *, const cl_ulong *, cl_int *))real_create_cb)(
+      n, queues, properties, errcode_ret);
+}
+
+static cl_int CL_API_CALL shim_clFinalizeCommandBufferKHR(shim_cb cb) {
+  cl_int f = fault("clFinalizeCommandBufferKHR", CALLER, CL_OUT_OF_RESOURCES);
+  return f != CL_SUCCESS ? f : ((cl_int(CL_API_CALL *)(shim_cb))real_finalize_cb)(cb);
+}
+
+static cl_int CL_API_CALL shim_clReleaseCommandBufferKHR(shim_cb cb) {
+  count_plain();
+  return ((cl_int(CL_API_CALL *)(shim_cb))real_release_cb)(cb);
+}
+
+static cl_int CL_API_CALL shim_clEnqueueCommandBufferKHR(cl_uint n, cl_command_queue *queues, shim_cb cb,
+                                                         cl_uint num_events_in_wait_list,
+                                                         const cl_event *event_wait_list, cl_event *event) {
+  cl_int f = fault("clEnqueueCommandBufferKHR", CALLER, CL_OUT_OF_RESOURCES);
+  if (f != CL_SUCCESS) return f;
+  cl_int e = ((cl_int(CL_API_CALL *)(cl_uint, cl_command_queue *, shim_cb, cl_uint, const cl_event *,
+                                     cl_event *))real_enqueue_cb)(n, queues, cb, num_events_in_wait_list,
+                                                                  event_wait_list, event);
+  if (e == CL_SUCCESS && event) track_add((void *)*event, SHIM_EVENT);
+  return e;
+}
+
+static cl_int CL_API_CALL shim_clCommandNDRangeKernelKHR(shim_cb cb, cl_command_queue queue, const cl_ulong *properties,
+                                                         cl_kernel kernel, cl_uint work_dim, const size_t *offset,
+                                                         const size_t *global, const size_t *local, cl_uint n_sync,
+                                                         const cl_uint *sync_list, cl_uint *sync_point,
+                                                         void **mutable_handle) {
+  cl_int f = fault("clCommandNDRangeKernelKHR", CALLER, CL_OUT_OF_RESOURCES);
+  if (f != CL_SUCCESS) return f;
+  return ((cl_int(CL_API_CALL *)(shim_cb, cl_command_queue, const cl_ulong *, cl_kernel, cl_uint, const size_t *,
+                                 const size_t *, const size_t *, cl_uint, const cl_uint *, cl_uint *,
+                                 void **))real_ndrange_cb)(cb, queue, properties, kernel, work_dim, offset, global,
+                                                           local, n_sync, sync_list, sync_point, mutable_handle);
+}
+
+static cl_int CL_API_CALL shim_clUpdateMutableCommandsKHR(shim_cb cb, cl_uint n, const cl_uint *types,
+                                                          const void **configs) {
+  cl_int f = fault("clUpdateMutableCommandsKHR", CALLER, CL_OUT_OF_RESOURCES);
+  if (f != CL_SUCCESS) return f;
+  return ((cl_int(CL_API_CALL *)(shim_cb, cl_uint, const cl_uint *, const void **))real_update_cb)(cb, n, types,
+                                                                                                    configs);
+}
+
+CL_API_ENTRY void *CL_API_CALL clGetExtensionFunctionAddressForPlatform(cl_platform_id platform,
+                                                                       const char *func_name) {
+  REAL(clGetExtensionFunctionAddressForPlatform);
+  count_plain();
+  void *real = real_clGetExtensionFunctionAddressForPlatform(platform, func_name);
+  const struct {
+    const char *name;
+    void **real;
+    void *shim;
+  } wrapped[] = {
+      {"clCreateCommandBufferKHR", &real_create_cb, (void *)shim_clCreateCommandBufferKHR},
+      {"clFinalizeCommandBufferKHR", &real_finalize_cb, (void *)shim_clFinalizeCommandBufferKHR},
+      {"clReleaseCommandBufferKHR", &real_release_cb, (void *)shim_clReleaseCommandBufferKHR},
+      {"clEnqueueCommandBufferKHR", &real_enqueue_cb, (void *)shim_clEnqueueCommandBufferKHR},
+      {"clCommandNDRangeKernelKHR", &real_ndrange_cb, (void *)shim_clCommandNDRangeKernelKHR},
+      {"clUpdateMutableCommandsKHR", &real_update_cb, (void *)shim_clUpdateMutableCommandsKHR},
+  };
+  for (size_t i = 0; real && i < sizeof wrapped / sizeof wrapped[0]; i++)
+    if (strcmp(func_name, wrapped[i].name) == 0) {
+      *wrapped[i].real = real; /* one platform per test process */
+      return wrapped[i].shim;
+    }
+  return real;
 }

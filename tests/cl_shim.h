@@ -11,7 +11,9 @@
  * without calling the real function.
  *
  * Every wrapped call except the clRelease* ones is "fallible" and counted;
- * shim_arm(n, code) makes the n-th fallible call after it fail once.
+ * shim_arm(n, code) makes the n-th fallible call after it fail once. The
+ * command-buffer extension's entry points are wrapped too: the shim's
+ * clGetExtensionFunctionAddressForPlatform hands out its wrappers.
  *
  * Live objects: each handle created or retained through the shim counts
  * +1, each release -1 (handles the shim never saw created are ignored), so

@@ -81,6 +81,32 @@ static inline cl_mem kc_rw_copy(cp_problem *pb, const void *host, size_t n) {
   return e == CL_SUCCESS ? m : NULL;
 }
 
+/* A clattn context embedded in ct_context()'s cl_context and device with a
+ * queue of its own that runs commands out of order; NULL (with a note)
+ * when the device has no such queues or creation fails. Destroy it with
+ * clattn_destroy (it holds the queue's only reference). */
+static inline clattn_context *kc_out_of_order_context(void) {
+  clattn_context *base = ct_context(), *ctx = NULL;
+  cl_command_queue_properties props = 0;
+  clGetDeviceInfo(clattn_cl_device(base), CL_DEVICE_QUEUE_PROPERTIES, sizeof props, &props, NULL);
+  if (!(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)) {
+    printf("  (the device has no out-of-order queues: not tested)\n");
+    return NULL;
+  }
+  cl_int e;
+  cl_command_queue q =
+      clCreateCommandQueue(clattn_cl_context(base), clattn_cl_device(base), CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &e);
+  if (!CHECKF(e == CL_SUCCESS, "clCreateCommandQueue(out of order): %s", cp_cl_error_name(e))) return NULL;
+  clattn_options opt;
+  memset(&opt, 0, sizeof opt);
+  opt.context = clattn_cl_context(base);
+  opt.device = clattn_cl_device(base);
+  opt.queue = q;
+  CHECKF(clattn_create(&opt, &ctx) == CLATTN_OK, "embedded out-of-order context: %s", clattn_last_error(NULL));
+  clReleaseCommandQueue(q);
+  return ctx;
+}
+
 /* Relative closeness for single numbers: |x - want| <= tol * max(1, |want|). */
 static inline int kc_close(double x, double want, double tol) { return fabs(x - want) <= tol * fmax(1.0, fabs(want)); }
 

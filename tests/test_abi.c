@@ -55,6 +55,9 @@ static void public_structs_have_this_versions_layout(void) {
            sizeof(clattn_merge_params));
     CHECKF(sizeof(clattn_backward_params) == layouts[i].backward, "clattn_backward_params: %zu bytes",
            sizeof(clattn_backward_params));
+    /* clattn_step (plans, added without changing another struct): kv_len, then three offsets */
+    CHECKF(sizeof(clattn_step) == 32 && offsetof(clattn_step, lse_offset) == 24, "clattn_step: %zu bytes",
+           sizeof(clattn_step));
     return;
   }
   CHECKF(0, "no layout recorded for ABI %d: add this version's row", CLATTN_ABI_VERSION);

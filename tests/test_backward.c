@@ -966,8 +966,8 @@ static clattn_tensor *view_named(clattn_backward_params *bp, const char *name) {
   return NULL;
 }
 
-/* Every output of the backward (d_q, d_k, d_v, d_sinks, d_additive_w) may
- * share no byte with any input (q, k, v, out, lse, d_out, mask, bias,
+/* Every output of the backward (d_q, d_k, d_v, d_bias, d_sinks, d_additive_w)
+ * may share no byte with any input (q, k, v, out, lse, d_out, mask, bias,
  * kv_lens, sinks, additive_w, alibi_slopes) nor with another output: each
  * such call, which gave wrong gradients with status OK on one path or the
  * other, is refused before anything is enqueued, and nothing changes. */
@@ -1041,6 +1041,12 @@ static void outputs_sharing_bytes_are_refused(void) {
   bp = rw;
   bp.fwd.kv_lens = bp.d_q.buf;
   refuse_sharing(&w, &bp, in, n_in, "d_q", "kv_lens", "kv_lens read from d_q's bytes");
+  bp = rw;
+  bp.d_bias = bp.fwd.bias;
+  refuse_sharing(&w, &bp, in, n_in, "d_bias", "bias", "d_bias on bias");
+  bp = rw;
+  bp.d_bias = bp.fwd.bias, bp.d_bias.buf = bp.d_q.buf; /* d_bias over d_q's bytes */
+  refuse_sharing(&w, &bp, in, n_in, "d_bias", "d_q", "d_bias on d_q");
   bp = rw;
   bp.d_sinks = bp.fwd.sinks;
   refuse_sharing(&w, &bp, in, n_in, "d_sinks", "sinks", "d_sinks on sinks");

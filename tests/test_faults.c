@@ -90,12 +90,16 @@ static int is_oom_code(cl_int c) {
 }
 
 /* Faults clattn may absorb by design: best-effort queries (device strings,
- * the cache key's hash) and the binary cache (load falls back to a source
- * build, store is best effort). */
+ * the cache key's hash), the binary cache (load falls back to a source
+ * build, store is best effort), keeping a cl_mem's facts (asked again
+ * next time) and recording a plan's command buffer (the plain path runs). */
 static int absorbable(const char *fn) {
   static const char *ok[] = {"clGetPlatformInfo",     "clGetDeviceInfo",           "clGetProgramInfo",
                              "clGetProgramBuildInfo", "clCreateProgramWithBinary", "clBuildProgram",
-                             "clGetDeviceIDs"};
+                             "clGetDeviceIDs",        "clSetMemObjectDestructorCallback",
+                             /* a plan whose command buffer cannot be recorded enqueues plainly */
+                             "clCreateCommandBufferKHR", "clCommandNDRangeKernelKHR", "clFinalizeCommandBufferKHR",
+                             "clGetCommandQueueInfo"};
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
     if (strcmp(fn, ok[i]) == 0) return 1;
   return 0;
@@ -517,6 +521,86 @@ static void faults_merge(void) {
   free(a.lse);
   free(a.want);
   free(a.want_lse);
+}
+
+/* ---------- plans: creation, and steps ---------- */
+
+typedef struct {
+  fwd_arg fwd;
+  clattn_plan *plan;
+} plan_arg;
+
+/* A plan made, one step as planned, the plan released. */
+static clattn_status plan_create_call(void *arg, cl_event *done) {
+  plan_arg *a = arg;
+  clattn_plan *plan = NULL;
+  *done = NULL;
+  clattn_status st = clattn_plan_create(fx, &a->fwd.pb->params, &plan);
+  if (st == CLATTN_OK) st = clattn_plan_enqueue(plan, NULL, 0, NULL, done);
+  clattn_plan_release(plan);
+  return st;
+}
+
+/* Two steps of the plan: kv_len one short (arguments patched, the plain
+ * enqueues), then as planned (patched back; a command buffer replayed where
+ * one was recorded); the outputs are the planned call's. */
+static clattn_status plan_steps_call(void *arg, cl_event *done) {
+  plan_arg *a = arg;
+  *done = NULL;
+  clattn_step s = clattn_step_default();
+  s.kv_len = a->fwd.pb->params.kv_len - 1;
+  clattn_status st = clattn_plan_enqueue(a->plan, &s, 0, NULL, NULL);
+  return st == CLATTN_OK ? clattn_plan_enqueue(a->plan, NULL, 0, NULL, done) : st;
+}
+
+static int plan_prepare(void *arg) { return fwd_prepare(&((plan_arg *)arg)->fwd); }
+static int plan_verify(void *arg, clattn_status st) { return fwd_verify(&((plan_arg *)arg)->fwd, st); }
+
+/* Plans over a shape: creation with a fault at each of its calls, then a
+ * plan's steps with a fault at each of theirs (the plan keeps working). */
+static void sweep_plan(const char *label, const cp_shape *s) {
+  cp_problem *pb;
+  KC_BUILD(pb, s);
+  plan_arg a = {{pb, 2e-4}, NULL};
+  char name[128];
+  if (CHECKF(cp_upload(pb, fx) == 0, "%s: upload: %s", label, pb->err)) {
+    snprintf(name, sizeof name, "plan creation, %s", label);
+    call_case c = {name, plan_create_call, plan_prepare, plan_verify, &a, CLATTN_OK};
+    sweep(&c);
+    if (CHECKF(clattn_plan_create(fx, &pb->params, &a.plan) == CLATTN_OK, "%s: %s", label, clattn_last_error(NULL))) {
+      snprintf(name, sizeof name, "plan steps, %s", label);
+      call_case d = {name, plan_steps_call, plan_prepare, plan_verify, &a, CLATTN_OK};
+      sweep(&d);
+      clattn_plan_release(a.plan);
+    }
+  }
+  cp_free(pb);
+}
+
+/* With command buffers wherever the device offers them (recorded at
+ * creation, replayed by the steps as planned). */
+static void faults_plans(void) {
+  setenv("CLATTN_COMMAND_BUFFER", "1", 1); /* read at the context's first plan */
+  cp_shape s = cp_shape_default();
+  s.q_heads = 2;
+  s.kv_heads = 1;
+  s.q_len = 1;
+  s.kv_len = 1100; /* split keys, then merge_states, at both step lengths */
+  s.head_dim = s.value_dim = 16;
+  s.want_lse = 1;
+  s.algo = CLATTN_ALGO_FUSED;
+  s.seed = 21;
+  sweep_plan("fused split-KV decode + merge", &s);
+  s = small_shape(CLATTN_ALGO_FUSED);
+  s.q_len = 9;
+  s.kv_len = 20;
+  s.causal = 1;
+  s.empty_rows = CLATTN_EMPTY_ERROR; /* no row empty: the flag read back each step */
+  sweep_plan("fused prefill (packed K/V), EMPTY_ERROR", &s);
+  s = small_shape(CLATTN_ALGO_STAGED);
+  s.want_lse = 1;
+  sweep_plan("staged, chunked", &s);
+  unsetenv("CLATTN_COMMAND_BUFFER");
 }
 
 /* ---------- a program built on first use ---------- */
@@ -1455,6 +1539,7 @@ int main(int argc, char **argv) {
       CT_TEST(faults_storage_sequences_shaping),
       CT_TEST(faults_merge),
       CT_TEST(faults_paged_q8_0),
+      CT_TEST(faults_plans),
       CT_TEST(faults_fused_first_build),
       CT_TEST(faults_backward),
       CT_TEST(faults_backward_first_build),

@@ -316,8 +316,8 @@ static void pending_wait_list_in_order_child(void) {
 
 /* A context's scratch reused on an out-of-order queue: a second call (no
  * wait list) takes the buffer the first call, waiting on a user event,
- * still has to use, so it is ordered after that call's last command (a
- * barrier on its event) instead of overtaking it, and both results are
+ * still has to use, so it is ordered after that call's last command (its
+ * first command waits for that event) instead of overtaking it, and both results are
  * right. A context of its own: its pool holds just that one buffer. */
 static void scratch_reuse_is_ordered(const clattn_options *opt) {
   cp_shape s = cp_shape_default();

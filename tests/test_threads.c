@@ -8,6 +8,10 @@
  * cl_context and device with a command queue of their own. Every thread
  * owns its problems and buffers (the kit's cp_run is per problem).
  *
+ * Every other call of a thread goes through a plan of its own instead
+ * (clattn_plan_create on its context, clattn_plan_enqueue as planned), and
+ * the threads on the shared context also enqueue one plan they all share.
+ *
  * Every result must be bitwise equal (whole output buffers: out, lse,
  * weights, entropy, max_weight, argmax, gaps included) to the same problem
  * computed single-threaded beforehand, with the same status; the
@@ -340,6 +344,8 @@ typedef struct {
   cl_device_id device;
   /* results */
   int done; /* calls made */
+  int planned; /* of them through a plan */
+  int shared_steps; /* steps of the shared plan enqueued */
   int per_case[MAX_CASES];
   int failures;
   char first_failure[768];
@@ -359,12 +365,31 @@ fail(worker *w, const char *fmt, ...) {
   }
 }
 
+/* The plan the shared-context threads all enqueue: its problem, its plan. */
+static cp_problem *g_shared_pb;
+static clattn_plan *g_shared_plan;
+static int g_shared_case = -1;
+
+/* Runs pb through a plan (made on first use, kept in *plan): poisons the
+ * outputs, enqueues a step as planned, waits, reads them back. The status
+ * is the creation's when it refused the params. 0, or -1 (harness). */
+static int run_planned(cp_problem *pb, clattn_context *ctx, clattn_plan **plan, clattn_status *made,
+                       clattn_status *st) {
+  if (!pb->q_buf && cp_upload(pb, ctx) != 0) return -1;
+  if (!*plan && *made == CLATTN_OK) *made = clattn_plan_create(ctx, &pb->params, plan);
+  if (cp_fill_outputs(pb, NAN) != 0) return -1;
+  *st = *made != CLATTN_OK ? *made : clattn_plan_enqueue(*plan, NULL, 0, NULL, NULL);
+  return clFinish(pb->queue) == CL_SUCCESS && cp_read_outputs(pb) == 0 ? 0 : -1;
+}
+
 static void *work(void *arg) {
   worker *w = arg;
   double t0 = cp_now_ms();
   clattn_context *ctx = NULL;
   cl_command_queue queue = NULL;
   cp_problem *pbs[MAX_CASES] = {0};
+  clattn_plan *plans[MAX_CASES] = {0};
+  clattn_status made[MAX_CASES] = {CLATTN_OK};
 
   if (w->index < SHARED_THREADS) {
     ctx = ct_ctx; /* created by the main thread before any worker */
@@ -393,11 +418,18 @@ static void *work(void *arg) {
     cp_problem *pb = pbs[i];
     const baseline *b = &g_base[i];
     cp_result r;
-    if (cp_run(pb, ctx, &r) != 0) {
+    const int planned = n % 2;
+    if (planned ? run_planned(pb, ctx, &plans[i], &made[i], &r.status) != 0 : cp_run(pb, ctx, &r) != 0) {
       fail(w, "thread %d, call %d, case %d (%s): harness: %s", w->index, n, i, g_cases[i].what, pb->err);
       break;
     }
     w->done++;
+    w->planned += planned;
+    if (g_shared_plan && w->index < SHARED_THREADS && n % 4 == 0) {
+      if (clattn_plan_enqueue(g_shared_plan, NULL, 0, NULL, NULL) != CLATTN_OK)
+        fail(w, "thread %d: the shared plan's step: %s", w->index, clattn_last_error(ctx));
+      w->shared_steps++;
+    }
     w->per_case[i]++;
     if (r.status != b->status) {
       fail(w, "thread %d, call %d, case %d (%s): status %s, single-threaded %s (%s)", w->index, n, i, g_cases[i].what,
@@ -412,7 +444,10 @@ static void *work(void *arg) {
   }
 
 out:
-  for (int i = 0; i < g_ncases; i++) cp_free(pbs[i]); /* before the embedded context and its queue go */
+  for (int i = 0; i < g_ncases; i++) { /* before the embedded context and its queue go */
+    clattn_plan_release(plans[i]);
+    cp_free(pbs[i]);
+  }
   if (w->index >= SHARED_THREADS) {
     clattn_destroy(ctx);
     if (queue) clReleaseCommandQueue(queue);
@@ -487,6 +522,14 @@ static void threads_match_single_threaded_results(void) {
   int src0, cache0;
   ca_cache_counts(ctx, &src0, &cache0);
 
+  /* the plan the shared-context threads all enqueue: split-key decode */
+  for (int i = 0; i < g_ncases; i++)
+    if (strstr(g_cases[i].what, "split keys")) g_shared_case = i;
+  REQUIRE(g_shared_case >= 0);
+  KC_BUILD(g_shared_pb, &g_cases[g_shared_case].shape);
+  REQUIRE(cp_upload(g_shared_pb, ctx) == 0);
+  REQUIRE(clattn_plan_create(ctx, &g_shared_pb->params, &g_shared_plan) == CLATTN_OK);
+
   static worker w[NTHREADS];
   pthread_t tid[NTHREADS];
   int started[NTHREADS] = {0};
@@ -504,9 +547,11 @@ static void threads_match_single_threaded_results(void) {
     if (started[t]) pthread_join(tid[t], NULL);
   double ms = cp_now_ms() - t0;
 
-  int calls = 0, shared = 0;
+  int calls = 0, shared = 0, planned = 0, shared_steps = 0;
   for (int t = 0; t < NTHREADS; t++) {
     calls += w[t].done;
+    planned += w[t].planned;
+    shared_steps += w[t].shared_steps;
     if (t < SHARED_THREADS) shared += w[t].done;
     printf("  thread %d (%s): %d calls in %.0f ms%s%s\n", t,
            t < SHARED_THREADS ? "shared context and queue" : "own embedded context and queue", w[t].done, w[t].ms,
@@ -524,6 +569,17 @@ static void threads_match_single_threaded_results(void) {
       "in %.0f ms (%.2f ms per call), all bitwise equal to the single-threaded results\n",
       calls, shared, calls - shared, NTHREADS - SHARED_THREADS, g_ncases, ms, calls ? ms / calls : 0.0);
   CHECKF(calls == total, "%d calls made, %d planned", calls, total);
+  /* the shared plan's last step wrote what the baseline holds */
+  if (CHECK(clFinish(clattn_cl_queue(ctx)) == CL_SUCCESS) && CHECK(cp_read_outputs(g_shared_pb) == 0)) {
+    const char *d = differs(g_shared_pb, &g_base[g_shared_case]);
+    CHECKF(!d, "the plan shared by %d threads: %s differs from the single-threaded result", SHARED_THREADS, d);
+  }
+  printf("  of them %d through plans of their threads' own; %d steps of one plan shared by %d threads\n", planned,
+         shared_steps, SHARED_THREADS);
+  clattn_plan_release(g_shared_plan);
+  g_shared_plan = NULL;
+  cp_free(g_shared_pb);
+  g_shared_pb = NULL;
 
   /* The fused programs the shared context built: at most one per distinct
    * (head_dim, value_dim) among the cases that can run FUSED. */

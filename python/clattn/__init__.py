@@ -7,6 +7,7 @@
 A ctypes binding over clattn's public C API (clattn.h); see docs/python.md.
 """
 from ._core import Context, Error
+from ._plan import Plan
 
-__all__ = ["Context", "Error"]
+__all__ = ["Context", "Error", "Plan"]
 __version__ = "0.1.0"

@@ -122,6 +122,8 @@ class Context:
 
     def close(self):
         """Destroys the context (waits for calls in flight in other threads)."""
+        for plan in list(self.__dict__.get("_plans", ())):  # a context's plans go first (clattn._plan)
+            plan.close()
         with self._cond:
             while self._active:
                 self._cond.wait()
@@ -363,6 +365,12 @@ class Context:
         for arr, buf in outs.values():
             if buf is not None:
                 self._cl.release_mem(buf)
+
+    def plan(self, q, k, v, **kwargs):
+        """An attention call made once and run per step (clattn_plan_create):
+        Context.attention's arguments (no weights or diagnostics); see clattn.Plan."""
+        from ._plan import Plan
+        return Plan(self, q, k, v, **kwargs)
 
     # ---- merge_states ----------------------------------------------------------
 

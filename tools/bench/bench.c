@@ -53,7 +53,7 @@ const char bench_usage[] =
     "                    T: f32|f16|bf16|q8_0|int8)\n"
     "       clattn bench --backward [--quick] [--shape H,HKV,M,N,D[,causal]]... [--reps R] [--cap SECONDS]\n"
     "                    [--no-host]\n"
-    "       clattn bench --host [--shape H,HKV,M,N,D] [--reps R] [--calls C]\n";
+    "       clattn bench --host [--shape H,HKV,M,N,D] [--reps R] [--steps S] [--calls C] [--before LIBCLATTN.so]\n";
 
 #define BEGIN_MARK "<!-- bench:begin -->"
 #define END_MARK   "<!-- bench:end -->"
@@ -1309,7 +1309,7 @@ int bench_main(int argc, char **argv) {
   if ((c.only & K_HOST) && !c.n_custom) { /* what one decode call costs the host (bench_host.c) */
     printf("\n");
     bench_host_cfg hc = bench_host_defaults();
-    if (c.quick) hc.reps = 200;
+    if (c.quick) hc.reps = 50;
     if (bench_host_run(ctx, &hc) != 0) failures++;
   }
   /* the correctness guard, spelled out for the smallest prefill shape */

@@ -1,32 +1,54 @@
 /*
- * `clattn bench --host`: what one clattn_forward call costs the host, for a
- * decode step (B 1, H 32, KV 8, M 1, N 512, d 128 unless --shape), against
- * a floor of the same number of empty kernels enqueued the way clattn
- * enqueues its kernels (each with an event, chained on the one before).
+ * `clattn bench --host`: what one decode step (B 1, H 32, KV 8, M 1, N 512,
+ * d 128 unless --shape; f32, AUTO) costs the host, four ways:
  *
- *   enqueue   host time of one call, no device wait: the median over --reps
- *             calls, each started on an idle queue (a clFinish before it,
- *             not timed);
- *   loop      1,000 back-to-back calls (--calls) and one clFinish, end to
- *             end: calls per second; and the host time of their enqueues
- *             alone (the queue busy behind them);
- * each for clattn and for the floor, and their ratio. The kernel count per
- * call is what the library's launcher counted for one call (CLBlast's GEMMs
- * are not counted: a decode step takes the fused path).
+ *   floor           the plan's own kernel objects (every argument set)
+ *                   enqueued bare, each with an event, chained on the one
+ *                   before, the first after the step's wait list: the least
+ *                   any library can do for these kernels;
+ *   plan            clattn_plan_enqueue with the step's kv_len, plain
+ *                   enqueues (CLATTN_COMMAND_BUFFER=0 for its context);
+ *   command buffer  the same through command-buffer replay, where the
+ *                   device offers it (CLATTN_COMMAND_BUFFER=1 for its
+ *                   context): with mutable dispatch each step updates
+ *                   kv_len in place; without, the steps keep the planned
+ *                   kv_len (a loop driven by the kv_lens buffer), the only
+ *                   steps it can replay;
+ *   clattn_forward  the one-shot call with the step's kv_len.
+ *
+ * Each round times --steps steps of each variant, in turns (the order
+ * rotating from round to round), enqueued behind one user event so the
+ * device runs nothing while the host is timed, every step waiting on that
+ * event and handing out a done event (released); the figure is the median
+ * over --reps rounds of the host time per step. kv_len alternates between
+ * N and N - 1, so a plan patches an argument every step and the key split
+ * stays the same.
+ *
+ * Then decode end to end: --calls back-to-back steps and one clFinish, as
+ * calls per second, medians over 7 rounds in turns: clattn_forward,
+ * the plan, and with --before LIB the clattn_forward of another build of
+ * the library (its libclattn.so, loaded with dlopen and embedded in the
+ * same OpenCL context and queue, so both read the same buffers).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include "bench_host.h"
 
+#include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench_base.h"
-#include "internal.h" /* kernels_enqueued: the floor enqueues as many kernels as a call does */
+#include "internal.h" /* ca_plan_launches: the floor enqueues the plan's kernels bare */
 #include "problem.h"
 
-const char bench_host_usage[] = "       clattn bench --host [--shape H,HKV,M,N,D] [--reps R] [--calls C]\n";
+const char bench_host_usage[] =
+    "       clattn bench --host [--shape H,HKV,M,N,D] [--reps R] [--steps S] [--calls C] [--before LIBCLATTN.so]\n";
 
-bench_host_cfg bench_host_defaults(void) { return (bench_host_cfg){32, 8, 1, 512, 128, 500, 1000}; }
+bench_host_cfg bench_host_defaults(void) { return (bench_host_cfg){32, 8, 1, 512, 128, 200, 16, 200, NULL}; }
 
 static int parse(int argc, char **argv, bench_host_cfg *c) {
   *c = bench_host_defaults();
@@ -35,11 +57,15 @@ static int parse(int argc, char **argv, bench_host_cfg *c) {
     if (!strcmp(o, "--host")) continue;
     if (!strcmp(o, "--reps") && v && atoi(v) > 0)
       c->reps = atoi(v), i++;
+    else if (!strcmp(o, "--steps") && v && atoi(v) > 0)
+      c->steps = atoi(v), i++;
     else if (!strcmp(o, "--calls") && v && atoi(v) > 0)
       c->calls = atoi(v), i++;
+    else if (!strcmp(o, "--before") && v)
+      c->before = v, i++;
     else if (!strcmp(o, "--shape") && v &&
              sscanf(v, "%d,%d,%d,%d,%d", &c->heads, &c->kv_heads, &c->q_len, &c->kv_len, &c->dim) == 5 &&
-             c->heads > 0 && c->kv_heads > 0 && c->heads % c->kv_heads == 0 && c->q_len > 0 && c->kv_len > 0 &&
+             c->heads > 0 && c->kv_heads > 0 && c->heads % c->kv_heads == 0 && c->q_len > 0 && c->kv_len > 1 &&
              c->dim > 0)
       i++;
     else {
@@ -55,96 +81,158 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* The floor's kernels: empty, enqueued like ca_enqueue does (event out, the
- * previous one in the wait list, released after). */
+static double median(double *x, int n) {
+  qsort(x, (size_t)n, sizeof *x, cmp_double);
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* Another build's clattn_forward (--before), embedded in the same objects. */
 typedef struct {
-  cl_command_queue queue;
-  cl_program program;
-  cl_kernel kernel;
-  int per_call;
-} floor_kernels;
+  void *lib;
+  clattn_status (*create)(const clattn_options *, clattn_context **);
+  void (*destroy)(clattn_context *);
+  clattn_status (*forward)(clattn_context *, const clattn_params *, cl_uint, const cl_event *, cl_event *);
+  const char *(*last_error)(const clattn_context *);
+  clattn_context *ctx;
+} other_build;
 
-static int floor_init(floor_kernels *f, clattn_context *ctx, int per_call) {
-  static const char *src = "__kernel void empty(void) {}\n";
-  cl_device_id dev = clattn_cl_device(ctx);
-  cl_int err = CL_SUCCESS;
-  memset(f, 0, sizeof *f);
-  f->queue = clattn_cl_queue(ctx);
-  f->per_call = per_call;
-  f->program = clCreateProgramWithSource(clattn_cl_context(ctx), 1, &src, NULL, &err);
-  if (err == CL_SUCCESS) err = clBuildProgram(f->program, 1, &dev, "", NULL, NULL);
-  if (err == CL_SUCCESS) f->kernel = clCreateKernel(f->program, "empty", &err);
-  if (err != CL_SUCCESS)
-    fprintf(stderr, "clattn bench --host: the empty kernel: %s (%d)\n", cp_cl_error_name(err), err);
-  return err == CL_SUCCESS ? 0 : -1;
-}
-
-static void floor_release(floor_kernels *f) {
-  if (f->kernel) clReleaseKernel(f->kernel);
-  if (f->program) clReleaseProgram(f->program);
-}
-
-/* One "call" of the floor: per_call empty kernels chained by events. */
-static int floor_call(floor_kernels *f) {
-  const size_t one = 1;
-  cl_event prev = NULL;
-  for (int i = 0; i < f->per_call; i++) {
-    cl_event ev = NULL;
-    cl_int err =
-        clEnqueueNDRangeKernel(f->queue, f->kernel, 1, NULL, &one, NULL, prev ? 1 : 0, prev ? &prev : NULL, &ev);
-    if (prev) clReleaseEvent(prev);
-    if (err != CL_SUCCESS) return -1;
-    prev = ev;
+static int other_open(other_build *o, const char *path, clattn_context *like) {
+  memset(o, 0, sizeof o[0]);
+  if (!(o->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL))) {
+    fprintf(stderr, "clattn bench --host: --before %s: %s\n", path, dlerror());
+    return -1;
   }
-  if (prev) clReleaseEvent(prev);
+  *(void **)&o->create = dlsym(o->lib, "clattn_create");
+  *(void **)&o->destroy = dlsym(o->lib, "clattn_destroy");
+  *(void **)&o->forward = dlsym(o->lib, "clattn_forward");
+  *(void **)&o->last_error = dlsym(o->lib, "clattn_last_error");
+  clattn_options opt;
+  memset(&opt, 0, sizeof opt);
+  opt.context = clattn_cl_context(like);
+  opt.device = clattn_cl_device(like);
+  opt.queue = clattn_cl_queue(like);
+  if (!o->create || !o->destroy || !o->forward || !o->last_error || o->create(&opt, &o->ctx) != CLATTN_OK) {
+    fprintf(stderr, "clattn bench --host: --before %s: no clattn_create there, or it failed: %s\n", path,
+            o->last_error ? o->last_error(NULL) : "");
+    return -1;
+  }
   return 0;
 }
 
-typedef int (*call_fn)(void *arg);
+static void other_close(other_build *o) {
+  if (o->ctx) o->destroy(o->ctx);
+  if (o->lib) dlclose(o->lib);
+}
+
+/* A plan of p on an embedded context of its own on ctx's objects, whose
+ * plans replay command buffers (cb 1) or never do (cb 0): the environment
+ * is read at a context's first plan. */
+static clattn_status plan_with(clattn_context *ctx, int cb, const clattn_params *p, clattn_context **own,
+                               clattn_plan **plan) {
+  clattn_options opt;
+  memset(&opt, 0, sizeof opt);
+  opt.context = clattn_cl_context(ctx);
+  opt.device = clattn_cl_device(ctx);
+  opt.queue = clattn_cl_queue(ctx);
+  clattn_status st = clattn_create(&opt, own);
+  if (st != CLATTN_OK) return st;
+  setenv("CLATTN_COMMAND_BUFFER", cb ? "1" : "0", 1);
+  return clattn_plan_create(*own, p, plan);
+}
+
+enum { V_FLOOR, V_PLAN, V_CB, V_FORWARD, V_BEFORE, N_VARIANTS };
+static const char *const variant_names[N_VARIANTS] = {"floor (the plan's kernels bare)", "plan", "command buffer",
+                                                      "clattn_forward", "clattn_forward, --before build"};
 
 typedef struct {
   clattn_context *ctx;
-  cp_problem *pb;
-} decode_call;
+  clattn_plan *plan, *cb_plan;
+  int cb_mutable;    /* steps through the command buffer change kv_len */
+  ca_launch floor[4];
+  int n_floor;
+  clattn_params p;
+  other_build *before;
+} host_runs;
 
-static int clattn_call(void *arg) {
-  decode_call *d = arg;
-  return clattn_forward(d->ctx, &d->pb->params, 0, NULL, NULL) == CLATTN_OK ? 0 : -1;
-}
-
-static int floor_fn(void *arg) { return floor_call(arg); }
-
-/* The median host time of one call (ms), each on an idle queue. */
-static int enqueue_median(call_fn fn, void *arg, cl_command_queue q, int reps, double *median) {
-  double *t = malloc((size_t)reps * sizeof *t);
-  if (!t) return -1;
-  for (int i = 0; i < reps; i++) {
-    clFinish(q);
-    double t0 = bb_now_ms();
-    if (fn(arg) != 0) {
-      free(t);
-      return -1;
+/* Step i of variant v after wait (none when NULL); *done when asked. */
+static clattn_status step(host_runs *h, int v, int i, cl_event *wait, cl_event *done) {
+  const int kv_len = h->p.kv_len - (i & 1);
+  const cl_uint n_wait = wait ? 1 : 0;
+  clattn_step s = clattn_step_default();
+  s.kv_len = kv_len;
+  clattn_params p = h->p;
+  p.kv_len = kv_len;
+  switch (v) {
+    case V_FLOOR: {
+      cl_event prev = NULL;
+      for (int k = 0; k < h->n_floor; k++) {
+        const ca_launch *l = &h->floor[k];
+        cl_event ev = NULL;
+        cl_int err = clEnqueueNDRangeKernel(clattn_cl_queue(h->ctx), l->kernel, l->dims, NULL, l->global, l->local,
+                                            prev ? 1 : n_wait, prev ? &prev : wait, &ev);
+        if (prev) clReleaseEvent(prev);
+        if (err != CL_SUCCESS) return CLATTN_ERR_OPENCL;
+        prev = ev;
+      }
+      if (done)
+        *done = prev;
+      else
+        clReleaseEvent(prev);
+      return CLATTN_OK;
     }
-    t[i] = bb_now_ms() - t0;
+    case V_PLAN: return clattn_plan_enqueue(h->plan, &s, n_wait, wait, done);
+    case V_CB: return clattn_plan_enqueue(h->cb_plan, h->cb_mutable ? &s : NULL, n_wait, wait, done);
+    case V_FORWARD: return clattn_forward(h->ctx, &p, n_wait, wait, done);
+    default: return h->before->forward(h->before->ctx, &p, n_wait, wait, done);
   }
-  clFinish(q);
-  qsort(t, (size_t)reps, sizeof *t, cmp_double);
-  *median = t[reps / 2];
-  free(t);
-  return 0;
 }
 
-/* Calls per second of `calls` back-to-back calls and one clFinish, and
- * the host time per call of their enqueues alone (ms). */
-static int loop_rate(call_fn fn, void *arg, cl_command_queue q, int calls, double *per_s, double *enqueue_ms) {
-  clFinish(q);
-  double t0 = bb_now_ms();
+/* Host time per step (ms) of `steps` steps of v behind a user event. */
+static int time_steps(host_runs *h, int v, int steps, double *per_step) {
+  cl_command_queue q = clattn_cl_queue(h->ctx);
+  cl_int err = clFinish(q);
+  cl_event gate = clCreateUserEvent(clattn_cl_context(h->ctx), &err);
+  if (err != CL_SUCCESS) return -1;
+  int rc = 0;
+  const double t0 = bb_now_ms();
+  for (int i = 0; i < steps && rc == 0; i++) {
+    cl_event done = NULL;
+    rc = step(h, v, i, &gate, &done) == CLATTN_OK ? 0 : -1;
+    if (done) clReleaseEvent(done);
+  }
+  *per_step = (bb_now_ms() - t0) / steps;
+  clSetUserEventStatus(gate, CL_COMPLETE);
+  clReleaseEvent(gate);
+  return clFinish(q) == CL_SUCCESS ? rc : -1;
+}
+
+/* Calls per second of `calls` back-to-back steps of v and one clFinish. */
+static int decode_rate(host_runs *h, int v, int calls, double *per_s) {
+  cl_command_queue q = clattn_cl_queue(h->ctx);
+  if (clFinish(q) != CL_SUCCESS) return -1;
+  const double t0 = bb_now_ms();
   for (int i = 0; i < calls; i++)
-    if (fn(arg) != 0) return -1;
-  *enqueue_ms = (bb_now_ms() - t0) / calls;
+    if (step(h, v, i, NULL, NULL) != CLATTN_OK) return -1;
   if (clFinish(q) != CL_SUCCESS) return -1;
   *per_s = calls / ((bb_now_ms() - t0) / 1e3);
   return 0;
+}
+
+/* Whether a plan step's output is bitwise clattn_forward's (kv_len N - 1). */
+static int plan_matches(host_runs *h, clattn_plan *plan, cp_problem *pb, const char *what) {
+  clattn_step s = clattn_step_default();
+  s.kv_len = h->p.kv_len - 1;
+  clattn_params p = h->p;
+  p.kv_len = s.kv_len;
+  float *a = malloc(pb->out_elems * sizeof *a);
+  int same = a && cp_fill_outputs(pb, NAN) == 0 && clattn_plan_enqueue(plan, &s, 0, NULL, NULL) == CLATTN_OK &&
+             cp_read_outputs(pb) == 0;
+  if (same) memcpy(a, pb->out_raw, pb->out_elems * sizeof *a);
+  same = same && cp_fill_outputs(pb, NAN) == 0 && clattn_forward(h->ctx, &p, 0, NULL, NULL) == CLATTN_OK &&
+         cp_read_outputs(pb) == 0 && memcmp(a, pb->out_raw, pb->out_elems * sizeof *a) == 0;
+  free(a);
+  if (!same) fprintf(stderr, "clattn bench --host: the %s's output is not clattn_forward's\n", what);
+  return same ? 0 : -1;
 }
 
 int bench_host_main(int argc, char **argv) {
@@ -165,7 +253,13 @@ int bench_host_main(int argc, char **argv) {
 int bench_host_run(clattn_context *ctx, const bench_host_cfg *cfg) {
   const bench_host_cfg c = *cfg;
   int rc = -1;
-  floor_kernels fl = {0};
+  host_runs h;
+  memset(&h, 0, sizeof h);
+  h.ctx = ctx;
+  other_build before;
+  memset(&before, 0, sizeof before);
+  clattn_context *plain_ctx = NULL, *cb_ctx = NULL;
+  char *env = getenv("CLATTN_COMMAND_BUFFER") ? strdup(getenv("CLATTN_COMMAND_BUFFER")) : NULL;
   cp_shape s = cp_shape_default();
   s.q_heads = c.heads;
   s.kv_heads = c.kv_heads;
@@ -182,49 +276,109 @@ int bench_host_run(clattn_context *ctx, const bench_host_cfg *cfg) {
   }
   cp_result r;
   memset(&r, 0, sizeof r);
-  if (cp_run(pb, ctx, &r) != 0 || !cp_result_ok(&r, 2e-4)) { /* warm-up (programs built), and a correct result */
+  if (cp_run(pb, ctx, &r) != 0 || !cp_result_ok(&r, 2e-4)) { /* programs built, and a correct result */
     fprintf(stderr, "clattn bench --host: the decode call is wrong or failed: %s\n",
             cp_result_format(&r, err, sizeof err));
     goto done;
   }
-  decode_call dc = {ctx, pb};
-  cl_command_queue q = clattn_cl_queue(ctx);
-  clFinish(q);
-  unsigned long k0 = atomic_load(&ctx->kernels_enqueued);
-  if (clattn_call(&dc) != 0) goto call_failed;
-  clFinish(q);
-  const int per_call = (int)(atomic_load(&ctx->kernels_enqueued) - k0);
-  if (per_call < 1 || floor_init(&fl, ctx, per_call) != 0) goto done;
+  h.p = pb->params;
+  const int made = plan_with(ctx, 0, &h.p, &plain_ctx, &h.plan) == CLATTN_OK &&
+                   plan_with(ctx, 1, &h.p, &cb_ctx, &h.cb_plan) == CLATTN_OK;
+  if (env)
+    setenv("CLATTN_COMMAND_BUFFER", env, 1);
+  else
+    unsetenv("CLATTN_COMMAND_BUFFER");
+  if (!made) {
+    fprintf(stderr, "clattn bench --host: making the plans: %s\n", clattn_last_error(NULL));
+    goto done;
+  }
+  h.n_floor = ca_plan_launches(h.plan, h.floor);
+  if (h.n_floor < 1 || plan_matches(&h, h.plan, pb, "plan") != 0 || plan_matches(&h, h.cb_plan, pb, "command buffer's") != 0)
+    goto done;
+  /* command buffers: a step as planned replays wherever they are offered;
+   * a changed kv_len replays only with mutable dispatch */
+  const long replays0 = ca_plan_replays(h.cb_plan);
+  const int cb_offered = clattn_plan_enqueue(h.cb_plan, NULL, 0, NULL, NULL) == CLATTN_OK &&
+                         ca_plan_replays(h.cb_plan) > replays0;
+  clattn_step s1 = clattn_step_default();
+  s1.kv_len = h.p.kv_len - 1;
+  h.cb_mutable = cb_offered && clattn_plan_enqueue(h.cb_plan, &s1, 0, NULL, NULL) == CLATTN_OK &&
+                 ca_plan_replays(h.cb_plan) > replays0 + 1;
+  if (c.before && other_open(&before, c.before, ctx) != 0) goto done;
+  h.before = &before;
+  clFinish(clattn_cl_queue(ctx));
 
-  double host_ms = 0, floor_ms = 0, rate = 0, floor_rate = 0, loop_ms = 0, floor_loop_ms = 0;
-  if (floor_call(&fl) != 0) goto floor_failed;
-  if (enqueue_median(clattn_call, &dc, q, c.reps, &host_ms) != 0) goto call_failed;
-  if (enqueue_median(floor_fn, &fl, q, c.reps, &floor_ms) != 0) goto floor_failed;
-  if (loop_rate(clattn_call, &dc, q, c.calls, &rate, &loop_ms) != 0) goto call_failed;
-  if (loop_rate(floor_fn, &fl, q, c.calls, &floor_rate, &floor_loop_ms) != 0) goto floor_failed;
+  char platform[128] = "?", device[128] = "?";
+  cl_platform_id pf = NULL;
+  clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_PLATFORM, sizeof pf, &pf, NULL);
+  clGetPlatformInfo(pf, CL_PLATFORM_NAME, sizeof platform, platform, NULL);
+  clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_NAME, sizeof device, device, NULL);
+  clattn_step s0 = clattn_step_default();
+  clattn_plan_enqueue(h.plan, &s0, 0, NULL, NULL);
+  printf("clattn bench --host: decode step B 1, H %d/KV %d, M %d, N %d, d %d, f32, AUTO on %s (%s)\n", c.heads,
+         c.kv_heads, c.q_len, c.kv_len, c.dim, platform, device);
+  printf("  %s: %d kernel%s per step; plan and command-buffer outputs bitwise clattn_forward's\n",
+         clattn_last_route(), h.n_floor, h.n_floor == 1 ? "" : "s");
 
-  printf("clattn bench --host: decode step B 1, H %d/KV %d, M %d, N %d, d %d, f32 (AUTO): %d kernel%s per call\n",
-         c.heads, c.kv_heads, c.q_len, c.kv_len, c.dim, per_call, per_call == 1 ? "" : "s");
-  printf("  enqueue, one call (median of %d, no device wait): clattn %.1f us, floor %.1f us, ratio %.2f\n", c.reps,
-         host_ms * 1e3, floor_ms * 1e3, host_ms / floor_ms);
-  printf("  %d back-to-back calls + clFinish: clattn %.0f calls/s (%.1f us/call), floor %.0f calls/s, ratio %.2f\n",
-         c.calls, rate, 1e6 / rate, floor_rate, floor_rate / rate);
-  printf("  of which enqueueing, per call: clattn %.1f us, floor %.1f us, ratio %.2f\n", loop_ms * 1e3,
-         floor_loop_ms * 1e3, loop_ms / floor_loop_ms);
-  int buffers = 0;
-  size_t bytes = 0;
-  ca_scratch_stats(ctx, &buffers, &bytes);
-  printf("  the context holds %d kernel objects and %d scratch buffers (%zu bytes), created once\n",
-         ca_kernel_pool_size(ctx), buffers, bytes);
+  int variants[N_VARIANTS], n_var = 0;
+  for (int v = 0; v < N_VARIANTS; v++)
+    if ((v != V_CB || cb_offered) && (v != V_BEFORE || c.before)) variants[n_var++] = v;
+  double *t[N_VARIANTS] = {NULL};
+  for (int v = 0; v < N_VARIANTS; v++)
+    if (!(t[v] = malloc((size_t)c.reps * sizeof(double)))) goto timed;
+  for (int rep = 0; rep < c.reps; rep++)
+    for (int k = 0; k < n_var; k++) {
+      const int v = variants[(rep + k) % n_var];
+      if (time_steps(&h, v, c.steps, &t[v][rep]) != 0) {
+        fprintf(stderr, "clattn bench --host: %s failed: %s\n", variant_names[v], clattn_last_error(NULL));
+        goto timed;
+      }
+    }
+  double med[N_VARIANTS] = {0};
+  for (int k = 0; k < n_var; k++) med[variants[k]] = median(t[variants[k]], c.reps);
+  printf("  host time per step, median of %d rounds of %d steps behind a user event (kv_len %d and %d in turn):\n",
+         c.reps, c.steps, c.kv_len, c.kv_len - 1);
+  printf("    %-34s %7.2f us\n", variant_names[V_FLOOR], med[V_FLOOR] * 1e3);
+  printf("    %-34s %7.2f us  %.2fx the floor (target <= 1.3x)\n", variant_names[V_PLAN], med[V_PLAN] * 1e3,
+         med[V_PLAN] / med[V_FLOOR]);
+  if (cb_offered)
+    printf("    %-34s %7.2f us  %.2fx the floor (%s)\n", variant_names[V_CB], med[V_CB] * 1e3, med[V_CB] / med[V_FLOOR],
+           h.cb_mutable ? "mutable dispatch: kv_len updated in place" : "no mutable dispatch: kv_len as planned");
+  else
+    printf("    %-34s  not offered by this device\n", variant_names[V_CB]);
+  printf("    %-34s %7.2f us  %.2fx the floor (target <= 2x)\n", variant_names[V_FORWARD], med[V_FORWARD] * 1e3,
+         med[V_FORWARD] / med[V_FLOOR]);
+  if (c.before)
+    printf("    %-34s %7.2f us  %.2fx the floor\n", variant_names[V_BEFORE], med[V_BEFORE] * 1e3,
+           med[V_BEFORE] / med[V_FLOOR]);
+
+  /* decode end to end */
+  enum { ROUNDS = 7 };
+  double rate[N_VARIANTS][ROUNDS];
+  const int e2e[] = {V_BEFORE, V_FORWARD, V_PLAN}, first = c.before ? 0 : 1, n_e2e = 3 - first;
+  for (int rep = 0; rep < ROUNDS; rep++)
+    for (int k = 0; k < n_e2e; k++) {
+      const int v = e2e[first + (rep + k) % n_e2e];
+      if (decode_rate(&h, v, c.calls, &rate[v][rep]) != 0) {
+        fprintf(stderr, "clattn bench --host: %s failed end to end\n", variant_names[v]);
+        goto timed;
+      }
+    }
+  printf("  decode end to end, %d back-to-back steps + clFinish, median of %d rounds in turns:\n", c.calls, ROUNDS);
+  for (int k = first; k < 3; k++)
+    printf("    %-34s %7.0f calls/s\n", e2e[k] == V_BEFORE ? "clattn_forward, before" : variant_names[e2e[k]],
+           median(rate[e2e[k]], ROUNDS));
+  if (c.before) printf("    (before: %s)\n", c.before);
   rc = 0;
-  goto done;
-call_failed:
-  fprintf(stderr, "clattn bench --host: clattn_forward: %s\n", clattn_last_error(NULL));
-  goto done;
-floor_failed:
-  fprintf(stderr, "clattn bench --host: enqueueing the empty kernels failed\n");
+timed:
+  for (int v = 0; v < N_VARIANTS; v++) free(t[v]);
 done:
-  floor_release(&fl);
+  clattn_plan_release(h.plan);
+  clattn_plan_release(h.cb_plan);
+  clattn_destroy(plain_ctx);
+  clattn_destroy(cb_ctx);
+  other_close(&before);
+  free(env);
   cp_free(pb);
   return rc;
 }
