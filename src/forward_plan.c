@@ -5,8 +5,8 @@
  * Creation runs clattn_forward's checks and planning (ca_validate,
  * ca_plan_fused) and records what a step's changes are checked against
  * without OpenCL queries: the sizes of the q, out and lse buffers and every
- * view's bytes (validate.c's ca_views: a step moving q, out or lse is
- * checked against the aliasing rule again). A FUSED plan then owns its kernel objects
+ * view's bytes (ca_views: a step moving q, out or lse is checked against
+ * the aliasing rule again). A FUSED plan then owns its kernel objects
  * (flash_pack, the planned kernel, merge_states), its scratch (packed K/V
  * for the planned kv_len, partial states for the most splits any shorter
  * length can take) and its empty-row flag, with every argument set. A
@@ -62,7 +62,7 @@ struct clattn_plan {
   size_t merge_global[3];
   int kv_len, stale; /* stale: an argument may differ from these values (a failed patch) */
   size_t q_off, out_off, lse_off;
-  cl_event last;         /* out-of-order queues: the previous step's last command */
+  cl_event last;        /* out-of-order queues: the previous step's last command */
   char route[2][96];     /* unsplit, split */
   ca_command_buffer *cb; /* command-buffer replay, or NULL */
   step_values cb_at;     /* the values its commands hold */
@@ -117,10 +117,10 @@ static clattn_status record_views(clattn_plan *pl) {
 /* The caller's buffers stay alive with the plan: its kernels hold them. */
 static clattn_status retain_mems(clattn_plan *pl) {
   const clattn_params *p = &pl->p;
-  const cl_mem all[] = {p->q.buf,        p->k.buf,        p->v.buf,        p->out.buf,     p->mask.buf,
-                        p->bias.buf,     p->lse.buf,      p->weights.buf,  p->entropy.buf, p->max_weight.buf,
-                        p->argmax.buf,   p->kv_lens,      p->alibi_slopes, p->sinks,       p->additive_w,
-                        p->cu_seqlens_q, p->cu_seqlens_k, p->k_scale.buf,  p->v_scale.buf, p->block_table};
+  const cl_mem all[] = {p->q.buf,        p->k.buf,          p->v.buf,          p->out.buf,        p->mask.buf,
+                        p->bias.buf,     p->lse.buf,        p->weights.buf,    p->entropy.buf,    p->max_weight.buf,
+                        p->argmax.buf,   p->kv_lens,        p->alibi_slopes,   p->sinks,          p->additive_w,
+                        p->cu_seqlens_q, p->cu_seqlens_k,   p->k_scale.buf,    p->v_scale.buf,    p->block_table};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     if (!all[i]) continue;
     cl_int err = clRetainMemObject(all[i]);

@@ -42,22 +42,22 @@ struct clattn_context {
   int n_fused, cap_fused;   /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   struct ca_fused_program *backward; /* backward programs, likewise; under programs_lock */
   int n_backward, cap_backward;
-  double build_ms;               /* time to build the programs at creation */
-  char *cache_dir;               /* the program cache's directory; NULL = no disk cache */
-  int cache_binaries;            /* program binaries kept in cache_dir (ca_cache_keeps_binaries) */
-  int builds_from_source;        /* programs compiled from source; creation or under programs_lock */
-  int builds_from_cache;         /* programs loaded from the disk cache; likewise */
-  cl_ulong max_alloc;            /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
-  size_t scratch_budget;         /* bytes of score scratch the staged path may hold */
-  size_t peak_scratch;           /* largest scratch of one call; guarded by scratch_lock */
-  atomic_int blast_ready;        /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
-  atomic_ulong kernels_enqueued; /* kernel launches by ca_enqueue so far (`clattn bench --host`'s floor) */
-  int out_of_order;              /* the queue runs commands out of order (scratch_pool.c orders reuse by events) */
-  pthread_mutex_t barrier_lock;  /* out-of-order queues: a barrier and the commands behind it go in together (gemm.c) */
-  struct ca_cb_api *cb_api;      /* command buffers: what the device offers, probed on first use; under programs_lock */
-  pthread_mutex_t kernels_lock;  /* guards kernels */
-  struct ca_pooled_kernel *kernels;         /* kernel objects, reused across calls (kernel_pool.c) */
-  pthread_mutex_t scratch_lock;             /* guards scratch, flags, sink_flag, scratch_bytes, peak_scratch */
+  double build_ms;                  /* time to build the programs at creation */
+  char *cache_dir;                  /* the program cache's directory; NULL = no disk cache */
+  int cache_binaries;               /* program binaries kept in cache_dir (ca_cache_keeps_binaries) */
+  int builds_from_source;           /* programs compiled from source; creation or under programs_lock */
+  int builds_from_cache;            /* programs loaded from the disk cache; likewise */
+  cl_ulong max_alloc;               /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+  size_t scratch_budget;            /* bytes of score scratch the staged path may hold */
+  size_t peak_scratch;              /* largest scratch of one call; guarded by scratch_lock */
+  atomic_int blast_ready;           /* a CLBlast call has succeeded here (gemm.c: its first use is serialised) */
+  atomic_ulong kernels_enqueued;    /* kernel launches by ca_enqueue so far (`clattn bench --host`'s floor) */
+  int out_of_order;                 /* the queue runs commands out of order (scratch_pool.c orders reuse by events) */
+  pthread_mutex_t barrier_lock;     /* out-of-order queues: a barrier and the commands behind it go in together (gemm.c) */
+  struct ca_cb_api *cb_api;         /* command buffers: what the device offers, probed on first use; under programs_lock */
+  pthread_mutex_t kernels_lock;     /* guards kernels */
+  struct ca_pooled_kernel *kernels; /* kernel objects, reused across calls (kernel_pool.c) */
+  pthread_mutex_t scratch_lock;     /* guards scratch, flags, sink_flag, scratch_bytes, peak_scratch */
   struct ca_pooled_buffer *scratch, *flags; /* device scratch and EMPTY_ERROR flags, reused (scratch_pool.c) */
   cl_mem sink_flag;                         /* the empty-row flag of calls that never read it */
   size_t scratch_bytes;                     /* bytes the scratch pool holds */

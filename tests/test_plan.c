@@ -225,7 +225,7 @@ static clattn_step step_of(const fixture *f, int s) {
   const plan_case *c = f->c;
   clattn_step st = clattn_step_default();
   if (s % 5 == 4) return st; /* every fifth step as planned */
-  if (s % 5 != 3)            /* and kv_len as planned in another */
+  if (s % 5 != 3) /* and kv_len as planned in another */
     st.kv_len = c->min_len + (int)(rnd() % (unsigned)(c->kv_len - c->min_len + 1));
   if (s % 3) st.q_offset = (size_t)(s % SLOTS) * f->q_slot;
   if (s % 4) st.out_offset = (size_t)((s * 5) % SLOTS) * f->o_slot;
