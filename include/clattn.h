@@ -360,8 +360,11 @@ CLATTN_EXPORT size_t clattn_peak_scratch_bytes(clattn_context *ctx, int reset);
  * use for calls like shapes[0 .. n) (their dtype, kv_dtype, head_dim and
  * value_dim; the other fields are not read), for every algorithm, so an
  * engine's first token pays no compile stall. The programs stay for the
- * context's life (and in the disk cache). A bad shape is INVALID_ARGUMENT
- * naming it; a build failure CLATTN_ERR_BUILD with the log. */
+ * context's life (and in the disk cache). Those four fields are checked
+ * as clattn_forward checks them: a shape it would refuse is
+ * INVALID_ARGUMENT with its message after "clattn_prepare: shapes[i]: ",
+ * and nothing is built for it; a build failure is CLATTN_ERR_BUILD with the
+ * log. */
 CLATTN_EXPORT clattn_status clattn_prepare(clattn_context *ctx, const clattn_params *shapes, int n);
 
 /* Plans: a serving loop's attention call, made once, enqueued per step.
