@@ -70,7 +70,13 @@ typedef struct {
 
 /* Creates a context and compiles the kernel programs for its device (load
  * time). In embedded mode clattn retains the caller's context, device and
- * queue and releases only those references on destroy. */
+ * queue and releases only those references on destroy. Destroying the last
+ * live context that ran the GEMM path also empties CLBlast's process-wide
+ * program caches (CLBlastClearCache: a later context's first GEMM call, and
+ * the caller's own CLBlast calls, then rebuild their programs): left to
+ * CLBlast's static destructors, they are released at exit after some OpenCL
+ * runtimes (Oclgrind's) have gone, and the process aborts. So destroy every
+ * context before exit. */
 CLATTN_EXPORT clattn_status clattn_create(const clattn_options *opt /* NULL = defaults */, clattn_context **out);
 CLATTN_EXPORT void clattn_destroy(clattn_context *ctx);
 CLATTN_EXPORT cl_context clattn_cl_context(const clattn_context *ctx);
@@ -109,13 +115,27 @@ typedef struct {    /* a strided view of a cl_mem; buf NULL = absent */
   size_t stride[4]; /* in elements: batch, head, row, column; 0 broadcasts (inputs only).
                        Outputs must not overlap themselves: ordered by stride, each
                        dimension longer than 1 steps past the span of the smaller ones
-                       (so interleaved dimensions are refused too). Nor may two outputs
-                       of one call (out, lse, weights, entropy, max_weight, argmax;
-                       merge's out and out_lse) share bytes: in one cl_mem, their
-                       extents (first element to the end of the last) must be
-                       disjoint, else INVALID_ARGUMENT before anything is enqueued.
-                       Sub-buffers are cl_mems of their own and are not compared */
+                       (so interleaved dimensions are refused too). */
 } clattn_tensor;
+
+/* Aliasing, one rule for every call (clattn_forward, clattn_backward,
+ * clattn_kv_append, clattn_merge_states): an output may share no byte with
+ * any other view or buffer of its call, input or output; inputs may share
+ * bytes with each other. A call that breaks the rule is INVALID_ARGUMENT,
+ * naming both, before anything is enqueued: nothing is computed in place
+ * (out on q, d_q on q or d_out, d_k on k, the k and v caches on the same
+ * bytes, new rows inside the cache, merge's out on a state: all refused).
+ *   outputs: forward out, lse, weights, entropy, max_weight, argmax;
+ *   backward d_q, d_k, d_v, d_bias, d_sinks, d_additive_w (fwd.out and
+ *   fwd.lse are its inputs); kv_append k, v, k_scale, v_scale; merge out,
+ *   out_lse (its o and lse count as all n_states states).
+ * Bytes are compared element by element, not by extents, so views that
+ * interleave without sharing a byte are fine (packed QKV or dQKV, a cache
+ * holding K and V page by page); a pair of layouts too intricate to settle
+ * within a small search is refused as one that may share. Views through
+ * sub-buffers are compared at their parent's bytes (CL_MEM_ASSOCIATED_MEMOBJECT,
+ * CL_MEM_OFFSET), buffers created with CL_MEM_USE_HOST_PTR at their host
+ * addresses (CL_MEM_HOST_PTR). */
 
 typedef struct {
   int batch, q_heads, kv_heads; /* q_heads % kv_heads == 0 (MHA, GQA, MQA) */
@@ -340,8 +360,11 @@ CLATTN_EXPORT size_t clattn_peak_scratch_bytes(clattn_context *ctx, int reset);
  * use for calls like shapes[0 .. n) (their dtype, kv_dtype, head_dim and
  * value_dim; the other fields are not read), for every algorithm, so an
  * engine's first token pays no compile stall. The programs stay for the
- * context's life (and in the disk cache). A bad shape is INVALID_ARGUMENT
- * naming it; a build failure CLATTN_ERR_BUILD with the log. */
+ * context's life (and in the disk cache). Those four fields are checked
+ * as clattn_forward checks them: a shape it would refuse is
+ * INVALID_ARGUMENT with its message after "clattn_prepare: shapes[i]: ",
+ * and nothing is built for it; a build failure is CLATTN_ERR_BUILD with the
+ * log. */
 CLATTN_EXPORT clattn_status clattn_prepare(clattn_context *ctx, const clattn_params *shapes, int n);
 
 /* Plans: a serving loop's attention call, made once, enqueued per step.

@@ -15,6 +15,9 @@
  * collective over the handle's communicator and blocking: it returns when
  * the outputs are written. A failure on one rank (bad input, OpenCL or MPI
  * error) returns the same status and message on every rank; nothing aborts.
+ * The ranks agree over the handle's communicator, so a rank passing a NULL
+ * handle cannot take part: it returns INVALID_ARGUMENT at once and the
+ * others wait for it; every rank must pass its handle.
  */
 #ifndef CLATTN_MPI_H
 #define CLATTN_MPI_H
@@ -35,10 +38,15 @@ typedef struct clattn_mpi clattn_mpi;
 
 /* Collective over comm: duplicates it (errors return, never abort) and keeps
  * host and device staging buffers between calls. ctx is this rank's device.
- * On failure *out is NULL: INVALID_ARGUMENT (NULL ctx, MPI not initialised),
- * OUT_OF_MEMORY or CLATTN_MPI_ERR_COMM. */
+ * The ranks agree on success before the duplication (an MPI_Allreduce over
+ * comm): a failure on one rank (NULL ctx or out, OUT_OF_MEMORY) returns the
+ * first failing rank's status on every rank at once, and so does one after
+ * it (CLATTN_MPI_ERR_COMM); *out is NULL then. Without MPI initialised, or
+ * with comm MPI_COMM_NULL, there is no one to agree with: INVALID_ARGUMENT
+ * on that rank alone. comm's error handler is the caller's again on return. */
 CLATTN_EXPORT clattn_status clattn_mpi_create(clattn_context *ctx, MPI_Comm comm, clattn_mpi **out);
-/* Collective: frees the duplicate communicator and the buffers. */
+/* Collective: frees the duplicate communicator and the buffers. A NULL
+ * handle does nothing and holds no other rank up. */
 CLATTN_EXPORT void clattn_mpi_destroy(clattn_mpi *m);
 /* The last failure's message on this handle ("rank R: ..." names the rank
  * where it happened); thread-agnostic, like the handle. */

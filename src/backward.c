@@ -37,8 +37,9 @@ clattn_backward_params clattn_backward_params_default(void) {
 }
 
 /* Everything beyond the forward's own checks: lse, d_out and the gradient
- * views, the optional d_sinks / d_additive_w and what they need. */
-static clattn_status validate_backward(const clattn_context *ctx, const clattn_backward_params *bp) {
+ * views, the optional d_sinks / d_additive_w and what they need, each
+ * recorded in vs with the forward's views. */
+static clattn_status validate_backward(ca_views *vs, const clattn_backward_params *bp) {
   const clattn_params *p = &bp->fwd;
   clattn_status st;
   if (!p->lse.buf) return BAD("fwd.lse.buf is NULL: the backward recomputes the weights from the forward's lse");
@@ -64,28 +65,28 @@ static clattn_status validate_backward(const clattn_context *ctx, const clattn_b
       if (views[i].t->stride[0] != 0)
         return BAD("%s.stride[0] must be 0 with cu_seqlens (got %zu)", views[i].name, views[i].t->stride[0]);
   }
-  if ((st = ca_check_view(ctx, "d_out", &bp->d_out, o_dims, 4, elem, 0)) ||
-      (st = ca_check_view(ctx, "d_q", &bp->d_q, q_dims, 4, elem, 1)) ||
-      (st = ca_check_view(ctx, "d_k", &bp->d_k, k_dims, 4, elem, 1)) ||
-      (st = ca_check_view(ctx, "d_v", &bp->d_v, v_dims, 4, elem, 1)))
+  if ((st = ca_check_view(vs, "d_out", &bp->d_out, o_dims, 4, elem, 0)) ||
+      (st = ca_check_view(vs, "d_q", &bp->d_q, q_dims, 4, elem, 1)) ||
+      (st = ca_check_view(vs, "d_k", &bp->d_k, k_dims, 4, elem, 1)) ||
+      (st = ca_check_view(vs, "d_v", &bp->d_v, v_dims, 4, elem, 1)))
     return st;
   if (bp->d_sinks) {
     if (!p->sinks) return BAD("d_sinks is set but fwd.sinks is NULL: there is no sink to differentiate");
     const int h_dims[] = {p->q_heads};
     const clattn_tensor t = {bp->d_sinks, 0, {1, 0, 0, 0}};
-    if ((st = ca_check_view(ctx, "d_sinks", &t, h_dims, 1, sizeof(float), 1))) return st;
+    if ((st = ca_check_view(vs, "d_sinks", &t, h_dims, 1, sizeof(float), 1))) return st;
   }
   if (bp->d_bias.buf) { /* a dimension the view broadcasts is summed: one element there */
     const int s_dims[] = {p->batch, p->q_heads, p->q_len, p->kv_len};
     int dims[4];
     for (int d = 0; d < 4; d++) dims[d] = bp->d_bias.stride[d] == 0 ? 1 : s_dims[d];
-    if ((st = ca_check_view(ctx, "d_bias", &bp->d_bias, dims, 4, sizeof(float), 1))) return st;
+    if ((st = ca_check_view(vs, "d_bias", &bp->d_bias, dims, 4, sizeof(float), 1))) return st;
   }
   if (bp->d_additive_w) {
     if (p->score != CLATTN_SCORE_ADDITIVE) return BAD("d_additive_w is set but fwd.score is not CLATTN_SCORE_ADDITIVE");
     const int d_dims[] = {p->head_dim};
     const clattn_tensor t = {bp->d_additive_w, 0, {1, 0, 0, 0}};
-    if ((st = ca_check_view(ctx, "d_additive_w", &t, d_dims, 1, sizeof(float), 1))) return st;
+    if ((st = ca_check_view(vs, "d_additive_w", &t, d_dims, 1, sizeof(float), 1))) return st;
   }
   return CLATTN_OK;
 }
@@ -109,7 +110,10 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
   clattn_params p = bp->fwd;
   p.weights.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
   p.algo = CLATTN_ALGO_FUSED;
-  if ((st = ca_validate_backward_fwd(ctx, &p, &plan)) || (st = validate_backward(ctx, bp))) return st;
+  ca_views views;
+  if ((st = ca_validate_backward_fwd(ctx, &p, &plan, &views)) || (st = validate_backward(&views, bp)) ||
+      (st = ca_views_disjoint(&views)))
+    return st;
   p.algo = bp->fwd.algo;
 
   cl_program program = NULL;

@@ -168,6 +168,7 @@ void clattn_destroy(clattn_context *ctx) {
   pthread_mutex_destroy(&ctx->scratch_lock);
   pthread_mutex_destroy(&ctx->barrier_lock);
   ca_release_programs(ctx);
+  ca_gemm_release(ctx);
   ca_command_buffer_forget(ctx);
   free(ctx->cache_dir);
   free(ctx->tuning_path);

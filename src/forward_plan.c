@@ -4,8 +4,9 @@
  *
  * Creation runs clattn_forward's checks and planning (ca_validate,
  * ca_plan_fused) and records what a step's changes are checked against
- * without OpenCL queries: the sizes of the q, out and lse buffers and the
- * extents of every output. A FUSED plan then owns its kernel objects
+ * without OpenCL queries: the sizes of the q, out and lse buffers and every
+ * view's bytes (ca_views: a step moving q, out or lse is checked against
+ * the aliasing rule again). A FUSED plan then owns its kernel objects
  * (flash_pack, the planned kernel, merge_states), its scratch (packed K/V
  * for the planned kv_len, partial states for the most splits any shorter
  * length can take) and its empty-row flag, with every argument set. A
@@ -34,20 +35,13 @@ typedef struct {
   size_t size, span, elem;
 } movable;
 
-/* An output's bytes in its cl_mem, as validate.c compares them. */
-typedef struct {
-  const char *name;
-  cl_mem buf;
-  size_t first, end;
-} out_extent;
-
 /* What a step sets: kv_len and the offsets of q, out and lse. */
 typedef struct {
   int kv_len;
   size_t q_off, out_off, lse_off;
 } step_values;
 
-enum { PLAN_MEMS = 24, PLAN_OUTPUTS = 6 };
+enum { PLAN_MEMS = 24 };
 
 struct clattn_plan {
   clattn_context *ctx;
@@ -57,8 +51,7 @@ struct clattn_plan {
   cl_mem mems[PLAN_MEMS]; /* the caller's, retained */
   int n_mems;
   movable q, out, lse;
-  out_extent ext[PLAN_OUTPUTS]; /* out first, then lse when given */
-  int n_ext;
+  ca_views views; /* every view's bytes, as planned */
   int fused;
   /* a fused plan's own objects, and the values its kernels hold */
   ca_fused_launch launch;
@@ -103,20 +96,13 @@ static clattn_status mem_size(cl_mem m, const char *name, size_t *size) {
   return ca_cl_fail(err, what);
 }
 
-static void add_extent(clattn_plan *pl, const char *name, const clattn_tensor *t, const int *dims, int rank,
-                       size_t elem) {
-  if (!t->buf) return;
-  const size_t first = t->offset * elem;
-  pl->ext[pl->n_ext++] = (out_extent){name, t->buf, first, first + view_span(t, dims, rank, elem)};
-}
-
-/* Records the movable views' buffer sizes and spans, and every output's extent. */
+/* Records the movable views' buffer sizes and spans. */
 static clattn_status record_views(clattn_plan *pl) {
   const clattn_params *p = &pl->p;
   const int varlen = p->cu_seqlens_q != NULL, qb = varlen ? 1 : p->batch, rows = varlen ? p->total_q : p->q_len;
   const size_t elem = p->dtype == CLATTN_F32 ? sizeof(float) : 2;
   const int q_dims[] = {qb, p->q_heads, rows, p->head_dim}, o_dims[] = {qb, p->q_heads, rows, p->value_dim};
-  const int row_dims[] = {p->batch, p->q_heads, p->q_len}, s_dims[] = {p->batch, p->q_heads, p->q_len, p->kv_len};
+  const int row_dims[] = {p->batch, p->q_heads, p->q_len};
   clattn_status st;
   pl->q = (movable){0, view_span(&p->q, q_dims, 4, elem), elem};
   pl->out = (movable){0, view_span(&p->out, o_dims, 4, elem), elem};
@@ -125,12 +111,6 @@ static clattn_status record_views(clattn_plan *pl) {
     pl->lse = (movable){0, view_span(&p->lse, row_dims, 3, sizeof(float)), sizeof(float)};
     if ((st = mem_size(p->lse.buf, "lse", &pl->lse.size))) return st;
   }
-  add_extent(pl, "out", &p->out, o_dims, 4, elem);
-  add_extent(pl, "lse", &p->lse, row_dims, 3, sizeof(float));
-  add_extent(pl, "weights", &p->weights, s_dims, 4, sizeof(float));
-  add_extent(pl, "entropy", &p->entropy, row_dims, 3, sizeof(float));
-  add_extent(pl, "max_weight", &p->max_weight, row_dims, 3, sizeof(float));
-  add_extent(pl, "argmax", &p->argmax, row_dims, 3, sizeof(int32_t));
   return CLATTN_OK;
 }
 
@@ -162,24 +142,18 @@ static clattn_status check_offset(const char *field, const char *view, const mov
   return CLATTN_OK;
 }
 
-/* The outputs, with out and lse where the step puts them, must stay disjoint. */
-static clattn_status check_moved_outputs(const clattn_plan *pl, const step_values *v, int out_moved, int lse_moved) {
-  out_extent ext[PLAN_OUTPUTS];
-  memcpy(ext, pl->ext, (size_t)pl->n_ext * sizeof *ext);
-  const size_t at[2] = {v->out_off * pl->out.elem, v->lse_off * pl->lse.elem};
-  const int movable_outputs = pl->p.lse.buf ? 2 : 1; /* ext[0] is out, ext[1] lse */
-  for (int i = 0; i < movable_outputs; i++) {
-    ext[i].end = ext[i].end - ext[i].first + at[i];
-    ext[i].first = at[i];
-  }
-  const char *field = out_moved && lse_moved ? "out_offset / step.lse_offset" : out_moved ? "out_offset" : "lse_offset";
-  for (int a = 0; a < movable_outputs; a++)
-    for (int b = a + 1; b < pl->n_ext; b++)
-      if (ext[a].buf == ext[b].buf && ext[a].first < ext[b].end && ext[b].first < ext[a].end)
-        return BAD("step.%s: %s would overlap %s (bytes [%zu, %zu) and [%zu, %zu) of one buffer); outputs of one call "
-                   "must not share bytes",
-                   field, ext[a].name, ext[b].name, ext[a].first, ext[a].end, ext[b].first, ext[b].end);
-  return CLATTN_OK;
+/* The views, with q, out and lse where the step puts them, must still
+ * keep the aliasing rule; the refusal names the step's fields. */
+static clattn_status check_moved_views(const clattn_plan *pl, const step_values *v, const char *fields) {
+  ca_views moved = pl->views;
+  ca_views_move(&moved, "q", v->q_off * pl->q.elem);
+  ca_views_move(&moved, "out", v->out_off * pl->out.elem);
+  if (pl->p.lse.buf) ca_views_move(&moved, "lse", v->lse_off * pl->lse.elem);
+  const clattn_status st = ca_views_disjoint(&moved);
+  if (st == CLATTN_OK) return st;
+  char why[512];
+  snprintf(why, sizeof why, "%s", clattn_last_error(pl->ctx));
+  return ca_fail(st, "%s: %s", fields, why);
 }
 
 /* The step's values, every change checked (no OpenCL query). */
@@ -193,8 +167,9 @@ static clattn_status resolve_step(const clattn_plan *pl, const clattn_step *s, s
     return BAD("step.kv_len %d exceeds the plan's kv_len %d (a plan's kv_len is the most keys a step may use)",
                s->kv_len, p->kv_len);
   if (s->kv_len) v->kv_len = s->kv_len;
-  const int out_moved = s->out_offset != CLATTN_STEP_PLANNED, lse_moved = s->lse_offset != CLATTN_STEP_PLANNED;
-  if (s->q_offset != CLATTN_STEP_PLANNED) {
+  const int q_moved = s->q_offset != CLATTN_STEP_PLANNED, out_moved = s->out_offset != CLATTN_STEP_PLANNED,
+            lse_moved = s->lse_offset != CLATTN_STEP_PLANNED;
+  if (q_moved) {
     if ((st = check_offset("q_offset", "q", &pl->q, s->q_offset))) return st;
     v->q_off = s->q_offset;
   }
@@ -207,7 +182,12 @@ static clattn_status resolve_step(const clattn_plan *pl, const clattn_step *s, s
     if ((st = check_offset("lse_offset", "lse", &pl->lse, s->lse_offset))) return st;
     v->lse_off = s->lse_offset;
   }
-  return out_moved || lse_moved ? check_moved_outputs(pl, v, out_moved, lse_moved) : CLATTN_OK;
+  if (!q_moved && !out_moved && !lse_moved) return CLATTN_OK;
+  char fields[64];
+  snprintf(fields, sizeof fields, "%s%s%s%s%s", q_moved ? "step.q_offset" : "",
+           q_moved && (out_moved || lse_moved) ? " / " : "", out_moved ? "step.out_offset" : "",
+           out_moved && lse_moved ? " / " : "", lse_moved ? "step.lse_offset" : "");
+  return check_moved_views(pl, v, fields);
 }
 
 /* ---------- a fused plan ---------- */
@@ -279,8 +259,8 @@ static int launches_now(const clattn_plan *pl, ca_launch *out) {
   if (pl->pack) out[n++] = (ca_launch){pl->pack, "flash_pack", 2, {(size_t)l->n_pad, l->kv_pairs, 1}, NULL};
   out[n++] = (ca_launch){pl->rows, l->kernel, 3, {l->global[0], l->global[1], l->global[2]}, l->local};
   if (l->splits.n_splits > 1)
-    out[n++] = (ca_launch){pl->merge, "merge_states", 3, {pl->merge_global[0], pl->merge_global[1], pl->merge_global[2]},
-                           NULL};
+    out[n++] = (ca_launch){
+        pl->merge, "merge_states", 3, {pl->merge_global[0], pl->merge_global[1], pl->merge_global[2]}, NULL};
   return n;
 }
 
@@ -295,8 +275,14 @@ static int cb_updates(const clattn_plan *pl, int n, ca_arg_update *u) {
   const step_values *at = &pl->cb_at;
   const int pack = pl->pack ? 0 : -1, rows = pack + 1, merge = n > rows + 1 ? rows + 1 : -1;
   int k = 0;
-#define INT_ARG(launch, index, v) u[k++] = (ca_arg_update){(launch), (index), sizeof(cl_int), {.i = (v)}}
-#define LONG_ARG(launch, index, v) u[k++] = (ca_arg_update){(launch), (index), sizeof(cl_ulong), {.u = (v)}}
+#define INT_ARG(launch, index, v)                   \
+  u[k++] = (ca_arg_update) {                        \
+    (launch), (index), sizeof(cl_int), { .i = (v) } \
+  }
+#define LONG_ARG(launch, index, v)                    \
+  u[k++] = (ca_arg_update) {                          \
+    (launch), (index), sizeof(cl_ulong), { .u = (v) } \
+  }
   if (pl->kv_len != at->kv_len) {
     INT_ARG(rows, pl->rows_at.kv_len, pl->kv_len);
     INT_ARG(rows, pl->rows_at.split_keys, l->splits.split_keys);
@@ -438,8 +424,12 @@ static clattn_status fused_enqueue(clattn_plan *pl, cl_uint n_wait, const cl_eve
   if (pl->cb) st = replay(pl, now, n_now, n, n ? wait : NULL, &prev, &replayed);
   for (int i = 0; i < n_now && st == CLATTN_OK && !replayed; i++) {
     cl_event ev = NULL;
-    cl_int err = clEnqueueNDRangeKernel(ctx->queue, now[i].kernel, now[i].dims, NULL, now[i].global, now[i].local,
-                                        prev ? 1 : n, prev ? &prev : n ? wait : NULL, &ev);
+    cl_int err =
+        clEnqueueNDRangeKernel(ctx->queue, now[i].kernel, now[i].dims, NULL, now[i].global, now[i].local, prev ? 1 : n,
+                               prev ? &prev
+                               : n  ? wait
+                                    : NULL,
+                               &ev);
     if (err != CL_SUCCESS) {
       char what[96];
       snprintf(what, sizeof what, "clEnqueueNDRangeKernel(%s)", now[i].name);
@@ -479,7 +469,7 @@ static clattn_status fused_step(clattn_plan *pl, const step_values *v, cl_uint n
   clattn_status st = patch(pl, v);
   if (st == CLATTN_OK) st = fused_enqueue(pl, n_wait, wait, &last);
   if (st == CLATTN_OK && pl->p.empty_rows == CLATTN_EMPTY_ERROR) st = read_flag(pl, &last);
-  if (last && pl->ctx->out_of_order) { /* whatever went in, the next step waits for it */
+  if (last && pl->ctx->out_of_order) {      /* whatever went in, the next step waits for it */
     const cl_int err = clRetainEvent(last); /* one reference for the plan, one for *done */
     if (pl->last) clReleaseEvent(pl->last);
     pl->last = last;
@@ -522,10 +512,11 @@ clattn_status clattn_plan_create(clattn_context *ctx, const clattn_params *p, cl
   pl->ctx = ctx;
   pl->p = *p;
   cl_program core = NULL;
-  clattn_status st = ca_validate(ctx, p, &pl->plan);
+  clattn_status st = ca_validate_views(ctx, p, &pl->plan, &pl->views);
   if (st == CLATTN_OK) st = retain_mems(pl);
   if (st == CLATTN_OK) st = record_views(pl);
-  if (st == CLATTN_OK && (pl->fused = pl->plan.algo == CLATTN_ALGO_FUSED)) st = fused_init(pl);
+  if (st == CLATTN_OK && (pl->fused = pl->plan.algo == CLATTN_ALGO_FUSED))
+    st = fused_init(pl);
   else if (st == CLATTN_OK && pl->plan.algo == CLATTN_ALGO_GEMM && !ca_gemm_available())
     st = ca_fail(CLATTN_ERR_UNSUPPORTED, "algo GEMM: this build has no CLBlast (-Dclblast)");
   else if (st == CLATTN_OK) /* built now, not at the first step */

@@ -150,6 +150,21 @@ static void scratch_offsets(size_t scratch_stride, int heads, size_t *out) {
  * context go one at a time, process-wide, until one has succeeded there. */
 static pthread_mutex_t blast_first_use = PTHREAD_MUTEX_INITIALIZER;
 
+/* Contexts with a successful CLBlast call, not yet destroyed; guarded by
+ * blast_first_use. CLBlast caches its programs process-wide (each holds its
+ * cl_context) and would release them from a static destructor at exit, when
+ * the OpenCL runtime may already be gone: Oclgrind's is, and the process
+ * aborts ("corrupted double-linked list"). The last such context's
+ * clattn_destroy empties the caches while the runtime is still there. */
+static int blast_users;
+
+void ca_gemm_release(clattn_context *ctx) {
+  if (!atomic_load(&ctx->blast_ready)) return;
+  pthread_mutex_lock(&blast_first_use);
+  if (--blast_users == 0) (void)CLBlastClearCache(); /* nothing to report to: the context is going */
+  pthread_mutex_unlock(&blast_first_use);
+}
+
 /* How many pairs from g0 on have A, B and C offsets that each step evenly
  * (one strided batched GEMM), and the steps. */
 static int even_run(const size_t *offsets, int heads, int g0, size_t step[3]) {
@@ -197,7 +212,7 @@ static clattn_status batched_gemm(clattn_context *ctx, int b_transposed, size_t 
         1.0f, a, offsets[g0], a_ld, step[0], b, offsets[heads + g0], b_ld, step[1], 0.0f, c, offsets[2 * heads + g0],
         c_ld, step[2], (size_t)len, &ctx->queue, &ev);
     if (cold) {
-      if (code == CLBlastSuccess) atomic_store(&ctx->blast_ready, 1);
+      if (code == CLBlastSuccess && !atomic_exchange(&ctx->blast_ready, 1)) blast_users++;
       pthread_mutex_unlock(&blast_first_use);
     }
     if (code != CLBlastSuccess)

@@ -177,7 +177,6 @@ typedef struct {
   ca_arg_cache *held; /* the values the kernel object holds (a pooled one's), NULL = not known */
 } ca_args;
 
-
 /* An idle kernel object of (program, name) for this call alone, created
  * when none is idle; give it back once its last enqueue has returned. */
 clattn_status ca_kernel_take(clattn_context *ctx, cl_program program, const char *name, cl_kernel *out);
@@ -270,15 +269,58 @@ int ca_cache_keeps_binaries(cl_platform_id platform, int dir_named);
 /* Programs built from source and loaded from the cache so far (for tests). */
 void ca_cache_counts(const clattn_context *ctx, int *from_source, int *from_cache);
 
+/* ---- which views of a call share bytes (alias.c) ---- */
+
+/* The bytes one view reaches: count[d] elements step[d] bytes apart in each
+ * dimension that moves (longer than 1, stride not 0), elem bytes each, from
+ * byte `first` of its cl_mem; end: one past its last byte. space and base
+ * place its cl_mem's bytes among other cl_mems' (validate.c's locate). */
+typedef struct {
+  const char *name;
+  int is_output;
+  cl_mem buf;
+  const void *space;
+  size_t base, first, end, elem;
+  int rank;
+  size_t count[5], step[5];
+} ca_extent;
+
+enum { CA_MAX_VIEWS = 32 }; /* a backward call checks at most 26 */
+
+/* The views of one call, recorded as validation checks them. */
+typedef struct {
+  cl_context context; /* the clattn context's: every view's cl_mem must belong to it */
+  int n;
+  ca_extent v[CA_MAX_VIEWS];
+} ca_views;
+
+void ca_views_init(ca_views *vs, cl_context context);
+/* Records view t of dims[0..rank) (checked: it fits its buffer, end bytes
+ * from the start) whose cl_mem's bytes lie at base in space. */
+clattn_status ca_views_add(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims, int rank,
+                           size_t elem, int is_output, const void *space, size_t base, size_t end);
+/* Makes the last view recorded the last of n copies, step bytes apart
+ * (merge's states). */
+void ca_views_repeat_last(ca_views *vs, size_t n, size_t step);
+/* Moves view `name` (when recorded) to start at byte `first` of its cl_mem
+ * (a plan's step moving q, out or lse). */
+void ca_views_move(ca_views *vs, const char *name, size_t first);
+/* INVALID_ARGUMENT naming both when an output shares a byte with another
+ * view of the call (clattn.h, clattn_tensor). */
+clattn_status ca_views_disjoint(const ca_views *vs);
+
 /* ---- what validation learns of a caller's cl_mem (mem_facts.c) ---- */
 
-/* CL_MEM_SIZE, CL_MEM_TYPE, CL_MEM_CONTEXT and CL_MEM_FLAGS: fixed for a
+/* CL_MEM_SIZE, CL_MEM_TYPE, CL_MEM_CONTEXT, CL_MEM_FLAGS and where the bytes lie
+ * (CL_MEM_ASSOCIATED_MEMOBJECT, CL_MEM_OFFSET, CL_MEM_HOST_PTR): fixed for a
  * cl_mem's life. */
 typedef struct {
   size_t size;
   cl_mem_object_type type;
   cl_context context;
   cl_mem_flags flags;
+  const void *space; /* and where its bytes lie among other cl_mems' (validate.c's locate) */
+  size_t base;
 } ca_mem_facts;
 /* 1 with m's facts when kept (m alive since), else 0. */
 int ca_mem_facts_cached(cl_mem m, ca_mem_facts *out);
@@ -314,16 +356,28 @@ enum { CA_BLOCK_WG = 128 }; /* work-items per group of cl/flash_block.cl */
 /* The route diagnostics' bits (cl/common.h.cl's CA_DIAG_*). */
 enum { CA_DIAG_ENTROPY = 1, CA_DIAG_MAX_WEIGHT = 2, CA_DIAG_ARGMAX = 4 };
 
+/* The fields that decide which programs a call builds: dtype, kv_dtype,
+ * head_dim, value_dim (their ranges; Q8_0's blocks of 32). ca_validate and
+ * clattn_prepare both check them here, so they refuse the same shapes. */
+clattn_status ca_check_storage(const clattn_params *p);
+
 /* Every check that needs no device work; fills plan. */
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
+/* ca_validate, its views left in *views: what a plan's steps check again
+ * with ca_views_move. */
+clattn_status ca_validate_views(const clattn_context *ctx, const clattn_params *p, ca_plan *plan, ca_views *views);
 /* The same for clattn_backward's fwd: out and lse are the forward's, read
- * (a buffer created CL_MEM_READ_ONLY will do), each element its own. */
-clattn_status ca_validate_backward_fwd(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
+ * (a buffer created CL_MEM_READ_ONLY will do), each element its own. Its
+ * views are left in *views (ca_views_init'ed here), every one an input, for
+ * the backward to add its own to and check with ca_views_disjoint. */
+clattn_status ca_validate_backward_fwd(const clattn_context *ctx, const clattn_params *p, ca_plan *plan,
+                                       ca_views *views);
 
 /* Checks that a view of dims[0..rank) fits its buffer (and, for an output,
- * neither broadcasts nor overlaps itself): BAD / BUFFER_TOO_SMALL. */
-clattn_status ca_check_view(const clattn_context *ctx, const char *name, const clattn_tensor *t, const int *dims,
-                            int rank, size_t elem_size, int is_output);
+ * neither broadcasts nor overlaps itself): BAD / BUFFER_TOO_SMALL; records
+ * it in vs. */
+clattn_status ca_check_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims, int rank,
+                            size_t elem_size, int is_output);
 
 /* Checks a merge call like ca_validate checks a forward call. */
 clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp);
@@ -454,6 +508,9 @@ clattn_status ca_fused_forward(clattn_context *ctx, const clattn_params *p, cons
 /* Whether this build has the GEMM path: 1 with CLBlast (gemm.c), else 0
  * (gemm_unsupported.c: ca_gemm_forward returns CLATTN_ERR_UNSUPPORTED). */
 int ca_gemm_available(void);
+/* At clattn_destroy: when ctx was the last live context to have called
+ * CLBlast, empties CLBlast's process-wide program caches (gemm.c says why). */
+void ca_gemm_release(clattn_context *ctx);
 clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
                               const cl_event *wait, cl_event *done);
 /* Enqueues qk_score for a chunk (heads x rows x N scores: scaled, shaped,

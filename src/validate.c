@@ -20,10 +20,6 @@ static int add_ok(size_t a, size_t b, size_t *out) {
   return 1;
 }
 
-/* Checks that a view of dims[0..rank) fits its cl_mem: the last element it
- * addresses, offset + sum (dim-1)*stride, must lie inside CL_MEM_SIZE. An
- * output view may not broadcast (a zero stride over a dimension longer than
- * one would make several results share an element). */
 /* Whether two elements of a view share an address: with the dimensions
  * longer than 1 ordered by stride, each stride must pass the span of all the
  * smaller ones. (The spans are known not to overflow.) */
@@ -46,14 +42,6 @@ static int view_overlaps(const clattn_tensor *t, const int *dims, int rank) {
   return 0;
 }
 
-/* The bytes an output view can touch: from its first element to the end of
- * its last (the extent check_view computes), in its cl_mem. */
-typedef struct {
-  const char *name;
-  cl_mem buf;
-  size_t first, end;
-} extent;
-
 /* One clGetMemObjectInfo query of view `name`'s cl_mem; an error that says
  * the handle is bad is the caller's INVALID_ARGUMENT. */
 static clattn_status mem_info(const char *name, cl_mem buf, cl_mem_info param, const char *param_name, size_t size,
@@ -68,31 +56,62 @@ static clattn_status mem_info(const char *name, cl_mem buf, cl_mem_info param, c
                                 : s;
 }
 
+/* Where buf's bytes lie among other cl_mems' (alias.c): a sub-buffer's in
+ * its parent's, from CL_MEM_OFFSET; a buffer over host memory
+ * (CL_MEM_USE_HOST_PTR, or a sub-buffer of one) among the host's, from
+ * CL_MEM_HOST_PTR (OpenCL leaves two buffers over one host range undefined);
+ * any other in its own. */
+static const char host_memory = 0; /* the space of buffers over host memory */
+
+static clattn_status locate(const char *name, cl_mem buf, cl_mem_flags flags, const void **space, size_t *base) {
+  cl_mem parent = NULL;
+  size_t origin = 0;
+  void *host = NULL;
+  clattn_status st;
+  if ((st = mem_info(name, buf, CL_MEM_ASSOCIATED_MEMOBJECT, "CL_MEM_ASSOCIATED_MEMOBJECT", sizeof parent, &parent)))
+    return st;
+  if (parent && ((st = mem_info(name, buf, CL_MEM_OFFSET, "CL_MEM_OFFSET", sizeof origin, &origin)) ||
+                 (st = mem_info(name, parent, CL_MEM_FLAGS, "CL_MEM_FLAGS", sizeof flags, &flags))))
+    return st;
+  const cl_mem root = parent ? parent : buf;
+  if (flags & CL_MEM_USE_HOST_PTR) {
+    if ((st = mem_info(name, root, CL_MEM_HOST_PTR, "CL_MEM_HOST_PTR", sizeof host, &host))) return st;
+    *space = &host_memory;
+    *base = (size_t)(uintptr_t)host + origin;
+  } else {
+    *space = root;
+    *base = origin;
+  }
+  return CLATTN_OK;
+}
+
 /* The kernels take every view as a __global buffer of the context's
  * cl_context, read inputs and write outputs: an image, a buffer of another
  * context or one created without the access the call needs is refused here
- * (a driver may accept it and then fail or corrupt memory). *size: CL_MEM_SIZE. */
-static clattn_status check_mem(cl_context context, const char *name, cl_mem buf, int is_output, size_t *size) {
-  ca_mem_facts f = {0, 0, NULL, 0};
+ * (a driver may accept it and then fail or corrupt memory). *size: CL_MEM_SIZE;
+ * *space, *base: where its bytes lie (locate). */
+static clattn_status check_mem(cl_context context, const char *name, cl_mem buf, int is_output, size_t *size,
+                               const void **space, size_t *base) {
+  ca_mem_facts f = {0, 0, NULL, 0, NULL, 0};
   clattn_status st;
   if (!ca_mem_facts_cached(buf, &f)) { /* asked once while buf lives (mem_facts.c) */
     if ((st = mem_info(name, buf, CL_MEM_SIZE, "CL_MEM_SIZE", sizeof f.size, &f.size)) ||
         (st = mem_info(name, buf, CL_MEM_TYPE, "CL_MEM_TYPE", sizeof f.type, &f.type)) ||
         (st = mem_info(name, buf, CL_MEM_CONTEXT, "CL_MEM_CONTEXT", sizeof f.context, &f.context)) ||
-        (st = mem_info(name, buf, CL_MEM_FLAGS, "CL_MEM_FLAGS", sizeof f.flags, &f.flags)))
+        (st = mem_info(name, buf, CL_MEM_FLAGS, "CL_MEM_FLAGS", sizeof f.flags, &f.flags)) ||
+        (st = locate(name, buf, f.flags, &f.space, &f.base)))
       return st;
     ca_mem_facts_keep(buf, &f);
   }
   *size = f.size;
-  const cl_mem_object_type type = f.type;
-  const cl_context owner = f.context;
-  const cl_mem_flags flags = f.flags;
-  if (type != CL_MEM_OBJECT_BUFFER)
-    return BAD("%s.buf is not a buffer (CL_MEM_TYPE 0x%x): views must be cl_mem buffers", name, (unsigned)type);
-  if (owner != context) return BAD("%s.buf belongs to another cl_context than the clattn context's", name);
-  if (is_output && (flags & CL_MEM_READ_ONLY))
+  *space = f.space;
+  *base = f.base;
+  if (f.type != CL_MEM_OBJECT_BUFFER)
+    return BAD("%s.buf is not a buffer (CL_MEM_TYPE 0x%x): views must be cl_mem buffers", name, (unsigned)f.type);
+  if (f.context != context) return BAD("%s.buf belongs to another cl_context than the clattn context's", name);
+  if (is_output && (f.flags & CL_MEM_READ_ONLY))
     return BAD("%s.buf was created CL_MEM_READ_ONLY: the kernels cannot write an output there", name);
-  if (!is_output && (flags & CL_MEM_WRITE_ONLY))
+  if (!is_output && (f.flags & CL_MEM_WRITE_ONLY))
     return BAD("%s.buf was created CL_MEM_WRITE_ONLY: the kernels cannot read an input there", name);
   return CLATTN_OK;
 }
@@ -102,8 +121,13 @@ static clattn_status check_mem(cl_context context, const char *name, cl_mem buf,
  * forward's out and lse. */
 enum { VIEW_IN = 0, VIEW_OUT = 1, VIEW_READ_WHOLE = 2 };
 
-static clattn_status check_view_at(cl_context context, const char *name, const clattn_tensor *t, const int *dims,
-                                   int rank, size_t elem_size, int role, extent *ext) {
+/* Checks that a view of dims[0..rank) fits its cl_mem: the last element it
+ * addresses, offset + sum (dim-1)*stride, must lie inside CL_MEM_SIZE. An
+ * output view (and a VIEW_READ_WHOLE one) may not broadcast (a zero stride
+ * over a dimension longer than one would make several results share an
+ * element) nor overlap itself. Records the view in vs, for ca_views_disjoint. */
+static clattn_status check_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims, int rank,
+                                size_t elem_size, int role) {
   size_t last = t->offset;
   for (int d = 0; d < rank; d++) {
     size_t step;
@@ -118,42 +142,20 @@ static clattn_status check_view_at(cl_context context, const char *name, const c
   if (role != VIEW_IN && view_overlaps(t, dims, rank))
     return BAD("%s: the view overlaps itself (strides %zu, %zu, %zu, %zu): two results would share an element", name,
                t->stride[0], t->stride[1], t->stride[2], t->stride[3]);
-  size_t have = 0;
-  clattn_status st = check_mem(context, name, t->buf, role == VIEW_OUT, &have);
+  size_t have = 0, base = 0;
+  const void *space = NULL;
+  clattn_status st = check_mem(vs->context, name, t->buf, role == VIEW_OUT, &have, &space, &base);
   if (st != CLATTN_OK) return st;
   if (need > have)
     return ca_fail(CLATTN_ERR_BUFFER_TOO_SMALL, "%s: the view addresses %zu bytes but the buffer holds %zu", name, need,
                    have);
-  if (ext) *ext = (extent){name, t->buf, t->offset * elem_size, need}; /* offset <= last: no overflow */
-  return CLATTN_OK;
-}
-
-static clattn_status check_view(cl_context context, const char *name, const clattn_tensor *t, const int *dims, int rank,
-                                size_t elem_size, int is_output) {
-  return check_view_at(context, name, t, dims, rank, elem_size, is_output, NULL);
-}
-
-/* Two outputs of one call that share a byte would race or overwrite each
- * other: any two extents in one cl_mem must be disjoint. (A sub-buffer is a
- * cl_mem of its own: views through sub-buffers of one parent are not
- * compared.) */
-static clattn_status check_outputs_disjoint(const extent *ext, int n) {
-  for (int a = 0; a < n; a++)
-    for (int b = a + 1; b < n; b++)
-      if (ext[a].buf == ext[b].buf && ext[a].first < ext[b].end && ext[b].first < ext[a].end)
-        return BAD(
-            "%s and %s overlap: both outputs reach bytes [%zu, %zu) of one buffer (%s bytes [%zu, %zu), "
-            "%s bytes [%zu, %zu)); outputs of one call must not share bytes",
-            ext[b].name, ext[a].name, ext[a].first > ext[b].first ? ext[a].first : ext[b].first,
-            ext[a].end < ext[b].end ? ext[a].end : ext[b].end, ext[a].name, ext[a].first, ext[a].end, ext[b].name,
-            ext[b].first, ext[b].end);
-  return CLATTN_OK;
+  return ca_views_add(vs, name, t, dims, rank, elem_size, role == VIEW_OUT, space, base, need);
 }
 
 /* A Q8_0 view (offset and strides in bytes, stride[3] = 34) of rows of
  * `cols` elements, checked as the bytes it addresses: each row's blocks as
  * one run of cols / 32 * 34 bytes. */
-static clattn_status check_q8_0_view(cl_context cc, const char *name, const clattn_tensor *t, const int *dims, int cols,
+static clattn_status check_q8_0_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims, int cols,
                                      int is_output) {
   if (cols % 32 != 0)
     return BAD("%s: Q8_0 stores rows in blocks of 32 elements, but the row has %d (not a multiple of 32)", name, cols);
@@ -163,22 +165,22 @@ static clattn_status check_q8_0_view(cl_context cc, const char *name, const clat
     return BAD("%s: a Q8_0 view's offset and strides must be even (its f16 scales are 2-byte aligned)", name);
   const clattn_tensor bytes = {t->buf, t->offset, {t->stride[0], t->stride[1], t->stride[2], 1}};
   const int byte_dims[] = {dims[0], dims[1], dims[2], cols / 32 * 34};
-  return check_view(cc, name, &bytes, byte_dims, 4, 1, is_output);
+  return check_view(vs, name, &bytes, byte_dims, 4, 1, is_output);
 }
 
 /* A K or V view (or a cache of clattn_kv_append) in storage kv_dtype:
  * dims[3] elements per row. */
-static clattn_status check_kv_view(cl_context cc, const char *name, const clattn_tensor *t, const int *dims,
+static clattn_status check_kv_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims,
                                    clattn_dtype kv_dtype, int is_output) {
-  if (kv_dtype == CLATTN_Q8_0) return check_q8_0_view(cc, name, t, dims, dims[3], is_output);
+  if (kv_dtype == CLATTN_Q8_0) return check_q8_0_view(vs, name, t, dims, dims[3], is_output);
   const size_t elem = kv_dtype == CLATTN_F32 ? sizeof(float) : kv_dtype == CLATTN_INT8 ? 1 : 2;
-  return check_view(cc, name, t, dims, 4, elem, is_output);
+  return check_view(vs, name, t, dims, 4, elem, is_output);
 }
 
 /* The K/V storage fields shared by forward and append: kv dtype, INT8
  * scales, block table. slots = dimension 0 of the views (batch, or pages),
  * rows = dimension 2 (keys, or rows per page). */
-static clattn_status check_kv_storage(cl_context cc, clattn_dtype kv_dtype, const clattn_tensor *k_scale,
+static clattn_status check_kv_storage(ca_views *vs, clattn_dtype kv_dtype, const clattn_tensor *k_scale,
                                       const clattn_tensor *v_scale, int slots, int kv_heads, int rows, int is_output) {
   clattn_status st;
   if (kv_dtype == CLATTN_INT8) {
@@ -186,8 +188,8 @@ static clattn_status check_kv_storage(cl_context cc, clattn_dtype kv_dtype, cons
       return BAD("kv_dtype CLATTN_INT8 needs k_scale and v_scale (f32, one per key row; %s is absent)",
                  k_scale->buf ? "v_scale" : "k_scale");
     const int dims[] = {slots, kv_heads, rows};
-    if ((st = check_view(cc, "k_scale", k_scale, dims, 3, sizeof(float), is_output)) ||
-        (st = check_view(cc, "v_scale", v_scale, dims, 3, sizeof(float), is_output)))
+    if ((st = check_view(vs, "k_scale", k_scale, dims, 3, sizeof(float), is_output)) ||
+        (st = check_view(vs, "v_scale", v_scale, dims, 3, sizeof(float), is_output)))
       return st;
   } else if (k_scale->buf || v_scale->buf) {
     return BAD("k_scale / v_scale are set but kv_dtype is not CLATTN_INT8");
@@ -195,7 +197,7 @@ static clattn_status check_kv_storage(cl_context cc, clattn_dtype kv_dtype, cons
   return CLATTN_OK;
 }
 
-static clattn_status check_block_table(cl_context cc, cl_mem table, int batch, int stride, int page_size, int num_pages,
+static clattn_status check_block_table(ca_views *vs, cl_mem table, int batch, int stride, int page_size, int num_pages,
                                        long long rows_needed) {
   if (page_size <= 0) return BAD("page_size must be positive with a block table (got %d)", page_size);
   if (num_pages <= 0) return BAD("num_pages must be positive with a block table (got %d)", num_pages);
@@ -205,7 +207,25 @@ static clattn_status check_block_table(cl_context cc, cl_mem table, int batch, i
                need, rows_needed, page_size);
   const clattn_tensor t = {table, 0, {(size_t)stride, 1, 0, 0}};
   const int dims[] = {batch, stride};
-  return check_view(cc, "block_table", &t, dims, 2, sizeof(int32_t), 0);
+  return check_view(vs, "block_table", &t, dims, 2, sizeof(int32_t), 0);
+}
+
+clattn_status ca_check_storage(const clattn_params *p) {
+  if (p->dtype == CLATTN_Q8_0 || p->dtype == CLATTN_INT8)
+    return BAD("dtype %s: quantised storage is for k and v only (kv_dtype); q and out are F32, F16 or BF16",
+               p->dtype == CLATTN_Q8_0 ? "CLATTN_Q8_0" : "CLATTN_INT8");
+  if (p->dtype != CLATTN_F32 && p->dtype != CLATTN_F16 && p->dtype != CLATTN_BF16)
+    return BAD("dtype %d is not a storage type of q and out", (int)p->dtype);
+  if (p->kv_dtype < CLATTN_DTYPE_SAME || p->kv_dtype > CLATTN_INT8)
+    return BAD("kv_dtype %d is not a clattn_dtype", (int)p->kv_dtype);
+  if (p->head_dim <= 0) return BAD("head_dim must be positive (got %d)", p->head_dim);
+  if (p->value_dim <= 0) return BAD("value_dim must be positive (got %d)", p->value_dim);
+  if (p->kv_dtype == CLATTN_Q8_0 && (p->head_dim % 32 || p->value_dim % 32))
+    return BAD(
+        "kv_dtype CLATTN_Q8_0 stores rows in blocks of 32 elements: head_dim (%d) and value_dim (%d) must be "
+        "multiples of 32",
+        p->head_dim, p->value_dim);
+  return CLATTN_OK;
 }
 
 static clattn_status check_dims(const clattn_params *p) {
@@ -213,8 +233,8 @@ static clattn_status check_dims(const clattn_params *p) {
     const char *name;
     int value;
   } dims[] = {
-      {"batch", p->batch},   {"q_heads", p->q_heads},   {"kv_heads", p->kv_heads},   {"q_len", p->q_len},
-      {"kv_len", p->kv_len}, {"head_dim", p->head_dim}, {"value_dim", p->value_dim},
+      {"batch", p->batch}, {"q_heads", p->q_heads}, {"kv_heads", p->kv_heads},
+      {"q_len", p->q_len}, {"kv_len", p->kv_len},
   };
   for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
     if (dims[i].value <= 0) return BAD("%s must be positive (got %d)", dims[i].name, dims[i].value);
@@ -226,13 +246,6 @@ static clattn_status check_dims(const clattn_params *p) {
 }
 
 static clattn_status check_enums(const clattn_params *p) {
-  if (p->dtype == CLATTN_Q8_0 || p->dtype == CLATTN_INT8)
-    return BAD("dtype %s: quantised storage is for k and v only (kv_dtype); q and out are F32, F16 or BF16",
-               p->dtype == CLATTN_Q8_0 ? "CLATTN_Q8_0" : "CLATTN_INT8");
-  if (p->dtype != CLATTN_F32 && p->dtype != CLATTN_F16 && p->dtype != CLATTN_BF16)
-    return BAD("dtype %d is not a storage type of q and out", (int)p->dtype);
-  if (p->kv_dtype < CLATTN_DTYPE_SAME || p->kv_dtype > CLATTN_INT8)
-    return BAD("kv_dtype %d is not a clattn_dtype", (int)p->kv_dtype);
   if (p->empty_rows != CLATTN_EMPTY_ZERO && p->empty_rows != CLATTN_EMPTY_ERROR)
     return BAD("empty_rows %d is not a clattn_empty_rows", (int)p->empty_rows);
   if (p->algo < CLATTN_ALGO_AUTO || p->algo > CLATTN_ALGO_GEMM)
@@ -288,7 +301,7 @@ static clattn_status check_varlen(const clattn_params *p) {
 }
 
 /* out_role: VIEW_OUT, or VIEW_READ_WHOLE for out and lse read by the backward. */
-static clattn_status check_views(const clattn_context *ctx, const clattn_params *p, int out_role) {
+static clattn_status check_views(ca_views *vs, const clattn_params *p, int out_role) {
   clattn_status st;
   /* packed sequences: q, k, v, out are one batch of total_q / total_kv rows */
   const int varlen = p->cu_seqlens_q != NULL, qb = varlen ? 1 : p->batch;
@@ -310,15 +323,13 @@ static clattn_status check_views(const clattn_context *ctx, const clattn_params 
   for (size_t i = 0; i < 4; i++)
     if (!required[i].t->buf) return BAD("%s.buf is NULL (q, k, v and out are required)", required[i].name);
   const size_t elem = p->dtype == CLATTN_F32 ? sizeof(float) : 2; /* f16 and bf16: 16 bits */
-  const cl_context cc = ctx->context;
-  if ((st = check_view(cc, "q", &p->q, q_dims, 4, elem, 0))) return st;
-  if (paged && (st = check_block_table(cc, p->block_table, p->batch, p->block_table_stride, p->page_size, p->num_pages,
+  if ((st = check_view(vs, "q", &p->q, q_dims, 4, elem, 0))) return st;
+  if (paged && (st = check_block_table(vs, p->block_table, p->batch, p->block_table_stride, p->page_size, p->num_pages,
                                        p->kv_len)))
     return st;
-  if ((st = check_kv_view(cc, "k", &p->k, k_dims, kv_dtype, 0))) return st;
-  if ((st = check_kv_view(cc, "v", &p->v, v_dims, kv_dtype, 0))) return st;
-  if ((st = check_kv_storage(cc, kv_dtype, &p->k_scale, &p->v_scale, kv_slots, p->kv_heads, kv_rows, 0))) return st;
-  /* the optional outputs; each output's extent is kept to check they are disjoint */
+  if ((st = check_kv_view(vs, "k", &p->k, k_dims, kv_dtype, 0))) return st;
+  if ((st = check_kv_view(vs, "v", &p->v, v_dims, kv_dtype, 0))) return st;
+  if ((st = check_kv_storage(vs, kv_dtype, &p->k_scale, &p->v_scale, kv_slots, p->kv_heads, kv_rows, 0))) return st;
   const struct {
     const char *name;
     const clattn_tensor *t;
@@ -330,48 +341,51 @@ static clattn_status check_views(const clattn_context *ctx, const clattn_params 
       {"entropy", &p->entropy, lse_dims, 3, sizeof(float)}, {"max_weight", &p->max_weight, lse_dims, 3, sizeof(float)},
       {"argmax", &p->argmax, lse_dims, 3, sizeof(int32_t)},
   };
-  extent ext[1 + sizeof outs / sizeof outs[0]];
-  int n_ext = 0;
-  if ((st = check_view_at(cc, "out", &p->out, o_dims, 4, elem, out_role, &ext[n_ext++]))) return st;
-  if (p->mask.buf && (st = check_view(cc, "mask", &p->mask, s_dims, 4, 1, 0))) return st;
-  if (p->bias.buf && (st = check_view(cc, "bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
+  if ((st = check_view(vs, "out", &p->out, o_dims, 4, elem, out_role))) return st;
+  if (p->mask.buf && (st = check_view(vs, "mask", &p->mask, s_dims, 4, 1, 0))) return st;
+  if (p->bias.buf && (st = check_view(vs, "bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
   for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
-    if (outs[i].t->buf && (st = check_view_at(cc, outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem,
-                                              i == 0 ? out_role : VIEW_OUT, &ext[n_ext++])))
+    if (outs[i].t->buf && (st = check_view(vs, outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem,
+                                           i == 0 ? out_role : VIEW_OUT)))
       return st;
-  if ((st = check_outputs_disjoint(ext, n_ext))) return st;
   if (p->kv_lens) {
     clattn_tensor lens = {p->kv_lens, 0, {1, 0, 0, 0}};
     const int b_dims[] = {p->batch};
-    if ((st = check_view(cc, "kv_lens", &lens, b_dims, 1, sizeof(int32_t), 0))) return st;
+    if ((st = check_view(vs, "kv_lens", &lens, b_dims, 1, sizeof(int32_t), 0))) return st;
   }
   if (varlen) {
     const int cu_dims[] = {p->batch + 1};
     const clattn_tensor cq = {p->cu_seqlens_q, 0, {1, 0, 0, 0}}, ck = {p->cu_seqlens_k, 0, {1, 0, 0, 0}};
-    if ((st = check_view(cc, "cu_seqlens_q", &cq, cu_dims, 1, sizeof(int32_t), 0)) ||
-        (ck.buf && (st = check_view(cc, "cu_seqlens_k", &ck, cu_dims, 1, sizeof(int32_t), 0))))
+    if ((st = check_view(vs, "cu_seqlens_q", &cq, cu_dims, 1, sizeof(int32_t), 0)) ||
+        (ck.buf && (st = check_view(vs, "cu_seqlens_k", &ck, cu_dims, 1, sizeof(int32_t), 0))))
       return st;
   }
   const int h_dims[] = {p->q_heads}, bh_dims[] = {p->batch, p->q_heads};
   /* per (batch, head) with a batch stride, else one slope per head */
   const clattn_tensor alibi = {p->alibi_slopes, 0, {(size_t)p->alibi_batch_stride, 1, 0, 0}},
                       sinks = {p->sinks, 0, {1, 0, 0, 0}};
-  if (p->alibi_slopes && (st = check_view(cc, "alibi_slopes", &alibi, bh_dims, 2, sizeof(float), 0))) return st;
-  if (p->sinks && (st = check_view(cc, "sinks", &sinks, h_dims, 1, sizeof(float), 0))) return st;
+  if (p->alibi_slopes && (st = check_view(vs, "alibi_slopes", &alibi, bh_dims, 2, sizeof(float), 0))) return st;
+  if (p->sinks && (st = check_view(vs, "sinks", &sinks, h_dims, 1, sizeof(float), 0))) return st;
   const int d_dims[] = {p->head_dim};
   const clattn_tensor w = {p->additive_w, 0, {1, 0, 0, 0}};
-  if (p->additive_w && (st = check_view(cc, "additive_w", &w, d_dims, 1, sizeof(float), 0))) return st;
+  if (p->additive_w && (st = check_view(vs, "additive_w", &w, d_dims, 1, sizeof(float), 0))) return st;
   return CLATTN_OK;
 }
 
-static clattn_status validate(const clattn_context *ctx, const clattn_params *p, int out_role, ca_plan *plan) {
+/* The views go to *views (NULL: the call's own); whether any output shares
+ * bytes is checked here unless the caller adds views first (the backward). */
+static clattn_status validate(const clattn_context *ctx, const clattn_params *p, int out_role, ca_plan *plan,
+                              ca_views *views, int check_sharing) {
   clattn_status st;
   if (!ctx) return BAD("clattn_forward: ctx is NULL");
   if (!p) return BAD("clattn_forward: params is NULL");
-  if ((st = check_dims(p)) || (st = check_enums(p)) || (st = check_varlen(p))) return st;
+  if ((st = check_dims(p)) || (st = ca_check_storage(p)) || (st = check_enums(p)) || (st = check_varlen(p))) return st;
   if (p->block_table && !p->kv_lens)
     return BAD("block_table without kv_lens: a paged cache needs each batch row's length");
-  if ((st = check_views(ctx, p, out_role))) return st;
+  ca_views own;
+  ca_views *vs = views ? views : &own;
+  ca_views_init(vs, ctx->context);
+  if ((st = check_views(vs, p, out_role)) || (check_sharing && (st = ca_views_disjoint(vs)))) return st;
 
   const int want_weights = p->weights.buf != NULL;
   plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo : ca_auto_algo(ctx, p->q_len, want_weights);
@@ -403,11 +417,16 @@ static clattn_status validate(const clattn_context *ctx, const clattn_params *p,
 }
 
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan) {
-  return validate(ctx, p, VIEW_OUT, plan);
+  return validate(ctx, p, VIEW_OUT, plan, NULL, 1);
 }
 
-clattn_status ca_validate_backward_fwd(const clattn_context *ctx, const clattn_params *p, ca_plan *plan) {
-  return validate(ctx, p, VIEW_READ_WHOLE, plan);
+clattn_status ca_validate_views(const clattn_context *ctx, const clattn_params *p, ca_plan *plan, ca_views *views) {
+  return validate(ctx, p, VIEW_OUT, plan, views, 1);
+}
+
+clattn_status ca_validate_backward_fwd(const clattn_context *ctx, const clattn_params *p, ca_plan *plan,
+                                       ca_views *views) {
+  return validate(ctx, p, VIEW_READ_WHOLE, plan, views, 0);
 }
 
 clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp) {
@@ -439,20 +458,23 @@ clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_pa
   if (!mul_ok((size_t)(mp->n_states - 1), mp->lse_state_stride, &shift) ||
       !add_ok(lse_last.offset, shift, &lse_last.offset))
     return BAD("lse: lse_state_stride overflows the address range");
-  const cl_context cc = ctx->context;
-  if ((st = check_view(cc, "o", &o_last, o_dims, 4, sizeof(float), 0))) return st;
-  if ((st = check_view(cc, "lse", &lse_last, o_dims, 3, sizeof(float), 0))) return st;
-  extent ext[2];
+  ca_views vs;
+  ca_views_init(&vs, ctx->context);
+  /* each input is recorded as all its states */
+  if ((st = check_view(&vs, "o", &o_last, o_dims, 4, sizeof(float), 0))) return st;
+  ca_views_repeat_last(&vs, (size_t)mp->n_states, mp->o_state_stride * sizeof(float));
+  if ((st = check_view(&vs, "lse", &lse_last, o_dims, 3, sizeof(float), 0))) return st;
+  ca_views_repeat_last(&vs, (size_t)mp->n_states, mp->lse_state_stride * sizeof(float));
   const size_t out_elem = mp->out_dtype == CLATTN_F32 ? sizeof(float) : 2;
-  if ((st = check_view_at(cc, "out", &mp->out, o_dims, 4, out_elem, 1, &ext[0]))) return st;
-  if (mp->out_lse.buf && (st = check_view_at(cc, "out_lse", &mp->out_lse, o_dims, 3, sizeof(float), 1, &ext[1])))
+  if ((st = check_view(&vs, "out", &mp->out, o_dims, 4, out_elem, 1)) ||
+      (mp->out_lse.buf && (st = check_view(&vs, "out_lse", &mp->out_lse, o_dims, 3, sizeof(float), 1))))
     return st;
-  return check_outputs_disjoint(ext, mp->out_lse.buf ? 2 : 1);
+  return ca_views_disjoint(&vs);
 }
 
-clattn_status ca_check_view(const clattn_context *ctx, const char *name, const clattn_tensor *t, const int *dims,
-                            int rank, size_t elem_size, int is_output) {
-  return check_view(ctx->context, name, t, dims, rank, elem_size, is_output);
+clattn_status ca_check_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims, int rank,
+                            size_t elem_size, int is_output) {
+  return check_view(vs, name, t, dims, rank, elem_size, is_output);
 }
 
 clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_params *ap) {
@@ -482,9 +504,11 @@ clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_
     if (!required[i].t->buf) return BAD("%s.buf is NULL (k_new, v_new, k and v are required)", required[i].name);
   if (!ap->positions) return BAD("positions is NULL: each batch row's cache position is required");
   const int paged = ap->block_table != NULL;
+  ca_views vs;
+  ca_views_init(&vs, ctx->context);
   if (paged) {
-    if ((st = check_block_table(ctx->context, ap->block_table, ap->batch, ap->block_table_stride, ap->page_size,
-                                ap->num_pages, ap->new_len)))
+    if ((st = check_block_table(&vs, ap->block_table, ap->batch, ap->block_table_stride, ap->page_size, ap->num_pages,
+                                ap->new_len)))
       return st;
   } else {
     if (ap->capacity <= 0) return BAD("capacity must be positive for a contiguous cache (got %d)", ap->capacity);
@@ -493,21 +517,20 @@ clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_
   }
   const clattn_tensor pos = {ap->positions, 0, {1, 0, 0, 0}};
   const int b_dims[] = {ap->batch};
-  if ((st = check_view(ctx->context, "positions", &pos, b_dims, 1, sizeof(int32_t), 0))) return st;
+  if ((st = check_view(&vs, "positions", &pos, b_dims, 1, sizeof(int32_t), 0))) return st;
   const int slots = paged ? ap->num_pages : ap->batch, rows = paged ? ap->page_size : ap->capacity;
   const int k_dims[] = {slots, ap->kv_heads, rows, ap->head_dim};
   const int v_dims[] = {slots, ap->kv_heads, rows, ap->value_dim};
-  if ((st = check_kv_view(ctx->context, "k", &ap->k, k_dims, kv, 1)) ||
-      (st = check_kv_view(ctx->context, "v", &ap->v, v_dims, kv, 1)) ||
-      (st = check_kv_storage(ctx->context, kv, &ap->k_scale, &ap->v_scale, slots, ap->kv_heads, rows, 1)))
+  if ((st = check_kv_view(&vs, "k", &ap->k, k_dims, kv, 1)) || (st = check_kv_view(&vs, "v", &ap->v, v_dims, kv, 1)) ||
+      (st = check_kv_storage(&vs, kv, &ap->k_scale, &ap->v_scale, slots, ap->kv_heads, rows, 1)))
     return st;
   if (ap->new_len > 0) {
     const size_t elem = ap->src_dtype == CLATTN_F32 ? sizeof(float) : 2;
     const int kn_dims[] = {ap->batch, ap->kv_heads, ap->new_len, ap->head_dim};
     const int vn_dims[] = {ap->batch, ap->kv_heads, ap->new_len, ap->value_dim};
-    if ((st = check_view(ctx->context, "k_new", &ap->k_new, kn_dims, 4, elem, 0)) ||
-        (st = check_view(ctx->context, "v_new", &ap->v_new, vn_dims, 4, elem, 0)))
+    if ((st = check_view(&vs, "k_new", &ap->k_new, kn_dims, 4, elem, 0)) ||
+        (st = check_view(&vs, "v_new", &ap->v_new, vn_dims, 4, elem, 0)))
       return st;
   }
-  return CLATTN_OK;
+  return ca_views_disjoint(&vs);
 }

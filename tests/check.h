@@ -99,6 +99,19 @@ static inline clattn_context *ct_context(void) {
   return ct_ctx;
 }
 
+/* The whole of a cl_mem of the shared context (malloc'd), or NULL with a
+ * failure recorded: to check that a refused call left a buffer as it was. */
+static inline unsigned char *ct_mem_bytes(cl_mem m, size_t *n) {
+  *n = 0;
+  unsigned char *host = NULL;
+  if (clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof *n, n, NULL) == CL_SUCCESS && (host = malloc(*n ? *n : 1)) &&
+      clEnqueueReadBuffer(clattn_cl_queue(ct_context()), m, CL_TRUE, 0, *n, host, 0, NULL, NULL) == CL_SUCCESS)
+    return host;
+  free(host);
+  CHECKF(0, "cannot read a cl_mem back");
+  return NULL;
+}
+
 /* Runs the tests whose names contain argv[1] (all when absent). */
 static inline int ct_main(int argc, char **argv, const ct_test *tests, size_t n) {
   /* argv[1]: run only the tests whose names contain it; "-NAME": all but those */

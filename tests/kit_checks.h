@@ -71,6 +71,16 @@ static inline int kc_run_ok(cp_problem *pb, clattn_algo algo, double tol, const 
 
 #define KC_RUN_OK(pb, algo, tol) kc_run_ok((pb), (algo), (tol), __FILE__, __LINE__)
 
+/* A CL_MEM_READ_WRITE copy of n bytes of host data: the kit uploads inputs
+ * read-only, and an output on a read-only buffer is refused for that before
+ * anything else is looked at. NULL (recorded) on failure. */
+static inline cl_mem kc_rw_copy(cp_problem *pb, const void *host, size_t n) {
+  cl_int e;
+  cl_mem m = clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n, (void *)host, &e);
+  CHECKF(e == CL_SUCCESS, "clCreateBuffer(%zu bytes): %d", n, e);
+  return e == CL_SUCCESS ? m : NULL;
+}
+
 /* A clattn context embedded in ct_context()'s cl_context and device with a
  * queue of its own that runs commands out of order; NULL (with a note)
  * when the device has no such queues or creation fails. Destroy it with

@@ -932,6 +932,201 @@ static void validation_rejects_before_enqueue(void) {
   bwd_free(&w);
 }
 
+/* ---------- aliasing ---------- */
+
+/* Refused because output a shares bytes with view b: expect_rejected, a
+ * message naming both, and the inputs (read-write copies: a read-only
+ * buffer is refused as an output before any sharing is seen) as they were. */
+static void refuse_sharing(bwd *w, const clattn_backward_params *bp, const cl_mem *inputs, int n_inputs, const char *a,
+                           const char *b, const char *what) {
+  unsigned char *before[12] = {NULL};
+  size_t n[12] = {0};
+  for (int i = 0; i < n_inputs; i++) before[i] = ct_mem_bytes(inputs[i], &n[i]);
+  expect_rejected(w, bp, CLATTN_ERR_INVALID_ARGUMENT, what);
+  const char *msg = clattn_last_error(ct_context());
+  CHECKF(strstr(msg, a) && strstr(msg, b) && strstr(msg, "share"),
+         "%s: the message does not say %s shares bytes with %s: \"%s\"", what, a, b, msg);
+  for (int i = 0; i < n_inputs; i++) {
+    size_t m = 0;
+    unsigned char *after = before[i] ? ct_mem_bytes(inputs[i], &m) : NULL;
+    CHECKF(before[i] && after && m == n[i] && memcmp(before[i], after, m) == 0, "%s: a refused call changed an input",
+           what);
+    free(before[i]);
+    free(after);
+  }
+}
+
+/* A 4-d view of a backward call, by name. */
+static clattn_tensor *view_named(clattn_backward_params *bp, const char *name) {
+  clattn_tensor *const views[] = {&bp->fwd.q, &bp->fwd.k, &bp->fwd.v, &bp->fwd.out,
+                                  &bp->d_out, &bp->d_q,   &bp->d_k,   &bp->d_v};
+  static const char *const names[] = {"q", "k", "v", "out", "d_out", "d_q", "d_k", "d_v"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(name, names[i])) return views[i];
+  return NULL;
+}
+
+/* Every output of the backward (d_q, d_k, d_v, d_bias, d_sinks, d_additive_w)
+ * may share no byte with any input (q, k, v, out, lse, d_out, mask, bias,
+ * kv_lens, sinks, additive_w, alibi_slopes) nor with another output: each
+ * such call, which gave wrong gradients with status OK on one path or the
+ * other, is refused before anything is enqueued, and nothing changes. */
+static void outputs_sharing_bytes_are_refused(void) {
+  cp_shape s = base_shape(7, 9);
+  s.head_dim = s.value_dim = 16; /* q, k, v, out views of one shape per side, so each fits the other's buffer */
+  s.pad = 0;                     /* every view from its buffer's first byte: kv_lens, read there, meets it */
+  s.mask = CP_MASK_RANDOM;
+  s.bias = CP_BIAS_RANDOM;
+  s.kv_lens = 1;
+  s.sinks = 1;
+  s.alibi = 1;
+  s.additive = 1;
+  bwd w;
+  if (bwd_setup(&w, s, NULL) != 0) {
+    bwd_free(&w);
+    return;
+  }
+  cp_problem *pb = w.pb;
+  const clattn_params *p = &pb->params;
+  clattn_backward_params rw = w.bp;
+  cl_mem in[] = {
+      rw.fwd.q.buf = kc_rw_copy(pb, pb->q, pb->q_elems * sizeof(float)),
+      rw.fwd.k.buf = kc_rw_copy(pb, pb->k, pb->k_elems * sizeof(float)),
+      rw.fwd.v.buf = kc_rw_copy(pb, pb->v, pb->v_elems * sizeof(float)),
+      rw.fwd.mask.buf = kc_rw_copy(pb, pb->mask, pb->mask_elems),
+      rw.fwd.bias.buf = kc_rw_copy(pb, pb->bias, pb->bias_elems * sizeof(float)),
+      rw.fwd.kv_lens = kc_rw_copy(pb, pb->kv_lens, (size_t)p->batch * sizeof(int32_t)),
+      rw.fwd.sinks = kc_rw_copy(pb, pb->sinks, (size_t)p->q_heads * sizeof(float)),
+      rw.fwd.alibi_slopes = kc_rw_copy(pb, pb->alibi_slopes, (size_t)p->q_heads * sizeof(float)),
+      rw.fwd.additive_w = kc_rw_copy(pb, pb->additive_w, (size_t)p->head_dim * sizeof(float)),
+      rw.fwd.out.buf,
+      rw.fwd.lse.buf,
+      rw.d_out.buf,
+  };
+  const int n_in = sizeof in / sizeof in[0];
+  for (int i = 0; i < n_in; i++)
+    if (!in[i]) goto done;
+  static const char *const pairs[][2] = {{"d_q", "q"}, {"d_q", "d_out"}, {"d_q", "out"}, {"d_k", "k"}, {"d_v", "v"},
+                                         {"d_k", "v"}, {"d_v", "k"},     {"d_v", "d_k"}, {"d_k", "q"}};
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    clattn_backward_params bp = rw;
+    clattn_tensor *out = view_named(&bp, pairs[i][0]);
+    const clattn_tensor *on = view_named(&bp, pairs[i][1]);
+    out->buf = on->buf, out->offset = on->offset;
+    char what[64];
+    snprintf(what, sizeof what, "%s on %s", pairs[i][0], pairs[i][1]);
+    refuse_sharing(&w, &bp, in, n_in, pairs[i][0], pairs[i][1], what);
+  }
+  float *nan = malloc(2 * pb->k_elems * sizeof *nan);
+  if (!CHECK(nan)) goto done;
+  for (size_t e = 0; e < 2 * pb->k_elems; e++) nan[e] = NAN;
+  cl_mem both = kc_rw_copy(pb, nan, 2 * pb->k_elems * sizeof *nan);
+  free(nan);
+  clattn_backward_params bp = rw;
+  if (both) {
+    bp.d_k.buf = bp.d_v.buf = both;
+    bp.d_v.offset = bp.d_k.offset + 3 * bp.d_k.stride[2]; /* from d_k's fourth row on */
+    refuse_sharing(&w, &bp, in, n_in, "d_v", "d_k", "d_v over d_k's rows 3..");
+    clReleaseMemObject(both);
+  }
+  bp = rw;
+  bp.fwd.lse.buf = bp.d_q.buf, bp.fwd.lse.offset = bp.d_q.offset;
+  refuse_sharing(&w, &bp, in, n_in, "d_q", "lse", "lse read from d_q's bytes");
+  bp = rw;
+  bp.fwd.mask.buf = bp.d_k.buf;
+  refuse_sharing(&w, &bp, in, n_in, "d_k", "mask", "mask read from d_k's bytes");
+  bp = rw;
+  bp.fwd.bias.buf = bp.d_v.buf;
+  refuse_sharing(&w, &bp, in, n_in, "d_v", "bias", "bias read from d_v's bytes");
+  bp = rw;
+  bp.fwd.kv_lens = bp.d_q.buf;
+  refuse_sharing(&w, &bp, in, n_in, "d_q", "kv_lens", "kv_lens read from d_q's bytes");
+  bp = rw;
+  bp.d_bias = bp.fwd.bias;
+  refuse_sharing(&w, &bp, in, n_in, "d_bias", "bias", "d_bias on bias");
+  bp = rw;
+  bp.d_bias = bp.fwd.bias, bp.d_bias.buf = bp.d_q.buf; /* d_bias over d_q's bytes */
+  refuse_sharing(&w, &bp, in, n_in, "d_bias", "d_q", "d_bias on d_q");
+  bp = rw;
+  bp.d_sinks = bp.fwd.sinks;
+  refuse_sharing(&w, &bp, in, n_in, "d_sinks", "sinks", "d_sinks on sinks");
+  bp = rw;
+  bp.d_additive_w = bp.fwd.additive_w;
+  refuse_sharing(&w, &bp, in, n_in, "d_additive_w", "additive_w", "d_additive_w on additive_w");
+  bp = rw;
+  bp.fwd.alibi_slopes = bp.d_sinks;
+  refuse_sharing(&w, &bp, in, n_in, "d_sinks", "alibi_slopes", "alibi_slopes read from d_sinks");
+  bp = rw;
+  bp.d_sinks = bp.d_additive_w; /* q_heads 4 floats among head_dim 16 */
+  refuse_sharing(&w, &bp, in, n_in, "d_sinks", "d_additive_w", "d_sinks on d_additive_w");
+  /* through a sub-buffer of q's buffer */
+  cl_buffer_region whole = {0, pb->q_elems * sizeof(float)};
+  cl_int e;
+  cl_mem sub = clCreateSubBuffer(rw.fwd.q.buf, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &whole, &e);
+  if (CHECKF(e == CL_SUCCESS, "clCreateSubBuffer: %d", e)) {
+    bp = rw;
+    bp.d_q.buf = sub, bp.d_q.offset = rw.fwd.q.offset;
+    refuse_sharing(&w, &bp, in, n_in, "d_q", "q", "d_q through a sub-buffer of q's");
+    clReleaseMemObject(sub);
+  }
+  /* the same call on its own buffers is right */
+  w.bp = rw;
+  bwd_check(&w, 1e-4, "after the refusals, on read-write copies");
+done:
+  for (int i = 0; i < 9; i++) /* the copies; the rest are w's */
+    if (in[i]) clReleaseMemObject(in[i]);
+  bwd_free(&w);
+}
+
+/* d_q, d_k and d_v interleaved in one buffer, [B, S, 3, H, D] as training
+ * code with packed QKV keeps them: they share no byte, so the call is
+ * accepted, and every gradient matches the reference. */
+static void packed_gradients_sharing_no_byte_are_right(void) {
+  cp_shape s = base_shape(9, 9);
+  s.q_heads = s.kv_heads = 2;
+  s.head_dim = s.value_dim = 16;
+  s.causal = 1;
+  bwd w;
+  if (bwd_setup(&w, s, NULL) != 0) {
+    bwd_free(&w);
+    return;
+  }
+  const clattn_params *p = &w.pb->params;
+  const size_t B = (size_t)p->batch, S = (size_t)p->q_len, H = (size_t)p->q_heads, D = (size_t)p->head_dim;
+  const size_t n = B * S * 3 * H * D;
+  float *raw = malloc(n * sizeof *raw),
+        *dense[3] = {malloc(w.nq * sizeof(float)), malloc(w.nk * sizeof(float)), malloc(w.nv * sizeof(float))};
+  cl_mem packed = NULL;
+  if (!CHECK(raw && dense[0] && dense[1] && dense[2])) goto done;
+  for (size_t e = 0; e < n; e++) raw[e] = NAN;
+  packed = kc_rw_copy(w.pb, raw, n * sizeof *raw);
+  if (!packed) goto done;
+  clattn_tensor *g[3] = {&w.bp.d_q, &w.bp.d_k, &w.bp.d_v};
+  for (int t = 0; t < 3; t++) *g[t] = (clattn_tensor){packed, t * H * D, {S * 3 * H * D, D, 3 * H * D, 1}};
+  CHECK_STATUS(clattn_backward(ct_context(), &w.bp, 0, NULL, NULL), CLATTN_OK);
+  CHECK(clEnqueueReadBuffer(w.pb->queue, packed, CL_TRUE, 0, n * sizeof *raw, raw, 0, NULL, NULL) == CL_SUCCESS);
+  const double *ref[3] = {w.ref.d_q, w.ref.d_k, w.ref.d_v};
+  const size_t count[3] = {w.nq, w.nk, w.nv};
+  for (int t = 0; t < 3; t++) {
+    long nan = 0;
+    for (size_t b = 0; b < B; b++)
+      for (size_t h = 0; h < H; h++)
+        for (size_t r = 0; r < S; r++)
+          for (size_t c = 0; c < D; c++)
+            nan += isnan(dense[t][((b * H + h) * S + r) * D + c] = raw[cp_index(g[t], (int)b, (int)h, (int)r, (int)c)]);
+    const double err = cp_rel_err(dense[t], ref[t], count[t]);
+    CHECKF(err <= 1e-4 && nan == 0, "packed %s: relative error %.3g, %ld NaN",
+           t == 0   ? "d_q"
+           : t == 1 ? "d_k"
+                    : "d_v",
+           err, nan);
+  }
+done:
+  if (packed) clReleaseMemObject(packed);
+  free(raw), free(dense[0]), free(dense[1]), free(dense[2]);
+  bwd_free(&w);
+}
+
 static void defaults(void) {
   const clattn_backward_params bp = clattn_backward_params_default();
   CHECK(bp.deterministic == 1);
@@ -959,6 +1154,8 @@ int main(int argc, char **argv) {
       CT_TEST(atomic_dq_within_tolerance),
       CT_TEST(concurrent_first_builds),
       CT_TEST(validation_rejects_before_enqueue),
+      CT_TEST(outputs_sharing_bytes_are_refused),
+      CT_TEST(packed_gradients_sharing_no_byte_are_right),
   };
   const char *path = getenv("CLATTN_TEST_BACKWARD");
   if (path && !strcmp(path, "staged"))

@@ -793,7 +793,7 @@ static void prepare_builds_what_the_first_calls_need(void) {
          (src + cache) - (src0 + cache0));
   shapes[1].dtype = (clattn_dtype)7;
   CHECK_STATUS(clattn_prepare(ctx, shapes, 2), CLATTN_ERR_INVALID_ARGUMENT);
-  CHECKF(strstr(clattn_last_error(ctx), "shapes[1].dtype") != NULL, "message: %s", clattn_last_error(ctx));
+  CHECKF(strstr(clattn_last_error(ctx), "shapes[1]: dtype") != NULL, "message: %s", clattn_last_error(ctx));
   shapes[1] = shapes[0];
   shapes[1].value_dim = 0;
   CHECK_STATUS(clattn_prepare(ctx, shapes, 2), CLATTN_ERR_INVALID_ARGUMENT);

@@ -222,6 +222,9 @@ static void bad_npy_files_named_with_what_is_wrong(void) {
   const size_t smask_bad[2] = {3, 2};
   CHECK(write_npy(in_dir("maskshape.npy"), "|b1", 0, 2, smask_bad, buf, 6) == 0);
   CHECK(write_npy(in_dir("f16k.npy"), "<f2", 0, 4, (size_t[4]){1, 1, 5, 4}, buf, 40) == 0);
+  /* a q header over 64 GiB of (sparse) data: refused by size, never read */
+  CHECK(write_npy(in_dir("huge.npy"), "<f4", 0, 4, s4, buf, 96) == 0 &&
+        truncate(in_dir("huge.npy"), (off_t)64 << 30) == 0);
   static const struct {
     const char *opt, *file, *want;
   } bad[] = {
@@ -236,15 +239,19 @@ static void bad_npy_files_named_with_what_is_wrong(void) {
       {"--mask", "maskf.npy", "'|u1' (uint8) or '|b1' (bool)"},
       {"--mask", "maskshape.npy", "does not broadcast to [batch, q_heads, q_len, kv_len] = (1, 2, 3, 5)"},
       {"--q", "missing.npy", "No such file or directory"},
+      {"--q", "huge.npy", "too long: the header's shape (1, 2, 3, 4) of '<f4' (float32) needs 96 bytes of data"},
+      {"--q", "/dev/zero", "not a .npy file"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    const char *q = !strcmp(bad[i].opt, "--q") ? in_dir(bad[i].file) : in_dir("q.npy");
-    const char *k = !strcmp(bad[i].opt, "--k") ? in_dir(bad[i].file) : in_dir("k.npy");
+    char file[512];
+    snprintf(file, sizeof file, "%s", bad[i].file[0] == '/' ? bad[i].file : in_dir(bad[i].file));
+    const char *q = !strcmp(bad[i].opt, "--q") ? file : in_dir("q.npy");
+    const char *k = !strcmp(bad[i].opt, "--k") ? file : in_dir("k.npy");
     char extra[600] = "";
-    if (!strcmp(bad[i].opt, "--mask")) snprintf(extra, sizeof extra, "--mask %s", in_dir(bad[i].file));
+    if (!strcmp(bad[i].opt, "--mask")) snprintf(extra, sizeof extra, "--mask %s", file);
     int rc = tool("run --q %s --k %s --v %s %s --out %s", q, k, in_dir("v.npy"), extra, in_dir("o.npy"));
-    char named[600];
-    snprintf(named, sizeof named, "%s %s", bad[i].opt, in_dir(bad[i].file));
+    char named[700];
+    snprintf(named, sizeof named, "%s %s", bad[i].opt, file);
     CHECKF(rc == 2 && strstr(output, named) && strstr(output, bad[i].want),
            "%s %s: exit %d (expected 2), output (expected \"%s\" and \"%s\"):\n%s", bad[i].opt, bad[i].file, rc, named,
            bad[i].want, output);

@@ -525,6 +525,150 @@ done:
   release(&bt);
 }
 
+/* An append refused because output a shares bytes with view b: the
+ * message names both, and no buffer of bufs[0..n) changes. */
+static void append_refused_sharing(const clattn_append_params *ap, const cl_mem *bufs, int n, const char *a,
+                                   const char *b, const char *what) {
+  unsigned char *before[8] = {NULL};
+  size_t bytes[8] = {0};
+  for (int i = 0; i < n; i++) before[i] = ct_mem_bytes(bufs[i], &bytes[i]);
+  cl_event ev = NULL;
+  const clattn_status st = clattn_kv_append(ct_context(), ap, 0, NULL, &ev);
+  const char *msg = clattn_last_error(ct_context());
+  CHECKF(st == CLATTN_ERR_INVALID_ARGUMENT && !ev && strstr(msg, a) && strstr(msg, b) && strstr(msg, "share"),
+         "%s: %s, expected invalid argument naming %s and %s (%s)", what, clattn_status_string(st), a, b, msg);
+  if (ev) clReleaseEvent(ev);
+  CHECK(clFinish(clattn_cl_queue(ct_context())) == CL_SUCCESS);
+  for (int i = 0; i < n; i++) {
+    size_t m = 0;
+    unsigned char *after = before[i] ? ct_mem_bytes(bufs[i], &m) : NULL;
+    CHECKF(before[i] && after && m == bytes[i] && memcmp(before[i], after, m) == 0,
+           "%s: a refused append changed a buffer", what);
+    free(before[i]);
+    free(after);
+  }
+}
+
+/* clattn_kv_append writes k, v (and k_scale, v_scale): none may share a
+ * byte with another, nor with k_new, v_new, positions or the block table.
+ * The k and v caches on the same bytes, v over k's later rows, the new rows
+ * inside the cache they go to, INT8 scales on each other or inside a cache,
+ * positions and the block table read from a cache's bytes, a cache through
+ * a sub-buffer of the other's buffer: each refused, nothing written. */
+static void append_outputs_sharing_bytes_are_refused(void) {
+  enum { CAP = 8, D = 32, NEW = 4 };
+  float *init = malloc(2 * CAP * D * sizeof *init);
+  if (!CHECK(init)) return;
+  for (int i = 0; i < 2 * CAP * D; i++) init[i] = urand(1.0f);
+  const int32_t pos = 2, table[2] = {0, 1};
+  cl_mem k = make_buf(2 * CAP * D * sizeof(float), init), v = make_buf(2 * CAP * D * sizeof(float), init),
+         kn = make_buf(NEW * D * sizeof(float), init), vn = make_buf(NEW * D * sizeof(float), init + NEW * D),
+         p = make_buf(sizeof pos, &pos), bt = make_buf(sizeof table, table);
+  free(init);
+  if (!CHECK(k && v && kn && vn && p && bt)) goto done;
+  const cl_mem bufs[] = {k, v, kn, vn, p, bt};
+  const int n = sizeof bufs / sizeof bufs[0];
+  clattn_append_params ok = clattn_append_params_default();
+  ok.batch = ok.kv_heads = 1;
+  ok.new_len = NEW;
+  ok.head_dim = ok.value_dim = D;
+  ok.k_new = (clattn_tensor){kn, 0, {NEW * D, NEW * D, D, 1}};
+  ok.v_new = (clattn_tensor){vn, 0, {NEW * D, NEW * D, D, 1}};
+  ok.positions = p;
+  ok.k = (clattn_tensor){k, 0, {CAP * D, CAP * D, D, 1}};
+  ok.v = (clattn_tensor){v, 0, {CAP * D, CAP * D, D, 1}};
+  ok.capacity = CAP;
+  clattn_append_params a = ok;
+  a.v = a.k;
+  append_refused_sharing(&a, bufs, n, "v", "k", "k and v caches on the same bytes");
+  a = ok;
+  a.v.buf = k, a.v.offset = 4 * D; /* from k's fifth row on */
+  append_refused_sharing(&a, bufs, n, "v", "k", "v over k's rows 4..");
+  a = ok;
+  a.k_new.buf = k, a.k_new.offset = CAP * D - D; /* k's last row, and past it */
+  append_refused_sharing(&a, bufs, n, "k", "k_new", "k_new from k's last row on");
+  a = ok;
+  a.v_new = a.v;
+  append_refused_sharing(&a, bufs, n, "v", "v_new", "v_new on the v cache");
+  a = ok;
+  a.positions = v;
+  append_refused_sharing(&a, bufs, n, "v", "positions", "positions read from the v cache");
+  a = ok;
+  a.block_table = k, a.block_table_stride = 2, a.page_size = 4, a.num_pages = 2;
+  append_refused_sharing(&a, bufs, n, "k", "block_table", "block table read from the k cache");
+  /* INT8: scales on each other, or inside a cache */
+  a = ok;
+  a.kv_dtype = CLATTN_INT8;
+  a.k_scale = (clattn_tensor){k, CAP * D, {CAP, CAP, 1, 0}}; /* floats past k's int8 rows, in k's buffer */
+  a.v_scale = a.k_scale;
+  append_refused_sharing(&a, bufs, n, "v_scale", "k_scale", "INT8: v_scale on k_scale");
+  a.v_scale = (clattn_tensor){v, 0, {CAP, CAP, 1, 0}}; /* v's first int8 rows */
+  append_refused_sharing(&a, bufs, n, "v_scale", "v", "INT8: v_scale inside the v cache");
+  /* the v cache through a sub-buffer of k's buffer */
+  cl_buffer_region whole = {0, 2 * CAP * D * sizeof(float)};
+  cl_int e;
+  cl_mem sub = clCreateSubBuffer(k, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &whole, &e);
+  if (CHECKF(e == CL_SUCCESS, "clCreateSubBuffer: %d", e)) {
+    a = ok;
+    a.v.buf = sub;
+    append_refused_sharing(&a, bufs, n, "v", "k", "v cache through a sub-buffer of k's");
+    clReleaseMemObject(sub);
+  }
+  CHECK_STATUS(clattn_kv_append(ct_context(), &ok, 0, NULL, NULL), CLATTN_OK);
+done:
+  release(&k), release(&v), release(&kn), release(&vn), release(&p), release(&bt);
+}
+
+/* A paged Q8_0 cache holding K and V in one buffer page by page, [page, 2,
+ * head, row, block] as FlashInfer keeps it: k and v share no byte, so the
+ * append is accepted, and it writes exactly what it writes into two
+ * separate caches (checked against ggml's rules by the tests above). */
+static void append_into_k_and_v_interleaved_by_page(void) {
+  enum { PAGES = 3, PS = 4, H = 2, D = 64, RB = D / 32 * 34, NEW = 5, B = 2, BTS = 2 };
+  const size_t half = (size_t)H * PS * RB, pool = PAGES * half;       /* one of k, v: bytes per page, per pool */
+  const int32_t positions[B] = {2, 0}, table[B * BTS] = {2, 0, 1, 2}; /* b0: page 2 rows 2-3, page 0 rows 0-2 */
+  float src[2][B * H * NEW * D];
+  for (int t = 0; t < 2; t++)
+    for (size_t i = 0; i < sizeof src[t] / sizeof src[t][0]; i++) src[t][i] = urand(2.0f);
+  unsigned char *pattern = malloc(2 * pool), *both = malloc(2 * pool), *sep[2] = {malloc(pool), malloc(pool)};
+  cl_mem kn = make_buf(sizeof src[0], src[0]), vn = make_buf(sizeof src[1], src[1]),
+         p = make_buf(sizeof positions, positions), bt = make_buf(sizeof table, table), one = NULL,
+         two[2] = {NULL, NULL};
+  if (!CHECK(pattern && both && sep[0] && sep[1] && kn && vn && p && bt)) goto done;
+  memset(pattern, 0x5a, 2 * pool);
+  one = make_buf(2 * pool, pattern), two[0] = make_buf(pool, pattern), two[1] = make_buf(pool, pattern);
+  if (!CHECK(one && two[0] && two[1])) goto done;
+  clattn_append_params ap = clattn_append_params_default();
+  ap.batch = B, ap.kv_heads = H, ap.new_len = NEW, ap.head_dim = ap.value_dim = D;
+  ap.kv_dtype = CLATTN_Q8_0;
+  ap.k_new = (clattn_tensor){kn, 0, {(size_t)H * NEW * D, (size_t)NEW * D, D, 1}};
+  ap.v_new = (clattn_tensor){vn, 0, {(size_t)H * NEW * D, (size_t)NEW * D, D, 1}};
+  ap.positions = p;
+  ap.block_table = bt, ap.block_table_stride = BTS, ap.page_size = PS, ap.num_pages = PAGES;
+  clattn_append_params sp = ap;
+  sp.k = (clattn_tensor){two[0], 0, {half, (size_t)PS * RB, RB, 34}};
+  sp.v = (clattn_tensor){two[1], 0, {half, (size_t)PS * RB, RB, 34}};
+  ap.k = (clattn_tensor){one, 0, {2 * half, (size_t)PS * RB, RB, 34}};
+  ap.v = (clattn_tensor){one, half, {2 * half, (size_t)PS * RB, RB, 34}};
+  CHECK_STATUS(clattn_kv_append(ct_context(), &sp, 0, NULL, NULL), CLATTN_OK);
+  const clattn_status st = clattn_kv_append(ct_context(), &ap, 0, NULL, NULL);
+  CHECKF(st == CLATTN_OK, "k and v interleaved by page: %s", clattn_last_error(ct_context()));
+  if (!CHECK(read_buf(one, both, 2 * pool) && read_buf(two[0], sep[0], pool) && read_buf(two[1], sep[1], pool)))
+    goto done;
+  size_t differ = 0, written = 0;
+  for (size_t page = 0; page < PAGES; page++)
+    for (int t = 0; t < 2; t++)
+      for (size_t x = 0; x < half; x++) {
+        differ += both[(2 * page + t) * half + x] != sep[t][page * half + x];
+        written += sep[t][page * half + x] != pattern[page * half + x];
+      }
+  CHECKF(differ == 0 && written > 0,
+         "k and v interleaved by page: %zu bytes differ from two separate caches (%zu written)", differ, written);
+done:
+  free(pattern), free(both), free(sep[0]), free(sep[1]);
+  release(&kn), release(&vn), release(&p), release(&bt), release(&one), release(&two[0]), release(&two[1]);
+}
+
 /* ---------- 3. forward over paged / quantised caches ---------- */
 
 typedef struct {
@@ -1504,6 +1648,8 @@ int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(defaults_and_enum_values_follow_the_contract),
       CT_TEST(append_rejects_bad_input_and_touches_nothing),
+      CT_TEST(append_outputs_sharing_bytes_are_refused),
+      CT_TEST(append_into_k_and_v_interleaved_by_page),
       CT_TEST(forward_rejects_bad_kv_input_and_touches_nothing),
       CT_TEST(append_matches_ggml_rules_for_every_cache_storage),
       CT_TEST(append_skips_hostile_positions_and_entries),

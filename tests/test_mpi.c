@@ -2,13 +2,18 @@
  * problem (every rank computes that reference itself): KV-sharded decode and
  * prefill, ring prefill, MHA and GQA, causal and windowed, kv_lens, empty and
  * uneven shards; and failures: bad input on one rank gives the same status
- * and message on every rank. Run under mpirun by tests/mpi_run.sh.
+ * and message on every rank, and clattn_mpi_create fails on every rank
+ * at once when one rank's arguments are bad. Run under mpirun by
+ * tests/mpi_run.sh (with --failures: only the failure cases).
  * Exit 0 when every rank passed, 1 when any failed, 77 without a device. */
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "clattn_mpi.h"
 
@@ -352,8 +357,73 @@ static void failures_agree(void) {
       clReleaseMemObject(slopes);
 }
 
+/* A collective that never returns fails the test within seconds, naming
+ * itself, instead of waiting for mpi_run.sh's deadline. */
+static const char *watched;
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char head[] = "  FAIL: still waiting after 30 s in: ";
+  (void)!write(1, head, sizeof head - 1);
+  (void)!write(1, watched, strlen(watched));
+  (void)!write(1, "\n", 1);
+  _exit(1);
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* clattn_mpi_create with this rank's arguments (ctx, out or not): every
+ * rank must return want, with *out NULL on failure, within seconds. */
+static void create_everywhere(const char *name, clattn_context *my_ctx, int give_out, clattn_status want) {
+  clattn_mpi *m = (clattn_mpi *)&m; /* not NULL: create must clear it */
+  watched = name;
+  alarm(30);
+  const double t0 = now();
+  const clattn_status st = clattn_mpi_create(my_ctx, MPI_COMM_WORLD, give_out ? &m : NULL);
+  const double took = now() - t0;
+  alarm(0);
+  int statuses[2] = {(int)st, -(int)st}, agreed[2];
+  MPI_Allreduce(statuses, agreed, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  CHECKF(st == want, "%s: status %s, want %s", name, clattn_mpi_status_string(st), clattn_mpi_status_string(want));
+  CHECKF(agreed[0] == -agreed[1], "%s: ranks disagree on the status", name);
+  CHECKF(took < 10, "%s: returned after %.1f s", name, took);
+  if (give_out && st != CLATTN_OK) CHECKF(m == NULL, "%s: *out is not NULL after a failure", name);
+  if (give_out && st == CLATTN_OK) clattn_mpi_destroy(m);
+  MPI_Errhandler h;
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &h);
+  CHECKF(h == MPI_ERRORS_ARE_FATAL, "%s: MPI_COMM_WORLD's error handler was not restored", name);
+  MPI_Errhandler_free(&h);
+  if (rank == 0) printf("  %s -> %s (%.2f s)\n", name, clattn_mpi_status_string(st), took);
+}
+
+/* clattn_mpi_create agrees on success before its first collective that
+ * could wait (MPI_Comm_dup): one rank's bad arguments fail it on every
+ * rank with that rank's status, and every rank returns at once. A NULL
+ * handle to clattn_mpi_destroy on one rank does not hold up the others. */
+static void create_failures_agree(void) {
+  create_everywhere("create, ctx NULL on rank 1", rank == 1 ? NULL : ctx, 1, CLATTN_ERR_INVALID_ARGUMENT);
+  create_everywhere("create, out NULL on the last rank", ctx, rank != nranks - 1, CLATTN_ERR_INVALID_ARGUMENT);
+  create_everywhere("create, ctx NULL on every rank but 0", rank == 0 ? ctx : NULL, 1, CLATTN_ERR_INVALID_ARGUMENT);
+  create_everywhere("create after the failures", ctx, 1, CLATTN_OK);
+  clattn_mpi *m = NULL;
+  if (clattn_mpi_create(ctx, MPI_COMM_WORLD, &m) != CLATTN_OK) {
+    CHECKF(0, "clattn_mpi_create failed");
+    return;
+  }
+  watched = "destroy, NULL on rank 1";
+  alarm(30);
+  clattn_mpi_destroy(rank == 1 ? NULL : m);
+  alarm(0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 1) clattn_mpi_destroy(m);
+}
+
 int main(int argc, char **argv) {
-  (void)argc, (void)argv;
+  /* --failures: only the agreement on failures (create's and the calls') */
+  const int only_failures = argc > 1 && strcmp(argv[1], "--failures") == 0;
   if (MPI_Init(&argc, &argv) != MPI_SUCCESS) return 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
@@ -369,6 +439,8 @@ int main(int argc, char **argv) {
     MPI_Finalize();
     return 77;
   }
+  signal(SIGALRM, on_alarm);
+  create_failures_agree();
   if (clattn_mpi_create(ctx, MPI_COMM_WORLD, &mh) != CLATTN_OK) {
     printf("rank %d: clattn_mpi_create failed\n", rank);
     MPI_Finalize();
@@ -496,14 +568,14 @@ int main(int argc, char **argv) {
       {"ring non-causal, kv_lens {30, 61}", 2, 2, 2, 64, 16, 0, -1, -1, {30, 61}, 0},
       {"ring GQA causal window 9 with sinks", 1, 4, 2, 64, 16, 1, 9, -1, {0, 0}, 1},
   };
-  for (size_t i = 0; i < sizeof kv_cases / sizeof kv_cases[0]; i++) {
+  for (size_t i = 0; i < sizeof kv_cases / sizeof kv_cases[0] && !only_failures; i++) {
     const int before = failures;
     kv_sharded(&kv_cases[i]);
     int bad = failures > before, any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (rank == 0) printf("%s %s\n", any ? "FAIL" : "ok  ", kv_cases[i].name);
   }
-  for (size_t i = 0; i < sizeof ring_cases / sizeof ring_cases[0]; i++) {
+  for (size_t i = 0; i < sizeof ring_cases / sizeof ring_cases[0] && !only_failures; i++) {
     const int before = failures;
     ring(&ring_cases[i]);
     int bad = failures > before, any = 0;

@@ -8,7 +8,11 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -167,6 +171,104 @@ static void writes_what_it_reads(void) {
   rmdir(dir);
 }
 
+static double seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* npy_load(path) refuses with a message holding want, within a second. */
+static void load_refuses(const char *path, const char *want, const char *what) {
+  npy_array a;
+  char err[512] = "";
+  const double t0 = seconds();
+  const int rc = npy_load(path, &a, err, sizeof err);
+  const double took = seconds() - t0;
+  CHECKF(rc == -1 && strstr(err, want) && strstr(err, path) && !a.f && !a.u8,
+         "%s: rc %d, message \"%s\", expected one with \"%s\"", what, rc, err, want);
+  CHECKF(took < 1.0, "%s: refused after %.1f s: it read what the header did not ask for", what, took);
+  if (rc == 0) npy_free(&a);
+}
+
+/* A pipe carrying header, then `extra` bytes past the 24 of data it describes. */
+static pid_t feed_fifo(const char *fifo, const uint8_t *img, size_t n, size_t extra) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  signal(SIGPIPE, SIG_DFL); /* the reader stops early: the writer just ends */
+  FILE *f = fopen(fifo, "wb");
+  int ok = f && fwrite(img, 1, n, f) == n;
+  static const uint8_t zeros[4096];
+  for (size_t left = extra; ok && left; left -= left < sizeof zeros ? left : sizeof zeros)
+    ok = fwrite(zeros, 1, left < sizeof zeros ? left : sizeof zeros, f) > 0;
+  if (f) fclose(f);
+  _exit(0);
+}
+
+/* npy_load reads the header, then checks the size it implies against the
+ * file's before reading any data: a 64 GiB sparse file behind a 24-byte
+ * header is refused at once, and so is /dev/zero (no magic). A pipe, whose
+ * size is unknown, is read no further than the header's data and one byte:
+ * exact data loads, more or less is refused. */
+static void load_reads_the_header_before_the_data(void) {
+  char dir[] = "/tmp/clattn-test-npy-XXXXXX", path[256], fifo[256], err[512];
+  REQUIRE(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/sparse.npy", dir);
+  const float v[6] = {1, 2, 3, 4, 5, 6};
+  const size_t n = image(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }\n", v, sizeof v);
+  FILE *f = fopen(path, "wb");
+  REQUIRE(f && fwrite(buf, 1, n, f) == n && fclose(f) == 0);
+  char want[256];
+  snprintf(want, sizeof want,
+           "too long: the header's shape (2, 3) of '<f4' (float32) needs 24 bytes of data, the "
+           "file holds %zu",
+           ((size_t)64 << 30) - (n - sizeof v));
+  if (CHECKF(truncate(path, (off_t)64 << 30) == 0, "truncate to 64 GiB: %s", strerror(errno)))
+    load_refuses(path, want, "64 GiB sparse file");
+  /* a header claiming 2^40 floats over 24 bytes: refused, nothing allocated */
+  const size_t big =
+      image(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }\n", v, sizeof v);
+  f = fopen(path, "wb");
+  REQUIRE(f && fwrite(buf, 1, big, f) == big && fclose(f) == 0);
+  load_refuses(path, "truncated: the header's shape (1099511627776,) of '<f4' (float32) needs 4398046511104 bytes",
+               "2^40 floats claimed");
+  unlink(path);
+  if (access("/dev/zero", R_OK) == 0) load_refuses("/dev/zero", "not a .npy file", "/dev/zero");
+
+  image(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }\n", v, sizeof v); /* n bytes again */
+  snprintf(fifo, sizeof fifo, "%s/pipe.npy", dir);
+  REQUIREF(mkfifo(fifo, 0600) == 0, "mkfifo: %s", strerror(errno));
+  static const struct {
+    size_t extra;
+    const char *want;
+  } pipes[] = {{0, NULL},
+               {1,
+                "too long: the header's shape (2, 3) of '<f4' (float32) needs 24 bytes of data, the "
+                "file holds more"},
+               {(size_t)64 << 20, "the file holds more"}};
+  for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; i++) {
+    const pid_t pid = feed_fifo(fifo, buf, n, pipes[i].extra);
+    REQUIRE(pid > 0);
+    if (pipes[i].want) {
+      load_refuses(fifo, pipes[i].want, pipes[i].extra == 1 ? "a pipe with one byte too many" : "a 64 MiB pipe");
+    } else {
+      npy_array a;
+      if (CHECKF(npy_load(fifo, &a, err, sizeof err) == 0, "a pipe holding the array: %s", err))
+        CHECK(a.h.count == 6 && memcmp(a.f, v, sizeof v) == 0);
+      npy_free(&a);
+    }
+    waitpid(pid, NULL, 0);
+  }
+  /* a pipe cut short inside the data */
+  const pid_t pid = feed_fifo(fifo, buf, n - 5, 0);
+  REQUIRE(pid > 0);
+  load_refuses(fifo,
+               "truncated: the header's shape (2, 3) of '<f4' (float32) needs 24 bytes of data, the file holds 19",
+               "a pipe cut short");
+  waitpid(pid, NULL, 0);
+  unlink(fifo);
+  rmdir(dir);
+}
+
 /* The fuzzer's seeds and regressions through its checks. */
 static void replay(const char *sub, int must_have) {
   char dir[4096];
@@ -202,6 +304,7 @@ int main(int argc, char **argv) {
       CT_TEST(reads_fortran_order_into_c_order),
       CT_TEST(refuses_malformed_files),
       CT_TEST(writes_what_it_reads),
+      CT_TEST(load_reads_the_header_before_the_data),
       CT_TEST(fuzz_corpus_and_regressions),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);

@@ -13,8 +13,9 @@
  *    queue), then checked against clattn_forward;
  *  - the route a step reports is the forward's;
  *  - a step the plan cannot take (longer than planned, offsets past the
- *    buffer, outputs overlapping, lse without an lse view) is refused naming
- *    the field, enqueues nothing, and the plan keeps working;
+ *    buffer, outputs overlapping, q or out moved onto the other's bytes, lse
+ *    without an lse view) is refused naming the field, enqueues nothing, and
+ *    the plan keeps working;
  *  - creation refuses what clattn_forward refuses, with its message;
  *  - a plan retains the caller's buffers until released;
  *  - with CLATTN_COMMAND_BUFFER=1 (meson's plan-command-buffer) a device
@@ -417,7 +418,7 @@ static void refused_steps_leave_the_plan_usable(void) {
   s = clattn_step_default();
   s.out_offset = (SLOTS - 1) * f.o_slot;
   CHECK_STATUS(clattn_plan_enqueue(plan, &s, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
-  CHECKF(strstr(clattn_last_error(NULL), "step.out_offset") && strstr(clattn_last_error(NULL), "overlap"),
+  CHECKF(strstr(clattn_last_error(NULL), "step.out_offset") && strstr(clattn_last_error(NULL), "share bytes"),
          "the overlap is not named: %s", clattn_last_error(NULL));
   s.out_offset = CLATTN_STEP_PLANNED;
   s.lse_offset = 0;
@@ -439,6 +440,42 @@ static void refused_steps_leave_the_plan_usable(void) {
 }
 
 /* ---------- creation ---------- */
+
+/* A step keeps the aliasing rule where it moves q, out and lse: with q and
+ * out in one buffer (q in slot 0, out in slot 3), a step moving q onto
+ * out's bytes, or out onto q's, is refused naming the step's field, and
+ * nothing is written; steps that keep them apart run. */
+static void steps_moving_views_onto_each_other_are_refused(void) {
+  fixture f;
+  const plan_case c = g_cases[0]; /* fused decode, head_dim = value_dim: a q slot is an out slot */
+  REQUIRE(fixture_init(&f, &c, ct_context()) == 0);
+  f.p.out = f.p.q;
+  f.p.out.offset = 3 * f.o_slot;
+  clattn_plan *plan = NULL;
+  REQUIRE(clattn_plan_create(ct_context(), &f.p, &plan) == CLATTN_OK);
+  size_t n0 = 0, n1 = 0;
+  unsigned char *before = ct_mem_bytes(f.q, &n0);
+  clattn_step s = clattn_step_default();
+  s.q_offset = 3 * f.q_slot;
+  CHECK_STATUS(clattn_plan_enqueue(plan, &s, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
+  CHECKF(strstr(clattn_last_error(NULL), "step.q_offset") && strstr(clattn_last_error(NULL), "share bytes"),
+         "q moved onto out: %s", clattn_last_error(NULL));
+  s = clattn_step_default();
+  s.out_offset = f.q_slot / 2; /* over q's second half */
+  CHECK_STATUS(clattn_plan_enqueue(plan, &s, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
+  CHECKF(strstr(clattn_last_error(NULL), "step.out_offset") && strstr(clattn_last_error(NULL), "share bytes"),
+         "out moved onto q: %s", clattn_last_error(NULL));
+  CHECK(clFinish(clattn_cl_queue(ct_context())) == CL_SUCCESS);
+  unsigned char *after = ct_mem_bytes(f.q, &n1);
+  CHECKF(before && after && n0 == n1 && memcmp(before, after, n0) == 0, "a refused step wrote q's buffer");
+  s.q_offset = 1 * f.q_slot, s.out_offset = 4 * f.o_slot;
+  CHECK_STATUS(clattn_plan_enqueue(plan, &s, 0, NULL, NULL), CLATTN_OK);
+  CHECK(clFinish(clattn_cl_queue(ct_context())) == CL_SUCCESS);
+  free(before);
+  free(after);
+  clattn_plan_release(plan);
+  fixture_free(&f);
+}
 
 static void creation_refuses_what_forward_refuses(void) {
   fixture f;
@@ -492,6 +529,7 @@ int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(plan_steps_equal_forward_bitwise),
       CT_TEST(refused_steps_leave_the_plan_usable),
+      CT_TEST(steps_moving_views_onto_each_other_are_refused),
       CT_TEST(creation_refuses_what_forward_refuses),
       CT_TEST(plan_retains_the_views_until_released),
   };

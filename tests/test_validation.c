@@ -392,6 +392,276 @@ static void outputs_overlapping_each_other_are_invalid(void) {
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "lse", "FUSED: lse at out's start");
 }
 
+/* Inputs the kernels could be made to write: the problem's q, k, v, mask,
+ * bias and kv_lens copied into CL_MEM_READ_WRITE buffers (the kit's are
+ * read-only, which is refused for an output before any sharing is seen). */
+typedef struct {
+  clattn_params p;
+  cl_mem bufs[6];
+} rw_inputs;
+
+static void rw_free(rw_inputs *rw) {
+  for (int i = 0; i < 6; i++)
+    if (rw->bufs[i]) clReleaseMemObject(rw->bufs[i]);
+}
+
+static int rw_make(cp_problem *pb, rw_inputs *rw) {
+  memset(rw, 0, sizeof *rw);
+  rw->p = pb->params;
+  const struct {
+    cl_mem *view_buf;
+    const void *host;
+    size_t bytes;
+  } in[] = {
+      {&rw->p.q.buf, pb->q, pb->q_elems * sizeof(float)},
+      {&rw->p.k.buf, pb->k, pb->k_elems * sizeof(float)},
+      {&rw->p.v.buf, pb->v, pb->v_elems * sizeof(float)},
+      {&rw->p.mask.buf, pb->mask, pb->mask_elems},
+      {&rw->p.bias.buf, pb->bias, pb->bias_elems * sizeof(float)},
+      {&rw->p.kv_lens, pb->kv_lens, (size_t)pb->params.batch * sizeof(int32_t)},
+  };
+  for (int i = 0; i < 6; i++)
+    if (!(rw->bufs[i] = *in[i].view_buf = kc_rw_copy(pb, in[i].host, in[i].bytes))) return rw_free(rw), -1;
+  return 0;
+}
+
+/* A forward call refused because output `a` shares bytes with view `b`:
+ * INVALID_ARGUMENT naming both, the problem's outputs untouched, and every
+ * input buffer (and `also`, when given) byte for byte as it was. */
+static void refuse_sharing(const rw_inputs *rw, const clattn_params *p, const char *a, const char *b, cl_mem also,
+                           const char *what) {
+  const cl_mem kept[] = {rw->bufs[0], rw->bufs[1], rw->bufs[2], rw->bufs[3], rw->bufs[4], rw->bufs[5], also};
+  enum { N_KEPT = sizeof kept / sizeof kept[0] };
+  unsigned char *before[N_KEPT] = {NULL};
+  size_t n[N_KEPT] = {0};
+  for (int i = 0; i < N_KEPT; i++)
+    if (kept[i]) before[i] = ct_mem_bytes(kept[i], &n[i]);
+  REJECT(p, CLATTN_ERR_INVALID_ARGUMENT, a, what);
+  const char *msg = clattn_last_error(ct_context());
+  CHECKF(names_field(msg, b) && strstr(msg, "share"), "%s: the message does not say %s shares bytes with %s: \"%s\"",
+         what, a, b, msg);
+  for (int i = 0; i < N_KEPT; i++) {
+    size_t m = 0;
+    unsigned char *after = before[i] ? ct_mem_bytes(kept[i], &m) : NULL;
+    CHECKF(!before[i] || (after && m == n[i] && memcmp(before[i], after, m) == 0),
+           "%s: a refused call changed a buffer", what);
+    free(before[i]);
+    free(after);
+  }
+}
+
+static cl_mem sub_buffer(cl_mem parent, size_t origin, size_t size) {
+  cl_buffer_region r = {origin, size};
+  cl_int e;
+  cl_mem m = clCreateSubBuffer(parent, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &r, &e);
+  CHECKF(e == CL_SUCCESS, "clCreateSubBuffer(%zu, %zu): %d", origin, size, e);
+  return e == CL_SUCCESS ? m : NULL;
+}
+
+/* CL_DEVICE_MEM_BASE_ADDR_ALIGN in bytes: where a sub-buffer may start. */
+static size_t sub_buffer_align(void) {
+  cl_uint bits = 0;
+  clGetDeviceInfo(clattn_cl_device(ct_context()), CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof bits, &bits, NULL);
+  return bits >= 8 ? bits / 8 : 128;
+}
+
+/* An output may share no byte with any input of its call: out on q, lse in
+ * k, the uchar mask read from the weights' bytes, entropy in bias, kv_lens
+ * from argmax's ints, max_weight on q's last element (FUSED); through a
+ * sub-buffer of q's buffer; and through two buffers over one host array
+ * (CL_MEM_USE_HOST_PTR). Each is refused before anything is enqueued, and
+ * no buffer changes. */
+static void outputs_sharing_bytes_with_inputs_are_invalid(void) {
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  rw_inputs rw;
+  REQUIRE(rw_make(pb, &rw) == 0);
+  clattn_params p = rw.p;
+  p.out.buf = p.q.buf, p.out.offset = p.q.offset;
+  refuse_sharing(&rw, &p, "out", "q", NULL, "out on q");
+  p = rw.p;
+  p.lse.buf = p.k.buf, p.lse.offset = 5;
+  refuse_sharing(&rw, &p, "lse", "k", NULL, "lse inside k");
+  p = rw.p;
+  p.mask.buf = p.weights.buf; /* the mask's bytes read from the weights' buffer */
+  refuse_sharing(&rw, &p, "weights", "mask", NULL, "mask from the weights' bytes");
+  p = rw.p;
+  p.entropy.buf = p.bias.buf, p.entropy.offset = 3;
+  refuse_sharing(&rw, &p, "entropy", "bias", NULL, "entropy inside bias");
+  p = rw.p;
+  p.kv_lens = p.argmax.buf;
+  refuse_sharing(&rw, &p, "argmax", "kv_lens", NULL, "kv_lens read from argmax's ints");
+  /* FUSED: max_weight's last element on q's first, in one buffer */
+  p = rw.p;
+  p.algo = CLATTN_ALGO_FUSED, p.weights.buf = NULL;
+  p.max_weight.offset = 0;
+  const size_t last = cp_index(&p.max_weight, p.batch - 1, p.q_heads - 1, p.q_len - 1, 0);
+  cl_int e;
+  cl_mem shared = clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE, (last + pb->q_elems) * sizeof(float), NULL, &e);
+  REQUIRE(e == CL_SUCCESS);
+  p.max_weight.buf = p.q.buf = shared;
+  p.q.offset += last;
+  refuse_sharing(&rw, &p, "max_weight", "q", shared, "FUSED: max_weight's last element on q's first");
+  clReleaseMemObject(shared);
+
+  /* a sub-buffer of q's buffer, starting inside q's view */
+  const size_t align = sub_buffer_align(), q_bytes = pb->q_elems * sizeof(float);
+  cl_mem sub = align < q_bytes / 2 ? sub_buffer(rw.p.q.buf, align, q_bytes - align) : NULL;
+  if (sub) {
+    p = rw.p;
+    p.out.buf = sub, p.out.offset = 0;
+    refuse_sharing(&rw, &p, "out", "q", sub, "out through a sub-buffer of q's");
+    clReleaseMemObject(sub);
+  }
+  /* two cl_mems over one host array */
+  float *host = calloc(pb->q_elems, sizeof(float));
+  REQUIRE(host);
+  cl_int e1, e2;
+  const cl_context cc = clattn_cl_context(ct_context());
+  cl_mem qa = clCreateBuffer(cc, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, q_bytes, host, &e1);
+  cl_mem qb = clCreateBuffer(cc, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, q_bytes / 2, host + pb->q_elems / 2, &e2);
+  if (CHECK(e1 == CL_SUCCESS && e2 == CL_SUCCESS)) {
+    p = rw.p;
+    p.q.buf = qa;
+    p.lse.buf = qb, p.lse.offset = 0; /* the second half of q's host memory */
+    refuse_sharing(&rw, &p, "lse", "q", NULL, "lse and q over one host array");
+  }
+  if (qa) clReleaseMemObject(qa);
+  if (qb) clReleaseMemObject(qb);
+  free(host);
+  rw_free(&rw);
+}
+
+/* Views that share no byte are fine however they interleave, and the call
+ * is right: q and out in one buffer row by row ([dk of q | dv of out] per
+ * row), and q and out in two sub-buffers of one parent, side by side. Each
+ * output against the fp64 reference, every q byte as it was. */
+static void interleaved_views_sharing_no_byte_are_right(void) {
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  REQUIRE(cp_reference(pb) == 0);
+  clattn_context *ctx = ct_context();
+  const clattn_params *bp = &pb->params;
+  const int B = bp->batch, H = bp->q_heads, M = bp->q_len, dk = bp->head_dim, dv = bp->value_dim;
+  const size_t row = (size_t)dk + dv, n = (size_t)B * H * M * row, n_out = (size_t)B * H * M * dv;
+  float *both = malloc(n * sizeof *both), *got = malloc(n * sizeof *got), *dense = malloc(n_out * sizeof *dense);
+  REQUIRE(both && got && dense);
+  clattn_params p = *bp;
+  p.q = (clattn_tensor){NULL, 0, {(size_t)H * M * row, (size_t)M * row, row, 1}};
+  p.out = (clattn_tensor){NULL, (size_t)dk, {(size_t)H * M * row, (size_t)M * row, row, 1}};
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < M; i++)
+        for (size_t c = 0; c < row; c++)
+          both[cp_index(&p.q, b, h, i, 0) + c] = c < (size_t)dk ? pb->q[cp_index(&bp->q, b, h, i, (int)c)] : NAN;
+  cl_int e;
+  cl_mem buf = clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * sizeof *both, both, &e);
+  REQUIRE(e == CL_SUCCESS);
+  p.q.buf = p.out.buf = buf;
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    p.algo = kc_algos[a];
+    if (kc_algo_filtered_out(p.algo) || kc_algo_optional(p.algo, &p)) continue;
+    CHECK(clEnqueueWriteBuffer(pb->queue, buf, CL_TRUE, 0, n * sizeof *both, both, 0, NULL, NULL) == CL_SUCCESS);
+    const clattn_status st = clattn_forward(ctx, &p, 0, NULL, NULL);
+    CHECKF(st == CLATTN_OK, "%s: q and out interleaved: %s", clattn_algo_name(p.algo), clattn_last_error(ctx));
+    CHECK(clEnqueueReadBuffer(pb->queue, buf, CL_TRUE, 0, n * sizeof *got, got, 0, NULL, NULL) == CL_SUCCESS);
+    long nan = 0, q_changed = 0;
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < M; i++) {
+          for (int c = 0; c < dv; c++) {
+            const float x = got[cp_index(&p.out, b, h, i, c)];
+            dense[(((size_t)b * H + h) * M + i) * dv + c] = x;
+            nan += isnan(x);
+          }
+          for (int c = 0; c < dk; c++)
+            q_changed += memcmp(&got[cp_index(&p.q, b, h, i, c)], &both[cp_index(&p.q, b, h, i, c)], 4) != 0;
+        }
+    const double err = cp_rel_err(dense, pb->ref_out, n_out);
+    CHECKF(st != CLATTN_OK || (err <= 1e-5 && nan == 0 && q_changed == 0),
+           "%s: q and out interleaved: out error %.3g, %ld NaN, %ld q elements changed", clattn_algo_name(p.algo), err,
+           nan, q_changed);
+  }
+  clReleaseMemObject(buf);
+
+  /* two sub-buffers of one parent, q's bytes then out's */
+  const size_t align = sub_buffer_align(), q_bytes = pb->q_elems * sizeof(float),
+               out_at = (q_bytes + align - 1) / align * align, out_bytes = pb->out_elems * sizeof(float);
+  cl_mem parent = clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE, out_at + out_bytes, NULL, &e);
+  REQUIRE(e == CL_SUCCESS);
+  cl_mem sq = sub_buffer(parent, 0, q_bytes), so = sub_buffer(parent, out_at, out_bytes);
+  if (sq && so && CHECK(clEnqueueWriteBuffer(pb->queue, sq, CL_TRUE, 0, q_bytes, pb->q, 0, NULL, NULL) == CL_SUCCESS)) {
+    p = *bp;
+    p.q.buf = sq, p.out.buf = so;
+    const clattn_status st = clattn_forward(ctx, &p, 0, NULL, NULL);
+    CHECKF(st == CLATTN_OK, "q and out in sub-buffers of one parent: %s", clattn_last_error(ctx));
+    float *raw = malloc(out_bytes);
+    REQUIRE(raw);
+    CHECK(clEnqueueReadBuffer(pb->queue, so, CL_TRUE, 0, out_bytes, raw, 0, NULL, NULL) == CL_SUCCESS);
+    long nan = 0;
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < M; i++)
+          for (int c = 0; c < dv; c++)
+            nan += isnan(dense[(((size_t)b * H + h) * M + i) * dv + c] = raw[cp_index(&p.out, b, h, i, c)]);
+    const double err = cp_rel_err(dense, pb->ref_out, n_out);
+    CHECKF(st != CLATTN_OK || (err <= 1e-5 && nan == 0), "sub-buffers: out error %.3g, %ld NaN", err, nan);
+    free(raw);
+  }
+  if (sq) clReleaseMemObject(sq);
+  if (so) clReleaseMemObject(so);
+  clReleaseMemObject(parent);
+  free(both), free(got), free(dense);
+}
+
+/* clattn_prepare checks the fields that pick a call's programs (dtype,
+ * kv_dtype, head_dim, value_dim) exactly as the forward does: each shape
+ * the forward refuses, prepare refuses with the forward's message, after
+ * "clattn_prepare: shapes[i]: " naming which, and builds nothing. */
+static void prepare_and_forward_refuse_the_same_shapes_with_one_message(void) {
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  clattn_context *ctx = ct_context();
+  clattn_params p;
+  const struct {
+    const char *what;
+    int *field;
+    int value;
+    clattn_dtype kv_dtype;
+  } cases[] = {
+      {"Q8_0 with head_dim 33", &p.head_dim, 33, CLATTN_Q8_0},
+      {"Q8_0 with value_dim 40", &p.value_dim, 40, CLATTN_Q8_0},
+      {"Q8_0 with head_dim 16", &p.head_dim, 16, CLATTN_Q8_0},
+      {"head_dim 0", &p.head_dim, 0, CLATTN_DTYPE_SAME},
+      {"value_dim -3", &p.value_dim, -3, CLATTN_DTYPE_SAME},
+      {"dtype Q8_0", (int *)&p.dtype, CLATTN_Q8_0, CLATTN_Q8_0},
+      {"dtype INT8", (int *)&p.dtype, CLATTN_INT8, CLATTN_DTYPE_SAME},
+      {"dtype 9", (int *)&p.dtype, 9, CLATTN_DTYPE_SAME},
+      {"kv_dtype 7", (int *)&p.kv_dtype, 7, CLATTN_DTYPE_SAME},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    p = pb->params;
+    p.head_dim = p.value_dim = 64;
+    p.kv_dtype = cases[i].kv_dtype;
+    *cases[i].field = cases[i].value;
+    REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, NULL, cases[i].what);
+    char forward_msg[512];
+    snprintf(forward_msg, sizeof forward_msg, "%s", clattn_last_error(ctx));
+    int src0, cache0, src, cache;
+    ca_cache_counts(ctx, &src0, &cache0);
+    const clattn_status st = clattn_prepare(ctx, &p, 1);
+    ca_cache_counts(ctx, &src, &cache);
+    char want[600];
+    snprintf(want, sizeof want, "clattn_prepare: shapes[0]: %s", forward_msg);
+    const char *msg = clattn_last_error(ctx);
+    CHECKF(st == CLATTN_ERR_INVALID_ARGUMENT && strcmp(msg, want) == 0,
+           "%s: prepare returned %s with \"%s\"; the forward refused it with \"%s\"", cases[i].what,
+           clattn_status_string(st), msg, forward_msg);
+    CHECKF(src == src0 && cache == cache0, "%s: prepare built %d programs for a refused shape", cases[i].what,
+           src + cache - src0 - cache0);
+  }
+}
+
 /* A merge call that must be rejected naming field, with nothing written. */
 static void merge_reject(cp_problem *pb, const clattn_merge_params *m, const char *field, const char *what) {
   clattn_context *ctx = ct_context();
@@ -404,6 +674,57 @@ static void merge_reject(cp_problem *pb, const clattn_merge_params *m, const cha
          what, clattn_status_string(st), msg);
   if (done) clReleaseEvent(done);
   CHECKF(untouched_violations(pb) == 0, "%s: a rejected merge changed an output", what);
+}
+
+/* Merge: out and out_lse may share no byte with any state (o and lse over
+ * all n_states, as far as o_state_stride reaches) nor with each other. */
+static void merge_outputs_sharing_bytes_with_states_are_invalid(void) {
+  cp_problem *pb = base();
+  REQUIRE(pb);
+  const clattn_params *bp = &pb->params;
+  const size_t rows = (size_t)bp->batch * bp->q_heads * bp->q_len, o_elems = rows * (size_t)bp->value_dim;
+  cl_int e;
+  cl_mem states = clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE, 3 * (o_elems + rows) * sizeof(float), NULL, &e);
+  REQUIRE(e == CL_SUCCESS);
+  const size_t H = (size_t)bp->q_heads, M = (size_t)bp->q_len, dv = (size_t)bp->value_dim;
+  clattn_merge_params mp;
+  memset(&mp, 0, sizeof mp);
+  mp.n_states = 3;
+  mp.batch = bp->batch, mp.heads = bp->q_heads, mp.q_len = bp->q_len, mp.value_dim = bp->value_dim;
+  /* state s: o at s * (o + lse), its lse right after it */
+  mp.o = (clattn_tensor){states, 0, {H * M * dv, M * dv, dv, 1}};
+  mp.lse = (clattn_tensor){states, o_elems, {H * M, M, 1, 0}};
+  mp.o_state_stride = mp.lse_state_stride = o_elems + rows;
+  mp.out = bp->out;
+  mp.out_lse = bp->lse;
+  mp.empty_rows = CLATTN_EMPTY_ZERO;
+  clattn_merge_params m = mp;
+  m.out = mp.o;
+  merge_reject(pb, &m, "out", "merge out on state 0's o");
+  m = mp;
+  m.out = mp.o, m.out.offset = 2 * mp.o_state_stride;
+  merge_reject(pb, &m, "out", "merge out on the last state's o");
+  m = mp;
+  m.out_lse = mp.lse, m.out_lse.offset += mp.lse_state_stride;
+  merge_reject(pb, &m, "out_lse", "merge out_lse on state 1's lse");
+  m = mp;
+  m.out_lse.buf = states, m.out_lse.offset = 7;
+  merge_reject(pb, &m, "out_lse", "merge out_lse inside state 0's o");
+  m = mp;
+  m.out_lse.buf = m.out.buf, m.out_lse.offset = m.out.offset + 3;
+  merge_reject(pb, &m, "out_lse", "merge out_lse inside out");
+  /* past the last state in the same buffer: shares nothing */
+  cl_mem more =
+      clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE, (3 * (o_elems + rows) + o_elems) * sizeof(float), NULL, &e);
+  REQUIRE(e == CL_SUCCESS);
+  m = mp;
+  m.o.buf = m.lse.buf = m.out.buf = more;
+  m.out.offset = 3 * mp.o_state_stride;
+  m.out_lse.buf = NULL;
+  CHECKF(ca_validate_merge(ct_context(), &m) == CLATTN_OK, "merge out past the last state: %s",
+         clattn_last_error(ct_context()));
+  clReleaseMemObject(more);
+  clReleaseMemObject(states);
 }
 
 /* Every view must be a buffer of the clattn context's cl_context that the
@@ -566,8 +887,12 @@ int main(int argc, char **argv) {
       CT_TEST(null_context_or_params_are_invalid),
       CT_TEST(half_precision_views_are_sized_in_16_bits),
       CT_TEST(out_of_range_enums_are_invalid),
+      CT_TEST(prepare_and_forward_refuse_the_same_shapes_with_one_message),
       CT_TEST(broadcast_output_view_is_invalid),
       CT_TEST(outputs_overlapping_each_other_are_invalid),
+      CT_TEST(outputs_sharing_bytes_with_inputs_are_invalid),
+      CT_TEST(interleaved_views_sharing_no_byte_are_right),
+      CT_TEST(merge_outputs_sharing_bytes_with_states_are_invalid),
       CT_TEST(unusable_cl_mem_objects_are_invalid),
       CT_TEST(valid_call_after_rejections_still_works),
       CT_TEST(last_route_names_what_ran),

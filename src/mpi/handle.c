@@ -62,36 +62,56 @@ const char *clattn_mpi_status_string(clattn_status s) {
 
 const char *clattn_mpi_last_error(const clattn_mpi *m) { return m ? m->msg : "clattn_mpi: handle is NULL"; }
 
-clattn_status clattn_mpi_create(clattn_context *ctx, MPI_Comm comm, clattn_mpi **out) {
-  if (!out) return CLATTN_ERR_INVALID_ARGUMENT;
-  *out = NULL;
-  if (!ctx) return CLATTN_ERR_INVALID_ARGUMENT;
-  int initialized = 0;
-  if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized) return CLATTN_ERR_INVALID_ARGUMENT;
-  clattn_mpi *m = calloc(1, sizeof *m);
-  if (!m) return CLATTN_ERR_OUT_OF_MEMORY;
-  m->ctx = ctx;
-  /* Errors must come back to us on the duplicate; the caller's handler on
-   * comm is theirs, so it is set on comm only for the duplication itself. */
-  MPI_Errhandler old;
-  int rc = MPI_Comm_get_errhandler(comm, &old);
-  if (rc != MPI_SUCCESS) {
-    free(m);
+/* The first failing rank's status on every rank of comm: MPI_MINLOC over
+ * (the rank where it failed, or size; its status). *rc: the MPI error. */
+static clattn_status agree(MPI_Comm comm, clattn_status local, int *rc) {
+  int rank = 0, size = 0;
+  if ((*rc = MPI_Comm_rank(comm, &rank)) != MPI_SUCCESS || (*rc = MPI_Comm_size(comm, &size)) != MPI_SUCCESS)
     return CLATTN_MPI_ERR_COMM;
-  }
-  rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  int mine[2] = {local != CLATTN_OK ? rank : size, (int)local}, first[2] = {size, CLATTN_OK};
+  if ((*rc = MPI_Allreduce(mine, first, 1, MPI_2INT, MPI_MINLOC, comm)) != MPI_SUCCESS) return CLATTN_MPI_ERR_COMM;
+  return (clattn_status)first[1];
+}
+
+clattn_status clattn_mpi_create(clattn_context *ctx, MPI_Comm comm, clattn_mpi **out) {
+  if (out) *out = NULL;
+  /* without MPI or a communicator no rank can be told: a local answer */
+  int initialized = 0, finalized = 1;
+  if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized || MPI_Finalized(&finalized) != MPI_SUCCESS ||
+      finalized || comm == MPI_COMM_NULL)
+    return CLATTN_ERR_INVALID_ARGUMENT;
+  /* Errors must come back to us; the caller's handler on comm is theirs, so
+   * it is set on comm only for the agreements and the duplication. */
+  MPI_Errhandler old;
+  if (MPI_Comm_get_errhandler(comm, &old) != MPI_SUCCESS) return CLATTN_MPI_ERR_COMM;
+  int rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  clattn_mpi *m = NULL;
+  clattn_status st = rc != MPI_SUCCESS ? CLATTN_MPI_ERR_COMM : !out || !ctx ? CLATTN_ERR_INVALID_ARGUMENT : CLATTN_OK;
+  if (st == CLATTN_OK && !(m = calloc(1, sizeof *m))) st = CLATTN_ERR_OUT_OF_MEMORY;
+  /* Every rank agrees before the collective duplication: a rank that failed
+   * here would otherwise leave the others waiting in MPI_Comm_dup. */
+  if (rc == MPI_SUCCESS) st = agree(comm, st, &rc);
   int dup = 0;
-  if (rc == MPI_SUCCESS) dup = (rc = MPI_Comm_dup(comm, &m->comm)) == MPI_SUCCESS;
+  if (st == CLATTN_OK) {
+    m->ctx = ctx;
+    m->comm = MPI_COMM_NULL;
+    dup = (rc = MPI_Comm_dup(comm, &m->comm)) == MPI_SUCCESS;
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(m->comm, &m->rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(m->comm, &m->size);
+    if (rc == MPI_SUCCESS && !(m->agree = malloc((size_t)m->size * (CM_DESC_MAX + 1) * sizeof *m->agree)))
+      st = CLATTN_ERR_OUT_OF_MEMORY;
+    if (rc != MPI_SUCCESS) st = CLATTN_MPI_ERR_COMM;
+    st = agree(comm, st, &rc); /* the same verdict on every rank */
+  }
   /* Restoring the caller's handler: a failure here changes nothing of ours. */
   (void)MPI_Comm_set_errhandler(comm, old);
   (void)MPI_Errhandler_free(&old);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(m->comm, &m->rank);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(m->comm, &m->size);
-  if (rc != MPI_SUCCESS) {
+  if (st != CLATTN_OK) {
     if (dup) MPI_Comm_free(&m->comm);
+    if (m) free(m->agree);
     free(m);
-    return CLATTN_MPI_ERR_COMM;
+    return st;
   }
   *out = m;
   return CLATTN_OK;
@@ -103,6 +123,7 @@ void clattn_mpi_destroy(clattn_mpi *m) {
   for (int i = 0; i < CM_DEV_COUNT; i++)
     if (m->dev[i].dev) clReleaseMemObject(m->dev[i].dev);
   (void)MPI_Comm_free(&m->comm); /* nothing to report to: the handle is gone */
+  free(m->agree);
   free(m);
 }
 

@@ -46,6 +46,7 @@ static void describe(const clattn_params *p, const clattn_mpi_kv_shard *s, int *
   d[D_OFFSET] = s->kv_offset, d[D_LEN] = p->kv_len;
 }
 
+_Static_assert((int)D_COUNT <= (int)CM_DESC_MAX, "the handle's agreement array holds CM_DESC_MAX ints per rank");
 static const char *const field_names[D_COUNT] = {"batch",
                                                  "q_heads",
                                                  "kv_heads",
@@ -187,8 +188,7 @@ clattn_status clattn_mpi_kv_sharded_forward(clattn_mpi *m, const clattn_params *
   if (!m) return CLATTN_ERR_INVALID_ARGUMENT;
   const double t0 = cm_now();
   int desc[D_COUNT] = {0};
-  int *all = malloc((size_t)m->size * (D_COUNT + 1) * sizeof *all);
-  if (!all) return cm_fail(m, CLATTN_ERR_OUT_OF_MEMORY, "descriptor agreement"); /* cannot take part: docs/mpi.md */
+  int *all = m->agree;
   clattn_status st = check_local(m, p, s);
   size_t o_n = 0, lse_n = 0;
   int gather_all = 1, receives = 1;
@@ -203,7 +203,6 @@ clattn_status clattn_mpi_kv_sharded_forward(clattn_mpi *m, const clattn_params *
   }
   st = cm_agree_descriptors(m, st, desc, D_COUNT, all);
   if (st == CLATTN_OK) st = check_consistent(m, all); /* same verdict on every rank */
-  free(all);
   if (st != CLATTN_OK) return st;
 
   const size_t per = o_n + lse_n;

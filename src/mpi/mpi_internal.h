@@ -16,10 +16,15 @@ enum { CM_HOST_SEND, CM_HOST_RECV, CM_HOST_LENS, CM_HOST_COUNT };
 /* Device staging: states (O, lse), a K/V block, local kv_lens per block in flight. */
 enum { CM_DEV_O, CM_DEV_LSE, CM_DEV_KV, CM_DEV_LENS0, CM_DEV_COUNT = CM_DEV_LENS0 + 4 };
 
+/* Ints in the largest problem descriptor a call agrees on. */
+enum { CM_DESC_MAX = 24 };
+
 struct clattn_mpi {
   clattn_context *ctx;
   MPI_Comm comm; /* our duplicate, MPI_ERRORS_RETURN */
   int rank, size;
+  int *agree; /* size * (CM_DESC_MAX + 1): the descriptor agreement's gather, made at
+                 creation so no call fails locally before it can take part */
   char msg[768];
   clattn_mpi_stats stats;
   cm_buf host[CM_HOST_COUNT];

@@ -33,6 +33,7 @@ enum {
   D_COUNT
 };
 
+_Static_assert((int)D_COUNT <= (int)CM_DESC_MAX, "the handle's agreement array holds CM_DESC_MAX ints per rank");
 static const char *const field_names[D_COUNT] = {"batch",
                                                  "q_heads",
                                                  "kv_heads",
@@ -218,8 +219,7 @@ clattn_status clattn_mpi_ring_forward(clattn_mpi *m, const clattn_params *p, int
   if (!m) return CLATTN_ERR_INVALID_ARGUMENT;
   const double t0 = cm_now();
   int desc[D_COUNT] = {0};
-  int *all = malloc((size_t)m->size * (D_COUNT + 1) * sizeof *all);
-  if (!all) return cm_fail(m, CLATTN_ERR_OUT_OF_MEMORY, "descriptor agreement");
+  int *all = m->agree;
   ring g = {p, {{0, 0}, {0, 0}, 0}, seq_len, NULL, 0, 0, NULL, NULL, NULL, {NULL, NULL, NULL, NULL}};
   float *bufs[2] = {NULL, NULL};
   clattn_status st = check_local(m, p, seq_len);
@@ -236,7 +236,6 @@ clattn_status clattn_mpi_ring_forward(clattn_mpi *m, const clattn_params *p, int
   }
   st = cm_agree_descriptors(m, st, desc, D_COUNT, all);
   if (st == CLATTN_OK) st = check_consistent(m, all);
-  free(all);
   if (st != CLATTN_OK) return st;
   const double t_agreed = cm_now();
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "problem.h" /* cp_f16_value: the kit's float16 conversion */
 
@@ -168,17 +169,27 @@ static int parse_dict(cursor *c, npy_header *h) {
   return 0;
 }
 
-int npy_parse_header(const unsigned char *buf, size_t len, npy_header *h, char *err, size_t errlen) {
-  memset(h, 0, sizeof *h);
+/* The magic, the version and the header's length at the start of buf (len
+ * bytes, NPY_PREFIX_MAX are enough): the bytes before the header (*prefix)
+ * and the header's (*hlen). */
+static int parse_prefix(const unsigned char *buf, size_t len, size_t *prefix, size_t *hlen, char *err, size_t errlen) {
   if (len < 8 || memcmp(buf, MAGIC, sizeof MAGIC) != 0)
     return snprintf(err, errlen, "not a .npy file (it does not start with \\x93NUMPY)"), -1;
   const int major = buf[6], minor = buf[7];
   if ((major < 1 || major > 3) || minor != 0)
     return snprintf(err, errlen, "format version %d.%d is not 1.0, 2.0 or 3.0", major, minor), -1;
-  const size_t prefix = major == 1 ? 10 : 12;
-  if (len < prefix) return snprintf(err, errlen, "truncated: the file ends inside the header's length"), -1;
-  size_t hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
-  if (major > 1) hlen |= (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
+  *prefix = major == 1 ? 10 : 12;
+  if (len < *prefix) return snprintf(err, errlen, "truncated: the file ends inside the header's length"), -1;
+  *hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
+  if (major > 1) *hlen |= (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
+  return 0;
+}
+
+int npy_parse_header(const unsigned char *buf, size_t len, npy_header *h, char *err, size_t errlen) {
+  memset(h, 0, sizeof *h);
+  size_t prefix, hlen;
+  if (parse_prefix(buf, len, &prefix, &hlen, err, errlen)) return -1;
+  const int major = buf[6];
   if (hlen > len - prefix)
     return snprintf(err, errlen, "truncated: the header's length is %zu bytes, the file holds %zu after it", hlen,
                     len - prefix),
@@ -218,18 +229,22 @@ static size_t fortran_index(const npy_header *h, size_t i) {
   return f;
 }
 
-int npy_decode(const unsigned char *buf, size_t len, npy_array *a, char *err, size_t errlen) {
-  memset(a, 0, sizeof *a);
-  npy_header *h = &a->h;
-  if (npy_parse_header(buf, len, h, err, errlen)) return -1;
-  const size_t need = h->count * h->elem_size, have = len - h->data_offset;
-  char sh[256];
-  if (have != need)
-    return snprintf(err, errlen, "%s: the header's shape %s of %s needs %zu bytes of data, the file holds %zu",
-                    have < need ? "truncated" : "too long", npy_shape_string(h, sh, sizeof sh),
-                    npy_dtype_string(h->dtype), need, have),
-           -1;
-  const unsigned char *data = buf + h->data_offset;
+/* The data's size against the header's: 0, or -1 saying which is longer
+ * ("more" when the file's size is not known, only that it holds more). */
+static int check_size(const npy_header *h, size_t have, int more, char *err, size_t errlen) {
+  const size_t need = h->count * h->elem_size;
+  if (have == need && !more) return 0;
+  char sh[256], held[64];
+  snprintf(held, sizeof held, more ? "more" : "%zu", have);
+  return snprintf(err, errlen, "%s: the header's shape %s of %s needs %zu bytes of data, the file holds %s",
+                  have < need ? "truncated" : "too long", npy_shape_string(h, sh, sizeof sh),
+                  npy_dtype_string(h->dtype), need, held),
+         -1;
+}
+
+/* The values of data (exactly the header's count) into a. */
+static int decode_data(const unsigned char *data, npy_array *a, char *err, size_t errlen) {
+  const npy_header *h = &a->h;
   const int fortran = h->fortran_order && h->ndim > 1 && h->count > 0;
   const size_t n = h->count ? h->count : 1; /* malloc(0) may return NULL */
   if (h->dtype == NPY_F32 || h->dtype == NPY_F16)
@@ -253,6 +268,13 @@ int npy_decode(const unsigned char *buf, size_t len, npy_array *a, char *err, si
   return 0;
 }
 
+int npy_decode(const unsigned char *buf, size_t len, npy_array *a, char *err, size_t errlen) {
+  memset(a, 0, sizeof *a);
+  if (npy_parse_header(buf, len, &a->h, err, errlen) || check_size(&a->h, len - a->h.data_offset, 0, err, errlen))
+    return -1;
+  return decode_data(buf + a->h.data_offset, a, err, errlen);
+}
+
 void npy_free(npy_array *a) {
   if (!a) return;
   free(a->f);
@@ -261,38 +283,85 @@ void npy_free(npy_array *a) {
   a->u8 = NULL;
 }
 
-/* The whole file into a malloc'd buffer. */
-static unsigned char *read_file(const char *path, size_t *len, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno)), NULL;
-  size_t cap = 1 << 16, n = 0;
-  unsigned char *buf = malloc(cap);
+/* Up to n bytes from f into buf: fewer only at the end of the file or on a
+ * read error (ferror tells). */
+static size_t read_upto(FILE *f, unsigned char *buf, size_t n) { return n ? fread(buf, 1, n, f) : 0; }
+
+/* At most n bytes of f into a malloc'd buffer (NULL when out of memory),
+ * grown as they arrive: a stream that ends early costs what it held, not
+ * what its header claimed. *got: the bytes read. */
+static unsigned char *read_data(FILE *f, size_t n, size_t *got) {
+  size_t cap = n < ((size_t)1 << 20) ? n : (size_t)1 << 20, at = 0;
+  unsigned char *buf = malloc(cap ? cap : 1);
   while (buf) {
-    n += fread(buf + n, 1, cap - n, f);
-    if (n < cap) break;
-    unsigned char *more = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+    at += read_upto(f, buf + at, cap - at);
+    if (at < cap || cap == n) break; /* the end of the file, an error, or all n */
+    const size_t grown = cap > n / 2 ? n : cap * 2;
+    unsigned char *more = realloc(buf, grown);
     if (!more) free(buf);
-    buf = more;
-    cap *= 2;
+    buf = more, cap = grown;
   }
-  const int bad = ferror(f);
-  const int saved = errno;
-  fclose(f);
-  if (!buf) return snprintf(err, errlen, "%s: out of memory reading it", path), NULL;
-  if (bad) return free(buf), snprintf(err, errlen, "%s: cannot read: %s", path, strerror(saved)), NULL;
-  *len = n;
+  *got = at;
   return buf;
+}
+
+static int read_error(char *why, size_t whylen) {
+  snprintf(why, whylen, "cannot read: %s", strerror(errno));
+  return -1;
+}
+
+/* Headers past this are refused unread (NumPy's own reader refuses past
+ * 10000 bytes by default). */
+enum { HEADER_MAX = 1 << 20 };
+
+/* The header first, then only the data it implies: a regular file whose
+ * size disagrees is refused before its data is read, and any other file (a
+ * pipe, a device) is read no further than the header's size and one byte. */
+static int load(FILE *f, npy_array *a, char *why, size_t whylen) {
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0) return read_error(why, whylen);
+  if (S_ISDIR(st.st_mode)) return snprintf(why, whylen, "cannot read: %s", strerror(EISDIR)), -1;
+  unsigned char start[12]; /* the prefix alone: 10 bytes in 1.0, 12 after */
+  size_t n = read_upto(f, start, 10), prefix = 0, hlen = 0;
+  if (n == 10 && start[6] > 1) n += read_upto(f, start + 10, 2);
+  if (ferror(f)) return read_error(why, whylen);
+  if (parse_prefix(start, n, &prefix, &hlen, why, whylen)) return -1;
+  if (hlen > HEADER_MAX)
+    return snprintf(why, whylen, "bad header: its length is %zu bytes, past this reader's limit of %d", hlen,
+                    HEADER_MAX),
+           -1;
+  unsigned char *head = malloc(prefix + hlen);
+  if (!head) return snprintf(why, whylen, "out of memory for a header of %zu bytes", hlen), -1;
+  memcpy(head, start, n);
+  n += read_upto(f, head + n, prefix + hlen - n);
+  int rc = ferror(f) ? read_error(why, whylen) : npy_parse_header(head, n, &a->h, why, whylen);
+  free(head);
+  if (rc) return -1;
+  const size_t need = a->h.count * a->h.elem_size, offset = a->h.data_offset;
+  if (S_ISREG(st.st_mode) &&
+      check_size(&a->h, (uintmax_t)st.st_size > offset ? (size_t)st.st_size - offset : 0, 0, why, whylen))
+    return -1;
+  size_t got = 0;
+  unsigned char *data = read_data(f, need, &got);
+  if (!data) return snprintf(why, whylen, "out of memory for %zu bytes of data", need), -1;
+  rc = ferror(f)
+           ? read_error(why, whylen)
+           : check_size(&a->h, got, got == need && fgetc(f) != EOF, why, whylen) || decode_data(data, a, why, whylen);
+  free(data);
+  return rc ? -1 : 0;
 }
 
 int npy_load(const char *path, npy_array *a, char *err, size_t errlen) {
   memset(a, 0, sizeof *a);
-  size_t len = 0;
-  unsigned char *buf = read_file(path, &len, err, errlen);
-  if (!buf) return -1;
+  FILE *f = fopen(path, "rb");
+  if (!f) return snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno)), -1;
   char why[512];
-  int rc = npy_decode(buf, len, a, why, sizeof why);
-  if (rc) snprintf(err, errlen, "%s: %s", path, why);
-  free(buf);
+  const int rc = load(f, a, why, sizeof why);
+  fclose(f);
+  if (rc) {
+    npy_free(a);
+    snprintf(err, errlen, "%s: %s", path, why);
+  }
   return rc;
 }
 

@@ -48,7 +48,10 @@ typedef struct {
  * *a holds nothing to free then. */
 int npy_decode(const unsigned char *buf, size_t len, npy_array *a, char *err, size_t errlen);
 
-/* Reads and decodes a file; err names it. */
+/* Reads and decodes a file; err names it. The header is read first, then
+ * only the data it implies: a regular file of another size is refused
+ * before its data is read, and a pipe or device is read no further than the
+ * header's size and one byte. */
 int npy_load(const char *path, npy_array *a, char *err, size_t errlen);
 
 void npy_free(npy_array *a);

@@ -43,19 +43,28 @@ cases=(
   "shaping|--heads 2 --kv-heads 1 --q-len 7 --kv-len 37 --head-dim 16 --value-dim 16 --softcap 4 --alibi --sinks --additive --algo fused"
   "auto|--heads 2 --kv-heads 1 --q-len 7 --kv-len 37 --head-dim 24 --value-dim 20 --mask block --empty zero"
 )
-failed=0
-for c in "${cases[@]}"; do
-  IFS='|' read -r name args env <<<"$c"
-  log="$logs/$name.log"
+ran=0 failed=0
+# under_oclgrind LABEL FILE ENV COMMAND...: runs COMMAND under Oclgrind with
+# the variables in ENV ("" for none); ok when it exits 0 and Oclgrind logged
+# nothing, else FAILED with the tail of its output and of Oclgrind's log.
+under_oclgrind() {
+  local label=$1 file=$logs/$2 env=$3
+  shift 3
+  ran=$((ran + 1))
   # shellcheck disable=SC2086
-  if env $env oclgrind --data-races --check-api --max-errors 20 --log "$log" \
-      "$build/tools/clattn" run ${args} "${common[@]}" >"$logs/$name.out" 2>&1 && [ ! -s "$log" ]; then
-    echo "oclgrind: $name: ok"
+  if env $env oclgrind --data-races --check-api --max-errors 20 --log "$file.log" "$@" >"$file.out" 2>&1 &&
+      [ ! -s "$file.log" ]; then
+    echo "oclgrind: $label: ok"
   else
-    echo "oclgrind: $name: FAILED"
-    cat "$logs/$name.out" "$log" | tail -30
+    echo "oclgrind: $label: FAILED"
+    cat "$file.out" "$file.log" | tail -30
     failed=$((failed + 1))
   fi
+}
+for c in "${cases[@]}"; do
+  IFS='|' read -r name args env <<<"$c"
+  # shellcheck disable=SC2086
+  under_oclgrind "$name" "$name" "$env" "$build/tools/clattn" run ${args} "${common[@]}"
 done
 # The backward pass: the tests of tests/test_backward.c small enough for the
 # simulator (Oclgrind reports a GPU, so this is the GPU-style launch).
@@ -66,15 +75,7 @@ backward_tests=(packed_sequences causal_window_kv_lens_mask_bias_poisoned empty_
 backward_paths=("" "CLATTN_TEST_BACKWARD=staged CLATTN_SCRATCH_BYTES=4096" "CLATTN_TEST_BACKWARD=atomics")
 for path in "${backward_paths[@]}"; do
   for t in "${backward_tests[@]}"; do
-    log="$logs/backward-$t.log"
-    if env $path oclgrind --data-races --check-api --max-errors 20 --log "$log" \
-        "$build/tests/test_backward" "$t" >"$logs/backward-$t.out" 2>&1 && [ ! -s "$log" ]; then
-      echo "oclgrind: backward $t ${path:-FA2}: ok"
-    else
-      echo "oclgrind: backward $t ${path:-FA2}: FAILED"
-      cat "$logs/backward-$t.out" "$log" | tail -30
-      failed=$((failed + 1))
-    fi
+    under_oclgrind "backward $t ${path:-FA2}" "backward-$t" "$path" "$build/tests/test_backward" "$t"
   done
 done
 # Paged and quantised K/V (tests/test_kvcache.c's groups, each on the fused,
@@ -83,15 +84,12 @@ done
 kv_groups=(append_matches append_skips forward_rejects paged_prefill every_feature 16bit contiguous hostile_tables)
 [ -x "$build/tests/test_kvcache" ] || ninja -C "$build" tests/test_kvcache >/dev/null
 for g in "${kv_groups[@]}"; do
-  log="$logs/kvcache-$g.log"
-  if oclgrind --data-races --check-api --max-errors 20 --log "$log" "$build/tests/test_kvcache" "$g" \
-      >"$logs/kvcache-$g.out" 2>&1 && [ ! -s "$log" ]; then
-    echo "oclgrind: kvcache $g: ok"
-  else
-    echo "oclgrind: kvcache $g: FAILED"
-    cat "$logs/kvcache-$g.out" "$log" | tail -30
-    failed=$((failed + 1))
-  fi
+  under_oclgrind "kvcache $g" "kvcache-$g" "" "$build/tests/test_kvcache" "$g"
 done
-echo "oclgrind: $(( ${#cases[@]} + ${#backward_paths[@]} * ${#backward_tests[@]} + ${#kv_groups[@]} )) cases, $failed failed"
+# A GEMM call from a program linked to libclattn alone (the tool and the
+# tests link CLBlast themselves, which changes the order libraries are torn
+# down at exit): clattn_destroy must release CLBlast's cached programs while
+# Oclgrind's runtime is still there, or the process aborts at exit.
+[ -x "$build/tests/gemm_at_exit" ] && under_oclgrind "gemm at exit" gemm-at-exit "" "$build/tests/gemm_at_exit"
+echo "oclgrind: $ran cases, $failed failed"
 [ "$failed" -eq 0 ]
