@@ -4,16 +4,19 @@
  *   gemm_mask_scores      scale, bias, mask, window, kv_lens -> -inf
  *   softmax_rows          softmax.cl's row softmax (A, lse, weights)
  *   O = A V               CLBlast strided batched SGEMM into scratch
- *   gemm_store_rows       O to the out view, recomputing any row a 0 x NaN
- *                         product poisoned
+ *   gemm_store_rows       O to the out view, recomputing any row with an
+ *                         allowed non-finite value
  * Views with a column stride other than 1 (or rows shorter than a row) are
- * copied dense first (so are 16-bit storage and packed sequences, in f32);
- * with kv_lens, V is copied with the padding rows zeroed so uninitialised
- * cache memory never meets the GEMM. Paged or quantised K/V (or K/V stored
+ * copied dense first (so are 16-bit storage and packed sequences, in f32).
+ * V is always copied, padding rows zeroed and non-finite values zeroed and
+ * flagged (gemm_finite_values): a GEMM adds in an order of its own, so a
+ * row recomputed because a zero weight met a NaN would differ in rounding
+ * from the same row without it. Paged or quantised K/V (or K/V stored
  * otherwise than q) are gathered through the block table and dequantised
  * into dense f32 scratch (gemm_kv_gather); keys on pages outside the pool
  * are masked out of the scores.
  */
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,10 +43,15 @@ typedef struct {
 } operand;
 
 /* Whether a [B, H, S, D] view is an f32 row-major matrix per (b, h) as it
- * is; anything else (16-bit storage, packed sequences) is copied dense, in
- * f32, first. */
-static int gemm_ready(const clattn_params *p, const clattn_tensor *t, int width) {
-  return p->dtype == CLATTN_F32 && !p->cu_seqlens_q && t->stride[3] == 1 && t->stride[2] >= (size_t)width;
+ * is, every element below 2^31 (CLBlast's kernels take element offsets as
+ * int: a view further into a large buffer, which POCL's 2 GiB allocations
+ * never allow and Intel's runtime's do, read elsewhere); anything else
+ * (16-bit storage, packed sequences) is copied dense, in f32, first. */
+static int gemm_ready(const clattn_params *p, const clattn_tensor *t, int heads, int len, int width) {
+  const size_t last = t->offset + (size_t)(p->batch - 1) * t->stride[0] + (size_t)(heads - 1) * t->stride[1] +
+                      (size_t)(len - 1) * t->stride[2] + (size_t)(width - 1);
+  return p->dtype == CLATTN_F32 && !p->cu_seqlens_q && t->stride[3] == 1 && t->stride[2] >= (size_t)width &&
+         last <= INT_MAX;
 }
 
 /* Enqueues gemm_kv_gather of K or V stored paged or quantised (or in another
@@ -124,6 +132,28 @@ fail:
     ca_scratch_give(ctx, out->buf, NULL);
     out->buf = NULL;
   }
+  return st;
+}
+
+/* Enqueues gemm_finite_values over the dense V copy (rows of value_dim):
+ * non-finite values zeroed, their rows flagged in a new byte buffer *bad. */
+static clattn_status finite_values(clattn_context *ctx, cl_program core, const clattn_params *p, size_t rows,
+                                   cl_mem v, cl_uint n_wait, const cl_event *wait, cl_event *prev, cl_mem *bad) {
+  cl_kernel kernel = NULL;
+  clattn_status st;
+  if ((st = ca_scratch_take(ctx, rows, "GEMM value flags", bad)) ||
+      (st = ca_kernel_take(ctx, core, "gemm_finite_values", &kernel)))
+    goto fail;
+  ca_args a = {kernel, "gemm_finite_values", 0, 0, CL_SUCCESS};
+  ca_arg_mem(&a, v);
+  ca_arg_int(&a, p->value_dim);
+  const cl_ulong n = rows;
+  ca_arg(&a, sizeof n, &n);
+  ca_arg_mem(&a, *bad);
+  if ((st = ca_args_done(&a))) goto fail;
+  st = ca_enqueue(ctx, kernel, "gemm_finite_values", 1, &rows, NULL, n_wait, wait, prev);
+fail:
+  ca_kernel_give(ctx, kernel);
   return st;
 }
 
@@ -268,7 +298,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
                               const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
   cl_kernel mask = NULL, softmax = NULL, store = NULL;
-  cl_mem scores = NULL, o_rows = NULL, empty_flag = NULL, q_copy = NULL, k_copy = NULL, v_copy = NULL;
+  cl_mem scores = NULL, o_rows = NULL, empty_flag = NULL, q_copy = NULL, k_copy = NULL, v_copy = NULL, v_bad = NULL;
   cl_event prev = NULL;
   size_t *offsets = NULL;
   const int pairs = p->batch * p->q_heads;
@@ -295,28 +325,29 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
     goto fail;
   }
   size_t copies = 0;
-  if (!additive && !gemm_ready(p, &p->q, p->head_dim)) {
+  if (!additive && !gemm_ready(p, &p->q, p->q_heads, p->q_len, p->head_dim)) {
     if ((st = dense_copy(ctx, p, &p->q, 0, p->q_heads, p->head_dim, n_wait, wait, &prev, &q))) goto fail;
     q_copy = q.buf;
     copies += (size_t)pairs * p->q_len * p->head_dim;
   }
   /* K/V paged or stored otherwise than q: gathered and dequantised into scratch */
   const int kv_stored = plan->paged || plan->kv_dtype != p->dtype;
-  if (!additive && (kv_stored || !gemm_ready(p, &p->k, p->head_dim))) {
+  if (!additive && (kv_stored || !gemm_ready(p, &p->k, p->kv_heads, p->kv_len, p->head_dim))) {
     if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->k, &p->k_scale, p->head_dim, n_wait, wait, &prev, &k)
                         : dense_copy(ctx, p, &p->k, 1, p->kv_heads, p->head_dim, n_wait, wait, &prev, &k)))
       goto fail;
     k_copy = k.buf;
     copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
   }
-  if (kv_stored || !gemm_ready(p, &p->v, p->value_dim) || plan->has_kv_lens) { /* zero what a GEMM must not see */
-    if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->v, &p->v_scale, p->value_dim, n_wait, wait, &prev, &v)
-                        : dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, &v)))
-      goto fail;
-    v_copy = v.buf;
-    copies += (size_t)p->batch * p->kv_heads * p->kv_len * p->value_dim;
-  }
-  ca_note_scratch(ctx, (score_floats + o_floats + copies) * sizeof(float) + sizeof(cl_int));
+  /* V: copied, with what a GEMM must not see zeroed */
+  if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->v, &p->v_scale, p->value_dim, n_wait, wait, &prev, &v)
+                      : dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, &v)))
+    goto fail;
+  v_copy = v.buf;
+  const size_t v_rows = (size_t)p->batch * p->kv_heads * p->kv_len;
+  copies += v_rows * p->value_dim;
+  if ((st = finite_values(ctx, core, p, v_rows, v_copy, n_wait, wait, &prev, &v_bad))) goto fail;
+  ca_note_scratch(ctx, (score_floats + o_floats + copies) * sizeof(float) + v_rows + sizeof(cl_int));
 
   /* Step by what was done, not by the chunk: i0 + chunk.rows can pass INT_MAX. */
   for (int bh0 = 0, heads; bh0 < pairs; bh0 += heads) {
@@ -346,6 +377,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       ca_arg_mem(&o, o_rows);
       ca_arg_mem(&o, scores);
       ca_arg_view(&o, &p->v);
+      ca_arg_mem(&o, v_bad);
       ca_arg_seq(&o, p);
       ca_arg_kv(&o, p);
       ca_arg_int(&o, p->q_heads);
@@ -369,7 +401,7 @@ fail:;
   ca_kernel_give(ctx, softmax);
   ca_kernel_give(ctx, store);
   free(offsets);
-  const cl_mem held[] = {scores, o_rows, q_copy, k_copy, v_copy};
+  const cl_mem held[] = {scores, o_rows, q_copy, k_copy, v_copy, v_bad};
   for (size_t i = 0; i < sizeof held / sizeof held[0]; i++) ca_scratch_give(ctx, held[i], used);
   ca_flag_give(ctx, empty_flag, 0, used);
   ca_hand_out(st, &prev, done);
