@@ -81,8 +81,27 @@ static inline void ct_destroy_context(void) {
   ct_ctx = NULL;
 }
 
+/* Exits 77, saying why, when CLATTN_TEST_PLATFORM names a platform (a
+ * substring of its name) other than the device's: a run that sets one
+ * runtime's own variables (POCL_WORK_GROUP_METHOD) means nothing on another. */
+static inline void ct_require_platform(clattn_context *ctx) {
+  const char *want = getenv("CLATTN_TEST_PLATFORM");
+  if (!want || !*want) return;
+  cl_platform_id platform = NULL;
+  char name[256] = "";
+  if (clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL) != CL_SUCCESS ||
+      clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof name, name, NULL) != CL_SUCCESS)
+    snprintf(name, sizeof name, "(unknown: its query failed)");
+  if (strstr(name, want)) return;
+  printf("skipped: this run is for platform \"%s\" only (CLATTN_TEST_PLATFORM: it sets that runtime's own "
+         "variables, see tests/meson.build); the device's platform is \"%s\"\n",
+         want, name);
+  exit(CT_SKIP);
+}
+
 /* The shared clattn context, created with defaults on first use. Exits 77
- * when there is no OpenCL device and 1 when creation fails otherwise. */
+ * when there is no OpenCL device, or when the device is not on
+ * CLATTN_TEST_PLATFORM, and 1 when creation fails otherwise. */
 static inline clattn_context *ct_context(void) {
   if (ct_ctx) return ct_ctx;
   ct_teardown = ct_destroy_context;
@@ -96,6 +115,7 @@ static inline clattn_context *ct_context(void) {
     printf("0 passed, 1 failed\n");
     exit(1);
   }
+  ct_require_platform(ct_ctx);
   return ct_ctx;
 }
 
