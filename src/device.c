@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <CL/cl_ext.h>
+
 #include "internal.h"
 
 #ifndef CL_PLATFORM_NOT_FOUND_KHR
@@ -154,7 +156,14 @@ clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *ma
   cl_int err = clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, ext_size, ext, NULL);
   ext[err == CL_SUCCESS ? ext_size : 0] = '\0';
   caps->fp16 = has_word(ext, "cl_khr_fp16");
+  const int sub_groups = has_word(ext, "cl_intel_subgroups") && has_word(ext, "cl_intel_required_subgroup_size");
   free(ext);
+  if (sub_groups) { /* a failed query leaves none: the kernels then reduce through local memory */
+    size_t sizes[16], bytes = 0;
+    if (clGetDeviceInfo(device, CL_DEVICE_SUB_GROUP_SIZES_INTEL, sizeof sizes, sizes, &bytes) == CL_SUCCESS)
+      for (size_t i = 0; i < bytes / sizeof sizes[0]; i++)
+        if (sizes[i] >= 1 && sizes[i] <= 64 && (sizes[i] & (sizes[i] - 1)) == 0) caps->sg_sizes |= (cl_uint)sizes[i];
+  }
   CA_CHECK_CL(st, err, "clGetDeviceInfo(CL_DEVICE_EXTENSIONS)");
 fail:
   return st;

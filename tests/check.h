@@ -99,9 +99,39 @@ static inline void ct_require_platform(clattn_context *ctx) {
   exit(CT_SKIP);
 }
 
+/* Exits 77, saying why, when CLATTN_BLOCK_SG (flash_block's sub-group
+ * variant at a size, or 0 for the local-memory one) asks for what this
+ * device cannot run or what the run without it already is: sub-groups of N
+ * lanes it does not offer (the library would ignore the value), or 0 on a
+ * device without sub-groups. */
+static inline void ct_require_sub_groups(clattn_context *ctx) {
+  const char *want = getenv("CLATTN_BLOCK_SG");
+  if (!want || !*want) return;
+  const size_t lanes = (size_t)atoi(want);
+  size_t sizes[16], bytes = 0;
+  char ext[8192] = "";
+  clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_EXTENSIONS, sizeof ext, ext, NULL);
+  if (!strstr(ext, "cl_intel_subgroups") || !strstr(ext, "cl_intel_required_subgroup_size") ||
+      clGetDeviceInfo(clattn_cl_device(ctx), 0x4108 /* CL_DEVICE_SUB_GROUP_SIZES_INTEL */, sizeof sizes, sizes,
+                      &bytes) != CL_SUCCESS)
+    bytes = 0;
+  int offered = 0;
+  for (size_t i = 0; i < bytes / sizeof sizes[0]; i++) offered |= sizes[i] == lanes;
+  if (lanes == 0 ? bytes > 0 : offered) return;
+  if (lanes == 0)
+    printf("skipped: CLATTN_BLOCK_SG=0 (flash_block through local memory) is this device's only flash_block: it has "
+           "no sub-groups (cl_intel_required_subgroup_size), so the run without the variable is this one\n");
+  else
+    printf("skipped: CLATTN_BLOCK_SG=%s: this device offers no sub-groups of %zu lanes a kernel can require "
+           "(cl_intel_subgroups, CL_DEVICE_SUB_GROUP_SIZES_INTEL)\n",
+           want, lanes);
+  exit(CT_SKIP);
+}
+
 /* The shared clattn context, created with defaults on first use. Exits 77
- * when there is no OpenCL device, or when the device is not on
- * CLATTN_TEST_PLATFORM, and 1 when creation fails otherwise. */
+ * when there is no OpenCL device, when the device is not on
+ * CLATTN_TEST_PLATFORM or cannot run CLATTN_BLOCK_SG's variant, and 1 when
+ * creation fails otherwise. */
 static inline clattn_context *ct_context(void) {
   if (ct_ctx) return ct_ctx;
   ct_teardown = ct_destroy_context;
@@ -116,6 +146,7 @@ static inline clattn_context *ct_context(void) {
     exit(1);
   }
   ct_require_platform(ct_ctx);
+  ct_require_sub_groups(ct_ctx);
   return ct_ctx;
 }
 
