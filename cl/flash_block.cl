@@ -26,9 +26,9 @@
  * (BLOCK_M = 16 BLOCK_RM, BLOCK_N = 8 BLOCK_RN), chosen by tl_flash_block
  * (src/tiles.c), which also counts the local memory, and stepped down by
  * src/registry.c when the built kernel cannot run its group or spills;
- * -D BLOCK_HALF: half K/V tiles for f16 K/V (below); -D BLOCK_SG: the
- * sub-group variant (below); -D FLASH_NO_BLOCK leaves the kernel out (CPUs,
- * or no tile fits).
+ * -D BLOCK_HALF: half K/V tiles for f16 K/V, and with -D BLOCK_HALF_MATH
+ * half products in P V (below); -D BLOCK_SG: the sub-group variant
+ * (below); -D FLASH_NO_BLOCK leaves the kernel out (CPUs, or no tile fits).
  */
 #ifndef FLASH_NO_BLOCK
 #ifndef BLOCK_RM
@@ -57,6 +57,18 @@ typedef half kv_tile_t;
 #define KV_TILE_LOAD4(p) vload_half4(0, p)
 #define KV_TILE_STORE(x, p) vstore_half(x, 0, p)
 #define KV_TILE_FLOATS (BLOCK_N * KVS / 2)
+/* -D BLOCK_HALF_MATH (devices with cl_khr_fp16): P V multiplies in half,
+ * each weight rounded to half times the value as stored, and accumulates
+ * in f32; Q K^T stays f32, as the scores feed exp, where their absolute
+ * error counts (and half products of two values could overflow). A weight
+ * that rounds to 0 in half mixes nothing in. */
+#ifdef BLOCK_HALF_MATH
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#define BLOCK_PV_HALF
+/* element by element: libclc has no convert_float4(half4) (a call, and
+ * 16 KiB of scratch, on amdgcn) */
+static inline float4 block_widen4(half4 x) { return (float4)((float)x.x, (float)x.y, (float)x.z, (float)x.w); }
+#endif
 #else
 typedef float kv_tile_t;
 #define KV_TILE_LOAD4(p) vload4(0, p)
@@ -295,6 +307,17 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
     }
     /* P V: a zero weight mixes nothing in, even an Inf or NaN value */
     const bool guard = v_unsafe;
+#ifdef BLOCK_PV_HALF
+    for (int jj = 0; jj < BLOCK_N; jj++) {
+      half4 vv[BLOCK_CV / 4];
+      for (int g = 0; g < BLOCK_CV / 4; g++) vv[g] = vload4(0, my_v + jj * KVS + 4 * g);
+      for (int r = 0; r < BLOCK_RM; r++) {
+        const half p = (half)my_p[r * PS + jj]; /* round to nearest even */
+        if (guard && p == (half)0.0f) continue;
+        for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] += block_widen4((half4)(p) * vv[g]);
+      }
+    }
+#else
     for (int jj = 0; jj < BLOCK_N; jj++) {
       float4 vv[BLOCK_CV / 4];
       for (int g = 0; g < BLOCK_CV / 4; g++) vv[g] = KV_TILE_LOAD4(my_v + jj * KVS + 4 * g);
@@ -304,6 +327,7 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
         for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] = fma((float4)(p), vv[g], acc[r][g]);
       }
     }
+#endif
     barrier(CLK_LOCAL_MEM_FENCE); /* P and V consumed before the next tile */
   }
 

@@ -38,6 +38,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.block_rm = t.block_rn = 0; /* flash_block's tile per head dim (tl_flash_block) */
     t.flash_tile = 0;            /* flash_tiled's tile per head dim (tl_flash_tile) */
     t.block_sg = tl_block_sg(dev); /* when the work-group kernels are forced */
+    t.block_half_math = 0;
   } else {
     /* GPUs: 256 work-items per group in 16-wide rows (a half warp, a quarter
      * wavefront), so global reads of a row coalesce and local reads broadcast. */
@@ -57,6 +58,7 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.block_rm = t.block_rn = 0;         /* flash_block's tile per head dim (tl_flash_block) */
     t.flash_tile = 0;                    /* flash_tiled's tile per head dim (tl_flash_tile) */
     t.block_sg = tl_block_sg(dev);       /* IGC's own choice for flash_block, 8 lanes, on Intel's GPUs */
+    t.block_half_math = dev->fp16;       /* half products where the device has half arithmetic */
   }
   tl_clamp(&t, dev);
   return t;

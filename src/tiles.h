@@ -45,6 +45,8 @@ typedef struct {
                                        CLATTN_FLASH_TILE), a power of two up to 64; 0 = tl_flash_tile's choice */
   int block_sg;                     /* flash_block's sub-group variant: lanes per sub-group (8, 16 or 32)
                                        reducing a row's maxima and sums by shuffles; 0 = through local memory */
+  int block_half_math;              /* flash_block with f16 storage throughout and half tiles: P V
+                                       multiplied in half, accumulated in f32 (cl_khr_fp16) */
 } tl_tiles;
 
 /* Defaults from the device description, clamped to its limits. */

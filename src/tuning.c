@@ -228,6 +228,14 @@ static void apply_environment(clattn_context *ctx) {
    * (they need no cl_khr_fp16: vload_half/vstore_half are core OpenCL) */
   const char *half = getenv("CLATTN_BLOCK_HALF");
   if (half && *half) ctx->tiles.block_half = strcmp(half, "0") != 0;
+  /* CLATTN_BLOCK_HALF_MATH=1/0: half products in flash_block's P V (with
+   * the half tiles; devices with cl_khr_fp16 only) */
+  const char *half_math = getenv("CLATTN_BLOCK_HALF_MATH");
+  if (half_math && *half_math) {
+    ctx->tiles.block_half_math = strcmp(half_math, "0") != 0;
+    if (ctx->tiles.block_half_math && !ctx->caps.fp16)
+      env_ignored(ctx, "CLATTN_BLOCK_HALF_MATH = 1: the device reports no cl_khr_fp16 (no half arithmetic)");
+  }
   /* CLATTN_BLOCK_SG=0|8|16|32: flash_block's sub-group variant at that size
    * (one the device lets a kernel require), or 0 for local memory */
   const char *sg = getenv("CLATTN_BLOCK_SG");

@@ -128,10 +128,22 @@ static inline void ct_require_sub_groups(clattn_context *ctx) {
   exit(CT_SKIP);
 }
 
+/* Exits 77, saying why, when CLATTN_BLOCK_HALF_MATH=1 (flash_block's half
+ * products) asks for half arithmetic the device does not report. */
+static inline void ct_require_half_math(clattn_context *ctx) {
+  const char *want = getenv("CLATTN_BLOCK_HALF_MATH");
+  if (!want || strcmp(want, "1") != 0) return;
+  char ext[8192] = "";
+  clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_EXTENSIONS, sizeof ext, ext, NULL);
+  if (strstr(ext, "cl_khr_fp16")) return;
+  printf("skipped: CLATTN_BLOCK_HALF_MATH=1: this device reports no cl_khr_fp16 (no half arithmetic)\n");
+  exit(CT_SKIP);
+}
+
 /* The shared clattn context, created with defaults on first use. Exits 77
  * when there is no OpenCL device, when the device is not on
- * CLATTN_TEST_PLATFORM or cannot run CLATTN_BLOCK_SG's variant, and 1 when
- * creation fails otherwise. */
+ * CLATTN_TEST_PLATFORM or cannot run CLATTN_BLOCK_SG's or
+ * CLATTN_BLOCK_HALF_MATH's variant, and 1 when creation fails otherwise. */
 static inline clattn_context *ct_context(void) {
   if (ct_ctx) return ct_ctx;
   ct_teardown = ct_destroy_context;
@@ -147,6 +159,7 @@ static inline clattn_context *ct_context(void) {
   }
   ct_require_platform(ct_ctx);
   ct_require_sub_groups(ct_ctx);
+  ct_require_half_math(ct_ctx);
   return ct_ctx;
 }
 

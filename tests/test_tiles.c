@@ -84,7 +84,7 @@ static void small_device_is_clamped_to_its_limits(void) {
 
 static void oversized_tiles_shrink_to_fit(void) {
   tl_device d = amd_like();
-  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096, 0, 0, 0, 0, 0, 0};
+  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096, 0, 0, 0, 0, 0, 0, 0};
   CHECK(tl_clamp(&t, &d) == 0);
   check_fits(&t, &d, "clamped");
   CHECK(t.flash_bm <= 16 && (size_t)t.flash_wg <= d.max_wg);

@@ -4,7 +4,8 @@
 # libclc for AMD (gfx90a, gfx1100: ld.lld -shared) and NVIDIA (sm_80, and
 # the fused programs for sm_90: PTX, then ptxas where the CUDA toolkit is
 # present), and with Intel's ocloc (tools/scripts/ocloc.sh: Debian's
-# intel-opencl-icd) for Intel Xe-LP (tgllp) and Xe-HPG (dg2: acm-g10), and
+# intel-opencl-icd) for Intel Xe-HPG (dg2: acm-g10) and the fused programs
+# for Xe-LP (tgllp), and
 # prints per kernel and target: registers, spills, scratch or stack bytes
 # per work-item, local memory and occupancy. A program that does not compile
 # or link fails the run: that is what a clang-based GPU driver (or Intel's)
@@ -88,8 +89,9 @@ for t in "${targets[@]}"; do
   read -r target profile flags <<<"$t"
   mkdir -p "$work/$target"
   "$build/tests/gpu_programs" "$profile" "$work/$target" || exit 1
-  # sm_90: the fused programs only (the gate's kernels; the rest as sm_80)
-  [ "$target" = sm_90 ] && find "$work/$target" -type f ! -name 'flash-*' -delete
+  # sm_90 and tgllp: the fused programs only (the gate's kernels; the rest
+  # as sm_80, and as dg2: IGC takes a minute and more per backward program)
+  [ "$target" = sm_90 ] || [ "$target" = tgllp ] && find "$work/$target" -type f ! -name 'flash-*' -delete
   echo "$flags" >"$work/$target/flags"
 done
 
