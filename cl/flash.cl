@@ -210,12 +210,17 @@ static inline void flash_store_cols(const float4 *acc, int c0, int n, bool lead,
   const flash_final f = flash_finish(m, l, sink, n_splits);
   const ulong part = n_splits > 1 ? flash_part_row(b, h, i, q_heads, kv_heads, q_len, split) : 0;
   for (int g = 0; g < n / 4; g++) {
-    const float e[4] = {acc[g].x * f.inv, acc[g].y * f.inv, acc[g].z * f.inv, acc[g].w * f.inv};
+    /* the four columns by name, not through an array a loop with an exit
+     * indexes (16-bit stores: IGC kept it in scratch memory, ocloc) */
+    const float4 e = acc[g] * f.inv;
+#pragma unroll
     for (int u = 0; u < 4; u++) {
       const int c = c0 + 4 * g + u;
-      if (c >= DV) break;
-      if (n_splits > 1) part_o[part * DV + c] = e[u];
-      else ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), e[u]);
+      const float x = u == 0 ? e.x : u == 1 ? e.y : u == 2 ? e.z : e.w;
+      if (c < DV) {
+        if (n_splits > 1) part_o[part * DV + c] = x;
+        else ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), x);
+      }
     }
   }
   if (!lead) return;

@@ -26,8 +26,9 @@
  * (BLOCK_M = 16 BLOCK_RM, BLOCK_N = 8 BLOCK_RN), chosen by tl_flash_block
  * (src/tiles.c), which also counts the local memory, and stepped down by
  * src/registry.c when the built kernel cannot run its group or spills;
- * -D BLOCK_HALF: half K/V tiles for f16 K/V (below); -D FLASH_NO_BLOCK
- * leaves the kernel out (CPUs, or no tile fits).
+ * -D BLOCK_HALF: half K/V tiles for f16 K/V, and with -D BLOCK_HALF_MATH
+ * half products in P V (below); -D BLOCK_SG: the sub-group variant
+ * (below); -D FLASH_NO_BLOCK leaves the kernel out (CPUs, or no tile fits).
  */
 #ifndef FLASH_NO_BLOCK
 #ifndef BLOCK_RM
@@ -56,6 +57,18 @@ typedef half kv_tile_t;
 #define KV_TILE_LOAD4(p) vload_half4(0, p)
 #define KV_TILE_STORE(x, p) vstore_half(x, 0, p)
 #define KV_TILE_FLOATS (BLOCK_N * KVS / 2)
+/* -D BLOCK_HALF_MATH (devices with cl_khr_fp16): P V multiplies in half,
+ * each weight rounded to half times the value as stored, and accumulates
+ * in f32; Q K^T stays f32, as the scores feed exp, where their absolute
+ * error counts (and half products of two values could overflow). A weight
+ * that rounds to 0 in half mixes nothing in. */
+#ifdef BLOCK_HALF_MATH
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#define BLOCK_PV_HALF
+/* element by element: libclc has no convert_float4(half4) (a call, and
+ * 16 KiB of scratch, on amdgcn) */
+static inline float4 block_widen4(half4 x) { return (float4)((float)x.x, (float)x.y, (float)x.z, (float)x.w); }
+#endif
 #else
 typedef float kv_tile_t;
 #define KV_TILE_LOAD4(p) vload4(0, p)
@@ -63,13 +76,39 @@ typedef float kv_tile_t;
 #define KV_TILE_FLOATS (BLOCK_N * KVS)
 #endif
 
-__kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(FLASH_KERNEL_ARGS) {
+/* -D BLOCK_SG=8|16|32 (devices with cl_intel_subgroups that let a kernel
+ * require its sub-group size, src/device.c): the group runs as sub-groups
+ * of BLOCK_SG consecutive work-items, so a row's BLOCK_TX = 8 work-items
+ * are lanes 8k .. 8k+7 of one sub-group, and its tile maxima and sums are
+ * reduced by xor shuffles among them (every lane gets the same value:
+ * fmax and + are commutative) instead of through local memory and a loop
+ * over the partials. */
+#ifdef BLOCK_SG
+#if BLOCK_SG % BLOCK_TX != 0
+#error "BLOCK_SG must be a multiple of BLOCK_TX (8)"
+#endif
+#define BLOCK_SG_SIZE __attribute__((intel_reqd_sub_group_size(BLOCK_SG)))
+static inline float block_row_max(float x) {
+  for (uint lane_bit = 1; lane_bit < BLOCK_TX; lane_bit *= 2) x = fmax(x, intel_sub_group_shuffle_xor(x, lane_bit));
+  return x;
+}
+static inline float block_row_sum(float x) {
+  for (uint lane_bit = 1; lane_bit < BLOCK_TX; lane_bit *= 2) x += intel_sub_group_shuffle_xor(x, lane_bit);
+  return x;
+}
+#else
+#define BLOCK_SG_SIZE
+#endif
+
+__kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE void flash_block(FLASH_KERNEL_ARGS) {
   /* Q and the K/V tile in one array: the compiler cannot then prove the Q
    * tile unchanged across key tiles and hoist it into registers (gfx1100
    * spilled a whole Q row at rm = 1). */
   __local float qkv_tiles[BLOCK_M * QS + KV_TILE_FLOATS];
   __local float p_tile[BLOCK_M * PS];
+#ifndef BLOCK_SG
   __local float row_max[BLOCK_M * BLOCK_TX], row_sum[BLOCK_M * BLOCK_TX];
+#endif
   __local int row_h[BLOCK_M], row_i[BLOCK_M], row_live[BLOCK_M];
   __local int2 row_keys[BLOCK_M];
   __local int range[4];
@@ -85,8 +124,10 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
   __local const kv_tile_t *const my_k = kv_tile + tx * BLOCK_RN * KVS; /* its keys of the K tile */
   __local const kv_tile_t *const my_v = kv_tile + tx * BLOCK_CV;       /* its columns of the V tile */
   __local float *const my_p = p_tile + ty * BLOCK_RM * PS;             /* its rows of P */
+#ifndef BLOCK_SG
   __local float *const my_max = row_max + ty * BLOCK_RM * BLOCK_TX;    /* its rows' partial maxima */
   __local float *const my_sum = row_sum + ty * BLOCK_RM * BLOCK_TX;    /* and sums */
+#endif
   const int rows_per_kv = group * q_len;
   const int t0 = get_group_id(0) * BLOCK_M;
   const int bhk = get_global_id(1);
@@ -205,10 +246,15 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
       for (int r = 0; r < BLOCK_RM; r++)
         for (int c = 0; c < BLOCK_RN; c++) s[r][c] = my_p[r * PS + tx * BLOCK_RN + c];
     }
+    float row_tile_max[BLOCK_RM]; /* the rows' maxima over the tile */
     for (int r = 0; r < BLOCK_RM; r++) {
       float tile_max = -INFINITY;
       for (int c = 0; c < BLOCK_RN; c++) tile_max = fmax(tile_max, s[r][c]);
+#ifdef BLOCK_SG
+      row_tile_max[r] = block_row_max(tile_max);
+#else
       my_max[r * BLOCK_TX + tx] = tile_max;
+#endif
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* maxima written; the K tile is consumed */
 
@@ -222,9 +268,14 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
       if (!isfinite(x)) v_unsafe = 1;
     }
     float alpha[BLOCK_RM];
+    float row_part[BLOCK_RM]; /* this work-item's share of the rows' sums */
     for (int r = 0; r < BLOCK_RM; r++) {
+#ifdef BLOCK_SG
+      const float tile_max = row_tile_max[r];
+#else
       float tile_max = -INFINITY;
       for (int x = 0; x < BLOCK_TX; x++) tile_max = fmax(tile_max, my_max[r * BLOCK_TX + x]);
+#endif
       const float m_new = fmax(m[r], tile_max);
       const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
       alpha[r] = exp(m[r] - m_safe);
@@ -235,18 +286,38 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
         my_p[r * PS + tx * BLOCK_RN + c] = p;
         part += p;
       }
+#ifdef BLOCK_SG
+      row_part[r] = block_row_sum(part);
+#else
+      row_part[r] = part;
       my_sum[r * BLOCK_TX + tx] = part;
+#endif
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* weights, sums and the V tile are in place */
 
     for (int r = 0; r < BLOCK_RM; r++) {
+#ifdef BLOCK_SG
+      const float tile_sum = row_part[r];
+#else
       float tile_sum = 0.0f;
       for (int x = 0; x < BLOCK_TX; x++) tile_sum += my_sum[r * BLOCK_TX + x];
+#endif
       l[r] = l[r] * alpha[r] + tile_sum;
       for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] *= alpha[r];
     }
     /* P V: a zero weight mixes nothing in, even an Inf or NaN value */
     const bool guard = v_unsafe;
+#ifdef BLOCK_PV_HALF
+    for (int jj = 0; jj < BLOCK_N; jj++) {
+      half4 vv[BLOCK_CV / 4];
+      for (int g = 0; g < BLOCK_CV / 4; g++) vv[g] = vload4(0, my_v + jj * KVS + 4 * g);
+      for (int r = 0; r < BLOCK_RM; r++) {
+        const half p = (half)my_p[r * PS + jj]; /* round to nearest even */
+        if (guard && p == (half)0.0f) continue;
+        for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] += block_widen4((half4)(p) * vv[g]);
+      }
+    }
+#else
     for (int jj = 0; jj < BLOCK_N; jj++) {
       float4 vv[BLOCK_CV / 4];
       for (int g = 0; g < BLOCK_CV / 4; g++) vv[g] = KV_TILE_LOAD4(my_v + jj * KVS + 4 * g);
@@ -256,6 +327,7 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) void flash_block(
         for (int g = 0; g < BLOCK_CV / 4; g++) acc[r][g] = fma((float4)(p), vv[g], acc[r][g]);
       }
     }
+#endif
     barrier(CLK_LOCAL_MEM_FENCE); /* P and V consumed before the next tile */
   }
 

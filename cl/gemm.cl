@@ -12,15 +12,21 @@
  *   dequantised into dense f32 [B, Hkv, N, D], keys past kv_lens and keys
  *   whose page is outside the pool zeroed.
  *   NDRange: (D, N, B * Hkv); any work-group shape.
+ * gemm_finite_values: makes the GEMM's dense copy of V finite in place
+ *   (a non-finite element becomes 0) and flags each such key row in
+ *   `bad`: O = A V then multiplies no zero weight by a NaN or an Inf, and a
+ *   disallowed key's value cannot change the GEMM's sums, whatever order
+ *   the GEMM adds them in.
+ *   NDRange: (key rows of the copy); any work-group shape.
  * gemm_mask_scores: turns raw dot products into scores in place:
  *   s = scale * s + bias for allowed keys, -INFINITY otherwise (whatever the
  *   dot product was: NaN from a disallowed key stays out).
  *   NDRange: (N, rows, heads in the chunk); any work-group shape.
  * gemm_store_rows: copies a chunk of O rows from scratch to the out view.
- *   A row the GEMM made non-finite is recomputed as sum over nonzero a_j of
- *   a_j v_j: a GEMM multiplies a zero weight by a NaN value and gets NaN,
- *   which a disallowed candidate must never cause. A row that is NaN for a
- *   real reason (an allowed NaN) comes out NaN again.
+ *   A row with a nonzero weight on a flagged key (an allowed non-finite
+ *   value, zeroed in the copy) or that the GEMM made non-finite is
+ *   recomputed from the values as stored, as sum over nonzero a_j of
+ *   a_j v_j: an allowed NaN comes out NaN, a disallowed one never counts.
  *   NDRange: (rows, heads in the chunk); any work-group shape.
  */
 
@@ -50,6 +56,19 @@ __kernel void gemm_kv_gather(__global const kv_t *src, ulong src_off, ulong4 src
       s < sq.keys ? ca_kv_get(src, src_off, src_st, scale, sc_off, sc_st, b, h, sq.k0 + s, c, CA_PAGE_PASS) : 0.0f;
 }
 
+__kernel void gemm_finite_values(__global float *v, int width, ulong rows, __global uchar *bad) {
+  const ulong r = get_global_id(0);
+  if (r >= rows) return;
+  __global float *row = v + r * (ulong)width;
+  uchar any = 0;
+  for (int c = 0; c < width; c++)
+    if (!isfinite(row[c])) {
+      row[c] = 0.0f;
+      any = 1;
+    }
+  bad[r] = any;
+}
+
 __kernel void gemm_mask_scores(__global float *scores,
                                __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                                __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
@@ -72,7 +91,7 @@ __kernel void gemm_mask_scores(__global float *scores,
 }
 
 __kernel void gemm_store_rows(__global const float *o_rows, __global const float *probs,
-                              __global const kv_t *v, ulong v_off, ulong4 v_st,
+                              __global const kv_t *v, ulong v_off, ulong4 v_st, __global const uchar *v_bad,
                               CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int group, int q_len, int kv_len, int value_dim, int bh0,
                               int i0, int rows, __global store_t *out, ulong out_off, ulong4 out_st) {
   const int r = get_global_id(0), g = get_global_id(1);
@@ -83,13 +102,15 @@ __kernel void gemm_store_rows(__global const float *o_rows, __global const float
   const long out_row = sq.q0 + i;
   const ulong row = (ulong)g * (ulong)rows + (ulong)r;
   __global const float *o = o_rows + row * (ulong)value_dim;
-  bool finite = true;
-  for (int c = 0; c < value_dim; c++) finite = finite && isfinite(o[c]);
-  if (finite) {
+  __global const float *a = probs + row * (ulong)kv_len;
+  __global const uchar *bad = v_bad + ((ulong)b * (ulong)(q_heads / group) + (ulong)hk) * (ulong)kv_len;
+  bool exact = true; /* the GEMM's row is the row */
+  for (int j = 0; j < sq.keys; j++) exact = exact && !(bad[j] && a[j] != 0.0f);
+  for (int c = 0; c < value_dim; c++) exact = exact && isfinite(o[c]);
+  if (exact) {
     for (int c = 0; c < value_dim; c++) ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), o[c]);
     return;
   }
-  __global const float *a = probs + row * (ulong)kv_len;
   for (int c = 0; c < value_dim; c++) {
     float acc = 0.0f;
     for (int j = 0; j < sq.keys; j++)

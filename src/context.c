@@ -41,12 +41,16 @@ static void describe(clattn_context *ctx) {
   ca_device_string(ctx->device, CL_DRIVER_VERSION, driver, sizeof driver);
   const tl_device *c = &ctx->caps;
   const tl_tiles *t = &ctx->tiles;
-  char fused[256];
+  char fused[320], sg[80] = "";
+  if (t->block_sg) snprintf(sg, sizeof sg, "; row maxima and sums by shuffles in sub-groups of %d", t->block_sg);
+  const char *half = !t->block_half                     ? ""
+                     : t->block_half_math && c->fp16 ? "; f16 K/V tiles as half, P V in half products"
+                                                        : "; f16 K/V tiles as half";
   if (t->flash_wg > 0 && ctx->flash_block)
     snprintf(fused, sizeof fused,
-             "flash_block (16 rm rows x 8 rn keys per group of 128, the tile per head dim%s), flash_tiled (%d rows "
+             "flash_block (16 rm rows x 8 rn keys per group of 128, the tile per head dim%s%s), flash_tiled (%d rows "
              "per work-group) for route diagnostics and additive scoring",
-             t->block_half ? "; f16 K/V tiles as half" : "", t->flash_wg);
+             half, sg, t->flash_wg);
   else if (t->flash_wg > 0)
     snprintf(fused, sizeof fused, "flash_tiled, %d rows per work-group, K/V tiles in local memory", t->flash_wg);
   else

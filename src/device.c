@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <CL/cl_ext.h>
+
 #include "internal.h"
 
 #ifndef CL_PLATFORM_NOT_FOUND_KHR
@@ -38,6 +40,18 @@ static int has_word(const char *list, const char *word) {
   return 0;
 }
 
+typedef struct {
+  cl_int err;
+  const char *what;
+} query_failure;
+
+/* Whether a query succeeded; the first failure is kept in *first. */
+static int query_ok(cl_int err, const char *what, query_failure *first) {
+  if (err == CL_SUCCESS) return 1;
+  if (first->err == CL_SUCCESS) *first = (query_failure){err, what};
+  return 0;
+}
+
 static clattn_status pick_device(const char *match, cl_platform_id *platform, cl_device_id *device) {
   cl_platform_id platforms[16];
   cl_uint n_platforms = 0;
@@ -48,24 +62,29 @@ static clattn_status pick_device(const char *match, cl_platform_id *platform, cl
   if (n_platforms > 16) n_platforms = 16;
 
   int found = 0;
-  cl_int first_err = CL_SUCCESS; /* a platform that failed for another reason than having no device */
+  /* the first query that failed for another reason than having no device,
+   * reported when nothing is found (a name that cannot be read matches nothing) */
+  query_failure failed = {CL_SUCCESS, ""};
   for (int want_gpu = 1; want_gpu >= 0 && !found; want_gpu--) {
     for (cl_uint p = 0; p < n_platforms && !found; p++) {
       cl_device_id devices[16];
       cl_uint n = 0;
       err = clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, 16, devices, &n);
-      if (err != CL_SUCCESS) {
-        if (err != CL_DEVICE_NOT_FOUND && first_err == CL_SUCCESS) first_err = err;
-        continue;
-      }
+      if (err == CL_DEVICE_NOT_FOUND || !query_ok(err, "clGetDeviceIDs", &failed)) continue;
       if (n > 16) n = 16;
-      char pname[256];
-      ca_platform_string(platforms[p], CL_PLATFORM_NAME, pname, sizeof pname);
+      char pname[256] = "";
+      if (match && !query_ok(clGetPlatformInfo(platforms[p], CL_PLATFORM_NAME, sizeof pname, pname, NULL),
+                             "clGetPlatformInfo(CL_PLATFORM_NAME)", &failed))
+        continue;
       for (cl_uint d = 0; d < n && !found; d++) {
-        char dname[256];
+        char dname[256] = "";
         cl_device_type type = 0;
-        ca_device_string(devices[d], CL_DEVICE_NAME, dname, sizeof dname);
-        clGetDeviceInfo(devices[d], CL_DEVICE_TYPE, sizeof type, &type, NULL);
+        if (match && !query_ok(clGetDeviceInfo(devices[d], CL_DEVICE_NAME, sizeof dname, dname, NULL),
+                               "clGetDeviceInfo(CL_DEVICE_NAME)", &failed))
+          continue;
+        if (!query_ok(clGetDeviceInfo(devices[d], CL_DEVICE_TYPE, sizeof type, &type, NULL),
+                      "clGetDeviceInfo(CL_DEVICE_TYPE)", &failed))
+          continue;
         int ok = match ? (contains_nocase(pname, match) || contains_nocase(dname, match))
                        : (!want_gpu || (type & CL_DEVICE_TYPE_GPU));
         if (ok) {
@@ -77,7 +96,7 @@ static clattn_status pick_device(const char *match, cl_platform_id *platform, cl
     }
     if (match) break; /* a match is searched once, over every device */
   }
-  if (!found && first_err != CL_SUCCESS) return ca_cl_fail(first_err, "clGetDeviceIDs");
+  if (!found && failed.err != CL_SUCCESS) return ca_cl_fail(failed.err, failed.what);
   if (!found)
     return match
                ? ca_fail(CLATTN_ERR_NO_DEVICE, "no OpenCL device matches \"%s\" (CLATTN_DEVICE or device_match)", match)
@@ -137,7 +156,14 @@ clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *ma
   cl_int err = clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, ext_size, ext, NULL);
   ext[err == CL_SUCCESS ? ext_size : 0] = '\0';
   caps->fp16 = has_word(ext, "cl_khr_fp16");
+  const int sub_groups = has_word(ext, "cl_intel_subgroups") && has_word(ext, "cl_intel_required_subgroup_size");
   free(ext);
+  if (sub_groups) { /* a failed query leaves none: the kernels then reduce through local memory */
+    size_t sizes[16], bytes = 0;
+    if (clGetDeviceInfo(device, CL_DEVICE_SUB_GROUP_SIZES_INTEL, sizeof sizes, sizes, &bytes) == CL_SUCCESS)
+      for (size_t i = 0; i < bytes / sizeof sizes[0]; i++)
+        if (sizes[i] >= 1 && sizes[i] <= 64 && (sizes[i] & (sizes[i] - 1)) == 0) caps->sg_sizes |= (cl_uint)sizes[i];
+  }
   CA_CHECK_CL(st, err, "clGetDeviceInfo(CL_DEVICE_EXTENSIONS)");
 fail:
   return st;

@@ -4,16 +4,19 @@
  *   gemm_mask_scores      scale, bias, mask, window, kv_lens -> -inf
  *   softmax_rows          softmax.cl's row softmax (A, lse, weights)
  *   O = A V               CLBlast strided batched SGEMM into scratch
- *   gemm_store_rows       O to the out view, recomputing any row a 0 x NaN
- *                         product poisoned
+ *   gemm_store_rows       O to the out view, recomputing any row with an
+ *                         allowed non-finite value
  * Views with a column stride other than 1 (or rows shorter than a row) are
- * copied dense first (so are 16-bit storage and packed sequences, in f32);
- * with kv_lens, V is copied with the padding rows zeroed so uninitialised
- * cache memory never meets the GEMM. Paged or quantised K/V (or K/V stored
+ * copied dense first (so are 16-bit storage and packed sequences, in f32).
+ * V is always copied, padding rows zeroed and non-finite values zeroed and
+ * flagged (gemm_finite_values): a GEMM adds in an order of its own, so a
+ * row recomputed because a zero weight met a NaN would differ in rounding
+ * from the same row without it. Paged or quantised K/V (or K/V stored
  * otherwise than q) are gathered through the block table and dequantised
  * into dense f32 scratch (gemm_kv_gather); keys on pages outside the pool
  * are masked out of the scores.
  */
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,10 +43,15 @@ typedef struct {
 } operand;
 
 /* Whether a [B, H, S, D] view is an f32 row-major matrix per (b, h) as it
- * is; anything else (16-bit storage, packed sequences) is copied dense, in
- * f32, first. */
-static int gemm_ready(const clattn_params *p, const clattn_tensor *t, int width) {
-  return p->dtype == CLATTN_F32 && !p->cu_seqlens_q && t->stride[3] == 1 && t->stride[2] >= (size_t)width;
+ * is, every element below 2^31 (CLBlast's kernels take element offsets as
+ * int: a view further into a large buffer, which POCL's 2 GiB allocations
+ * never allow and Intel's runtime's do, read elsewhere); anything else
+ * (16-bit storage, packed sequences) is copied dense, in f32, first. */
+static int gemm_ready(const clattn_params *p, const clattn_tensor *t, int heads, int len, int width) {
+  const size_t last = t->offset + (size_t)(p->batch - 1) * t->stride[0] + (size_t)(heads - 1) * t->stride[1] +
+                      (size_t)(len - 1) * t->stride[2] + (size_t)(width - 1);
+  return p->dtype == CLATTN_F32 && !p->cu_seqlens_q && t->stride[3] == 1 && t->stride[2] >= (size_t)width &&
+         last <= INT_MAX;
 }
 
 /* A dense f32 copy [batch, heads, len, width] in scratch buf, as an operand. */
@@ -110,6 +118,26 @@ static clattn_status dense_copy(clattn_context *ctx, const clattn_params *p, con
   const size_t global[3] = {(size_t)width, (size_t)len, (size_t)p->batch * (size_t)heads};
   if ((st = ca_args_done(&a)) == CLATTN_OK)
     st = ca_enqueue(ctx, kernel, "gemm_dense_copy", 3, global, NULL, n_wait, wait, prev);
+  ca_kernel_give(ctx, kernel);
+  return st;
+}
+
+/* Enqueues gemm_finite_values over the dense V copy (rows of value_dim):
+ * non-finite values zeroed, their rows flagged in the byte buffer bad. */
+static clattn_status finite_values(clattn_context *ctx, cl_program core, const clattn_params *p, size_t rows,
+                                   cl_mem v, cl_uint n_wait, const cl_event *wait, cl_event *prev, cl_mem bad) {
+  cl_kernel kernel = NULL;
+  clattn_status st;
+  if ((st = ca_kernel_take(ctx, core, "gemm_finite_values", &kernel))) goto fail;
+  ca_args a = {kernel, "gemm_finite_values", 0, 0, CL_SUCCESS, NULL};
+  ca_arg_mem(&a, v);
+  ca_arg_int(&a, p->value_dim);
+  const cl_ulong n = rows;
+  ca_arg(&a, sizeof n, &n);
+  ca_arg_mem(&a, bad);
+  if ((st = ca_args_done(&a))) goto fail;
+  st = ca_enqueue(ctx, kernel, "gemm_finite_values", 1, &rows, NULL, n_wait, wait, prev);
+fail:
   ca_kernel_give(ctx, kernel);
   return st;
 }
@@ -275,7 +303,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
                               const cl_event *wait, cl_event *done) {
   clattn_status st = CLATTN_OK;
   cl_kernel mask = NULL, softmax = NULL, store = NULL;
-  cl_mem scores = NULL, o_rows = NULL, empty_flag = NULL, q_copy = NULL, k_copy = NULL, v_copy = NULL;
+  cl_mem scores = NULL, o_rows = NULL, empty_flag = NULL, q_copy = NULL, k_copy = NULL, v_copy = NULL, v_bad = NULL;
   cl_event prev = NULL;
   size_t *offsets = NULL;
   const int pairs = p->batch * p->q_heads;
@@ -290,13 +318,12 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
   const int additive = p->score == CLATTN_SCORE_ADDITIVE;
   /* K/V paged or stored otherwise than q: gathered and dequantised into scratch */
   const int kv_stored = plan->paged || plan->kv_dtype != p->dtype;
-  const int copy_q = !additive && !gemm_ready(p, &p->q, p->head_dim);
-  const int copy_k = !additive && (kv_stored || !gemm_ready(p, &p->k, p->head_dim));
-  /* V with kv_lens too: the copy zeroes what a GEMM must not see */
-  const int copy_v = kv_stored || !gemm_ready(p, &p->v, p->value_dim) || plan->has_kv_lens;
+  const int copy_q = !additive && !gemm_ready(p, &p->q, p->q_heads, p->q_len, p->head_dim);
+  const int copy_k = !additive && (kv_stored || !gemm_ready(p, &p->k, p->kv_heads, p->kv_len, p->head_dim));
   const size_t q_floats = (size_t)pairs * p->q_len * p->head_dim;
   const size_t k_floats = (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
-  const size_t v_floats = (size_t)p->batch * p->kv_heads * p->kv_len * p->value_dim;
+  const size_t v_rows = (size_t)p->batch * p->kv_heads * p->kv_len;
+  const size_t v_floats = v_rows * p->value_dim; /* V is always copied: what a GEMM must not see zeroed */
   size_t score_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len;
   size_t o_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->value_dim;
   /* every buffer before the first command, which waits for their last uses */
@@ -310,8 +337,9 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       (copy_q && (st = ca_scratch_take(ctx, q_floats * sizeof(float), "GEMM dense copy of q", &deps, &q_copy))) ||
       (copy_k && (st = ca_scratch_take(ctx, k_floats * sizeof(float), kv_stored ? "GEMM K gather" : "GEMM dense copy of k",
                                        &deps, &k_copy))) ||
-      (copy_v && (st = ca_scratch_take(ctx, v_floats * sizeof(float), kv_stored ? "GEMM V gather" : "GEMM dense copy of v",
-                                       &deps, &v_copy))) ||
+      (st = ca_scratch_take(ctx, v_floats * sizeof(float), kv_stored ? "GEMM V gather" : "GEMM dense copy of v", &deps,
+                            &v_copy)) ||
+      (st = ca_scratch_take(ctx, v_rows, "GEMM value flags", &deps, &v_bad)) ||
       (st = ca_deps_list(&deps, &n_wait, &wait)))
     goto fail;
   offsets = malloc((size_t)chunk.heads * 3 * sizeof(size_t));
@@ -329,16 +357,14 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       goto fail;
     k = dense_operand(k_copy, p->kv_heads, p->kv_len, p->head_dim);
   }
-  if (copy_v) {
-    if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->v, &p->v_scale, p->value_dim, n_wait, wait, &prev, v_copy)
-                        : dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, v_copy)))
-      goto fail;
-    v = dense_operand(v_copy, p->kv_heads, p->kv_len, p->value_dim);
-  }
-  ca_note_scratch(ctx, (score_floats + o_floats + (copy_q ? q_floats : 0) + (copy_k ? k_floats : 0) +
-                        (copy_v ? v_floats : 0)) *
+  if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->v, &p->v_scale, p->value_dim, n_wait, wait, &prev, v_copy)
+                      : dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, v_copy)) ||
+      (st = finite_values(ctx, core, p, v_rows, v_copy, n_wait, wait, &prev, v_bad)))
+    goto fail;
+  v = dense_operand(v_copy, p->kv_heads, p->kv_len, p->value_dim);
+  ca_note_scratch(ctx, (score_floats + o_floats + (copy_q ? q_floats : 0) + (copy_k ? k_floats : 0) + v_floats) *
                                sizeof(float) +
-                           sizeof(cl_int));
+                           v_rows + sizeof(cl_int));
 
   /* Step by what was done, not by the chunk: i0 + chunk.rows can pass INT_MAX. */
   for (int bh0 = 0, heads; bh0 < pairs; bh0 += heads) {
@@ -368,6 +394,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       ca_arg_mem(&o, o_rows);
       ca_arg_mem(&o, scores);
       ca_arg_view(&o, &p->v);
+      ca_arg_mem(&o, v_bad);
       ca_arg_seq(&o, p);
       ca_arg_kv(&o, p);
       ca_arg_int(&o, p->q_heads);
@@ -391,7 +418,7 @@ fail:;
   ca_kernel_give(ctx, softmax);
   ca_kernel_give(ctx, store);
   free(offsets);
-  const cl_mem held[] = {scores, o_rows, q_copy, k_copy, v_copy};
+  const cl_mem held[] = {scores, o_rows, q_copy, k_copy, v_copy, v_bad};
   for (size_t i = 0; i < sizeof held / sizeof held[0]; i++) ca_scratch_give(ctx, held[i], used);
   ca_flag_give(ctx, empty_flag, 0, used);
   ca_deps_release(&deps);

@@ -77,10 +77,16 @@ void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_di
   if (tiles->flash_wg > 0) /* flash_tiled's key tile */
     at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_TILE=%d",
                    tl_flash_tile(dev, head_dim, value_dim, tiles->flash_tile));
-  if (blk)
+  if (blk) {
     at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_RM=%d -D BLOCK_RN=%d%s", blk->rm,
                    blk->rn, tiles->block_half ? " -D BLOCK_HALF" : "");
-  else
+    if (tiles->block_sg)
+      at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_SG=%d", tiles->block_sg);
+    /* f16 throughout: q and out in f32 ask for f32's accuracy */
+    const clattn_dtype kv = kv_dtype == CLATTN_DTYPE_SAME ? dtype : kv_dtype;
+    if (tiles->block_half && tiles->block_half_math && dtype == CLATTN_F16 && kv == CLATTN_F16 && dev->fp16)
+      at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_HALF_MATH");
+  } else
     at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_NO_BLOCK");
   /* flash_decode likewise: the work-group kernels, and a key tile that fits */
   const int decode_keys = tiles->flash_wg > 0 ? tl_decode_keys(dev, head_dim, value_dim) : 0;

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <CL/cl_ext.h>
+
 #include "program_text.h"
 #include "internal.h"
 
@@ -132,8 +134,8 @@ static clattn_status program_entry(struct ca_fused_program **table, int *n, int 
 
 /* Whether kernel `name` of a built program can run as built: `items`
  * work-items per group (a GPU compiler may allow fewer: registers) and at
- * most private_max bytes of private memory per work-item (a GPU's spilled
- * registers). Asked once per program, when it is built. */
+ * most private_max bytes of private memory and spills per work-item (a
+ * GPU's spilled registers). Asked once per program, when it is built. */
 static int kernel_runs(clattn_context *ctx, cl_program program, const char *name, size_t items, cl_ulong private_max) {
   cl_kernel kernel = NULL;
   size_t max_items = 0;
@@ -144,6 +146,12 @@ static int kernel_runs(clattn_context *ctx, cl_program program, const char *name
   if (err == CL_SUCCESS)
     err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_PRIVATE_MEM_SIZE, sizeof private_bytes,
                                    &private_bytes, NULL);
+  /* Intel's drivers count spilled registers apart (cl_intel_required_subgroup_size) */
+  cl_ulong spill_bytes = 0;
+  if (err == CL_SUCCESS && ctx->caps.sg_sizes &&
+      clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_SPILL_MEM_SIZE_INTEL, sizeof spill_bytes, &spill_bytes,
+                               NULL) == CL_SUCCESS)
+    private_bytes += spill_bytes;
   clReleaseKernel(kernel);
   return err == CL_SUCCESS && max_items >= items && private_bytes <= private_max;
 }

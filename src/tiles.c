@@ -12,6 +12,12 @@ static int floor_pow2(size_t x) {
 
 static int is_cpu(const tl_device *dev) { return (dev->type & CL_DEVICE_TYPE_CPU) != 0; }
 
+int tl_block_sg(const tl_device *dev) {
+  for (int lanes = 8; lanes <= 32; lanes *= 2)
+    if (dev->sg_sizes & (cl_uint)lanes) return lanes;
+  return 0;
+}
+
 tl_tiles tl_choose(const tl_device *dev) {
   tl_tiles t;
   if (is_cpu(dev)) {
@@ -31,6 +37,8 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.block_half = 0;
     t.block_rm = t.block_rn = 0; /* flash_block's tile per head dim (tl_flash_block) */
     t.flash_tile = 0;            /* flash_tiled's tile per head dim (tl_flash_tile) */
+    t.block_sg = tl_block_sg(dev); /* when the work-group kernels are forced */
+    t.block_half_math = 0;
   } else {
     /* GPUs: 256 work-items per group in 16-wide rows (a half warp, a quarter
      * wavefront), so global reads of a row coalesce and local reads broadcast. */
@@ -49,6 +57,8 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.block_half = dev->fp16;            /* a device with half arithmetic converts half loads natively */
     t.block_rm = t.block_rn = 0;         /* flash_block's tile per head dim (tl_flash_block) */
     t.flash_tile = 0;                    /* flash_tiled's tile per head dim (tl_flash_tile) */
+    t.block_sg = tl_block_sg(dev);       /* IGC's own choice for flash_block, 8 lanes, on Intel's GPUs */
+    t.block_half_math = dev->fp16;       /* half products where the device has half arithmetic */
   }
   tl_clamp(&t, dev);
   return t;
@@ -126,7 +136,12 @@ int tl_block_budget(const tl_device *dev) {
    * spill at d=64, 1 x 4 at d=64 (4 + 8 floats) does not; at d=128 1 x 4
    * (4 + 16) spills with f16 storage, 1 x 2 (2 + 16) does not. */
   const int rdna = dev->vendor_id == TL_VENDOR_AMD && dev->pref_multiple == 32;
-  return rdna ? 18 : 48;
+  /* Intel's Xe GPUs (ocloc, tgllp and dg2): IGC compiles flash_block for
+   * 8 lanes per hardware thread of 128 registers, and it spilled 4 x 4 at
+   * d=64 and 2 x 4 at d=128 (tgllp), 2 x 4 at d=64 (dg2); 1 x 4 at d=64
+   * and d=128 (4 + 8, 4 + 16 floats) did not. */
+  const int intel = dev->vendor_id == TL_VENDOR_INTEL && (dev->type & CL_DEVICE_TYPE_GPU);
+  return rdna ? 18 : intel ? 20 : 48;
 }
 
 static const tl_block choices[] = {{4, 4}, {2, 4}, {1, 4}, {1, 2}, {1, 1}}; /* largest first */

@@ -23,6 +23,8 @@ typedef struct {
   cl_uint address_bits;     /* CL_DEVICE_ADDRESS_BITS: 32 or 64; 0 = not known */
   cl_uint vec_float_pref;   /* CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT; 0 = not known */
   cl_uint vec_float_native; /* CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT; 0 = not known */
+  cl_uint sg_sizes;         /* sub-group sizes a kernel may require (cl_intel_subgroups with
+                               cl_intel_required_subgroup_size): bit k = 2^k lanes; 0 = none */
 } tl_device;
 
 enum { TL_VENDOR_AMD = 0x1002, TL_VENDOR_INTEL = 0x8086 };
@@ -41,10 +43,19 @@ typedef struct {
                                        that); 0 = not chosen yet (ca_flash_vw in device.c chooses it) */
   int flash_tile;                   /* fused, flash_tiled: keys per K/V tile as tuned (tuning file,
                                        CLATTN_FLASH_TILE), a power of two up to 64; 0 = tl_flash_tile's choice */
+  int block_sg;                     /* flash_block's sub-group variant: lanes per sub-group (8, 16 or 32)
+                                       reducing a row's maxima and sums by shuffles; 0 = through local memory */
+  int block_half_math;              /* flash_block with f16 storage throughout and half tiles: P V
+                                       multiplied in half, accumulated in f32 (cl_khr_fp16) */
 } tl_tiles;
 
 /* Defaults from the device description, clamped to its limits. */
 tl_tiles tl_choose(const tl_device *dev);
+
+/* flash_block's sub-group size: the smallest of 8, 16, 32 lanes the device
+ * lets a kernel require (a row's 8 work-items then share a sub-group), 0
+ * when it offers none of them. */
+int tl_block_sg(const tl_device *dev);
 
 /* Shrinks each value until it fits the device's work-group and local memory
  * limits; returns 0, or -1 when even the smallest tiles do not fit. */
@@ -74,8 +85,9 @@ int tl_flash_block(const tl_device *dev, int head_dim, int value_dim, tl_block *
  * kernel cannot run its group or spills): 0, or -1 when there is none. */
 int tl_flash_block_below(const tl_device *dev, int head_dim, int value_dim, tl_block *blk);
 /* Floats of scores and accumulator a flash_block work-item may hold: 48
- * where it has 256 registers (CDNA, NVIDIA, Intel); 18 on RDNA (AMD with
- * 32-wide waves), whose work-items clang-15 gives 128 registers. */
+ * where it has 256 registers (CDNA, NVIDIA); 18 on RDNA (AMD with 32-wide
+ * waves), whose work-items clang-15 gives 128 registers; 20 on Intel's
+ * GPUs (IGC's 8 lanes of 128 registers per thread, as ocloc compiles it). */
 int tl_block_budget(const tl_device *dev);
 /* Local memory (bytes) of flash_block with that tile. */
 size_t tl_block_local_bytes(tl_block blk, int head_dim, int value_dim);

@@ -228,6 +228,28 @@ static void apply_environment(clattn_context *ctx) {
    * (they need no cl_khr_fp16: vload_half/vstore_half are core OpenCL) */
   const char *half = getenv("CLATTN_BLOCK_HALF");
   if (half && *half) ctx->tiles.block_half = strcmp(half, "0") != 0;
+  /* CLATTN_BLOCK_HALF_MATH=1/0: half products in flash_block's P V (with
+   * the half tiles; devices with cl_khr_fp16 only) */
+  const char *half_math = getenv("CLATTN_BLOCK_HALF_MATH");
+  if (half_math && *half_math) {
+    ctx->tiles.block_half_math = strcmp(half_math, "0") != 0;
+    if (ctx->tiles.block_half_math && !ctx->caps.fp16)
+      env_ignored(ctx, "CLATTN_BLOCK_HALF_MATH = 1: the device reports no cl_khr_fp16 (no half arithmetic)");
+  }
+  /* CLATTN_BLOCK_SG=0|8|16|32: flash_block's sub-group variant at that size
+   * (one the device lets a kernel require), or 0 for local memory */
+  const char *sg = getenv("CLATTN_BLOCK_SG");
+  if (sg && *sg) {
+    const int lanes = atoi(sg);
+    if (!strcmp(sg, "0") || ((lanes == 8 || lanes == 16 || lanes == 32) && (ctx->caps.sg_sizes & (cl_uint)lanes)))
+      ctx->tiles.block_sg = lanes;
+    else {
+      char why[320];
+      snprintf(why, sizeof why, "CLATTN_BLOCK_SG = %s: must be 0, or 8, 16 or 32 lanes the device offers (%s)", sg,
+               ctx->caps.sg_sizes ? "cl_intel_required_subgroup_size" : "this device offers none");
+      env_ignored(ctx, why);
+    }
+  }
   /* A GPU's flash_block with more private memory than this spilled
    * registers (registry.c steps down); a CPU's private memory is its stack.
    * CLATTN_BLOCK_PRIVATE_MAX=bytes sets the limit on any device (tests). */

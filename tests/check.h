@@ -81,8 +81,69 @@ static inline void ct_destroy_context(void) {
   ct_ctx = NULL;
 }
 
+/* Exits 77, saying why, when CLATTN_TEST_PLATFORM names a platform (a
+ * substring of its name) other than the device's: a run that sets one
+ * runtime's own variables (POCL_WORK_GROUP_METHOD) means nothing on another. */
+static inline void ct_require_platform(clattn_context *ctx) {
+  const char *want = getenv("CLATTN_TEST_PLATFORM");
+  if (!want || !*want) return;
+  cl_platform_id platform = NULL;
+  char name[256] = "";
+  if (clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL) != CL_SUCCESS ||
+      clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof name, name, NULL) != CL_SUCCESS)
+    snprintf(name, sizeof name, "(unknown: its query failed)");
+  if (strstr(name, want)) return;
+  printf("skipped: this run is for platform \"%s\" only (CLATTN_TEST_PLATFORM: it sets that runtime's own "
+         "variables, see tests/meson.build); the device's platform is \"%s\"\n",
+         want, name);
+  exit(CT_SKIP);
+}
+
+/* Exits 77, saying why, when CLATTN_BLOCK_SG (flash_block's sub-group
+ * variant at a size, or 0 for the local-memory one) asks for what this
+ * device cannot run or what the run without it already is: sub-groups of N
+ * lanes it does not offer (the library would ignore the value), or 0 on a
+ * device without sub-groups. */
+static inline void ct_require_sub_groups(clattn_context *ctx) {
+  const char *want = getenv("CLATTN_BLOCK_SG");
+  if (!want || !*want) return;
+  const size_t lanes = (size_t)atoi(want);
+  size_t sizes[16], bytes = 0;
+  char ext[8192] = "";
+  clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_EXTENSIONS, sizeof ext, ext, NULL);
+  if (!strstr(ext, "cl_intel_subgroups") || !strstr(ext, "cl_intel_required_subgroup_size") ||
+      clGetDeviceInfo(clattn_cl_device(ctx), 0x4108 /* CL_DEVICE_SUB_GROUP_SIZES_INTEL */, sizeof sizes, sizes,
+                      &bytes) != CL_SUCCESS)
+    bytes = 0;
+  int offered = 0;
+  for (size_t i = 0; i < bytes / sizeof sizes[0]; i++) offered |= sizes[i] == lanes;
+  if (lanes == 0 ? bytes > 0 : offered) return;
+  if (lanes == 0)
+    printf("skipped: CLATTN_BLOCK_SG=0 (flash_block through local memory) is this device's only flash_block: it has "
+           "no sub-groups (cl_intel_required_subgroup_size), so the run without the variable is this one\n");
+  else
+    printf("skipped: CLATTN_BLOCK_SG=%s: this device offers no sub-groups of %zu lanes a kernel can require "
+           "(cl_intel_subgroups, CL_DEVICE_SUB_GROUP_SIZES_INTEL)\n",
+           want, lanes);
+  exit(CT_SKIP);
+}
+
+/* Exits 77, saying why, when CLATTN_BLOCK_HALF_MATH=1 (flash_block's half
+ * products) asks for half arithmetic the device does not report. */
+static inline void ct_require_half_math(clattn_context *ctx) {
+  const char *want = getenv("CLATTN_BLOCK_HALF_MATH");
+  if (!want || strcmp(want, "1") != 0) return;
+  char ext[8192] = "";
+  clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_EXTENSIONS, sizeof ext, ext, NULL);
+  if (strstr(ext, "cl_khr_fp16")) return;
+  printf("skipped: CLATTN_BLOCK_HALF_MATH=1: this device reports no cl_khr_fp16 (no half arithmetic)\n");
+  exit(CT_SKIP);
+}
+
 /* The shared clattn context, created with defaults on first use. Exits 77
- * when there is no OpenCL device and 1 when creation fails otherwise. */
+ * when there is no OpenCL device, when the device is not on
+ * CLATTN_TEST_PLATFORM or cannot run CLATTN_BLOCK_SG's or
+ * CLATTN_BLOCK_HALF_MATH's variant, and 1 when creation fails otherwise. */
 static inline clattn_context *ct_context(void) {
   if (ct_ctx) return ct_ctx;
   ct_teardown = ct_destroy_context;
@@ -96,6 +157,9 @@ static inline clattn_context *ct_context(void) {
     printf("0 passed, 1 failed\n");
     exit(1);
   }
+  ct_require_platform(ct_ctx);
+  ct_require_sub_groups(ct_ctx);
+  ct_require_half_math(ct_ctx);
   return ct_ctx;
 }
 

@@ -2,9 +2,11 @@
  * Writes every program the library would build on a GPU-like device, as
  * clang would be given it by a driver: one NAME.cl (the sources
  * concatenated in order) and one NAME.opts (the build options) per program,
- * for tools/scripts/gpu-codegen.sh to compile for amdgcn and nvptx targets.
+ * for tools/scripts/gpu-codegen.sh to compile for amdgcn and nvptx targets
+ * (clang) and Intel's Xe GPUs (ocloc).
  *
- *   gpu_programs PROFILE OUT_DIR      PROFILE: amd-wave64, amd-wave32, nvidia
+ *   gpu_programs PROFILE OUT_DIR      PROFILE: amd-wave64, amd-wave32, nvidia,
+ *                                              intel-xe-lp, intel-xe-hpg
  *
  * The device descriptions are what such devices report through OpenCL
  * (tile choice is a pure function of them: src/tiles.c; flash_rows' vector
@@ -24,12 +26,19 @@ static int find_profile(const char *name, tl_device *dev) {
   } profiles[] = {
       /* CDNA (MI200/MI300): 64-wide wavefronts, 64 KiB LDS, 1024-item groups */
       {"amd-wave64",
-       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0, 0x1002, 1, 1024, 64, 1, 1}},
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0, 0x1002, 1, 1024, 64, 1, 1, 0}},
       /* RDNA 3 (gfx1100): 32-wide waves */
       {"amd-wave32",
-       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0, 0x1002, 1, 1024, 64, 1, 1}},
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0, 0x1002, 1, 1024, 64, 1, 1, 0}},
       /* NVIDIA's OpenCL: 32-wide warps, 48 KiB local memory, no cl_khr_fp16 (the widening path) */
-      {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0, 0x10de, 0, 4352, 64, 1, 1}},
+      {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0, 0x10de, 0, 4352, 64, 1, 1, 0}},
+      /* Intel Xe-LP (Tiger Lake, tgllp) as its OpenCL driver reports it: 96
+       * EUs as compute units, 64 KiB SLM, 512-item groups, cl_khr_fp16 */
+      {"intel-xe-lp",
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 32, 96, 0, 0, 0x8086, 1, 2048, 64, 1, 1, 8 | 16 | 32}},
+      /* Intel Xe-HPG (Arc A770, dg2 / acm-g10): 512 EUs, 1024-item groups */
+      {"intel-xe-hpg",
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 512, 0, 0, 0x8086, 1, 2048, 64, 1, 1, 8 | 16 | 32}},
   };
   for (size_t i = 0; i < sizeof profiles / sizeof profiles[0]; i++)
     if (strcmp(name, profiles[i].name) == 0) {
@@ -59,7 +68,7 @@ fail:
 int main(int argc, char **argv) {
   tl_device dev;
   if (argc != 3 || find_profile(argv[1], &dev) != 0) {
-    fprintf(stderr, "usage: gpu_programs amd-wave64|amd-wave32|nvidia OUT_DIR\n");
+    fprintf(stderr, "usage: gpu_programs amd-wave64|amd-wave32|nvidia|intel-xe-lp|intel-xe-hpg OUT_DIR\n");
     return 2;
   }
   static const struct {

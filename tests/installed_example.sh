@@ -22,4 +22,6 @@ ldd "$lib_dir/libclattn.so" | grep -q libasan && sanitize+=(-fsanitize=address)
 ldd "$lib_dir/libclattn.so" | grep -q libubsan && sanitize+=(-fsanitize=undefined)
 ldd "$lib_dir/libclattn.so" | grep -q libtsan && sanitize+=(-fsanitize=thread)
 cc -std=c11 -Wall -Wextra -Werror "${sanitize[@]}" "$src/examples/basic.c" $flags -lm -o "$work/basic"
-LD_LIBRARY_PATH=$lib_dir "$work/basic"
+# The caller's library path stays after it: an OpenCL runtime outside the
+# system's (tools/scripts/intel-runtime.sh) loads its libraries through it.
+LD_LIBRARY_PATH=$lib_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$work/basic"

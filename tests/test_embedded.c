@@ -48,6 +48,7 @@ static void embedded_context_runs_and_leaves_caller_objects_working(void) {
     return;
   }
   const cl_uint ctx_refs0 = cp_context_refs(cc), queue_refs0 = cp_queue_refs(cq);
+  cp_refs_show_leaks(cc);
 
   clattn_options opt;
   memset(&opt, 0, sizeof opt);

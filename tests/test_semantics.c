@@ -974,6 +974,30 @@ done:
  * flash_rows on a CPU device, flash_block under CLATTN_FLASH_WG (the -block
  * variants), flash_tiled with CLATTN_FLASH_BLOCK=0 too (-tiled), as
  * clattn_last_route reports what a prefill call enqueued. */
+/* OpenCL 2.1's query (the library and its tests build against 1.2
+ * headers; the ICD loader exports it), for cl_intel_required_subgroup_size's
+ * CL_KERNEL_COMPILE_SUB_GROUP_SIZE_INTEL. */
+extern CL_API_ENTRY cl_int CL_API_CALL clGetKernelSubGroupInfo(cl_kernel, cl_device_id, cl_uint, size_t, const void *,
+                                                               size_t, void *, size_t *);
+#ifndef CL_KERNEL_COMPILE_SUB_GROUP_SIZE_INTEL
+#define CL_KERNEL_COMPILE_SUB_GROUP_SIZE_INTEL 0x410A
+#endif
+
+/* The sub-group size kernel `name` of the context's fused program at
+ * d = 64 was compiled for (0: none required), -1 when it cannot be read. */
+static int compiled_sub_group_size(const char *name) {
+  cl_program program = NULL;
+  if (ca_fused_program(ct_context(), 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &program, NULL) != CLATTN_OK) return -1;
+  cl_int err;
+  cl_kernel kernel = clCreateKernel(program, name, &err);
+  if (err != CL_SUCCESS) return -1;
+  size_t lanes = 0;
+  err = clGetKernelSubGroupInfo(kernel, clattn_cl_device(ct_context()), CL_KERNEL_COMPILE_SUB_GROUP_SIZE_INTEL, 0,
+                                NULL, sizeof lanes, &lanes, NULL);
+  clReleaseKernel(kernel);
+  return err == CL_SUCCESS ? (int)lanes : -1;
+}
+
 static void fused_kernel_is_the_one_forced(void) {
   cp_shape s = cp_shape_default();
   s.q_len = 37;
@@ -994,6 +1018,13 @@ static void fused_kernel_is_the_one_forced(void) {
              route, wg, block ? block : "(unset)");
     else if (!wg && !(type & CL_DEVICE_TYPE_GPU))
       CHECKF(strstr(route, " flash_rows"), "route \"%s\" on a CPU device", route);
+    /* flash_block's sub-group variant, forced at a size: compiled for it */
+    const char *sg = getenv("CLATTN_BLOCK_SG");
+    if (wg && atoi(wg) > 0 && !(block && !strcmp(block, "0")) && sg && *sg) {
+      const int lanes = compiled_sub_group_size("flash_block");
+      CHECKF(lanes == atoi(sg), "flash_block compiled for sub-groups of %d lanes (-1: unknown), CLATTN_BLOCK_SG=%s",
+             lanes, sg);
+    }
   }
   cp_free(pb);
 }

@@ -251,5 +251,12 @@ double cp_now_ms(void);
  * what tests of embedded use check is left as it was. */
 cl_uint cp_context_refs(cl_context c);
 cl_uint cp_queue_refs(cl_command_queue q);
+/* The references to c that one object created in it holds (a buffer,
+ * program or kernel: 1 on POCL, 0 on Intel's runtime; OpenCL leaves these
+ * implicit references to the implementation); 1 when the probe fails. */
+cl_uint cp_implicit_context_refs(cl_context c);
+/* Whether c's reference count shows leaked objects on this runtime; when
+ * not, says so on stdout (a check that reads the counts is then weaker). */
+int cp_refs_show_leaks(cl_context c);
 
 #endif

@@ -3,44 +3,95 @@
 # library assembles it (tests/gpu_programs.c), with Debian's clang-15 and
 # libclc for AMD (gfx90a, gfx1100: ld.lld -shared) and NVIDIA (sm_80, and
 # the fused programs for sm_90: PTX, then ptxas where the CUDA toolkit is
-# present), and prints per kernel and target: registers, spills, scratch or
-# stack bytes per work-item, local memory and occupancy. A program that does
-# not compile or link fails the run: that is what a clang-based GPU driver
+# present), and with Intel's ocloc (tools/scripts/ocloc.sh: Debian's
+# intel-opencl-icd) for Intel Xe-HPG (dg2: acm-g10) and the fused programs
+# for Xe-LP (tgllp), and
+# prints per kernel and target: registers, spills, scratch or stack bytes
+# per work-item, local memory and occupancy. A program that does not compile
+# or link fails the run: that is what a clang-based GPU driver (or Intel's)
 # would refuse. So does the fused kernel the library would pick at d=64 and
 # d=128 (flash_block where the program holds it, else flash_tiled) when it
-# spills or uses scratch on gfx90a or gfx1100.
+# spills or uses scratch on gfx90a, gfx1100, tgllp or dg2.
 #
-#   tools/scripts/gpu-codegen.sh BUILD_DIR [WORK_DIR]
+# Intel's figures come from the binary's zeInfo (tools/scripts/zeinfo.py),
+# per hardware thread of SIMD lanes: regs = GRF registers, spills = scratch
+# bytes (spills, and private arrays IGC put there), scratch = private memory
+# bytes in global memory, occ = the SIMD width IGC compiled for.
+#
+#   tools/scripts/gpu-codegen.sh BUILD_DIR [WORK_DIR [clang|intel|all]]
+#
+# clang: the AMD and NVIDIA targets; intel: the Intel ones; all (the
+# default): both. The meson tests gpu-codegen and gpu-codegen-intel run one
+# each, in parallel.
 #
 # Exit status: 0 all built and the gate held, 1 a build failed or a gated
-# kernel spilled, 77 clang-15 or libclc missing (tools/scripts/test.sh installs
-# them: clang-15 libclc-15 lld-15).
+# kernel spilled, 77 when no target is left: clang-15, lld or libclc missing
+# for the clang targets (tools/scripts/test.sh installs them: clang-15
+# libclc-15 lld-15), ocloc for the Intel ones (tools/scripts/ocloc.sh); with
+# all, a missing compiler's targets are left out, saying so.
 set -uo pipefail
-build=${1:?usage: tools/scripts/gpu-codegen.sh BUILD_DIR [WORK_DIR]}
+build=${1:?usage: tools/scripts/gpu-codegen.sh BUILD_DIR [WORK_DIR [clang|intel|all]]}
 work=${2:-$build/gpu-codegen}
-clang=$(command -v clang-15) || { echo "gpu-codegen: clang-15 not found: skipped"; exit 77; }
-lld=$(command -v ld.lld-15 || command -v ld.lld) || { echo "gpu-codegen: ld.lld not found: skipped"; exit 77; }
+family=${3:-all}
+case "$family" in clang|intel|all) ;; *) echo "gpu-codegen: unknown target family $family" >&2; exit 2 ;; esac
 clc=/usr/lib/clc
-for lib in amdgcn--amdhsa.bc nvptx64--nvidiacl.bc; do
-  [ -f "$clc/$lib" ] || { echo "gpu-codegen: $clc/$lib not found (libclc-15): skipped"; exit 77; }
-done
+clang=$(command -v clang-15 || true)
+lld=$(command -v ld.lld-15 || command -v ld.lld || true)
 ptxas=$(command -v ptxas || ls /usr/local/cuda/bin/ptxas 2>/dev/null || true)
+ocloc="$(cd "$(dirname "$0")" && pwd)/ocloc.sh"
+# Why each family's targets cannot be built ("" when they can); ocloc is
+# fetched here, on first use, before the parallel compiles below.
+why_clang="" why_intel=""
+if [ "$family" != intel ]; then
+  [ -n "$clang" ] || why_clang="clang-15 not found"
+  [ -n "$lld" ] || why_clang="ld.lld not found"
+  for lib in amdgcn--amdhsa.bc nvptx64--nvidiacl.bc; do
+    [ -f "$clc/$lib" ] || why_clang="$clc/$lib not found (libclc-15)"
+  done
+fi
+if [ "$family" != clang ]; then
+  probe=$(mktemp -d) # ocloc query writes its answer into a file of that name
+  if (cd "$probe" && "$ocloc" query OCL_DRIVER_VERSION >/dev/null); then
+    echo "gpu-codegen: Intel targets through ocloc (Intel's compute runtime $(cat "$probe/OCL_DRIVER_VERSION"))"
+  else
+    why_intel="no ocloc (above)"
+  fi
+  rm -rf "$probe"
+fi
 
-# target  device profile  clang target flags
-targets=(
+# target  device profile  clang target flags, or ocloc and its device
+all_targets=(
   "gfx90a  amd-wave64 -target amdgcn--amdhsa -mcpu=gfx90a -nogpulib"
   "gfx1100 amd-wave32 -target amdgcn--amdhsa -mcpu=gfx1100 -nogpulib"
   "sm_80   nvidia     -target nvptx64--nvidiacl -march=sm_80"
   "sm_90   nvidia     -target nvptx64--nvidiacl -march=sm_80"
+  "tgllp   intel-xe-lp  ocloc tgllp"
+  "dg2     intel-xe-hpg ocloc acm-g10"
 )
 # clang-15 knows no sm_90: its PTX for sm_80, assembled by ptxas for sm_90.
+# The family's targets whose compiler is there; the others said.
+targets=()
+for t in "${all_targets[@]}"; do
+  if [[ $t == *" ocloc "* ]]; then
+    [ "$family" != clang ] && [ -z "$why_intel" ] && targets+=("$t")
+  else
+    [ "$family" != intel ] && [ -z "$why_clang" ] && targets+=("$t")
+  fi
+done
+[ -n "$why_intel" ] && echo "gpu-codegen: the Intel targets are left out: $why_intel"
+[ -n "$why_clang" ] && echo "gpu-codegen: the clang targets are left out: $why_clang"
+if [ ${#targets[@]} -eq 0 ]; then
+  echo "gpu-codegen: skipped: no target left"
+  exit 77
+fi
 rm -rf "$work"
 for t in "${targets[@]}"; do
   read -r target profile flags <<<"$t"
   mkdir -p "$work/$target"
   "$build/tests/gpu_programs" "$profile" "$work/$target" || exit 1
-  # sm_90: the fused programs only (the gate's kernels; the rest as sm_80)
-  [ "$target" = sm_90 ] && find "$work/$target" -type f ! -name 'flash-*' -delete
+  # sm_90 and tgllp: the fused programs only (the gate's kernels; the rest
+  # as sm_80, and as dg2: IGC takes a minute and more per backward program)
+  [ "$target" = sm_90 ] || [ "$target" = tgllp ] && find "$work/$target" -type f ! -name 'flash-*' -delete
   echo "$flags" >"$work/$target/flags"
 done
 
@@ -51,7 +102,12 @@ compile() {
   flags=$(cat "$work/$target/flags")
   opts=$(cat "$base.opts")
   local common=(-x cl -O3 -Xclang -finclude-default-header -Wno-pass-failed $flags $opts)
-  if [[ $target == gfx* ]]; then
+  if [[ $flags == ocloc* ]]; then
+    # zebin (an ELF with .ze_info), which the figures are read from
+    "$ocloc" compile -file "$base.cl" -device "${flags#ocloc }" -options "$opts" \
+      -internal_options -cl-intel-allow-zebin -out_dir "$work/$target" -output "$2" -output_no_suffix -q \
+      >"$base.log" 2>&1 && touch "$base.ok"
+  elif [[ $target == gfx* ]]; then
     "$clang" "${common[@]}" -Xclang -mlink-bitcode-file -Xclang "$clc/amdgcn--amdhsa.bc" \
       -Rpass-analysis=kernel-resource-usage -c -o "$base.o" "$base.cl" >"$base.log" 2>&1 &&
       "$lld" -shared -o "$base.so" "$base.o" >>"$base.log" 2>&1 && touch "$base.ok"
@@ -67,7 +123,7 @@ compile() {
   fi
 }
 export -f compile
-export work clang lld clc ptxas
+export work clang lld clc ptxas ocloc
 for t in "${targets[@]}"; do
   target=${t%% *}
   for f in "$work/$target"/*.cl; do printf '%s %s\n' "$target" "$(basename "$f" .cl)"; done
@@ -89,7 +145,12 @@ for t in "${targets[@]}"; do
       failed=1
       continue
     fi
-    if [[ $target == gfx* ]]; then
+    if grep -q '^ocloc' "$work/$target/flags"; then   # ocloc's binary
+      "$(dirname "$ocloc")/zeinfo.py" "$base" | while read -r name simd grf scratch private slm; do
+        printf '%-8s %-22s %-20s %5s %6s %8s %6s %5s\n' "$target" "$program" "$name" "$grf" "$scratch" "$private" \
+          "$slm" "simd$simd"
+      done | tee -a "$table"
+    elif [[ $target == gfx* ]]; then
       awk -v t="$target" -v p="$program" '
         /remark: Function Name:/ { split($0, a, "Function Name: "); split(a[2], b, " "); name = b[1]; ag = "" }
         /remark: +VGPRs: /       { split($0, a, "VGPRs: "); split(a[2], b, " "); v = b[1] }
@@ -116,9 +177,9 @@ for t in "${targets[@]}"; do
 done
 [ $failed -eq 0 ] && echo "gpu-codegen: every program compiled and linked for ${#targets[@]} targets"
 
-# The gate: at d=64 and d=128 on gfx90a and gfx1100, the fused kernel the
-# library would pick (flash_block where the program holds it) neither
-# spills nor uses scratch.
+# The gate: at d=64 and d=128 on gfx90a, gfx1100, tgllp and dg2, the fused
+# kernel the library would pick (flash_block where the program holds it)
+# neither spills nor uses scratch.
 gated=0
 while read -r target program kernel _ spills scratch _; do
   pick=flash_tiled
@@ -129,10 +190,11 @@ while read -r target program kernel _ spills scratch _; do
     echo "FAILED: $pick in $program on $target spills $spills registers, $scratch bytes of scratch per lane"
     failed=1
   fi
-done < <(grep -E '^gfx(90a|1100) +flash-[a-z0-9_-]+-d(64-64|128-128) ' "$table")
+done < <(grep -E '^(gfx90a|gfx1100|tgllp|dg2) +flash-[a-z0-9_-]+-d(64-64|128-128) ' "$table")
 if [ $gated -eq 0 ]; then
   echo "FAILED: the gate found no fused kernel at d=64 or d=128 in the figures"
   failed=1
 fi
-[ $failed -eq 0 ] && echo "gpu-codegen: $gated fused kernels at d=64/128 on gfx90a and gfx1100 without spills or scratch"
+gates=$(printf '%s\n' "${targets[@]}" | awk '$1 ~ /^(gfx90a|gfx1100|tgllp|dg2)$/ { printf "%s%s", sep, $1; sep = ", " }')
+[ $failed -eq 0 ] && echo "gpu-codegen: $gated fused kernels at d=64/128 on $gates without spills or scratch"
 exit $failed

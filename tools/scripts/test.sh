@@ -2,12 +2,16 @@
 # Sets clattn up with warnings as errors (tools/scripts/setup.sh) and runs
 # checks, each stage on its own, then one summary:
 #
-#   tools/scripts/test.sh           the README's test command:
+#   tools/scripts/test.sh           the README's test command, on two OpenCL runtimes:
 #     suite (loopvec)   meson test, whole suite, POCL_WORK_GROUP_METHOD=loopvec
 #                       (GPU code generation and the 'mpi' suite included)
 #     python            the Python binding's pytest suite (tools/scripts/python.sh)
+#     suite (intel)     the opencl suite (every path, every forced kernel) on
+#                       Intel's OpenCL CPU runtime, installed by
+#                       tools/scripts/intel-runtime.sh into build-intel-rt/
+#     python (intel)    the Python tests on it
 #   tools/scripts/test.sh --quick   meson suites 'unit' and 'quick' (each path's
-#                       defaults), then python
+#                       defaults), then python (the default device only)
 #   tools/scripts/test.sh --deep    the deep checks, which .ci/run adds:
 #     suite (cbs)       the opencl suite again with POCL_WORK_GROUP_METHOD=cbs, but for
 #                       suite 'loopvec-only' (runs the method cannot change: tests/meson.build)
@@ -15,6 +19,11 @@
 #     sanitizers        the suite under ASan+UBSan, the threads test under TSan
 #     fuzz              libFuzzer on clattn_forward for 60 s
 #     fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
+#
+# The first two stages run on the default device (CLATTN_DEVICE's match, else
+# the first GPU, else POCL's CPU device); CLATTN_TEST_LANES chooses the lanes
+# of the test command: "default intel" (the default), "default" or "intel".
+# Intel's lane is skipped (77, saying why) where pip cannot install the runtime.
 #
 # Times on 2 cores with cold kernel caches: docs/development.md.
 # Exit status: 0 when every stage passed or was skipped (exit 77, named in
@@ -24,7 +33,7 @@ cd "$(dirname "$0")/../.."
 mode=${1:-main}
 case "$mode" in
   main|--quick|--deep) ;;
-  -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
   *) echo "usage: tools/scripts/test.sh [--quick | --deep]" >&2; exit 2 ;;
 esac
 
@@ -52,8 +61,8 @@ stage() {   # stage NAME COMMAND...: runs it, records the result
   fi
 }
 
-count() {   # the pass/fail line of build-test's last meson test run
-  python3 - build-test/meson-logs/testlog.json <<'PY'
+count() {   # count [LOGBASE]: the pass/fail line of build-test's last meson test run
+  python3 - "build-test/meson-logs/${1:-testlog}.json" <<'PY'
 import json, sys
 counts = {"OK": 0, "EXPECTEDFAIL": 0, "FAIL": 0, "SKIP": 0}
 for line in open(sys.argv[1]):
@@ -81,10 +90,31 @@ suite() {   # suite METHOD [meson test args]
   return $rc
 }
 
+# Intel's OpenCL CPU runtime, selected for one command (tools/scripts/intel-runtime.sh:
+# installed on first use; 77 where it cannot be). POCL's variables mean
+# nothing there; a test that sets them for itself says it is skipped.
+intel() {
+  env -u POCL_WORK_GROUP_METHOD tools/scripts/intel-runtime.sh "$@"
+}
+intel_suite() {
+  intel meson test -C build-test --print-errorlogs --num-processes 2 --logbase intel --suite opencl
+  local rc=$?
+  [ $rc -eq 77 ] || count intel
+  return $rc
+}
+
+lanes=${CLATTN_TEST_LANES:-default intel}
+lane() { [[ " ${lanes//,/ } " == *" $1 "* ]]; }
 case "$mode" in
   main)
-    stage "suite (loopvec)" suite loopvec
-    stage "python" tools/scripts/python.sh build-test ;;
+    if lane default; then
+      stage "suite (loopvec)" suite loopvec
+      stage "python" tools/scripts/python.sh build-test
+    fi
+    if lane intel; then
+      stage "suite (intel)" intel_suite
+      stage "python (intel)" intel tools/scripts/python.sh build-test
+    fi ;;
   --quick)
     stage "suite (quick)" suite loopvec --suite unit --suite quick
     stage "python" tools/scripts/python.sh build-test ;;
