@@ -520,7 +520,7 @@ clattn_status clattn_plan_create(clattn_context *ctx, const clattn_params *p, cl
   else if (st == CLATTN_OK && pl->plan.algo == CLATTN_ALGO_GEMM && !ca_gemm_available())
     st = ca_fail(CLATTN_ERR_UNSUPPORTED, "algo GEMM: this build has no CLBlast (-Dclblast)");
   else if (st == CLATTN_OK) /* built now, not at the first step */
-    st = ca_core_program_kv(ctx, p->dtype, pl->plan.kv_dtype, &core);
+    st = ca_core_program_kv(ctx, p->dtype, pl->plan.k_dtype, pl->plan.v_dtype, &core);
   if (st != CLATTN_OK) {
     clattn_plan_release(pl);
     return st;

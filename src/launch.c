@@ -81,7 +81,9 @@ void ca_arg_allowed(ca_args *a, const clattn_params *p) {
   ca_arg_view(a, &p->mask);
   ca_arg_int(a, p->mask.buf != NULL);
   ca_arg_view(a, &p->bias);
-  ca_arg_int(a, p->bias.buf != NULL);
+  /* cl/common.h.cl's ca_bias: 1 present, CA_BIAS_F16, CA_BIAS_SCALED */
+  ca_arg_int(a, !p->bias.buf ? 0 : 1 | (p->bias_dtype == CLATTN_F16 ? 2 : 0) | (p->bias_scale ? 4 : 0));
+  ca_arg_mem(a, p->bias_scale);
   ca_arg_seq(a, p);
 }
 
