@@ -48,7 +48,7 @@
       __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,                        \
       CA_BIAS_ARGS, CA_SEQ_ARGS,                                                                      \
       int q_heads, int kv_heads, int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,        \
-      __global const float *sinks, int has_sinks, int window_left, int window_right,                  \
+      __global const float *sinks, long sinks_at, int window_left, int window_right,                  \
       __global float *dsum, __global float *sinkt
 
 static inline ulong bwd_row(long b, long h, long i, int q_heads, int q_len) {
@@ -134,10 +134,10 @@ __kernel void bwd_rowdot(BWD_ARGS) {
     for (int c = 0; c < DV; c++)
       d = fma(ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)), ca_load(o, ca_at(o_off, o_st, b, h, sq.q0 + i, c)), d);
   dsum[row] = d;
-  if (has_sinks) {
+  if (sinks_at >= 0) {
     const float l = lse[ca_at(lse_off, lse_st, b, h, i, 0)];
     /* an empty row has lse = sink and O = 0: its term is 0 */
-    sinkt[row] = i < sq.rows && l != -INFINITY ? -exp(sinks[h] - l) * d : 0.0f;
+    sinkt[row] = i < sq.rows && l != -INFINITY ? -exp(sinks[sinks_at + h] - l) * d : 0.0f;
   }
 }
 
@@ -432,7 +432,7 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
  * NDRange: (kv_len, q_len, batch * q_heads), each 1 where summed.
  */
 __kernel void bwd_dbias(BWD_ARGS, int batch, __global float *d_bias, ulong db_off, ulong4 db_st, int summed) {
-  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks; (void)has_sinks;
+  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks; (void)sinks_at;
   const int heads_out = summed & 2 ? 1 : q_heads, rows_out = summed & 4 ? 1 : q_len;
   const long j_out = get_global_id(0);
   const int i_out = get_global_id(1), b_out = get_global_id(2) / heads_out, h_out = get_global_id(2) % heads_out;

@@ -40,7 +40,7 @@ static inline ulong bwds_at(int g, int rows, int r, int kv_len, long j) {
  */
 __kernel __attribute__((reqd_work_group_size(BS_TN, BS_TM, 1)))
 void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __global float *gw) {
-  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)has_sinks; (void)sinks;
+  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks_at; (void)sinks;
   __local float a_tile[BS_TM][BS_TK];
   __local float b_tile[BS_TK][BS_TN];
   __local float w_tile[BS_TK];
@@ -129,7 +129,7 @@ void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __globa
 __kernel __attribute__((reqd_work_group_size(BS_TN, BS_TM, 1)))
 void bwds_dq(BWD_ARGS, int bh0, int i0, int rows, __global const float *gw, __global store_t *d_q, ulong dq_off,
              ulong4 dq_st, __global float *dw_rows, int want_dw) {
-  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)has_sinks; (void)sinks; (void)v; (void)v_off; (void)v_st;
+  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks_at; (void)sinks; (void)v; (void)v_off; (void)v_st;
   (void)d_o; (void)do_off; (void)do_st; (void)lse; (void)lse_off; (void)lse_st; (void)mask; (void)mask_off;
   (void)mask_st; (void)has_mask; (void)bias; (void)bias_off; (void)bias_st; (void)has_bias; (void)bias_scale;
   (void)dsum; (void)scale;
@@ -194,7 +194,7 @@ void bwds_dq(BWD_ARGS, int bh0, int i0, int rows, __global const float *gw, __gl
 __kernel __attribute__((reqd_work_group_size(BS_TN, BS_TM, 1)))
 void bwds_dkdv(BWD_ARGS, int bh0, int i0, int rows, int heads, __global const float *pw, __global const float *gw,
                __global float *acc) {
-  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)has_sinks; (void)sinks; (void)v; (void)v_off; (void)v_st;
+  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks_at; (void)sinks; (void)v; (void)v_off; (void)v_st;
   (void)lse; (void)lse_off; (void)lse_st; (void)mask; (void)mask_off; (void)mask_st; (void)has_mask; (void)bias;
   (void)bias_off; (void)bias_st; (void)has_bias; (void)bias_scale; (void)dsum; (void)scale; (void)softcap; (void)alibi; (void)has_alibi;
   (void)alibi_bstride;

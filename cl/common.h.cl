@@ -308,6 +308,12 @@ static inline float ca_shape(float s, float bias_ij, long b, long h, long i, lon
   return has_alibi ? s + ca_alibi(i, j, q_len, kv_len, ca_alibi_slope(alibi, alibi_bstride, b, h)) : s;
 }
 
+/* Head h's sink logit: sinks[sinks_at + h], or -INFINITY (none) when
+ * sinks_at is -1 (clattn_params.sinks and its sinks_offset). */
+static inline float ca_sink(__global const float *sinks, long sinks_at, long h) {
+  return sinks_at >= 0 ? sinks[sinks_at + h] : -INFINITY;
+}
+
 /* Route diagnostics (bits of `diag`) and where a row's go. */
 #define CA_DIAG_ENTROPY 1
 #define CA_DIAG_MAX_WEIGHT 2

@@ -188,7 +188,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
     if (t >= rows) break;
     const int h = hk * group + t / q_len, i = t % q_len;
     if (i < sq.rows)
-      flash_store_cols(acc[u], 4 * cg, 4 * DEC_CV4, cg == 0, row_m[t], row_l[t], has_sinks ? sinks[h] : -INFINITY, b, h,
+      flash_store_cols(acc[u], 4 * cg, 4 * DEC_CV4, cg == 0, row_m[t], row_l[t], ca_sink(sinks, sinks_at, h), b, h,
                        i, sq.q0 + i, q_heads, kv_heads, q_len, split, n_splits, out, out_off, out_st, lse, lse_off,
                        lse_st, want_lse, part_o, part_lse, empty_flag);
   }

@@ -282,7 +282,7 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
                        const int bm,
                        __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                        CA_BIAS_ARGS, CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int kv_heads, int group, int q_len, int kv_len,
-                       float scale, CA_SHAPE_ARGS, __global const float *sinks, int has_sinks,
+                       float scale, CA_SHAPE_ARGS, __global const float *sinks, long sinks_at,
                        int window_left, int window_right, int split_keys,
                        __global store_t *out, ulong out_off, ulong4 out_st,
                        __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS,
@@ -545,7 +545,7 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
 
   for (int r = 0; r < bm && t0 + r < rows_per_kv; r++)
     if (is[r] < sq.rows)
-      flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], has_sinks ? sinks[hs[r]] : -INFINITY, b, hs[r], is[r],
+      flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], ca_sink(sinks, sinks_at, hs[r]), b, hs[r], is[r],
                     sq.q0 + is[r], q_heads, kv_heads, q_len, split, n_splits,
                     out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
                     empty_flag);
@@ -568,7 +568,7 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
       __global const uchar *mask, ulong mask_off,                                                    \
       ulong4 mask_st, int has_mask, CA_BIAS_ARGS, CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int kv_heads, \
       int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS, __global const float *sinks,    \
-      int has_sinks, int window_left, int window_right,                                             \
+      long sinks_at, int window_left, int window_right,                                             \
       int split_keys, __global store_t *out, ulong out_off, ulong4 out_st, __global float *lse,     \
       ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS, __global float *part_o,             \
       __global float *part_lse, __global int *empty_flag
@@ -576,7 +576,7 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
   q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, CA_SCORE_PASS, direct, bm, mask,      \
       mask_off, mask_st,                                                                            \
       has_mask, CA_BIAS_PASS, CA_SEQ_PASS, CA_KV_PASS, q_heads, kv_heads, group, \
-      q_len, kv_len, scale, CA_SHAPE_PASS, sinks, has_sinks, window_left, window_right, split_keys, \
+      q_len, kv_len, scale, CA_SHAPE_PASS, sinks, sinks_at, window_left, window_right, split_keys, \
       out, out_off, out_st, lse,                                                                    \
       lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag
 
@@ -718,7 +718,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     m = m_new;
   }
   if (live)
-    flash_store_row(acc, m, l, t_diag, best, has_sinks ? sinks[h] : -INFINITY, b, h, i, sq.q0 + i, q_heads, kv_heads,
+    flash_store_row(acc, m, l, t_diag, best, ca_sink(sinks, sinks_at, h), b, h, i, sq.q0 + i, q_heads, kv_heads,
                     q_len, split,
                     n_splits, out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
                     empty_flag);

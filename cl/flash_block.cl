@@ -338,7 +338,7 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
   for (int r = 0; r < BLOCK_RM; r++) {
     const int row = ty * BLOCK_RM + r, h = row_h[row], i = row_i[row];
     if (row_live[row])
-      flash_store_cols(acc[r], tx * BLOCK_CV, BLOCK_CV, tx == 0, m[r], l[r], has_sinks ? sinks[h] : -INFINITY, b, h,
+      flash_store_cols(acc[r], tx * BLOCK_CV, BLOCK_CV, tx == 0, m[r], l[r], ca_sink(sinks, sinks_at, h), b, h,
                        i, sq.q0 + i, q_heads, kv_heads, q_len, split, n_splits, out, out_off, out_st, lse, lse_off,
                        lse_st, want_lse, part_o, part_lse, empty_flag);
   }

@@ -251,12 +251,15 @@ typedef struct {
    *   bias_dtype: the bias view's elements, CLATTN_F32 or CLATTN_F16.
    *   bias_scale: f32 [q_heads]: head h's bias entries are multiplied by
    *     bias_scale[h] before they are added; NULL = 1.
+   *   sinks_offset: floats before sinks[0] in the sinks cl_mem (a tensor
+   *     inside an engine's buffer).
    * Every path: a bias entry of -inf (before the scale) disallows its key,
    * as a zero mask entry does: its key and value are never mixed in,
    * whatever they hold. */
   clattn_dtype v_dtype;
   clattn_dtype bias_dtype;
   cl_mem bias_scale;
+  size_t sinks_offset;
 } clattn_params;
 
 /* Everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO, kv_dtype and

@@ -387,7 +387,7 @@ static clattn_status fused_init(clattn_plan *pl) {
   if (pl->merge) {
     const clattn_merge_params mp = ca_split_merge_params(p, l->splits.n_splits, pl->part_o, pl->part_lse);
     ca_args m = {pl->merge, "merge_states", 0, 0, CL_SUCCESS, NULL};
-    ca_arg_merge(&m, &mp, p->sinks, pl->flag, &pl->merge_at);
+    ca_arg_merge(&m, &mp, p->sinks, p->sinks_offset, pl->flag, &pl->merge_at);
     if ((st = ca_args_done(&m))) return st;
     ca_merge_global(&mp, pl->merge_global);
   }

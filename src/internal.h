@@ -456,7 +456,7 @@ void ca_arg_kv(ca_args *a, const clattn_params *p);
 void ca_arg_allowed(ca_args *a, const clattn_params *p);
 /* The score's form (common.h.cl's CA_SCORE_ARGS): additive_w, additive. */
 void ca_arg_score(ca_args *a, const clattn_params *p);
-/* Sinks: the buffer and whether it is there. */
+/* Sinks: the buffer and where head 0's sink lies in it (-1: none). */
 void ca_arg_sinks(ca_args *a, const clattn_params *p);
 /* Where the arguments a plan's step patches sit (their indices): the q,
  * out and lse views' offsets, kv_len, n_pad and split_keys (flash_pack:
@@ -493,7 +493,8 @@ void ca_hand_out(clattn_status st, cl_event *last, cl_event *done);
 /* Enqueues merge_states for validated params after *prev (see ca_enqueue);
  * out is stored as mp->out_dtype; sinks (f32 [heads], or NULL) join each row
  * as a state with O = 0. */
-clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag,
+clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem sinks, size_t sinks_offset,
+                               cl_mem empty_flag,
                                cl_uint n_wait, const cl_event *wait, cl_event *prev);
 /* Where merge_states' arguments a plan's step patches sit: n_states, the
  * out and out_lse views' offsets. */
@@ -502,7 +503,8 @@ typedef struct {
 } ca_merge_slots;
 /* merge_states' arguments for mp (slots, when non-NULL, gets where they sit)
  * and its grid. */
-void ca_arg_merge(ca_args *a, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag, ca_merge_slots *slots);
+void ca_arg_merge(ca_args *a, const clattn_merge_params *mp, cl_mem sinks, size_t sinks_offset, cl_mem empty_flag,
+                  ca_merge_slots *slots);
 void ca_merge_global(const clattn_merge_params *mp, size_t global[3]);
 /* The merge of n_splits partial states ([split][b][h][m] rows of value_dim,
  * and their lse) into p's out and lse. */

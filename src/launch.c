@@ -94,7 +94,8 @@ void ca_arg_score(ca_args *a, const clattn_params *p) {
 
 void ca_arg_sinks(ca_args *a, const clattn_params *p) {
   ca_arg_mem(a, p->sinks);
-  ca_arg_int(a, p->sinks != NULL);
+  const cl_long at = p->sinks ? (cl_long)p->sinks_offset : -1; /* cl/common.h.cl's ca_sink */
+  ca_arg(a, sizeof at, &at);
 }
 
 void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_mem kt, cl_mem vp, cl_long n_pad,

@@ -48,7 +48,7 @@ size_t ca_fused_arg_bytes(unsigned address_bits) {
       P, 4, 4,  4, P, 8,  32, P, 8,  32,        /* pages and scales */
       4, 4, 4,  4, 4, 4,                        /* q_heads .. scale */
       4, P, 4,  4,                              /* softcap, alibi */
-      P, 4, 4,  4, 4,                           /* sinks, window, split_keys */
+      P, 8, 4,  4, 4,                           /* sinks and their offset, window, split_keys */
       P, 8, 32, P, 8, 32, 4,                    /* out, lse, want_lse */
       P, 8, 32, P, 8, 32, P,  8, 32, 4,         /* diagnostics */
       P, P, P,                                  /* part_o, part_lse, empty_flag */

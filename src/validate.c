@@ -385,7 +385,7 @@ static clattn_status check_views(ca_views *vs, const clattn_params *p, int out_r
   const int h_dims[] = {p->q_heads}, bh_dims[] = {p->batch, p->q_heads};
   /* per (batch, head) with a batch stride, else one slope per head */
   const clattn_tensor alibi = {p->alibi_slopes, 0, {(size_t)p->alibi_batch_stride, 1, 0, 0}},
-                      sinks = {p->sinks, 0, {1, 0, 0, 0}};
+                      sinks = {p->sinks, p->sinks_offset, {1, 0, 0, 0}};
   if (p->alibi_slopes && (st = check_view(vs, "alibi_slopes", &alibi, bh_dims, 2, sizeof(float), 0))) return st;
   if (p->sinks && (st = check_view(vs, "sinks", &sinks, h_dims, 1, sizeof(float), 0))) return st;
   const clattn_tensor bias_scale = {p->bias_scale, 0, {1, 0, 0, 0}};

@@ -1189,7 +1189,14 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   }
   alibi_buf = make_buf(sizeof(float) * (size_t)B * (Hq + 1), p.alibi);
   cu_buf = make_buf(sizeof(int32_t) * ((size_t)B + 1), p.cu_q);
-  sinks_buf = make_buf(sizeof(float) * Hq, p.sinks);
+  /* engine_bias: the sinks inside a larger buffer (sinks_offset), NaN before them */
+  const size_t sinks_at = c->engine_bias ? 5 : 0;
+  {
+    float *s = malloc(sizeof(float) * (sinks_at + Hq));
+    for (size_t i = 0; s && i < sinks_at + Hq; i++) s[i] = i < sinks_at ? NAN : p.sinks[i - sinks_at];
+    if (s) sinks_buf = make_buf(sizeof(float) * (sinks_at + Hq), s);
+    free(s);
+  }
   w_buf = make_buf(sizeof(float) * c->dk, p.addw);
   if (!q_buf || !k_buf || !v_buf || !bt_buf || !lens_buf || !out_buf || !lse_buf || !ent_buf || !mw_buf || !am_buf ||
       !cu_buf || (c->kv == CLATTN_INT8 && !ks_buf) || (kv_v(c) == CLATTN_INT8 && !vs_buf) || (c->mask && !mask_buf) ||
@@ -1265,7 +1272,10 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   fp.softcap = c->softcap ? 5.0f : 0.0f;
   if (c->alibi) fp.alibi_slopes = alibi_buf;
   fp.alibi_batch_stride = p.alibi_stride;
-  if (c->sinks) fp.sinks = sinks_buf;
+  if (c->sinks) {
+    fp.sinks = sinks_buf;
+    fp.sinks_offset = sinks_at;
+  }
   if (c->additive) {
     fp.score = CLATTN_SCORE_ADDITIVE;
     fp.additive_w = w_buf;

@@ -83,7 +83,7 @@ class Params(ctypes.Structure):
         ("block_table", c_void_p),
         ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
         ("alibi_batch_stride", c_int),  # ABI 2
-        ("v_dtype", c_int), ("bias_dtype", c_int), ("bias_scale", c_void_p),  # ABI 3
+        ("v_dtype", c_int), ("bias_dtype", c_int), ("bias_scale", c_void_p), ("sinks_offset", c_size_t),  # ABI 3
         ("_reserved", ctypes.c_char * RESERVED),
     ]
 
