@@ -5,11 +5,17 @@
  * backend; llama.cpp offloads to them), over one clattn context created at
  * the first registration (CLATTN_DEVICE picks the OpenCL device). The device
  * accepts FLASH_ATTN_EXT where clattn computes it as ggml defines it, and
- * the view ops, which move no data; ggml's scheduler gives every other node
- * to the CPU backend, which uses this device's (host) buffers in place.
- * Graphs compute synchronously: when graph_compute returns, the outputs
- * are in host memory.
+ * the view ops, which move no data. Its buffer type is the CPU backend's,
+ * as ggml's BLAS backend does: tensors (the K/V cache among them) stay in
+ * host memory where the CPU backend runs every other node, and ggml's
+ * scheduler moves a FLASH_ATTN_EXT node it first gave to the CPU up to this
+ * higher-priority device, which shares its buffer type and supports the
+ * node (its pass 3). flash_attn_ext.c wraps the node's host memory as
+ * OpenCL buffers. Graphs compute synchronously: when graph_compute returns,
+ * the outputs are in host memory.
  */
+#define _GNU_SOURCE /* RTLD_DEFAULT */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,7 +128,10 @@ static ggml_backend_t device_init(ggml_backend_dev_t dev, const char *params) {
   return backend;
 }
 
-static ggml_backend_buffer_type_t device_buffer_type(ggml_backend_dev_t dev) { return &((gc_device *)dev->context)->buft; }
+static ggml_backend_buffer_type_t device_buffer_type(ggml_backend_dev_t dev) {
+  (void)dev;
+  return ggml_backend_cpu_buffer_type();
+}
 
 static bool device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor *op) {
   (void)dev;
@@ -130,9 +139,10 @@ static bool device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor 
   return op->op == GGML_OP_FLASH_ATTN_EXT && gc_flash_attn_supported(op);
 }
 
+/* Any host memory: it is wrapped as an OpenCL buffer per node. */
 static bool device_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft) {
   (void)dev;
-  return gc_is_buffer_type(buft);
+  return ggml_backend_buft_is_host(buft);
 }
 
 static const struct ggml_backend_device_i device_iface = {
@@ -191,18 +201,12 @@ static void device_open(void) {
   }
   cl_device_id id = clattn_cl_device(device_ctx.ctx);
   char name[160] = "?";
-  cl_uint align_bits = 0;
-  cl_ulong max_alloc = 0, memory = 0;
+  cl_ulong memory = 0;
   clGetDeviceInfo(id, CL_DEVICE_NAME, sizeof name - 1, name, NULL);
-  clGetDeviceInfo(id, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof align_bits, &align_bits, NULL);
-  clGetDeviceInfo(id, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
   clGetDeviceInfo(id, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof memory, &memory, NULL);
   snprintf(device_ctx.description, sizeof device_ctx.description, "clattn on %s", name);
-  device_ctx.alignment = align_bits / 8 > 128 ? align_bits / 8 : 128;
-  device_ctx.max_alloc = (size_t)max_alloc;
   device_ctx.memory = (size_t)memory;
   device = (struct ggml_backend_device){device_iface, &reg, &device_ctx};
-  gc_buffer_type_init(&device_ctx, &device);
   device_count = 1;
 }
 
@@ -226,3 +230,18 @@ ggml_backend_reg_t ggml_backend_clattn_reg(void) {
 }
 
 GGML_BACKEND_DL_IMPL(ggml_backend_clattn_reg)
+
+/* ggml's programs find a backend library through ggml_backend_load_all
+ * (GGML_BACKEND_PATH), but llama.cpp's call it only where no backend is
+ * registered yet (ggml built with GGML_BACKEND_DL), and test-llama-archs
+ * looks its -b device up before any backend loads. There, preloaded
+ * (LD_PRELOAD) with CLATTN_GGML_REGISTER=1, the library registers itself
+ * as it loads, as a program linking it would by calling
+ * ggml_backend_register(ggml_backend_clattn_reg()). */
+__attribute__((constructor)) static void register_at_load(void) {
+  const char *want = getenv("CLATTN_GGML_REGISTER");
+  if (!want || strcmp(want, "1") != 0) return;
+  void (*register_backend)(ggml_backend_reg_t);
+  *(void **)&register_backend = dlsym(RTLD_DEFAULT, "ggml_backend_register");
+  if (register_backend) register_backend(ggml_backend_clattn_reg()); /* else not a ggml program (a child process) */
+}

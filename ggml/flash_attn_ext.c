@@ -13,9 +13,10 @@
  *   op params scale, max_bias (ALiBi: ggml's per-head slope times the mask
  *   value: bias_scale), logit_softcap (softcap); src[4] sinks f32 [H].
  *
- * ggml's views carry byte strides: element views of f32, f16, bf16 become
- * element strides, the block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL)
- * keep bytes, as clattn's block views do. Query head h reads KV head
+ * Each tensor's host memory is wrapped as an OpenCL buffer from its first
+ * byte. ggml's views carry byte strides: element views of f32, f16, bf16
+ * become element strides, the block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * IQ4_NL) keep bytes, as clattn's block views do. Query head h reads KV head
  * h / (H / Hkv) in both. The precision request and the sparse-mask hint
  * (n_kv_max) change nothing: clattn computes in f32 over the allowed keys.
  */
@@ -49,8 +50,8 @@ static int kv_storage(enum ggml_type t) {
   }
 }
 
-/* A view's strides (and later its offset) in clattn's units: elements, or
- * bytes for the block types. */
+/* A view's strides in clattn's units: elements, or bytes for the block
+ * types. */
 static bool unit_strides(const struct ggml_tensor *t, size_t unit) {
   for (int i = 1; i < 4; i++)
     if (t->nb[i] % unit) return false;
@@ -115,44 +116,39 @@ static cl_mem slopes_for(gc_backend *be, int64_t heads, float max_bias) {
   return be->slopes;
 }
 
-/* A view of a ggml tensor for clattn: [d3, d2 or d1, ...] as clattn indexes
- * [batch, head, row, column], each stride the byte stride over unit.
- * order: the ggml dimension of each of clattn's (batch, head, row); 0: a
- * broadcast dimension (stride 0). */
-static bool view_of(const struct ggml_tensor *t, size_t unit, const int order[3], clattn_tensor *out) {
-  size_t offset;
-  if (!gc_tensor_mem(t, &out->buf, &offset) || offset % unit) return false;
-  out->offset = offset / unit;
-  for (int i = 0; i < 3; i++) out->stride[i] = order[i] ? t->nb[order[i]] / unit : 0;
-  out->stride[3] = ggml_blck_size(t->type) > 1 ? ggml_type_size(t->type) : 1;
-  return true;
+/* A tensor's host memory as an OpenCL buffer (CL_MEM_USE_HOST_PTR over its
+ * ggml_nbytes from its first byte; NULL: the error in *err). Made per node:
+ * the bytes are those ggml's CPU backend reads and writes, and a device
+ * that keeps a copy of its own takes the host's contents at creation. */
+static cl_mem wrap(clattn_context *ctx, const struct ggml_tensor *t, cl_mem_flags access, cl_int *err) {
+  if (!t) return NULL;
+  return clCreateBuffer(clattn_cl_context(ctx), access | CL_MEM_USE_HOST_PTR, ggml_nbytes(t), t->data, err);
 }
 
-/* The OpenCL side of host-pointer buffers: before the kernels the device
- * takes each input region as the host wrote it (a map for writing that
- * discards the device's copy, then unmap), after them the host takes the
- * output (a map for reading). On devices that use the host memory itself
- * (CPUs, integrated GPUs) these are cheap. */
-static cl_int sync_region(cl_command_queue queue, const struct ggml_tensor *t, cl_map_flags flags, int blocking) {
-  cl_mem mem;
-  size_t offset;
-  if (!t || !gc_tensor_mem(t, &mem, &offset)) return CL_SUCCESS;
-  cl_int err;
-  void *p = clEnqueueMapBuffer(queue, mem, blocking ? CL_TRUE : CL_FALSE, flags, offset, ggml_nbytes(t), 0, NULL,
-                               NULL, &err);
-  if (err != CL_SUCCESS) return err;
-  return clEnqueueUnmapMemObject(queue, mem, p, 0, NULL, NULL);
+/* clattn's view of a wrapped tensor: its [batch, head, row] dimensions are
+ * ggml's order[0..2] (0: broadcast, stride 0), each stride the byte stride
+ * over unit (an element, or a byte for the block types). */
+static clattn_tensor view_of(cl_mem mem, const struct ggml_tensor *t, size_t unit, const int order[3]) {
+  clattn_tensor v = {mem, 0, {0, 0, 0, ggml_blck_size(t->type) > 1 ? ggml_type_size(t->type) : 1}};
+  for (int i = 0; i < 3; i++) v.stride[i] = order[i] ? t->nb[order[i]] / unit : 0;
+  return v;
 }
 
 enum ggml_status gc_flash_attn_compute(gc_backend *be, struct ggml_tensor *node) {
   const struct ggml_tensor *q = node->src[0], *k = node->src[1], *v = node->src[2], *mask = node->src[3],
                            *sinks = node->src[4];
   clattn_context *ctx = be->dev->ctx;
-  cl_command_queue queue = clattn_cl_queue(ctx);
   float scale, max_bias, softcap;
   memcpy(&scale, (const float *)node->op_params + 0, sizeof scale);
   memcpy(&max_bias, (const float *)node->op_params + 1, sizeof max_bias);
   memcpy(&softcap, (const float *)node->op_params + 2, sizeof softcap);
+
+  /* q, k, v, mask, sinks, out */
+  const struct ggml_tensor *tensors[6] = {q, k, v, mask, sinks, node};
+  cl_mem mem[6] = {NULL};
+  cl_int err = CL_SUCCESS;
+  for (int i = 0; i < 6 && err == CL_SUCCESS; i++)
+    mem[i] = wrap(ctx, tensors[i], i < 5 ? CL_MEM_READ_ONLY : CL_MEM_READ_WRITE, &err);
 
   clattn_params p = clattn_params_default();
   p.batch = (int)q->ne[3];
@@ -170,27 +166,18 @@ enum ggml_status gc_flash_attn_compute(gc_backend *be, struct ggml_tensor *node)
   const int qkv_order[3] = {3, 2, 1}, out_order[3] = {3, 1, 2};
   const size_t k_unit = ggml_blck_size(k->type) > 1 ? 1 : ggml_type_size(k->type);
   const size_t v_unit = ggml_blck_size(v->type) > 1 ? 1 : ggml_type_size(v->type);
-  bool ok = view_of(q, sizeof(float), qkv_order, &p.q) && view_of(k, k_unit, qkv_order, &p.k) &&
-            view_of(v, v_unit, qkv_order, &p.v) && view_of(node, sizeof(float), out_order, &p.out);
+  p.q = view_of(mem[0], q, sizeof(float), qkv_order);
+  p.k = view_of(mem[1], k, k_unit, qkv_order);
+  p.v = view_of(mem[2], v, v_unit, qkv_order);
+  p.out = view_of(mem[5], node, sizeof(float), out_order);
   if (mask) {
     const int mask_order[3] = {mask->ne[3] == 1 ? 0 : 3, mask->ne[2] == 1 ? 0 : 2, 1};
-    ok = ok && view_of(mask, sizeof(ggml_fp16_t), mask_order, &p.bias);
+    p.bias = view_of(mem[3], mask, sizeof(ggml_fp16_t), mask_order);
     p.bias_dtype = CLATTN_F16;
-    if (max_bias > 0.0f) ok = ok && (p.bias_scale = slopes_for(be, q->ne[2], max_bias)) != NULL;
+    if (max_bias > 0.0f && !(p.bias_scale = slopes_for(be, q->ne[2], max_bias))) err = CL_OUT_OF_HOST_MEMORY;
   }
-  if (sinks) {
-    size_t offset = 0;
-    ok = ok && gc_tensor_mem(sinks, &p.sinks, &offset) && offset % sizeof(float) == 0;
-    p.sinks_offset = offset / sizeof(float);
-  }
-  if (!ok) {
-    fprintf(stderr, "ggml-clattn: %s: a tensor is not in a CLATTN buffer at an offset clattn can view\n", node->name);
-    return GGML_STATUS_FAILED;
-  }
+  p.sinks = mem[4];
 
-  const struct ggml_tensor *inputs[] = {q, k, v, mask, sinks};
-  cl_int err = CL_SUCCESS;
-  for (size_t i = 0; i < 5 && err == CL_SUCCESS; i++) err = sync_region(queue, inputs[i], CL_MAP_WRITE_INVALIDATE_REGION, 0);
   clattn_status st = CLATTN_OK;
   cl_event done = NULL;
   if (err == CL_SUCCESS) st = clattn_forward(ctx, &p, 0, NULL, &done);
@@ -198,11 +185,21 @@ enum ggml_status gc_flash_attn_compute(gc_backend *be, struct ggml_tensor *node)
     err = clWaitForEvents(1, &done);
     clReleaseEvent(done);
   }
-  if (err == CL_SUCCESS && st == CLATTN_OK) err = sync_region(queue, node, CL_MAP_READ, 1);
-  if (err == CL_SUCCESS && st == CLATTN_OK) err = clFinish(queue);
+  /* the output into host memory, where a device keeps a copy of its own */
+  if (err == CL_SUCCESS && st == CLATTN_OK) {
+    void *host = clEnqueueMapBuffer(clattn_cl_queue(ctx), mem[5], CL_TRUE, CL_MAP_READ, 0, ggml_nbytes(node), 0, NULL,
+                                    NULL, &err);
+    if (err == CL_SUCCESS) err = clEnqueueUnmapMemObject(clattn_cl_queue(ctx), mem[5], host, 0, NULL, NULL);
+    if (err == CL_SUCCESS) err = clFinish(clattn_cl_queue(ctx));
+  }
+  for (int i = 0; i < 6; i++)
+    if (mem[i]) clReleaseMemObject(mem[i]);
   if (st != CLATTN_OK || err != CL_SUCCESS) {
-    fprintf(stderr, "ggml-clattn: %s: %s\n", node->name,
-            st != CLATTN_OK ? clattn_last_error(ctx) : "an OpenCL map of the node's buffers failed");
+    if (st != CLATTN_OK)
+      fprintf(stderr, "ggml-clattn: %s: %s\n", node->name, clattn_last_error(ctx));
+    else
+      fprintf(stderr, "ggml-clattn: %s: OpenCL error %d wrapping or mapping its tensors' memory\n", node->name,
+              (int)err);
     return GGML_STATUS_FAILED;
   }
   gc_count_call();

@@ -6,22 +6,23 @@
 # 1. llama.cpp as PyPI's llama-cpp-python==0.3.36 sdist vendors it (ggml
 #    0.25.3, backend API 2), fetched with `pip download --no-deps
 #    --no-binary :all:` into build-ggml/ (once: nothing of llama.cpp is in
-#    the repository) and built there with cmake: ggml's backends loadable at
-#    run time (GGML_BACKEND_DL: so llama.cpp's programs load the one that
-#    GGML_BACKEND_PATH names), the CPU backend with this CPU's vector
-#    extensions, test-backend-ops, test-llama-archs, llama-simple and
-#    llama-bench.
+#    the repository) and built there with cmake (GGML_NATIVE: the CPU
+#    backend for this CPU): test-backend-ops, test-llama-archs, llama-simple
+#    and llama-bench.
 # 2. BUILD_DIR reconfigured with -Dggml and -Dggml_lib naming that tree and
 #    its libraries, and built: BUILD_DIR/ggml/libggml-clattn.so.
-# 3. With GGML_BACKEND_PATH naming the backend, on the default OpenCL device
-#    (CLATTN_DEVICE's match, else the first GPU, else POCL's CPU device):
+# 3. On the default OpenCL device (CLATTN_DEVICE's match, else the first
+#    GPU, else POCL's CPU device), the backend loaded as ggml loads one:
 #      test-backend-ops test -o FLASH_ATTN_EXT -b CLATTN    every case ggml generates
-#                                 (--quick: those with head sizes 64/64 and 576/512)
+#                                 (--quick: those with head sizes 64/64 and 576/512),
+#                                 GGML_BACKEND_PATH naming the backend
 #      test-llama-archs -b CLATTN  every architecture against the CPU backend
 #                                 (--quick: llama, qwen2, gemma2)
 #      llama-simple               a random-weights llama model that test-llama-archs
 #                                 writes: the same greedy text on the CPU backend
 #                                 alone and with CLATTN
+#    (the last two read no GGML_BACKEND_PATH with ggml's CPU backend built in:
+#    the backend is preloaded and registers itself, CLATTN_GGML_REGISTER=1).
 #    Each run reports how many FLASH_ATTN_EXT nodes clattn_forward computed
 #    (CLATTN_GGML_REPORT); a run in which it computed none fails the lane.
 #
@@ -61,27 +62,21 @@ if [ ! -f "$tree/CMakeLists.txt" ]; then
   tar -xzf "$work"/llama_cpp_python-0.3.36.tar.gz -C "$work" || fail "cannot unpack the sdist"
 fi
 if [ ! -x "$bin/test-backend-ops" ] || [ ! -x "$bin/llama-simple" ]; then
-  # the CPU backend with the vector extensions this CPU has (GGML_NATIVE
-  # cannot go with loadable backends)
-  flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
-  has() { [[ " $flags " == *" $1 "* ]] && echo ON || echo OFF; }
   echo "ggml: building llama.cpp (cmake, $(nproc) jobs)" >&2
-  cmake -S "$tree" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF \
-    -DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" \
-    -DGGML_BMI2="$(has bmi2)" -DGGML_AVX512="$(has avx512f)" -DGGML_AVX512_VBMI="$(has avx512vbmi)" \
-    -DGGML_AVX512_VNNI="$(has avx512_vnni)" -DGGML_AVX512_BF16="$(has avx512_bf16)" \
-    -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_OPENSSL=OFF >"$work/cmake.log" 2>&1 || fail "cmake could not configure llama.cpp: $work/cmake.log"
+  cmake -S "$tree" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=ON \
+    -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF \
+    >"$work/cmake.log" 2>&1 || fail "cmake could not configure llama.cpp: $work/cmake.log"
   cmake --build "$work/build" -j "$(nproc)" --target test-backend-ops test-llama-archs llama-simple llama-bench \
-    ggml-cpu >"$work/build.log" 2>&1 || fail "llama.cpp did not build: $work/build.log"
+    >"$work/build.log" 2>&1 || fail "llama.cpp did not build: $work/build.log"
 fi
 echo "ggml: llama.cpp ready ($((SECONDS - t0)) s)" >&2
 
 # ---- 2. the backend ----
 meson configure "$build_dir" -Dggml="$tree" -Dggml_lib="$bin" >/dev/null || fail "meson configure $build_dir"
 ninja -C "$build_dir" >/dev/null || { ninja -C "$build_dir"; fail "the backend did not build"; }
-export GGML_BACKEND_PATH=$root/$build_dir/ggml/libggml-clattn.so
+backend=$root/$build_dir/ggml/libggml-clattn.so
 export CLATTN_GGML_REPORT=1
+preloaded=(env LD_PRELOAD="$backend" CLATTN_GGML_REGISTER=1)
 
 status=0
 # Runs a llama.cpp program, its stdout in $work/NAME.out and stderr in
@@ -104,23 +99,24 @@ run() {   # NAME PROGRAM ARGS...
 # ---- 3. llama.cpp's tests ----
 cases=()
 [ $quick -eq 1 ] && cases=(-p 'hsk=(64,hsv=64|576,hsv=512),')
-run test-backend-ops "$bin/test-backend-ops" test -o FLASH_ATTN_EXT -b CLATTN -j "$(nproc)" "${cases[@]}"
+run test-backend-ops env GGML_BACKEND_PATH="$backend" "$bin/test-backend-ops" test -o FLASH_ATTN_EXT -b CLATTN \
+  -j "$(nproc)" "${cases[@]}"
 grep -E 'tests passed' "$work/test-backend-ops.out"
 echo "ggml: test-backend-ops: $(grep -c 'not supported' "$work/test-backend-ops.out") cases not supported"
 grep 'not supported' "$work/test-backend-ops.out" | grep -o 'type_K=[a-z0-9_]*,type_V=[a-z0-9_]*' | sort | uniq -c
 
 archs=()
 [ $quick -eq 1 ] && archs=(-a '^(llama|qwen2|gemma2)$')
-run test-llama-archs "$bin/test-llama-archs" -b CLATTN -s 1 "${archs[@]}"
+run test-llama-archs "${preloaded[@]}" "$bin/test-llama-archs" -b CLATTN -s 1 "${archs[@]}"
 grep -E 'Summary' "$work/test-llama-archs.out" "$work/test-llama-archs.log"
 
 # The same greedy text on the CPU backend alone and with CLATTN.
 "$bin/test-llama-archs" -a '^llama$' -s 7 -o "$work/models" >"$work/models.log" 2>&1 ||
   fail "test-llama-archs could not write a model: $work/models.log"
 prompt="Once upon a time"
-env -u GGML_BACKEND_PATH "$bin/llama-simple" -m "$work/models/llama-dense.gguf" -n 48 "$prompt" \
+env -u CLATTN_GGML_REPORT "$bin/llama-simple" -m "$work/models/llama-dense.gguf" -n 48 "$prompt" \
   >"$work/simple-cpu.txt" 2>"$work/simple-cpu.log" || fail "llama-simple on the CPU backend: $work/simple-cpu.log"
-run llama-simple "$bin/llama-simple" -m "$work/models/llama-dense.gguf" -n 48 "$prompt"
+run llama-simple "${preloaded[@]}" "$bin/llama-simple" -m "$work/models/llama-dense.gguf" -n 48 "$prompt"
 if cmp -s "$work/simple-cpu.txt" "$work/llama-simple.out"; then
   echo "ggml: llama-simple: the same 48 tokens on CLATTN as on the CPU backend: $(head -c 80 "$work/simple-cpu.txt")"
 else
