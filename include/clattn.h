@@ -305,7 +305,8 @@ typedef struct {
   clattn_dtype src_dtype;         /* F32, F16 or BF16: k_new / v_new storage */
   clattn_tensor k_new, v_new;     /* [B, Hkv, new_len, dk | dv], element strides */
   cl_mem positions;               /* int32 [B]: cache position of new row 0 of each batch row */
-  clattn_dtype kv_dtype;          /* the cache's storage: F32, F16, BF16, Q8_0, INT8; SAME = src_dtype */
+  clattn_dtype kv_dtype;          /* the cache's storage: F32, F16, BF16, Q8_0, INT8 (the other block
+                                     types: UNSUPPORTED); SAME = src_dtype */
   clattn_tensor k, v;             /* the cache, described exactly as in clattn_params */
   clattn_tensor k_scale, v_scale; /* INT8 caches */
   cl_mem block_table;             /* paged caches, as in clattn_params */

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The ggml lane: clattn inside llama.cpp, checked by llama.cpp's own tests.
 #
-#   tools/scripts/ggml.sh [BUILD_DIR [--quick]]       BUILD_DIR default: build-test
+#   tools/scripts/ggml.sh [--quick]
 #
 # 1. llama.cpp as PyPI's llama-cpp-python==0.3.36 sdist vendors it (ggml
 #    0.25.3, backend API 2), fetched with `pip download --no-deps
@@ -9,8 +9,9 @@
 #    the repository) and built there with cmake (GGML_NATIVE: the CPU
 #    backend for this CPU): test-backend-ops, test-llama-archs, llama-simple
 #    and llama-bench.
-# 2. BUILD_DIR reconfigured with -Dggml and -Dggml_lib naming that tree and
-#    its libraries, and built: BUILD_DIR/ggml/libggml-clattn.so.
+# 2. clattn configured with -Dggml and -Dggml_lib naming that tree and its
+#    libraries into build-ggml/clattn, and the backend built there:
+#    build-ggml/clattn/ggml/libggml-clattn.so (and ggml-bench-fa).
 # 3. On the default OpenCL device (CLATTN_DEVICE's match, else the first
 #    GPU, else POCL's CPU device), the backend loaded as ggml loads one:
 #      test-backend-ops test -o FLASH_ATTN_EXT -b CLATTN    every case ggml generates
@@ -32,10 +33,10 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-build_dir=${1:-build-test}
 quick=0
-[ "${2:-}" = --quick ] && quick=1
+[ "${1:-}" = --quick ] && quick=1
 work=$root/build-ggml
+build_dir=$work/clattn
 sdist=llama-cpp-python==0.3.36
 tree=$work/llama_cpp_python-0.3.36/vendor/llama.cpp
 bin=$work/build/bin
@@ -72,9 +73,12 @@ fi
 echo "ggml: llama.cpp ready ($((SECONDS - t0)) s)" >&2
 
 # ---- 2. the backend ----
-meson configure "$build_dir" -Dggml="$tree" -Dggml_lib="$bin" >/dev/null || fail "meson configure $build_dir"
-ninja -C "$build_dir" >/dev/null || { ninja -C "$build_dir"; fail "the backend did not build"; }
-backend=$root/$build_dir/ggml/libggml-clattn.so
+if [ ! -f "$build_dir/build.ninja" ]; then
+  meson setup "$build_dir" -Dwerror=true -Dggml="$tree" -Dggml_lib="$bin" >/dev/null || fail "meson setup $build_dir"
+fi
+ninja -C "$build_dir" ggml/libggml-clattn.so ggml/ggml-bench-fa >/dev/null ||
+  { ninja -C "$build_dir" ggml/libggml-clattn.so ggml/ggml-bench-fa; fail "the backend did not build"; }
+backend=$build_dir/ggml/libggml-clattn.so
 export CLATTN_GGML_REPORT=1
 preloaded=(env LD_PRELOAD="$backend" CLATTN_GGML_REGISTER=1)
 
@@ -111,6 +115,7 @@ run test-llama-archs "${preloaded[@]}" "$bin/test-llama-archs" -b CLATTN -s 1 "$
 grep -E 'Summary' "$work/test-llama-archs.out" "$work/test-llama-archs.log"
 
 # The same greedy text on the CPU backend alone and with CLATTN.
+mkdir -p "$work/models"
 "$bin/test-llama-archs" -a '^llama$' -s 7 -o "$work/models" >"$work/models.log" 2>&1 ||
   fail "test-llama-archs could not write a model: $work/models.log"
 prompt="Once upon a time"
