@@ -597,7 +597,8 @@ static void append_rejects_bad_input_and_touches_nothing(void) {
        (a->block_table = bt, a->block_table_stride = 3, a->num_pages = 1, a->page_size = 8));
   CASE("paged: pool larger than the views", CLATTN_ERR_BUFFER_TOO_SMALL,
        (a->block_table = bt, a->block_table_stride = 1, a->num_pages = 2, a->page_size = 8));
-  CASE("kv_dtype out of range", CLATTN_ERR_INVALID_ARGUMENT, a->kv_dtype = (clattn_dtype)9);
+  CASE("kv_dtype out of range", CLATTN_ERR_INVALID_ARGUMENT, a->kv_dtype = (clattn_dtype)(CLATTN_IQ4_NL + 1));
+  CASE("a Q4_0 cache (read, not written)", CLATTN_ERR_UNSUPPORTED, a->kv_dtype = CLATTN_Q4_0);
 #undef CASE
   for (int i = 0; i < n; i++) {
     clattn_status st = clattn_kv_append(ct_context(), &cases[i].ap, 0, NULL, NULL);
@@ -796,6 +797,8 @@ typedef struct {
    * query, its K/V rows poisoned, and 1 in 8 entries elsewhere), times a
    * per-head bias_scale */
   int engine_bias;
+  int v_in_k; /* DeepSeek's MLA as llama.cpp keeps it: the values are the first dv columns of the
+                 keys' rows, V a view of K's bytes */
 } kvcase;
 
 /* The storage of the values. */
@@ -920,6 +923,11 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
         hc_write(&p->kc, s, h, r, p->kl + (((size_t)b * Hkv + h) * N + j) * c->dk);
         hc_write(&p->vc, s, h, r, p->vl + (((size_t)b * Hkv + h) * N + j) * c->dv);
       }
+  if (c->v_in_k) { /* V: K's rows, read to dv columns */
+    hc_free(&p->vc);
+    if (hc_make(&p->vc, c->kv, slots, Hkv, rows, c->dk)) return -1;
+    memcpy(p->vc.data, p->kc.data, p->kc.units * p->kc.unit);
+  }
   if (c->hostile) { /* any page may now be reached: all finite, entries anywhere */
     float *row = malloc(sizeof(float) * (size_t)(c->dk > c->dv ? c->dk : c->dv));
     if (!row) return -1;
@@ -1159,7 +1167,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
     free(h);
   }
   k_buf = make_buf(p.kc.units * p.kc.unit, p.kc.data);
-  v_buf = make_buf(p.vc.units * p.vc.unit, p.vc.data);
+  v_buf = c->v_in_k ? NULL : make_buf(p.vc.units * p.vc.unit, p.vc.data);
   if (c->kv == CLATTN_INT8) ks_buf = make_buf(p.kc.scale_n * 4, p.kc.scale);
   if (kv_v(c) == CLATTN_INT8) vs_buf = make_buf(p.vc.scale_n * 4, p.vc.scale);
   bt_buf = make_buf(sizeof(int32_t) * (size_t)B * p.bt_stride, p.table);
@@ -1198,7 +1206,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
     free(s);
   }
   w_buf = make_buf(sizeof(float) * c->dk, p.addw);
-  if (!q_buf || !k_buf || !v_buf || !bt_buf || !lens_buf || !out_buf || !lse_buf || !ent_buf || !mw_buf || !am_buf ||
+  if (!q_buf || !k_buf || (!v_buf && !c->v_in_k) || !bt_buf || !lens_buf || !out_buf || !lse_buf || !ent_buf || !mw_buf || !am_buf ||
       !cu_buf || (c->kv == CLATTN_INT8 && !ks_buf) || (kv_v(c) == CLATTN_INT8 && !vs_buf) || (c->mask && !mask_buf) ||
       (c->bias && !bias_buf) || (c->engine_bias && !bscale_buf) || !alibi_buf || !sinks_buf || !w_buf) {
     CHECKF(0, "%s: device buffers", c->label);
@@ -1225,7 +1233,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   fp.k = p.kc.view;
   fp.k.buf = k_buf;
   fp.v = p.vc.view;
-  fp.v.buf = v_buf;
+  fp.v.buf = c->v_in_k ? k_buf : v_buf;
   if (c->kv == CLATTN_INT8) {
     fp.k_scale = p.kc.scale_view;
     fp.k_scale.buf = ks_buf;
@@ -1612,6 +1620,33 @@ static void engine_mask_as_f16_bias_with_minus_inf(void) {
     }
 }
 
+/* The head sizes ggml's models bring, each on every path: DeepSeek's MLA
+ * (dk 576, dv 512, 16 query heads over one KV head, the values the first
+ * 512 columns of the keys' rows: V a view of K's bytes), f16 and Q8_0, decode
+ * and a paged prefill chunk; odd sizes (65 / 67) under an engine's f16 mask;
+ * 40. */
+static void head_sizes_of_ggml_models(void) {
+  static const int lens[2] = {77, 40};
+  const struct {
+    int dk, dv, Hq, Hkv, M, paged, v_in_k, engine_bias;
+    clattn_dtype kv;
+  } cases[] = {{576, 512, 16, 1, 1, 0, 1, 0, CLATTN_F16}, {576, 512, 16, 1, 4, 1, 1, 0, CLATTN_F16},
+               {576, 512, 16, 1, 1, 0, 1, 0, CLATTN_Q8_0}, {65, 67, 4, 2, 3, 0, 0, 1, CLATTN_F16},
+               {40, 40, 4, 4, 7, 1, 0, 0, CLATTN_BF16}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char label[96];
+    snprintf(label, sizeof label, "dk=%d dv=%d kv=%s M=%d%s%s", cases[i].dk, cases[i].dv, kv_name(cases[i].kv),
+             cases[i].M, cases[i].paged ? " paged" : "", cases[i].v_in_k ? ", V inside K" : "");
+    const kvcase c = {.label = label, .B = 2, .Hq = cases[i].Hq, .Hkv = cases[i].Hkv, .M = cases[i].M, .N = 77,
+                      .dk = cases[i].dk, .dv = cases[i].dv, .dtype = CLATTN_F32, .kv = cases[i].kv,
+                      .paged = cases[i].paged, .page_size = 16, .spare_pages = 1, .lens = lens, .causal = 1,
+                      .window_left = -1, .window_right = -1, .bias = cases[i].engine_bias,
+                      .engine_bias = cases[i].engine_bias, .sinks = cases[i].engine_bias, .lse = 1,
+                      .v_in_k = cases[i].v_in_k};
+    kv_forward_case(&c, CLATTN_ALGO_FUSED);
+  }
+}
+
 /* Decode (one query row) over a long paged cache: N = 4099 keys split
  * across work-items and merged; page size 7 (4099 = 585 * 7 + 4). */
 static void paged_decode_split_kv_matches_reference(void) {
@@ -1903,7 +1938,7 @@ static void forward_rejects_bad_kv_input_and_touches_nothing(void) {
     const char *what;
     clattn_params p;
     clattn_status want;
-  } cases[32];
+  } cases[48];
   int n = 0;
 #define CASE(wh, st, edit)            \
   do {                                \
@@ -1929,7 +1964,15 @@ static void forward_rejects_bad_kv_input_and_touches_nothing(void) {
   CASE("Q8_0 odd row stride", CLATTN_ERR_INVALID_ARGUMENT, a->k.stride[2] = 35);
   CASE("Q8_0 as dtype", CLATTN_ERR_INVALID_ARGUMENT, a->dtype = CLATTN_Q8_0);
   CASE("INT8 as dtype", CLATTN_ERR_INVALID_ARGUMENT, a->dtype = CLATTN_INT8);
-  CASE("kv_dtype out of range", CLATTN_ERR_INVALID_ARGUMENT, a->kv_dtype = (clattn_dtype)5);
+  CASE("kv_dtype out of range", CLATTN_ERR_INVALID_ARGUMENT, a->kv_dtype = (clattn_dtype)(CLATTN_IQ4_NL + 1));
+  CASE("v_dtype out of range", CLATTN_ERR_INVALID_ARGUMENT, a->v_dtype = (clattn_dtype)(CLATTN_IQ4_NL + 1));
+  CASE("Q4_0 with Q8_0's block stride", CLATTN_ERR_INVALID_ARGUMENT, a->kv_dtype = CLATTN_Q4_0);
+  CASE("Q5_1 values, value dim 48", CLATTN_ERR_INVALID_ARGUMENT,
+       (a->v_dtype = CLATTN_Q5_1, a->value_dim = 48, a->out.stride[2] = 48));
+  CASE("INT8 values without v_scale", CLATTN_ERR_INVALID_ARGUMENT, (a->v_dtype = CLATTN_INT8, a->v = int8_view));
+  CASE("bias_dtype BF16", CLATTN_ERR_INVALID_ARGUMENT, a->bias_dtype = CLATTN_BF16);
+  CASE("bias_scale without a bias", CLATTN_ERR_INVALID_ARGUMENT, a->bias_scale = sc);
+  CASE("sinks_offset past the sinks' buffer", CLATTN_ERR_BUFFER_TOO_SMALL, (a->sinks = sc, a->sinks_offset = 1000));
   CASE("INT8 without scales", CLATTN_ERR_INVALID_ARGUMENT, (a->kv_dtype = CLATTN_INT8, a->k = a->v = int8_view));
   CASE("INT8 with k_scale only", CLATTN_ERR_INVALID_ARGUMENT,
        (a->kv_dtype = CLATTN_INT8, a->k = a->v = int8_view, a->k_scale = scale_view));
@@ -2018,6 +2061,7 @@ int main(int argc, char **argv) {
       CT_TEST(contiguous_quantised_matches_reference),
       CT_TEST(block_types_and_k_v_stored_apart),
       CT_TEST(engine_mask_as_f16_bias_with_minus_inf),
+      CT_TEST(head_sizes_of_ggml_models),
       CT_TEST(paged_decode_split_kv_matches_reference),
       CT_TEST(packed_queries_over_paged_cache),
       CT_TEST(paged_hostile_tables_and_lengths),
