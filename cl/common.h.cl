@@ -283,10 +283,16 @@ static inline ca_seq ca_sequence(long b, int q_len, int kv_len, CA_SEQ_ARGS) {
 #define CA_BIAS_PASS bias, bias_off, bias_st, has_bias, bias_scale
 #define CA_BIAS_F16 2
 #define CA_BIAS_SCALED 4
-static inline float ca_bias(CA_BIAS_ARGS, long b, long h, long i, long j) {
-  const ulong at = ca_at(bias_off, bias_st, b, h, i, j);
-  const float x = (has_bias & CA_BIAS_F16) ? vload_half(0, (__global const half *)bias + at) : bias[at];
+/* The entry at element `at` of the bias as stored, and head h's scaling of it. */
+static inline float ca_bias_raw(CA_BIAS_ARGS, ulong at) {
+  (void)bias_off, (void)bias_st, (void)bias_scale;
+  return (has_bias & CA_BIAS_F16) ? vload_half(0, (__global const half *)bias + at) : bias[at];
+}
+static inline float ca_bias_scaled(float x, int has_bias, __global const float *bias_scale, long h) {
   return (has_bias & CA_BIAS_SCALED) && x != -INFINITY ? x * bias_scale[h] : x;
+}
+static inline float ca_bias(CA_BIAS_ARGS, long b, long h, long i, long j) {
+  return ca_bias_scaled(ca_bias_raw(CA_BIAS_PASS, ca_at(bias_off, bias_st, b, h, i, j)), has_bias, bias_scale, h);
 }
 
 /* Score shaping after scale * <q, k> (clattn.h's order): softcap, then the

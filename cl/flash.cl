@@ -334,6 +334,28 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
    * mode locates each half block once, not each key (a division each). */
   const bool page_halves = direct && paged && page_size % FLASH_VW == 0;
   for (long j0 = j_begin; j0 < j_end; j0 += FLASH_BN) {
+    /* The block's bias, as stored (each row scales its own), read before
+     * its scores: a block that every row's bias disallows (an engine's
+     * causal mask above the diagonal, its padding) is skipped like a block
+     * outside the window, and rows under one bias row (heads of a group
+     * under a mask broadcast over heads) read it once. */
+    float bias_raw[FLASH_BM_MAX][FLASH_BN];
+    if (has_bias) {
+      bool live = false;
+      ulong prev_row = ~(ulong)0;
+      for (int r = 0; r < bm; r++) {
+        const ulong row_at = ca_at(bias_off, bias_st, b, hs[r], is[r], 0);
+        for (int jj = 0; jj < FLASH_BN; jj++) {
+          const long j = j0 + jj;
+          bias_raw[r][jj] = row_at == prev_row ? bias_raw[r - 1][jj]
+                            : j < kv_len      ? ca_bias_raw(CA_BIAS_PASS, row_at + (ulong)j * bias_st.s3)
+                                              : -INFINITY;
+          live = live || bias_raw[r][jj] != -INFINITY;
+        }
+        prev_row = row_at;
+      }
+      if (!live) continue;
+    }
     flash_vec s0[FLASH_BM_MAX], s1[FLASH_BM_MAX];   /* keys j0 .. j0+VW-1, j0+VW .. j0+BN-1 */
     /* with page_halves, key j0 + jj is row at_h[h].row + jj % FLASH_VW of
      * page at_h[h].slot (h = jj / FLASH_VW): keys past n_valid then read
@@ -420,7 +442,15 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
         x0 = softcap * tanh(x0 / softcap);
         x1 = softcap * tanh(x1 / softcap);
       }
-      if (per_key) {
+      if (full && has_bias && !has_alibi) {
+        /* every key allowed but for the bias: it adds in whole vectors, a
+         * -inf entry disallowing its key whatever the score (a NaN key's) */
+        const flash_vec b0 = flash_vload(0, bias_raw[r]), b1 = flash_vload(0, bias_raw[r] + FLASH_VW);
+        const float bs = (has_bias & CA_BIAS_SCALED) ? bias_scale[hs[r]] : 1.0f;
+        const flash_vec none = (flash_vec)(-INFINITY);
+        x0 = select(x0 + b0 * bs, none, isequal(b0, none));
+        x1 = select(x1 + b1 * bs, none, isequal(b1, none));
+      } else if (per_key) {
         float e[FLASH_BN];
         flash_vstore(x0, 0, e);
         flash_vstore(x1, 0, e + FLASH_VW);
@@ -432,9 +462,8 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
             allowed = page_halves ? at_h[jj / FLASH_VW].ok : ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
           if (allowed && has_bias) {
-            const float bias_ij = ca_bias(CA_BIAS_PASS, b, hs[r], is[r], j);
-            allowed = bias_ij != -INFINITY;
-            e[jj] += bias_ij;
+            allowed = bias_raw[r][jj] != -INFINITY;
+            e[jj] += ca_bias_scaled(bias_raw[r][jj], has_bias, bias_scale, hs[r]);
           }
           if (allowed && has_alibi)
             e[jj] += ca_alibi(is[r], j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, hs[r]));

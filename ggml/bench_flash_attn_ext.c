@@ -1,13 +1,21 @@
 /*
  * ggml-bench-fa: one FLASH_ATTN_EXT node timed on ggml's CPU backend and on
  * CLATTN over the same tensors (both in host memory), rounds interleaved,
- * medians; the outputs compared (NMSE) as test-backend-ops does.
+ * medians; the outputs compared (NMSE) as test-backend-ops does. Each
+ * sample is one graph of N copies of the node (as test-backend-ops perf
+ * times an op): the node's steady-state cost on a backend whose threads
+ * are running, not the wake-up of a thread pool the other backend's run
+ * left idle, nor the other pool still spinning beside it.
  *
- *   ggml-bench-fa [--threads T] [--rounds R] [--kv f16|q8_0|q4_0] SHAPE...
+ *   ggml-bench-fa [--threads T] [--poll P] [--rounds R] [--nodes N] [--kv f16|q8_0|q4_0] SHAPE...
  *     SHAPE  H,Hkv,n_q,n_kv,D: H query heads over Hkv KV heads, n_q queries
  *            (1: a decode step; more: a prefill chunk under a causal mask,
  *            its queries the last n_q positions), n_kv keys, head size D
  *     --threads  the CPU backend's threads (default: every core, as llama.cpp runs it)
+ *     --poll     the CPU thread pool's polling level, 0 .. 100 (default 0: its threads sleep when
+ *                idle; ggml's default, 50, keeps them spinning for tens of milliseconds after
+ *                each graph, on the cores the OpenCL device's threads need when it is the CPU)
+ *     --rounds   samples per backend (default 7); --nodes  copies of the node per sample (default 8)
  *
  * One line per shape: the CPU's and CLATTN's median milliseconds per node,
  * their ratio (CPU / CLATTN: above 1, clattn is faster), the NMSE.
@@ -41,7 +49,8 @@ static double median(double *x, int n) {
 }
 
 /* One shape: returns 0 when both backends computed it. */
-static int bench(ggml_backend_t cpu, ggml_backend_t cl, const int s[5], enum ggml_type kv_type, int rounds) {
+static int bench(ggml_backend_t cpu, ggml_backend_t cl, const int s[5], enum ggml_type kv_type, int rounds,
+                 int nodes) {
   const int H = s[0], Hkv = s[1], n_q = s[2], n_kv = s[3], D = s[4];
   struct ggml_init_params ip = {ggml_tensor_overhead() * 8 + ggml_graph_overhead(), NULL, true};
   struct ggml_context *ctx = ggml_init(ip);
@@ -53,6 +62,7 @@ static int bench(ggml_backend_t cpu, ggml_backend_t cl, const int s[5], enum ggm
   ggml_prec_set_acc(out, GGML_PREC_F32);
   struct ggml_cgraph *gf = ggml_new_graph(ctx);
   ggml_build_forward_expand(gf, out);
+  for (int i = 1; i < nodes; i++) ggml_graph_add_node(gf, out);
   ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
   if (!buf) {
     fprintf(stderr, "ggml-bench-fa: cannot allocate the tensors\n");
@@ -90,7 +100,7 @@ static int bench(ggml_backend_t cpu, ggml_backend_t cl, const int s[5], enum ggm
       const int64_t t0 = ggml_time_us();
       if (ggml_backend_graph_compute(backends[b], gf) != GGML_STATUS_SUCCESS) rc = -1;
       const int64_t t1 = ggml_time_us();
-      if (r >= 0) ms[b][r] = (double)(t1 - t0) / 1000.0;
+      if (r >= 0) ms[b][r] = (double)(t1 - t0) / 1000.0 / nodes;
       if (r == 0) ggml_backend_tensor_get(out, o[b], 0, ggml_nbytes(out));
     }
   if (rc == 0) {
@@ -112,12 +122,14 @@ static int bench(ggml_backend_t cpu, ggml_backend_t cl, const int s[5], enum ggm
 }
 
 int main(int argc, char **argv) {
-  int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), rounds = 7, first = 1;
+  int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), poll = 0, rounds = 7, nodes = 8, first = 1;
   enum ggml_type kv_type = GGML_TYPE_F16;
   for (; first < argc && argv[first][0] == '-'; first += 2) {
     if (first + 1 >= argc) break;
     if (strcmp(argv[first], "--threads") == 0) threads = atoi(argv[first + 1]);
     else if (strcmp(argv[first], "--rounds") == 0) rounds = atoi(argv[first + 1]);
+    else if (strcmp(argv[first], "--nodes") == 0) nodes = atoi(argv[first + 1]);
+    else if (strcmp(argv[first], "--poll") == 0) poll = atoi(argv[first + 1]);
     else if (strcmp(argv[first], "--kv") == 0)
       kv_type = strcmp(argv[first + 1], "q8_0") == 0   ? GGML_TYPE_Q8_0
                 : strcmp(argv[first + 1], "q4_0") == 0 ? GGML_TYPE_Q4_0
@@ -125,8 +137,9 @@ int main(int argc, char **argv) {
     else
       break;
   }
-  if (first >= argc || threads < 1 || rounds < 1) {
-    fprintf(stderr, "usage: ggml-bench-fa [--threads T] [--rounds R] [--kv f16|q8_0|q4_0] H,Hkv,n_q,n_kv,D...\n");
+  if (first >= argc || threads < 1 || rounds < 1 || nodes < 1 || nodes > 1000 || poll < 0 || poll > 100) {
+    fprintf(stderr, "usage: ggml-bench-fa [--threads T] [--poll P] [--rounds R] [--nodes N] [--kv f16|q8_0|q4_0] "
+                    "H,Hkv,n_q,n_kv,D...\n");
     return 2;
   }
   ggml_backend_reg_t reg = ggml_backend_clattn_reg();
@@ -135,10 +148,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   ggml_backend_t cpu = ggml_backend_cpu_init();
+  struct ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
+  tpp.poll = (uint32_t)poll;
+  struct ggml_threadpool *pool = ggml_threadpool_new(&tpp);
   ggml_backend_cpu_set_n_threads(cpu, threads);
+  ggml_backend_cpu_set_threadpool(cpu, pool);
   ggml_backend_t cl = ggml_backend_dev_init(ggml_backend_reg_dev_get(reg, 0), NULL);
-  printf("CPU backend: %d threads; CLATTN: %s; median of %d interleaved rounds\n", threads,
-         ggml_backend_dev_description(ggml_backend_reg_dev_get(reg, 0)), rounds);
+  printf("CPU backend: %d threads, polling %d; CLATTN: %s; per node, median of %d interleaved rounds of %d nodes\n",
+         threads, poll, ggml_backend_dev_description(ggml_backend_reg_dev_get(reg, 0)), rounds, nodes);
   int rc = 0;
   for (int i = first; i < argc; i++) {
     int s[5];
@@ -148,9 +165,10 @@ int main(int argc, char **argv) {
       rc = 2;
       continue;
     }
-    if (bench(cpu, cl, s, kv_type, rounds)) rc = 1;
+    if (bench(cpu, cl, s, kv_type, rounds, nodes)) rc = 1;
   }
   ggml_backend_free(cl);
   ggml_backend_free(cpu);
+  ggml_threadpool_free(pool);
   return rc;
 }
