@@ -7,7 +7,8 @@
  * are running, not the wake-up of a thread pool the other backend's run
  * left idle, nor the other pool still spinning beside it.
  *
- *   ggml-bench-fa [--threads T] [--poll P] [--rounds R] [--nodes N] [--kv f16|q8_0|q4_0] SHAPE...
+ *   ggml-bench-fa [--threads T] [--poll P] [--rounds R] [--nodes N] [--kv f16|q8_0|q4_0] [--cache-rows]
+ *                 SHAPE...
  *     SHAPE  H,Hkv,n_q,n_kv,D: H query heads over Hkv KV heads, n_q queries
  *            (1: a decode step; more: a prefill chunk under a causal mask,
  *            its queries the last n_q positions), n_kv keys, head size D
@@ -16,6 +17,8 @@
  *                idle; ggml's default, 50, keeps them spinning for tens of milliseconds after
  *                each graph, on the cores the OpenCL device's threads need when it is the CPU)
  *     --rounds   samples per backend (default 7); --nodes  copies of the node per sample (default 8)
+ *     --cache-rows  K and V as llama.cpp keeps its cache: a row per key holding every KV head's
+ *                vector (the view's head stride inside its key stride); default: head-major
  *
  * One line per shape: the CPU's and CLATTN's median milliseconds per node,
  * their ratio (CPU / CLATTN: above 1, clattn is faster), the NMSE.
@@ -50,13 +53,21 @@ static double median(double *x, int n) {
 
 /* One shape: returns 0 when both backends computed it. */
 static int bench(ggml_backend_t cpu, ggml_backend_t cl, const int s[5], enum ggml_type kv_type, int rounds,
-                 int nodes) {
+                 int nodes, int cache_rows) {
   const int H = s[0], Hkv = s[1], n_q = s[2], n_kv = s[3], D = s[4];
   struct ggml_init_params ip = {ggml_tensor_overhead() * 8 + ggml_graph_overhead(), NULL, true};
   struct ggml_context *ctx = ggml_init(ip);
   struct ggml_tensor *q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, n_q, H, 1);
-  struct ggml_tensor *k = ggml_new_tensor_4d(ctx, kv_type, D, n_kv, Hkv, 1);
-  struct ggml_tensor *v = ggml_new_tensor_4d(ctx, kv_type, D, n_kv, Hkv, 1);
+  struct ggml_tensor *k, *v;
+  if (cache_rows) { /* llama.cpp's cache: one row per key holds every KV head's vector */
+    struct ggml_tensor *kc = ggml_new_tensor_2d(ctx, kv_type, (int64_t)D * Hkv, n_kv);
+    struct ggml_tensor *vc = ggml_new_tensor_2d(ctx, kv_type, (int64_t)D * Hkv, n_kv);
+    k = ggml_view_4d(ctx, kc, D, n_kv, Hkv, 1, ggml_row_size(kv_type, (int64_t)D * Hkv), ggml_row_size(kv_type, D), 0, 0);
+    v = ggml_view_4d(ctx, vc, D, n_kv, Hkv, 1, ggml_row_size(kv_type, (int64_t)D * Hkv), ggml_row_size(kv_type, D), 0, 0);
+  } else {
+    k = ggml_new_tensor_4d(ctx, kv_type, D, n_kv, Hkv, 1);
+    v = ggml_new_tensor_4d(ctx, kv_type, D, n_kv, Hkv, 1);
+  }
   struct ggml_tensor *mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, n_q, 1, 1);
   struct ggml_tensor *out = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f / sqrtf((float)D), 0.0f, 0.0f);
   ggml_prec_set_acc(out, GGML_PREC_F32);
@@ -110,8 +121,10 @@ static int bench(ggml_backend_t cpu, ggml_backend_t cl, const int s[5], enum ggm
       ref += (double)o[0][i] * o[0][i];
     }
     const double cpu_ms = median(ms[0], rounds), cl_ms = median(ms[1], rounds);
-    printf("%-5s H=%-3d Hkv=%-2d n_q=%-4d n_kv=%-6d D=%-3d  CPU %9.3f ms  CLATTN %9.3f ms  CPU/CLATTN %5.2f  NMSE %.1e\n",
-           ggml_type_name(kv_type), H, Hkv, n_q, n_kv, D, cpu_ms, cl_ms, cpu_ms / cl_ms, err / (ref > 0 ? ref : 1));
+    printf("%-5s %s H=%-3d Hkv=%-2d n_q=%-4d n_kv=%-6d D=%-3d  CPU %9.3f ms  CLATTN %9.3f ms  CPU/CLATTN %5.2f  "
+           "NMSE %.1e\n",
+           ggml_type_name(kv_type), cache_rows ? "rows" : "heads", H, Hkv, n_q, n_kv, D, cpu_ms, cl_ms, cpu_ms / cl_ms,
+           err / (ref > 0 ? ref : 1));
   } else {
     fprintf(stderr, "ggml-bench-fa: a backend failed to compute the node\n");
   }
@@ -122,9 +135,14 @@ static int bench(ggml_backend_t cpu, ggml_backend_t cl, const int s[5], enum ggm
 }
 
 int main(int argc, char **argv) {
-  int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), poll = 0, rounds = 7, nodes = 8, first = 1;
+  int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), poll = 0, rounds = 7, nodes = 8, cache_rows = 0, first = 1;
   enum ggml_type kv_type = GGML_TYPE_F16;
   for (; first < argc && argv[first][0] == '-'; first += 2) {
+    if (strcmp(argv[first], "--cache-rows") == 0) {
+      cache_rows = 1;
+      first--;
+      continue;
+    }
     if (first + 1 >= argc) break;
     if (strcmp(argv[first], "--threads") == 0) threads = atoi(argv[first + 1]);
     else if (strcmp(argv[first], "--rounds") == 0) rounds = atoi(argv[first + 1]);
@@ -139,7 +157,7 @@ int main(int argc, char **argv) {
   }
   if (first >= argc || threads < 1 || rounds < 1 || nodes < 1 || nodes > 1000 || poll < 0 || poll > 100) {
     fprintf(stderr, "usage: ggml-bench-fa [--threads T] [--poll P] [--rounds R] [--nodes N] [--kv f16|q8_0|q4_0] "
-                    "H,Hkv,n_q,n_kv,D...\n");
+                    "[--cache-rows] H,Hkv,n_q,n_kv,D...\n");
     return 2;
   }
   ggml_backend_reg_t reg = ggml_backend_clattn_reg();
@@ -165,7 +183,7 @@ int main(int argc, char **argv) {
       rc = 2;
       continue;
     }
-    if (bench(cpu, cl, s, kv_type, rounds, nodes)) rc = 1;
+    if (bench(cpu, cl, s, kv_type, rounds, nodes, cache_rows)) rc = 1;
   }
   ggml_backend_free(cl);
   ggml_backend_free(cpu);
