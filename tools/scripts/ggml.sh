@@ -26,6 +26,9 @@
 #    the backend is preloaded and registers itself, CLATTN_GGML_REGISTER=1).
 #    Each run reports how many FLASH_ATTN_EXT nodes clattn_forward computed
 #    (CLATTN_GGML_REPORT); a run in which it computed none fails the lane.
+# 4. Where Intel's OpenCL CPU runtime is installed (build-intel-rt/, by the
+#    test command's second lane), test-backend-ops again on it, over the
+#    --quick cases.
 #
 # Installs cmake and g++ with apt-get when missing (tools/scripts/packages.sh).
 # Exit status: 0 when every run passed; 77 (skipped, saying why) when pip
@@ -128,5 +131,13 @@ else
   echo "ggml: llama-simple: the text differs from the CPU backend's:"
   diff "$work/simple-cpu.txt" "$work/llama-simple.out" | head -6
   status=1
+fi
+# ---- 4. the second OpenCL runtime ----
+if [ -f "$root/build-intel-rt/lib/libintelocl.so" ]; then
+  run test-backend-ops-intel tools/scripts/intel-runtime.sh env GGML_BACKEND_PATH="$backend" "$bin/test-backend-ops" \
+    test -o FLASH_ATTN_EXT -b CLATTN -j "$(nproc)" -p 'hsk=(64,hsv=64|576,hsv=512),'
+  grep -E 'tests passed|Device description' "$work/test-backend-ops-intel.out"
+else
+  echo "ggml: Intel's OpenCL runtime is not installed (build-intel-rt/): test-backend-ops ran on the default device only"
 fi
 exit $status
