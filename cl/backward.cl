@@ -46,9 +46,9 @@
       ulong o_off, ulong4 o_st, __global const store_t *d_o, ulong do_off, ulong4 do_st,              \
       __global const float *lse, ulong lse_off, ulong4 lse_st, CA_SCORE_ARGS,                         \
       __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,                        \
-      __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias, CA_SEQ_ARGS,          \
+      CA_BIAS_ARGS, CA_SEQ_ARGS,                                                                      \
       int q_heads, int kv_heads, int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,        \
-      __global const float *sinks, int has_sinks, int window_left, int window_right,                  \
+      __global const float *sinks, long sinks_at, int window_left, int window_right,                  \
       __global float *dsum, __global float *sinkt
 
 static inline ulong bwd_row(long b, long h, long i, int q_heads, int q_len) {
@@ -78,8 +78,7 @@ static inline float16 bwd_shape(float16 raw, float scale, float softcap, float16
  * lanes of *ok, bias and ALiBi add to the allowed lanes' scores. */
 static inline float16 bwd_pairs(float16 x, int16 *ok, long b, long h, long i0, int di, long j0, int dj, ca_seq sq,
                                 __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
-                                __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
-                                CA_SHAPE_ARGS) {
+                                CA_BIAS_ARGS, CA_SHAPE_ARGS) {
   float e[BWD_BN];
   int a[BWD_BN];
   vstore16(x, 0, e);
@@ -91,7 +90,14 @@ static inline float16 bwd_pairs(float16 x, int16 *ok, long b, long h, long i0, i
       a[l] = 0;
       continue;
     }
-    if (has_bias) e[l] += bias[ca_at(bias_off, bias_st, b, h, i, j)];
+    if (has_bias) {
+      const float bias_ij = ca_bias(CA_BIAS_PASS, b, h, i, j);
+      if (bias_ij == -INFINITY) { /* disallowed, like a zero mask entry */
+        a[l] = 0;
+        continue;
+      }
+      e[l] += bias_ij;
+    }
     if (has_alibi) e[l] += ca_alibi(i, j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, h));
   }
   *ok = vload16(0, a);
@@ -128,10 +134,10 @@ __kernel void bwd_rowdot(BWD_ARGS) {
     for (int c = 0; c < DV; c++)
       d = fma(ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)), ca_load(o, ca_at(o_off, o_st, b, h, sq.q0 + i, c)), d);
   dsum[row] = d;
-  if (has_sinks) {
+  if (sinks_at >= 0) {
     const float l = lse[ca_at(lse_off, lse_st, b, h, i, 0)];
     /* an empty row has lse = sink and O = 0: its term is 0 */
-    sinkt[row] = i < sq.rows && l != -INFINITY ? -exp(sinks[h] - l) * d : 0.0f;
+    sinkt[row] = i < sq.rows && l != -INFINITY ? -exp(sinks[sinks_at + h] - l) * d : 0.0f;
   }
 }
 
@@ -249,8 +255,8 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
         float16 dshape;
         float16 x = bwd_shape(raw[r], scale, softcap, &dshape);
         if (per_pair && live[r])
-          x = bwd_pairs(x, &ok[r], b, h, ib + r, 0, j0, 1, sq, mask, mask_off, mask_st, has_mask, bias, bias_off,
-                        bias_st, has_bias, CA_SHAPE_PASS);
+          x = bwd_pairs(x, &ok[r], b, h, ib + r, 0, j0, 1, sq, mask, mask_off, mask_st, has_mask, CA_BIAS_PASS,
+                        CA_SHAPE_PASS);
         const float d_row = live[r] ? dsum[bwd_row(b, h, ib + r, q_heads, q_len)] : 0.0f;
         ds[r] = bwd_ds(x, (float16)(lr[r]), dp[r], (float16)(d_row), dshape, &ok[r], &p[r]);
       }
@@ -384,8 +390,8 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
       float16 dshape;
       float16 x = bwd_shape(raw[r], scale, softcap, &dshape);
       if (per_pair && live[r])
-        x = bwd_pairs(x, &ok[r], b, h, i0, 1, jb + r, 0, sq, mask, mask_off, mask_st, has_mask, bias, bias_off,
-                      bias_st, has_bias, CA_SHAPE_PASS);
+        x = bwd_pairs(x, &ok[r], b, h, i0, 1, jb + r, 0, sq, mask, mask_off, mask_st, has_mask, CA_BIAS_PASS,
+                      CA_SHAPE_PASS);
       ds[r] = bwd_ds(x, row_lse, dp[r], d_row, dshape, &ok[r], &p[r]);
     }
     for (int d = 0; d < DK; d++) {
@@ -426,7 +432,7 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
  * NDRange: (kv_len, q_len, batch * q_heads), each 1 where summed.
  */
 __kernel void bwd_dbias(BWD_ARGS, int batch, __global float *d_bias, ulong db_off, ulong4 db_st, int summed) {
-  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks; (void)has_sinks;
+  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks; (void)sinks_at;
   const int heads_out = summed & 2 ? 1 : q_heads, rows_out = summed & 4 ? 1 : q_len;
   const long j_out = get_global_id(0);
   const int i_out = get_global_id(1), b_out = get_global_id(2) / heads_out, h_out = get_global_id(2) % heads_out;
@@ -443,20 +449,22 @@ __kernel void bwd_dbias(BWD_ARGS, int batch, __global float *d_bias, ulong db_of
         for (long j = summed & 8 ? 0 : j_out; j < min(summed & 8 ? (long)kv_len : j_out + 1, (long)sq.keys); j++) {
           if (!ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right)) continue;
           if (has_mask && mask[ca_at(mask_off, mask_st, b, h, i, j)] == 0) continue;
+          const float bias_ij = has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
+          if (bias_ij == -INFINITY) continue; /* disallowed */
           float raw = 0.0f, dp = 0.0f;
           for (int d = 0; d < DK; d++) {
             const float qd = ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d));
             const float kd = ca_load(k, ca_at(k_off, k_st, b, hk, sq.k0 + j, d));
             raw = additive ? fma(add_w[d], tanh(qd + kd), raw) : fma(qd, kd, raw);
           }
-          const float x = ca_shape(scale * raw, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h, i,
-                                   j, sq.align_m, sq.align_n, CA_SHAPE_PASS);
+          const float x = ca_shape(scale * raw, bias_ij, b, h, i, j, sq.align_m, sq.align_n, CA_SHAPE_PASS);
           const float p = exp(x - row_lse);
           if (p == 0.0f) continue; /* disallowed by its score, or underflowed: no gradient */
           for (int c = 0; c < DV; c++)
             dp = fma(ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)),
                      ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)), dp);
-          acc += p * (dp - d_row);
+          /* the bias enters the score times its head's scale */
+          acc += (has_bias & CA_BIAS_SCALED ? bias_scale[h] : 1.0f) * (p * (dp - d_row));
         }
       }
     }

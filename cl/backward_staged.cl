@@ -40,7 +40,7 @@ static inline ulong bwds_at(int g, int rows, int r, int kv_len, long j) {
  */
 __kernel __attribute__((reqd_work_group_size(BS_TN, BS_TM, 1)))
 void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __global float *gw) {
-  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)has_sinks; (void)sinks;
+  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks_at; (void)sinks;
   __local float a_tile[BS_TM][BS_TK];
   __local float b_tile[BS_TK][BS_TN];
   __local float w_tile[BS_TK];
@@ -95,6 +95,8 @@ void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __globa
   float pv = 0.0f, gv = 0.0f;
   bool allowed = i < sq.rows && j < sq.keys && ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right);
   if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+  const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
+  allowed = allowed && bias_ij != -INFINITY;
   const float row_lse = allowed ? lse[ca_at(lse_off, lse_st, b, h, i, 0)] : -INFINITY;
   if (row_lse != -INFINITY) {
     float x = raw * scale, dshape = scale;
@@ -103,7 +105,7 @@ void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __globa
       dshape = scale * (1.0f - t * t);
       x = softcap * t;
     }
-    if (has_bias) x += bias[ca_at(bias_off, bias_st, b, h, i, j)];
+    x += bias_ij;
     if (has_alibi) x += ca_alibi(i, j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, h));
     const float p = exp(x - row_lse);
     if (p != 0.0f) {   /* a NaN weight (a NaN in an allowed key) goes on, as in the forward */
@@ -127,9 +129,10 @@ void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __globa
 __kernel __attribute__((reqd_work_group_size(BS_TN, BS_TM, 1)))
 void bwds_dq(BWD_ARGS, int bh0, int i0, int rows, __global const float *gw, __global store_t *d_q, ulong dq_off,
              ulong4 dq_st, __global float *dw_rows, int want_dw) {
-  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)has_sinks; (void)sinks; (void)v; (void)v_off; (void)v_st;
+  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks_at; (void)sinks; (void)v; (void)v_off; (void)v_st;
   (void)d_o; (void)do_off; (void)do_st; (void)lse; (void)lse_off; (void)lse_st; (void)mask; (void)mask_off;
-  (void)mask_st; (void)has_mask; (void)bias; (void)bias_off; (void)bias_st; (void)has_bias; (void)dsum; (void)scale;
+  (void)mask_st; (void)has_mask; (void)bias; (void)bias_off; (void)bias_st; (void)has_bias; (void)bias_scale;
+  (void)dsum; (void)scale;
   (void)softcap; (void)alibi; (void)has_alibi; (void)alibi_bstride; (void)window_left; (void)window_right;
   __local float a_tile[BS_TM][BS_TK];
   __local float k_tile[BS_TK][BS_TN];
@@ -191,9 +194,9 @@ void bwds_dq(BWD_ARGS, int bh0, int i0, int rows, __global const float *gw, __gl
 __kernel __attribute__((reqd_work_group_size(BS_TN, BS_TM, 1)))
 void bwds_dkdv(BWD_ARGS, int bh0, int i0, int rows, int heads, __global const float *pw, __global const float *gw,
                __global float *acc) {
-  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)has_sinks; (void)sinks; (void)v; (void)v_off; (void)v_st;
+  (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks_at; (void)sinks; (void)v; (void)v_off; (void)v_st;
   (void)lse; (void)lse_off; (void)lse_st; (void)mask; (void)mask_off; (void)mask_st; (void)has_mask; (void)bias;
-  (void)bias_off; (void)bias_st; (void)has_bias; (void)dsum; (void)scale; (void)softcap; (void)alibi; (void)has_alibi;
+  (void)bias_off; (void)bias_st; (void)has_bias; (void)bias_scale; (void)dsum; (void)scale; (void)softcap; (void)alibi; (void)has_alibi;
   (void)alibi_bstride;
   (void)window_left; (void)window_right;
   __local float a_tile[BS_TM][BS_TK];

@@ -38,22 +38,48 @@ static inline ulong ca_at(ulong offset, ulong4 stride, long b, long h, long r, l
   return offset + (ulong)b * stride.s0 + (ulong)h * stride.s1 + (ulong)r * stride.s2 + (ulong)c * stride.s3;
 }
 
-/* ---- K/V storage: -D CA_KV_DTYPE 0 f32, 1 f16, 2 bf16, 3 Q8_0, 4 INT8;
- * default: like q (CA_DTYPE). Loads dequantise to f32. ---- */
+/* ---- K/V storage: -D CA_K_DTYPE (keys) and -D CA_V_DTYPE (values), each
+ * 0 f32, 1 f16, 2 bf16, 3 Q8_0, 4 INT8, 5 Q4_0, 6 Q4_1, 7 Q5_0, 8 Q5_1,
+ * 9 IQ4_NL (clattn_dtype's values); default CA_KV_DTYPE, itself default
+ * like q (CA_DTYPE). Loads dequantise to f32. The block types are ggml's
+ * (ggml-common.h), 32 elements a block along the row, views counting
+ * bytes with stride[3] one block:
+ *   Q8_0   34 bytes: f16 d, 32 int8 q;                  x = d q
+ *   Q4_0   18 bytes: f16 d, 16 bytes of nibbles;         x = d (n - 8)
+ *   Q4_1   20 bytes: f16 d, f16 m, 16 bytes of nibbles;  x = d n + m
+ *   Q5_0   22 bytes: f16 d, 32 high bits, nibbles;       x = d (n + 16 h - 16)
+ *   Q5_1   24 bytes: f16 d, f16 m, 32 high bits, nibbles; x = d (n + 16 h) + m
+ *   IQ4_NL 18 bytes: f16 d, 16 bytes of nibbles;         x = d kvalues[n]
+ * where element i of a block takes the low nibble of byte i (i < 16) or the
+ * high nibble of byte i - 16, and its high bit is bit i of the 32 (little
+ * endian). ---- */
 #ifndef CA_KV_DTYPE
 #define CA_KV_DTYPE CA_DTYPE
 #endif
-#if CA_KV_DTYPE == 0
-typedef float kv_t;
-#elif CA_KV_DTYPE == 1
-typedef half kv_t;
-#elif CA_KV_DTYPE == 2
-typedef ushort kv_t;
-#elif CA_KV_DTYPE == 3
-typedef uchar kv_t;  /* ggml block_q8_0: f16 d, then 32 int8; views count bytes */
-#else
-typedef char kv_t;   /* INT8: one f32 scale per (batch or page, head, row) */
+#ifndef CA_K_DTYPE
+#define CA_K_DTYPE CA_KV_DTYPE
 #endif
+#ifndef CA_V_DTYPE
+#define CA_V_DTYPE CA_KV_DTYPE
+#endif
+#define CA_CAT_(a, b) a##b
+#define CA_CAT(a, b) CA_CAT_(a, b)
+/* the element type a view of each storage indexes (bytes for the block types) */
+typedef float ca_storage_0;
+typedef half ca_storage_1;
+typedef ushort ca_storage_2;
+typedef uchar ca_storage_3;
+typedef char ca_storage_4;
+typedef uchar ca_storage_5;
+typedef uchar ca_storage_6;
+typedef uchar ca_storage_7;
+typedef uchar ca_storage_8;
+typedef uchar ca_storage_9;
+typedef CA_CAT(ca_storage_, CA_K_DTYPE) k_t;
+typedef CA_CAT(ca_storage_, CA_V_DTYPE) v_t;
+typedef CA_CAT(ca_storage_, CA_KV_DTYPE) kv_t; /* a cache clattn_kv_append writes */
+
+enum { CA_ST_F32, CA_ST_F16, CA_ST_BF16, CA_ST_Q8_0, CA_ST_INT8, CA_ST_Q4_0, CA_ST_Q4_1, CA_ST_Q5_0, CA_ST_Q5_1, CA_ST_IQ4_NL };
 
 /* Where key row `row` of batch row b lives: the view's dimension-0 index
  * (b, or the page) and row. Paged: row % page_size of page
@@ -94,59 +120,102 @@ static inline bool ca_kv_rows_ok(long b, long row0, int n, __global const int *b
   return true;
 }
 
-/* The INT8 scale of a located row (1 for the other storages). */
-static inline float ca_kv_scale(__global const float *scale, ulong s_off, ulong4 s_st, ca_kv_pos at, long h) {
-#if CA_KV_DTYPE == 4
-  return scale[ca_at(s_off, s_st, at.slot, h, at.row, 0)];
-#else
-  return 1.0f;
-#endif
+/* The INT8 scale of a located row (1 for the other storages). dt is a
+ * compile-time constant at every call (CA_K_DTYPE or CA_V_DTYPE through the
+ * ca_k_* / ca_v_* names below), so each switch folds to its one case. */
+static inline float ca_dt_scale(const int dt, __global const float *scale, ulong s_off, ulong4 s_st, ca_kv_pos at,
+                                long h) {
+  return dt == CA_ST_INT8 ? scale[ca_at(s_off, s_st, at.slot, h, at.row, 0)] : 1.0f;
+}
+
+static inline float ca_f16_at(__global const uchar *p) { return vload_half(0, (__global const half *)p); }
+/* IQ4_NL's sixteen levels (ggml's kvalues_iq4nl) */
+__constant float ca_iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* Element i (0 .. 31) of the block at blk. */
+static inline float ca_block_load(const int dt, __global const uchar *blk, int i) {
+  const float d = ca_f16_at(blk);
+  if (dt == CA_ST_Q8_0) return d * (float)((__global const char *)blk)[2 + i];
+  const int qs_at = dt == CA_ST_Q4_1 ? 4 : dt == CA_ST_Q5_0 ? 6 : dt == CA_ST_Q5_1 ? 8 : 2;
+  const uchar byte = blk[qs_at + (i & 15)];
+  int n = i < 16 ? byte & 15 : byte >> 4;
+  if (dt == CA_ST_IQ4_NL) return d * ca_iq4nl_levels[n];
+  if (dt == CA_ST_Q5_0 || dt == CA_ST_Q5_1) n |= ((blk[(dt == CA_ST_Q5_0 ? 2 : 4) + (i >> 3)] >> (i & 7)) & 1) << 4;
+  if (dt == CA_ST_Q4_0) return d * (float)(n - 8);
+  if (dt == CA_ST_Q5_0) return d * (float)(n - 16);
+  return fma(d, (float)n, ca_f16_at(blk + 2)); /* Q4_1, Q5_1: d n + m */
+}
+
+/* Elements i .. i + 15 (i 0 or 16) of the block at blk. */
+static inline float16 ca_block_load16(const int dt, __global const uchar *blk, int i) {
+  const float d = ca_f16_at(blk);
+  if (dt == CA_ST_Q8_0) return d * convert_float16(vload16(0, (__global const char *)blk + 2 + i));
+  const int qs_at = dt == CA_ST_Q4_1 ? 4 : dt == CA_ST_Q5_0 ? 6 : dt == CA_ST_Q5_1 ? 8 : 2;
+  const uchar16 bytes = vload16(0, blk + qs_at);
+  int16 n = convert_int16(i == 0 ? bytes & (uchar16)15 : bytes >> (uchar16)4);
+  if (dt == CA_ST_IQ4_NL) {
+    int nn[16];
+    float e[16];
+    vstore16(n, 0, nn);
+    for (int u = 0; u < 16; u++) e[u] = ca_iq4nl_levels[nn[u]];
+    return d * vload16(0, e);
+  }
+  if (dt == CA_ST_Q5_0 || dt == CA_ST_Q5_1) {
+    __global const uchar *qh = blk + (dt == CA_ST_Q5_0 ? 2 : 4) + (i >> 3);
+    const uint bits = (uint)qh[0] | (uint)qh[1] << 8;
+    const int16 shift = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    n |= (((int16)(bits) >> shift) & 1) << 4;
+  }
+  if (dt == CA_ST_Q4_0) return d * convert_float16(n - 8);
+  if (dt == CA_ST_Q5_0) return d * convert_float16(n - 16);
+  return fma((float16)(d), convert_float16(n), (float16)(ca_f16_at(blk + 2)));
 }
 
 /* Column c of the row starting at `base` (ca_at of column 0); s3 the column
- * stride (bytes of one block for Q8_0). */
-static inline float ca_kv_load(__global const kv_t *p, ulong base, ulong s3, int c, float scale) {
-#if CA_KV_DTYPE == 0
-  return p[base + (ulong)c * s3];
-#elif CA_KV_DTYPE == 1
-  return vload_half(0, p + base + (ulong)c * s3);
-#elif CA_KV_DTYPE == 2
-  return as_float((uint)p[base + (ulong)c * s3] << 16);
-#elif CA_KV_DTYPE == 3
-  const ulong blk = base + (ulong)(c / 32) * s3;
-  return vload_half(0, (__global const half *)(p + blk)) * (float)((__global const char *)p)[blk + 2 + c % 32];
-#else
-  return scale * (float)p[base + (ulong)c * s3];
-#endif
+ * stride (bytes of one block for the block types). */
+static inline float ca_dt_load(const int dt, __global const void *p, ulong base, ulong s3, int c, float scale) {
+  switch (dt) {
+    case CA_ST_F32: return ((__global const float *)p)[base + (ulong)c * s3];
+    case CA_ST_F16: return vload_half(0, (__global const half *)p + base + (ulong)c * s3);
+    case CA_ST_BF16: return as_float((uint)((__global const ushort *)p)[base + (ulong)c * s3] << 16);
+    case CA_ST_INT8: return scale * (float)((__global const char *)p)[base + (ulong)c * s3];
+    default: return ca_block_load(dt, (__global const uchar *)p + base + (ulong)(c / 32) * s3, c % 32);
+  }
 }
 
-/* Columns c .. c+15 (c % 16 == 0) of a row with unit column stride (Q8_0:
- * one block per 34 bytes; 16 columns never straddle a block). */
-static inline float16 ca_kv_load16(__global const kv_t *p, ulong base, int c, float scale) {
-#if CA_KV_DTYPE == 0
-  return vload16(0, p + base + c);
-#elif CA_KV_DTYPE == 1
-  return vload_half16(0, p + base + c);
-#elif CA_KV_DTYPE == 2
-  return as_float16(convert_uint16(vload16(0, p + base + c)) << 16);
-#elif CA_KV_DTYPE == 3
-  const ulong blk = base + (ulong)(c / 32) * 34;
-  return vload_half(0, (__global const half *)(p + blk)) *
-         convert_float16(vload16(0, (__global const char *)p + blk + 2 + c % 32));
-#else
-  return scale * convert_float16(vload16(0, p + base + c));
-#endif
+/* Columns c .. c+15 (c % 16 == 0) of a row with unit column stride (the
+ * block types: one block per stride[3] bytes; 16 columns never straddle a
+ * block). */
+static inline float16 ca_dt_load16(const int dt, __global const void *p, ulong base, ulong s3, int c, float scale) {
+  switch (dt) {
+    case CA_ST_F32: return vload16(0, (__global const float *)p + base + c);
+    case CA_ST_F16: return vload_half16(0, (__global const half *)p + base + c);
+    case CA_ST_BF16: return as_float16(convert_uint16(vload16(0, (__global const ushort *)p + base + c)) << 16);
+    case CA_ST_INT8: return scale * convert_float16(vload16(0, (__global const char *)p + base + c));
+    default: return ca_block_load16(dt, (__global const uchar *)p + base + (ulong)(c / 32) * s3, c % 32);
+  }
 }
 
 /* Column c of key/value row `row` of (b, h), located, scaled and loaded;
  * 0 for a row whose page is outside the pool. */
-static inline float ca_kv_get(__global const kv_t *p, ulong off, ulong4 st, __global const float *scale, ulong s_off,
-                              ulong4 s_st, long b, long h, long row, int c, __global const int *block_table,
-                              int bt_stride, int page_size, int num_pages, int paged) {
+static inline float ca_dt_get(const int dt, __global const void *p, ulong off, ulong4 st, __global const float *scale,
+                              ulong s_off, ulong4 s_st, long b, long h, long row, int c,
+                              __global const int *block_table, int bt_stride, int page_size, int num_pages,
+                              int paged) {
   const ca_kv_pos at = ca_kv_locate(b, row, CA_PAGE_PASS);
   if (!at.ok) return 0.0f;
-  return ca_kv_load(p, ca_at(off, st, at.slot, h, at.row, 0), st.s3, c, ca_kv_scale(scale, s_off, s_st, at, h));
+  return ca_dt_load(dt, p, ca_at(off, st, at.slot, h, at.row, 0), st.s3, c, ca_dt_scale(dt, scale, s_off, s_st, at, h));
 }
+
+/* The same for keys (CA_K_DTYPE) and values (CA_V_DTYPE). */
+#define ca_k_scale(...) ca_dt_scale(CA_K_DTYPE, __VA_ARGS__)
+#define ca_v_scale(...) ca_dt_scale(CA_V_DTYPE, __VA_ARGS__)
+#define ca_k_load(p, base, s3, c, scale) ca_dt_load(CA_K_DTYPE, p, base, s3, c, scale)
+#define ca_v_load(p, base, s3, c, scale) ca_dt_load(CA_V_DTYPE, p, base, s3, c, scale)
+#define ca_k_load16(p, base, s3, c, scale) ca_dt_load16(CA_K_DTYPE, p, base, s3, c, scale)
+#define ca_v_load16(p, base, s3, c, scale) ca_dt_load16(CA_V_DTYPE, p, base, s3, c, scale)
+#define ca_k_get(...) ca_dt_get(CA_K_DTYPE, __VA_ARGS__)
+#define ca_v_get(...) ca_dt_get(CA_V_DTYPE, __VA_ARGS__)
 
 /* Whether key j lies inside query i's window (bottom-right aligned: query i
  * sits at key position i + kv_len - q_len); a bound of -1 is unbounded. */
@@ -204,6 +273,28 @@ static inline ca_seq ca_sequence(long b, int q_len, int kv_len, CA_SEQ_ARGS) {
 #define CA_SCORE_ARGS __global const float *add_w, int additive
 #define CA_SCORE_PASS add_w, additive
 
+/* The additive score bias (clattn_params.bias), entry (b, h, i, j): f32, or
+ * f16 where has_bias has CA_BIAS_F16, times bias_scale[h] where it has
+ * CA_BIAS_SCALED (has_bias 0: no bias). An entry of -inf (before the scale)
+ * disallows its key, as a zero mask entry does: callers test for it before
+ * the key's score or value is used. */
+#define CA_BIAS_ARGS \
+  __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias, __global const float *bias_scale
+#define CA_BIAS_PASS bias, bias_off, bias_st, has_bias, bias_scale
+#define CA_BIAS_F16 2
+#define CA_BIAS_SCALED 4
+/* The entry at element `at` of the bias as stored, and head h's scaling of it. */
+static inline float ca_bias_raw(CA_BIAS_ARGS, ulong at) {
+  (void)bias_off, (void)bias_st, (void)bias_scale;
+  return (has_bias & CA_BIAS_F16) ? vload_half(0, (__global const half *)bias + at) : bias[at];
+}
+static inline float ca_bias_scaled(float x, int has_bias, __global const float *bias_scale, long h) {
+  return (has_bias & CA_BIAS_SCALED) && x != -INFINITY ? x * bias_scale[h] : x;
+}
+static inline float ca_bias(CA_BIAS_ARGS, long b, long h, long i, long j) {
+  return ca_bias_scaled(ca_bias_raw(CA_BIAS_PASS, ca_at(bias_off, bias_st, b, h, i, j)), has_bias, bias_scale, h);
+}
+
 /* Score shaping after scale * <q, k> (clattn.h's order): softcap, then the
  * bias and ALiBi's -slope |p_i - j| with p_i the bottom-right aligned
  * position and slope alibi[b * alibi_bstride + h] (alibi_bstride 0: one
@@ -221,6 +312,12 @@ static inline float ca_shape(float s, float bias_ij, long b, long h, long i, lon
                              CA_SHAPE_ARGS) {
   s = ca_softcap(s, softcap) + bias_ij;
   return has_alibi ? s + ca_alibi(i, j, q_len, kv_len, ca_alibi_slope(alibi, alibi_bstride, b, h)) : s;
+}
+
+/* Head h's sink logit: sinks[sinks_at + h], or -INFINITY (none) when
+ * sinks_at is -1 (clattn_params.sinks and its sinks_offset). */
+static inline float ca_sink(__global const float *sinks, long sinks_at, long h) {
+  return sinks_at >= 0 ? sinks[sinks_at + h] : -INFINITY;
 }
 
 /* Route diagnostics (bits of `diag`) and where a row's go. */

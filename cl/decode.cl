@@ -104,7 +104,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
       const int jj = e / DK, d = e % DK;
       const long j = j0 + jj;
       kv_tile[jj * DEC_KS + d] =
-          j < n_valid ? ca_kv_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS) : 0.0f;
+          j < n_valid ? ca_k_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -125,10 +125,10 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
         const int2 keys = flash_row_keys(i, sq.align_m, sq.align_n, n_valid, window_left, window_right);
         bool allowed = key_ok && i < sq.rows && j >= keys.x && j <= keys.y;
         if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+        const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
+        allowed = allowed && bias_ij != -INFINITY;
         s_tile[t * DEC_N + kk] =
-            allowed ? ca_shape(scale * s[u], has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h, i, j,
-                               sq.align_m, sq.align_n, CA_SHAPE_PASS)
-                    : -INFINITY;
+            allowed ? ca_shape(scale * s[u], bias_ij, b, h, i, j, sq.align_m, sq.align_n, CA_SHAPE_PASS) : -INFINITY;
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* scores written; the K tile is consumed */
@@ -137,7 +137,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
       const int jj = e / DEC_VS, c = e % DEC_VS;
       const long j = j0 + jj;
       kv_tile[jj * DEC_VS + c] =
-          j < n_valid && c < DV ? ca_kv_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
+          j < n_valid && c < DV ? ca_v_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
                                 : 0.0f;
     }
     if (lid < rows) {
@@ -188,7 +188,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
     if (t >= rows) break;
     const int h = hk * group + t / q_len, i = t % q_len;
     if (i < sq.rows)
-      flash_store_cols(acc[u], 4 * cg, 4 * DEC_CV4, cg == 0, row_m[t], row_l[t], has_sinks ? sinks[h] : -INFINITY, b, h,
+      flash_store_cols(acc[u], 4 * cg, 4 * DEC_CV4, cg == 0, row_m[t], row_l[t], ca_sink(sinks, sinks_at, h), b, h,
                        i, sq.q0 + i, q_heads, kv_heads, q_len, split, n_splits, out, out_off, out_st, lse, lse_off,
                        lse_st, want_lse, part_o, part_lse, empty_flag);
   }

@@ -79,8 +79,8 @@
  * NDRange: (n_pad, batch * kv_heads); any work-group shape.
  */
 #ifndef FLASH_NO_ROWS
-__kernel void flash_pack(__global const kv_t *k, ulong k_off, ulong4 k_st,
-                         __global const kv_t *v, ulong v_off, ulong4 v_st,
+__kernel void flash_pack(__global const k_t *k, ulong k_off, ulong4 k_st,
+                         __global const v_t *v, ulong v_off, ulong4 v_st,
                          CA_SEQ_ARGS, CA_KV_ARGS, int q_len, int kv_heads, int kv_len, long n_pad,
                          __global float *kt, __global float *vp) {
   const long j = get_global_id(0);   /* n_pad reaches 2^31 for kv_len near INT_MAX */
@@ -96,11 +96,11 @@ __kernel void flash_pack(__global const kv_t *k, ulong k_off, ulong4 k_st,
   const ca_kv_pos at = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS);
   const bool use = valid && at.ok;
   const ulong k_row = ca_at(k_off, k_st, at.slot, hk, at.row, 0), v_row = ca_at(v_off, v_st, at.slot, hk, at.row, 0);
-  const float ks = use ? ca_kv_scale(k_scale, ks_off, ks_st, at, hk) : 0.0f;
-  const float vs = use ? ca_kv_scale(v_scale, vs_off, vs_st, at, hk) : 0.0f;
-  for (int d = 0; d < DK; d++) kt_key[d * FLASH_BN] = use ? ca_kv_load(k, k_row, k_st.s3, d, ks) : 0.0f;
+  const float ks = use ? ca_k_scale(k_scale, ks_off, ks_st, at, hk) : 0.0f;
+  const float vs = use ? ca_v_scale(v_scale, vs_off, vs_st, at, hk) : 0.0f;
+  for (int d = 0; d < DK; d++) kt_key[d * FLASH_BN] = use ? ca_k_load(k, k_row, k_st.s3, d, ks) : 0.0f;
   __global float *vp_row = vp + ((ulong)bh * (ulong)n_pad + (ulong)j) * DVP;
-  for (int c = 0; c < DVP; c++) vp_row[c] = (use && c < DV) ? ca_kv_load(v, v_row, v_st.s3, c, vs) : 0.0f;
+  for (int c = 0; c < DVP; c++) vp_row[c] = (use && c < DV) ? ca_v_load(v, v_row, v_st.s3, c, vs) : 0.0f;
 }
 #endif /* FLASH_NO_ROWS */
 
@@ -277,13 +277,12 @@ static inline ca_kv_pos flash_key_at(const ca_kv_pos *at_h, bool page_halves, in
  */
 static inline __attribute__((always_inline)) void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
                        __global const float *kt, __global const float *vp, long n_pad,
-                       __global const kv_t *k, ulong k_off, ulong4 k_st,
-                       __global const kv_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS, const int direct,
+                       __global const k_t *k, ulong k_off, ulong4 k_st,
+                       __global const v_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS, const int direct,
                        const int bm,
                        __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
-                       __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
-                       CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int kv_heads, int group, int q_len, int kv_len,
-                       float scale, CA_SHAPE_ARGS, __global const float *sinks, int has_sinks,
+                       CA_BIAS_ARGS, CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int kv_heads, int group, int q_len, int kv_len,
+                       float scale, CA_SHAPE_ARGS, __global const float *sinks, long sinks_at,
                        int window_left, int window_right, int split_keys,
                        __global store_t *out, ulong out_off, ulong4 out_st,
                        __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS,
@@ -335,6 +334,28 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
    * mode locates each half block once, not each key (a division each). */
   const bool page_halves = direct && paged && page_size % FLASH_VW == 0;
   for (long j0 = j_begin; j0 < j_end; j0 += FLASH_BN) {
+    /* The block's bias, as stored (each row scales its own), read before
+     * its scores: a block that every row's bias disallows (an engine's
+     * causal mask above the diagonal, its padding) is skipped like a block
+     * outside the window, and rows under one bias row (heads of a group
+     * under a mask broadcast over heads) read it once. */
+    float bias_raw[FLASH_BM_MAX][FLASH_BN];
+    if (has_bias) {
+      bool live = false;
+      ulong prev_row = ~(ulong)0;
+      for (int r = 0; r < bm; r++) {
+        const ulong row_at = ca_at(bias_off, bias_st, b, hs[r], is[r], 0);
+        for (int jj = 0; jj < FLASH_BN; jj++) {
+          const long j = j0 + jj;
+          bias_raw[r][jj] = row_at == prev_row ? bias_raw[r - 1][jj]
+                            : j < kv_len      ? ca_bias_raw(CA_BIAS_PASS, row_at + (ulong)j * bias_st.s3)
+                                              : -INFINITY;
+          live = live || bias_raw[r][jj] != -INFINITY;
+        }
+        prev_row = row_at;
+      }
+      if (!live) continue;
+    }
     flash_vec s0[FLASH_BM_MAX], s1[FLASH_BM_MAX];   /* keys j0 .. j0+VW-1, j0+VW .. j0+BN-1 */
     /* with page_halves, key j0 + jj is row at_h[h].row + jj % FLASH_VW of
      * page at_h[h].slot (h = jj / FLASH_VW): keys past n_valid then read
@@ -382,14 +403,14 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
         const long j = j0 + jj;
         const ca_kv_pos at = flash_key_at(at_h, page_halves, b, sq.k0 + min(j, (long)n_valid - 1), jj, CA_PAGE_PASS);
         const ulong krow = ca_at(k_off, k_st, at.slot, hk, at.row, 0);
-        const float ks = ca_kv_scale(k_scale, ks_off, ks_st, at, hk);
+        const float ks = ca_k_scale(k_scale, ks_off, ks_st, at, hk);
         /* each 16 columns of the key loaded (and dequantised) once for all
          * the rows; every row's sum keeps its order */
         float16 dot[FLASH_BM_MAX];
 #pragma unroll
         for (int r = 0; r < bm; r++) dot[r] = (float16)(0.0f);
         for (int d = 0; d < DK; d += 16) {
-          const float16 kd = ca_kv_load16(k, krow, d, ks);
+          const float16 kd = ca_k_load16(k, krow, k_st.s3, d, ks);
           if (additive) {
             const float16 wd = vload16(0, add_w + d);
 #pragma unroll
@@ -421,7 +442,15 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
         x0 = softcap * tanh(x0 / softcap);
         x1 = softcap * tanh(x1 / softcap);
       }
-      if (per_key) {
+      if (full && has_bias && !has_alibi) {
+        /* every key allowed but for the bias: it adds in whole vectors, a
+         * -inf entry disallowing its key whatever the score (a NaN key's) */
+        const flash_vec b0 = flash_vload(0, bias_raw[r]), b1 = flash_vload(0, bias_raw[r] + FLASH_VW);
+        const float bs = (has_bias & CA_BIAS_SCALED) ? bias_scale[hs[r]] : 1.0f;
+        const flash_vec none = (flash_vec)(-INFINITY);
+        x0 = select(x0 + b0 * bs, none, isequal(b0, none));
+        x1 = select(x1 + b1 * bs, none, isequal(b1, none));
+      } else if (per_key) {
         float e[FLASH_BN];
         flash_vstore(x0, 0, e);
         flash_vstore(x1, 0, e + FLASH_VW);
@@ -432,7 +461,10 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
           if (allowed && paged) /* page in the pool */
             allowed = page_halves ? at_h[jj / FLASH_VW].ok : ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
-          if (allowed && has_bias) e[jj] += bias[ca_at(bias_off, bias_st, b, hs[r], is[r], j)];
+          if (allowed && has_bias) {
+            allowed = bias_raw[r][jj] != -INFINITY;
+            e[jj] += ca_bias_scaled(bias_raw[r][jj], has_bias, bias_scale, hs[r]);
+          }
           if (allowed && has_alibi)
             e[jj] += ca_alibi(is[r], j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, hs[r]));
           e[jj] = allowed ? e[jj] : -INFINITY;
@@ -522,14 +554,14 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
         const ca_kv_pos at =
             flash_key_at(at_h, page_halves, b, sq.k0 + min(j0 + jj, (long)n_valid - 1), jj, CA_PAGE_PASS);
         v_base[jj] = ca_at(v_off, v_st, at.slot, hk, at.row, 0);
-        v_sc[jj] = ca_kv_scale(v_scale, vs_off, vs_st, at, hk);
+        v_sc[jj] = ca_v_scale(v_scale, vs_off, vs_st, at, hk);
       }
       for (int c = 0; c < DVP; c += 16) {
         float16 a[FLASH_BM_MAX];
 #pragma unroll
         for (int r = 0; r < bm; r++) a[r] = vload16(0, acc[r] + c) * alpha[r];
         for (int jj = 0; jj < n_block; jj++) {
-          const float16 vv = ca_kv_load16(v, v_base[jj], c, v_sc[jj]);
+          const float16 vv = ca_v_load16(v, v_base[jj], v_st.s3, c, v_sc[jj]);
 #pragma unroll
           for (int r = 0; r < bm; r++)
             a[r] = !guard || p[r][jj] != 0.0f ? fma((float16)(p[r][jj]), vv, a[r]) : a[r];
@@ -542,7 +574,7 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
 
   for (int r = 0; r < bm && t0 + r < rows_per_kv; r++)
     if (is[r] < sq.rows)
-      flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], has_sinks ? sinks[hs[r]] : -INFINITY, b, hs[r], is[r],
+      flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], ca_sink(sinks, sinks_at, hs[r]), b, hs[r], is[r],
                     sq.q0 + is[r], q_heads, kv_heads, q_len, split, n_splits,
                     out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
                     empty_flag);
@@ -560,21 +592,20 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
  */
 #define FLASH_KERNEL_ARGS                                                                          \
   __global const store_t *q, ulong q_off, ulong4 q_st, __global const float *kt,                  \
-      __global const float *vp, long n_pad, __global const kv_t *k, ulong k_off, ulong4 k_st,      \
-      __global const kv_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS,                              \
+      __global const float *vp, long n_pad, __global const k_t *k, ulong k_off, ulong4 k_st,       \
+      __global const v_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS,                               \
       __global const uchar *mask, ulong mask_off,                                                    \
-      ulong4 mask_st, int has_mask, __global const float *bias, ulong bias_off, ulong4 bias_st,     \
-      int has_bias, CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int kv_heads,                             \
+      ulong4 mask_st, int has_mask, CA_BIAS_ARGS, CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int kv_heads, \
       int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS, __global const float *sinks,    \
-      int has_sinks, int window_left, int window_right,                                             \
+      long sinks_at, int window_left, int window_right,                                             \
       int split_keys, __global store_t *out, ulong out_off, ulong4 out_st, __global float *lse,     \
       ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS, __global float *part_o,             \
       __global float *part_lse, __global int *empty_flag
 #define FLASH_BODY_ARGS(direct, bm)                                                                   \
   q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, CA_SCORE_PASS, direct, bm, mask,      \
       mask_off, mask_st,                                                                            \
-      has_mask, bias, bias_off, bias_st, has_bias, CA_SEQ_PASS, CA_KV_PASS, q_heads, kv_heads, group, \
-      q_len, kv_len, scale, CA_SHAPE_PASS, sinks, has_sinks, window_left, window_right, split_keys, \
+      has_mask, CA_BIAS_PASS, CA_SEQ_PASS, CA_KV_PASS, q_heads, kv_heads, group, \
+      q_len, kv_len, scale, CA_SHAPE_PASS, sinks, sinks_at, window_left, window_right, split_keys, \
       out, out_off, out_st, lse,                                                                    \
       lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag
 
@@ -663,13 +694,13 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     for (int e = lid; e < FLASH_TILE * DK; e += FLASH_WG) {
       const int jj = e / DK, d = e % DK;
       const long j = j0 + jj;
-      k_tile[jj][d] = j < n_valid ? ca_kv_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS)
+      k_tile[jj][d] = j < n_valid ? ca_k_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS)
                                   : 0.0f;
     }
     for (int e = lid; e < FLASH_TILE * DV; e += FLASH_WG) {
       const int jj = e / DV, c = e % DV;
       const long j = j0 + jj;
-      v_tile[jj][c] = j < n_valid ? ca_kv_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
+      v_tile[jj][c] = j < n_valid ? ca_v_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
                                   : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -681,6 +712,8 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
       bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
       if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
       if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+      const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
+      allowed = allowed && bias_ij != -INFINITY;
       float x = -INFINITY;
       if (allowed) {
         float dot = 0.0f;
@@ -688,8 +721,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
           for (int d = 0; d < DK; d++) dot += add_w[d] * tanh(qr[d] + k_tile[jj][d]);
         else
           for (int d = 0; d < DK; d++) dot += qr[d] * k_tile[jj][d];
-        x = ca_shape(scale * dot, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h, i, j, sq.align_m,
-                     sq.align_n, CA_SHAPE_PASS);
+        x = ca_shape(scale * dot, bias_ij, b, h, i, j, sq.align_m, sq.align_n, CA_SHAPE_PASS);
       }
       s[jj] = x;
       tile_max = fmax(tile_max, x);
@@ -715,7 +747,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     m = m_new;
   }
   if (live)
-    flash_store_row(acc, m, l, t_diag, best, has_sinks ? sinks[h] : -INFINITY, b, h, i, sq.q0 + i, q_heads, kv_heads,
+    flash_store_row(acc, m, l, t_diag, best, ca_sink(sinks, sinks_at, h), b, h, i, sq.q0 + i, q_heads, kv_heads,
                     q_len, split,
                     n_splits, out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
                     empty_flag);

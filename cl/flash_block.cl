@@ -52,7 +52,7 @@
 /* -D BLOCK_HALF (devices with cl_khr_fp16) and f16 K/V: the K/V tile holds
  * the half values as stored, half the local memory and its traffic, and
  * vload_half4 widens them on use (core OpenCL: no half arithmetic). */
-#if defined(BLOCK_HALF) && CA_KV_DTYPE == 1
+#if defined(BLOCK_HALF) && CA_K_DTYPE == 1 && CA_V_DTYPE == 1
 typedef half kv_tile_t;
 #define KV_TILE_LOAD4(p) vload_half4(0, p)
 #define KV_TILE_STORE(x, p) vstore_half(x, 0, p)
@@ -196,7 +196,7 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
       const int jj = e / DK4, d = e % DK4;
       const long j = j0 + jj;
       KV_TILE_STORE(
-          j < n_valid && d < DK ? ca_kv_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS)
+          j < n_valid && d < DK ? ca_k_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS)
                                 : 0.0f,
           kv_tile + jj * KVS + d);
     }
@@ -238,9 +238,10 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
         bool allowed = fast || (j >= keys.x && j <= keys.y && j >= split_begin && j < split_end);
         if (!fast && allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
         if (!fast && allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+        const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
+        allowed = allowed && bias_ij != -INFINITY;
         __local float *cell = p_tile + row * PS + tx * BLOCK_RN + e % BLOCK_RN;
-        *cell = allowed ? ca_shape(scale * *cell, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h,
-                                   i, j, sq.align_m, sq.align_n, CA_SHAPE_PASS)
+        *cell = allowed ? ca_shape(scale * *cell, bias_ij, b, h, i, j, sq.align_m, sq.align_n, CA_SHAPE_PASS)
                         : -INFINITY;
       }
       for (int r = 0; r < BLOCK_RM; r++)
@@ -262,7 +263,7 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
       const int jj = e / DVB, c = e % DVB;
       const long j = j0 + jj;
       const float x =
-          j < n_valid && c < DV ? ca_kv_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
+          j < n_valid && c < DV ? ca_v_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
                                 : 0.0f;
       KV_TILE_STORE(x, kv_tile + jj * KVS + c);
       if (!isfinite(x)) v_unsafe = 1;
@@ -337,7 +338,7 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
   for (int r = 0; r < BLOCK_RM; r++) {
     const int row = ty * BLOCK_RM + r, h = row_h[row], i = row_i[row];
     if (row_live[row])
-      flash_store_cols(acc[r], tx * BLOCK_CV, BLOCK_CV, tx == 0, m[r], l[r], has_sinks ? sinks[h] : -INFINITY, b, h,
+      flash_store_cols(acc[r], tx * BLOCK_CV, BLOCK_CV, tx == 0, m[r], l[r], ca_sink(sinks, sinks_at, h), b, h,
                        i, sq.q0 + i, q_heads, kv_heads, q_len, split, n_splits, out, out_off, out_st, lse, lse_off,
                        lse_st, want_lse, part_o, part_lse, empty_flag);
   }

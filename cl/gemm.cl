@@ -7,8 +7,8 @@
  *   and rows past their length (kv_lens, packed sequences) zeroed, so
  *   padding (often uninitialised cache memory) never reaches a GEMM.
  *   NDRange: (D, S, B * H); any work-group shape.
- * gemm_kv_gather: the same for K or V stored paged or as Q8_0 / INT8 /
- *   another storage than q (kv_t): located through the block table and
+ * gemm_k_gather, gemm_v_gather: the same for K or V stored paged, quantised
+ *   or in another storage than q (k_t, v_t): located through the block table and
  *   dequantised into dense f32 [B, Hkv, N, D], keys past kv_lens and keys
  *   whose page is outside the pool zeroed.
  *   NDRange: (D, N, B * Hkv); any work-group shape.
@@ -44,17 +44,22 @@ __kernel void gemm_dense_copy(__global const store_t *src, ulong src_off, ulong4
       keep ? ca_load(src, ca_at(src_off, src_st, b, h, row, c)) : 0.0f;
 }
 
-__kernel void gemm_kv_gather(__global const kv_t *src, ulong src_off, ulong4 src_st, __global const float *scale,
-                             ulong sc_off, ulong4 sc_st, int heads, int width, CA_SEQ_ARGS,
-                             __global const int *block_table, int bt_stride, int page_size, int num_pages, int q_len,
-                             int kv_len, __global float *dst) {
-  const int c = get_global_id(0), s = get_global_id(1), bh = get_global_id(2);
-  if (c >= width || s >= kv_len) return;
-  const int b = bh / heads, h = bh % heads;
-  const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);
-  dst[((ulong)bh * (ulong)kv_len + (ulong)s) * (ulong)width + (ulong)c] =
-      s < sq.keys ? ca_kv_get(src, src_off, src_st, scale, sc_off, sc_st, b, h, sq.k0 + s, c, CA_PAGE_PASS) : 0.0f;
-}
+/* gemm_k_gather (keys, CA_K_DTYPE) and gemm_v_gather (values, CA_V_DTYPE) */
+#define GEMM_GATHER(name, src_t, dt)                                                                        \
+  __kernel void name(__global const src_t *src, ulong src_off, ulong4 src_st, __global const float *scale,  \
+                     ulong sc_off, ulong4 sc_st, int heads, int width, CA_SEQ_ARGS,                         \
+                     __global const int *block_table, int bt_stride, int page_size, int num_pages, int q_len, \
+                     int kv_len, __global float *dst) {                                                     \
+    const int c = get_global_id(0), s = get_global_id(1), bh = get_global_id(2);                            \
+    if (c >= width || s >= kv_len) return;                                                                  \
+    const int b = bh / heads, h = bh % heads;                                                               \
+    const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);                                           \
+    dst[((ulong)bh * (ulong)kv_len + (ulong)s) * (ulong)width + (ulong)c] =                                 \
+        s < sq.keys ? ca_dt_get(dt, src, src_off, src_st, scale, sc_off, sc_st, b, h, sq.k0 + s, c, CA_PAGE_PASS) \
+                    : 0.0f;                                                                                 \
+  }
+GEMM_GATHER(gemm_k_gather, k_t, CA_K_DTYPE)
+GEMM_GATHER(gemm_v_gather, v_t, CA_V_DTYPE)
 
 __kernel void gemm_finite_values(__global float *v, int width, ulong rows, __global uchar *bad) {
   const ulong r = get_global_id(0);
@@ -71,8 +76,7 @@ __kernel void gemm_finite_values(__global float *v, int width, ulong rows, __glo
 
 __kernel void gemm_mask_scores(__global float *scores,
                                __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
-                               __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
-                               CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,
+                               CA_BIAS_ARGS, CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,
                                int window_left, int window_right,
                                int bh0, int i0, int rows) {
   const int j = get_global_id(0), r = get_global_id(1), g = get_global_id(2);
@@ -82,16 +86,16 @@ __kernel void gemm_mask_scores(__global float *scores,
   bool allowed = i < sq.rows && j < sq.keys && ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right);
   if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
   if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+  const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
+  allowed = allowed && bias_ij != -INFINITY;
   const ulong at = ((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j;
   float s = -INFINITY;
-  if (allowed)
-    s = ca_shape(scale * scores[at], has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h, i, j, sq.align_m,
-                 sq.align_n, CA_SHAPE_PASS);
+  if (allowed) s = ca_shape(scale * scores[at], bias_ij, b, h, i, j, sq.align_m, sq.align_n, CA_SHAPE_PASS);
   scores[at] = s;
 }
 
 __kernel void gemm_store_rows(__global const float *o_rows, __global const float *probs,
-                              __global const kv_t *v, ulong v_off, ulong4 v_st, __global const uchar *v_bad,
+                              __global const v_t *v, ulong v_off, ulong4 v_st, __global const uchar *v_bad,
                               CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int group, int q_len, int kv_len, int value_dim, int bh0,
                               int i0, int rows, __global store_t *out, ulong out_off, ulong4 out_st) {
   const int r = get_global_id(0), g = get_global_id(1);
@@ -115,7 +119,7 @@ __kernel void gemm_store_rows(__global const float *o_rows, __global const float
     float acc = 0.0f;
     for (int j = 0; j < sq.keys; j++)
       if (a[j] != 0.0f)
-        acc += a[j] * ca_kv_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS);
+        acc += a[j] * ca_v_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS);
     ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), acc);
   }
 }

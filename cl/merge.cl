@@ -23,7 +23,7 @@ __kernel void merge_states(__global const float *o, ulong o_off, ulong4 o_st, ul
                            int n_states, int value_dim, int heads,
                            __global store_t *out, ulong out_off, ulong4 out_st,
                            __global float *lse_out, ulong lse_out_off, ulong4 lse_out_st, int want_lse,
-                           __global const float *sinks, int has_sinks, __global int *empty_flag) {
+                           __global const float *sinks, long sinks_at, __global int *empty_flag) {
   const int c0 = get_global_id(0) * MERGE_COLS, i = get_global_id(1);
   const int h = get_global_id(2) % heads, b = get_global_id(2) / heads;
   const int n_cols = min(MERGE_COLS, value_dim - c0);
@@ -31,7 +31,7 @@ __kernel void merge_states(__global const float *o, ulong o_off, ulong4 o_st, ul
   float m = -INFINITY;
   for (int s = 0; s < n_states; s++) m = ca_max_nan(m, lse[lse_at + (ulong)s * lse_state]);
   const bool empty = m == -INFINITY;
-  const float sink = has_sinks ? sinks[h] : -INFINITY;
+  const float sink = ca_sink(sinks, sinks_at, h);
   m = ca_max_nan(m, sink);
   float total = 0.0f, acc[MERGE_COLS] = {0.0f};
   const ulong o_at = ca_at(o_off, o_st, b, h, i, c0);
@@ -42,7 +42,7 @@ __kernel void merge_states(__global const float *o, ulong o_off, ulong4 o_st, ul
     if (w != 0.0f)
       for (int c = 0; c < n_cols; c++) acc[c] += w * o[o_at + (ulong)s * o_state + (ulong)c * o_st.s3];
   }
-  if (!empty && has_sinks) total += exp(sink - m);
+  if (!empty && sinks_at >= 0) total += exp(sink - m);
   const float inv = empty ? 0.0f : 1.0f / total;
   for (int c = 0; c < n_cols; c++) ca_store(out, ca_at(out_off, out_st, b, h, i, c0 + c), acc[c] * inv);
   if (c0 == 0) {

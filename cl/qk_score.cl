@@ -29,9 +29,9 @@
 
 __kernel __attribute__((reqd_work_group_size(SCORE_TN, SCORE_TM, 1)))
 void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
-              __global const kv_t *k, ulong k_off, ulong4 k_st, CA_SCORE_ARGS,
+              __global const k_t *k, ulong k_off, ulong4 k_st, CA_SCORE_ARGS,
               __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
-              __global const float *bias, ulong bias_off, ulong4 bias_st, int has_bias,
+              CA_BIAS_ARGS,
               CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int group, int q_len, int kv_len, int head_dim,
               float scale, CA_SHAPE_ARGS, int window_left, int window_right,
               int bh0, int i0, int rows,
@@ -63,7 +63,7 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
       int jj = t % SCORE_TN, dd = t / SCORE_TN;
       int kj = key0 + jj, d = d0 + dd;
       k_tile[dd][jj] = (kj < sq.keys && d < head_dim)
-                           ? ca_kv_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + kj, d, CA_PAGE_PASS)
+                           ? ca_k_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + kj, d, CA_PAGE_PASS)
                            : 0.0f;
     }
     if (additive && lid < SCORE_TK) w_tile[lid] = d0 + lid < head_dim ? add_w[d0 + lid] : 0.0f;
@@ -80,10 +80,10 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
     bool allowed = i < sq.rows && j < sq.keys && ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right);
     if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
     if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+    const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
+    allowed = allowed && bias_ij != -INFINITY;
     float s = -INFINITY;
-    if (allowed)
-      s = ca_shape(scale * acc, has_bias ? bias[ca_at(bias_off, bias_st, b, h, i, j)] : 0.0f, b, h, i, j, sq.align_m,
-                   sq.align_n, CA_SHAPE_PASS);
+    if (allowed) s = ca_shape(scale * acc, bias_ij, b, h, i, j, sq.align_m, sq.align_n, CA_SHAPE_PASS);
     scores[((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j] = s;
   }
 }

@@ -26,7 +26,7 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
                   int q_heads, int q_len, int bh0, int i0, int rows,
                   __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
                   __global float *weights, ulong w_off, ulong4 w_st, int want_weights,
-                  __global const float *sinks, int has_sinks,
+                  __global const float *sinks, long sinks_at,
                   CA_DIAG_ARGS, __global int *empty_flag) {
   __local float part[SOFTMAX_WG];
   __local int first[SOFTMAX_WG];
@@ -51,7 +51,7 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
   barrier(CLK_LOCAL_MEM_FENCE);
 
   /* A sink is one more logit in the denominator, carrying no value. */
-  const float sink = has_sinks ? sinks[h] : -INFINITY;
+  const float sink = ca_sink(sinks, sinks_at, h);
   const bool empty = (m_keys == -INFINITY);
   m = ca_max_nan(m_keys, sink);
   float l = 0.0f;
@@ -64,7 +64,7 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   const float l_keys = part[0];
-  l = has_sinks ? l_keys + exp(sink - m) : l_keys;
+  l = sinks_at >= 0 ? l_keys + exp(sink - m) : l_keys;
 
   /* rows past a packed sequence's length do not exist: nothing is written */
   const bool in_range = i < ca_sequence(b, q_len, kv_len, CA_SEQ_PASS).rows;

@@ -41,7 +41,7 @@ extern "C" {
  * value (docs/DESIGN.md, "ABI"). Initialise structs with the *_default()
  * functions, never field by field from zero: new fields get their absent
  * values there. */
-#define CLATTN_ABI_VERSION 2
+#define CLATTN_ABI_VERSION 3
 
 typedef enum {
   CLATTN_OK = 0,
@@ -93,7 +93,8 @@ CLATTN_EXPORT const char *clattn_last_error(const clattn_context *ctx);
  * any call. Per thread, like clattn_last_error. */
 CLATTN_EXPORT const char *clattn_last_route(void);
 
-/* Storage; math is f32. Q8_0 and INT8 are K/V storage only (kv_dtype):
+/* Storage; math is f32. The quantised types are K/V storage only (kv_dtype,
+ * v_dtype):
  *   CLATTN_Q8_0: ggml's block_q8_0 along the head dim. Each run of 32
  *     consecutive elements of a row is one 34-byte block: an f16 scale d,
  *     then 32 int8 q; value = d * q. head_dim (k) / value_dim (v) must be
@@ -102,8 +103,32 @@ CLATTN_EXPORT const char *clattn_last_route(void);
  *     (..., c) lives in block c / 32 at byte 2 + c % 32 of it.
  *   CLATTN_INT8: int8 values, value = scale * q with one f32 scale per
  *     (batch, kv head, key) in k_scale / v_scale.
- *   CLATTN_DTYPE_SAME (kv_dtype only): k and v stored like q (dtype). */
-typedef enum { CLATTN_DTYPE_SAME = -1, CLATTN_F32 = 0, CLATTN_F16, CLATTN_BF16, CLATTN_Q8_0, CLATTN_INT8 } clattn_dtype;
+ *   ABI 3, ggml's other 32-element blocks, laid out and viewed like Q8_0
+ *   (bytes; stride[3] = the block's size), element i of a block taking the
+ *   low nibble n of byte i of its nibbles (i < 16) or the high nibble of
+ *   byte i - 16, and bit i of its 32 high bits (little endian) as h:
+ *   CLATTN_Q4_0   18 bytes: f16 d, 16 bytes of nibbles;          value = d (n - 8)
+ *   CLATTN_Q4_1   20 bytes: f16 d, f16 m, nibbles;                value = d n + m
+ *   CLATTN_Q5_0   22 bytes: f16 d, 4 bytes of high bits, nibbles; value = d (n + 16 h - 16)
+ *   CLATTN_Q5_1   24 bytes: f16 d, f16 m, high bits, nibbles;     value = d (n + 16 h) + m
+ *   CLATTN_IQ4_NL 18 bytes: f16 d, nibbles;  value = d kvalues[n], ggml's
+ *     kvalues_iq4nl {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25,
+ *     38, 53, 69, 89, 113}
+ *   CLATTN_DTYPE_SAME (kv_dtype, v_dtype only): k and v stored like q
+ *     (dtype); v like k (kv_dtype). */
+typedef enum {
+  CLATTN_DTYPE_SAME = -1,
+  CLATTN_F32 = 0,
+  CLATTN_F16,
+  CLATTN_BF16,
+  CLATTN_Q8_0,
+  CLATTN_INT8,
+  CLATTN_Q4_0,
+  CLATTN_Q4_1,
+  CLATTN_Q5_0,
+  CLATTN_Q5_1,
+  CLATTN_IQ4_NL
+} clattn_dtype;
 typedef enum { CLATTN_ALGO_AUTO, CLATTN_ALGO_STAGED, CLATTN_ALGO_FUSED, CLATTN_ALGO_GEMM } clattn_algo;
 typedef enum { CLATTN_EMPTY_ZERO, CLATTN_EMPTY_ERROR } clattn_empty_rows;
 typedef enum { CLATTN_SCORE_DOT, CLATTN_SCORE_ADDITIVE } clattn_score;
@@ -148,7 +173,7 @@ typedef struct {
   int window_left, window_right; /* -1 = unbounded */
   cl_mem kv_lens;                /* int32 [B]: valid keys per batch row (padding); NULL = all */
   clattn_tensor mask;            /* uchar, nonzero = allowed, [B,H,M,N] with broadcast strides */
-  clattn_tensor bias;            /* f32 additive score bias, same indexing */
+  clattn_tensor bias;            /* additive score bias, same indexing (f32; bias_dtype, bias_scale) */
   clattn_empty_rows empty_rows;
   clattn_tensor lse;     /* optional out, f32 [B,Hq,M]: natural-log sum of exp of scores */
   clattn_tensor weights; /* optional out, f32 [B,Hq,M,N]: the routing matrix A */
@@ -216,10 +241,29 @@ typedef struct {
    * alibi_batch_stride + q_heads floats (q_heads for a dense [batch, q_heads]);
    * 0 = one slope per head shared by every batch row, f32 [q_heads]. */
   int alibi_batch_stride;
+  /* ABI 3: what an engine's graph carries as it is (llama.cpp's
+   * FLASH_ATTN_EXT: an f16 mask of additive values, -inf for a key not
+   * allowed, ALiBi as a per-head slope times it; K and V caches of
+   * different types).
+   *   v_dtype: the storage of v when it differs from k's (kv_dtype);
+   *     CLATTN_DTYPE_SAME = kv_dtype. k_scale goes with an INT8 k, v_scale
+   *     with an INT8 v.
+   *   bias_dtype: the bias view's elements, CLATTN_F32 or CLATTN_F16.
+   *   bias_scale: f32 [q_heads]: head h's bias entries are multiplied by
+   *     bias_scale[h] before they are added; NULL = 1.
+   *   sinks_offset: floats before sinks[0] in the sinks cl_mem (a tensor
+   *     inside an engine's buffer).
+   * Every path: a bias entry of -inf (before the scale) disallows its key,
+   * as a zero mask entry does: its key and value are never mixed in,
+   * whatever they hold. */
+  clattn_dtype v_dtype;
+  clattn_dtype bias_dtype;
+  cl_mem bias_scale;
+  size_t sinks_offset;
 } clattn_params;
 
-/* Everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO, kv_dtype
- * CLATTN_DTYPE_SAME, no block table. */
+/* Everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO, kv_dtype and
+ * v_dtype CLATTN_DTYPE_SAME, bias_dtype CLATTN_F32, no block table. */
 CLATTN_EXPORT clattn_params clattn_params_default(void);
 
 /* Enqueues one attention call on the context's queue after the n_wait events;
@@ -261,7 +305,8 @@ typedef struct {
   clattn_dtype src_dtype;         /* F32, F16 or BF16: k_new / v_new storage */
   clattn_tensor k_new, v_new;     /* [B, Hkv, new_len, dk | dv], element strides */
   cl_mem positions;               /* int32 [B]: cache position of new row 0 of each batch row */
-  clattn_dtype kv_dtype;          /* the cache's storage: F32, F16, BF16, Q8_0, INT8; SAME = src_dtype */
+  clattn_dtype kv_dtype;          /* the cache's storage: F32, F16, BF16, Q8_0, INT8 (the other block
+                                     types: UNSUPPORTED); SAME = src_dtype */
   clattn_tensor k, v;             /* the cache, described exactly as in clattn_params */
   clattn_tensor k_scale, v_scale; /* INT8 caches */
   cl_mem block_table;             /* paged caches, as in clattn_params */

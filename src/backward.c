@@ -103,10 +103,10 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
    * writes none of them) and with the algorithm moot. */
   if (bp->fwd.algo < CLATTN_ALGO_AUTO || bp->fwd.algo > CLATTN_ALGO_GEMM)
     return BAD("fwd.algo %d is not a clattn_algo", (int)bp->fwd.algo);
-  if (bp->fwd.block_table || (bp->fwd.kv_dtype != CLATTN_DTYPE_SAME && bp->fwd.kv_dtype != bp->fwd.dtype))
+  if (bp->fwd.block_table || ca_k_dtype(&bp->fwd) != bp->fwd.dtype || ca_v_dtype(&bp->fwd) != bp->fwd.dtype)
     return ca_fail(CLATTN_ERR_UNSUPPORTED,
                    "clattn_backward: paged K/V (fwd.block_table) and K/V stored otherwise "
-                   "than q (fwd.kv_dtype) are forward-only");
+                   "than q (fwd.kv_dtype, fwd.v_dtype) are forward-only");
   clattn_params p = bp->fwd;
   p.weights.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
   p.algo = CLATTN_ALGO_FUSED;

@@ -12,6 +12,8 @@ clattn_params clattn_params_default(void) {
   p.empty_rows = CLATTN_EMPTY_ZERO;
   p.algo = CLATTN_ALGO_AUTO;
   p.kv_dtype = CLATTN_DTYPE_SAME;
+  p.v_dtype = CLATTN_DTYPE_SAME;
+  p.bias_dtype = CLATTN_F32;
   return p;
 }
 

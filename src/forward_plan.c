@@ -387,7 +387,7 @@ static clattn_status fused_init(clattn_plan *pl) {
   if (pl->merge) {
     const clattn_merge_params mp = ca_split_merge_params(p, l->splits.n_splits, pl->part_o, pl->part_lse);
     ca_args m = {pl->merge, "merge_states", 0, 0, CL_SUCCESS, NULL};
-    ca_arg_merge(&m, &mp, p->sinks, pl->flag, &pl->merge_at);
+    ca_arg_merge(&m, &mp, p->sinks, p->sinks_offset, pl->flag, &pl->merge_at);
     if ((st = ca_args_done(&m))) return st;
     ca_merge_global(&mp, pl->merge_global);
   }
@@ -520,7 +520,7 @@ clattn_status clattn_plan_create(clattn_context *ctx, const clattn_params *p, cl
   else if (st == CLATTN_OK && pl->plan.algo == CLATTN_ALGO_GEMM && !ca_gemm_available())
     st = ca_fail(CLATTN_ERR_UNSUPPORTED, "algo GEMM: this build has no CLBlast (-Dclblast)");
   else if (st == CLATTN_OK) /* built now, not at the first step */
-    st = ca_core_program_kv(ctx, p->dtype, pl->plan.kv_dtype, &core);
+    st = ca_core_program_kv(ctx, p->dtype, pl->plan.k_dtype, pl->plan.v_dtype, &core);
   if (st != CLATTN_OK) {
     clattn_plan_release(pl);
     return st;

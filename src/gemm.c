@@ -13,8 +13,8 @@
  * row recomputed because a zero weight met a NaN would differ in rounding
  * from the same row without it. Paged or quantised K/V (or K/V stored
  * otherwise than q) are gathered through the block table and dequantised
- * into dense f32 scratch (gemm_kv_gather); keys on pages outside the pool
- * are masked out of the scores.
+ * into dense f32 scratch (gemm_k_gather, gemm_v_gather); keys on pages
+ * outside the pool are masked out of the scores.
  */
 #include <limits.h>
 #include <stdatomic.h>
@@ -62,19 +62,20 @@ static operand dense_operand(cl_mem buf, int heads, int len, int width) {
   return o;
 }
 
-/* Enqueues gemm_kv_gather of K or V stored paged or quantised (or in another
- * storage than q) into out, a dense f32 [B, Hkv, N, width] scratch buffer. */
-static clattn_status kv_gather(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, const clattn_tensor *t,
-                               const clattn_tensor *scale, int width, cl_uint n_wait, const cl_event *wait,
-                               cl_event *prev, cl_mem out) {
+/* Enqueues gemm_k_gather or gemm_v_gather (name) of K or V stored paged or
+ * quantised (or in another storage than q) into out, a dense f32 [B, Hkv,
+ * N, width] scratch buffer. */
+static clattn_status kv_gather(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, const char *name,
+                               const clattn_tensor *t, const clattn_tensor *scale, int width, cl_uint n_wait,
+                               const cl_event *wait, cl_event *prev, cl_mem out) {
   const int heads = p->kv_heads, len = p->kv_len, paged = plan->paged;
   clattn_status st = CLATTN_OK;
   cl_kernel kernel = NULL;
   cl_program core = NULL;
-  if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
-      (st = ca_kernel_take(ctx, core, "gemm_kv_gather", &kernel)))
+  if ((st = ca_core_program_kv(ctx, p->dtype, plan->k_dtype, plan->v_dtype, &core)) ||
+      (st = ca_kernel_take(ctx, core, name, &kernel)))
     return st;
-  ca_args a = {kernel, "gemm_kv_gather", 0, 0, CL_SUCCESS, NULL};
+  ca_args a = {kernel, name, 0, 0, CL_SUCCESS, NULL};
   ca_arg_view(&a, t);
   ca_arg_view(&a, scale);
   ca_arg_int(&a, heads);
@@ -88,8 +89,7 @@ static clattn_status kv_gather(clattn_context *ctx, const clattn_params *p, cons
   ca_arg_int(&a, p->kv_len);
   ca_arg_mem(&a, out);
   const size_t global[3] = {(size_t)width, (size_t)len, (size_t)p->batch * (size_t)heads};
-  if ((st = ca_args_done(&a)) == CLATTN_OK)
-    st = ca_enqueue(ctx, kernel, "gemm_kv_gather", 3, global, NULL, n_wait, wait, prev);
+  if ((st = ca_args_done(&a)) == CLATTN_OK) st = ca_enqueue(ctx, kernel, name, 3, global, NULL, n_wait, wait, prev);
   ca_kernel_give(ctx, kernel);
   return st;
 }
@@ -316,10 +316,10 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
   cl_program core = NULL;
   /* Additive scores are no matrix product: qk_score computes them, shaped and masked. */
   const int additive = p->score == CLATTN_SCORE_ADDITIVE;
-  /* K/V paged or stored otherwise than q: gathered and dequantised into scratch */
-  const int kv_stored = plan->paged || plan->kv_dtype != p->dtype;
+  /* K or V paged or stored otherwise than q: gathered and dequantised into scratch */
+  const int k_stored = plan->paged || plan->k_dtype != p->dtype, v_stored = plan->paged || plan->v_dtype != p->dtype;
   const int copy_q = !additive && !gemm_ready(p, &p->q, p->q_heads, p->q_len, p->head_dim);
-  const int copy_k = !additive && (kv_stored || !gemm_ready(p, &p->k, p->kv_heads, p->kv_len, p->head_dim));
+  const int copy_k = !additive && (k_stored || !gemm_ready(p, &p->k, p->kv_heads, p->kv_len, p->head_dim));
   const size_t q_floats = (size_t)pairs * p->q_len * p->head_dim;
   const size_t k_floats = (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
   const size_t v_rows = (size_t)p->batch * p->kv_heads * p->kv_len;
@@ -327,7 +327,7 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
   size_t score_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len;
   size_t o_floats = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->value_dim;
   /* every buffer before the first command, which waits for their last uses */
-  if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
+  if ((st = ca_core_program_kv(ctx, p->dtype, plan->k_dtype, plan->v_dtype, &core)) ||
       (st = ca_kernel_take(ctx, core, additive ? "qk_score" : "gemm_mask_scores", &mask)) ||
       (st = ca_kernel_take(ctx, core, "softmax_rows", &softmax)) ||
       (st = ca_kernel_take(ctx, core, "gemm_store_rows", &store)) ||
@@ -335,9 +335,9 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
       (st = ca_scratch_take(ctx, score_floats * sizeof(float), "GEMM score scratch", &deps, &scores)) ||
       (st = ca_scratch_take(ctx, o_floats * sizeof(float), "GEMM output rows", &deps, &o_rows)) ||
       (copy_q && (st = ca_scratch_take(ctx, q_floats * sizeof(float), "GEMM dense copy of q", &deps, &q_copy))) ||
-      (copy_k && (st = ca_scratch_take(ctx, k_floats * sizeof(float), kv_stored ? "GEMM K gather" : "GEMM dense copy of k",
-                                       &deps, &k_copy))) ||
-      (st = ca_scratch_take(ctx, v_floats * sizeof(float), kv_stored ? "GEMM V gather" : "GEMM dense copy of v", &deps,
+      (copy_k && (st = ca_scratch_take(ctx, k_floats * sizeof(float),
+                                       k_stored ? "GEMM K gather" : "GEMM dense copy of k", &deps, &k_copy))) ||
+      (st = ca_scratch_take(ctx, v_floats * sizeof(float), v_stored ? "GEMM V gather" : "GEMM dense copy of v", &deps,
                             &v_copy)) ||
       (st = ca_scratch_take(ctx, v_rows, "GEMM value flags", &deps, &v_bad)) ||
       (st = ca_deps_list(&deps, &n_wait, &wait)))
@@ -352,13 +352,15 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
     q = dense_operand(q_copy, p->q_heads, p->q_len, p->head_dim);
   }
   if (copy_k) {
-    if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->k, &p->k_scale, p->head_dim, n_wait, wait, &prev, k_copy)
-                        : dense_copy(ctx, p, &p->k, 1, p->kv_heads, p->head_dim, n_wait, wait, &prev, k_copy)))
+    if ((st = k_stored ? kv_gather(ctx, p, plan, "gemm_k_gather", &p->k, &p->k_scale, p->head_dim, n_wait, wait, &prev,
+                                   k_copy)
+                       : dense_copy(ctx, p, &p->k, 1, p->kv_heads, p->head_dim, n_wait, wait, &prev, k_copy)))
       goto fail;
     k = dense_operand(k_copy, p->kv_heads, p->kv_len, p->head_dim);
   }
-  if ((st = kv_stored ? kv_gather(ctx, p, plan, &p->v, &p->v_scale, p->value_dim, n_wait, wait, &prev, v_copy)
-                      : dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, v_copy)) ||
+  if ((st = v_stored ? kv_gather(ctx, p, plan, "gemm_v_gather", &p->v, &p->v_scale, p->value_dim, n_wait, wait, &prev,
+                                 v_copy)
+                     : dense_copy(ctx, p, &p->v, 1, p->kv_heads, p->value_dim, n_wait, wait, &prev, v_copy)) ||
       (st = finite_values(ctx, core, p, v_rows, v_copy, n_wait, wait, &prev, v_bad)))
     goto fail;
   v = dense_operand(v_copy, p->kv_heads, p->kv_len, p->value_dim);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "clattn.h"
+#include "dtype.h"
 #include "tiles.h"
 #include "tuning.h"
 
@@ -32,13 +33,14 @@ struct clattn_context {
   pthread_mutex_t programs_lock; /* guards the programs built on first use */
   struct ca_fused_program {
     int head_dim, value_dim;
-    clattn_dtype dtype, kv_dtype;
+    clattn_dtype dtype, k_dtype, v_dtype;
     cl_program program;
     tl_block block;  /* fused: flash_block's tile, built and able to run its work-group; rm 0 = none */
     int decode_runs; /* fused: flash_decode built and able to run its CA_DECODE_WG work-items */
   } * fused;
   cl_program append[3][5];  /* kv_append per (source dtype, cache dtype), built on first use; under programs_lock */
-  cl_program core_kv[3][5]; /* core programs per (dtype, kv_dtype != dtype), built on first use; under programs_lock */
+  cl_program core_kv[3][CA_DTYPES][CA_DTYPES]; /* core programs per (dtype, k, v storage: not both dtype), built on
+                                                  first use; under programs_lock */
   int n_fused, cap_fused;   /* fused programs, one per (head_dim, value_dim), kept for the context's life */
   struct ca_fused_program *backward; /* backward programs, likewise; under programs_lock */
   int n_backward, cap_backward;
@@ -140,15 +142,17 @@ clattn_status ca_build_core(clattn_context *ctx);
 /* The core program for a storage type (f32: ctx->core; f16, bf16 built on
  * first use and kept for the context's life). */
 clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_program *out);
-/* The core program for q/out stored as dtype and k/v as kv_dtype (SAME or
- * equal: ca_core_program's); built on first use. */
-clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype kv_dtype, cl_program *out);
-/* The fused program for (head_dim, value_dim, dtype, kv_dtype): built on
+/* The core program for q/out stored as dtype, k as k_dtype and v as
+ * v_dtype (both dtype: ca_core_program's); built on first use. */
+clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype k_dtype, clattn_dtype v_dtype,
+                                 cl_program *out);
+/* The fused program for (head_dim, value_dim, dtype, k_dtype, v_dtype): built on
  * first use, then kept for the context's life. *info (when
  * non-NULL): its table entry, with the tile its flash_block runs with (rm 0
  * when it cannot) and whether its flash_decode runs, asked once per program. */
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                               clattn_dtype kv_dtype, cl_program *out, struct ca_fused_program *info);
+                               clattn_dtype k_dtype, clattn_dtype v_dtype, cl_program *out,
+                               struct ca_fused_program *info);
 /* The backward program for (head_dim, value_dim, dtype); built on first use. */
 clattn_status ca_backward_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
                                   cl_program *out);
@@ -344,7 +348,7 @@ typedef struct {
   int group;                     /* q_heads / kv_heads */
   int has_mask, has_bias, has_kv_lens, want_lse, want_weights;
   int diag;              /* route diagnostics asked for: CA_DIAG_* bits */
-  clattn_dtype kv_dtype; /* K/V storage, CLATTN_DTYPE_SAME resolved */
+  clattn_dtype k_dtype, v_dtype; /* K and V storage, CLATTN_DTYPE_SAME resolved */
   int paged;             /* K/V through a block table */
   clattn_algo algo;      /* AUTO resolved */
   ca_chunk chunk;        /* staged and GEMM: query rows per pass (the plan step's ca_plan_chunks) */
@@ -357,9 +361,13 @@ enum { CA_BLOCK_WG = 128 }; /* work-items per group of cl/flash_block.cl */
 enum { CA_DIAG_ENTROPY = 1, CA_DIAG_MAX_WEIGHT = 2, CA_DIAG_ARGMAX = 4 };
 
 /* The fields that decide which programs a call builds: dtype, kv_dtype,
- * head_dim, value_dim (their ranges; Q8_0's blocks of 32). ca_validate and
- * clattn_prepare both check them here, so they refuse the same shapes. */
+ * v_dtype, head_dim, value_dim (their ranges; the block types' blocks of
+ * 32). ca_validate and clattn_prepare both check them here, so they refuse
+ * the same shapes. */
 clattn_status ca_check_storage(const clattn_params *p);
+/* The storage of k (kv_dtype, SAME = dtype) and of v (v_dtype, SAME = k's). */
+clattn_dtype ca_k_dtype(const clattn_params *p);
+clattn_dtype ca_v_dtype(const clattn_params *p);
 
 /* Every check that needs no device work; fills plan. */
 clattn_status ca_validate(const clattn_context *ctx, const clattn_params *p, ca_plan *plan);
@@ -444,11 +452,11 @@ void ca_arg_seq(ca_args *a, const clattn_params *p);
  * size, pool size, INT8 scale views. */
 void ca_arg_kv(ca_args *a, const clattn_params *p);
 /* What decides the allowed keys and adds to scores, as the scoring kernels
- * take it: mask view and flag, bias view and flag, then ca_arg_seq. */
+ * take it: mask view and flag, bias view, its flags and scale, then ca_arg_seq. */
 void ca_arg_allowed(ca_args *a, const clattn_params *p);
 /* The score's form (common.h.cl's CA_SCORE_ARGS): additive_w, additive. */
 void ca_arg_score(ca_args *a, const clattn_params *p);
-/* Sinks: the buffer and whether it is there. */
+/* Sinks: the buffer and where head 0's sink lies in it (-1: none). */
 void ca_arg_sinks(ca_args *a, const clattn_params *p);
 /* Where the arguments a plan's step patches sit (their indices): the q,
  * out and lse views' offsets, kv_len, n_pad and split_keys (flash_pack:
@@ -485,7 +493,8 @@ void ca_hand_out(clattn_status st, cl_event *last, cl_event *done);
 /* Enqueues merge_states for validated params after *prev (see ca_enqueue);
  * out is stored as mp->out_dtype; sinks (f32 [heads], or NULL) join each row
  * as a state with O = 0. */
-clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag,
+clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem sinks, size_t sinks_offset,
+                               cl_mem empty_flag,
                                cl_uint n_wait, const cl_event *wait, cl_event *prev);
 /* Where merge_states' arguments a plan's step patches sit: n_states, the
  * out and out_lse views' offsets. */
@@ -494,7 +503,8 @@ typedef struct {
 } ca_merge_slots;
 /* merge_states' arguments for mp (slots, when non-NULL, gets where they sit)
  * and its grid. */
-void ca_arg_merge(ca_args *a, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag, ca_merge_slots *slots);
+void ca_arg_merge(ca_args *a, const clattn_merge_params *mp, cl_mem sinks, size_t sinks_offset, cl_mem empty_flag,
+                  ca_merge_slots *slots);
 void ca_merge_global(const clattn_merge_params *mp, size_t global[3]);
 /* The merge of n_splits partial states ([split][b][h][m] rows of value_dim,
  * and their lse) into p's out and lse. */

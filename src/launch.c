@@ -81,7 +81,9 @@ void ca_arg_allowed(ca_args *a, const clattn_params *p) {
   ca_arg_view(a, &p->mask);
   ca_arg_int(a, p->mask.buf != NULL);
   ca_arg_view(a, &p->bias);
-  ca_arg_int(a, p->bias.buf != NULL);
+  /* cl/common.h.cl's ca_bias: 1 present, CA_BIAS_F16, CA_BIAS_SCALED */
+  ca_arg_int(a, !p->bias.buf ? 0 : 1 | (p->bias_dtype == CLATTN_F16 ? 2 : 0) | (p->bias_scale ? 4 : 0));
+  ca_arg_mem(a, p->bias_scale);
   ca_arg_seq(a, p);
 }
 
@@ -92,7 +94,8 @@ void ca_arg_score(ca_args *a, const clattn_params *p) {
 
 void ca_arg_sinks(ca_args *a, const clattn_params *p) {
   ca_arg_mem(a, p->sinks);
-  ca_arg_int(a, p->sinks != NULL);
+  const cl_long at = p->sinks ? (cl_long)p->sinks_offset : -1; /* cl/common.h.cl's ca_sink */
+  ca_arg(a, sizeof at, &at);
 }
 
 void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_mem kt, cl_mem vp, cl_long n_pad,

@@ -3,7 +3,8 @@
 #include "internal.h"
 #include "program_text.h"
 
-void ca_arg_merge(ca_args *a, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag, ca_merge_slots *slots) {
+void ca_arg_merge(ca_args *a, const clattn_merge_params *mp, cl_mem sinks, size_t sinks_offset, cl_mem empty_flag,
+                  ca_merge_slots *slots) {
   cl_ulong o_state = mp->o_state_stride, lse_state = mp->lse_state_stride;
   ca_arg_view(a, &mp->o);
   ca_arg(a, sizeof o_state, &o_state);
@@ -19,7 +20,8 @@ void ca_arg_merge(ca_args *a, const clattn_merge_params *mp, cl_mem sinks, cl_me
   ca_arg_view(a, &mp->out_lse);
   ca_arg_int(a, mp->out_lse.buf != NULL);
   ca_arg_mem(a, sinks);
-  ca_arg_int(a, sinks != NULL);
+  const cl_long sinks_at = sinks ? (cl_long)sinks_offset : -1; /* cl/common.h.cl's ca_sink */
+  ca_arg(a, sizeof sinks_at, &sinks_at);
   ca_arg_mem(a, empty_flag);
 }
 
@@ -29,14 +31,15 @@ void ca_merge_global(const clattn_merge_params *mp, size_t global[3]) {
   global[2] = (size_t)mp->heads * (size_t)mp->batch;
 }
 
-clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem sinks, cl_mem empty_flag,
+clattn_status ca_enqueue_merge(clattn_context *ctx, const clattn_merge_params *mp, cl_mem sinks, size_t sinks_offset,
+                               cl_mem empty_flag,
                                cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   ca_args a = {0};
   cl_program core = NULL;
   clattn_status st = ca_core_program(ctx, mp->out_dtype, &core);
   if (st == CLATTN_OK) st = ca_kernel_take_args(ctx, core, "merge_states", &a);
   if (st != CLATTN_OK) return st;
-  ca_arg_merge(&a, mp, sinks, empty_flag, NULL);
+  ca_arg_merge(&a, mp, sinks, sinks_offset, empty_flag, NULL);
   size_t global[3];
   ca_merge_global(mp, global);
   if ((st = ca_args_done(&a)) == CLATTN_OK)
@@ -69,7 +72,7 @@ clattn_status ca_enqueue_split_merge(clattn_context *ctx, const clattn_params *p
                                      cl_mem part_lse, cl_mem flag, cl_uint n_wait, const cl_event *wait,
                                      cl_event *prev) {
   const clattn_merge_params mp = ca_split_merge_params(p, n_splits, part_o, part_lse);
-  return ca_enqueue_merge(ctx, &mp, p->sinks, flag, n_wait, wait, prev);
+  return ca_enqueue_merge(ctx, &mp, p->sinks, p->sinks_offset, flag, n_wait, wait, prev);
 }
 
 clattn_status clattn_merge_states(clattn_context *ctx, const clattn_merge_params *mp, cl_uint n_wait,
@@ -86,7 +89,7 @@ clattn_status clattn_merge_states(clattn_context *ctx, const clattn_merge_params
   ca_route_begin("merge_states");
   if (st == CLATTN_OK) st = ca_flag_take(ctx, mp->empty_rows, &deps, &flag);
   if (st == CLATTN_OK) st = ca_deps_list(&deps, &n_wait, &wait);
-  if (st == CLATTN_OK) st = ca_enqueue_merge(ctx, mp, NULL, flag, n_wait, wait, &last);
+  if (st == CLATTN_OK) st = ca_enqueue_merge(ctx, mp, NULL, 0, flag, n_wait, wait, &last);
   if (st == CLATTN_OK) st = ca_finish_call(ctx, mp->empty_rows, &flag, last);
   ca_flag_give(ctx, flag, 0, NULL); /* a failed call's */
   ca_deps_release(&deps);

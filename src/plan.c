@@ -111,11 +111,13 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
   const size_t kv_pairs = (size_t)p->batch * (size_t)p->kv_heads;
   const int wg = ctx->tiles.flash_wg; /* > 0: the work-group kernels (GPUs) */
   const int plain = !plan->diag && p->score != CLATTN_SCORE_ADDITIVE;
-  const size_t unit = plan->kv_dtype == CLATTN_Q8_0 ? 34 : 1;
+  /* unit column strides: an element, or one block of the block types */
+  const size_t k_unit = ca_block_bytes(plan->k_dtype) ? ca_block_bytes(plan->k_dtype) : 1;
+  const size_t v_unit = ca_block_bytes(plan->v_dtype) ? ca_block_bytes(plan->v_dtype) : 1;
   /* flash_rows*' keys per block (cl/flash.cl's FLASH_BN): two vectors */
   const size_t key_block = 2 * (size_t)(ctx->tiles.flash_vw > 0 ? ctx->tiles.flash_vw : 16);
   const int direct = !wg && rows_per_kv <= 8 && p->head_dim % 16 == 0 && p->value_dim % 16 == 0 &&
-                     p->k.stride[3] == unit && p->v.stride[3] == unit;
+                     p->k.stride[3] == k_unit && p->v.stride[3] == v_unit;
   l->packed = !wg && !direct;
   if (l->packed) {
     const size_t n_pad = ca_round_up((size_t)p->kv_len, key_block); /* 2^31 for kv_len near INT_MAX: a long */
@@ -133,7 +135,8 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
   }
   /* After the size check: a call that cannot run builds nothing */
   struct ca_fused_program info;
-  clattn_status st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->kv_dtype, &l->program, &info);
+  clattn_status st =
+      ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->k_dtype, plan->v_dtype, &l->program, &info);
   if (st != CLATTN_OK) return st;
   const int decode = wg && ctx->flash_block && info.decode_runs && plain && rows_per_kv <= CA_DECODE_KERNEL_ROWS;
   const int block = !decode && wg && ctx->flash_block && plain && info.block.rm > 0;

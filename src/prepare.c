@@ -17,11 +17,11 @@ clattn_status clattn_prepare(clattn_context *ctx, const clattn_params *shapes, i
       return ca_fail(st, "clattn_prepare: shapes[%d]: %s", i, why);
     }
     cl_program program;
-    /* STAGED and GEMM read K/V through the core program of (dtype, kv_dtype);
-     * the split-KV merge writes out through dtype's; FUSED has its own. */
-    if ((st = ca_core_program_kv(ctx, p->dtype, p->kv_dtype, &program)) ||
+    /* STAGED and GEMM read K/V through the core program of (dtype, k and v
+     * storage); the split-KV merge writes out through dtype's; FUSED has its own. */
+    if ((st = ca_core_program_kv(ctx, p->dtype, p->kv_dtype, p->v_dtype, &program)) ||
         (st = ca_core_program(ctx, p->dtype, &program)) ||
-        (st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, p->kv_dtype, &program, NULL)))
+        (st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, p->kv_dtype, p->v_dtype, &program, NULL)))
       return st;
   }
   return CLATTN_OK;

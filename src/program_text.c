@@ -18,19 +18,23 @@ void ca_probe_text(ca_program_text *out) {
 }
 
 void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *out) {
-  ca_core_kv_text(tiles, dtype, CLATTN_DTYPE_SAME, out);
+  ca_core_kv_text(tiles, dtype, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, out);
 }
 
-void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_dtype, ca_program_text *out) {
+void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype k_dtype, clattn_dtype v_dtype,
+                     ca_program_text *out) {
+  if (k_dtype == CLATTN_DTYPE_SAME) k_dtype = dtype;
+  if (v_dtype == CLATTN_DTYPE_SAME) v_dtype = k_dtype;
   *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_qk_score, clattn_src_softmax, clattn_src_mix,
                                        clattn_src_merge, clattn_src_gemm},
                            .n_sources = 6};
-  if (kv_dtype == CLATTN_DTYPE_SAME || kv_dtype == dtype)
+  if (k_dtype == dtype && v_dtype == dtype)
     snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D MERGE_COLS=%d", (int)dtype,
              CA_MERGE_COLS);
   else
-    snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d -D MERGE_COLS=%d",
-             (int)dtype, (int)kv_dtype, CA_MERGE_COLS);
+    snprintf(out->options, sizeof out->options,
+             "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_K_DTYPE=%d -D CA_V_DTYPE=%d -D MERGE_COLS=%d", (int)dtype,
+             (int)k_dtype, (int)v_dtype, CA_MERGE_COLS);
   tl_core_options(tiles, out->options, sizeof out->options);
 }
 
@@ -39,12 +43,12 @@ size_t ca_fused_arg_bytes(unsigned address_bits) {
   static const unsigned char sizes[] = {
       P, 8, 32, P, P, 8,  P,  8, 32, P,  8, 32, /* q, kt, vp, n_pad, k, v (buffer, offset, strides) */
       P, 4,                                     /* add_w, additive */
-      P, 8, 32, 4, P, 8,  32, 4,                /* mask, bias */
+      P, 8, 32, 4, P, 8,  32, 4, P,             /* mask, bias, bias_scale */
       P, 4, P,  P, 4, 4,  4,  4,                /* sequences: kv_lens .. paged */
       P, 4, 4,  4, P, 8,  32, P, 8,  32,        /* pages and scales */
       4, 4, 4,  4, 4, 4,                        /* q_heads .. scale */
       4, P, 4,  4,                              /* softcap, alibi */
-      P, 4, 4,  4, 4,                           /* sinks, window, split_keys */
+      P, 8, 4,  4, 4,                           /* sinks and their offset, window, split_keys */
       P, 8, 32, P, 8, 32, 4,                    /* out, lse, want_lse */
       P, 8, 32, P, 8, 32, P,  8, 32, 4,         /* diagnostics */
       P, P, P,                                  /* part_o, part_lse, empty_flag */
@@ -59,21 +63,23 @@ size_t ca_fused_arg_bytes(unsigned address_bits) {
 }
 
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
-                   clattn_dtype kv_dtype, ca_program_text *out) {
+                   clattn_dtype k_dtype, clattn_dtype v_dtype, ca_program_text *out) {
   /* flash_block only where the work-group kernels are used (GPUs, or forced) and its tiles fit */
   tl_block blk;
   const tl_block want = {tiles->block_rm, tiles->block_rn};
   const int block = tiles->flash_wg > 0 && tl_flash_block_tuned(dev, head_dim, value_dim, want, &blk) == 0;
-  ca_fused_text_tile(tiles, dev, head_dim, value_dim, dtype, kv_dtype, block ? &blk : NULL, out);
+  ca_fused_text_tile(tiles, dev, head_dim, value_dim, dtype, k_dtype, v_dtype, block ? &blk : NULL, out);
 }
 
 void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
-                        clattn_dtype kv_dtype, const tl_block *blk, ca_program_text *out) {
+                        clattn_dtype k_dtype, clattn_dtype v_dtype, const tl_block *blk, ca_program_text *out) {
   *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_flash, clattn_src_flash_block, clattn_src_decode},
                            .n_sources = 4};
-  int at =
-      snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d -D DK=%d -D DV=%d",
-               (int)dtype, (int)(kv_dtype == CLATTN_DTYPE_SAME ? dtype : kv_dtype), head_dim, value_dim);
+  if (k_dtype == CLATTN_DTYPE_SAME) k_dtype = dtype;
+  if (v_dtype == CLATTN_DTYPE_SAME) v_dtype = k_dtype;
+  int at = snprintf(out->options, sizeof out->options,
+                    "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_K_DTYPE=%d -D CA_V_DTYPE=%d -D DK=%d -D DV=%d", (int)dtype,
+                    (int)k_dtype, (int)v_dtype, head_dim, value_dim);
   if (tiles->flash_wg > 0) /* flash_tiled's key tile */
     at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_TILE=%d",
                    tl_flash_tile(dev, head_dim, value_dim, tiles->flash_tile));
@@ -83,8 +89,8 @@ void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_di
     if (tiles->block_sg)
       at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_SG=%d", tiles->block_sg);
     /* f16 throughout: q and out in f32 ask for f32's accuracy */
-    const clattn_dtype kv = kv_dtype == CLATTN_DTYPE_SAME ? dtype : kv_dtype;
-    if (tiles->block_half && tiles->block_half_math && dtype == CLATTN_F16 && kv == CLATTN_F16 && dev->fp16)
+    if (tiles->block_half && tiles->block_half_math && dtype == CLATTN_F16 && k_dtype == CLATTN_F16 &&
+        v_dtype == CLATTN_F16 && dev->fp16)
       at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D BLOCK_HALF_MATH");
   } else
     at += snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_NO_BLOCK");

@@ -29,23 +29,25 @@ void ca_probe_text(ca_program_text *out);
 /* qk_score, softmax_rows, mix_values, merge_states and the GEMM helpers for
  * one storage type. */
 void ca_core_text(const tl_tiles *tiles, clattn_dtype dtype, ca_program_text *out);
-/* The same with k and v stored as kv_dtype (paged or not, Q8_0, INT8, ...). */
-void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype kv_dtype, ca_program_text *out);
+/* The same with k stored as k_dtype and v as v_dtype (paged or not, Q8_0,
+ * INT8, ...; CLATTN_DTYPE_SAME: k like q, v like k). */
+void ca_core_kv_text(const tl_tiles *tiles, clattn_dtype dtype, clattn_dtype k_dtype, clattn_dtype v_dtype,
+                     ca_program_text *out);
 /* The fused kernels for one (head_dim, value_dim, storage type of q/out,
- * storage type of k/v: CLATTN_DTYPE_SAME = dtype); flash_block is in it
+ * storage types of k and v: CLATTN_DTYPE_SAME as above); flash_block is in it
  * when tiles->flash_wg > 0 and a tile fits (tl_flash_block_tuned: the
  * tuned block_rm x block_rn or tl_flash_block's choice). The block tile is
  * in this program's options alone (BLOCK_RM, BLOCK_RN). */
 void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
-                   clattn_dtype kv_dtype, ca_program_text *out);
+                   clattn_dtype k_dtype, clattn_dtype v_dtype, ca_program_text *out);
 /* Bytes of the fused kernels' argument block (FLASH_KERNEL_ARGS in
  * cl/flash.cl, each argument at its natural alignment) on a device with
  * address_bits-wide pointers, and how many arguments it has. */
 size_t ca_fused_arg_bytes(unsigned address_bits);
-enum { CA_FUSED_ARGS = 75 };
+enum { CA_FUSED_ARGS = 76 };
 /* The same with flash_block's tile given (NULL: no flash_block). */
 void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
-                        clattn_dtype kv_dtype, const tl_block *block, ca_program_text *out);
+                        clattn_dtype k_dtype, clattn_dtype v_dtype, const tl_block *block, ca_program_text *out);
 /* The backward kernels (cl/backward.cl, cl/backward_staged.cl) for one (head_dim, value_dim, storage type). */
 void ca_backward_text(int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out);
 /* The backward text's options for a device with cl_ext_float_atomics: OpenCL

@@ -4,9 +4,9 @@
  * options program_text.c lists for it, then kept for the context's life:
  *   core         qk_score, softmax_rows, mix_values, merge_states, gemm
  *                kernels per storage type (f32 at creation, its tiles
- *                lowered until every kernel runs its group), and per (q, K/V)
+ *                lowered until every kernel runs its group), and per (q, K, V)
  *                storage pair
- *   fused        flash_* and flash_decode per (dk, dv, dtype, kv_dtype),
+ *   fused        flash_* and flash_decode per (dk, dv, dtype, k and v storage),
  *                flash_block's tile (tuned or chosen per head dim) stepped
  *                down until it runs without spilling
  *   backward     cl/backward.cl per (dk, dv, dtype)
@@ -47,16 +47,19 @@ clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_progra
   return st;
 }
 
-clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype kv_dtype, cl_program *out) {
-  if (kv_dtype == CLATTN_DTYPE_SAME || kv_dtype == dtype) return ca_core_program(ctx, dtype, out);
+clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype k_dtype, clattn_dtype v_dtype,
+                                 cl_program *out) {
+  if (k_dtype == CLATTN_DTYPE_SAME) k_dtype = dtype;
+  if (v_dtype == CLATTN_DTYPE_SAME) v_dtype = k_dtype;
+  if (k_dtype == dtype && v_dtype == dtype) return ca_core_program(ctx, dtype, out);
   clattn_status st = CLATTN_OK;
   pthread_mutex_lock(&ctx->programs_lock);
-  cl_program *slot = &ctx->core_kv[dtype][kv_dtype];
+  cl_program *slot = &ctx->core_kv[dtype][k_dtype][v_dtype];
   if (!*slot) {
     ca_program_text text;
-    ca_core_kv_text(&ctx->tiles, dtype, kv_dtype, &text);
-    char name[40];
-    snprintf(name, sizeof name, "core dtype=%d kv_dtype=%d", (int)dtype, (int)kv_dtype);
+    ca_core_kv_text(&ctx->tiles, dtype, k_dtype, v_dtype, &text);
+    char name[48];
+    snprintf(name, sizeof name, "core dtype=%d k_dtype=%d v_dtype=%d", (int)dtype, (int)k_dtype, (int)v_dtype);
     st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, slot);
   }
   *out = *slot;
@@ -102,17 +105,18 @@ clattn_status ca_build_core(clattn_context *ctx) {
   return ca_fail(CLATTN_ERR_UNSUPPORTED, "the staged kernels cannot run any tile shape on this device");
 }
 
-/* A table of programs keyed by (head_dim, value_dim, dtype, kv_dtype)
+/* A table of programs keyed by (head_dim, value_dim, dtype, k_dtype, v_dtype)
  * (ctx->fused, ctx->backward): *entry is the matching one (*found 1), or
  * room for a new one at (*table)[*n] (*found 0: the caller fills it and
  * counts it in *n once built). OUT_OF_MEMORY, naming `what`, when the table
  * cannot grow. The caller holds programs_lock. */
 static clattn_status program_entry(struct ca_fused_program **table, int *n, int *cap, const char *what, int head_dim,
-                                   int value_dim, clattn_dtype dtype, clattn_dtype kv_dtype,
+                                   int value_dim, clattn_dtype dtype, clattn_dtype k_dtype, clattn_dtype v_dtype,
                                    struct ca_fused_program **entry, int *found) {
   for (int i = 0; i < *n; i++) {
     struct ca_fused_program *e = &(*table)[i];
-    if (e->head_dim == head_dim && e->value_dim == value_dim && e->dtype == dtype && e->kv_dtype == kv_dtype) {
+    if (e->head_dim == head_dim && e->value_dim == value_dim && e->dtype == dtype && e->k_dtype == k_dtype &&
+        e->v_dtype == v_dtype) {
       *entry = e;
       *found = 1;
       return CLATTN_OK;
@@ -126,8 +130,8 @@ static clattn_status program_entry(struct ca_fused_program **table, int *n, int 
     *cap = grown_cap;
   }
   *entry = &(*table)[*n];
-  **entry =
-      (struct ca_fused_program){.head_dim = head_dim, .value_dim = value_dim, .dtype = dtype, .kv_dtype = kv_dtype};
+  **entry = (struct ca_fused_program){
+      .head_dim = head_dim, .value_dim = value_dim, .dtype = dtype, .k_dtype = k_dtype, .v_dtype = v_dtype};
   *found = 0;
   return CLATTN_OK;
 }
@@ -157,14 +161,16 @@ static int kernel_runs(clattn_context *ctx, cl_program program, const char *name
 }
 
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                               clattn_dtype kv_dtype, cl_program *out, struct ca_fused_program *info) {
+                               clattn_dtype k_dtype, clattn_dtype v_dtype, cl_program *out,
+                               struct ca_fused_program *info) {
   clattn_status st = CLATTN_OK;
-  if (kv_dtype == CLATTN_DTYPE_SAME) kv_dtype = dtype; /* one program either way */
+  if (k_dtype == CLATTN_DTYPE_SAME) k_dtype = dtype; /* one program either way */
+  if (v_dtype == CLATTN_DTYPE_SAME) v_dtype = k_dtype;
   struct ca_fused_program *entry = NULL;
   int found = 0;
   pthread_mutex_lock(&ctx->programs_lock);
-  if ((st = program_entry(&ctx->fused, &ctx->n_fused, &ctx->cap_fused, "fused", head_dim, value_dim, dtype, kv_dtype,
-                          &entry, &found)) ||
+  if ((st = program_entry(&ctx->fused, &ctx->n_fused, &ctx->cap_fused, "fused", head_dim, value_dim, dtype, k_dtype,
+                          v_dtype, &entry, &found)) ||
       found) {
     if (found) {
       *out = entry->program;
@@ -192,10 +198,11 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
   cl_program program = NULL;
   for (;;) {
     ca_program_text text;
-    ca_fused_text_tile(&ctx->tiles, &ctx->caps, head_dim, value_dim, dtype, kv_dtype, with_block ? &blk : NULL, &text);
-    char name[96];
-    snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d kv_dtype=%d block=%dx%d", head_dim, value_dim, (int)dtype,
-             (int)kv_dtype, with_block ? blk.rm : 0, with_block ? blk.rn : 0);
+    ca_fused_text_tile(&ctx->tiles, &ctx->caps, head_dim, value_dim, dtype, k_dtype, v_dtype, with_block ? &blk : NULL,
+                       &text);
+    char name[112];
+    snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d k_dtype=%d v_dtype=%d block=%dx%d", head_dim, value_dim,
+             (int)dtype, (int)k_dtype, (int)v_dtype, with_block ? blk.rm : 0, with_block ? blk.rn : 0);
     if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &program)) != CLATTN_OK) break;
     /* flash_block can fail to run its group, or spill: a smaller tile, and
      * when none fits flash_tiled runs instead */
@@ -229,7 +236,7 @@ clattn_status ca_backward_program(clattn_context *ctx, int head_dim, int value_d
   int found = 0;
   pthread_mutex_lock(&ctx->programs_lock);
   clattn_status st = program_entry(&ctx->backward, &ctx->n_backward, &ctx->cap_backward, "backward", head_dim,
-                                   value_dim, dtype, dtype, &entry, &found);
+                                   value_dim, dtype, dtype, dtype, &entry, &found);
   if (st != CLATTN_OK || found) {
     if (found) *out = entry->program;
     goto done;
@@ -269,11 +276,13 @@ void ca_release_programs(clattn_context *ctx) {
   for (int i = 0; i < 2; i++)
     if (ctx->core_16[i]) clReleaseProgram(ctx->core_16[i]);
   for (int i = 0; i < ctx->n_fused; i++) clReleaseProgram(ctx->fused[i].program);
-  for (int s = 0; s < 3; s++)
-    for (int c = 0; c < 5; c++) {
+  for (int s = 0; s < 3; s++) {
+    for (int c = 0; c < 5; c++)
       if (ctx->append[s][c]) clReleaseProgram(ctx->append[s][c]);
-      if (ctx->core_kv[s][c]) clReleaseProgram(ctx->core_kv[s][c]);
-    }
+    for (int k = 0; k < CA_DTYPES; k++)
+      for (int v = 0; v < CA_DTYPES; v++)
+        if (ctx->core_kv[s][k][v]) clReleaseProgram(ctx->core_kv[s][k][v]);
+  }
   free(ctx->fused);
   for (int i = 0; i < ctx->n_backward; i++) clReleaseProgram(ctx->backward[i].program);
   free(ctx->backward);

@@ -23,7 +23,7 @@ clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, con
   if (done) *done = NULL;
   cl_program core = NULL;
   size_t scratch_bytes = (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len * sizeof(float);
-  if ((st = ca_core_program_kv(ctx, p->dtype, plan->kv_dtype, &core)) ||
+  if ((st = ca_core_program_kv(ctx, p->dtype, plan->k_dtype, plan->v_dtype, &core)) ||
       (st = ca_kernel_take(ctx, core, "qk_score", &score)) ||
       (st = ca_kernel_take(ctx, core, "softmax_rows", &softmax)) ||
       (st = ca_kernel_take(ctx, core, "mix_values", &mix)) ||

@@ -2,7 +2,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
+#include "dtype.h"
 #include "internal.h"
 
 #define BAD(...) ca_fail(CLATTN_ERR_INVALID_ARGUMENT, __VA_ARGS__)
@@ -152,47 +154,56 @@ static clattn_status check_view(ca_views *vs, const char *name, const clattn_ten
   return ca_views_add(vs, name, t, dims, rank, elem_size, role == VIEW_OUT, space, base, need);
 }
 
-/* A Q8_0 view (offset and strides in bytes, stride[3] = 34) of rows of
- * `cols` elements, checked as the bytes it addresses: each row's blocks as
- * one run of cols / 32 * 34 bytes. */
-static clattn_status check_q8_0_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims, int cols,
-                                     int is_output) {
+/* A view of a block type (offset and strides in bytes, stride[3] one
+ * block) of rows of `cols` elements, checked as the bytes it addresses:
+ * each row's blocks as one run of cols / 32 blocks. */
+static clattn_status check_block_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims,
+                                      clattn_dtype dtype, int is_output) {
+  const int cols = dims[3];
+  const size_t block = ca_block_bytes(dtype);
+  const char *type = ca_dtype_name(dtype) + strlen("CLATTN_");
   if (cols % 32 != 0)
-    return BAD("%s: Q8_0 stores rows in blocks of 32 elements, but the row has %d (not a multiple of 32)", name, cols);
-  if (t->stride[3] != 34)
-    return BAD("%s.stride[3] must be 34 for Q8_0 (one 34-byte block of 32 elements; got %zu)", name, t->stride[3]);
+    return BAD("%s: %s stores rows in blocks of 32 elements, but the row has %d (not a multiple of 32)", name, type,
+               cols);
+  if (t->stride[3] != block)
+    return BAD("%s.stride[3] must be %zu for %s (one %zu-byte block of 32 elements; got %zu)", name, block, type, block,
+               t->stride[3]);
   if (t->offset % 2 || t->stride[0] % 2 || t->stride[1] % 2 || t->stride[2] % 2)
-    return BAD("%s: a Q8_0 view's offset and strides must be even (its f16 scales are 2-byte aligned)", name);
+    return BAD("%s: a %s view's offset and strides must be even (its f16 scales are 2-byte aligned)", name, type);
   const clattn_tensor bytes = {t->buf, t->offset, {t->stride[0], t->stride[1], t->stride[2], 1}};
-  const int byte_dims[] = {dims[0], dims[1], dims[2], cols / 32 * 34};
+  const int byte_dims[] = {dims[0], dims[1], dims[2], (int)((size_t)cols / 32 * block)};
   return check_view(vs, name, &bytes, byte_dims, 4, 1, is_output);
 }
 
-/* A K or V view (or a cache of clattn_kv_append) in storage kv_dtype:
+/* A K or V view (or a cache of clattn_kv_append) in storage dtype:
  * dims[3] elements per row. */
 static clattn_status check_kv_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims,
-                                   clattn_dtype kv_dtype, int is_output) {
-  if (kv_dtype == CLATTN_Q8_0) return check_q8_0_view(vs, name, t, dims, dims[3], is_output);
-  const size_t elem = kv_dtype == CLATTN_F32 ? sizeof(float) : kv_dtype == CLATTN_INT8 ? 1 : 2;
-  return check_view(vs, name, t, dims, 4, elem, is_output);
+                                   clattn_dtype dtype, int is_output) {
+  if (ca_block_bytes(dtype)) return check_block_view(vs, name, t, dims, dtype, is_output);
+  return check_view(vs, name, t, dims, 4, ca_unit_bytes(dtype), is_output);
 }
 
-/* The K/V storage fields shared by forward and append: kv dtype, INT8
- * scales, block table. slots = dimension 0 of the views (batch, or pages),
- * rows = dimension 2 (keys, or rows per page). */
-static clattn_status check_kv_storage(ca_views *vs, clattn_dtype kv_dtype, const clattn_tensor *k_scale,
-                                      const clattn_tensor *v_scale, int slots, int kv_heads, int rows, int is_output) {
-  clattn_status st;
-  if (kv_dtype == CLATTN_INT8) {
-    if (!k_scale->buf || !v_scale->buf)
-      return BAD("kv_dtype CLATTN_INT8 needs k_scale and v_scale (f32, one per key row; %s is absent)",
-                 k_scale->buf ? "v_scale" : "k_scale");
-    const int dims[] = {slots, kv_heads, rows};
-    if ((st = check_view(vs, "k_scale", k_scale, dims, 3, sizeof(float), is_output)) ||
-        (st = check_view(vs, "v_scale", v_scale, dims, 3, sizeof(float), is_output)))
+/* The INT8 scales of the K/V views (k_scale with an INT8 k, v_scale with an
+ * INT8 v), shared by forward and append. slots = dimension 0 of the views
+ * (batch, or pages), rows = dimension 2 (keys, or rows per page). */
+static clattn_status check_kv_scales(ca_views *vs, clattn_dtype k_dtype, clattn_dtype v_dtype,
+                                     const clattn_tensor *k_scale, const clattn_tensor *v_scale, int slots,
+                                     int kv_heads, int rows, int is_output) {
+  const struct {
+    const char *name, *of;
+    const clattn_tensor *t;
+    int int8;
+  } scales[] = {{"k_scale", "k", k_scale, k_dtype == CLATTN_INT8}, {"v_scale", "v", v_scale, v_dtype == CLATTN_INT8}};
+  const int dims[] = {slots, kv_heads, rows};
+  for (int i = 0; i < 2; i++) {
+    clattn_status st;
+    if (scales[i].int8 && !scales[i].t->buf)
+      return BAD("%s stored as CLATTN_INT8 needs %s (f32, one per key row); it is absent", scales[i].of,
+                 scales[i].name);
+    if (!scales[i].int8 && scales[i].t->buf)
+      return BAD("%s is set but %s is not stored as CLATTN_INT8", scales[i].name, scales[i].of);
+    if (scales[i].t->buf && (st = check_view(vs, scales[i].name, scales[i].t, dims, 3, sizeof(float), is_output)))
       return st;
-  } else if (k_scale->buf || v_scale->buf) {
-    return BAD("k_scale / v_scale are set but kv_dtype is not CLATTN_INT8");
   }
   return CLATTN_OK;
 }
@@ -211,22 +222,29 @@ static clattn_status check_block_table(ca_views *vs, cl_mem table, int batch, in
 }
 
 clattn_status ca_check_storage(const clattn_params *p) {
-  if (p->dtype == CLATTN_Q8_0 || p->dtype == CLATTN_INT8)
+  if (ca_is_dtype(p->dtype) && p->dtype != CLATTN_F32 && p->dtype != CLATTN_F16 && p->dtype != CLATTN_BF16)
     return BAD("dtype %s: quantised storage is for k and v only (kv_dtype); q and out are F32, F16 or BF16",
-               p->dtype == CLATTN_Q8_0 ? "CLATTN_Q8_0" : "CLATTN_INT8");
+               ca_dtype_name(p->dtype));
   if (p->dtype != CLATTN_F32 && p->dtype != CLATTN_F16 && p->dtype != CLATTN_BF16)
     return BAD("dtype %d is not a storage type of q and out", (int)p->dtype);
-  if (p->kv_dtype < CLATTN_DTYPE_SAME || p->kv_dtype > CLATTN_INT8)
+  if (p->kv_dtype != CLATTN_DTYPE_SAME && !ca_is_dtype(p->kv_dtype))
     return BAD("kv_dtype %d is not a clattn_dtype", (int)p->kv_dtype);
+  if (p->v_dtype != CLATTN_DTYPE_SAME && !ca_is_dtype(p->v_dtype))
+    return BAD("v_dtype %d is not a clattn_dtype", (int)p->v_dtype);
   if (p->head_dim <= 0) return BAD("head_dim must be positive (got %d)", p->head_dim);
   if (p->value_dim <= 0) return BAD("value_dim must be positive (got %d)", p->value_dim);
-  if (p->kv_dtype == CLATTN_Q8_0 && (p->head_dim % 32 || p->value_dim % 32))
-    return BAD(
-        "kv_dtype CLATTN_Q8_0 stores rows in blocks of 32 elements: head_dim (%d) and value_dim (%d) must be "
-        "multiples of 32",
-        p->head_dim, p->value_dim);
+  const clattn_dtype k_dtype = ca_k_dtype(p), v_dtype = ca_v_dtype(p);
+  if (ca_block_bytes(k_dtype) && p->head_dim % 32)
+    return BAD("kv_dtype %s stores rows in blocks of 32 elements: head_dim (%d) must be a multiple of 32",
+               ca_dtype_name(k_dtype), p->head_dim);
+  if (ca_block_bytes(v_dtype) && p->value_dim % 32)
+    return BAD("%s %s stores rows in blocks of 32 elements: value_dim (%d) must be a multiple of 32",
+               p->v_dtype == CLATTN_DTYPE_SAME ? "kv_dtype" : "v_dtype", ca_dtype_name(v_dtype), p->value_dim);
   return CLATTN_OK;
 }
+
+clattn_dtype ca_k_dtype(const clattn_params *p) { return p->kv_dtype == CLATTN_DTYPE_SAME ? p->dtype : p->kv_dtype; }
+clattn_dtype ca_v_dtype(const clattn_params *p) { return p->v_dtype == CLATTN_DTYPE_SAME ? ca_k_dtype(p) : p->v_dtype; }
 
 static clattn_status check_dims(const clattn_params *p) {
   const struct {
@@ -262,6 +280,9 @@ static clattn_status check_enums(const clattn_params *p) {
   if (p->score == CLATTN_SCORE_DOT && p->additive_w) return BAD("additive_w is set but score is CLATTN_SCORE_DOT");
   if (p->alibi_batch_stride < 0)
     return BAD("alibi_batch_stride must be >= 0 (0: one slope per head; got %d)", p->alibi_batch_stride);
+  if (p->bias_dtype != CLATTN_F32 && p->bias_dtype != CLATTN_F16)
+    return BAD("bias_dtype %d: a bias is stored as CLATTN_F32 or CLATTN_F16", (int)p->bias_dtype);
+  if (p->bias_scale && !p->bias.buf) return BAD("bias_scale is set but bias is absent (it scales the bias)");
   if (p->alibi_batch_stride > 0 && !p->alibi_slopes)
     return BAD("alibi_batch_stride is %d but alibi_slopes is NULL", p->alibi_batch_stride);
   return CLATTN_OK;
@@ -312,7 +333,6 @@ static clattn_status check_views(ca_views *vs, const clattn_params *p, int out_r
             kv_rows = paged ? p->page_size : k_rows;
   const int k_dims[] = {kv_slots, p->kv_heads, kv_rows, p->head_dim};
   const int v_dims[] = {kv_slots, p->kv_heads, kv_rows, p->value_dim};
-  const clattn_dtype kv_dtype = p->kv_dtype == CLATTN_DTYPE_SAME ? p->dtype : p->kv_dtype;
   const int o_dims[] = {qb, p->q_heads, q_rows, p->value_dim};
   const int s_dims[] = {p->batch, p->q_heads, p->q_len, p->kv_len};
   const int lse_dims[] = {p->batch, p->q_heads, p->q_len};
@@ -327,9 +347,11 @@ static clattn_status check_views(ca_views *vs, const clattn_params *p, int out_r
   if (paged && (st = check_block_table(vs, p->block_table, p->batch, p->block_table_stride, p->page_size, p->num_pages,
                                        p->kv_len)))
     return st;
-  if ((st = check_kv_view(vs, "k", &p->k, k_dims, kv_dtype, 0))) return st;
-  if ((st = check_kv_view(vs, "v", &p->v, v_dims, kv_dtype, 0))) return st;
-  if ((st = check_kv_storage(vs, kv_dtype, &p->k_scale, &p->v_scale, kv_slots, p->kv_heads, kv_rows, 0))) return st;
+  if ((st = check_kv_view(vs, "k", &p->k, k_dims, ca_k_dtype(p), 0))) return st;
+  if ((st = check_kv_view(vs, "v", &p->v, v_dims, ca_v_dtype(p), 0))) return st;
+  if ((st = check_kv_scales(vs, ca_k_dtype(p), ca_v_dtype(p), &p->k_scale, &p->v_scale, kv_slots, p->kv_heads, kv_rows,
+                            0)))
+    return st;
   const struct {
     const char *name;
     const clattn_tensor *t;
@@ -343,7 +365,7 @@ static clattn_status check_views(ca_views *vs, const clattn_params *p, int out_r
   };
   if ((st = check_view(vs, "out", &p->out, o_dims, 4, elem, out_role))) return st;
   if (p->mask.buf && (st = check_view(vs, "mask", &p->mask, s_dims, 4, 1, 0))) return st;
-  if (p->bias.buf && (st = check_view(vs, "bias", &p->bias, s_dims, 4, sizeof(float), 0))) return st;
+  if (p->bias.buf && (st = check_view(vs, "bias", &p->bias, s_dims, 4, ca_unit_bytes(p->bias_dtype), 0))) return st;
   for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
     if (outs[i].t->buf && (st = check_view(vs, outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem,
                                            i == 0 ? out_role : VIEW_OUT)))
@@ -363,9 +385,11 @@ static clattn_status check_views(ca_views *vs, const clattn_params *p, int out_r
   const int h_dims[] = {p->q_heads}, bh_dims[] = {p->batch, p->q_heads};
   /* per (batch, head) with a batch stride, else one slope per head */
   const clattn_tensor alibi = {p->alibi_slopes, 0, {(size_t)p->alibi_batch_stride, 1, 0, 0}},
-                      sinks = {p->sinks, 0, {1, 0, 0, 0}};
+                      sinks = {p->sinks, p->sinks_offset, {1, 0, 0, 0}};
   if (p->alibi_slopes && (st = check_view(vs, "alibi_slopes", &alibi, bh_dims, 2, sizeof(float), 0))) return st;
   if (p->sinks && (st = check_view(vs, "sinks", &sinks, h_dims, 1, sizeof(float), 0))) return st;
+  const clattn_tensor bias_scale = {p->bias_scale, 0, {1, 0, 0, 0}};
+  if (p->bias_scale && (st = check_view(vs, "bias_scale", &bias_scale, h_dims, 1, sizeof(float), 0))) return st;
   const int d_dims[] = {p->head_dim};
   const clattn_tensor w = {p->additive_w, 0, {1, 0, 0, 0}};
   if (p->additive_w && (st = check_view(vs, "additive_w", &w, d_dims, 1, sizeof(float), 0))) return st;
@@ -389,7 +413,8 @@ static clattn_status validate(const clattn_context *ctx, const clattn_params *p,
 
   const int want_weights = p->weights.buf != NULL;
   plan->algo = p->algo != CLATTN_ALGO_AUTO ? p->algo : ca_auto_algo(ctx, p->q_len, want_weights);
-  plan->kv_dtype = p->kv_dtype == CLATTN_DTYPE_SAME ? p->dtype : p->kv_dtype;
+  plan->k_dtype = ca_k_dtype(p);
+  plan->v_dtype = ca_v_dtype(p);
   plan->paged = p->block_table != NULL;
   /* Paged or quantised K/V run on every path: the fused and staged kernels
    * follow the block table and dequantise on load, the GEMM path gathers
@@ -493,9 +518,14 @@ clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_
     return BAD("batch * kv_heads (%lld) exceeds 2^31 - 1", (long long)ap->batch * ap->kv_heads);
   if (ap->src_dtype != CLATTN_F32 && ap->src_dtype != CLATTN_F16 && ap->src_dtype != CLATTN_BF16)
     return BAD("src_dtype %d: new rows are F32, F16 or BF16", (int)ap->src_dtype);
-  if (ap->kv_dtype < CLATTN_DTYPE_SAME || ap->kv_dtype > CLATTN_INT8)
+  if (ap->kv_dtype != CLATTN_DTYPE_SAME && !ca_is_dtype(ap->kv_dtype))
     return BAD("kv_dtype %d is not a clattn_dtype", (int)ap->kv_dtype);
   const clattn_dtype kv = ap->kv_dtype == CLATTN_DTYPE_SAME ? ap->src_dtype : ap->kv_dtype;
+  if (kv > CLATTN_INT8)
+    return ca_fail(CLATTN_ERR_UNSUPPORTED,
+                   "kv_dtype %s: clattn_kv_append writes F32, F16, BF16, Q8_0 and INT8 caches (the forward reads "
+                   "every storage)",
+                   ca_dtype_name(kv));
   const struct {
     const char *name;
     const clattn_tensor *t;
@@ -522,7 +552,7 @@ clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_
   const int k_dims[] = {slots, ap->kv_heads, rows, ap->head_dim};
   const int v_dims[] = {slots, ap->kv_heads, rows, ap->value_dim};
   if ((st = check_kv_view(&vs, "k", &ap->k, k_dims, kv, 1)) || (st = check_kv_view(&vs, "v", &ap->v, v_dims, kv, 1)) ||
-      (st = check_kv_storage(&vs, kv, &ap->k_scale, &ap->v_scale, slots, ap->kv_heads, rows, 1)))
+      (st = check_kv_scales(&vs, kv, kv, &ap->k_scale, &ap->v_scale, slots, ap->kv_heads, rows, 1)))
     return st;
   if (ap->new_len > 0) {
     const size_t elem = ap->src_dtype == CLATTN_F32 ? sizeof(float) : 2;

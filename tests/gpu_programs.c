@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
     if (write_program(argv[2], name, &text)) return 1;
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
       if (t > 0 && d > 1) continue; /* 16-bit storage changes loads and stores only: two dims suffice */
-      ca_fused_text(&tiles, &dev, dims[d][0], dims[d][1], dtypes[t].dtype, CLATTN_DTYPE_SAME, &text);
+      ca_fused_text(&tiles, &dev, dims[d][0], dims[d][1], dtypes[t].dtype, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &text);
       snprintf(name, sizeof name, "flash-%s-d%d-%d", dtypes[t].name, dims[d][0], dims[d][1]);
       if (write_program(argv[2], name, &text)) return 1;
       ca_backward_text(dims[d][0], dims[d][1], dtypes[t].dtype, &text);
@@ -99,22 +99,27 @@ int main(int argc, char **argv) {
       if (write_program(argv[2], name, &text)) return 1;
     }
   }
-  /* Paged/quantised K/V: the fused kernels over Q8_0 and INT8 caches, and
-   * clattn_kv_append for every cache storage. */
+  /* Paged/quantised K/V: the fused kernels over every quantised cache
+   * storage (and K and V stored apart: Q8_0 keys, Q4_0 values), and
+   * clattn_kv_append for every cache storage it writes (the first five). */
   static const struct {
-    clattn_dtype dtype;
+    clattn_dtype dtype, v_dtype;
     const char *name;
-  } kv[] = {
-      {CLATTN_F32, "f32"}, {CLATTN_F16, "f16"}, {CLATTN_BF16, "bf16"}, {CLATTN_Q8_0, "q8_0"}, {CLATTN_INT8, "int8"}};
-  for (size_t c = 3; c < 5; c++) {
+  } kv[] = {{CLATTN_F32, CLATTN_F32, "f32"},        {CLATTN_F16, CLATTN_F16, "f16"},
+            {CLATTN_BF16, CLATTN_BF16, "bf16"},     {CLATTN_Q8_0, CLATTN_Q8_0, "q8_0"},
+            {CLATTN_INT8, CLATTN_INT8, "int8"},     {CLATTN_Q4_0, CLATTN_Q4_0, "q4_0"},
+            {CLATTN_Q4_1, CLATTN_Q4_1, "q4_1"},     {CLATTN_Q5_0, CLATTN_Q5_0, "q5_0"},
+            {CLATTN_Q5_1, CLATTN_Q5_1, "q5_1"},     {CLATTN_IQ4_NL, CLATTN_IQ4_NL, "iq4_nl"},
+            {CLATTN_Q8_0, CLATTN_Q4_0, "q8_0-q4_0"}};
+  for (size_t c = 3; c < sizeof kv / sizeof kv[0]; c++) {
     char name[64];
     dev.head_dim = dev.value_dim = 0;
     tl_tiles tiles = tl_choose(&dev);
     tiles.flash_vw = ca_flash_vw(&dev); /* as ca_tuning_choose sets it */
-    ca_core_kv_text(&tiles, CLATTN_F16, kv[c].dtype, &text);
+    ca_core_kv_text(&tiles, CLATTN_F16, kv[c].dtype, kv[c].v_dtype, &text);
     snprintf(name, sizeof name, "core-f16-kv%s", kv[c].name);
     if (write_program(argv[2], name, &text)) return 1;
-    ca_fused_text(&tiles, &dev, 128, 128, CLATTN_F16, kv[c].dtype, &text);
+    ca_fused_text(&tiles, &dev, 128, 128, CLATTN_F16, kv[c].dtype, kv[c].v_dtype, &text);
     snprintf(name, sizeof name, "flash-f16-kv%s-d128-128", kv[c].name);
     if (write_program(argv[2], name, &text)) return 1;
   }

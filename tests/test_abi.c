@@ -22,10 +22,14 @@ static const struct {
     /* ABI 2: alibi_batch_stride appended to clattn_params, out_dtype to
      * clattn_merge_params, d_bias to clattn_backward_params */
     {2, 48, 48, 792, 788, 240, 236, 352, 1056},
+    /* ABI 3: v_dtype, bias_dtype, bias_scale, sinks_offset appended to
+     * clattn_params (so to clattn_backward_params' fwd); clattn_dtype gains
+     * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL */
+    {3, 48, 48, 816, 808, 240, 236, 352, 1080},
 };
 
 /* The last field of each struct in this version's header. */
-#define PARAMS_LAST alibi_batch_stride
+#define PARAMS_LAST sinks_offset
 #define MERGE_LAST  out_dtype
 
 static void header_and_soname_agree(void) {

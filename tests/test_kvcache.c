@@ -76,6 +76,89 @@ static void quantize_row_q8_0_reference(const float *x, unsigned char *y, int k)
   }
 }
 
+/* ggml's other 32-element blocks (ggml-common.h): bytes of one block, 0
+ * for the element types. */
+static size_t block_bytes(clattn_dtype t) {
+  switch (t) {
+    case CLATTN_Q8_0: return 34;
+    case CLATTN_Q4_0: return 18;
+    case CLATTN_Q4_1: return 20;
+    case CLATTN_Q5_0: return 22;
+    case CLATTN_Q5_1: return 24;
+    case CLATTN_IQ4_NL: return 18;
+    default: return 0;
+  }
+}
+
+static const int8_t iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* Element i of a Q4_0, Q4_1, Q5_0, Q5_1 or IQ4_NL block, as ggml's
+ * dequantize_row_* define it (d n + m with one rounding, as the kernels'
+ * fma computes it). */
+static float block_value(clattn_dtype t, const unsigned char *blk, int i) {
+  uint16_t h;
+  memcpy(&h, blk, 2);
+  const float d = cp_f16_value(h);
+  const int qs = t == CLATTN_Q4_1 ? 4 : t == CLATTN_Q5_0 ? 6 : t == CLATTN_Q5_1 ? 8 : 2;
+  int n = i < 16 ? blk[qs + i] & 15 : blk[qs + i - 16] >> 4;
+  if (t == CLATTN_IQ4_NL) return d * (float)iq4nl_levels[n];
+  if (t == CLATTN_Q5_0 || t == CLATTN_Q5_1) {
+    uint32_t qh;
+    memcpy(&qh, blk + (t == CLATTN_Q5_0 ? 2 : 4), 4);
+    n |= (int)((qh >> i) & 1u) << 4;
+  }
+  if (t == CLATTN_Q4_0) return d * (float)(n - 8);
+  if (t == CLATTN_Q5_0) return d * (float)(n - 16);
+  memcpy(&h, blk + 2, 2);
+  return fmaf(d, (float)n, cp_f16_value(h));
+}
+
+/* 32 values into one block, with ggml's quantize_row_*_ref rules (IQ4_NL:
+ * the nearest of its levels at d = amax / 127, a valid block if not
+ * ggml's search for the best scale). */
+static void quantize_block(clattn_dtype t, const float *x, unsigned char *y) {
+  float amax = 0.0f, max = 0.0f, lo = x[0], hi = x[0];
+  for (int j = 0; j < 32; j++) {
+    if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+    lo = fminf(lo, x[j]);
+    hi = fmaxf(hi, x[j]);
+  }
+  const int offset = t == CLATTN_Q4_1 || t == CLATTN_Q5_1; /* d n + m */
+  const int five = t == CLATTN_Q5_0 || t == CLATTN_Q5_1;
+  float d = offset               ? (hi - lo) / (five ? 31.0f : 15.0f)
+            : t == CLATTN_IQ4_NL ? amax / 127.0f
+                                 : max / (five ? -16.0f : -8.0f);
+  const float id = d ? 1.0f / d : 0.0f;
+  uint16_t h = cp_f16_bits(d);
+  memcpy(y, &h, 2);
+  if (offset) {
+    h = cp_f16_bits(lo);
+    memcpy(y + 2, &h, 2);
+  }
+  const int qs = t == CLATTN_Q4_1 ? 4 : t == CLATTN_Q5_0 ? 6 : t == CLATTN_Q5_1 ? 8 : 2;
+  uint32_t qh = 0;
+  for (int j = 0; j < 32; j++) {
+    int q;
+    if (t == CLATTN_IQ4_NL) {
+      q = 0;
+      for (int l = 1; l < 16; l++)
+        if (fabsf(x[j] * id - iq4nl_levels[l]) < fabsf(x[j] * id - iq4nl_levels[q])) q = l;
+    } else if (offset) {
+      q = (int)(uint8_t)((x[j] - lo) * id + 0.5f);
+      if (!five && q > 15) q = 15;
+    } else {
+      q = (int8_t)(x[j] * id + (five ? 16.5f : 8.5f));
+      if (q > (five ? 31 : 15)) q = five ? 31 : 15;
+    }
+    if (j < 16)
+      y[qs + j] = (unsigned char)(q & 15);
+    else
+      y[qs + j - 16] |= (unsigned char)((q & 15) << 4);
+    qh |= (uint32_t)((q >> 4) & 1) << j;
+  }
+  if (five) memcpy(y + (t == CLATTN_Q5_0 ? 2 : 4), &qh, 4);
+}
+
 /* ---------- a host model of a cache view ---------- */
 
 typedef struct {
@@ -97,13 +180,13 @@ static int hc_make(hcache *c, clattn_dtype kv, int slots, int heads, int rows, i
   c->rows = rows;
   c->cols = cols;
   c->unit = kv == CLATTN_F32 ? 4 : (kv == CLATTN_F16 || kv == CLATTN_BF16) ? 2 : 1;
-  const size_t row_units = kv == CLATTN_Q8_0 ? (size_t)cols / 32 * 34 : (size_t)cols;
+  const size_t block = block_bytes(kv), row_units = block ? (size_t)cols / 32 * block : (size_t)cols;
   const size_t s2 = row_units + 2, s1 = (size_t)rows * s2, s0 = (size_t)heads * s1; /* a gap after each row */
   c->view.offset = 2;
   c->view.stride[0] = s0;
   c->view.stride[1] = s1;
   c->view.stride[2] = s2;
-  c->view.stride[3] = kv == CLATTN_Q8_0 ? 34 : 1;
+  c->view.stride[3] = block ? block : 1;
   c->units = 2 + (size_t)slots * s0 + 2;
   c->data = malloc(c->units * c->unit);
   if (!c->data) return -1;
@@ -142,6 +225,13 @@ static void hc_write(hcache *c, int s, int h, int r, const float *x) {
       }
       break;
     case CLATTN_Q8_0: quantize_row_q8_0_reference(x, row, c->cols); break;
+    case CLATTN_Q4_0:
+    case CLATTN_Q4_1:
+    case CLATTN_Q5_0:
+    case CLATTN_Q5_1:
+    case CLATTN_IQ4_NL:
+      for (int b = 0; b < c->cols / 32; b++) quantize_block(c->kv, x + 32 * b, row + (size_t)b * block_bytes(c->kv));
+      break;
     default: {
       float amax = 0.0f;
       for (int i = 0; i < c->cols; i++) amax = fmaxf(amax, fabsf(x[i]));
@@ -166,7 +256,8 @@ static float hc_read(const hcache *c, int s, int h, int r, int i) {
     case CLATTN_Q8_0:
       memcpy(&b, row + (size_t)(i / 32) * 34, 2);
       return cp_f16_value(b) * (float)(int8_t)row[(size_t)(i / 32) * 34 + 2 + i % 32];
-    default: return c->scale[hc_scale_at(c, s, h, r)] * (float)(int8_t)row[i];
+    case CLATTN_INT8: return c->scale[hc_scale_at(c, s, h, r)] * (float)(int8_t)row[i];
+    default: return block_value(c->kv, row + (size_t)(i / 32) * block_bytes(c->kv), i % 32);
   }
 }
 /* NaN (or Inf) in a row no output may read. */
@@ -178,11 +269,18 @@ static void hc_poison(hcache *c, int s, int h, int r, int inf) {
       case CLATTN_F32: memcpy(row + 4 * i, &f, 4); break;
       case CLATTN_F16: memcpy(row + 2 * i, &f16, 2); break;
       case CLATTN_BF16: memcpy(row + 2 * i, &bf16, 2); break;
-      case CLATTN_Q8_0:
-        if (i % 32 == 0) memcpy(row + (size_t)(i / 32) * 34, &f16, 2);
-        row[(size_t)(i / 32) * 34 + 2 + i % 32] = (unsigned char)(rnd() & 0xff);
+      case CLATTN_INT8:
+        row[i] = (unsigned char)(rnd() & 0xff);
+        c->scale[hc_scale_at(c, s, h, r)] = f;
         break;
-      default: row[i] = (unsigned char)(rnd() & 0xff); c->scale[hc_scale_at(c, s, h, r)] = f;
+      default: { /* a block type: its f16 d (and m) non-finite, random quants */
+        unsigned char *blk = row + (size_t)(i / 32) * block_bytes(c->kv);
+        if (i % 32 == 0) {
+          for (size_t x = 2; x < block_bytes(c->kv); x++) blk[x] = (unsigned char)(rnd() & 0xff);
+          memcpy(blk, &f16, 2);
+          if (c->kv == CLATTN_Q4_1 || c->kv == CLATTN_Q5_1) memcpy(blk + 2, &f16, 2);
+        }
+      }
     }
 }
 
@@ -193,6 +291,11 @@ static const char *kv_name(clattn_dtype t) {
     case CLATTN_BF16: return "bf16";
     case CLATTN_Q8_0: return "q8_0";
     case CLATTN_INT8: return "int8";
+    case CLATTN_Q4_0: return "q4_0";
+    case CLATTN_Q4_1: return "q4_1";
+    case CLATTN_Q5_0: return "q5_0";
+    case CLATTN_Q5_1: return "q5_1";
+    case CLATTN_IQ4_NL: return "iq4_nl";
     default: return "same";
   }
 }
@@ -494,7 +597,8 @@ static void append_rejects_bad_input_and_touches_nothing(void) {
        (a->block_table = bt, a->block_table_stride = 3, a->num_pages = 1, a->page_size = 8));
   CASE("paged: pool larger than the views", CLATTN_ERR_BUFFER_TOO_SMALL,
        (a->block_table = bt, a->block_table_stride = 1, a->num_pages = 2, a->page_size = 8));
-  CASE("kv_dtype out of range", CLATTN_ERR_INVALID_ARGUMENT, a->kv_dtype = (clattn_dtype)9);
+  CASE("kv_dtype out of range", CLATTN_ERR_INVALID_ARGUMENT, a->kv_dtype = (clattn_dtype)(CLATTN_IQ4_NL + 1));
+  CASE("a Q4_0 cache (read, not written)", CLATTN_ERR_UNSUPPORTED, a->kv_dtype = CLATTN_Q4_0);
 #undef CASE
   for (int i = 0; i < n; i++) {
     clattn_status st = clattn_kv_append(ct_context(), &cases[i].ap, 0, NULL, NULL);
@@ -686,7 +790,21 @@ typedef struct {
   const int *dev_lens; /* kv_lens as given to the device (NULL: lens); lens is what it clamps them to */
   const int *q_lens;   /* packed queries (cu_seqlens_q): sequence b has q_lens[b] <= M rows, its last
                           positions; NULL: a padded batch of M rows each */
+  int v_apart;         /* values stored as v_kv (v_dtype), keys as kv */
+  clattn_dtype v_kv;
+  /* an engine's mask as the bias (llama.cpp's FLASH_ATTN_EXT): f16 entries,
+   * -inf for keys not allowed (each batch row's every third key, for every
+   * query, its K/V rows poisoned, and 1 in 8 entries elsewhere), times a
+   * per-head bias_scale */
+  int engine_bias;
+  int v_in_k; /* DeepSeek's MLA as llama.cpp keeps it: the values are the first dv columns of the
+                 keys' rows, V a view of K's bytes */
 } kvcase;
+
+/* The storage of the values. */
+static clattn_dtype kv_v(const kvcase *c) { return c->v_apart ? c->v_kv : c->kv; }
+/* Whether engine_bias disallows key j of batch row b for every query. */
+static int engine_key_off(int j) { return j % 3 == 2; }
 
 typedef struct {
   kvcase c;
@@ -695,6 +813,8 @@ typedef struct {
   int32_t *table, bt_stride, num_pages;
   unsigned char *mask, *ref_mask;
   float *bias, *alibi, *sinks, *addw;
+  float *bias_scale;      /* engine_bias: [Hq] */
+  float *ref_bias;        /* what the reference adds: bias times its head's scale (finite entries) */
   int alibi_stride;       /* c.alibi 2: slopes per (batch, head), Hq + 1 apart; else 0 */
   int32_t *cu_q, total_q; /* c.q_lens: the packed rows' offsets [B + 1] */
 } kvprob;
@@ -709,6 +829,8 @@ static void kvprob_free(kvprob *p) {
   free(p->mask);
   free(p->ref_mask);
   free(p->bias);
+  free(p->bias_scale);
+  free(p->ref_bias);
   free(p->alibi);
   free(p->sinks);
   free(p->addw);
@@ -781,7 +903,7 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
   if (c->paged && c->bad_entry) p->table[1] = -3;
   /* the cache: every row poisoned, then the valid keys written */
   const int slots = c->paged ? p->num_pages : B, rows = c->paged ? ps : N;
-  if (hc_make(&p->kc, c->kv, slots, Hkv, rows, c->dk) || hc_make(&p->vc, c->kv, slots, Hkv, rows, c->dv)) return -1;
+  if (hc_make(&p->kc, c->kv, slots, Hkv, rows, c->dk) || hc_make(&p->vc, kv_v(c), slots, Hkv, rows, c->dv)) return -1;
   for (int s = 0; s < slots; s++)
     for (int h = 0; h < Hkv; h++)
       for (int r = 0; r < rows; r++) {
@@ -797,9 +919,15 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
           r = j % ps;
           if (s < 0 || s >= p->num_pages) continue;
         }
+        if (c->engine_bias && engine_key_off(j) && !c->shared) continue; /* never read: stays poisoned */
         hc_write(&p->kc, s, h, r, p->kl + (((size_t)b * Hkv + h) * N + j) * c->dk);
         hc_write(&p->vc, s, h, r, p->vl + (((size_t)b * Hkv + h) * N + j) * c->dv);
       }
+  if (c->v_in_k) { /* V: K's rows, read to dv columns */
+    hc_free(&p->vc);
+    if (hc_make(&p->vc, c->kv, slots, Hkv, rows, c->dk)) return -1;
+    memcpy(p->vc.data, p->kc.data, p->kc.units * p->kc.unit);
+  }
   if (c->hostile) { /* any page may now be reached: all finite, entries anywhere */
     float *row = malloc(sizeof(float) * (size_t)(c->dk > c->dv ? c->dk : c->dv));
     if (!row) return -1;
@@ -834,8 +962,22 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
       }
   if (c->bias) {
     p->bias = malloc(ns * 4);
-    if (!p->bias) return -1;
+    p->ref_bias = malloc(ns * 4);
+    p->bias_scale = malloc(sizeof(float) * Hq);
+    if (!p->bias || !p->ref_bias || !p->bias_scale) return -1;
     for (size_t i = 0; i < ns; i++) p->bias[i] = urand(1.0f);
+    for (int h = 0; h < Hq; h++) p->bias_scale[h] = c->engine_bias ? 0.25f + 0.5f * (float)h : 1.0f;
+    for (size_t i = 0; i < ns && c->engine_bias; i++) {
+      const int j = (int)(i % N);
+      if (engine_key_off(j) || rnd() % 8 == 0) p->bias[i] = -INFINITY;
+      p->bias[i] = cp_round_to(CLATTN_F16, p->bias[i]); /* stored as f16 */
+    }
+    for (size_t i = 0; i < ns; i++) {
+      const int h = (int)(i / ((size_t)M * N) % Hq);
+      const int off = p->bias[i] == -INFINITY; /* disallowed, as a zero mask entry */
+      p->ref_bias[i] = off ? 0.0f : p->bias[i] * p->bias_scale[h];
+      if (off) p->ref_mask[i] = 0;
+    }
   }
   p->alibi_stride = c->alibi == 2 ? Hq + 1 : 0;
   p->alibi = malloc(sizeof(float) * (size_t)B * (Hq + 1));
@@ -934,7 +1076,7 @@ static int kvprob_reference(const kvprob *p, double *out, double *lse, double *e
     in.k = kd;
     in.v = vd;
     in.mask = p->ref_mask;
-    in.bias = p->bias;
+    in.bias = p->ref_bias;
     in.kv_lens = &len;
     in.alibi_slopes = c->alibi ? p->alibi + (size_t)b * p->alibi_stride : NULL; /* batch row b's */
     in.sinks = c->sinks ? p->sinks : NULL;
@@ -995,7 +1137,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   kvprob p;
   cl_mem q_buf = NULL, k_buf = NULL, v_buf = NULL, ks_buf = NULL, vs_buf = NULL, bt_buf = NULL, lens_buf = NULL;
   cl_mem out_buf = NULL, lse_buf = NULL, ent_buf = NULL, mw_buf = NULL, am_buf = NULL, mask_buf = NULL, bias_buf = NULL,
-         alibi_buf = NULL, sinks_buf = NULL, w_buf = NULL, cu_buf = NULL;
+         alibi_buf = NULL, sinks_buf = NULL, w_buf = NULL, cu_buf = NULL, bscale_buf = NULL;
   const int B = c->B, Hq = c->Hq, M = c->M;
   const size_t rows = (size_t)B * Hq * M, no = rows * c->dv, elem = c->dtype == CLATTN_F32 ? 4 : 2;
   double *ro = malloc(no * 8), *rl = malloc(rows * 8), *re = malloc(rows * 8), *rm = malloc(rows * 8);
@@ -1025,11 +1167,9 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
     free(h);
   }
   k_buf = make_buf(p.kc.units * p.kc.unit, p.kc.data);
-  v_buf = make_buf(p.vc.units * p.vc.unit, p.vc.data);
-  if (c->kv == CLATTN_INT8) {
-    ks_buf = make_buf(p.kc.scale_n * 4, p.kc.scale);
-    vs_buf = make_buf(p.vc.scale_n * 4, p.vc.scale);
-  }
+  v_buf = c->v_in_k ? NULL : make_buf(p.vc.units * p.vc.unit, p.vc.data);
+  if (c->kv == CLATTN_INT8) ks_buf = make_buf(p.kc.scale_n * 4, p.kc.scale);
+  if (kv_v(c) == CLATTN_INT8) vs_buf = make_buf(p.vc.scale_n * 4, p.vc.scale);
   bt_buf = make_buf(sizeof(int32_t) * (size_t)B * p.bt_stride, p.table);
   lens_buf = make_buf(sizeof(int32_t) * (size_t)B, c->dev_lens ? c->dev_lens : c->lens);
   {
@@ -1045,14 +1185,30 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
     }
   }
   if (c->mask) mask_buf = make_buf((size_t)B * Hq * M * c->N, p.mask);
-  if (c->bias) bias_buf = make_buf((size_t)B * Hq * M * c->N * 4, p.bias);
+  if (c->bias && c->engine_bias) {
+    const size_t ns = (size_t)B * Hq * M * c->N;
+    uint16_t *h = malloc(ns * 2);
+    for (size_t i = 0; h && i < ns; i++) h[i] = cp_f16_bits(p.bias[i]);
+    if (h) bias_buf = make_buf(ns * 2, h);
+    free(h);
+    bscale_buf = make_buf(sizeof(float) * Hq, p.bias_scale);
+  } else if (c->bias) {
+    bias_buf = make_buf((size_t)B * Hq * M * c->N * 4, p.bias);
+  }
   alibi_buf = make_buf(sizeof(float) * (size_t)B * (Hq + 1), p.alibi);
   cu_buf = make_buf(sizeof(int32_t) * ((size_t)B + 1), p.cu_q);
-  sinks_buf = make_buf(sizeof(float) * Hq, p.sinks);
+  /* engine_bias: the sinks inside a larger buffer (sinks_offset), NaN before them */
+  const size_t sinks_at = c->engine_bias ? 5 : 0;
+  {
+    float *s = malloc(sizeof(float) * (sinks_at + Hq));
+    for (size_t i = 0; s && i < sinks_at + Hq; i++) s[i] = i < sinks_at ? NAN : p.sinks[i - sinks_at];
+    if (s) sinks_buf = make_buf(sizeof(float) * (sinks_at + Hq), s);
+    free(s);
+  }
   w_buf = make_buf(sizeof(float) * c->dk, p.addw);
-  if (!q_buf || !k_buf || !v_buf || !bt_buf || !lens_buf || !out_buf || !lse_buf || !ent_buf || !mw_buf || !am_buf ||
-      !cu_buf || (c->kv == CLATTN_INT8 && (!ks_buf || !vs_buf)) || (c->mask && !mask_buf) || (c->bias && !bias_buf) ||
-      !alibi_buf || !sinks_buf || !w_buf) {
+  if (!q_buf || !k_buf || (!v_buf && !c->v_in_k) || !bt_buf || !lens_buf || !out_buf || !lse_buf || !ent_buf || !mw_buf || !am_buf ||
+      !cu_buf || (c->kv == CLATTN_INT8 && !ks_buf) || (kv_v(c) == CLATTN_INT8 && !vs_buf) || (c->mask && !mask_buf) ||
+      (c->bias && !bias_buf) || (c->engine_bias && !bscale_buf) || !alibi_buf || !sinks_buf || !w_buf) {
     CHECKF(0, "%s: device buffers", c->label);
     goto done;
   }
@@ -1066,6 +1222,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   fp.value_dim = c->dv;
   fp.dtype = c->dtype;
   fp.kv_dtype = c->kv == c->dtype ? CLATTN_DTYPE_SAME : c->kv; /* SAME: stored like q */
+  if (c->v_apart) fp.v_dtype = c->v_kv;
   /* packed queries: one batch of total_q rows per head */
   const size_t q_rows = c->q_lens ? (size_t)p.total_q : (size_t)M, q_b = c->q_lens ? 0 : (size_t)Hq * q_rows;
   fp.q = (clattn_tensor){q_buf, 0, {q_b * c->dk, q_rows * c->dk, (size_t)c->dk, 1}};
@@ -1076,10 +1233,12 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   fp.k = p.kc.view;
   fp.k.buf = k_buf;
   fp.v = p.vc.view;
-  fp.v.buf = v_buf;
+  fp.v.buf = c->v_in_k ? k_buf : v_buf;
   if (c->kv == CLATTN_INT8) {
     fp.k_scale = p.kc.scale_view;
     fp.k_scale.buf = ks_buf;
+  }
+  if (kv_v(c) == CLATTN_INT8) {
     fp.v_scale = p.vc.scale_view;
     fp.v_scale.buf = vs_buf;
   }
@@ -1114,10 +1273,17 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
     fp.bias = s_view;
     fp.bias.buf = bias_buf;
   }
+  if (c->engine_bias) {
+    fp.bias_dtype = CLATTN_F16;
+    fp.bias_scale = bscale_buf;
+  }
   fp.softcap = c->softcap ? 5.0f : 0.0f;
   if (c->alibi) fp.alibi_slopes = alibi_buf;
   fp.alibi_batch_stride = p.alibi_stride;
-  if (c->sinks) fp.sinks = sinks_buf;
+  if (c->sinks) {
+    fp.sinks = sinks_buf;
+    fp.sinks_offset = sinks_at;
+  }
   if (c->additive) {
     fp.score = CLATTN_SCORE_ADDITIVE;
     fp.additive_w = w_buf;
@@ -1194,8 +1360,9 @@ done:
   free(ent);
   free(mw);
   free(raw);
-  cl_mem *all[] = {&q_buf,   &k_buf,  &v_buf,  &ks_buf,   &vs_buf,   &bt_buf,    &lens_buf,  &out_buf, &lse_buf,
-                   &ent_buf, &mw_buf, &am_buf, &mask_buf, &bias_buf, &alibi_buf, &sinks_buf, &w_buf,   &cu_buf};
+  cl_mem *all[] = {&q_buf,     &k_buf,     &v_buf,   &ks_buf, &vs_buf,    &bt_buf,   &lens_buf,
+                   &out_buf,   &lse_buf,   &ent_buf, &mw_buf, &am_buf,    &mask_buf, &bias_buf,
+                   &alibi_buf, &sinks_buf, &w_buf,   &cu_buf, &bscale_buf};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
 }
 
@@ -1223,8 +1390,26 @@ static void paged_prefill_matches_reference(void) {
   for (size_t i = 0; i < sizeof all_kv / sizeof all_kv[0]; i++) {
     char label[96];
     snprintf(label, sizeof label, "prefill paged kv=%s", kv_name(all_kv[i]));
-    kvcase c = {label, 3,  4,  2, 5, 31, 64, 32, CLATTN_F32, all_kv[i], 1, 7, 3, 1,    1,   lens,
-                1,     -1, -1, 0, 0, 0,  0,  0,  1,          0,         0, 0, 0, NULL, NULL};
+    kvcase c = {.label = label,
+                .B = 3,
+                .Hq = 4,
+                .Hkv = 2,
+                .M = 5,
+                .N = 31,
+                .dk = 64,
+                .dv = 32,
+                .dtype = CLATTN_F32,
+                .kv = all_kv[i],
+                .paged = 1,
+                .page_size = 7,
+                .spare_pages = 3,
+                .shared = 1,
+                .bad_entry = 1,
+                .lens = lens,
+                .causal = 1,
+                .window_left = -1,
+                .window_right = -1,
+                .lse = 1};
     kv_forward_case(&c, CLATTN_ALGO_FUSED);
   }
 }
@@ -1238,43 +1423,54 @@ static void paged_quantised_with_every_feature(void) {
     for (int m = 1; m <= 6; m += 5) {
       char label[96];
       snprintf(label, sizeof label, "features paged kv=%s M=%d", kv_name(kvs[i]), m);
-      kvcase c = {label, 3,  6, 2, m, 45, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 1,    0,   lens,
-                  0,     11, 2, 1, 1, 1,  1,  1,  1,          1,      0, 0, 0, NULL, NULL};
+      kvcase c = {.label = label,
+                  .B = 3,
+                  .Hq = 6,
+                  .Hkv = 2,
+                  .M = m,
+                  .N = 45,
+                  .dk = 64,
+                  .dv = 32,
+                  .dtype = CLATTN_F32,
+                  .kv = kvs[i],
+                  .paged = 1,
+                  .page_size = 5,
+                  .spare_pages = 2,
+                  .shared = 1,
+                  .lens = lens,
+                  .window_left = 11,
+                  .window_right = 2,
+                  .mask = 1,
+                  .bias = 1,
+                  .alibi = 1,
+                  .softcap = 1,
+                  .sinks = 1,
+                  .lse = 1,
+                  .diag = 1};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
   /* additive scores and f16 queries/outputs over a Q8_0 cache */
   static const int lens2[2] = {33, 8};
-  kvcase a = {"additive f16 q over paged q8_0",
-              2,
-              2,
-              1,
-              3,
-              40,
-              32,
-              64,
-              CLATTN_F16,
-              CLATTN_Q8_0,
-              1,
-              16,
-              1,
-              0,
-              0,
-              lens2,
-              1,
-              -1,
-              -1,
-              0,
-              0,
-              0,
-              0,
-              1,
-              1,
-              0,
-              1,
-              0,
-              0,
-              NULL,
-              NULL};
+  kvcase a = {.label = "additive f16 q over paged q8_0",
+              .B = 2,
+              .Hq = 2,
+              .Hkv = 1,
+              .M = 3,
+              .N = 40,
+              .dk = 32,
+              .dv = 64,
+              .dtype = CLATTN_F16,
+              .kv = CLATTN_Q8_0,
+              .paged = 1,
+              .page_size = 16,
+              .spare_pages = 1,
+              .lens = lens2,
+              .causal = 1,
+              .window_left = -1,
+              .window_right = -1,
+              .sinks = 1,
+              .lse = 1,
+              .additive = 1};
   kv_forward_case(&a, CLATTN_ALGO_FUSED);
 }
 
@@ -1289,8 +1485,27 @@ static void paged_16bit_storage_matches_reference(void) {
     for (int m = 1; m <= 7; m += 6) {
       char label[96];
       snprintf(label, sizeof label, "paged q=%s kv=%s M=%d", kv_name(types[i].q), kv_name(types[i].kv), m);
-      kvcase c = {label, 2,  4,  2, m, 30, 32, 32, types[i].q, types[i].kv, 1, 3, 1, 1,    1,   lens,
-                  1,     -1, -1, 0, 1, 0,  0,  0,  1,          0,           0, 0, 0, NULL, NULL};
+      kvcase c = {.label = label,
+                  .B = 2,
+                  .Hq = 4,
+                  .Hkv = 2,
+                  .M = m,
+                  .N = 30,
+                  .dk = 32,
+                  .dv = 32,
+                  .dtype = types[i].q,
+                  .kv = types[i].kv,
+                  .paged = 1,
+                  .page_size = 3,
+                  .spare_pages = 1,
+                  .shared = 1,
+                  .bad_entry = 1,
+                  .lens = lens,
+                  .causal = 1,
+                  .window_left = -1,
+                  .window_right = -1,
+                  .bias = 1,
+                  .lse = 1};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
 }
@@ -1303,10 +1518,133 @@ static void contiguous_quantised_matches_reference(void) {
     for (int m = 1; m <= 9; m += 8) {
       char label[96];
       snprintf(label, sizeof label, "contiguous kv=%s M=%d", kv_name(all_kv[i]), m);
-      kvcase c = {label, 2,  4,  2, m, 50, 64, 32, CLATTN_F32, all_kv[i], 0, 0, 0, 0,    0,   lens,
-                  1,     -1, -1, 1, 0, 0,  0,  0,  1,          1,         0, 0, 0, NULL, NULL};
+      kvcase c = {.label = label,
+                  .B = 2,
+                  .Hq = 4,
+                  .Hkv = 2,
+                  .M = m,
+                  .N = 50,
+                  .dk = 64,
+                  .dv = 32,
+                  .dtype = CLATTN_F32,
+                  .kv = all_kv[i],
+                  .lens = lens,
+                  .causal = 1,
+                  .window_left = -1,
+                  .window_right = -1,
+                  .mask = 1,
+                  .lse = 1,
+                  .diag = 1};
       kv_forward_case(&c, CLATTN_ALGO_FUSED);
     }
+}
+
+/* ggml's other block types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) and K and V
+ * stored apart (llama.cpp's -ctk / -ctv), each type as keys and as values,
+ * on every path: decode rows (M = 1: on CPUs the direct kernels' 16-column
+ * loads) over a contiguous cache, and prefill chunks (M = 5: flash_rows'
+ * packed copies, element by element) over a paged one, rows past kv_lens
+ * and unused pages poisoned. */
+static void block_types_and_k_v_stored_apart(void) {
+  static const struct {
+    clattn_dtype k, v;
+  } pairs[] = {{CLATTN_Q4_0, CLATTN_Q4_1}, {CLATTN_Q5_0, CLATTN_Q5_1},   {CLATTN_IQ4_NL, CLATTN_Q4_0},
+               {CLATTN_Q4_1, CLATTN_Q5_0}, {CLATTN_Q5_1, CLATTN_IQ4_NL}, {CLATTN_INT8, CLATTN_F16},
+               {CLATTN_Q8_0, CLATTN_F32}};
+  static const int lens[2] = {53, 37};
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
+    for (int m = 1; m <= 5; m += 4) {
+      char label[96];
+      snprintf(label, sizeof label, "k=%s v=%s M=%d %s", kv_name(pairs[i].k), kv_name(pairs[i].v), m,
+               m == 1 ? "contiguous" : "paged");
+      const kvcase c = {.label = label,
+                        .B = 2,
+                        .Hq = 4,
+                        .Hkv = 2,
+                        .M = m,
+                        .N = 53,
+                        .dk = 64,
+                        .dv = 32,
+                        .dtype = CLATTN_F32,
+                        .kv = pairs[i].k,
+                        .paged = m > 1,
+                        .page_size = 7,
+                        .spare_pages = 1,
+                        .lens = lens,
+                        .causal = 1,
+                        .window_left = -1,
+                        .window_right = -1,
+                        .mask = m > 1,
+                        .lse = 1,
+                        .v_apart = 1,
+                        .v_kv = pairs[i].v};
+      kv_forward_case(&c, CLATTN_ALGO_FUSED);
+    }
+}
+
+/* llama.cpp's FLASH_ATTN_EXT as an engine passes it: an f16 mask of
+ * additive values as the bias, -inf where a key is not allowed (every third
+ * key of each sequence for every query, whose K and V rows hold NaN and
+ * Inf, and 1 entry in 8 elsewhere), times a per-head scale (ALiBi's slopes
+ * in ggml's encoding), with GQA, sinks and softcap, decode and prefill,
+ * contiguous and paged, f16 and Q8_0 caches, every path. */
+static void engine_mask_as_f16_bias_with_minus_inf(void) {
+  static const int lens[2] = {113, 61};
+  const clattn_dtype kvs[] = {CLATTN_F16, CLATTN_Q8_0};
+  for (size_t i = 0; i < 2; i++)
+    for (int m = 1; m <= 7; m += 6) {
+      char label[96];
+      snprintf(label, sizeof label, "engine mask kv=%s M=%d %s", kv_name(kvs[i]), m, i ? "paged" : "contiguous");
+      const kvcase c = {.label = label,
+                        .B = 2,
+                        .Hq = 4,
+                        .Hkv = 1,
+                        .M = m,
+                        .N = 113,
+                        .dk = 64,
+                        .dv = 32,
+                        .dtype = CLATTN_F32,
+                        .kv = kvs[i],
+                        .paged = (int)i,
+                        .page_size = 16,
+                        .spare_pages = 1,
+                        .lens = lens,
+                        .window_left = -1,
+                        .window_right = -1,
+                        .bias = 1,
+                        .engine_bias = 1,
+                        .softcap = m > 1,
+                        .sinks = 1,
+                        .lse = 1};
+      kv_forward_case(&c, CLATTN_ALGO_FUSED);
+    }
+}
+
+/* The head sizes ggml's models bring, each on every path: DeepSeek's MLA
+ * (dk 576, dv 512, 16 query heads over one KV head, the values the first
+ * 512 columns of the keys' rows: V a view of K's bytes), f16 and Q8_0, decode
+ * and a paged prefill chunk; odd sizes (65 / 67) under an engine's f16 mask;
+ * 40. */
+static void head_sizes_of_ggml_models(void) {
+  static const int lens[2] = {77, 40};
+  const struct {
+    int dk, dv, Hq, Hkv, M, paged, v_in_k, engine_bias;
+    clattn_dtype kv;
+  } cases[] = {{576, 512, 16, 1, 1, 0, 1, 0, CLATTN_F16}, {576, 512, 16, 1, 4, 1, 1, 0, CLATTN_F16},
+               {576, 512, 16, 1, 1, 0, 1, 0, CLATTN_Q8_0}, {65, 67, 4, 2, 3, 0, 0, 1, CLATTN_F16},
+               {40, 40, 4, 4, 7, 1, 0, 0, CLATTN_BF16}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char label[96];
+    snprintf(label, sizeof label, "dk=%d dv=%d kv=%s M=%d%s%s", cases[i].dk, cases[i].dv, kv_name(cases[i].kv),
+             cases[i].M, cases[i].paged ? " paged" : "", cases[i].v_in_k ? ", V inside K" : "");
+    const kvcase c = {.label = label, .B = 2, .Hq = cases[i].Hq, .Hkv = cases[i].Hkv, .M = cases[i].M, .N = 77,
+                      .dk = cases[i].dk, .dv = cases[i].dv, .dtype = CLATTN_F32, .kv = cases[i].kv,
+                      .paged = cases[i].paged, .page_size = 16, .spare_pages = 1, .lens = lens, .causal = 1,
+                      .window_left = -1, .window_right = -1, .bias = cases[i].engine_bias,
+                      .engine_bias = cases[i].engine_bias, .sinks = cases[i].engine_bias, .lse = 1,
+                      .v_in_k = cases[i].v_in_k};
+    kv_forward_case(&c, CLATTN_ALGO_FUSED);
+  }
 }
 
 /* Decode (one query row) over a long paged cache: N = 4099 keys split
@@ -1317,8 +1655,27 @@ static void paged_decode_split_kv_matches_reference(void) {
   for (size_t i = 0; i < 3; i++) {
     char label[96];
     snprintf(label, sizeof label, "decode N=4099 paged kv=%s", kv_name(kvs[i]));
-    kvcase c = {label, 2,  4,  1, 1, 4099, 64, 32, CLATTN_F32, kvs[i], 1, 7, 2, 1,    0,   lens,
-                1,     -1, -1, 0, 0, 0,    0,  1,  1,          0,      0, 1, 0, NULL, NULL};
+    kvcase c = {.label = label,
+                .B = 2,
+                .Hq = 4,
+                .Hkv = 1,
+                .M = 1,
+                .N = 4099,
+                .dk = 64,
+                .dv = 32,
+                .dtype = CLATTN_F32,
+                .kv = kvs[i],
+                .paged = 1,
+                .page_size = 7,
+                .spare_pages = 2,
+                .shared = 1,
+                .lens = lens,
+                .causal = 1,
+                .window_left = -1,
+                .window_right = -1,
+                .sinks = 1,
+                .lse = 1,
+                .expect_split = 1};
     kv_forward_case(&c, CLATTN_ALGO_FUSED);
   }
 }
@@ -1335,8 +1692,27 @@ static void packed_queries_over_paged_cache(void) {
   for (size_t i = 0; i < sizeof all_kv / sizeof all_kv[0]; i++) {
     char label[96];
     snprintf(label, sizeof label, "packed queries, paged kv=%s", kv_name(all_kv[i]));
-    kvcase c = {label, 3,  4,  2, 5, 31, 64, 32, CLATTN_F32, all_kv[i], 1, 7, 3, 1,    1,     lens,
-                1,     -1, -1, 0, 0, 0,  0,  0,  1,          0,         0, 0, 0, NULL, q_lens};
+    kvcase c = {.label = label,
+                .B = 3,
+                .Hq = 4,
+                .Hkv = 2,
+                .M = 5,
+                .N = 31,
+                .dk = 64,
+                .dv = 32,
+                .dtype = CLATTN_F32,
+                .kv = all_kv[i],
+                .paged = 1,
+                .page_size = 7,
+                .spare_pages = 3,
+                .shared = 1,
+                .bad_entry = 1,
+                .lens = lens,
+                .causal = 1,
+                .window_left = -1,
+                .window_right = -1,
+                .lse = 1,
+                .q_lens = q_lens};
     kv_forward_case(&c, CLATTN_ALGO_FUSED);
   }
   static const int dec_lens[3] = {300, 17, 0}, ones[3] = {1, 1, 1};
@@ -1344,42 +1720,54 @@ static void packed_queries_over_paged_cache(void) {
   for (size_t i = 0; i < 2; i++) {
     char label[96];
     snprintf(label, sizeof label, "packed decode, paged kv=%s", kv_name(kvs[i]));
-    kvcase c = {label, 3,  4,  1, 1, 300, 64, 32, CLATTN_F32, kvs[i], 1, 7, 2, 0,    0,   dec_lens,
-                1,     -1, -1, 0, 0, 0,   0,  1,  1,          0,      0, 0, 0, NULL, ones};
+    kvcase c = {.label = label,
+                .B = 3,
+                .Hq = 4,
+                .Hkv = 1,
+                .M = 1,
+                .N = 300,
+                .dk = 64,
+                .dv = 32,
+                .dtype = CLATTN_F32,
+                .kv = kvs[i],
+                .paged = 1,
+                .page_size = 7,
+                .spare_pages = 2,
+                .lens = dec_lens,
+                .causal = 1,
+                .window_left = -1,
+                .window_right = -1,
+                .sinks = 1,
+                .lse = 1,
+                .q_lens = ones};
     kv_forward_case(&c, CLATTN_ALGO_FUSED);
   }
   static const int f_lens[3] = {40, 17, 0}, f_q[3] = {6, 0, 2};
-  kvcase f = {"packed queries, paged int8, every feature",
-              3,
-              6,
-              2,
-              6,
-              45,
-              64,
-              32,
-              CLATTN_BF16,
-              CLATTN_INT8,
-              1,
-              5,
-              2,
-              1,
-              0,
-              f_lens,
-              0,
-              11,
-              2,
-              1,
-              1,
-              2,
-              1,
-              1,
-              1,
-              1,
-              0,
-              0,
-              0,
-              NULL,
-              f_q};
+  kvcase f = {.label = "packed queries, paged int8, every feature",
+              .B = 3,
+              .Hq = 6,
+              .Hkv = 2,
+              .M = 6,
+              .N = 45,
+              .dk = 64,
+              .dv = 32,
+              .dtype = CLATTN_BF16,
+              .kv = CLATTN_INT8,
+              .paged = 1,
+              .page_size = 5,
+              .spare_pages = 2,
+              .shared = 1,
+              .lens = f_lens,
+              .window_left = 11,
+              .window_right = 2,
+              .mask = 1,
+              .bias = 1,
+              .alibi = 2,
+              .softcap = 1,
+              .sinks = 1,
+              .lse = 1,
+              .diag = 1,
+              .q_lens = f_q};
   kv_forward_case(&f, CLATTN_ALGO_FUSED);
 }
 
@@ -1395,8 +1783,27 @@ static void paged_hostile_tables_and_lengths(void) {
       for (int m = 1; m <= 4; m += 3) {
         char label[96];
         snprintf(label, sizeof label, "hostile table #%d kv=%s M=%d", seed, kv_name(kvs[i]), m);
-        kvcase c = {label, 3,  4,  2, m, 24, 64, 32, CLATTN_F32, kvs[i], 1, 5, 2, 0,        0,   lens,
-                    1,     -1, -1, 0, 0, 0,  0,  0,  1,          1,      0, 0, 1, dev_lens, NULL};
+        kvcase c = {.label = label,
+                    .B = 3,
+                    .Hq = 4,
+                    .Hkv = 2,
+                    .M = m,
+                    .N = 24,
+                    .dk = 64,
+                    .dv = 32,
+                    .dtype = CLATTN_F32,
+                    .kv = kvs[i],
+                    .paged = 1,
+                    .page_size = 5,
+                    .spare_pages = 2,
+                    .lens = lens,
+                    .causal = 1,
+                    .window_left = -1,
+                    .window_right = -1,
+                    .lse = 1,
+                    .diag = 1,
+                    .hostile = 1,
+                    .dev_lens = dev_lens};
         kv_forward_case(&c, CLATTN_ALGO_FUSED);
       }
 }
@@ -1465,37 +1872,24 @@ static void random_paged_quantised_sweep(void) {
 /* AUTO takes the fused path for paged / quantised K/V. */
 static void auto_runs_paged_quantised_calls(void) {
   static const int lens[2] = {20, 13};
-  kvcase c = {"auto paged q8_0",
-              2,
-              2,
-              2,
-              4,
-              21,
-              64,
-              64,
-              CLATTN_F32,
-              CLATTN_Q8_0,
-              1,
-              7,
-              1,
-              0,
-              0,
-              lens,
-              1,
-              -1,
-              -1,
-              0,
-              0,
-              0,
-              0,
-              0,
-              1,
-              0,
-              0,
-              0,
-              0,
-              NULL,
-              NULL};
+  kvcase c = {.label = "auto paged q8_0",
+              .B = 2,
+              .Hq = 2,
+              .Hkv = 2,
+              .M = 4,
+              .N = 21,
+              .dk = 64,
+              .dv = 64,
+              .dtype = CLATTN_F32,
+              .kv = CLATTN_Q8_0,
+              .paged = 1,
+              .page_size = 7,
+              .spare_pages = 1,
+              .lens = lens,
+              .causal = 1,
+              .window_left = -1,
+              .window_right = -1,
+              .lse = 1};
   kv_forward_case(&c, CLATTN_ALGO_AUTO);
 }
 
@@ -1544,7 +1938,7 @@ static void forward_rejects_bad_kv_input_and_touches_nothing(void) {
     const char *what;
     clattn_params p;
     clattn_status want;
-  } cases[32];
+  } cases[48];
   int n = 0;
 #define CASE(wh, st, edit)            \
   do {                                \
@@ -1570,7 +1964,15 @@ static void forward_rejects_bad_kv_input_and_touches_nothing(void) {
   CASE("Q8_0 odd row stride", CLATTN_ERR_INVALID_ARGUMENT, a->k.stride[2] = 35);
   CASE("Q8_0 as dtype", CLATTN_ERR_INVALID_ARGUMENT, a->dtype = CLATTN_Q8_0);
   CASE("INT8 as dtype", CLATTN_ERR_INVALID_ARGUMENT, a->dtype = CLATTN_INT8);
-  CASE("kv_dtype out of range", CLATTN_ERR_INVALID_ARGUMENT, a->kv_dtype = (clattn_dtype)5);
+  CASE("kv_dtype out of range", CLATTN_ERR_INVALID_ARGUMENT, a->kv_dtype = (clattn_dtype)(CLATTN_IQ4_NL + 1));
+  CASE("v_dtype out of range", CLATTN_ERR_INVALID_ARGUMENT, a->v_dtype = (clattn_dtype)(CLATTN_IQ4_NL + 1));
+  CASE("Q4_0 with Q8_0's block stride", CLATTN_ERR_INVALID_ARGUMENT, a->kv_dtype = CLATTN_Q4_0);
+  CASE("Q5_1 values, value dim 48", CLATTN_ERR_INVALID_ARGUMENT,
+       (a->v_dtype = CLATTN_Q5_1, a->value_dim = 48, a->out.stride[2] = 48));
+  CASE("INT8 values without v_scale", CLATTN_ERR_INVALID_ARGUMENT, (a->v_dtype = CLATTN_INT8, a->v = int8_view));
+  CASE("bias_dtype BF16", CLATTN_ERR_INVALID_ARGUMENT, a->bias_dtype = CLATTN_BF16);
+  CASE("bias_scale without a bias", CLATTN_ERR_INVALID_ARGUMENT, a->bias_scale = sc);
+  CASE("sinks_offset past the sinks' buffer", CLATTN_ERR_BUFFER_TOO_SMALL, (a->sinks = sc, a->sinks_offset = 1000));
   CASE("INT8 without scales", CLATTN_ERR_INVALID_ARGUMENT, (a->kv_dtype = CLATTN_INT8, a->k = a->v = int8_view));
   CASE("INT8 with k_scale only", CLATTN_ERR_INVALID_ARGUMENT,
        (a->kv_dtype = CLATTN_INT8, a->k = a->v = int8_view, a->k_scale = scale_view));
@@ -1657,6 +2059,9 @@ int main(int argc, char **argv) {
       CT_TEST(paged_quantised_with_every_feature),
       CT_TEST(paged_16bit_storage_matches_reference),
       CT_TEST(contiguous_quantised_matches_reference),
+      CT_TEST(block_types_and_k_v_stored_apart),
+      CT_TEST(engine_mask_as_f16_bias_with_minus_inf),
+      CT_TEST(head_sizes_of_ggml_models),
       CT_TEST(paged_decode_split_kv_matches_reference),
       CT_TEST(packed_queries_over_paged_cache),
       CT_TEST(paged_hostile_tables_and_lengths),

@@ -109,7 +109,7 @@ static void each_program_gets_only_its_tiles(void) {
     tl_tiles t = tl_choose(&devs[g]);
     ca_program_text core, fused, backward;
     ca_core_text(&t, CLATTN_F32, &core);
-    ca_fused_text(&t, &devs[g], 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused);
+    ca_fused_text(&t, &devs[g], 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &fused);
     ca_backward_text(64, 64, CLATTN_F32, &backward);
     for (int i = 0; i < 7; i++) {
       CHECKF(strstr(core.options, core_names[i]) != NULL, "core options lack %s: %s", core_names[i], core.options);
@@ -134,12 +134,12 @@ static void retuning_one_tile_leaves_other_programs_alone(void) {
   const tl_tiles base = tl_choose(&d);
   ca_program_text core0, fused0, core1, fused1;
   ca_core_text(&base, CLATTN_F32, &core0);
-  ca_fused_text(&base, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &fused0);
+  ca_fused_text(&base, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &fused0);
   /* the staged score tile: the core program changes, the fused one does not */
   tl_tiles t = base;
   t.score_tn *= 2;
   ca_core_text(&t, CLATTN_F32, &core1);
-  ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &fused1);
+  ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &fused1);
   CHECKF(strcmp(core0.options, core1.options) != 0, "core options unchanged: %s", core1.options);
   CHECKF(strcmp(fused0.options, fused1.options) == 0, "fused options changed: %s -> %s", fused0.options,
          fused1.options);
@@ -148,7 +148,7 @@ static void retuning_one_tile_leaves_other_programs_alone(void) {
     t = base;
     int *staged[] = {&t.score_tm, &t.score_tk, &t.softmax_wg, &t.mix_tm, &t.mix_tv, &t.mix_tj};
     *staged[i] *= 2;
-    ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &fused1);
+    ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &fused1);
     CHECKF(strcmp(fused0.options, fused1.options) == 0, "staged value %d changed the fused options", i);
   }
   /* flash_rows' rows per work-item: a CPU's fused program changes, a GPU's
@@ -156,15 +156,15 @@ static void retuning_one_tile_leaves_other_programs_alone(void) {
   t = base;
   t.flash_bm = t.flash_bm == 16 ? 8 : t.flash_bm * 2;
   ca_core_text(&t, CLATTN_F32, &core1);
-  ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &fused1);
+  ca_fused_text(&t, &d, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &fused1);
   CHECKF(strcmp(core0.options, core1.options) == 0, "core options changed: %s -> %s", core0.options, core1.options);
   CHECKF(strcmp(fused0.options, fused1.options) == 0, "GPU fused options changed: %s", fused1.options);
   const tl_device cpu = cpu_like();
   tl_tiles c = tl_choose(&cpu);
   ca_program_text cpu0, cpu1;
-  ca_fused_text(&c, &cpu, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &cpu0);
+  ca_fused_text(&c, &cpu, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &cpu0);
   c.flash_bm = c.flash_bm == 16 ? 8 : c.flash_bm * 2;
-  ca_fused_text(&c, &cpu, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, &cpu1);
+  ca_fused_text(&c, &cpu, 40, 24, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &cpu1);
   CHECKF(strcmp(cpu0.options, cpu1.options) != 0, "CPU fused options unchanged: %s", cpu1.options);
   /* flash_block's tuned tile: the fused program's BLOCK_RM / BLOCK_RN
    * change (4x4 is its choice at d = 64 here; 2x4 is not), the core
@@ -172,9 +172,9 @@ static void retuning_one_tile_leaves_other_programs_alone(void) {
   t = base;
   t.block_rm = 2, t.block_rn = 4;
   ca_program_text fused64, block64;
-  ca_fused_text(&base, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused64);
+  ca_fused_text(&base, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &fused64);
   ca_core_text(&t, CLATTN_F32, &core1);
-  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &block64);
+  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &block64);
   CHECKF(strcmp(core0.options, core1.options) == 0, "core options changed: %s -> %s", core0.options, core1.options);
   CHECKF(
       strstr(fused64.options, "-D BLOCK_RM=4 -D BLOCK_RN=4") && strstr(block64.options, "-D BLOCK_RM=2 -D BLOCK_RN=4"),
@@ -182,7 +182,7 @@ static void retuning_one_tile_leaves_other_programs_alone(void) {
   /* 0 x 0, the default, is the per-head-dim choice itself */
   t = base;
   t.block_rm = t.block_rn = 0;
-  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &block64);
+  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &block64);
   CHECK(strcmp(fused64.options, block64.options) == 0);
 }
 
@@ -319,10 +319,10 @@ static void tuned_flash_tile_steps_down_per_head_dim(void) {
   tl_tiles t = tl_choose(&d);
   ca_program_text core0, fused0, core1, fused1;
   ca_core_text(&t, CLATTN_F32, &core0);
-  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused0);
+  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &fused0);
   t.flash_tile = 8;
   ca_core_text(&t, CLATTN_F32, &core1);
-  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused1);
+  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &fused1);
   CHECKF(strstr(fused0.options, "-D FLASH_TILE=32 ") && strstr(fused1.options, "-D FLASH_TILE=8 "),
          "fused options: %s -> %s", fused0.options, fused1.options);
   CHECK(strcmp(core0.options, core1.options) == 0);
@@ -354,7 +354,7 @@ static void flash_vector_width_follows_the_device(void) {
   t.flash_vw = ca_flash_vw(&d);
   CHECK(tl_clamp(&t, &d) == 0 && t.flash_vw == 8);
   ca_program_text fused;
-  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, &fused);
+  ca_fused_text(&t, &d, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &fused);
   CHECKF(strstr(fused.options, "-D FLASH_VW=8") != NULL, "fused options: %s", fused.options);
 }
 

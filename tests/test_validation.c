@@ -637,7 +637,10 @@ static void prepare_and_forward_refuse_the_same_shapes_with_one_message(void) {
       {"dtype Q8_0", (int *)&p.dtype, CLATTN_Q8_0, CLATTN_Q8_0},
       {"dtype INT8", (int *)&p.dtype, CLATTN_INT8, CLATTN_DTYPE_SAME},
       {"dtype 9", (int *)&p.dtype, 9, CLATTN_DTYPE_SAME},
-      {"kv_dtype 7", (int *)&p.kv_dtype, 7, CLATTN_DTYPE_SAME},
+      {"kv_dtype 10", (int *)&p.kv_dtype, CLATTN_IQ4_NL + 1, CLATTN_DTYPE_SAME},
+      {"v_dtype 10", (int *)&p.v_dtype, CLATTN_IQ4_NL + 1, CLATTN_DTYPE_SAME},
+      {"Q4_0 with head_dim 48", &p.head_dim, 48, CLATTN_Q4_0},
+      {"IQ4_NL with value_dim 40", &p.value_dim, 40, CLATTN_IQ4_NL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     p = pb->params;

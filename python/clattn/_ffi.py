@@ -83,6 +83,7 @@ class Params(ctypes.Structure):
         ("block_table", c_void_p),
         ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
         ("alibi_batch_stride", c_int),  # ABI 2
+        ("v_dtype", c_int), ("bias_dtype", c_int), ("bias_scale", c_void_p), ("sinks_offset", c_size_t),  # ABI 3
         ("_reserved", ctypes.c_char * RESERVED),
     ]
 
@@ -225,13 +226,13 @@ def _library_candidates():
     cands = [os.path.join(here, n) for n in ("libclattn.so", "libclattn.dylib", "clattn.dll")]
     cands = [c for c in cands if os.path.exists(c)]
     found = ctypes.util.find_library("clattn")
-    cands += [c for c in (found, "libclattn.so.2", "libclattn.so") if c]  # the soname: ABI 2
+    cands += [c for c in (found, "libclattn.so.3", "libclattn.so") if c]  # the soname: ABI 3
     return cands, False
 
 
 def lib():
     """Loads libclattn once: $CLATTN_LIBRARY, else the copy installed inside
-    the package, else the system loader (an installed libclattn.so.2)."""
+    the package, else the system loader (an installed libclattn.so.3)."""
     global _lib
     if _lib is None:
         with _lock:

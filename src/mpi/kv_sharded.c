@@ -160,7 +160,7 @@ static clattn_status merge(clattn_mpi *m, const clattn_params *p, const float *s
   if (err != CL_SUCCESS) return cm_cl_fail(m, err, "clEnqueueWriteBuffer (gathered states)");
   const int M = p->q_len, H = p->q_heads, dv = p->value_dim;
   const size_t sink_at = per * (size_t)m->size;
-  if (p->sinks && (st = cm_sink_state(m, p->sinks, p->batch, H, M, dv, dev, sink_at, dev, sink_at + o_n))) return st;
+  if (p->sinks && (st = cm_sink_state(m, p->sinks, p->sinks_offset, p->batch, H, M, dv, dev, sink_at, dev, sink_at + o_n))) return st;
   clattn_merge_params mp = {n_states,
                             p->batch,
                             H,

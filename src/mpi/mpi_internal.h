@@ -59,8 +59,8 @@ clattn_status cm_read_lens(clattn_mpi *m, cl_mem lens, int batch, int *dst);
 clattn_status cm_fill(clattn_mpi *m, cl_mem buf, size_t offset, size_t n, float value);
 /* The sinks as one more partial state of rows [B, H, rows]: O = 0 at
  * o_off (packed [B,H,rows,dv]), lse = sinks[h] at lse_off (packed [B,H,rows]). */
-clattn_status cm_sink_state(clattn_mpi *m, cl_mem sinks, int batch, int heads, int rows, int dv, cl_mem o, size_t o_off,
-                            cl_mem lse, size_t lse_off);
+clattn_status cm_sink_state(clattn_mpi *m, cl_mem sinks, size_t sinks_offset, int batch, int heads, int rows, int dv,
+                            cl_mem o, size_t o_off, cl_mem lse, size_t lse_off);
 /* Waits for the events while driving the requests (MPI progresses only
  * inside MPI calls); *req_done is set once they completed. */
 clattn_status cm_wait_overlapped(clattn_mpi *m, cl_event *ev, int n_ev, MPI_Request *req, int n_req, int *req_done);

@@ -249,7 +249,7 @@ clattn_status clattn_mpi_ring_forward(clattn_mpi *m, const clattn_params *p, int
   if (st == CLATTN_OK) st = cm_fill(m, g.lse, 0, 2 * (size_t)m->size * g.lse_state, -INFINITY);
   const size_t sink = 2 * (size_t)m->size;
   if (st == CLATTN_OK && p->sinks)
-    st = cm_sink_state(m, p->sinks, p->batch, p->q_heads, g.mine.rows, p->value_dim, g.o, sink * g.o_state, g.lse,
+    st = cm_sink_state(m, p->sinks, p->sinks_offset, p->batch, p->q_heads, g.mine.rows, p->value_dim, g.o, sink * g.o_state, g.lse,
                        sink * g.lse_state);
 
   const int R = m->size, next = (m->rank + 1) % R, prev = (m->rank + R - 1) % R;

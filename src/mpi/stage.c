@@ -126,14 +126,15 @@ clattn_status cm_wait_overlapped(clattn_mpi *m, cl_event *ev, int n_ev, MPI_Requ
   }
 }
 
-clattn_status cm_sink_state(clattn_mpi *m, cl_mem sinks, int batch, int heads, int rows, int dv, cl_mem o, size_t o_off,
-                            cl_mem lse, size_t lse_off) {
+clattn_status cm_sink_state(clattn_mpi *m, cl_mem sinks, size_t sinks_offset, int batch, int heads, int rows, int dv,
+                            cl_mem o, size_t o_off, cl_mem lse, size_t lse_off) {
   const size_t n = (size_t)batch * heads * rows;
   float *host = malloc(n * sizeof *host + (size_t)heads * sizeof *host);
   if (!host) return cm_fail(m, CLATTN_ERR_OUT_OF_MEMORY, "the sinks' state");
   float *per_head = host + n;
   cl_command_queue q = clattn_cl_queue(m->ctx);
-  cl_int err = clEnqueueReadBuffer(q, sinks, CL_TRUE, 0, (size_t)heads * sizeof *host, per_head, 0, NULL, NULL);
+  cl_int err = clEnqueueReadBuffer(q, sinks, CL_TRUE, sinks_offset * sizeof *host, (size_t)heads * sizeof *host, per_head, 0,
+                                   NULL, NULL);
   if (err == CL_SUCCESS) {
     for (size_t i = 0; i < n; i++) host[i] = per_head[(i / (size_t)rows) % (size_t)heads];
     err = clEnqueueWriteBuffer(q, lse, CL_TRUE, lse_off * sizeof *host, n * sizeof *host, host, 0, NULL, NULL);

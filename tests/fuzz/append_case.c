@@ -6,7 +6,7 @@
  *          (batch 1..3, kv_heads 1..3, new_len 0..5, dims 32 64 3 17),
  *          else hostile_int (0, -1, INT_MAX, INT_MIN, ...)
  *   5      src_dtype (b % 4): F32 F16 BF16, 3 Q8_0 (refused)
- *   6      kv_dtype (b % 8): SAME F32 F16 BF16 Q8_0 INT8, 6 out of range, 7 Q8_0
+ *   6      kv_dtype (b % 8): SAME F32 F16 BF16 Q8_0 INT8, 6 out of range (10), 7 Q8_0
  *   7      flags: 1 paged, 2 k_scale / v_scale present exactly when kv is
  *          NOT INT8, 4 positions NULL, 8 positions one int short, 16 block
  *          table one entry short
@@ -212,7 +212,7 @@ static int decode(const uint8_t *data, size_t size, ap_case *c) {
   static const clattn_dtype srcs[4] = {CLATTN_F32, CLATTN_F16, CLATTN_BF16, CLATTN_Q8_0};
   a->src_dtype = srcs[hb(data, size, 5) % 4];
   static const int kvs[8] = {CLATTN_DTYPE_SAME, CLATTN_F32,  CLATTN_F16, CLATTN_BF16,
-                             CLATTN_Q8_0,       CLATTN_INT8, 9,          CLATTN_Q8_0};
+                             CLATTN_Q8_0,       CLATTN_INT8, CLATTN_IQ4_NL + 1, CLATTN_Q8_0};
   a->kv_dtype = (clattn_dtype)kvs[hb(data, size, 6) % 8];
   c->kv = a->kv_dtype == CLATTN_DTYPE_SAME ? a->src_dtype : a->kv_dtype;
   const uint8_t f = hb(data, size, 7);

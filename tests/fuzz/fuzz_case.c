@@ -45,7 +45,7 @@
  *   0      dtype of q and out (b % 8): 1 F16, 2 BF16, 3 Q8_0 and 4 INT8
  *          (refused), else byte 7's
  *   1      kv_dtype (b % 8): 0 and 7 SAME, 1 F32, 2 F16, 3 BF16, 4 Q8_0,
- *          5 INT8, 6 out of range (5, -2, INT_MAX, INT_MIN by (b >> 3) & 3)
+ *          5 INT8, 6 out of range (10, -2, INT_MAX, INT_MIN by (b >> 3) & 3)
  *   2      score flags: 1 softcap, 2 alibi_slopes, 4 sinks, 8 ADDITIVE score
  *          (with additive_w), 16 score out of range (bit 7: -1, else 2),
  *          32 additive_w mismatched (ADDITIVE without it, DOT with it),

@@ -71,7 +71,7 @@ void fz_ext_header(fz_case *c, const uint8_t *e) {
     case 4: p->dtype = CLATTN_INT8; break;
     default: break; /* byte 7's */
   }
-  static const int bad_kv[4] = {5, -2, INT_MAX, INT_MIN};
+  static const int bad_kv[4] = {CLATTN_IQ4_NL + 1, -2, INT_MAX, INT_MIN};
   static const clattn_dtype kvs[8] = {CLATTN_DTYPE_SAME, CLATTN_F32,  CLATTN_F16, CLATTN_BF16,
                                       CLATTN_Q8_0,       CLATTN_INT8, CLATTN_F32, CLATTN_DTYPE_SAME};
   const uint8_t k = e[E_KV_DTYPE];

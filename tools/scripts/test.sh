@@ -19,6 +19,8 @@
 #     sanitizers        the suite under ASan+UBSan, the threads test under TSan
 #     fuzz              libFuzzer on clattn_forward for 60 s
 #     fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
+#     ggml              llama.cpp's own tests over the ggml backend (tools/scripts/ggml.sh:
+#                       the pinned llama.cpp fetched with pip and built once into build-ggml/)
 #
 # The first two stages run on the default device (CLATTN_DEVICE's match, else
 # the first GPU, else POCL's CPU device); CLATTN_TEST_LANES chooses the lanes
@@ -123,7 +125,8 @@ case "$mode" in
     stage "oclgrind" tools/scripts/oclgrind.sh build-test
     stage "sanitizers" tools/scripts/sanitize.sh all
     stage "fuzz" tools/scripts/fuzz.sh 60
-    stage "fuzz (npy)" tools/scripts/fuzz.sh npy 30 ;;
+    stage "fuzz (npy)" tools/scripts/fuzz.sh npy 30
+    stage "ggml" tools/scripts/ggml.sh ;;
 esac
 
 echo "==== summary"

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# The ggml lane: clattn inside llama.cpp, checked by llama.cpp's own tests.
+#
+#   tools/scripts/ggml.sh [--quick]
+#
+# 1. llama.cpp as PyPI's llama-cpp-python==0.3.36 sdist vendors it (ggml
+#    0.25.3, backend API 2), fetched with `pip download --no-deps
+#    --no-binary :all:` into build-ggml/ (once: nothing of llama.cpp is in
+#    the repository) and built there with cmake (GGML_NATIVE: the CPU
+#    backend for this CPU): test-backend-ops, test-llama-archs, llama-simple
+#    and llama-bench.
+# 2. clattn configured with -Dggml and -Dggml_lib naming that tree and its
+#    libraries into build-ggml/clattn, and the backend built there:
+#    build-ggml/clattn/ggml/libggml-clattn.so (and ggml-bench-fa).
+# 3. On the default OpenCL device (CLATTN_DEVICE's match, else the first
+#    GPU, else POCL's CPU device), the backend loaded as ggml loads one:
+#      test-backend-ops test -o FLASH_ATTN_EXT -b CLATTN    every case ggml generates
+#                                 (--quick: those with head sizes 64/64 and 576/512),
+#                                 GGML_BACKEND_PATH naming the backend
+#      test-llama-archs -b CLATTN  every architecture against the CPU backend
+#                                 (--quick: llama, qwen2, gemma2)
+#      llama-simple               a random-weights llama model that test-llama-archs
+#                                 writes: the same greedy text on the CPU backend
+#                                 alone and with CLATTN
+#    (the last two read no GGML_BACKEND_PATH with ggml's CPU backend built in:
+#    the backend is preloaded and registers itself, CLATTN_GGML_REGISTER=1).
+#    Each run reports how many FLASH_ATTN_EXT nodes clattn_forward computed
+#    (CLATTN_GGML_REPORT); a run in which it computed none fails the lane.
+# 4. Where Intel's OpenCL CPU runtime is installed (build-intel-rt/, by the
+#    test command's second lane), test-backend-ops again on it, over the
+#    --quick cases.
+#
+# Installs cmake and g++ with apt-get when missing (tools/scripts/packages.sh).
+# Exit status: 0 when every run passed; 77 (skipped, saying why) when pip
+# cannot fetch the sdist; 1 otherwise.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+quick=0
+[ "${1:-}" = --quick ] && quick=1
+work=$root/build-ggml
+build_dir=$work/clattn
+sdist=llama-cpp-python==0.3.36
+tree=$work/llama_cpp_python-0.3.36/vendor/llama.cpp
+bin=$work/build/bin
+
+skip() {
+  echo "ggml: SKIPPED: $*" >&2
+  exit 77
+}
+fail() {
+  echo "ggml: FAILED: $*" >&2
+  exit 1
+}
+
+tools/scripts/packages.sh cmake g++ || exit 1
+
+# ---- 1. llama.cpp, fetched and built once ----
+t0=$SECONDS
+if [ ! -f "$tree/CMakeLists.txt" ]; then
+  mkdir -p "$work"
+  python3 -m pip --version >/dev/null 2>&1 || tools/scripts/packages.sh python3-pip || true
+  echo "ggml: fetching $sdist (pip download)" >&2
+  python3 -m pip download --disable-pip-version-check -q --no-deps --no-binary :all: -d "$work" "$sdist" ||
+    skip "pip could not download the $sdist sdist (is PyPI within reach?)"
+  tar -xzf "$work"/llama_cpp_python-0.3.36.tar.gz -C "$work" || fail "cannot unpack the sdist"
+fi
+if [ ! -x "$bin/test-backend-ops" ] || [ ! -x "$bin/llama-simple" ]; then
+  echo "ggml: building llama.cpp (cmake, $(nproc) jobs)" >&2
+  cmake -S "$tree" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=ON \
+    -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF \
+    >"$work/cmake.log" 2>&1 || fail "cmake could not configure llama.cpp: $work/cmake.log"
+  cmake --build "$work/build" -j "$(nproc)" --target test-backend-ops test-llama-archs llama-simple llama-bench \
+    >"$work/build.log" 2>&1 || fail "llama.cpp did not build: $work/build.log"
+fi
+echo "ggml: llama.cpp ready ($((SECONDS - t0)) s)" >&2
+
+# ---- 2. the backend ----
+if [ ! -f "$build_dir/build.ninja" ]; then
+  meson setup "$build_dir" -Dwerror=true -Dggml="$tree" -Dggml_lib="$bin" >/dev/null || fail "meson setup $build_dir"
+fi
+ninja -C "$build_dir" ggml/libggml-clattn.so ggml/ggml-bench-fa >/dev/null ||
+  { ninja -C "$build_dir" ggml/libggml-clattn.so ggml/ggml-bench-fa; fail "the backend did not build"; }
+backend=$build_dir/ggml/libggml-clattn.so
+export CLATTN_GGML_REPORT=1
+preloaded=(env LD_PRELOAD="$backend" CLATTN_GGML_REGISTER=1)
+
+status=0
+# Runs a llama.cpp program, its stdout in $work/NAME.out and stderr in
+# $work/NAME.log; fails when it fails or clattn computed no node.
+run() {   # NAME PROGRAM ARGS...
+  local name=$1
+  shift
+  local t=$SECONDS
+  "$@" >"$work/$name.out" 2>"$work/$name.log"
+  local rc=$?
+  local nodes
+  nodes=$(grep -o 'ggml-clattn: [0-9]* FLASH_ATTN_EXT nodes' "$work/$name.log" | grep -o '[0-9][0-9]*' | tail -1)
+  echo "ggml: $name: exit $rc, ${nodes:-0} nodes through clattn_forward ($((SECONDS - t)) s)"
+  if [ $rc -ne 0 ] || [ "${nodes:-0}" -eq 0 ]; then
+    tail -40 "$work/$name.out" "$work/$name.log"
+    status=1
+  fi
+}
+
+# ---- 3. llama.cpp's tests ----
+cases=()
+[ $quick -eq 1 ] && cases=(-p 'hsk=(64,hsv=64|576,hsv=512),')
+run test-backend-ops env GGML_BACKEND_PATH="$backend" "$bin/test-backend-ops" test -o FLASH_ATTN_EXT -b CLATTN \
+  -j "$(nproc)" "${cases[@]}"
+grep -E 'tests passed' "$work/test-backend-ops.out"
+echo "ggml: test-backend-ops: $(grep -c 'not supported' "$work/test-backend-ops.out") cases not supported"
+grep 'not supported' "$work/test-backend-ops.out" | grep -o 'type_K=[a-z0-9_]*,type_V=[a-z0-9_]*' | sort | uniq -c
+
+archs=()
+[ $quick -eq 1 ] && archs=(-a '^(llama|qwen2|gemma2)$')
+run test-llama-archs "${preloaded[@]}" "$bin/test-llama-archs" -b CLATTN -s 1 "${archs[@]}"
+grep -E 'Summary' "$work/test-llama-archs.out" "$work/test-llama-archs.log"
+
+# The same greedy text on the CPU backend alone and with CLATTN.
+mkdir -p "$work/models"
+"$bin/test-llama-archs" -a '^llama$' -s 7 -o "$work/models" >"$work/models.log" 2>&1 ||
+  fail "test-llama-archs could not write a model: $work/models.log"
+prompt="Once upon a time"
+env -u CLATTN_GGML_REPORT "$bin/llama-simple" -m "$work/models/llama-dense.gguf" -n 48 "$prompt" \
+  >"$work/simple-cpu.txt" 2>"$work/simple-cpu.log" || fail "llama-simple on the CPU backend: $work/simple-cpu.log"
+run llama-simple "${preloaded[@]}" "$bin/llama-simple" -m "$work/models/llama-dense.gguf" -n 48 "$prompt"
+if cmp -s "$work/simple-cpu.txt" "$work/llama-simple.out"; then
+  echo "ggml: llama-simple: the same 48 tokens on CLATTN as on the CPU backend: $(head -c 80 "$work/simple-cpu.txt")"
+else
+  echo "ggml: llama-simple: the text differs from the CPU backend's:"
+  diff "$work/simple-cpu.txt" "$work/llama-simple.out" | head -6
+  status=1
+fi
+# ---- 4. the second OpenCL runtime ----
+if [ -f "$root/build-intel-rt/lib/libintelocl.so" ]; then
+  run test-backend-ops-intel tools/scripts/intel-runtime.sh env GGML_BACKEND_PATH="$backend" "$bin/test-backend-ops" \
+    test -o FLASH_ATTN_EXT -b CLATTN -j "$(nproc)" -p 'hsk=(64,hsv=64|576,hsv=512),'
+  grep -E 'tests passed|Device description' "$work/test-backend-ops-intel.out"
+else
+  echo "ggml: Intel's OpenCL runtime is not installed (build-intel-rt/): test-backend-ops ran on the default device only"
+fi
+exit $status
