@@ -238,12 +238,16 @@ static inline int ca_valid_keys(__global const int *kv_lens, int has_kv_lens, lo
  * on its own lengths. Paged K/V (paged): each batch row's kv_lens[b] keys
  * through the block table (k0 = 0; cu_k is not read), aligned on that
  * length, so packed queries over a paged cache are each sequence's last
- * positions. The offsets are clamped to the totals and the lengths to
- * q_len / kv_len, so malformed cu_seqlens never leave the views. */
+ * positions. Left-padded rows (has_kv_lens & CA_KV_START: clattn_params'
+ * cache_leftpad in kv_start): row b's keys begin at row kv_start[b] of its
+ * cache (k0) and end at kv_lens[b], aligned on their own count. The offsets
+ * are clamped to the totals and the lengths to q_len / kv_len, so malformed
+ * cu_seqlens or starts never leave the views. */
+#define CA_KV_START 2
 #define CA_SEQ_ARGS                                                                                 \
   __global const int *kv_lens, int has_kv_lens, __global const int *cu_q, __global const int *cu_k, \
-      int varlen, int total_q, int total_kv, int paged
-#define CA_SEQ_PASS kv_lens, has_kv_lens, cu_q, cu_k, varlen, total_q, total_kv, paged
+      int varlen, int total_q, int total_kv, int paged, __global const int *kv_start
+#define CA_SEQ_PASS kv_lens, has_kv_lens, cu_q, cu_k, varlen, total_q, total_kv, paged, kv_start
 typedef struct {
   long q0, k0;          /* first physical row of q/out and of k/v */
   int rows, keys;       /* query rows that exist, keys that are valid */
@@ -263,7 +267,12 @@ static inline ca_seq ca_sequence(long b, int q_len, int kv_len, CA_SEQ_ARGS) {
     s.keys = s.align_n = min(k1 - k0, kv_len);
   } else {
     s.keys = ca_valid_keys(kv_lens, has_kv_lens, b, kv_len);
-    if (paged) s.align_n = s.keys; /* a paged row is aligned on its own length */
+    if (has_kv_lens & CA_KV_START) { /* the rows before kv_start[b] are padding */
+      s.k0 = clamp(kv_start[b], 0, s.keys);
+      s.keys -= (int)s.k0;
+    }
+    /* a paged or left-padded row is aligned on its own length */
+    if (paged || (has_kv_lens & CA_KV_START)) s.align_n = s.keys;
   }
   return s;
 }
@@ -318,6 +327,38 @@ static inline float ca_shape(float s, float bias_ij, long b, long h, long i, lon
  * sinks_at is -1 (clattn_params.sinks and its sinks_offset). */
 static inline float ca_sink(__global const float *sinks, long sinks_at, long h) {
   return sinks_at >= 0 ? sinks[sinks_at + h] : -INFINITY;
+}
+
+/* Dropout (clattn_params.dropout_p): NULL = none, else six words: the
+ * Philox key (dropout_seed's low and high 32 bits), dropout_offset (low,
+ * high), the threshold floor(p 2^32) and the factor 1 / (1 - p) of a kept
+ * weight (f32 bits). Weight (b, h, i, j) (i the row within its sequence, j
+ * the key) is kept when lane j % 4 of Philox4x32-10 at counter (offset +
+ * i 2^32 + j / 4 as two words, h, b) reaches the threshold. The fused and
+ * backward programs apply it where built with -D CA_DROPOUT; other kernels
+ * test the pointer. */
+#define CA_DROP_ARGS __global const uint *dropout
+static inline uint4 ca_philox4x32_10(uint4 c, uint2 k) {
+  for (int round = 0; round < 10; round++) {
+    const uint hi0 = mul_hi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+    const uint hi1 = mul_hi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+    c = (uint4)(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+    k += (uint2)(0x9E3779B9u, 0xBB67AE85u);
+  }
+  return c;
+}
+/* The factors (0 or 1 / (1 - p)) of keys 4 j4 .. 4 j4 + 3 of row (b, h, i). */
+static inline float4 ca_dropout4(__global const uint *dropout, long b, long h, long i, long j4) {
+  const ulong at = ((ulong)dropout[3] << 32 | dropout[2]) + ((ulong)i << 32) + (ulong)j4;
+  const uint4 r = ca_philox4x32_10((uint4)((uint)at, (uint)(at >> 32), (uint)h, (uint)b), (uint2)(dropout[0], dropout[1]));
+  return select((float4)(0.0f), (float4)(as_float(dropout[5])), r >= (uint4)(dropout[4]));
+}
+/* Key j's factor; 1 without dropout (dropout NULL). */
+static inline float ca_dropout(__global const uint *dropout, long b, long h, long i, long j) {
+  if (!dropout) return 1.0f;
+  const float4 z = ca_dropout4(dropout, b, h, i, j >> 2);
+  const int lane = (int)(j & 3);
+  return lane == 0 ? z.x : lane == 1 ? z.y : lane == 2 ? z.z : z.w;
 }
 
 /* Route diagnostics (bits of `diag`) and where a row's go. */

@@ -163,6 +163,16 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
       for (int jj = 0; jj < DEC_N; jj++) tile_sum += s_tile[lid * DEC_N + jj];
       l = l * row_alpha[lid] + tile_sum;
     }
+#ifdef CA_DROPOUT
+    /* dropout: once the sums have every weight, the weights that mix V */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int u = 0; u < DEC_SR; u++) {
+      const int t = rg + DEC_RG * u;
+      if (t >= rows) break;
+      s_tile[t * DEC_N + kk] *= ca_dropout(dropout, b, hk * group + t / q_len, t % q_len, j0 + kk);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
     for (int u = 0; u < DEC_PR; u++) {
       const int t = pg + DEC_PV_RG * u;
       if (t >= rows) break;

@@ -285,7 +285,7 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
                        float scale, CA_SHAPE_ARGS, __global const float *sinks, long sinks_at,
                        int window_left, int window_right, int split_keys,
                        __global store_t *out, ulong out_off, ulong4 out_st,
-                       __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS,
+                       __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse, CA_DROP_ARGS, CA_DIAG_ARGS,
                        __global float *part_o, __global float *part_lse,
                        __global int *empty_flag) {
   const int rows_per_kv = group * q_len;
@@ -329,10 +329,11 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
   const ulong kt_head = (ulong)bhk * DK * (ulong)n_pad;
   const ulong vp_head = (ulong)bhk * (ulong)n_pad * DVP;
 
-  /* Pages holding whole half blocks (half blocks start at multiples of
-   * FLASH_VW, and paged calls have no packed sequences: k0 = 0): direct
-   * mode locates each half block once, not each key (a division each). */
-  const bool page_halves = direct && paged && page_size % FLASH_VW == 0;
+  /* Pages holding whole half blocks (half blocks start at k0 plus
+   * multiples of FLASH_VW; paged calls have no packed keys, and k0 is 0 but
+   * for a left-padded row): direct mode locates each half block once, not
+   * each key (a division each). */
+  const bool page_halves = direct && paged && page_size % FLASH_VW == 0 && sq.k0 % FLASH_VW == 0;
   for (long j0 = j_begin; j0 < j_end; j0 += FLASH_BN) {
     /* The block's bias, as stored (each row scales its own), read before
      * its scores: a block that every row's bias disallows (an engine's
@@ -362,8 +363,8 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
      * rows of that page (or of page 0), never used */
     ca_kv_pos at_h[2] = {{0, 0, true}, {0, 0, true}};
     if (page_halves) {
-      at_h[0] = ca_kv_locate(b, j0, CA_PAGE_PASS);
-      at_h[1] = ca_kv_locate(b, j0 + FLASH_VW, CA_PAGE_PASS);
+      at_h[0] = ca_kv_locate(b, sq.k0 + j0, CA_PAGE_PASS);
+      at_h[1] = ca_kv_locate(b, sq.k0 + j0 + FLASH_VW, CA_PAGE_PASS);
     }
     if (!direct) {
       /* Scores: bm x FLASH_BN outer products over the head dimension, the
@@ -484,11 +485,20 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
       flash_vstore(pr0, 0, p[r]);
       flash_vstore(pr1, 0, p[r] + FLASH_VW);
     }
+#ifdef CA_DROPOUT
+    /* dropout: the weights that mix V lose their dropped keys (l above
+     * summed every weight) */
+    for (int r = 0; r < bm; r++)
+      for (int jj = 0; jj < FLASH_BN; jj += 4)
+        vstore4(vload4(0, p[r] + jj) * ca_dropout4(dropout, b, hs[r], is[r], (j0 + jj) >> 2), 0, p[r] + jj);
+    const bool guard = true; /* dropped weights are 0 */
+#else
+    const bool guard = !full || any(zero_lanes); /* an allowed key's weight underflowed to exactly 0 */
+#endif
     /* Values: per slice of columns, rescale the bm accumulators once, then
      * add the block's weighted value rows (only keys below kv_len are read).
-     * A zero weight (disallowed, or underflowed) mixes nothing in, even a
-     * NaN or Inf value: without one, no guard is needed. */
-    const bool guard = !full || any(zero_lanes); /* an allowed key's weight underflowed to exactly 0 */
+     * A zero weight (disallowed, underflowed or dropped) mixes nothing in,
+     * even a NaN or Inf value: without one, no guard is needed. */
     const int n_block = guard ? (int)min((long)FLASH_BN, n_valid - j0) : FLASH_BN;
     if (!direct) {
       /* two vectors of columns per step: each weight feeds two multiply-adds */
@@ -599,7 +609,7 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
       int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS, __global const float *sinks,    \
       long sinks_at, int window_left, int window_right,                                             \
       int split_keys, __global store_t *out, ulong out_off, ulong4 out_st, __global float *lse,     \
-      ulong lse_off, ulong4 lse_st, int want_lse, CA_DIAG_ARGS, __global float *part_o,             \
+      ulong lse_off, ulong4 lse_st, int want_lse, CA_DROP_ARGS, CA_DIAG_ARGS, __global float *part_o,             \
       __global float *part_lse, __global int *empty_flag
 #define FLASH_BODY_ARGS(direct, bm)                                                                   \
   q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, CA_SCORE_PASS, direct, bm, mask,      \
@@ -607,7 +617,7 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
       has_mask, CA_BIAS_PASS, CA_SEQ_PASS, CA_KV_PASS, q_heads, kv_heads, group, \
       q_len, kv_len, scale, CA_SHAPE_PASS, sinks, sinks_at, window_left, window_right, split_keys, \
       out, out_off, out_st, lse,                                                                    \
-      lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse, empty_flag
+      lse_off, lse_st, want_lse, dropout, CA_DIAG_PASS, part_o, part_lse, empty_flag
 
 #ifndef FLASH_NO_ROWS
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows(FLASH_KERNEL_ARGS) {
@@ -738,9 +748,14 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
       const float p = exp(s[jj] - m_safe);
       tile_sum += p;
       if (diag && p != 0.0f) tile_t += p * (s[jj] - m_safe);
+#ifdef CA_DROPOUT
+      const float w = p * ca_dropout(dropout, b, h, i, j0 + jj); /* the weight that mixes V */
+#else
+      const float w = p;
+#endif
       /* a zero weight mixes nothing in */
-      if (p != 0.0f)
-        for (int c = 0; c < DV; c++) acc[c] += p * v_tile[jj][c];
+      if (w != 0.0f)
+        for (int c = 0; c < DV; c++) acc[c] += w * v_tile[jj][c];
     }
     if (diag) t_diag = (l == 0.0f ? 0.0f : alpha * (t_diag + l * (m - m_safe))) + tile_t;
     l = l * alpha + tile_sum;

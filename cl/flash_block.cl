@@ -284,7 +284,12 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
       float part = 0.0f;
       for (int c = 0; c < BLOCK_RN; c++) {
         const float p = exp(s[r][c] - m_safe);
+#ifdef CA_DROPOUT /* the weight that mixes V; the sum takes every weight */
+        const int row = ty * BLOCK_RM + r;
+        my_p[r * PS + tx * BLOCK_RN + c] = p * ca_dropout(dropout, b, row_h[row], row_i[row], j0 + tx * BLOCK_RN + c);
+#else
         my_p[r * PS + tx * BLOCK_RN + c] = p;
+#endif
         part += p;
       }
 #ifdef BLOCK_SG

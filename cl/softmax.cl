@@ -5,7 +5,9 @@
  *   m = max_j s_j,  l = sum_j exp(s_j - m),  a_j = exp(s_j - m) / l,
  *   lse = m + log(l) (natural log);
  * a head's sink logit joins m and l as a term without a value.
- * The probabilities overwrite the scores in place; lse and the routing matrix
+ * The probabilities (with dropout, the dropped and rescaled ones that mix V:
+ * lse and the diagnostics describe the softmax before it) overwrite the
+ * scores in place; lse and the routing matrix
  * (weights) are written to their views when asked for, and so are the route
  * diagnostics (entropy, max_weight, argmax: common.h.cl). A row whose maximum is
  * -INFINITY has no allowed key: it gets a = 0, lse = -INFINITY, and sets
@@ -26,7 +28,7 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
                   int q_heads, int q_len, int bh0, int i0, int rows,
                   __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
                   __global float *weights, ulong w_off, ulong4 w_st, int want_weights,
-                  __global const float *sinks, long sinks_at,
+                  __global const float *sinks, long sinks_at, CA_DROP_ARGS,
                   CA_DIAG_ARGS, __global int *empty_flag) {
   __local float part[SOFTMAX_WG];
   __local int first[SOFTMAX_WG];
@@ -92,8 +94,9 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
       ca_store_diag(empty, l_keys, l, part[0], exp(m_keys - m), first[0] == INT_MAX ? -1 : first[0], b, h, i, CA_DIAG_PASS);
   }
   for (long j = lid; j < kv_len; j += SOFTMAX_WG) {
-    /* a disallowed key is 0 even in a NaN row (where -inf - m is NaN) */
-    float a = (empty || s[j] == -INFINITY) ? 0.0f : exp(s[j] - m) / l;
+    /* a disallowed key is 0 even in a NaN row (where -inf - m is NaN);
+     * with dropout the weights that mix V (and the weights output) */
+    float a = (empty || s[j] == -INFINITY) ? 0.0f : exp(s[j] - m) / l * ca_dropout(dropout, b, h, i, j);
     s[j] = a;
     if (want_weights && in_range) weights[ca_at(w_off, w_st, b, h, i, j)] = a;
   }

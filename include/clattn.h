@@ -41,7 +41,7 @@ extern "C" {
  * value (docs/DESIGN.md, "ABI"). Initialise structs with the *_default()
  * functions, never field by field from zero: new fields get their absent
  * values there. */
-#define CLATTN_ABI_VERSION 3
+#define CLATTN_ABI_VERSION 4
 
 typedef enum {
   CLATTN_OK = 0,
@@ -260,10 +260,36 @@ typedef struct {
   clattn_dtype bias_dtype;
   cl_mem bias_scale;
   size_t sinks_offset;
+  /* ABI 4: training's dropout, and caches with padding before each row's
+   * keys (FlashAttention's dropout_p / seed / offset and cache_leftpad).
+   *   dropout_p: each weight a_ij is kept with probability 1 - dropout_p and
+   *     scaled by 1 / (1 - dropout_p), or dropped (0): O_i = sum_j a_ij z_ij
+   *     v_j. lse, the route diagnostics and empty rows describe the softmax
+   *     before dropout; weights (the routing matrix) is the matrix that
+   *     mixes V, dropout applied. 0 = off; else in (0, 1).
+   *   dropout_seed, dropout_offset: z_ij is a pure function of (seed,
+   *     offset, b, h, i, j), the same on every path, device and run and in
+   *     clattn_backward (clattn_dropout_mask gives it on the host): weight
+   *     (b, h, i, j) (i the row within its sequence, j the key) is kept when
+   *     lane j % 4 of Philox4x32-10 with key (seed's low, high 32 bits) at
+   *     counter (low, high 32 bits of offset + i * 2^32 + j / 4, h, b) is
+   *     >= the threshold floor(dropout_p * 2^32). Calls whose offsets differ
+   *     by at least q_len * 2^32 draw disjoint counters.
+   *   cache_leftpad: int32 [batch]: batch row b's keys are rows
+   *     cache_leftpad[b] .. kv_lens[b] - 1 of its cache (kv_lens required;
+   *     the rows before are padding, never read); key j of the sequence is
+   *     row cache_leftpad[b] + j, and each row is aligned on its own length
+   *     (p_i = i + kv_lens[b] - cache_leftpad[b] - q_len, as a paged row
+   *     is): causal, windows, ALiBi, mask and bias columns count from its
+   *     first key. Contiguous or paged K/V; not with cu_seqlens_k. */
+  float dropout_p;
+  cl_ulong dropout_seed, dropout_offset;
+  cl_mem cache_leftpad;
 } clattn_params;
 
 /* Everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO, kv_dtype and
- * v_dtype CLATTN_DTYPE_SAME, bias_dtype CLATTN_F32, no block table. */
+ * v_dtype CLATTN_DTYPE_SAME, bias_dtype CLATTN_F32, no block table, no
+ * dropout. */
 CLATTN_EXPORT clattn_params clattn_params_default(void);
 
 /* Enqueues one attention call on the context's queue after the n_wait events;
@@ -285,6 +311,15 @@ CLATTN_EXPORT clattn_params clattn_params_default(void);
  * lse is the natural-log sum of exp of the allowed scores. */
 CLATTN_EXPORT clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p, cl_uint n_wait,
                                            const cl_event *wait, cl_event *done);
+
+/* The dropout mask of calls with p's dropout_p, dropout_seed and
+ * dropout_offset, computed on the host: mask[r * cols + c] = 1 when weight
+ * (b, h, row0 + r, col0 + c) is kept, else 0 (see dropout_p). Rows count
+ * within the sequence, columns are keys. Reads no other field and no
+ * cl_mem; INVALID_ARGUMENT for a NULL p or mask, a negative index or count,
+ * or dropout_p outside [0, 1). */
+CLATTN_EXPORT clattn_status clattn_dropout_mask(const clattn_params *p, int b, int h, int row0, int rows, int col0,
+                                                int cols, unsigned char *mask);
 
 /* Writes new K/V rows into a cache (contiguous or paged, any kv dtype),
  * quantising on the way: the kernel an inference engine calls once per step.

@@ -103,10 +103,13 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
    * writes none of them) and with the algorithm moot. */
   if (bp->fwd.algo < CLATTN_ALGO_AUTO || bp->fwd.algo > CLATTN_ALGO_GEMM)
     return BAD("fwd.algo %d is not a clattn_algo", (int)bp->fwd.algo);
-  if (bp->fwd.block_table || ca_k_dtype(&bp->fwd) != bp->fwd.dtype || ca_v_dtype(&bp->fwd) != bp->fwd.dtype)
+  if (bp->fwd.block_table || bp->fwd.cache_leftpad || ca_k_dtype(&bp->fwd) != bp->fwd.dtype ||
+      ca_v_dtype(&bp->fwd) != bp->fwd.dtype)
     return ca_fail(CLATTN_ERR_UNSUPPORTED,
-                   "clattn_backward: paged K/V (fwd.block_table) and K/V stored otherwise "
-                   "than q (fwd.kv_dtype, fwd.v_dtype) are forward-only");
+                   "clattn_backward: paged K/V (fwd.block_table), left-padded caches (fwd.cache_leftpad) and K/V "
+                   "stored otherwise than q (fwd.kv_dtype, fwd.v_dtype) are forward-only");
+  if (bp->fwd.dropout_p > 0.0f)
+    return ca_fail(CLATTN_ERR_UNSUPPORTED, "clattn_backward: fwd.dropout_p > 0: the backward of dropout is not built yet");
   clattn_params p = bp->fwd;
   p.weights.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
   p.algo = CLATTN_ALGO_FUSED;
@@ -147,7 +150,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
                    (unsigned long long)dq_bytes);
 
   size_t scratch_bytes = rows_total * sizeof(float) * (p.sinks ? 2 : 1) + (size_t)dw_bytes + (size_t)dq_bytes;
-  if ((st = ca_backward_program(ctx, p.head_dim, p.value_dim, p.dtype, &program)) ||
+  if ((st = ca_backward_program(ctx, p.head_dim, p.value_dim, p.dtype, p.dropout_p > 0.0f, &program)) ||
       (st = ca_kernel_take(ctx, program, "bwd_rowdot", &rowdot)))
     goto fail;
   if (use_staged && (st = ca_backward_staged_init(ctx, program, &p, &staged, &deps, &scratch_bytes))) goto fail;

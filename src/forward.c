@@ -29,13 +29,19 @@ clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p, cl_uin
   ca_route_begin(clattn_algo_name(plan.algo)); /* each enqueue adds its kernel */
   switch (plan.algo) {
     case CLATTN_ALGO_FUSED:
-      if ((st = ca_plan_fused(ctx, p, &plan, &launch))) return st;
-      return ca_fused_forward(ctx, p, &plan, &launch, n_wait, wait, done);
+      if ((st = ca_plan_fused(ctx, p, &plan, &launch)) || (st = ca_dropout_take(ctx, p, &plan.dropout))) break;
+      st = ca_fused_forward(ctx, p, &plan, &launch, n_wait, wait, done);
+      break;
     case CLATTN_ALGO_GEMM:
       plan.chunk = ca_plan_chunks(p, ctx->scratch_budget);
-      return ca_gemm_forward(ctx, p, &plan, n_wait, wait, done);
+      if ((st = ca_dropout_take(ctx, p, &plan.dropout))) break;
+      st = ca_gemm_forward(ctx, p, &plan, n_wait, wait, done);
+      break;
     default:
       plan.chunk = ca_plan_chunks(p, ctx->scratch_budget);
-      return ca_staged_forward(ctx, p, &plan, n_wait, wait, done);
+      if ((st = ca_dropout_take(ctx, p, &plan.dropout))) break;
+      st = ca_staged_forward(ctx, p, &plan, n_wait, wait, done);
   }
+  if (plan.dropout) clReleaseMemObject(plan.dropout); /* the enqueued kernels keep it until they ran */
+  return st;
 }

@@ -120,7 +120,8 @@ static clattn_status retain_mems(clattn_plan *pl) {
   const cl_mem all[] = {p->q.buf,        p->k.buf,          p->v.buf,          p->out.buf,        p->mask.buf,
                         p->bias.buf,     p->lse.buf,        p->weights.buf,    p->entropy.buf,    p->max_weight.buf,
                         p->argmax.buf,   p->kv_lens,        p->alibi_slopes,   p->sinks,          p->additive_w,
-                        p->cu_seqlens_q, p->cu_seqlens_k,   p->k_scale.buf,    p->v_scale.buf,    p->block_table};
+                        p->cu_seqlens_q, p->cu_seqlens_k,   p->k_scale.buf,    p->v_scale.buf,    p->block_table,
+                        p->bias_scale,   p->cache_leftpad};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     if (!all[i]) continue;
     cl_int err = clRetainMemObject(all[i]);
@@ -514,6 +515,7 @@ clattn_status clattn_plan_create(clattn_context *ctx, const clattn_params *p, cl
   cl_program core = NULL;
   clattn_status st = ca_validate_views(ctx, p, &pl->plan, &pl->views);
   if (st == CLATTN_OK) st = retain_mems(pl);
+  if (st == CLATTN_OK) st = ca_dropout_take(ctx, p, &pl->plan.dropout);
   if (st == CLATTN_OK) st = record_views(pl);
   if (st == CLATTN_OK && (pl->fused = pl->plan.algo == CLATTN_ALGO_FUSED))
     st = fused_init(pl);
@@ -560,7 +562,7 @@ void clattn_plan_release(clattn_plan *plan) {
   const cl_kernel kernels[] = {plan->pack, plan->rows, plan->merge};
   for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
     if (kernels[i]) clReleaseKernel(kernels[i]);
-  const cl_mem own[] = {plan->kt, plan->vp, plan->part_o, plan->part_lse, plan->flag};
+  const cl_mem own[] = {plan->kt, plan->vp, plan->part_o, plan->part_lse, plan->flag, plan->plan.dropout};
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (own[i]) clReleaseMemObject(own[i]);
   for (int i = 0; i < plan->n_mems; i++) clReleaseMemObject(plan->mems[i]);

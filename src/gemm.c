@@ -319,7 +319,9 @@ clattn_status ca_gemm_forward(clattn_context *ctx, const clattn_params *p, const
   /* K or V paged or stored otherwise than q: gathered and dequantised into scratch */
   const int k_stored = plan->paged || plan->k_dtype != p->dtype, v_stored = plan->paged || plan->v_dtype != p->dtype;
   const int copy_q = !additive && !gemm_ready(p, &p->q, p->q_heads, p->q_len, p->head_dim);
-  const int copy_k = !additive && (k_stored || !gemm_ready(p, &p->k, p->kv_heads, p->kv_len, p->head_dim));
+  /* a left-padded row's keys start at its own row (gemm_dense_copy finds them) */
+  const int copy_k =
+      !additive && (k_stored || p->cache_leftpad || !gemm_ready(p, &p->k, p->kv_heads, p->kv_len, p->head_dim));
   const size_t q_floats = (size_t)pairs * p->q_len * p->head_dim;
   const size_t k_floats = (size_t)p->batch * p->kv_heads * p->kv_len * p->head_dim;
   const size_t v_rows = (size_t)p->batch * p->kv_heads * p->kv_len;

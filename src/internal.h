@@ -37,6 +37,7 @@ struct clattn_context {
     cl_program program;
     tl_block block;  /* fused: flash_block's tile, built and able to run its work-group; rm 0 = none */
     int decode_runs; /* fused: flash_decode built and able to run its CA_DECODE_WG work-items */
+    int dropout;     /* built with -D CA_DROPOUT (ca_text_dropout) */
   } * fused;
   cl_program append[3][5];  /* kv_append per (source dtype, cache dtype), built on first use; under programs_lock */
   cl_program core_kv[3][CA_DTYPES][CA_DTYPES]; /* core programs per (dtype, k, v storage: not both dtype), built on
@@ -146,15 +147,17 @@ clattn_status ca_core_program(clattn_context *ctx, clattn_dtype dtype, cl_progra
  * v_dtype (both dtype: ca_core_program's); built on first use. */
 clattn_status ca_core_program_kv(clattn_context *ctx, clattn_dtype dtype, clattn_dtype k_dtype, clattn_dtype v_dtype,
                                  cl_program *out);
-/* The fused program for (head_dim, value_dim, dtype, k_dtype, v_dtype): built on
- * first use, then kept for the context's life. *info (when
+/* The fused program for (head_dim, value_dim, dtype, k_dtype, v_dtype), with
+ * dropout applied or not: built on first use, then kept for the context's
+ * life. *info (when
  * non-NULL): its table entry, with the tile its flash_block runs with (rm 0
  * when it cannot) and whether its flash_decode runs, asked once per program. */
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                               clattn_dtype k_dtype, clattn_dtype v_dtype, cl_program *out,
+                               clattn_dtype k_dtype, clattn_dtype v_dtype, int dropout, cl_program *out,
                                struct ca_fused_program *info);
-/* The backward program for (head_dim, value_dim, dtype); built on first use. */
-clattn_status ca_backward_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
+/* The backward program for (head_dim, value_dim, dtype), with dropout
+ * applied or not; built on first use. */
+clattn_status ca_backward_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype, int dropout,
                                   cl_program *out);
 /* The kv_append program for (source, cache) storage; built on first use. */
 clattn_status ca_append_program(clattn_context *ctx, clattn_dtype src, clattn_dtype kv, cl_program *out);
@@ -352,6 +355,7 @@ typedef struct {
   int paged;             /* K/V through a block table */
   clattn_algo algo;      /* AUTO resolved */
   ca_chunk chunk;        /* staged and GEMM: query rows per pass (the plan step's ca_plan_chunks) */
+  cl_mem dropout;        /* the kernels' dropout words (ca_dropout_take), NULL = none */
 } ca_plan;
 
 enum { CA_DECODE_KERNEL_ROWS = 16, CA_DECODE_WG = 64 /* cl/decode.cl's DEC_WG */ };
@@ -389,6 +393,13 @@ clattn_status ca_check_view(ca_views *vs, const char *name, const clattn_tensor 
 
 /* Checks a merge call like ca_validate checks a forward call. */
 clattn_status ca_validate_merge(const clattn_context *ctx, const clattn_merge_params *mp);
+
+/* ---- dropout (dropout.c) ---- */
+
+/* A read-only buffer holding p's dropout words for the kernels
+ * (cl/common.h.cl's CA_DROP_ARGS), made for one call or plan; NULL without
+ * dropout. The caller releases it once the kernels are enqueued. */
+clattn_status ca_dropout_take(clattn_context *ctx, const clattn_params *p, cl_mem *out);
 
 /* ---- the plan step (plan.c) ---- */
 
@@ -446,7 +457,8 @@ void ca_arg_diag(ca_args *a, const clattn_params *p, int diag);
 /* The score shaping's arguments (common.h.cl's CA_SHAPE_ARGS): softcap, ALiBi slopes, their batch stride. */
 void ca_arg_shape(ca_args *a, const clattn_params *p);
 /* Where each sequence lies (common.h.cl's CA_SEQ_ARGS): kv_lens, packed
- * variable-length batches' cu_seqlens and totals, whether K/V are paged. */
+ * variable-length batches' cu_seqlens and totals, whether K/V are paged,
+ * where each row's keys start (cache_leftpad). */
 void ca_arg_seq(ca_args *a, const clattn_params *p);
 /* K/V storage (common.h.cl's CA_KV_ARGS): block table, its stride, page
  * size, pool size, INT8 scale views. */

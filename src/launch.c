@@ -59,13 +59,15 @@ void ca_arg_shape(ca_args *a, const clattn_params *p) {
 void ca_arg_seq(ca_args *a, const clattn_params *p) {
   const int varlen = p->cu_seqlens_q != NULL;
   ca_arg_mem(a, p->kv_lens);
-  ca_arg_int(a, p->kv_lens != NULL);
+  /* cl/common.h.cl's CA_SEQ_ARGS: 1 kv_lens, | CA_KV_START with cache_leftpad */
+  ca_arg_int(a, p->kv_lens == NULL ? 0 : p->cache_leftpad ? 3 : 1);
   ca_arg_mem(a, p->cu_seqlens_q);
   ca_arg_mem(a, p->cu_seqlens_k);
   ca_arg_int(a, varlen);
   ca_arg_int(a, varlen ? p->total_q : 0);
   ca_arg_int(a, varlen && p->cu_seqlens_k ? p->total_kv : 0);
   ca_arg_int(a, p->block_table != NULL);
+  ca_arg_mem(a, p->cache_leftpad);
 }
 
 void ca_arg_kv(ca_args *a, const clattn_params *p) {
@@ -130,6 +132,7 @@ void ca_arg_fused(ca_args *r, const clattn_params *p, const ca_plan *plan, cl_me
   at.lse_off = r->index + 1;
   ca_arg_view(r, &p->lse);
   ca_arg_int(r, plan->want_lse);
+  ca_arg_mem(r, plan->dropout);
   ca_arg_diag(r, p, diag);
   ca_arg_mem(r, part_o);
   ca_arg_mem(r, part_lse);

@@ -136,7 +136,8 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
   /* After the size check: a call that cannot run builds nothing */
   struct ca_fused_program info;
   clattn_status st =
-      ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->k_dtype, plan->v_dtype, &l->program, &info);
+      ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, plan->k_dtype, plan->v_dtype, p->dropout_p > 0.0f,
+                       &l->program, &info);
   if (st != CLATTN_OK) return st;
   const int decode = wg && ctx->flash_block && info.decode_runs && plain && rows_per_kv <= CA_DECODE_KERNEL_ROWS;
   const int block = !decode && wg && ctx->flash_block && plain && info.block.rm > 0;

@@ -21,7 +21,8 @@ clattn_status clattn_prepare(clattn_context *ctx, const clattn_params *shapes, i
      * storage); the split-KV merge writes out through dtype's; FUSED has its own. */
     if ((st = ca_core_program_kv(ctx, p->dtype, p->kv_dtype, p->v_dtype, &program)) ||
         (st = ca_core_program(ctx, p->dtype, &program)) ||
-        (st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, p->kv_dtype, p->v_dtype, &program, NULL)))
+        (st = ca_fused_program(ctx, p->head_dim, p->value_dim, p->dtype, p->kv_dtype, p->v_dtype, p->dropout_p > 0.0f,
+                               &program, NULL)))
       return st;
   }
   return CLATTN_OK;

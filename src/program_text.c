@@ -44,12 +44,12 @@ size_t ca_fused_arg_bytes(unsigned address_bits) {
       P, 8, 32, P, P, 8,  P,  8, 32, P,  8, 32, /* q, kt, vp, n_pad, k, v (buffer, offset, strides) */
       P, 4,                                     /* add_w, additive */
       P, 8, 32, 4, P, 8,  32, 4, P,             /* mask, bias, bias_scale */
-      P, 4, P,  P, 4, 4,  4,  4,                /* sequences: kv_lens .. paged */
+      P, 4, P,  P, 4, 4,  4,  4, P,             /* sequences: kv_lens .. paged, kv_start */
       P, 4, 4,  4, P, 8,  32, P, 8,  32,        /* pages and scales */
       4, 4, 4,  4, 4, 4,                        /* q_heads .. scale */
       4, P, 4,  4,                              /* softcap, alibi */
       P, 8, 4,  4, 4,                           /* sinks and their offset, window, split_keys */
-      P, 8, 32, P, 8, 32, 4,                    /* out, lse, want_lse */
+      P, 8, 32, P, 8, 32, 4, P,                 /* out, lse, want_lse, dropout */
       P, 8, 32, P, 8, 32, P,  8, 32, 4,         /* diagnostics */
       P, P, P,                                  /* part_o, part_lse, empty_flag */
   };
@@ -108,6 +108,11 @@ void ca_backward_text(int head_dim, int value_dim, clattn_dtype dtype, ca_progra
                            .n_sources = 3};
   snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D DK=%d -D DV=%d", (int)dtype, head_dim,
            value_dim); /* cl/backward.cl reads no tile value */
+}
+
+void ca_text_dropout(ca_program_text *text) {
+  const size_t used = strlen(text->options);
+  snprintf(text->options + used, sizeof text->options - used, " -D CA_DROPOUT");
 }
 
 void ca_backward_float_atomics(ca_program_text *text) {

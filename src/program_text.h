@@ -44,12 +44,15 @@ void ca_fused_text(const tl_tiles *tiles, const tl_device *dev, int head_dim, in
  * cl/flash.cl, each argument at its natural alignment) on a device with
  * address_bits-wide pointers, and how many arguments it has. */
 size_t ca_fused_arg_bytes(unsigned address_bits);
-enum { CA_FUSED_ARGS = 76 };
+enum { CA_FUSED_ARGS = 78 };
 /* The same with flash_block's tile given (NULL: no flash_block). */
 void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_dim, int value_dim, clattn_dtype dtype,
                         clattn_dtype k_dtype, clattn_dtype v_dtype, const tl_block *block, ca_program_text *out);
 /* The backward kernels (cl/backward.cl, cl/backward_staged.cl) for one (head_dim, value_dim, storage type). */
 void ca_backward_text(int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out);
+/* A fused or backward program's text made to apply dropout (-D CA_DROPOUT:
+ * the same kernels and arguments, the weights that mix V dropped). */
+void ca_text_dropout(ca_program_text *text);
 /* The backward text's options for a device with cl_ext_float_atomics: OpenCL
  * C 3.0 and -D BWD_FLOAT_ATOMICS, so the atomics variant's dQ adds are native. */
 void ca_backward_float_atomics(ca_program_text *text);

@@ -105,18 +105,18 @@ clattn_status ca_build_core(clattn_context *ctx) {
   return ca_fail(CLATTN_ERR_UNSUPPORTED, "the staged kernels cannot run any tile shape on this device");
 }
 
-/* A table of programs keyed by (head_dim, value_dim, dtype, k_dtype, v_dtype)
- * (ctx->fused, ctx->backward): *entry is the matching one (*found 1), or
+/* A table of programs keyed by (head_dim, value_dim, dtype, k_dtype, v_dtype,
+ * dropout) (ctx->fused, ctx->backward): *entry is the matching one (*found 1), or
  * room for a new one at (*table)[*n] (*found 0: the caller fills it and
  * counts it in *n once built). OUT_OF_MEMORY, naming `what`, when the table
  * cannot grow. The caller holds programs_lock. */
 static clattn_status program_entry(struct ca_fused_program **table, int *n, int *cap, const char *what, int head_dim,
                                    int value_dim, clattn_dtype dtype, clattn_dtype k_dtype, clattn_dtype v_dtype,
-                                   struct ca_fused_program **entry, int *found) {
+                                   int dropout, struct ca_fused_program **entry, int *found) {
   for (int i = 0; i < *n; i++) {
     struct ca_fused_program *e = &(*table)[i];
     if (e->head_dim == head_dim && e->value_dim == value_dim && e->dtype == dtype && e->k_dtype == k_dtype &&
-        e->v_dtype == v_dtype) {
+        e->v_dtype == v_dtype && e->dropout == dropout) {
       *entry = e;
       *found = 1;
       return CLATTN_OK;
@@ -130,8 +130,12 @@ static clattn_status program_entry(struct ca_fused_program **table, int *n, int 
     *cap = grown_cap;
   }
   *entry = &(*table)[*n];
-  **entry = (struct ca_fused_program){
-      .head_dim = head_dim, .value_dim = value_dim, .dtype = dtype, .k_dtype = k_dtype, .v_dtype = v_dtype};
+  **entry = (struct ca_fused_program){.head_dim = head_dim,
+                                      .value_dim = value_dim,
+                                      .dtype = dtype,
+                                      .k_dtype = k_dtype,
+                                      .v_dtype = v_dtype,
+                                      .dropout = dropout};
   *found = 0;
   return CLATTN_OK;
 }
@@ -161,7 +165,7 @@ static int kernel_runs(clattn_context *ctx, cl_program program, const char *name
 }
 
 clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
-                               clattn_dtype k_dtype, clattn_dtype v_dtype, cl_program *out,
+                               clattn_dtype k_dtype, clattn_dtype v_dtype, int dropout, cl_program *out,
                                struct ca_fused_program *info) {
   clattn_status st = CLATTN_OK;
   if (k_dtype == CLATTN_DTYPE_SAME) k_dtype = dtype; /* one program either way */
@@ -170,7 +174,7 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
   int found = 0;
   pthread_mutex_lock(&ctx->programs_lock);
   if ((st = program_entry(&ctx->fused, &ctx->n_fused, &ctx->cap_fused, "fused", head_dim, value_dim, dtype, k_dtype,
-                          v_dtype, &entry, &found)) ||
+                          v_dtype, dropout, &entry, &found)) ||
       found) {
     if (found) {
       *out = entry->program;
@@ -200,9 +204,11 @@ clattn_status ca_fused_program(clattn_context *ctx, int head_dim, int value_dim,
     ca_program_text text;
     ca_fused_text_tile(&ctx->tiles, &ctx->caps, head_dim, value_dim, dtype, k_dtype, v_dtype, with_block ? &blk : NULL,
                        &text);
-    char name[112];
-    snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d k_dtype=%d v_dtype=%d block=%dx%d", head_dim, value_dim,
-             (int)dtype, (int)k_dtype, (int)v_dtype, with_block ? blk.rm : 0, with_block ? blk.rn : 0);
+    if (dropout) ca_text_dropout(&text);
+    char name[128];
+    snprintf(name, sizeof name, "flash dk=%d dv=%d dtype=%d k_dtype=%d v_dtype=%d block=%dx%d%s", head_dim, value_dim,
+             (int)dtype, (int)k_dtype, (int)v_dtype, with_block ? blk.rm : 0, with_block ? blk.rn : 0,
+             dropout ? " dropout" : "");
     if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &program)) != CLATTN_OK) break;
     /* flash_block can fail to run its group, or spill: a smaller tile, and
      * when none fits flash_tiled runs instead */
@@ -230,13 +236,13 @@ done:
   return st;
 }
 
-clattn_status ca_backward_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype,
+clattn_status ca_backward_program(clattn_context *ctx, int head_dim, int value_dim, clattn_dtype dtype, int dropout,
                                   cl_program *out) {
   struct ca_fused_program *entry = NULL;
   int found = 0;
   pthread_mutex_lock(&ctx->programs_lock);
   clattn_status st = program_entry(&ctx->backward, &ctx->n_backward, &ctx->cap_backward, "backward", head_dim,
-                                   value_dim, dtype, dtype, dtype, &entry, &found);
+                                   value_dim, dtype, dtype, dtype, dropout, &entry, &found);
   if (st != CLATTN_OK || found) {
     if (found) *out = entry->program;
     goto done;
@@ -244,8 +250,10 @@ clattn_status ca_backward_program(clattn_context *ctx, int head_dim, int value_d
   ca_program_text text;
   ca_backward_text(head_dim, value_dim, dtype, &text);
   if (ca_device_float_atomics(ctx->device)) ca_backward_float_atomics(&text);
-  char name[64];
-  snprintf(name, sizeof name, "backward dk=%d dv=%d dtype=%d", head_dim, value_dim, (int)dtype);
+  if (dropout) ca_text_dropout(&text);
+  char name[80];
+  snprintf(name, sizeof name, "backward dk=%d dv=%d dtype=%d%s", head_dim, value_dim, (int)dtype,
+           dropout ? " dropout" : "");
   if ((st = ca_build_program(ctx, name, text.sources, text.n_sources, text.options, &entry->program)) == CLATTN_OK) {
     ctx->n_backward++;
     *out = entry->program;

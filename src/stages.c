@@ -51,6 +51,7 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
   ca_arg_view(&s, &p->weights);
   ca_arg_int(&s, plan->want_weights);
   ca_arg_sinks(&s, p);
+  ca_arg_mem(&s, plan->dropout);
   ca_arg_diag(&s, p, plan->diag);
   ca_arg_mem(&s, empty_flag);
   if ((st = ca_args_done(&s))) return st;

@@ -285,6 +285,8 @@ static clattn_status check_enums(const clattn_params *p) {
   if (p->bias_scale && !p->bias.buf) return BAD("bias_scale is set but bias is absent (it scales the bias)");
   if (p->alibi_batch_stride > 0 && !p->alibi_slopes)
     return BAD("alibi_batch_stride is %d but alibi_slopes is NULL", p->alibi_batch_stride);
+  if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
+    return BAD("dropout_p must be in [0, 1) (0: no dropout; got %g)", (double)p->dropout_p);
   return CLATTN_OK;
 }
 
@@ -370,11 +372,10 @@ static clattn_status check_views(ca_views *vs, const clattn_params *p, int out_r
     if (outs[i].t->buf && (st = check_view(vs, outs[i].name, outs[i].t, outs[i].dims, outs[i].rank, outs[i].elem,
                                            i == 0 ? out_role : VIEW_OUT)))
       return st;
-  if (p->kv_lens) {
-    clattn_tensor lens = {p->kv_lens, 0, {1, 0, 0, 0}};
-    const int b_dims[] = {p->batch};
-    if ((st = check_view(vs, "kv_lens", &lens, b_dims, 1, sizeof(int32_t), 0))) return st;
-  }
+  const int b_dims[] = {p->batch};
+  const clattn_tensor lens = {p->kv_lens, 0, {1, 0, 0, 0}}, leftpad = {p->cache_leftpad, 0, {1, 0, 0, 0}};
+  if (p->kv_lens && (st = check_view(vs, "kv_lens", &lens, b_dims, 1, sizeof(int32_t), 0))) return st;
+  if (p->cache_leftpad && (st = check_view(vs, "cache_leftpad", &leftpad, b_dims, 1, sizeof(int32_t), 0))) return st;
   if (varlen) {
     const int cu_dims[] = {p->batch + 1};
     const clattn_tensor cq = {p->cu_seqlens_q, 0, {1, 0, 0, 0}}, ck = {p->cu_seqlens_k, 0, {1, 0, 0, 0}};
@@ -406,6 +407,10 @@ static clattn_status validate(const clattn_context *ctx, const clattn_params *p,
   if ((st = check_dims(p)) || (st = ca_check_storage(p)) || (st = check_enums(p)) || (st = check_varlen(p))) return st;
   if (p->block_table && !p->kv_lens)
     return BAD("block_table without kv_lens: a paged cache needs each batch row's length");
+  if (p->cache_leftpad && !p->kv_lens)
+    return BAD("cache_leftpad without kv_lens: a left-padded row's keys end at kv_lens[b]");
+  if (p->cache_leftpad && p->cu_seqlens_k)
+    return BAD("cache_leftpad with cu_seqlens_k: packed keys start where cu_seqlens_k says");
   ca_views own;
   ca_views *vs = views ? views : &own;
   ca_views_init(vs, ctx->context);
@@ -438,6 +443,7 @@ static clattn_status validate(const clattn_context *ctx, const clattn_params *p,
   plan->diag = (p->entropy.buf ? CA_DIAG_ENTROPY : 0) | (p->max_weight.buf ? CA_DIAG_MAX_WEIGHT : 0) |
                (p->argmax.buf ? CA_DIAG_ARGMAX : 0);
   plan->want_weights = want_weights;
+  plan->dropout = NULL; /* the path makes it (ca_dropout_take) */
   return CLATTN_OK;
 }
 

@@ -26,10 +26,13 @@ static const struct {
      * clattn_params (so to clattn_backward_params' fwd); clattn_dtype gains
      * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL */
     {3, 48, 48, 816, 808, 240, 236, 352, 1080},
+    /* ABI 4: dropout_p, dropout_seed, dropout_offset, cache_leftpad
+     * appended to clattn_params */
+    {4, 48, 48, 848, 840, 240, 236, 352, 1112},
 };
 
 /* The last field of each struct in this version's header. */
-#define PARAMS_LAST sinks_offset
+#define PARAMS_LAST cache_leftpad
 #define MERGE_LAST  out_dtype
 
 static void header_and_soname_agree(void) {

@@ -799,10 +799,14 @@ typedef struct {
   int engine_bias;
   int v_in_k; /* DeepSeek's MLA as llama.cpp keeps it: the values are the first dv columns of the
                  keys' rows, V a view of K's bytes */
+  const int *leftpad; /* cache_leftpad: batch row b's lens[b] keys start at cache position leftpad[b]
+                         (kv_lens leftpad[b] + lens[b]; contiguous: within N), the rows before poisoned */
 } kvcase;
 
 /* The storage of the values. */
 static clattn_dtype kv_v(const kvcase *c) { return c->v_apart ? c->v_kv : c->kv; }
+/* The cache position of batch row b's key j. */
+static int kv_pos(const kvcase *c, int b, int j) { return (c->leftpad ? c->leftpad[b] : 0) + j; }
 /* Whether engine_bias disallows key j of batch row b for every query. */
 static int engine_key_off(int j) { return j % 3 == 2; }
 
@@ -873,7 +877,7 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
   /* pages: each row's own, the shared one once, spares; ids shuffled */
   p->bt_stride = (N + ps - 1) / ps + 1;
   int used = 0;
-  for (int b = 0; b < B; b++) used += (c->lens[b] + ps - 1) / ps;
+  for (int b = 0; b < B; b++) used += (kv_pos(c, b, c->lens[b]) + ps - 1) / ps;
   if (c->shared) used--;
   p->num_pages = c->paged ? used + c->spare_pages : B;
   if (p->num_pages < 1) p->num_pages = 1; /* a pool has a page, even when no sequence has a key */
@@ -894,7 +898,7 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
   for (int b = 0; b < B; b++)
     for (int e = 0; e < p->bt_stride; e++) {
       int32_t *t = &p->table[(size_t)b * p->bt_stride + e];
-      if (e < (c->lens[b] + ps - 1) / ps)
+      if (e < (kv_pos(c, b, c->lens[b]) + ps - 1) / ps)
         *t = (c->shared && b == 1 && e == 0) ? p->table[0] : perm[next++];
       else
         *t = outside[(b + e) % 4] == 0 ? p->num_pages : outside[(b + e) % 4]; /* never followed */
@@ -913,10 +917,10 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
   for (int b = 0; b < B; b++)
     for (int h = 0; h < Hkv; h++)
       for (int j = 0; j < c->lens[b]; j++) {
-        int s = b, r = j;
+        int s = b, r = kv_pos(c, b, j);
         if (c->paged) {
-          s = p->table[(size_t)b * p->bt_stride + j / ps];
-          r = j % ps;
+          s = p->table[(size_t)b * p->bt_stride + r / ps];
+          r %= ps;
           if (s < 0 || s >= p->num_pages) continue;
         }
         if (c->engine_bias && engine_key_off(j) && !c->shared) continue; /* never read: stays poisoned */
@@ -955,7 +959,7 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
         const size_t at = ((size_t)b * Hq * M + r) * N + j;
         int ok = p->mask ? p->mask[at] : 1;
         if (c->paged) {
-          const int32_t page = p->table[(size_t)b * p->bt_stride + j / ps];
+          const int32_t page = p->table[(size_t)b * p->bt_stride + kv_pos(c, b, j) / ps];
           ok = ok && page >= 0 && page < p->num_pages;
         }
         p->ref_mask[at] = (unsigned char)ok;
@@ -1020,13 +1024,14 @@ static int kvprob_reference(const kvprob *p, double *out, double *lse, double *e
   if (!kd || !vd || !o1 || !l1 || !e1 || !w1 || !a1) rc = -1;
   for (size_t r = 0; r < (size_t)B * hm; r++) kv_absent_row(r, c->dv, out, lse, ent, mw, am);
   for (int b = 0; b < B && rc == 0; b++) {
-    const int n = c->paged ? c->lens[b] : N;
+    /* a paged or left-padded row: its own keys, aligned on their count */
+    const int n = c->paged || c->leftpad ? c->lens[b] : N;
     for (int h = 0; h < Hkv; h++)
       for (int j = 0; j < n; j++) {
-        int s = b, r = j, ok = j < c->lens[b];
+        int s = b, r = kv_pos(c, b, j), ok = j < c->lens[b];
         if (c->paged) {
-          s = p->table[(size_t)b * p->bt_stride + j / ps];
-          r = j % ps;
+          s = p->table[(size_t)b * p->bt_stride + r / ps];
+          r %= ps;
           ok = ok && s >= 0 && s < p->num_pages;
         }
         for (int d = 0; d < c->dk; d++) kd[((size_t)h * N + j) * c->dk + d] = ok ? hc_read(&p->kc, s, h, r, d) : 0.0f;
@@ -1070,7 +1075,7 @@ static int kvprob_reference(const kvprob *p, double *out, double *lse, double *e
       rp.additive_w = DUMMY_MEM;
     }
     int32_t len = c->lens[b];
-    if (!c->paged) rp.kv_lens = DUMMY_MEM;
+    if (!c->paged && !c->leftpad) rp.kv_lens = DUMMY_MEM;
     ref_inputs in = {0};
     in.q = p->q;
     in.k = kd;
@@ -1137,7 +1142,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   kvprob p;
   cl_mem q_buf = NULL, k_buf = NULL, v_buf = NULL, ks_buf = NULL, vs_buf = NULL, bt_buf = NULL, lens_buf = NULL;
   cl_mem out_buf = NULL, lse_buf = NULL, ent_buf = NULL, mw_buf = NULL, am_buf = NULL, mask_buf = NULL, bias_buf = NULL,
-         alibi_buf = NULL, sinks_buf = NULL, w_buf = NULL, cu_buf = NULL, bscale_buf = NULL;
+         alibi_buf = NULL, sinks_buf = NULL, w_buf = NULL, cu_buf = NULL, bscale_buf = NULL, pad_buf = NULL;
   const int B = c->B, Hq = c->Hq, M = c->M;
   const size_t rows = (size_t)B * Hq * M, no = rows * c->dv, elem = c->dtype == CLATTN_F32 ? 4 : 2;
   double *ro = malloc(no * 8), *rl = malloc(rows * 8), *re = malloc(rows * 8), *rm = malloc(rows * 8);
@@ -1171,7 +1176,13 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   if (c->kv == CLATTN_INT8) ks_buf = make_buf(p.kc.scale_n * 4, p.kc.scale);
   if (kv_v(c) == CLATTN_INT8) vs_buf = make_buf(p.vc.scale_n * 4, p.vc.scale);
   bt_buf = make_buf(sizeof(int32_t) * (size_t)B * p.bt_stride, p.table);
-  lens_buf = make_buf(sizeof(int32_t) * (size_t)B, c->dev_lens ? c->dev_lens : c->lens);
+  if (c->leftpad) { /* each row's keys end at leftpad[b] + lens[b] */
+    int32_t ends[16];
+    for (int b = 0; b < B && b < 16; b++) ends[b] = kv_pos(c, b, c->lens[b]);
+    lens_buf = make_buf(sizeof(int32_t) * (size_t)B, ends);
+    pad_buf = make_buf(sizeof(int32_t) * (size_t)B, c->leftpad);
+  } else
+    lens_buf = make_buf(sizeof(int32_t) * (size_t)B, c->dev_lens ? c->dev_lens : c->lens);
   {
     unsigned char *nanfill = malloc(no * elem > rows * 4 ? no * elem : rows * 4);
     if (nanfill) {
@@ -1208,7 +1219,8 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
   w_buf = make_buf(sizeof(float) * c->dk, p.addw);
   if (!q_buf || !k_buf || (!v_buf && !c->v_in_k) || !bt_buf || !lens_buf || !out_buf || !lse_buf || !ent_buf || !mw_buf || !am_buf ||
       !cu_buf || (c->kv == CLATTN_INT8 && !ks_buf) || (kv_v(c) == CLATTN_INT8 && !vs_buf) || (c->mask && !mask_buf) ||
-      (c->bias && !bias_buf) || (c->engine_bias && !bscale_buf) || !alibi_buf || !sinks_buf || !w_buf) {
+      (c->bias && !bias_buf) || (c->engine_bias && !bscale_buf) || !alibi_buf || !sinks_buf || !w_buf ||
+      (c->leftpad && (!pad_buf || B > 16))) {
     CHECKF(0, "%s: device buffers", c->label);
     goto done;
   }
@@ -1249,6 +1261,7 @@ static void kv_forward_case_on(const kvcase *case_in, clattn_algo algo) {
     fp.num_pages = p.num_pages;
   }
   fp.kv_lens = lens_buf;
+  fp.cache_leftpad = pad_buf;
   fp.out = (clattn_tensor){out_buf, 0, {q_b * c->dv, q_rows * c->dv, (size_t)c->dv, 1}};
   const clattn_tensor row_view = {NULL, 0, {(size_t)Hq * M, (size_t)M, 1, 0}};
   if (c->lse) {
@@ -1362,7 +1375,7 @@ done:
   free(raw);
   cl_mem *all[] = {&q_buf,     &k_buf,     &v_buf,   &ks_buf, &vs_buf,    &bt_buf,   &lens_buf,
                    &out_buf,   &lse_buf,   &ent_buf, &mw_buf, &am_buf,    &mask_buf, &bias_buf,
-                   &alibi_buf, &sinks_buf, &w_buf,   &cu_buf, &bscale_buf};
+                   &alibi_buf, &sinks_buf, &w_buf,   &cu_buf, &bscale_buf, &pad_buf};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
 }
 
@@ -1771,6 +1784,85 @@ static void packed_queries_over_paged_cache(void) {
   kv_forward_case(&f, CLATTN_ALGO_FUSED);
 }
 
+/* Left-padded caches (cache_leftpad) of every storage, contiguous and
+ * paged: each row's keys start at its own position (not a page multiple;
+ * a whole page of padding; none), the padding rows poisoned; prefill
+ * chunks, packed queries and decode with split keys, every feature. */
+static void left_padded_caches_of_every_storage(void) {
+  static const int lens[3] = {20, 9, 0}, pads[3] = {3, 14, 7}, q_lens[3] = {5, 2, 3};
+  for (size_t i = 0; i < sizeof all_kv / sizeof all_kv[0]; i++)
+    for (int paged = 0; paged <= 1; paged++) {
+      char label[96];
+      snprintf(label, sizeof label, "left-padded %s kv=%s", paged ? "paged" : "contiguous", kv_name(all_kv[i]));
+      kvcase c = {.label = label,
+                  .B = 3,
+                  .Hq = 4,
+                  .Hkv = 2,
+                  .M = 5,
+                  .N = 31,
+                  .dk = 64,
+                  .dv = 32,
+                  .dtype = CLATTN_F32,
+                  .kv = all_kv[i],
+                  .paged = paged,
+                  .page_size = 7,
+                  .spare_pages = 2,
+                  .lens = lens,
+                  .leftpad = pads,
+                  .causal = 1,
+                  .window_left = -1,
+                  .window_right = -1,
+                  .lse = 1,
+                  .q_lens = paged ? q_lens : NULL};
+      kv_forward_case(&c, CLATTN_ALGO_FUSED);
+    }
+  static const int dec_lens[2] = {290, 17}, dec_pads[2] = {9, 100};
+  kvcase d = {.label = "left-padded paged q8_0 decode, split keys",
+              .B = 2,
+              .Hq = 8,
+              .Hkv = 2,
+              .M = 1,
+              .N = 300,
+              .dk = 64,
+              .dv = 64,
+              .dtype = CLATTN_F32,
+              .kv = CLATTN_Q8_0,
+              .paged = 1,
+              .page_size = 16,
+              .spare_pages = 1,
+              .lens = dec_lens,
+              .leftpad = dec_pads,
+              .causal = 1,
+              .window_left = -1,
+              .window_right = -1,
+              .sinks = 1,
+              .lse = 1};
+  kv_forward_case(&d, CLATTN_ALGO_FUSED);
+  static const int f_lens[2] = {30, 11}, f_pads[2] = {6, 1};
+  kvcase f = {.label = "left-padded contiguous int8, every feature",
+              .B = 2,
+              .Hq = 6,
+              .Hkv = 2,
+              .M = 4,
+              .N = 40,
+              .dk = 64,
+              .dv = 32,
+              .dtype = CLATTN_BF16,
+              .kv = CLATTN_INT8,
+              .lens = f_lens,
+              .leftpad = f_pads,
+              .window_left = 11,
+              .window_right = 2,
+              .mask = 1,
+              .bias = 1,
+              .alibi = 2,
+              .softcap = 1,
+              .sinks = 1,
+              .lse = 1,
+              .diag = 1};
+  kv_forward_case(&f, CLATTN_ALGO_FUSED);
+}
+
 /* Hostile block tables and kv_lens: entries at the int32 extremes, -1,
  * num_pages and random pages (shared by rows, in any order); kv_lens
  * negative and past kv_len (clamped to [0, kv_len]). Keys on entries
@@ -2064,6 +2156,7 @@ int main(int argc, char **argv) {
       CT_TEST(head_sizes_of_ggml_models),
       CT_TEST(paged_decode_split_kv_matches_reference),
       CT_TEST(packed_queries_over_paged_cache),
+      CT_TEST(left_padded_caches_of_every_storage),
       CT_TEST(paged_hostile_tables_and_lengths),
       CT_TEST(random_paged_quantised_sweep),
       CT_TEST(auto_runs_paged_quantised_calls),

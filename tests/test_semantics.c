@@ -987,7 +987,7 @@ extern CL_API_ENTRY cl_int CL_API_CALL clGetKernelSubGroupInfo(cl_kernel, cl_dev
  * d = 64 was compiled for (0: none required), -1 when it cannot be read. */
 static int compiled_sub_group_size(const char *name) {
   cl_program program = NULL;
-  if (ca_fused_program(ct_context(), 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &program, NULL) !=
+  if (ca_fused_program(ct_context(), 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0, &program, NULL) !=
       CLATTN_OK)
     return -1;
   cl_int err;

@@ -52,7 +52,7 @@ static void run_faked_d(int d, cl_kernel_work_group_info param, cl_ulong value, 
   shim_fake_kernel_info(NULL, 0, 0, 0);
   cl_program program = NULL;
   struct ca_fused_program info;
-  if (CHECK(ca_fused_program(ct_ctx, d, d, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &program, &info) ==
+  if (CHECK(ca_fused_program(ct_ctx, d, d, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0, &program, &info) ==
             CLATTN_OK))
     *built = info.block;
   cp_free(pb);
@@ -159,7 +159,7 @@ static void argument_block_is_the_kernels(void) {
   CHECK(ca_fused_arg_bytes(64) == 992 && ca_fused_arg_bytes(32) < 992);
   clattn_context *ctx = ct_context();
   cl_program program = NULL;
-  REQUIREF(ca_fused_program(ctx, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &program, NULL) == CLATTN_OK,
+  REQUIREF(ca_fused_program(ctx, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0, &program, NULL) == CLATTN_OK,
            "%s", clattn_last_error(ctx));
   const char *work_group[] = {"flash_block", "flash_tiled", "flash_decode"};
   fused_kernels_take_the_host_count(program, work_group, 3);

@@ -84,6 +84,8 @@ class Params(ctypes.Structure):
         ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
         ("alibi_batch_stride", c_int),  # ABI 2
         ("v_dtype", c_int), ("bias_dtype", c_int), ("bias_scale", c_void_p), ("sinks_offset", c_size_t),  # ABI 3
+        ("dropout_p", c_float), ("dropout_seed", cl_ulong), ("dropout_offset", cl_ulong),  # ABI 4
+        ("cache_leftpad", c_void_p),
         ("_reserved", ctypes.c_char * RESERVED),
     ]
 
@@ -226,13 +228,13 @@ def _library_candidates():
     cands = [os.path.join(here, n) for n in ("libclattn.so", "libclattn.dylib", "clattn.dll")]
     cands = [c for c in cands if os.path.exists(c)]
     found = ctypes.util.find_library("clattn")
-    cands += [c for c in (found, "libclattn.so.3", "libclattn.so") if c]  # the soname: ABI 3
+    cands += [c for c in (found, "libclattn.so.4", "libclattn.so") if c]  # the soname: ABI 4
     return cands, False
 
 
 def lib():
     """Loads libclattn once: $CLATTN_LIBRARY, else the copy installed inside
-    the package, else the system loader (an installed libclattn.so.3)."""
+    the package, else the system loader (an installed libclattn.so.4)."""
     global _lib
     if _lib is None:
         with _lock:

@@ -243,7 +243,8 @@ char *cp_describe(const cp_shape *s, char *buf, size_t n) {
   snprintf(buf, n,
            "B=%d Hq=%d Hkv=%d M=%d N=%d dk=%d dv=%d scale=%s causal=%d win=[%d,%d] "
            "%s pad=%zu gap=%zu kv_lens=%d mask=%s/%u bias=%s(%g)/%u lse=%d weights=%d "
-           "diag=%d softcap=%g alibi=%d sinks=%d additive=%d dtype=%s varlen=%d empty=%s algo=%s seed=%llu",
+           "diag=%d softcap=%g alibi=%d sinks=%d additive=%d dtype=%s varlen=%d leftpad=%d dropout=%g/%llu/%llu "
+           "empty=%s algo=%s seed=%llu",
            s->batch, s->q_heads, s->kv_heads, s->q_len, s->kv_len, s->head_dim, s->value_dim, sc, s->causal,
            s->window_left, s->window_right, s->layout == CP_BSHD ? "bshd" : "bhsd", s->pad, s->row_gap, s->kv_lens,
            mask_name(s->mask), s->mask_bcast, bias_name(s->bias), s->bias_amp, s->bias_bcast, s->want_lse,
@@ -251,7 +252,9 @@ char *cp_describe(const cp_shape *s, char *buf, size_t n) {
            s->dtype == CLATTN_F16    ? "f16"
            : s->dtype == CLATTN_BF16 ? "bf16"
                                      : "f32",
-           s->varlen, s->empty_rows == CLATTN_EMPTY_ERROR ? "error" : "zero", clattn_algo_name(s->algo),
+           s->varlen, s->leftpad, (double)s->dropout_p, (unsigned long long)s->dropout_seed,
+           (unsigned long long)s->dropout_offset, s->empty_rows == CLATTN_EMPTY_ERROR ? "error" : "zero",
+           clattn_algo_name(s->algo),
            (unsigned long long)s->seed);
   return buf;
 }
@@ -370,6 +373,9 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen) {
   p->algo = s->algo;
   p->softcap = s->softcap;
   p->score = s->additive ? CLATTN_SCORE_ADDITIVE : CLATTN_SCORE_DOT;
+  p->dropout_p = s->dropout_p;
+  p->dropout_seed = s->dropout_seed;
+  p->dropout_offset = s->dropout_offset;
 
   /* packed sequences: q, k, v and out are one batch of total rows */
   if (s->varlen && !make_sequences(pb, B, M, N)) {
@@ -428,7 +434,8 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen) {
   }
   if (s->mask != CP_MASK_NONE) ok &= !!(pb->mask = xcalloc(pb->mask_elems, 1));
   if (s->bias != CP_BIAS_NONE) ok &= !!(pb->bias = xcalloc(pb->bias_elems, sizeof(float)));
-  if (s->kv_lens && !s->varlen) ok &= !!(pb->kv_lens = xcalloc((size_t)B, sizeof(int32_t)));
+  if ((s->kv_lens || s->leftpad) && !s->varlen) ok &= !!(pb->kv_lens = xcalloc((size_t)B, sizeof(int32_t)));
+  if (s->leftpad && !s->varlen) ok &= !!(pb->leftpad = xcalloc((size_t)B, sizeof(int32_t)));
   if (s->alibi) {
     p->alibi_batch_stride = s->alibi == 2 ? Hq + 1 : 0;
     pb->alibi_elems = (size_t)(B - 1) * (size_t)p->alibi_batch_stride + (size_t)Hq;
@@ -495,6 +502,7 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen) {
   }
   if (pb->kv_lens)
     for (int b = 0; b < B; b++) pb->kv_lens[b] = 1 + (int32_t)(rng_next(&g) % (uint64_t)N);
+  for (int b = 0; pb->leftpad && b < B; b++) pb->leftpad[b] = (int32_t)(rng_next(&g) % (uint64_t)(pb->kv_lens[b] + 1));
   for (int d = 0; pb->additive_w && d < dk; d++) pb->additive_w[d] = rng_sym(&g, 1.0);
   for (size_t e = 0; e < pb->alibi_elems; e++) { /* per batch row: each row's own slopes, NaN between rows */
     const size_t stride = p->alibi_batch_stride ? (size_t)p->alibi_batch_stride : (size_t)Hq;
@@ -518,7 +526,7 @@ static void release_buffers(cp_problem *pb) {
   cl_mem *all[] = {&pb->q_buf,          &pb->k_buf,          &pb->v_buf,       &pb->out_buf,     &pb->mask_buf,
                    &pb->bias_buf,       &pb->lse_buf,        &pb->weights_buf, &pb->kv_lens_buf, &pb->alibi_buf,
                    &pb->sinks_buf,      &pb->additive_w_buf, &pb->cu_q_buf,    &pb->cu_k_buf,    &pb->entropy_buf,
-                   &pb->max_weight_buf, &pb->argmax_buf};
+                   &pb->max_weight_buf, &pb->argmax_buf,     &pb->leftpad_buf};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release_mem(all[i]);
 }
 
@@ -545,6 +553,7 @@ void cp_free(cp_problem *pb) {
   free(pb->additive_w);
   free(pb->cu_q);
   free(pb->cu_k);
+  free(pb->leftpad);
   free(pb->out_raw);
   free(pb->lse_raw);
   free(pb->weights_raw);
@@ -570,6 +579,7 @@ ref_inputs cp_ref_inputs(const cp_problem *pb) {
   in.additive_w = pb->additive_w;
   in.cu_seqlens_q = pb->cu_q;
   in.cu_seqlens_k = pb->cu_k;
+  in.cache_leftpad = pb->leftpad;
   return in;
 }
 
@@ -586,7 +596,7 @@ long cp_poison_disallowed(cp_problem *pb) {
     for (int g = 0; g < p->kv_heads; g++)
       for (int j = 0; j < N; j++) {
         const ref_seq sq = ref_sequence(p, &in, b);
-        if (in.cu_seqlens_q && j >= sq.keys) break;
+        if ((in.cu_seqlens_q || in.cache_leftpad) && j >= sq.keys) break;
         int reachable = 0;
         for (int h = g * group; h < (g + 1) * group && !reachable; h++)
           for (int i = 0; i < M && !reachable; i++) reachable = ref_allowed(p, &in, b, h, i, j);
@@ -596,6 +606,15 @@ long cp_poison_disallowed(cp_problem *pb) {
         float vp = (j % 2 == 0) ? INFINITY : NAN;
         for (int d = 0; d < p->head_dim; d++) pb->k[cp_index(&p->k, b, g, (int)sq.k0 + j, d)] = kp;
         for (int d = 0; d < p->value_dim; d++) pb->v[cp_index(&p->v, b, g, (int)sq.k0 + j, d)] = vp;
+        count++;
+      }
+
+  /* a left-padded row's padding */
+  for (int b = 0; in.cache_leftpad && b < B; b++)
+    for (int g = 0; g < p->kv_heads; g++)
+      for (long r = 0; r < ref_sequence(p, &in, b).k0; r++) {
+        for (int d = 0; d < p->head_dim; d++) pb->k[cp_index(&p->k, b, g, (int)r, d)] = NAN;
+        for (int d = 0; d < p->value_dim; d++) pb->v[cp_index(&p->v, b, g, (int)r, d)] = INFINITY;
         count++;
       }
 
@@ -704,7 +723,8 @@ int cp_write_inputs(cp_problem *pb) {
       write_buf(pb, pb->sinks_buf, (size_t)pb->params.q_heads * sizeof(float), pb->sinks, "sinks") ||
       write_buf(pb, pb->additive_w_buf, (size_t)pb->params.head_dim * sizeof(float), pb->additive_w, "additive_w") ||
       write_buf(pb, pb->cu_q_buf, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_q, "cu_seqlens_q") ||
-      write_buf(pb, pb->cu_k_buf, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_k, "cu_seqlens_k"))
+      write_buf(pb, pb->cu_k_buf, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_k, "cu_seqlens_k") ||
+      write_buf(pb, pb->leftpad_buf, (size_t)pb->params.batch * sizeof(int32_t), pb->leftpad, "cache_leftpad"))
     return -1;
   return 0;
 }
@@ -742,6 +762,9 @@ int cp_upload(cp_problem *pb, clattn_context *ctx) {
       (create_buf(pb, &pb->cu_q_buf, ro, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_q, "cu_seqlens_q") ||
        create_buf(pb, &pb->cu_k_buf, ro, ((size_t)pb->params.batch + 1) * sizeof(int32_t), pb->cu_k, "cu_seqlens_k")))
     goto fail;
+  if (pb->leftpad &&
+      create_buf(pb, &pb->leftpad_buf, ro, (size_t)pb->params.batch * sizeof(int32_t), pb->leftpad, "cache_leftpad"))
+    goto fail;
   if (pb->lse_elems && create_buf(pb, &pb->lse_buf, rw, pb->lse_elems * sizeof(float), NULL, "lse")) goto fail;
   if (pb->weights_elems && create_buf(pb, &pb->weights_buf, rw, pb->weights_elems * sizeof(float), NULL, "weights"))
     goto fail;
@@ -763,6 +786,7 @@ int cp_upload(cp_problem *pb, clattn_context *ctx) {
   p->additive_w = pb->additive_w_buf;
   p->cu_seqlens_q = pb->cu_q_buf;
   p->cu_seqlens_k = pb->cu_k_buf;
+  p->cache_leftpad = pb->leftpad_buf;
   p->lse.buf = pb->lse_buf;
   p->weights.buf = pb->weights_buf;
   p->entropy.buf = pb->entropy_buf;

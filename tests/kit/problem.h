@@ -89,6 +89,10 @@ typedef struct {
                                (b = 0: q_len, kv_len; zero lengths possible), rows packed
                                one sequence after another; kv_lens is ignored */
   const int *seq_q, *seq_k; /* varlen: the B lengths to use instead (each <= q_len / kv_len) */
+  int leftpad;              /* cache_leftpad: row b's keys start at a random row in [0, kv_lens[b]]
+                               (kv_lens is made when not asked for; not with varlen) */
+  float dropout_p;          /* clattn_params.dropout_p (0 = off), with the seed and offset below */
+  uint64_t dropout_seed, dropout_offset;
   clattn_empty_rows empty_rows;
   clattn_algo algo;
   int poison_gaps;       /* NaN in every input element no view reads */
@@ -107,6 +111,7 @@ typedef struct {
   float *alibi_slopes, *sinks; /* [Hq] each (alibi 2: alibi_elems), NULL when absent */
   float *additive_w;           /* [head_dim], NULL unless additive */
   int32_t *cu_q, *cu_k;        /* [B + 1] each, NULL unless varlen */
+  int32_t *leftpad;            /* [B], NULL unless shape.leftpad */
   size_t q_elems, k_elems, v_elems, mask_elems, bias_elems, alibi_elems;
   size_t out_elems, lse_elems, weights_elems; /* whole output buffers */
   size_t diag_elems;                          /* each of entropy, max_weight, argmax (viewed like lse) */
@@ -133,7 +138,7 @@ typedef struct {
   cl_command_queue queue;
   cl_mem q_buf, k_buf, v_buf, out_buf, mask_buf, bias_buf, lse_buf, weights_buf, kv_lens_buf;
   cl_mem entropy_buf, max_weight_buf, argmax_buf;
-  cl_mem alibi_buf, sinks_buf, additive_w_buf, cu_q_buf, cu_k_buf;
+  cl_mem alibi_buf, sinks_buf, additive_w_buf, cu_q_buf, cu_k_buf, leftpad_buf;
 
   char err[512]; /* the last harness failure */
 } cp_problem;

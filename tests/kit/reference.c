@@ -42,9 +42,42 @@ ref_seq ref_sequence(const clattn_params *p, const ref_inputs *in, int b) {
     s.keys = s.align_n = (int)(k1 - k0 < p->kv_len ? k1 - k0 : p->kv_len);
   } else if (in->kv_lens) {
     s.keys = (int)clampl(in->kv_lens[b], 0, p->kv_len);
-    if (in->cu_seqlens_q) s.align_n = s.keys; /* packed queries over per-row keys (a paged cache's form) */
+    if (in->cache_leftpad) { /* the rows before cache_leftpad[b] are padding */
+      s.k0 = clampl(in->cache_leftpad[b], 0, s.keys);
+      s.keys -= (int)s.k0;
+    }
+    /* packed queries over per-row keys (a paged cache's form), or a left-padded row */
+    if (in->cu_seqlens_q || in->cache_leftpad) s.align_n = s.keys;
   }
   return s;
+}
+
+void ref_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
+  uint32_t c[4] = {counter[0], counter[1], counter[2], counter[3]}, k[2] = {key[0], key[1]};
+  for (int round = 0; round < 10; round++) {
+    const uint64_t p0 = (uint64_t)0xD2511F53u * c[0], p1 = (uint64_t)0xCD9E8D57u * c[2];
+    const uint32_t n[4] = {(uint32_t)(p1 >> 32) ^ c[1] ^ k[0], (uint32_t)p1, (uint32_t)(p0 >> 32) ^ c[3] ^ k[1],
+                           (uint32_t)p0};
+    for (int w = 0; w < 4; w++) c[w] = n[w];
+    k[0] += 0x9E3779B9u;
+    k[1] += 0xBB67AE85u;
+  }
+  for (int w = 0; w < 4; w++) out[w] = c[w];
+}
+
+int ref_dropout_kept(const clattn_params *p, int b, int h, long i, long j) {
+  if (!(p->dropout_p > 0.0f)) return 1;
+  const uint64_t at = p->dropout_offset + ((uint64_t)i << 32) + (uint64_t)(j / 4);
+  const uint32_t counter[4] = {(uint32_t)at, (uint32_t)(at >> 32), (uint32_t)h, (uint32_t)b};
+  const uint32_t key[2] = {(uint32_t)p->dropout_seed, (uint32_t)(p->dropout_seed >> 32)};
+  uint32_t r[4];
+  ref_philox4x32_10(counter, key, r);
+  const uint32_t threshold = (uint32_t)floor((double)p->dropout_p * 4294967296.0);
+  return r[j % 4] >= threshold;
+}
+
+double ref_dropout_scale(const clattn_params *p) {
+  return p->dropout_p > 0.0f ? (double)(float)(1.0 / (1.0 - (double)p->dropout_p)) : 1.0;
 }
 
 int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j) {
@@ -185,7 +218,7 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o) {
         for (int j = 0; j < N; j++) {
           if (!use[j]) continue;
           s[j] /= sum; /* s now holds the weights */
-          const double w = s[j];
+          const double w = ref_dropout_kept(p, b, h, i, j) ? s[j] * ref_dropout_scale(p) : 0.0;
           if (wrow) wrow[j] = w;
           if ((float)w == 0.0f) /* zero in f32: contributes nothing, even an Inf value */
             continue;

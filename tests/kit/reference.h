@@ -23,6 +23,7 @@ typedef struct {
   const float *sinks;                         /* NULL unless p->sinks is set: [Hq] */
   const float *additive_w;                    /* set exactly when p->score is CLATTN_SCORE_ADDITIVE: [head_dim] */
   const int32_t *cu_seqlens_q, *cu_seqlens_k; /* set exactly when p->cu_seqlens_q is: [B + 1] each */
+  const int32_t *cache_leftpad;               /* NULL unless p->cache_leftpad is set: [B] */
 } ref_inputs;
 
 typedef struct {
@@ -41,7 +42,9 @@ typedef struct {
  * aligned on q_len / kv_len; packed sequences (cu_seqlens) at their offsets,
  * clamped to total_q / total_kv, with their own lengths (at most q_len /
  * kv_len) for rows, keys and alignment; packed queries without
- * cu_seqlens_k (a paged cache's form) over kv_lens[b] keys aligned on them. Rows i >= rows do not exist: they
+ * cu_seqlens_k (a paged cache's form) over kv_lens[b] keys aligned on them;
+ * a left-padded row (cache_leftpad) from row cache_leftpad[b] to kv_lens[b],
+ * aligned on that count. Rows i >= rows do not exist: they
  * have no output row (the reference writes zeros, argmax -1). */
 typedef struct {
   long q0, k0;
@@ -61,7 +64,15 @@ int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int 
  * (whether or not j is allowed). */
 double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j);
 
-/* Computes the outputs in fp64. Returns 0, or -1 when the params are not
+/* Dropout (clattn.h, dropout_p): whether weight (b, h, i, j) is kept, from
+ * Philox4x32-10 written here anew (not the library's), and the factor a
+ * kept weight is scaled by. */
+void ref_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
+int ref_dropout_kept(const clattn_params *p, int b, int h, long i, long j);
+double ref_dropout_scale(const clattn_params *p);
+
+/* Computes the outputs in fp64 (with dropout: O = sum_j a_ij z_ij v_j, the
+ * weights output a_ij z_ij; lse and the diagnostics of a). Returns 0, or -1 when the params are not
  * usable by the reference (non-positive dims, kv_heads not dividing q_heads). */
 int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o);
 
