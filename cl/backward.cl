@@ -8,7 +8,10 @@
  *   dS_ij = p_ij (<dO_i, v_j> - D_i)
  *   dK_j  = sum_i g_ij dscore/dk,  dQ_i = sum_j g_ij dscore/dq   (bwd_dkdv, bwd_dq)
  * with g_ij = dS_ij * (1 - tanh^2(x/softcap) when softcap) * scale, the
- * chain through softcap; bias and ALiBi are constants of the score.
+ * chain through softcap; bias and ALiBi are constants of the score. Built
+ * with -D CA_DROPOUT, each pair's factor z_ij (0 or 1 / (1 - p): the
+ * forward's) scales it where it mixed V: dV_j = sum_i p_ij z_ij dO_i and
+ * dS_ij = p_ij (z_ij <dO_i, v_j> - D_i), D_i from the dropped O.
  * d_sinks[h] = -sum_{b,i} exp(sink_h - lse_i) D_i and d_additive_w are
  * per-row terms summed by bwd_sum in a fixed order.
  *
@@ -49,7 +52,7 @@
       CA_BIAS_ARGS, CA_SEQ_ARGS,                                                                      \
       int q_heads, int kv_heads, int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,        \
       __global const float *sinks, long sinks_at, int window_left, int window_right,                  \
-      __global float *dsum, __global float *sinkt
+      __global float *dsum, __global float *sinkt, CA_DROP_ARGS
 
 static inline ulong bwd_row(long b, long h, long i, int q_heads, int q_len) {
   return ((ulong)b * (ulong)q_heads + (ulong)h) * (ulong)q_len + (ulong)i;
@@ -258,7 +261,16 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
           x = bwd_pairs(x, &ok[r], b, h, ib + r, 0, j0, 1, sq, mask, mask_off, mask_st, has_mask, CA_BIAS_PASS,
                         CA_SHAPE_PASS);
         const float d_row = live[r] ? dsum[bwd_row(b, h, ib + r, q_heads, q_len)] : 0.0f;
+#ifdef CA_DROPOUT /* the weights that mixed V: the block's 16 keys of row ib + r */
+        const float16 z = (float16)(ca_dropout4(dropout, b, h, ib + r, j0 >> 2),
+                                    ca_dropout4(dropout, b, h, ib + r, (j0 >> 2) + 1),
+                                    ca_dropout4(dropout, b, h, ib + r, (j0 >> 2) + 2),
+                                    ca_dropout4(dropout, b, h, ib + r, (j0 >> 2) + 3));
+        ds[r] = bwd_ds(x, (float16)(lr[r]), dp[r] * z, (float16)(d_row), dshape, &ok[r], &p[r]);
+        p[r] *= z;
+#else
         ds[r] = bwd_ds(x, (float16)(lr[r]), dp[r], (float16)(d_row), dshape, &ok[r], &p[r]);
+#endif
       }
       for (int c = 0; c < DV; c++) {
         float16 g = vload16(0, gva[c]);
@@ -345,6 +357,9 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
   long j_lo = window_left >= 0 ? (long)i0 + shift - window_left : 0;
   long j_hi = window_right >= 0 ? (long)i0 + BWD_BN - 1 + shift + window_right : (long)sq.keys - 1;
   j_lo = max(j_lo, 0L);
+#ifdef CA_DROPOUT
+  j_lo &= ~3L; /* blocks of BWD_R = 4 keys, one Philox draw per row (keys below the window are not ok) */
+#endif
   j_hi = min(j_hi, (long)sq.keys - 1);
   if (!any(row_ok)) j_hi = -1;
   const bool per_pair = has_mask || has_bias || has_alibi;
@@ -360,6 +375,10 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
       any_live |= live[r];
     }
     if (!any_live) continue;
+#ifdef CA_DROPOUT /* the factors of keys jb .. jb + 3 for each of the block's rows */
+    float4 z4[BWD_BN];
+    for (int l = 0; l < BWD_BN; l++) z4[l] = ca_dropout4(dropout, b, h, i0 + l, jb >> 2);
+#endif
     float kr[BWD_R][DK], vr[BWD_R][DV];
     float16 raw[BWD_R], dp[BWD_R], ds[BWD_R], p[BWD_R];
     for (int r = 0; r < BWD_R; r++) {   /* a key no row of the block may see is not read */
@@ -392,6 +411,11 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
       if (per_pair && live[r])
         x = bwd_pairs(x, &ok[r], b, h, i0, 1, jb + r, 0, sq, mask, mask_off, mask_st, has_mask, CA_BIAS_PASS,
                       CA_SHAPE_PASS);
+#ifdef CA_DROPOUT /* key jb + r's factors for the block's 16 rows */
+      float zl[BWD_BN];
+      for (int l = 0; l < BWD_BN; l++) zl[l] = r == 0 ? z4[l].x : r == 1 ? z4[l].y : r == 2 ? z4[l].z : z4[l].w;
+      dp[r] *= vload16(0, zl);
+#endif
       ds[r] = bwd_ds(x, row_lse, dp[r], d_row, dshape, &ok[r], &p[r]);
     }
     for (int d = 0; d < DK; d++) {
@@ -463,6 +487,9 @@ __kernel void bwd_dbias(BWD_ARGS, int batch, __global float *d_bias, ulong db_of
           for (int c = 0; c < DV; c++)
             dp = fma(ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)),
                      ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)), dp);
+#ifdef CA_DROPOUT
+          dp *= ca_dropout(dropout, b, h, i, j);
+#endif
           /* the bias enters the score times its head's scale */
           acc += (has_bias & CA_BIAS_SCALED ? bias_scale[h] : 1.0f) * (p * (dp - d_row));
         }

@@ -109,8 +109,13 @@ void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __globa
     if (has_alibi) x += ca_alibi(i, j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, h));
     const float p = exp(x - row_lse);
     if (p != 0.0f) {   /* a NaN weight (a NaN in an allowed key) goes on, as in the forward */
-      pv = p;
-      gv = p * (dp - dsum[bwd_row(b, h, i, q_heads, q_len)]) * dshape;
+#ifdef CA_DROPOUT /* the weight that mixed V */
+      const float z = ca_dropout(dropout, b, h, i, j);
+#else
+      const float z = 1.0f;
+#endif
+      pv = p * z;
+      gv = p * (z * dp - dsum[bwd_row(b, h, i, q_heads, q_len)]) * dshape;
     }
   }
   pw[bwds_at(g, rows, r, kv_len, j)] = pv;

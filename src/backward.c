@@ -108,8 +108,6 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
     return ca_fail(CLATTN_ERR_UNSUPPORTED,
                    "clattn_backward: paged K/V (fwd.block_table), left-padded caches (fwd.cache_leftpad) and K/V "
                    "stored otherwise than q (fwd.kv_dtype, fwd.v_dtype) are forward-only");
-  if (bp->fwd.dropout_p > 0.0f)
-    return ca_fail(CLATTN_ERR_UNSUPPORTED, "clattn_backward: fwd.dropout_p > 0: the backward of dropout is not built yet");
   clattn_params p = bp->fwd;
   p.weights.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
   p.algo = CLATTN_ALGO_FUSED;
@@ -169,6 +167,7 @@ clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params 
       (use_atomics && (st = ca_scratch_take(ctx, (size_t)dq_bytes, "backward atomic dQ rows", &deps, &dq_acc))))
     goto fail;
   ca_note_scratch(ctx, scratch_bytes);
+  if ((st = ca_dropout_take(ctx, &p, &plan.dropout))) goto fail;
   if ((st = ca_deps_list(&deps, &n_wait, &wait))) goto fail; /* the first command's wait list */
 
   if (varlen) {
@@ -241,6 +240,7 @@ fail:;
   for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) ca_kernel_give(ctx, kernels[i]);
   const cl_mem bufs[] = {dsum, sinkt, dw_rows, dq_acc};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ca_scratch_give(ctx, bufs[i], used);
+  if (plan.dropout) clReleaseMemObject(plan.dropout); /* the enqueued kernels keep it until they ran */
   ca_backward_staged_release(ctx, &staged, used);
   ca_deps_release(&deps);
   ca_hand_out(st, &prev, done);

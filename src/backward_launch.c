@@ -25,6 +25,7 @@ void ca_backward_args(ca_args *a, const clattn_params *p, const ca_plan *plan, c
   ca_arg_int(a, plan->window_right);
   ca_arg_mem(a, dsum);
   ca_arg_mem(a, sinkt);
+  ca_arg_mem(a, plan->dropout);
 }
 
 clattn_status ca_backward_zero(clattn_context *ctx, cl_kernel zero, const clattn_tensor *t, int heads, int rows,

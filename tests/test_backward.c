@@ -602,6 +602,56 @@ static void bias_gradient_sums_over_broadcast_dims(void) {
   bwd_free(&w);
 }
 
+/* ---------- dropout ---------- */
+
+/* The forward's dropout (the same seed and offset in fwd): dV takes the
+ * dropped weights, dS the dropped dP, on every path (FA2, its atomic dQ,
+ * the staged backward), with every feature that meets it: GQA, causal,
+ * sinks, a bias and its gradient, softcap, ALiBi, packed sequences, f16,
+ * additive scores, keys not aligned to the kernels' blocks. */
+static void dropout_every_path(void) {
+  cp_shape s = base_shape(37, 53);
+  s.causal = 1;
+  s.sinks = 1;
+  s.bias = CP_BIAS_RANDOM;
+  s.softcap = 4.0f;
+  s.alibi = 1;
+  s.poison_disallowed = 1;
+  s.dropout_p = 0.3f;
+  s.dropout_seed = 0xd0d0ull;
+  s.dropout_offset = 12345;
+  const clattn_algo paths[] = {CLATTN_ALGO_FUSED, CLATTN_ALGO_STAGED};
+  for (int a = 0; a < 2; a++)
+    for (int det = 1; det >= (a == 0 ? 0 : 1); det--) {
+      bwd w;
+      if (bwd_setup(&w, s, NULL) == 0) {
+        w.bp.fwd.algo = paths[a];
+        w.bp.deterministic = det;
+        char what[64];
+        snprintf(what, sizeof what, "dropout, %s%s", clattn_algo_name(paths[a]), det ? "" : ", atomic dQ");
+        bwd_check(&w, 1e-4, what);
+      }
+      bwd_free(&w);
+    }
+  cp_shape v = base_shape(37, 53);
+  v.varlen = 1;
+  v.causal = 1;
+  v.window_left = 6; /* the dQ pass's first keys not a multiple of 4 */
+  v.dropout_p = 0.5f;
+  v.dropout_seed = 7;
+  check_shape(v, NULL, 1e-4, "dropout, packed sequences, window");
+  cp_shape h = base_shape(37, 53);
+  h.dtype = CLATTN_F16;
+  h.dropout_p = 0.2f;
+  h.dropout_seed = 8;
+  check_shape(h, NULL, 1e-2, "dropout, f16");
+  cp_shape ad = base_shape(29, 41);
+  ad.additive = 1;
+  ad.dropout_p = 0.6f;
+  ad.dropout_seed = 9;
+  check_shape(ad, NULL, 1e-4, "dropout, additive (d_additive_w)");
+}
+
 /* ---------- determinism ---------- */
 
 static void bitwise_deterministic_20_runs(void) {
@@ -1149,6 +1199,7 @@ int main(int argc, char **argv) {
       CT_TEST(f16_and_bf16_storage),
       CT_TEST(additive_scores),
       CT_TEST(packed_sequences),
+      CT_TEST(dropout_every_path),
       CT_TEST(bitwise_deterministic_20_runs),
       CT_TEST(staged_agrees_with_fused),
       CT_TEST(atomic_dq_within_tolerance),

@@ -189,11 +189,24 @@ static void fd_packed_sequences(void) {
   check_shape(&s);
 }
 
+/* Dropout: the mask is a constant of the inputs, so O = sum_j p_j z_j v_j
+ * is smooth in them and its finite differences check the dropped chain. */
+static void fd_dropout(void) {
+  cp_shape s = tiny();
+  s.causal = 1;
+  s.sinks = 1;
+  s.bias = CP_BIAS_RANDOM;
+  s.dropout_p = 0.4f;
+  s.dropout_seed = 11;
+  s.dropout_offset = 3;
+  check_shape(&s);
+}
+
 int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(fd_plain_dot),           CT_TEST(fd_causal_window_kv_lens_mask_bias_gqa),
       CT_TEST(fd_softcap_alibi_sinks), CT_TEST(fd_additive),
-      CT_TEST(fd_packed_sequences),
+      CT_TEST(fd_packed_sequences),    CT_TEST(fd_dropout),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
 }

@@ -66,22 +66,23 @@ int ref_backward(const clattn_params *p, const ref_inputs *in, const double *d_o
         for (int j = 0; j < N; j++)
           if (use[j]) {
             s[j] /= sum;
-            for (int c = 0; c < dv; c++) o[c] += s[j] * in->v[at(&p->v, b, hk, sq.k0 + j, c)];
+            const double z = ref_dropout_kept(p, b, h, i, j) ? ref_dropout_scale(p) : 0.0; /* 1 without dropout */
+            for (int c = 0; c < dv; c++) o[c] += s[j] * z * in->v[at(&p->v, b, hk, sq.k0 + j, c)];
           }
         double D = 0.0;
         for (int c = 0; c < dv; c++) D += dor[c] * o[c];
         if (g->d_sinks && in->sinks) g->d_sinks[h] -= exp(sink - mx) / sum * D;
         for (int j = 0; j < N; j++) {
           if (!use[j]) continue;
-          const double pj = s[j];
+          const double pj = s[j], z = ref_dropout_kept(p, b, h, i, j) ? ref_dropout_scale(p) : 0.0;
           double dp = 0.0;
           double *dvj = g->d_v + (((size_t)b * Hkv + hk) * N + j) * dv;
           for (int c = 0; c < dv; c++) {
             const double vjc = in->v[at(&p->v, b, hk, sq.k0 + j, c)];
             dp += dor[c] * vjc;
-            dvj[c] += pj * dor[c];
+            dvj[c] += pj * z * dor[c];
           }
-          double ds = pj * (dp - D); /* dL / d(shaped score) */
+          double ds = pj * (z * dp - D); /* dL / d(shaped score); O = sum_j p_j z_j v_j */
           if (g->d_scores) g->d_scores[row * N + j] = ds;
           double dot = 0.0;
           for (int d = 0; d < dk; d++) {
