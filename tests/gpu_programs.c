@@ -99,6 +99,22 @@ int main(int argc, char **argv) {
       if (write_program(argv[2], name, &text)) return 1;
     }
   }
+  /* Dropout's programs (-D CA_DROPOUT): compiled and linked for every
+   * target, not gated (the names do not start with flash-) */
+  for (size_t t = 0; t < 2; t++) {
+    char name[64];
+    dev.head_dim = dev.value_dim = 0;
+    tl_tiles tiles = tl_choose(&dev);
+    tiles.flash_vw = ca_flash_vw(&dev);
+    ca_fused_text(&tiles, &dev, 64, 64, dtypes[t].dtype, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &text);
+    ca_text_dropout(&text);
+    snprintf(name, sizeof name, "dropout-flash-%s-d64-64", dtypes[t].name);
+    if (write_program(argv[2], name, &text)) return 1;
+    ca_backward_text(64, 64, dtypes[t].dtype, &text);
+    ca_text_dropout(&text);
+    snprintf(name, sizeof name, "dropout-backward-%s-d64-64", dtypes[t].name);
+    if (write_program(argv[2], name, &text)) return 1;
+  }
   /* Paged/quantised K/V: the fused kernels over every quantised cache
    * storage (and K and V stored apart: Q8_0 keys, Q4_0 values), and
    * clattn_kv_append for every cache storage it writes (the first five). */

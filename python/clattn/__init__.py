@@ -7,7 +7,8 @@
 A ctypes binding over clattn's public C API (clattn.h); see docs/python.md.
 """
 from ._core import Context, Error
+from ._dropout import dropout_mask
 from ._plan import Plan
 
-__all__ = ["Context", "Error", "Plan"]
+__all__ = ["Context", "Error", "Plan", "dropout_mask"]
 __version__ = "0.1.0"

@@ -9,7 +9,6 @@ import math
 import numpy as np
 
 from . import _ffi
-from ._error import Error
 
 INT_MAX = 2**31 - 1
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -24,7 +23,8 @@ DEFAULTS = dict(causal=False, window=(-1, -1), mask=None, bias=None, kv_lens=Non
                 alibi_slopes=None, sinks=None, empty_rows="zero", algo="auto", layout="bhsd",
                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                 block_table=None, page_size=None, kv_dtype=None, k_scale=None, v_scale=None,
-                dropout_p=0.0, seed=0, offset=0)
+                dropout_p=0.0, seed=0, offset=0, cache_leftpad=None)
+UINT64_MAX = 2**64 - 1
 
 
 def is_cl_array(a):
@@ -222,9 +222,13 @@ class Call:
         p = float(p)
         if not 0.0 <= p < 1.0:
             raise ValueError("clattn: dropout_p must be in [0, 1) (got %r)" % (o["dropout_p"],))
-        check_int(o["seed"], "seed")
-        check_int(o["offset"], "offset")
-        self.dropout_p = p
+        for name in ("seed", "offset"):  # 64-bit unsigned, as clattn_params' dropout_seed / dropout_offset
+            x = o[name]
+            if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+                raise TypeError("clattn: %s must be an int (got %r)" % (name, x))
+            if not 0 <= int(x) <= UINT64_MAX:
+                raise ValueError("clattn: %s = %d is outside [0, 2^64)" % (name, int(x)))
+        self.dropout_p, self.seed, self.offset = p, int(o["seed"]), int(o["offset"])
 
     def _storage(self, o):
         self.dtype = storage_code(self.q.dtype, "q")
@@ -322,6 +326,13 @@ class Call:
         self.total_q, self.total_k = rows_q, rows_k
         if self.kv_lens is not None:
             self.kv_lens = small_array(self.ctx, self.kv_lens, "kv_lens", (B,), np.int32)
+        self.leftpad = o["cache_leftpad"]
+        if self.leftpad is not None:
+            if self.kv_lens is None:
+                raise ValueError("clattn: cache_leftpad needs kv_lens (each row's keys end there)")
+            if self.packed_k:
+                raise ValueError("clattn: cache_leftpad with cu_seqlens_k: packed keys start where the offsets say")
+            self.leftpad = small_array(self.ctx, self.leftpad, "cache_leftpad", (B,), np.int32)
 
     def _cu(self, a, name, total):
         """cu_seqlens as the call uses it, and its values on the host."""
@@ -408,10 +419,6 @@ class Call:
             if x is not None and is_cl_array(x) and x.context.int_ptr != self.ctx._cl_context:
                 raise ValueError("clattn: %s is a pyopencl array from another OpenCL context than this "
                                  "clattn.Context's (create the Context with queue= in that context)" % name)
-        if self.dropout_p > 0.0:
-            raise Error(
-                "UNSUPPORTED", "dropout is not built yet: dropout_p > 0 needs clattn's dropout kernels, which this "
-                "version does not have (dropout_p = 0 runs)")
 
     # -- onto the device ---------------------------------------------------------
 
@@ -445,6 +452,9 @@ class Call:
                 setattr(p, name, t)
         if self.kv_lens is not None:
             p.kv_lens = self.small(self.kv_lens, "kv_lens", views, waits)
+        if self.leftpad is not None:
+            p.cache_leftpad = self.small(self.leftpad, "cache_leftpad", views, waits)
+        p.dropout_p, p.dropout_seed, p.dropout_offset = self.dropout_p, self.seed, self.offset
         if self.alibi is not None:
             p.alibi_slopes = self.small(self.alibi, "alibi_slopes", views, waits)
             p.alibi_batch_stride = self.Hq if len(self.alibi.shape) == 2 else 0

@@ -173,6 +173,8 @@ class _Lib:
         self.kv_append = _fn(lib, "clattn_kv_append", c_int, c_void_p, ctypes.POINTER(AppendParams),
                              cl_uint, c_void_p, ctypes.POINTER(c_void_p))
         self.peak_scratch_bytes = _fn(lib, "clattn_peak_scratch_bytes", c_size_t, c_void_p, c_int)
+        self.dropout_mask = _fn(lib, "clattn_dropout_mask", c_int, ctypes.POINTER(Params), c_int, c_int, c_int, c_int,
+                                c_int, c_int, c_void_p)
 
 
 class _OpenCL:

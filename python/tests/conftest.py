@@ -18,12 +18,23 @@ def rng():
     return np.random.default_rng(1234)
 
 
+def dropout_factors(shape, dropout_p=0.0, seed=0, offset=0):
+    """Dropout's factor of each weight [B,H,M,N]: 1 / (1 - p) where
+    clattn.dropout_mask keeps it, else 0 (all 1 without dropout)."""
+    if not dropout_p:
+        return np.ones(shape)
+    keep = clattn.dropout_mask(*shape, dropout_p, seed, offset)
+    return np.where(keep, np.float64(np.float32(1.0 / (1.0 - np.float64(np.float32(dropout_p))))), 0.0)
+
+
 def reference(q, k, v, causal=False, window=(-1, -1), mask=None, bias=None, kv_lens=None,
-              scale=None, softcap=0.0, alibi_slopes=None, sinks=None, rounding=None, _parts=False):
+              scale=None, softcap=0.0, alibi_slopes=None, sinks=None, rounding=None, _parts=False,
+              dropout_p=0.0, seed=0, offset=0):
     """fp64 attention over [B,H,S,D] arrays, following clattn's semantics:
     score, softcap, + bias − ALiBi (slopes [H] or [B, H]), disallowed keys
-    removed, softmax with the sink in the denominator. Returns (O, lse,
-    weights); empty rows give O = 0, weights 0 and lse −inf (or the sink).
+    removed, softmax with the sink in the denominator, dropout's factors on
+    the weights that mix V. Returns (O, lse, weights: those that mixed V);
+    empty rows give O = 0, weights 0 and lse −inf (or the sink).
     rounding: a function applied to the scores, weights and O (the same
     computation in a storage precision, FlashAttention's comparison)."""
     rnd = rounding or (lambda x: x)
@@ -71,10 +82,11 @@ def reference(q, k, v, causal=False, window=(-1, -1), mask=None, bias=None, kv_l
     with np.errstate(divide="ignore", invalid="ignore"):
         a = rnd(np.where(l[..., None] > 0, e / l[..., None], 0.0))
         lse = np.where(l > 0, np.log(l) + m_safe, -np.inf)
-    o = rnd(np.einsum("bhmn,bhnd->bhmd", a, v))
+    z = dropout_factors(a.shape, dropout_p, seed, offset)
+    o = rnd(np.einsum("bhmn,bhnd->bhmd", a * z, v))
     if _parts:
-        return o, lse, a, dict(raw=raw, k=k, v=v, q=q, scale=sc, allowed=allowed)
-    return o, lse, a
+        return o, lse, a, dict(raw=raw, k=k, v=v, q=q, scale=sc, allowed=allowed, z=z)
+    return o, lse, a * z
 
 
 def reference_backward(q, k, v, d_out, rounding=None, **kw):
@@ -89,7 +101,7 @@ def reference_backward(q, k, v, d_out, rounding=None, **kw):
     d_out = np.asarray(d_out, np.float64)
     H = a.shape[1]
     group = H // Hkv
-    dp = rnd(np.einsum("bhmd,bhnd->bhmn", d_out, pt["v"]))
+    dp = rnd(np.einsum("bhmd,bhnd->bhmn", d_out, pt["v"])) * pt["z"]
     D = (d_out * o).sum(-1)
     ds = rnd(np.where(a != 0, a * (dp - D[..., None]), 0.0))
     dsr = ds
@@ -98,7 +110,7 @@ def reference_backward(q, k, v, d_out, rounding=None, **kw):
         dsr = ds * (1.0 - t * t)
     dq = rnd(pt["scale"] * np.einsum("bhmn,bhnd->bhmd", dsr, pt["k"]))
     dk_h = pt["scale"] * np.einsum("bhmn,bhmd->bhnd", dsr, pt["q"])
-    dv_h = np.einsum("bhmn,bhmd->bhnd", a, d_out)
+    dv_h = np.einsum("bhmn,bhmd->bhnd", a * pt["z"], d_out)
     B, _, N, _ = dk_h.shape
     dk = rnd(dk_h.reshape(B, Hkv, group, N, -1).sum(2))
     dv = rnd(dv_h.reshape(B, Hkv, group, N, -1).sum(2))

@@ -181,6 +181,7 @@ def test_errors(ctx, rng):
         pages = np.repeat(k[:, :1], 2, axis=0)  # [2 pages, 1 head, 9 rows, 16]
         ctx.attention_backward(q, pages, pages, o, lse, d_out, block_table=table, kv_lens=np.array([9], np.int32))
     assert e.value.status == "UNSUPPORTED"
-    with pytest.raises(clattn.Error) as e:
-        ctx.attention_backward(q, k, v, o, lse, d_out, dropout_p=0.1)
+    with pytest.raises(clattn.Error) as e:  # nor a left-padded cache
+        ctx.attention_backward(q, k, v, o, lse, d_out, kv_lens=np.array([9], np.int32),
+                               cache_leftpad=np.array([2], np.int32))
     assert e.value.status == "UNSUPPORTED"
