@@ -24,9 +24,10 @@ def attention_backward(self, q, k, v, o, lse, d_out, *, deterministic=True, **kw
     broadcast to. Exact derivatives of the forward (causal/window, masks,
     kv_lens, softcap, ALiBi, sinks, GQA, packed sequences, float16 and
     bfloat16 storage with f32 arithmetic). deterministic=True: bitwise
-    repeatable; False lets the fused path add dQ atomically. Paged or
-    quantised K/V raise clattn.Error "UNSUPPORTED" (the backward does not
-    take them)."""
+    repeatable; False lets the fused path add dQ atomically. Dropout
+    (dropout_p, seed, offset as in the forward) drops the same weights.
+    Paged, quantised or left-padded K/V raise clattn.Error "UNSUPPORTED"
+    (the backward does not take them)."""
     for name in _RETURNS:
         kw.pop(name, None)
     c = Call(self, q, k, v, kw)

@@ -428,7 +428,7 @@ class Context:
                   return_weights=False, return_diagnostics=False,
                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                   block_table=None, page_size=None, kv_dtype=None, k_scale=None, v_scale=None,
-                  dropout_p=0.0, seed=0, offset=0):
+                  dropout_p=0.0, seed=0, offset=0, cache_leftpad=None):
         """O = softmax(scale·QKᵀ + bias, restricted to the allowed keys) V.
 
         q [B,Hq,M,dk], k [B,Hkv,N,dk], v [B,Hkv,N,dv] (layout "bshd": [B,S,H,D]),
@@ -470,8 +470,13 @@ class Context:
 
         alibi_slopes: float32 [Hq], or [B, Hq] per batch row. sinks: float32
         [Hq]. mask (bool/uint8) and bias (float32) broadcast to [B,Hq,M,N].
-        dropout_p > 0 raises clattn.Error "UNSUPPORTED": dropout is not built
-        yet (seed and offset are checked and kept for it)."""
+        dropout_p in [0, 1): each weight dropped with that probability, the
+        kept ones scaled by 1 / (1 - dropout_p), the mask a pure function of
+        seed and offset (ints in [0, 2^64)) and the weight's (batch, head,
+        row, key): clattn.dropout_mask gives it; lse describes the softmax
+        before dropout, weights the dropped matrix. cache_leftpad int32 [B]
+        (with kv_lens): row b's keys are cache rows cache_leftpad[b] ..
+        kv_lens[b] - 1, each row aligned on its own key count."""
         loc = locals()
         c = Call(self, q, k, v, {n: loc[n] for n in DEFAULTS})
         outs = {}
