@@ -67,6 +67,7 @@ struct clattn_plan {
   ca_command_buffer *cb; /* command-buffer replay, or NULL */
   step_values cb_at;     /* the values its commands hold */
   long replays;          /* steps the command buffer ran (ca_plan_replays) */
+  long updates;          /* of those, steps that updated its commands in place (ca_plan_updates) */
 };
 
 clattn_step clattn_step_default(void) {
@@ -323,6 +324,7 @@ static clattn_status replay(clattn_plan *pl, const ca_launch *now, int n, cl_uin
     same_grids &= memcmp(rec[i].global, now[i].global, sizeof now[i].global) == 0;
   }
   clattn_status st = CLATTN_OK;
+  int updated = 0;
   *used = 0;
   if (!same_kernels || !same_grids || !same_values(&cur, &pl->cb_at)) {
     if (!ca_command_buffer_mutable(pl->cb)) return CLATTN_OK;
@@ -333,11 +335,13 @@ static clattn_status replay(clattn_plan *pl, const ca_launch *now, int n, cl_uin
     } else {
       ca_arg_update u[CA_CB_LAUNCHES * CA_CB_ARGS];
       if ((st = ca_command_buffer_update(pl->cb, u, cb_updates(pl, n, u), now))) return st;
+      updated = 1;
     }
     pl->cb_at = cur;
   }
   *used = 1;
   pl->replays++;
+  pl->updates += updated;
   return ca_command_buffer_enqueue(pl->cb, n_wait, wait, last);
 }
 
@@ -552,6 +556,13 @@ int ca_plan_launches(clattn_plan *plan, ca_launch *out) {
 long ca_plan_replays(clattn_plan *plan) {
   pthread_mutex_lock(&plan->lock);
   const long n = plan->replays;
+  pthread_mutex_unlock(&plan->lock);
+  return n;
+}
+
+long ca_plan_updates(clattn_plan *plan) {
+  pthread_mutex_lock(&plan->lock);
+  const long n = plan->updates;
   pthread_mutex_unlock(&plan->lock);
   return n;
 }

@@ -562,6 +562,10 @@ typedef struct {
 
 /* Steps of a plan that replayed its command buffer (forward_plan.c; for tests and the bench). */
 long ca_plan_replays(clattn_plan *plan);
+/* Of those, the steps that first updated the recorded commands' arguments
+ * or grids in place (mutable dispatch), rather than replaying them as they
+ * were or recording them anew (for tests). */
+long ca_plan_updates(clattn_plan *plan);
 /* A fused plan's launches as its kernels stand (its own kernel objects,
  * every argument set), at most 3; 0 for a staged or GEMM plan. For
  * `clattn bench --host`'s floor, which enqueues them bare. */

@@ -6,15 +6,23 @@ Every fenced code block marked `c` is one of:
     .c file of the tree); its other lines, split at lines holding only
     `...` or `/* ... */`, must each run as consecutive lines of that file,
     in order, so the text cannot drift from what the tests build and run;
-  - declarations from a header: first line `/* from include/FILE.h ... */`;
-    every clattn_* / CLATTN_* name in it must be declared by that header;
+  - declarations from a header: first line `/* from include/FILE.h ... */`
+    (or another .h file of the tree, such as ggml/include/ggml-clattn.h);
+    every name in it that holds `clattn` (any case) must be declared by
+    that header, and every function declaration in it must run in the
+    header token for token (comments and spacing aside; the header's may
+    have more in front, such as an export macro); a block with neither
+    checks nothing and fails;
   - a translation unit: compiled with -std=c11 -Wall -Wextra -Werror against
     include/, and linked against the built library when it has a main().
-Every block marked `python` is byte-compiled, and run (each in a fresh
-interpreter, the package from python/ over the built library) where the
-given interpreter has numpy and a clattn context can be created, else
-compiled only, saying why. Every relative link must name a file or folder
-of the tree, and every #anchor a heading (GitHub's rule) of its file.
+A `c` block whose first line says `/* from` something other than a .c or
+.h file fails. Every block marked `python` is byte-compiled, and run (each
+in a fresh interpreter, the package from python/ over the built library)
+where the given interpreter has numpy and a clattn context can be created,
+else compiled only, saying why. A fenced block marked otherwise, or not at
+all, matches no rule and fails (text that is not checked goes in an
+indented block). Every relative link must name a file or folder of the
+tree, and every #anchor a heading (GitHub's rule) of its file.
 
   doc_check.py --root SRC [--lib LIBCLATTN] [--python PY] -- CC [CC ARGS...]
   doc_check.py --self-test -- CC [CC ARGS...]
@@ -36,8 +44,12 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HTML_ANCHOR = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
 SOURCE_REF = re.compile(r"^/\*\s*from\s+([\w./-]+\.[ch])\b")
+FROM_ANY = re.compile(r"^/\*\s*from\s+(\S+?)[\s:,*]")
 ELISION = re.compile(r"^\s*(\.\.\.|/\*\s*\.\.\.\s*\*/)\s*$")
-PUBLIC_NAME = re.compile(r"\b(?:clattn|CLATTN)_\w+")
+PUBLIC_NAME = re.compile(r"\b\w*clattn\w*", re.I)  # clattn_*, CLATTN_*, ggml_backend_clattn_*, ...
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+TOKEN = re.compile(r"\w+|[^\s\w]")
+CHECKED_LANGUAGES = ("c", "python", "py")
 IMPORT = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_]\w*)", re.M)
 
 
@@ -139,9 +151,49 @@ class Checker:
 
     # ---- C ------------------------------------------------------------------
 
+    @staticmethod
+    def tokens(code):
+        """The code's tokens, comments, preprocessor lines and elisions left
+        out, joined by single spaces."""
+        code = COMMENT.sub(" ", code)
+        code = "\n".join(l for l in code.split("\n") if not l.lstrip().startswith("#") and not ELISION.match(l))
+        return " ".join(TOKEN.findall(code))
+
+    @classmethod
+    def function_declarations(cls, code):
+        """Each function declaration of the block's code (a statement at the
+        top level, or after a closing brace, that ends in a parameter list),
+        as tokens."""
+        found = []
+        for statement in cls.tokens(code).split(";"):
+            tail = re.split(r"[{}]", statement)[-1].strip()
+            if tail.endswith(")") and "(" in tail and not tail.startswith("typedef "):
+                found.append(tail + " ;")
+        return found
+
+    def check_declarations(self, where, header, source, rest):
+        code = "\n".join(rest)
+        declared = set(PUBLIC_NAME.findall(source))
+        names = set(PUBLIC_NAME.findall(code))
+        functions = self.function_declarations(code)
+        if not names and not functions:
+            return self.fail(where, "checks nothing: no name holding 'clattn' and no function declaration to find "
+                             "in %s" % header)
+        self.count("C declarations checked against a header")
+        for name in sorted(names - declared):
+            self.fail(where, "%s is not declared in %s" % (name, header))
+        header_tokens = " %s " % self.tokens(source)
+        for f in functions:
+            if " %s " % f not in header_tokens:
+                self.fail(where, "this declaration is not %s's:\n  %s" % (header, f))
+
     def check_c(self, where, body):
         first = next((l for l in body if l.strip()), "")
         ref = SOURCE_REF.match(first.strip())
+        other = FROM_ANY.match(first.strip() + " ")
+        if other and not ref:
+            return self.fail(where, "says it is from %s: the check knows excerpts of .c files and declarations of "
+                             ".h files" % other.group(1))
         if ref:
             path = os.path.join(self.root, ref.group(1))
             if not os.path.isfile(path):
@@ -150,11 +202,7 @@ class Checker:
                 source = f.read()
             rest = body[body.index(first) + 1:]
             if path.endswith(".h"):
-                self.count("C declarations checked against a header")
-                declared = set(PUBLIC_NAME.findall(source))
-                for name in sorted(set(PUBLIC_NAME.findall("\n".join(rest))) - declared):
-                    self.fail(where, "%s is not declared in %s" % (name, ref.group(1)))
-                return
+                return self.check_declarations(where, ref.group(1), source, rest)
             self.count("C excerpts of compiled files")
             return self.check_excerpt(where, ref.group(1), source.split("\n"), rest)
         self.count("C blocks compiled")
@@ -252,6 +300,10 @@ class Checker:
                     self.check_c(where, body)
                 elif info in ("python", "py"):
                     self.check_python(where, body)
+                else:
+                    self.fail(where, "a block marked %s: the check reads blocks marked %s; put text that is not "
+                              "checked in an indented block" % ("'%s'" % info if info else "as nothing",
+                                                               ", ".join(CHECKED_LANGUAGES)))
         self.note("Python blocks: " + (self.runner_note if self.runner else "compiled only: " + self.runner_note))
         for kind in sorted(self.counts):
             self.note("%s: %d" % (kind, self.counts[kind]))
@@ -269,6 +321,7 @@ def self_test(cc):
         os.mkdir(os.path.join(root, d))
     files = {
         "include/clattn.h": "int clattn_answer(void);\n",
+        "include/plugin.h": "/* a plug-in's: names with clattn after a prefix */\nint plugin_clattn_reg(void);\n",
         "examples/ex.c": "#include <clattn.h>\nint main(void) {\n  int x = 1;\n  return x - 1;\n}\n",
         "docs/page.md": "# Page\n\n## A section\n\nBack to [the README](../README.md#top).\n",
         "README.md": "\n".join([
@@ -277,7 +330,14 @@ def self_test(cc):
             "", "```c", "/* from examples/ex.c */", "  return x + 1;", "```",
             "", "```c", "/* from include/clattn.h */", "int clattn_answer(void);", "int clattn_question(void);",
             "```", "", "```c", "#include <clattn.h>", "int f(void) { return clattn_answer() }", "```",
-            "", "```python", "print('ok'", "```", ""]),
+            "", "```python", "print('ok'", "```",
+            # a plug-in's declaration (ggml-style name), a signature not the header's, a block that checks nothing,
+            # a source the check does not know, a block of a language it does not read
+            "", "```c", "/* from include/plugin.h */", "int plugin_clattn_register(void);", "```",
+            "", "```c", "/* from include/clattn.h */", "int clattn_answer(int question);", "```",
+            "", "```c", "/* from include/clattn.h */", "typedef int answer;", "```",
+            "", "```c", "/* from examples/ex.cpp */", "int main(void) { return 0; }", "```",
+            "", "```sh", "echo unchecked", "```", ""]),
     }
     for name, text in files.items():
         with open(os.path.join(root, name), "w") as f:
@@ -285,7 +345,12 @@ def self_test(cc):
     c = Checker(root, cc, quiet=True)
     c.run(documents(root))
     expected = ["docs/none.md: no such file", "#nowhere: no heading", "no longer an excerpt of examples/ex.c",
-                "clattn_question is not declared", "README.md:23: does not compile", "README.md:28: does not compile"]
+                "clattn_question is not declared", "README.md:23: does not compile", "README.md:28: does not compile",
+                "README.md:17: this declaration is not include/clattn.h's",
+                "README.md:32: plugin_clattn_register is not declared in include/plugin.h",
+                "README.md:32: this declaration is not include/plugin.h's",
+                "README.md:37: this declaration is not include/clattn.h's", "README.md:42: checks nothing",
+                "README.md:47: says it is from examples/ex.cpp", "README.md:52: a block marked 'sh'"]
     ok = len(c.failures) == len(expected)
     for e in expected:
         if not any(e in f for f in c.failures):
@@ -297,11 +362,15 @@ def self_test(cc):
     mended = files["README.md"].replace(" [gone](docs/none.md) [bad anchor](docs/page.md#nowhere)", "")
     mended = mended.replace("x + 1", "x - 1").replace("int clattn_question(void);\n", "")
     mended = mended.replace("clattn_answer() }", "clattn_answer(); }").replace("print('ok'", "print('ok')")
+    mended = mended.replace("plugin_clattn_register", "plugin_clattn_reg").replace("(int question)", "(void)")
+    mended = mended.replace("typedef int answer;", "int clattn_answer(void);")
+    mended = mended.replace("/* from examples/ex.cpp */", "/* compiled as it stands */")
+    mended = mended.replace("```sh\necho unchecked\n```", "    echo unchecked")
     with open(os.path.join(root, "README.md"), "w") as f:
         f.write(mended)
     c = Checker(root, cc, quiet=True)
     if not c.run(documents(root)):
-        print("self-test: the mended tree should pass")
+        print("self-test: the mended tree should pass:\n  " + "\n  ".join(c.failures))
         ok = False
     print("self-test: %s" % ("passed" if ok else "FAILED"))
     return ok

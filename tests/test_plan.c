@@ -19,11 +19,16 @@
  *  - creation refuses what clattn_forward refuses, with its message;
  *  - a plan retains the caller's buffers until released;
  *  - with CLATTN_COMMAND_BUFFER=1 (meson's plan-command-buffer) a device
- *    that offers command buffers replays them (results as above).
+ *    that offers command buffers replays them (results as above), and one
+ *    that reports cl_khr_command_buffer_mutable_dispatch (Intel's runtime)
+ *    replays every step of a fused plan, a step that changes kv_len or an
+ *    offset with its commands updated in place (not plain enqueues, not a
+ *    recording anew unless the kernels themselves changed); with
+ *    CLATTN_COMMAND_BUFFER=0 (plan-plain) none replays.
  */
 #include <stdint.h>
 
-#include "internal.h" /* ca_plan_replays */
+#include "internal.h" /* ca_plan_replays, ca_plan_updates, ca_plan_launches */
 #include "kit_checks.h"
 
 enum { SLOTS = 6 }; /* q, out and lse slots a step moves between */
@@ -233,9 +238,62 @@ static clattn_step step_of(const fixture *f, int s) {
   return st;
 }
 
+/* Whether plans on ctx must replay command buffers updated in place: they
+ * are wanted (CLATTN_COMMAND_BUFFER set and not 0, or unset on a GPU: the
+ * library's rule) on a device that reports mutable dispatch. */
+static int expect_in_place(clattn_context *ctx) {
+  const char *env = getenv("CLATTN_COMMAND_BUFFER");
+  cl_device_type type = 0;
+  char ext[8192] = "";
+  clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_TYPE, sizeof type, &type, NULL);
+  clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_EXTENSIONS, sizeof ext, ext, NULL);
+  const int wanted = env && *env ? strcmp(env, "0") != 0 : (type & CL_DEVICE_TYPE_GPU) != 0;
+  return wanted && strstr(ext, "cl_khr_command_buffer_mutable_dispatch") != NULL;
+}
+
+static long g_in_place_kv; /* steps that changed kv_len through an in-place update */
+
+/* A step's values as the kernels see them. */
+typedef struct {
+  int kv_len;
+  size_t q, out, lse;
+} step_at;
+
+static step_at at_of(const fixture *f, const clattn_step *s) {
+  return (step_at){s->kv_len ? s->kv_len : f->c->kv_len, s->q_offset == CLATTN_STEP_PLANNED ? 0 : s->q_offset,
+                   s->out_offset == CLATTN_STEP_PLANNED ? 0 : s->out_offset,
+                   s->lse_offset == CLATTN_STEP_PLANNED ? 0 : s->lse_offset};
+}
+
+/* With mutable dispatch expected: a fused plan's step replayed its command
+ * buffer, updating it in place exactly when the step changed a value or a
+ * grid but not the kernels (their count and objects) that ran before it. */
+static void check_in_place(const fixture *f, const char *what, int n0, const ca_launch *l0, int n1, const ca_launch *l1,
+                           const step_at *prev, const step_at *now, long replays, long updates) {
+  int same_kernels = n0 == n1, same_grids = 1;
+  for (int i = 0; same_kernels && i < n1; i++) {
+    same_kernels = l0[i].kernel == l1[i].kernel;
+    same_grids &= memcmp(l0[i].global, l1[i].global, sizeof l1[i].global) == 0;
+  }
+  const int changed =
+      prev->kv_len != now->kv_len || prev->q != now->q || prev->out != now->out || prev->lse != now->lse;
+  const long want = same_kernels && (changed || !same_grids);
+  CHECKF(replays == 1,
+         "%s, %s: the device has mutable dispatch, yet the step enqueued its kernels instead of "
+         "replaying the command buffer",
+         f->c->name, what);
+  CHECKF(updates == want,
+         "%s, %s: %ld in-place updates of the command buffer, expected %ld (kernels %s, kv_len %d -> %d)", f->c->name,
+         what, updates, want, same_kernels ? "unchanged" : "changed", prev->kv_len, now->kv_len);
+  if (updates == 1 && prev->kv_len != now->kv_len) g_in_place_kv++;
+}
+
 /* Steps one at a time, each checked against the forward at once. */
 static void steps_match_forward(fixture *f, clattn_plan *plan, const char *queue) {
   const plan_case *c = f->c;
+  const int in_place = expect_in_place(f->ctx);
+  const clattn_step planned = clattn_step_default();
+  step_at prev = at_of(f, &planned);
   for (int s = 0; s < 16; s++) {
     clattn_step st = step_of(f, s);
     if (c->kv_lens && s % 2) { /* the kv_lens buffer's contents change between steps */
@@ -246,7 +304,12 @@ static void steps_match_forward(fixture *f, clattn_plan *plan, const char *queue
     }
     REQUIRE(poison(f) == 0);
     cl_event done = NULL;
+    ca_launch l0[3], l1[3]; /* ca_plan_launches: at most 3 */
+    const int n0 = ca_plan_launches(plan, l0);
+    const long replays0 = ca_plan_replays(plan), updates0 = ca_plan_updates(plan);
     const clattn_status got = clattn_plan_enqueue(plan, &st, 0, NULL, &done);
+    const long replays = ca_plan_replays(plan) - replays0, updates = ca_plan_updates(plan) - updates0;
+    const int n1 = ca_plan_launches(plan, l1);
     char route[512];
     snprintf(route, sizeof route, "%s", clattn_last_route());
     if (done) {
@@ -262,6 +325,10 @@ static void steps_match_forward(fixture *f, clattn_plan *plan, const char *queue
     CHECKF(strcmp(route, clattn_last_route()) == 0, "%s, %s: route \"%s\", clattn_forward's \"%s\"", c->name, what,
            route, clattn_last_route());
     CHECKF(got != CLATTN_OK || done != NULL, "%s, %s: no done event", c->name, what);
+    const step_at now = at_of(f, &st);
+    if (in_place && n1 > 0 && (got == CLATTN_OK || got == CLATTN_ERR_EMPTY_ROW))
+      check_in_place(f, what, n0, l0, n1, l1, &prev, &now, replays, updates);
+    prev = now;
     if (!outputs_equal(f, what)) return;
   }
 }
@@ -334,14 +401,18 @@ static void run_case(const plan_case *c, clattn_context *ctx, const char *queue)
 }
 
 static void plan_steps_equal_forward_bitwise(void) {
-  g_replays = 0;
+  g_replays = g_in_place_kv = 0;
   for (size_t i = 0; i < N_CASES; i++) run_case(&g_cases[i], ct_context(), "in-order");
   clattn_context *ooo = ooo_context();
   for (size_t i = 0; ooo && i < N_CASES; i++) run_case(&g_cases[i], ooo, "out-of-order");
   const char *env = getenv("CLATTN_COMMAND_BUFFER");
   const int forced = env && strcmp(env, "1") == 0, off = env && strcmp(env, "0") == 0;
-  printf("  %zu plans per queue, 16 + %d steps each: bitwise clattn_forward's; %ld command-buffer replays\n", N_CASES,
-         SLOTS, g_replays);
+  printf(
+      "  %zu plans per queue, 16 + %d steps each: bitwise clattn_forward's; %ld command-buffer replays, %ld steps "
+      "changing kv_len in place\n",
+      N_CASES, SLOTS, g_replays, g_in_place_kv);
+  if (expect_in_place(ct_context()))
+    CHECKF(g_in_place_kv > 0, "the device has mutable dispatch, yet no step changed kv_len by an in-place update");
   if (off) CHECKF(g_replays == 0, "CLATTN_COMMAND_BUFFER=0, yet %ld steps replayed a command buffer", g_replays);
   if (forced) {
     char ext[8192] = "";
