@@ -105,7 +105,7 @@ typedef struct {
   clattn_params rp; /* the reference's params (dtype F32, no block table; the call's dropout) */
   ref_inputs in;
   float *q, *k, *v;     /* owned copies (NULL when the host buffer is used as is) */
-  unsigned char *mask;  /* the user's mask combined with the block table's validity (paged) */
+  unsigned char *mask;  /* the user's mask with the bias's -inf entries and the block table's validity */
   int32_t *cu_q, *cu_k; /* paged: the packed sequences */
 } fz_ref;
 
