@@ -68,11 +68,26 @@
  *   20     alibi_batch_stride (slopes per (batch, head)): b % 3: 0, q_heads,
  *          q_heads + 1; >= 0xF0 hostile_int; the alibi buffer then holds
  *          (batch - 1) * stride + q_heads floats
+ *   21     dropout_p (b % 16): 0 (off) 0.5 0.1 0.9999999 -0.1 1 NaN inf 0.25
+ *          -0 0.9 1e-10 -inf 1.0000001 0.75 0.99999994 (the largest float
+ *          below 1); outside [0, 1), or NaN, is refused
+ *   22, 23 dropout_seed's low and high 32 bits, and 24, 25 dropout_offset's,
+ *          a word a byte: < 0x80 b; < 0xF0 2^32 - 1 - (b - 0x80) (just
+ *          below 2^32: in the offset's low word j / 4 carries into the high
+ *          word, in its high word the offset is near 2^64 and i * 2^32
+ *          wraps); else 2^31, 2^31 - 1, 2^32 - 1, 0x9E3779B9, 0xDEADBEEF,
+ *          2^16, 0xFFFF0000, 0x55555555, 0xAAAAAAAA, 2^8, 2^31 + 1,
+ *          2^32 - 2, 0x01234567, 0x89ABCDEF, 0xFFFFFF00, 0x00FFFFFF
+ *   26     cache_leftpad: 1 present (int32 [B]; needs kv_lens, refused with
+ *          cu_seqlens_k), 2 its buffer one int short
  * Its data, after kv_lens: cu_seqlens_q and _k ([B + 1]; < 0xF0 steps of
  * b % (len + 1) from 0, else -1, INT_MAX, INT_MIN, a decrease, a step past
  * the longest length, ...), the block table ([B * stride]; < 0xF0 b %
  * num_pages, else -1, num_pages, INT_MIN, INT_MAX, ...), alibi_slopes and
- * sinks ([q_heads]) and additive_w ([head_dim]) as floats; then the views
+ * sinks ([q_heads]) and additive_w ([head_dim]) as floats, cache_leftpad
+ * ([B]; < 0xF0 b % (end + 1), end = kv_lens[b] clamped to [0, kv_len], so
+ * end itself leaves the row no key; else -1, INT_MIN, INT_MAX, end + 1,
+ * end, kv_len + 1, -end - 1, 2^30); then the views
  * in their storage: 16-bit q/k/v hold the floats above; INT8 and Q8_0
  * quants are b % 33 - 16 (>= 0xF0: -128, 127, ...), one per byte of the
  * buffer, then Q8_0's f16 block scales (one per block the view reaches) and
@@ -912,18 +927,21 @@ int fz_known_good(char *why, size_t n) {
 int fz_warm_up(char *why, size_t n) {
   clattn_context *ctx = fz_context(why, n, NULL);
   if (!ctx || fz_known_good(why, n) != FZ_PASS) return FZ_FAIL;
+  /* each twice: without and with dropout (the fused programs that drop
+   * weights are programs of their own) */
   for (int a = 0; a < FZ_NDIMS; a++)
     for (int b = 0; b < FZ_NDIMS; b++)
-      for (int algo = 0; algo < 4; algo++) {
-        if (algo != CLATTN_ALGO_FUSED && (a || b))
+      for (int algo = 0; algo < 8; algo++) {
+        if (algo % 4 != CLATTN_ALGO_FUSED && (a || b))
           continue; /* the staged and GEMM programs do not depend on the dims */
         cp_shape s = cp_shape_default();
         s.q_len = 3;
         s.kv_len = 5;
         s.head_dim = dim_table[a];
         s.value_dim = dim_table[b];
-        s.algo = (clattn_algo)algo;
-        s.want_weights = algo == CLATTN_ALGO_STAGED || algo == CLATTN_ALGO_GEMM;
+        s.algo = (clattn_algo)(algo % 4);
+        s.want_weights = s.algo == CLATTN_ALGO_STAGED || s.algo == CLATTN_ALGO_GEMM;
+        s.dropout_p = algo < 4 ? 0.f : 0.5f;
         char err[256];
         cp_problem *pb = cp_build(&s, err, sizeof err);
         if (!pb) return fail(why, n, "harness: cp_build: %s", err);
@@ -931,31 +949,33 @@ int fz_warm_up(char *why, size_t n) {
         int ok = cp_run(pb, ctx, &r) == 0 && cp_result_ok(&r, 1e-5);
         if (!ok) {
           char line[512];
-          fail(why, n, "warm-up dk=%d dv=%d algo=%d: %s %s", s.head_dim, s.value_dim, algo,
-               cp_result_format(&r, line, sizeof line), pb->err);
+          fail(why, n, "warm-up dk=%d dv=%d algo=%d dropout %g: %s %s", s.head_dim, s.value_dim, (int)s.algo,
+               (double)s.dropout_p, cp_result_format(&r, line, sizeof line), pb->err);
         }
         cp_free(pb);
         if (!ok) return FZ_FAIL;
       }
   /* every storage pair of the extension (q/out f32, f16, bf16; K/V f32,
-   * f16, bf16, Q8_0, INT8) on each path, head dims 32: inputs of the
-   * extended format, checked like any other */
+   * f16, bf16, Q8_0, INT8) on each path, head dims 32, without and with
+   * dropout: inputs of the extended format, checked like any other */
   for (int dtype = 0; dtype < 3; dtype++)
     for (int kv = 1; kv <= 5; kv++)
-      for (int algo = 1; algo <= 3; algo++) {
-        uint8_t in[FZ_MAGIC_LEN + FZ_EXT + FZ_HEADER] = {0};
-        memcpy(in, FZ_MAGIC, FZ_MAGIC_LEN);
-        in[FZ_MAGIC_LEN + 0] = (uint8_t)dtype;
-        in[FZ_MAGIC_LEN + 1] = (uint8_t)kv;
-        uint8_t *h = in + FZ_MAGIC_LEN + FZ_EXT;
-        h[3] = 2;        /* q_len 3 */
-        h[4] = 4;        /* kv_len 5 */
-        h[5] = h[6] = 5; /* head and value dim 32 */
-        h[13] = (uint8_t)algo;
-        char w[1024];
-        if (fz_run(in, sizeof in, w, sizeof w) != FZ_PASS)
-          return fail(why, n, "warm-up dtype %d kv_dtype %d algo %d: %s", dtype, kv - 1, algo, w);
-      }
+      for (int algo = 1; algo <= 3; algo++)
+        for (int drop = 0; drop < 2; drop++) {
+          uint8_t in[FZ_MAGIC_LEN + FZ_EXT + FZ_HEADER] = {0};
+          memcpy(in, FZ_MAGIC, FZ_MAGIC_LEN);
+          in[FZ_MAGIC_LEN + 0] = (uint8_t)dtype;
+          in[FZ_MAGIC_LEN + 1] = (uint8_t)kv;
+          in[FZ_MAGIC_LEN + 21] = (uint8_t)drop; /* dropout_p 0 or 0.5 */
+          uint8_t *h = in + FZ_MAGIC_LEN + FZ_EXT;
+          h[3] = 2;        /* q_len 3 */
+          h[4] = 4;        /* kv_len 5 */
+          h[5] = h[6] = 5; /* head and value dim 32 */
+          h[13] = (uint8_t)algo;
+          char w[1024];
+          if (fz_run(in, sizeof in, w, sizeof w) != FZ_PASS)
+            return fail(why, n, "warm-up dtype %d kv_dtype %d algo %d dropout %d: %s", dtype, kv - 1, algo, drop, w);
+        }
   return FZ_PASS;
 }
 
@@ -1042,6 +1062,7 @@ int fz_run(const uint8_t *data, size_t size, char *why, size_t n) {
   pp->alibi_slopes = c.aux_mem[A_ALIBI];
   pp->sinks = c.aux_mem[A_SINKS];
   pp->additive_w = c.aux_mem[A_ADDW];
+  pp->cache_leftpad = c.aux_mem[A_LEFTPAD];
 
   /* NULL context / params: rejected, nothing touched */
   if (c.call_null_ctx) {
@@ -1147,12 +1168,15 @@ void fz_describe(const uint8_t *data, size_t size, char *buf, size_t n) {
                                (int)p->dtype, (double)p->scale, p->causal, p->window_left, p->window_right,
                                (int)p->empty_rows, (int)p->algo, c.kv_lens);
   if (c.ext && at < n)
-    at += (size_t)snprintf(buf + at, n - at,
-                           " kv_dtype=%d softcap=%g score=%d alibi=%d sinks=%d additive_w=%d cu_seqlens=%d/%d "
-                           "total=%d/%d block_table=%d page_size=%d num_pages=%d bt_stride=%d",
-                           (int)p->kv_dtype, (double)p->softcap, (int)p->score, c.aux[A_ALIBI], c.aux[A_SINKS],
-                           c.aux[A_ADDW], c.aux[A_CU_Q], c.aux[A_CU_K], p->total_q, p->total_kv, c.aux[A_TABLE],
-                           p->page_size, p->num_pages, p->block_table_stride);
+    at +=
+        (size_t)snprintf(buf + at, n - at,
+                         " kv_dtype=%d softcap=%g score=%d alibi=%d sinks=%d additive_w=%d cu_seqlens=%d/%d "
+                         "total=%d/%d block_table=%d page_size=%d num_pages=%d bt_stride=%d dropout_p=%g "
+                         "seed=%#llx offset=%#llx cache_leftpad=%d",
+                         (int)p->kv_dtype, (double)p->softcap, (int)p->score, c.aux[A_ALIBI], c.aux[A_SINKS],
+                         c.aux[A_ADDW], c.aux[A_CU_Q], c.aux[A_CU_K], p->total_q, p->total_kv, c.aux[A_TABLE],
+                         p->page_size, p->num_pages, p->block_table_stride, (double)p->dropout_p,
+                         (unsigned long long)p->dropout_seed, (unsigned long long)p->dropout_offset, c.aux[A_LEFTPAD]);
   for (int t = 0; t < T_COUNT && at < n; t++) {
     if (!c.present[t]) continue;
     const clattn_tensor *tv = view_of(p, t);

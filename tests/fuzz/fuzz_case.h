@@ -14,7 +14,9 @@
  *     norm-wise with the NaN / +-inf class of every element exact. The
  *     reference reads the stored values (16-bit widened, Q8_0 / INT8
  *     dequantised in f32 as the kernels do, paged keys gathered through the
- *     block table, keys on pages outside the pool masked out); 16-bit out
+ *     block table from each row's start (cache_leftpad), keys on pages
+ *     outside the pool or under a -inf bias masked out) and draws the
+ *     call's dropout with its own Philox; 16-bit out
  *     and quantised K/V widen the tolerance (f16 1e-3, bf16 8e-3, quantised
  *     1e-3). With packed sequences, rows past a sequence's end and out rows
  *     that malformed offsets give to no sequence or to several have no

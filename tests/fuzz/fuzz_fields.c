@@ -34,11 +34,16 @@ enum {
   E_V_SCALE_VIEW = E_K_SCALE_VIEW + 4,
   E_Q8_K = E_V_SCALE_VIEW + 4,
   E_Q8_V,
-  E_ALIBI_STRIDE
+  E_ALIBI_STRIDE,
+  E_DROPOUT_P,
+  E_DROPOUT_SEED,                        /* two bytes: the seed's low, high 32 bits */
+  E_DROPOUT_OFFSET = E_DROPOUT_SEED + 2, /* two bytes: the offset's low, high 32 bits */
+  E_LEFTPAD = E_DROPOUT_OFFSET + 2
 };
 enum { S_SOFTCAP = 1, S_ALIBI = 2, S_SINKS = 4, S_ADDITIVE = 8, S_BAD_SCORE = 16, S_W_MISMATCH = 32, S_SHORT = 64 };
 enum { V_CU_Q = 1, V_CU_K = 2, V_SHORT = 4, V_BATCH_STRIDE = 8 };
 enum { P_TABLE = 1, P_SHORT = 2 };
+enum { L_LEFTPAD = 1, L_SHORT = 2 };
 
 /* decoded extension state kept in the params and in these statics of the case */
 static size_t q_esize(clattn_dtype d) { return d == CLATTN_F16 || d == CLATTN_BF16 ? 2 : 4; }
@@ -60,6 +65,16 @@ static int varlen(const fz_case *c) { return c->aux[A_CU_Q]; }
 static int paged(const fz_case *c) { return c->aux[A_TABLE]; }
 
 static uint8_t e_byte(const fz_case *c, int i) { return c->ext ? c->ext_hdr[i] : 0; }
+
+/* One 32-bit word of a dropout seed or offset: < 0x80 small, < 0xF0 just
+ * below 2^32 (the low word: j / 4 carries into the high word; the high
+ * word: the offset near 2^64, so i * 2^32 wraps), else spread bit patterns. */
+static uint32_t dec_word(uint8_t b) {
+  static const uint32_t spread[16] = {0x80000000u, 0x7FFFFFFFu, 0xFFFFFFFFu, 0x9E3779B9u, 0xDEADBEEFu, 0x00010000u,
+                                      0xFFFF0000u, 0x55555555u, 0xAAAAAAAAu, 0x00000100u, 0x80000001u, 0xFFFFFFFEu,
+                                      0x01234567u, 0x89ABCDEFu, 0xFFFFFF00u, 0x00FFFFFFu};
+  return b < 0x80 ? b : b < 0xF0 ? 0xFFFFFFFFu - (uint32_t)(b - 0x80) : spread[b - 0xF0];
+}
 
 void fz_ext_header(fz_case *c, const uint8_t *e) {
   memcpy(c->ext_hdr, e, FZ_EXT);
@@ -108,6 +123,15 @@ void fz_ext_header(fz_case *c, const uint8_t *e) {
     static const int add[4] = {0, 1, 2, -1};
     p->block_table_stride = bt < 0xF0 ? (int)(need + add[bt % 4]) : fz_hostile_int[bt - 0xF0];
   }
+
+  /* dropout: 0 (off), valid rates up to the largest float below 1, and the
+   * refused ones (negative, 1, past 1, NaN, infinities) */
+  static const float rates[16] = {0.f,   0.5f, 0.1f, 0.9999999f, -0.1f,     1.f,        NAN,   INFINITY,
+                                  0.25f, -0.f, 0.9f, 1e-10f,     -INFINITY, 1.0000001f, 0.75f, 0.99999994f};
+  p->dropout_p = rates[e[E_DROPOUT_P] % 16];
+  p->dropout_seed = dec_word(e[E_DROPOUT_SEED]) | (cl_ulong)dec_word(e[E_DROPOUT_SEED + 1]) << 32;
+  p->dropout_offset = dec_word(e[E_DROPOUT_OFFSET]) | (cl_ulong)dec_word(e[E_DROPOUT_OFFSET + 1]) << 32;
+  c->aux[A_LEFTPAD] = !!(e[E_LEFTPAD] & L_LEFTPAD);
 }
 
 void fz_view_dims(const fz_case *c, int t, size_t D[4]) {
@@ -195,6 +219,22 @@ static void dec_cu(int32_t *cu, size_t n, int len, fz_reader *r) {
   }
 }
 
+/* cache_leftpad entries: < 0xF0 a start in 0 .. end (end = batch row b's
+ * kv_lens clamped to [0, kv_len], kv_len without one; a start at end leaves
+ * no key), else a hostile value (negative, past the end, INT_MIN, INT_MAX). */
+static void dec_leftpad(const fz_case *c, int32_t *lp, size_t n, fz_reader *r) {
+  const long long N = c->p.kv_len > 0 ? c->p.kv_len : 0;
+  for (size_t i = 0; i < n; i++) {
+    const uint8_t x = fz_rd(r);
+    long long end = N;
+    if (c->kv_lens && i < c->kv_lens_bytes / 4) end = c->kv_lens_host[i] < 0 ? 0 : c->kv_lens_host[i];
+    if (end > N) end = N;
+    const long long hostile[8] = {-1, INT_MIN, INT_MAX, end + 1, end, N + 1, -end - 1, 1 << 30};
+    const long long v = x < 0xF0 ? x % (end + 1) : hostile[x & 7];
+    lp[i] = (int32_t)(v > INT_MAX ? INT_MAX : v < INT_MIN ? INT_MIN : v);
+  }
+}
+
 int fz_ext_data(fz_case *c, fz_reader *r) {
   clattn_params *p = &c->p;
   if (!c->ext) return 0;
@@ -207,8 +247,10 @@ int fz_ext_data(fz_case *c, fz_reader *r) {
                                 table_n > 0 && table_n <= INT_MAX ? (long)table_n : -1,
                                 alibi_n > 0 && alibi_n <= INT_MAX ? (long)alibi_n : -1,
                                 p->q_heads,
-                                p->head_dim};
-  const int shorts[A_COUNT] = {vshort, vshort, !!(e_byte(c, E_PAGED) & P_SHORT), sshort, sshort, sshort};
+                                p->head_dim,
+                                p->batch};
+  const int shorts[A_COUNT] = {vshort, vshort, !!(e_byte(c, E_PAGED) & P_SHORT),  sshort,
+                               sshort, sshort, !!(e_byte(c, E_LEFTPAD) & L_SHORT)};
   for (int a = 0; a < A_COUNT; a++) {
     if (!c->aux[a]) continue;
     c->aux_bytes[a] = small_bytes(counts[a], shorts[a]);
@@ -228,6 +270,7 @@ int fz_ext_data(fz_case *c, fz_reader *r) {
           iv[i] = x < 0xF0 ? (np > 0 ? x % np : 0) : hostile[x & 7];
         }
         break;
+      case A_LEFTPAD: dec_leftpad(c, iv, n, r); break;
       default:
         for (size_t i = 0; i < n; i++) fv[i] = fz_dec_float(fz_rd(r));
         break;
@@ -329,8 +372,13 @@ void fz_ext_rules(const fz_case *c, int dims_ok, fz_reason_fn reason, void *rc) 
   }
   if (p->alibi_batch_stride < 0) R(inv, "alibi_batch_stride %d", p->alibi_batch_stride);
   if (p->alibi_batch_stride > 0 && !c->aux[A_ALIBI]) R(inv, "alibi_batch_stride without alibi_slopes");
+  if (!(p->dropout_p >= 0.f && p->dropout_p < 1.f)) R(inv, "dropout_p %.9g", (double)p->dropout_p);
   if (paged(c) && !c->kv_lens) R(inv, "block table without kv_lens");
+  if (c->aux[A_LEFTPAD] && !c->kv_lens) R(inv, "cache_leftpad without kv_lens");
+  if (c->aux[A_LEFTPAD] && c->aux[A_CU_K]) R(inv, "cache_leftpad with cu_seqlens_k");
   if (!dims_ok) return;
+  if (c->aux[A_LEFTPAD] && c->aux_bytes[A_LEFTPAD] < (size_t)p->batch * 4)
+    R(small, "cache_leftpad buffer %zu bytes", c->aux_bytes[A_LEFTPAD]);
   if (vl) {
     for (int a = A_CU_Q; a <= A_CU_K; a++)
       if (c->aux[a] && c->aux_bytes[a] < ((size_t)p->batch + 1) * 4)
@@ -429,6 +477,23 @@ static clattn_tensor dense_view(size_t heads, size_t rows, size_t cols, int batc
 
 static long clampl(long x, long lo, long hi) { return x < lo ? lo : x > hi ? hi : x; }
 
+/* Whether the user's mask and bias allow (b, h, i, j): a bias entry of -inf
+ * disallows its key (semantics.md), whatever its key holds. The reference
+ * only adds the bias to the score, so a key whose dot product is +inf or NaN
+ * would reach it as a NaN score: the harness gives it the bias's verdict in
+ * its mask. */
+static int mask_allows(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j) {
+  if (in->mask && !in->mask[cp_index(&p->mask, b, h, i, j)]) return 0;
+  return !in->bias || in->bias[cp_index(&p->bias, b, h, i, j)] != -INFINITY;
+}
+
+/* The view of a dense [B, Hq, M, N] mask. */
+static clattn_tensor dense_mask(const clattn_params *p) {
+  const size_t M = (size_t)p->q_len, N = (size_t)p->kv_len;
+  clattn_tensor t = {DUMMY_MEM, 0, {(size_t)p->q_heads * M * N, M * N, N, 1}};
+  return t;
+}
+
 int fz_ref_build(const fz_case *c, fz_ref *r) {
   memset(r, 0, sizeof *r);
   const clattn_params *p = &c->p;
@@ -451,9 +516,13 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
   in->additive_w = p->score == CLATTN_SCORE_ADDITIVE ? (const float *)(const void *)c->aux_host[A_ADDW] : NULL;
   in->cu_seqlens_q = varlen(c) ? (const int32_t *)(const void *)c->aux_host[A_CU_Q] : NULL;
   in->cu_seqlens_k = varlen(c) ? (const int32_t *)(const void *)c->aux_host[A_CU_K] : NULL;
+  in->cache_leftpad = c->aux[A_LEFTPAD] ? (const int32_t *)(const void *)c->aux_host[A_LEFTPAD] : NULL;
   rp->alibi_slopes = in->alibi_slopes ? DUMMY_MEM : NULL;
   rp->sinks = in->sinks ? DUMMY_MEM : NULL;
   rp->additive_w = in->additive_w ? DUMMY_MEM : NULL;
+  rp->cache_leftpad = in->cache_leftpad ? DUMMY_MEM : NULL;
+  /* (dropout_p, dropout_seed and dropout_offset pass as the call's: the
+   * reference draws the same mask with its own Philox) */
 
   /* q as floats, indexed by its own view */
   if (is16(p->dtype)) {
@@ -480,20 +549,35 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
     rp->v = dense_view((size_t)Hkv, rows, (size_t)dv, !varlen(c));
     in->k = r->k;
     in->v = r->v;
+    if (in->bias) { /* the mask with the bias's -inf entries */
+      r->mask = malloc((size_t)B * Hq * M * N);
+      if (!r->mask) return -1;
+      size_t at = 0;
+      for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+          for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) r->mask[at++] = (unsigned char)mask_allows(p, in, b, h, i, j);
+      in->mask = r->mask;
+      rp->mask = dense_mask(p);
+    }
     return 0;
   }
 
-  /* Paged: each batch row is its own sequence of clamp(kv_lens[b]) keys,
-   * aligned on it, which the reference knows as packed sequences; keys on a
-   * page outside the pool are masked out. */
+  /* Paged: each batch row is its own sequence of end - start keys (end =
+   * clamp(kv_lens[b], 0, kv_len), start = clamp(cache_leftpad[b], 0, end) or
+   * 0), aligned on them, which the reference knows as packed sequences: key j
+   * is table row position start + j; keys on a page outside the pool are
+   * masked out. */
   const size_t pages = (size_t)p->num_pages, ps = (size_t)p->page_size, bts = (size_t)p->block_table_stride;
   const int32_t *table = (const int32_t *)(const void *)c->aux_host[A_TABLE];
+  long *start = calloc((size_t)B + 1, sizeof *start);
   float *pool_k = kv_dense(c, T_K, pages, (size_t)Hkv, ps, (size_t)dk);
   float *pool_v = kv_dense(c, T_V, pages, (size_t)Hkv, ps, (size_t)dv);
   r->cu_q = malloc(sizeof(int32_t) * ((size_t)B + 1));
   r->cu_k = malloc(sizeof(int32_t) * ((size_t)B + 1));
   r->mask = malloc((size_t)B * Hq * M * N);
-  if (!pool_k || !pool_v || !r->cu_q || !r->cu_k || !r->mask) {
+  if (!pool_k || !pool_v || !r->cu_q || !r->cu_k || !r->mask || !start) {
+    free(start);
     free(pool_k);
     free(pool_v);
     return -1;
@@ -505,7 +589,9 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
   r->cu_q[0] = cu_q ? cu_q[0] : 0;
   r->cu_k[0] = 0;
   for (int b = 0; b < B; b++) {
-    total += clampl(c->kv_lens_host[b], 0, N);
+    const long end = clampl(c->kv_lens_host[b], 0, N);
+    start[b] = in->cache_leftpad ? clampl(in->cache_leftpad[b], 0, end) : 0;
+    total += end - start[b];
     r->cu_q[b + 1] = cu_q ? cu_q[b + 1] : (b + 1) * M;
     r->cu_k[b + 1] = (int32_t)total;
   }
@@ -514,21 +600,23 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
   r->v = calloc((size_t)Hkv * T * dv + 1, sizeof(float));
   float *qp = malloc(((size_t)Hq * B * M * dk + 1) * sizeof(float));
   if (!r->k || !r->v || !qp) {
+    free(start);
     free(pool_k);
     free(pool_v);
     free(qp);
     return -1;
   }
   for (int b = 0; b < B; b++) {
-    const long n = clampl(c->kv_lens_host[b], 0, N);
+    const long n = r->cu_k[b + 1] - r->cu_k[b];
     for (long j = 0; j < n; j++) {
-      const int32_t e = table[(size_t)b * bts + (size_t)j / ps];
+      const size_t at = (size_t)(start[b] + j); /* the key's position in its table row */
+      const int32_t e = table[(size_t)b * bts + at / ps];
       if (e < 0 || e >= p->num_pages) continue; /* masked out below; zeros never read */
       for (int h = 0; h < Hkv; h++) {
         memcpy(r->k + ((size_t)h * T + (size_t)(r->cu_k[b] + j)) * dk,
-               pool_k + (((size_t)e * Hkv + h) * ps + (size_t)j % ps) * dk, sizeof(float) * dk);
+               pool_k + (((size_t)e * Hkv + h) * ps + at % ps) * dk, sizeof(float) * dk);
         memcpy(r->v + ((size_t)h * T + (size_t)(r->cu_k[b] + j)) * dv,
-               pool_v + (((size_t)e * Hkv + h) * ps + (size_t)j % ps) * dv, sizeof(float) * dv);
+               pool_v + (((size_t)e * Hkv + h) * ps + at % ps) * dv, sizeof(float) * dv);
       }
     }
     for (int h = 0; h < Hq; h++)
@@ -537,15 +625,16 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
           qp[((size_t)h * B * M + (size_t)b * M + i) * dk + d] = in->q[cp_index(&p->q, b, h, i, d)];
         for (int j = 0; j < N; j++) {
           const size_t at = (((size_t)b * Hq + h) * M + i) * N + j;
-          int ok = !in->mask || in->mask[cp_index(&p->mask, b, h, i, j)];
+          int ok = mask_allows(p, in, b, h, i, j);
           if (j < n) {
-            const int32_t e = table[(size_t)b * bts + (size_t)j / ps];
+            const int32_t e = table[(size_t)b * bts + (size_t)(start[b] + j) / ps];
             ok = ok && e >= 0 && e < p->num_pages;
           }
           r->mask[at] = (unsigned char)ok;
         }
       }
   }
+  free(start);
   free(pool_k);
   free(pool_v);
   if (cu_q) { /* the call's own q and view */
@@ -561,14 +650,16 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
   in->v = r->v;
   in->mask = r->mask;
   in->kv_lens = NULL;
+  in->cache_leftpad = NULL; /* (the gather started each row at its start) */
   in->cu_seqlens_q = r->cu_q;
   in->cu_seqlens_k = r->cu_k;
   rp->kv_lens = NULL;
+  rp->cache_leftpad = NULL;
   rp->cu_seqlens_q = rp->cu_seqlens_k = DUMMY_MEM;
   rp->total_kv = (int)total;
   rp->k = dense_view((size_t)Hkv, T, (size_t)dk, 0);
   rp->v = dense_view((size_t)Hkv, T, (size_t)dv, 0);
-  rp->mask = (clattn_tensor){DUMMY_MEM, 0, {(size_t)Hq * M * N, (size_t)M * N, (size_t)N, 1}};
+  rp->mask = dense_mask(p);
   return 0;
 }
 

@@ -2,7 +2,8 @@
  * The fuzz case's shared state and the field groups of the format's
  * extension (fuzz_fields.c): storage types (16-bit q/out, F16/BF16/Q8_0/INT8
  * K/V with INT8 scales), score shaping (softcap, ALiBi, sinks, additive
- * scoring), packed sequences (cu_seqlens) and paged K/V (block tables).
+ * scoring), packed sequences (cu_seqlens), paged K/V (block tables),
+ * dropout and left-padded caches (cache_leftpad).
  * Internal to the fuzz harness (fuzz_case.c documents the format).
  */
 #ifndef CLATTN_FUZZ_FIELDS_H
@@ -24,7 +25,7 @@
 enum { T_Q, T_K, T_V, T_OUT, T_MASK, T_BIAS, T_LSE, T_W, T_ENT, T_MAXW, T_ARGMAX, T_KS, T_VS, T_COUNT };
 
 /* Small int32 / f32 buffers of the extension, one cl_mem each. */
-enum { A_CU_Q, A_CU_K, A_TABLE, A_ALIBI, A_SINKS, A_ADDW, A_COUNT };
+enum { A_CU_Q, A_CU_K, A_TABLE, A_ALIBI, A_SINKS, A_ADDW, A_LEFTPAD, A_COUNT };
 
 typedef struct {
   clattn_params p;
@@ -101,10 +102,10 @@ void fz_ext_rules(const fz_case *c, int dims_ok, fz_reason_fn reason, void *rctx
 /* What the reference needs: f32 copies of the stored q and K/V (dequantised;
  * paged K/V gathered into packed sequences), its params and inputs. */
 typedef struct {
-  clattn_params rp; /* the reference's params (dtype F32, no block table) */
+  clattn_params rp; /* the reference's params (dtype F32, no block table; the call's dropout) */
   ref_inputs in;
   float *q, *k, *v;     /* owned copies (NULL when the host buffer is used as is) */
-  unsigned char *mask;  /* the user's mask combined with the block table's validity (paged) */
+  unsigned char *mask;  /* the user's mask with the bias's -inf entries and the block table's validity */
   int32_t *cu_q, *cu_k; /* paged: the packed sequences */
 } fz_ref;
 

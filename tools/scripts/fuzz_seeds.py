@@ -3,7 +3,8 @@
 the format tests/fuzz/fuzz_case.c documents, one per feature, so the fuzzer
 starts from calls that reach every path and every check. Seeds named ext_*
 carry the format's extension (16-bit storage, quantised and paged K/V,
-score shaping, packed sequences), a few valid and a few hostile per field.
+score shaping, packed sequences, dropout, left-padded caches), a few valid
+and a few hostile per field.
 
     tools/scripts/fuzz_seeds.py [OUT_DIR]       default: tests/fuzz/corpus
 
@@ -61,15 +62,22 @@ SCORE = {"softcap": 1, "alibi": 2, "sinks": 4, "additive": 8, "bad_score": 16, "
 SOFTCAP = {5.0: 0, 1.0: 1, "nan": 8, -1.0: 9, "inf": 10, "-0": 11, 0.0: 12, "FLT_MIN": 13}
 VARLEN = {"cu_q": 1, "cu_k": 2, "short": 4, "batch_stride": 8}
 TOTAL = {"last": 0, "last+1": 1, "last-1": 2, "zero": 3}
+DROPOUT = {0.0: 0, 0.5: 1, 0.1: 2, 0.9999999: 3, -0.1: 4, 1.0: 5, "nan": 6, "inf": 7, 0.25: 8, "-0": 9, 0.9: 10,
+           1e-10: 11, "-inf": 12, 1.0000001: 13, 0.75: 14, "largest": 15}  # largest: the float below 1
 
 
 def ext(dtype="f32", kv="same", score=(), softcap=5.0, varlen=(), total_q="last", total_kv="last", paged=False,
         table_short=False, page_size=4, num_pages=8, bt_stride=0, scale_flips=0, k_scale_view=(0, 0, 0, 0),
-        v_scale_view=(0, 0, 0, 0), q8_k=0, q8_v=0, alibi_stride=0, **kw):
+        v_scale_view=(0, 0, 0, 0), q8_k=0, q8_v=0, alibi_stride=0, dropout=0.0, seed=(0, 0), offset=(0, 0),
+        leftpad=False, leftpad_short=False, **kw):
     """An input of the extended format: the magic, its header, then case(**kw).
     page_size 1..16, num_pages 1..32 (or a hostile byte >= 0xF0), bt_stride:
     0 the least entries, 1 / 2 more, 3 one too few (or a hostile byte).
-    alibi_stride: 0 per head, 1 q_heads, 2 q_heads + 1 (or a hostile byte)."""
+    alibi_stride: 0 per head, 1 q_heads, 2 q_heads + 1 (or a hostile byte).
+    seed, offset: the bytes of their low and high 32-bit words (< 0x80 the
+    value, 0x80 + k: 2^32 - 1 - k, >= 0xF0 a spread pattern).
+    leftpad: cache_leftpad, its entries in the data after additive_w's
+    (< 0xF0 b % (end + 1), end = the row's kv_lens clamped to [0, kv_len])."""
     e = [0] * EXT_LEN
     e[0] = DTYPE[dtype]
     e[1] = KV[kv]
@@ -86,6 +94,10 @@ def ext(dtype="f32", kv="same", score=(), softcap=5.0, varlen=(), total_q="last"
     e[18] = q8_k
     e[19] = q8_v
     e[20] = alibi_stride
+    e[21] = DROPOUT[dropout]
+    e[22:24] = seed
+    e[24:26] = offset
+    e[26] = (1 if leftpad else 0) | (2 if leftpad_short else 0)
     return MAGIC + bytes(e) + case(**kw)
 
 
@@ -222,6 +234,101 @@ SEEDS = {
     "ext_alibi_stride_negative_invalid": ext(score=("alibi",), alibi_stride=0xF1, B=2),
     "ext_alibi_per_batch_short": ext(score=("alibi", "short"), alibi_stride=1, B=3, Hq=2),
     "ext_alibi_stride_huge": ext(score=("alibi",), alibi_stride=0xF2, B=2),
+    # dropout on every path (the fused programs with dropout are built for the dims the warm-up does)
+    "ext_dropout_fused_diag": ext(dropout=0.5, seed=(0x2A, 0x11), offset=(3, 0), Hq=2, M=5, N=9, dk=16, dv=16,
+                                  algo=2, flags=("lse", "entropy", "max_weight")),
+    "ext_dropout_staged_weights": ext(dropout=0.1, seed=(0xF3, 0xF4), M=6, N=11, algo=1, causal=1,
+                                      flags=("weights", "lse", "argmax")),
+    "ext_dropout_gemm_gqa": ext(dropout=0.25, seed=(7, 0xF2), offset=(0, 1), B=2, Hq=4, Hkv=2, M=4, N=13, dk=16,
+                                dv=4, algo=3, flags=("lse",)),
+    "ext_dropout_auto": ext(dropout=0.75, seed=(0xFC, 0xFD), M=3, N=7),
+    "ext_dropout_auto_weights": ext(dropout=0.9, M=4, N=6, dk=3, dv=17, flags=("weights",)),
+    # offsets near 2^64: the low word 2^32 - 6 carries into the high word (j / 4 up to 8), the
+    # high word 2^32 - 1 wraps past 2^64 from row 1 on
+    "ext_dropout_offset_carries_staged": ext(dropout=0.5, seed=(0xFE, 0xF7), offset=(0x85, 0x80), M=8, N=33,
+                                             algo=1, flags=("weights",)),
+    "ext_dropout_offset_carries_fused": ext(dropout=0.5, seed=(0x85, 0x80), offset=(0x80, 0x81), Hq=2, M=6, N=40,
+                                            dk=32, dv=32, algo=2, flags=("lse",)),
+    "ext_dropout_offset_spread_gemm": ext(dropout=0.5, seed=(0xF0, 0xF1), offset=(0xFA, 0xF9), B=2, M=5, N=17,
+                                          algo=3),
+    "ext_dropout_largest_rate_staged": ext(dropout="largest", M=8, N=40, algo=1, flags=("weights", "entropy")),
+    "ext_dropout_0_9999999_gemm": ext(dropout=0.9999999, M=6, N=30, algo=3, flags=("lse",)),
+    "ext_dropout_tiny_rate_keeps_all": ext(dropout=1e-10, M=4, N=9, algo=2),
+    "ext_dropout_minus_zero_is_off": ext(dropout="-0", M=4, N=5, algo=1, flags=("weights",)),
+    "ext_dropout_varlen_packed": ext(dropout=0.5, varlen=("cu_q", "cu_k"), B=3, Hq=2, M=6, N=9, causal=1,
+                                     flags=("lse", "entropy"), data=bytes([0, 3, 6, 2, 0, 5, 0, 9])),
+    "ext_dropout_paged_packed_queries": ext(dropout=0.25, seed=(0x99, 0x42), paged=True, varlen=("cu_q",),
+                                            page_size=4, num_pages=10, B=2, M=3, N=20, causal=1, algo=2,
+                                            flags=("kv_lens", "lse"),
+                                            data=bytes([0, 6, 0, 3, 1, 3, 7, 1, 0, 9, 2, 3, 4, 5, 6])),
+    "ext_dropout_f16_q8_0_fused": ext("f16", "q8_0", dropout=0.5, M=3, N=11, dk=32, dv=32, algo=2,
+                                      flags=("lse",)),
+    "ext_dropout_bf16_int8_staged": ext("bf16", "int8", dropout=0.1, M=3, N=8, dk=32, dv=32, algo=1,
+                                        flags=("weights",)),
+    "ext_dropout_nan_inf_data": ext(dropout=0.5, M=3, N=5, algo=1, flags=("lse", "weights"),
+                                    data=bytes([0xFD, 3, 0xFE, 1, 0xFF, 2] * 20)),
+    "ext_dropout_sinks_empty_error": ext(dropout=0.5, score=("sinks",), M=4, N=4, empty=1, flags=("mask", "lse"),
+                                         data=bytes([0] * 64)),
+    "ext_dropout_negative_invalid": ext(dropout=-0.1),
+    "ext_dropout_one_invalid": ext(dropout=1.0, algo=1),
+    "ext_dropout_past_one_invalid": ext(dropout=1.0000001),
+    "ext_dropout_nan_invalid": ext(dropout="nan", algo=2),
+    "ext_dropout_inf_invalid": ext(dropout="inf", algo=3),
+    "ext_dropout_minus_inf_invalid": ext(dropout="-inf"),
+    # left-padded caches: kv_lens bytes (x % 12: 0 N, 6 N/2, 5 -1, 8 INT_MAX, 9 INT_MIN), then the starts
+    # (x % (end + 1); 0xF0.. -1, INT_MIN, INT_MAX, end + 1, end, N + 1, -end - 1, 2^30)
+    "ext_leftpad_fused_causal": ext(leftpad=True, B=3, Hq=2, M=4, N=17, dk=16, dv=16, algo=2, causal=1,
+                                    flags=("kv_lens", "lse", "entropy", "argmax"), data=bytes([0, 6, 0, 5, 3, 0])),
+    "ext_leftpad_staged_window_alibi_mask_bias": ext(leftpad=True, score=("alibi",), B=2, Hq=2, M=5, N=12,
+                                                     algo=1, wl=3, flags=("kv_lens", "weights", "mask", "bias"),
+                                                     data=bytes([0, 6, 1, 2, 7, 2])),
+    "ext_leftpad_gemm_gqa_start_at_end": ext(leftpad=True, B=2, Hq=4, Hkv=2, M=3, N=9, algo=3,
+                                             flags=("kv_lens", "lse"), data=bytes([0, 0, 4, 9])),
+    "ext_leftpad_auto": ext(leftpad=True, B=2, M=2, N=10, flags=("kv_lens",), data=bytes([0, 2, 8, 1])),
+    "ext_leftpad_empty_error": ext(leftpad=True, B=2, M=3, N=6, empty=1, flags=("kv_lens",),
+                                   data=bytes([0, 0, 6, 2])),
+    "ext_leftpad_hostile_starts": ext(leftpad=True, B=3, M=3, N=8, algo=1, flags=("kv_lens", "weights"),
+                                      data=bytes([0, 0, 2, 0xF0, 0xF1, 0xF2])),
+    "ext_leftpad_hostile_starts_past_end": ext(leftpad=True, B=3, M=3, N=8, algo=2, flags=("kv_lens", "lse"),
+                                               data=bytes([0, 6, 0, 0xF3, 0xF5, 0xF6])),
+    "ext_leftpad_hostile_kv_lens": ext(leftpad=True, B=3, M=2, N=7, algo=3, flags=("kv_lens",),
+                                       data=bytes([8, 9, 5, 3, 0xF2, 0])),
+    "ext_leftpad_q8_0_fused": ext(kv="q8_0", leftpad=True, B=2, M=2, N=11, dk=32, dv=32, algo=2,
+                                  flags=("kv_lens", "lse"), data=bytes([0, 6, 4, 1])),
+    "ext_leftpad_int8_staged": ext(kv="int8", leftpad=True, B=2, M=3, N=7, dk=32, dv=32, algo=1, causal=1,
+                                   flags=("kv_lens", "weights"), data=bytes([0, 2, 3, 1])),
+    "ext_leftpad_f16_gemm": ext("f16", leftpad=True, B=2, M=2, N=9, dk=32, dv=32, algo=3, flags=("kv_lens",),
+                                data=bytes([0, 0, 5, 8])),
+    # paged: ext_paged_f32's tables; starts 6 (page 1, row 2) and 9 (the last key of row 1)
+    "ext_leftpad_paged": ext(leftpad=True, paged=True, page_size=4, num_pages=10, B=2, M=3, N=20, causal=1,
+                             flags=("kv_lens", "lse"), data=bytes([0, 6, 3, 7, 1, 0, 9, 2, 3, 4, 5, 6, 6, 9])),
+    "ext_leftpad_paged_staged_window": ext(leftpad=True, paged=True, page_size=3, num_pages=8, B=2, Hq=2, M=4,
+                                           N=14, wl=2, algo=1, flags=("kv_lens", "weights"),
+                                           data=bytes([0, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 4, 11])),
+    "ext_leftpad_paged_gemm_q8_0": ext(kv="q8_0", leftpad=True, paged=True, page_size=5, num_pages=6, B=2, M=2,
+                                       N=9, dk=32, dv=32, algo=3, flags=("kv_lens",),
+                                       data=bytes([0, 2, 5, 0, 1, 0, 3, 7])),
+    "ext_leftpad_paged_packed_queries": ext(leftpad=True, paged=True, varlen=("cu_q",), page_size=4,
+                                            num_pages=10, B=2, M=3, N=20, causal=1, algo=2,
+                                            flags=("kv_lens", "lse", "entropy"),
+                                            data=bytes([0, 6, 0, 3, 1, 3, 7, 1, 0, 9, 2, 3, 4, 5, 6, 13, 2])),
+    "ext_leftpad_paged_entries_outside_pool": ext(leftpad=True, paged=True, page_size=3, num_pages=4, B=2, M=2,
+                                                  N=9, bt_stride=1, flags=("kv_lens", "lse"),
+                                                  data=bytes([0, 0, 0xF0, 1, 0xF1, 0xF3, 2, 0xF2, 3, 0xF5, 2, 4])),
+    "ext_leftpad_paged_hostile_starts": ext(leftpad=True, paged=True, page_size=2, num_pages=6, B=2, M=2, N=7,
+                                            algo=1, flags=("kv_lens", "weights"),
+                                            data=bytes([0, 6, 0, 1, 2, 3, 4, 5, 0, 1, 0xF2, 0xF1])),
+    "ext_leftpad_dropout_staged": ext(leftpad=True, dropout=0.5, seed=(0x10, 0x20), B=2, Hq=2, M=4, N=12, algo=1,
+                                      flags=("kv_lens", "weights", "lse"), data=bytes([0, 6, 5, 1])),
+    "ext_leftpad_dropout_paged_fused": ext(leftpad=True, dropout=0.25, paged=True, page_size=4, num_pages=10, B=2,
+                                           M=3, N=20, algo=2, flags=("kv_lens",),
+                                           data=bytes([0, 6, 3, 7, 1, 0, 9, 2, 3, 4, 5, 6, 6, 9])),
+    "ext_leftpad_without_kv_lens_invalid": ext(leftpad=True, B=2),
+    "ext_leftpad_with_cu_seqlens_k_invalid": ext(leftpad=True, varlen=("cu_q", "cu_k"), B=2, flags=("kv_lens",)),
+    "ext_leftpad_paged_with_cu_seqlens_k_invalid": ext(leftpad=True, paged=True, varlen=("cu_q", "cu_k"), B=2,
+                                                       flags=("kv_lens",)),
+    "ext_leftpad_short_buffer": ext(leftpad=True, leftpad_short=True, B=2, flags=("kv_lens",)),
+    "ext_leftpad_short_buffer_paged": ext(leftpad=True, leftpad_short=True, paged=True, B=3, flags=("kv_lens",)),
 }
 
 
