@@ -477,16 +477,6 @@ static clattn_tensor dense_view(size_t heads, size_t rows, size_t cols, int batc
 
 static long clampl(long x, long lo, long hi) { return x < lo ? lo : x > hi ? hi : x; }
 
-/* Whether the user's mask and bias allow (b, h, i, j): a bias entry of -inf
- * disallows its key (semantics.md), whatever its key holds. The reference
- * only adds the bias to the score, so a key whose dot product is +inf or NaN
- * would reach it as a NaN score: the harness gives it the bias's verdict in
- * its mask. */
-static int mask_allows(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j) {
-  if (in->mask && !in->mask[cp_index(&p->mask, b, h, i, j)]) return 0;
-  return !in->bias || in->bias[cp_index(&p->bias, b, h, i, j)] != -INFINITY;
-}
-
 /* The view of a dense [B, Hq, M, N] mask. */
 static clattn_tensor dense_mask(const clattn_params *p) {
   const size_t M = (size_t)p->q_len, N = (size_t)p->kv_len;
@@ -549,17 +539,6 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
     rp->v = dense_view((size_t)Hkv, rows, (size_t)dv, !varlen(c));
     in->k = r->k;
     in->v = r->v;
-    if (in->bias) { /* the mask with the bias's -inf entries */
-      r->mask = malloc((size_t)B * Hq * M * N);
-      if (!r->mask) return -1;
-      size_t at = 0;
-      for (int b = 0; b < B; b++)
-        for (int h = 0; h < Hq; h++)
-          for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++) r->mask[at++] = (unsigned char)mask_allows(p, in, b, h, i, j);
-      in->mask = r->mask;
-      rp->mask = dense_mask(p);
-    }
     return 0;
   }
 
@@ -625,7 +604,7 @@ int fz_ref_build(const fz_case *c, fz_ref *r) {
           qp[((size_t)h * B * M + (size_t)b * M + i) * dk + d] = in->q[cp_index(&p->q, b, h, i, d)];
         for (int j = 0; j < N; j++) {
           const size_t at = (((size_t)b * Hq + h) * M + i) * N + j;
-          int ok = mask_allows(p, in, b, h, i, j);
+          int ok = !in->mask || in->mask[cp_index(&p->mask, b, h, i, j)];
           if (j < n) {
             const int32_t e = table[(size_t)b * bts + (size_t)(start[b] + j) / ps];
             ok = ok && e >= 0 && e < p->num_pages;

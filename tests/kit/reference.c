@@ -91,6 +91,10 @@ int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int 
   return 1;
 }
 
+int ref_bias_disallows(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j) {
+  return in->bias && in->bias[view_index(&p->bias, b, h, i, j)] == -INFINITY;
+}
+
 double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j) {
   const int g = h / (p->q_heads / p->kv_heads);
   const ref_seq sq = ref_sequence(p, in, b);
@@ -165,7 +169,7 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o) {
         int has_nan = 0, any = 0, best = -1;
         for (int j = 0; j < N; j++) {
           use[j] = 0;
-          if (!ref_allowed(p, in, b, h, i, j)) continue;
+          if (!ref_allowed(p, in, b, h, i, j) || ref_bias_disallows(p, in, b, h, i, j)) continue;
           double sc = ref_score(p, in, b, h, i, j);
           s[j] = sc;
           if (isnan(sc)) {

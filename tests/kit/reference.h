@@ -56,8 +56,14 @@ ref_seq ref_sequence(const clattn_params *p, const ref_inputs *in, int b);
 double ref_scale(const clattn_params *p);
 
 /* Whether key j is allowed for query row i of batch b, head h (kv_lens,
- * mask, window/causal); the bias is not consulted. */
+ * mask, window/causal); the bias is not consulted (ref_forward and
+ * ref_backward also drop a key whose bias entry is -inf). */
 int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j);
+
+/* Whether the bias disallows key j (an entry of -inf), as a zero mask
+ * entry does: its key and value never reach an output, whatever the
+ * dot product (an infinite one included). */
+int ref_bias_disallows(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j);
 
 /* Row (b, h, i)'s score of key j in fp64, shaped in clattn.h's order:
  * scale * <q_i, k_j> (or the additive score), softcap, + bias_ij + ALiBi

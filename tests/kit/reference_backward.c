@@ -49,7 +49,7 @@ int ref_backward(const clattn_params *p, const ref_inputs *in, const double *d_o
         int any = 0;
         for (int j = 0; j < N; j++) {
           use[j] = 0;
-          if (!ref_allowed(p, in, b, h, i, j)) continue;
+          if (!ref_allowed(p, in, b, h, i, j) || ref_bias_disallows(p, in, b, h, i, j)) continue;
           s[j] = ref_score(p, in, b, h, i, j);
           if (s[j] == -INFINITY) continue; /* weight exactly 0: nothing flows back */
           use[j] = 1;
