@@ -40,6 +40,22 @@ static clattn_status enqueue_half(clattn_context *ctx, cl_kernel kernel, const c
   return ca_enqueue(ctx, kernel, "kv_append", 2, global, NULL, n_wait, wait, prev);
 }
 
+clattn_status ca_enqueue_append(clattn_context *ctx, const clattn_append_params *ap, cl_uint n_wait,
+                                const cl_event *wait, cl_event *prev) {
+  const clattn_dtype kv = ap->kv_dtype == CLATTN_DTYPE_SAME ? ap->src_dtype : ap->kv_dtype;
+  cl_program program = NULL;
+  cl_kernel kernel = NULL;
+  clattn_status st;
+  if ((st = ca_append_program(ctx, ap->src_dtype, kv, &program)) ||
+      (st = ca_kernel_take(ctx, program, "kv_append", &kernel)))
+    return st;
+  /* kernel arguments are copied at enqueue, so one kernel serves both halves */
+  if (!(st = enqueue_half(ctx, kernel, ap, &ap->k_new, &ap->k, &ap->k_scale, ap->head_dim, n_wait, wait, prev)))
+    st = enqueue_half(ctx, kernel, ap, &ap->v_new, &ap->v, &ap->v_scale, ap->value_dim, n_wait, wait, prev);
+  ca_kernel_give(ctx, kernel);
+  return st;
+}
+
 clattn_status clattn_kv_append(clattn_context *ctx, const clattn_append_params *ap, cl_uint n_wait,
                                const cl_event *wait, cl_event *done) {
   if (done) *done = NULL;
@@ -57,19 +73,8 @@ clattn_status clattn_kv_append(clattn_context *ctx, const clattn_append_params *
     }
     return CLATTN_OK;
   }
-  const clattn_dtype kv = ap->kv_dtype == CLATTN_DTYPE_SAME ? ap->src_dtype : ap->kv_dtype;
-  cl_program program = NULL;
-  cl_kernel kernel = NULL;
   cl_event prev = NULL;
-  if ((st = ca_append_program(ctx, ap->src_dtype, kv, &program)) ||
-      (st = ca_kernel_take(ctx, program, "kv_append", &kernel)))
-    goto fail;
-  /* kernel arguments are copied at enqueue, so one kernel serves both halves */
-  if ((st = enqueue_half(ctx, kernel, ap, &ap->k_new, &ap->k, &ap->k_scale, ap->head_dim, n_wait, wait, &prev)) ||
-      (st = enqueue_half(ctx, kernel, ap, &ap->v_new, &ap->v, &ap->v_scale, ap->value_dim, n_wait, wait, &prev)))
-    goto fail;
-fail:
-  ca_kernel_give(ctx, kernel);
+  st = ca_enqueue_append(ctx, ap, n_wait, wait, &prev);
   ca_hand_out(st, &prev, done);
   return st;
 }

@@ -547,6 +547,14 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
                                  cl_uint n_wait, const cl_event *wait, cl_event *prev);
 /* Validates an append call (see clattn_kv_append). */
 clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_params *ap);
+/* Enqueues a validated append (new_len > 0) after *prev (see ca_enqueue):
+ * kv_append for the K half, then the V half. */
+clattn_status ca_enqueue_append(clattn_context *ctx, const clattn_append_params *ap, cl_uint n_wait,
+                                const cl_event *wait, cl_event *prev);
+/* Enqueues a validated forward (ca_validate's plan) on its path after the
+ * n_wait events: clattn_forward past its checks. */
+clattn_status ca_forward_enqueue(clattn_context *ctx, const clattn_params *p, ca_plan *plan, cl_uint n_wait,
+                                 const cl_event *wait, cl_event *done);
 clattn_status ca_staged_forward(clattn_context *ctx, const clattn_params *p, const ca_plan *plan, cl_uint n_wait,
                                 const cl_event *wait, cl_event *done);
 
