@@ -86,11 +86,12 @@ CLATTN_EXPORT const char *clattn_status_string(clattn_status s);
 /* Detail of the last failure in this thread: what failed, the OpenCL error's
  * name, the head of the build log. ctx may be NULL (e.g. after a failed create). */
 CLATTN_EXPORT const char *clattn_last_error(const clattn_context *ctx);
-/* What this thread's last clattn_forward, clattn_backward, clattn_kv_append
- * or clattn_merge_states enqueued, once validated: the call's algorithm,
- * then each kernel in the order first enqueued, e.g. "fused: flash_rows_direct4,
- * merge_states" or "gemm: gemm_mask_scores, CLBlast SGEMM, ..."; "" before
- * any call. Per thread, like clattn_last_error. */
+/* What this thread's last clattn_forward, clattn_forward_kvcache,
+ * clattn_backward, clattn_kv_append or clattn_merge_states enqueued, once
+ * validated: the call's algorithm, then each kernel in the order first
+ * enqueued, e.g. "fused: flash_rows_direct4, merge_states" or "gemm:
+ * gemm_mask_scores, CLBlast SGEMM, ..."; "" before any call. Per thread,
+ * like clattn_last_error. */
 CLATTN_EXPORT const char *clattn_last_route(void);
 
 /* Storage; math is f32. The quantised types are K/V storage only (kv_dtype,
@@ -144,16 +145,19 @@ typedef struct {    /* a strided view of a cl_mem; buf NULL = absent */
 } clattn_tensor;
 
 /* Aliasing, one rule for every call (clattn_forward, clattn_backward,
- * clattn_kv_append, clattn_merge_states): an output may share no byte with
- * any other view or buffer of its call, input or output; inputs may share
- * bytes with each other. A call that breaks the rule is INVALID_ARGUMENT,
- * naming both, before anything is enqueued: nothing is computed in place
- * (out on q, d_q on q or d_out, d_k on k, the k and v caches on the same
- * bytes, new rows inside the cache, merge's out on a state: all refused).
+ * clattn_kv_append, clattn_forward_kvcache, clattn_merge_states): an output
+ * may share no byte with any other view or buffer of its call, input or
+ * output; inputs may share bytes with each other. A call that breaks the
+ * rule is INVALID_ARGUMENT, naming both, before anything is enqueued:
+ * nothing is computed in place (out on q, d_q on q or d_out, d_k on k, the
+ * k and v caches on the same bytes, new rows inside the cache, merge's out
+ * on a state: all refused).
  *   outputs: forward out, lse, weights, entropy, max_weight, argmax;
  *   backward d_q, d_k, d_v, d_bias, d_sinks, d_additive_w (fwd.out and
- *   fwd.lse are its inputs); kv_append k, v, k_scale, v_scale; merge out,
- *   out_lse (its o and lse count as all n_states states).
+ *   fwd.lse are its inputs); kv_append k, v, k_scale, v_scale;
+ *   forward_kvcache the forward's, and the cache (k, v, k_scale, v_scale)
+ *   when new_len > 0; merge out, out_lse (its o and lse count as all
+ *   n_states states).
  * Bytes are compared element by element, not by extents, so views that
  * interleave without sharing a byte are fine (packed QKV or dQKV, a cache
  * holding K and V page by page); a pair of layouts too intricate to settle
@@ -356,6 +360,85 @@ CLATTN_EXPORT clattn_append_params clattn_append_params_default(void);
  * enqueues nothing and touches nothing). */
 CLATTN_EXPORT clattn_status clattn_kv_append(clattn_context *ctx, const clattn_append_params *ap, cl_uint n_wait,
                                              const cl_event *wait, cl_event *done);
+
+/* An engine's decode (or chunked-prefill) step in one call, as
+ * FlashAttention's flash_attn_with_kvcache: new keys and values appended to
+ * the cache (keys rotated), then attention of q (rotated) over the cache.
+ * (Added without changing another struct.)
+ *
+ * Batch row b: new row r of k_new (rotated) and v_new goes to cache
+ * position cache_seqlens[b] + r, quantised as clattn_kv_append does (the
+ * cache's storage F32, F16, BF16, Q8_0 or INT8; the other block types
+ * UNSUPPORTED): in a paged cache through attn.block_table, in a contiguous
+ * one to slot cache_batch_idx[b] (or b). Then q attends over row b's keys,
+ * cache rows cache_leftpad[b] (0 without) .. cache_seqlens[b] + new_len - 1,
+ * each row aligned on its own key count (as attn.cache_leftpad gives: the
+ * forward's kv_lens are cache_seqlens + new_len, its starts cache_leftpad
+ * or zeros, so even without leftpad every row aligns on its own length).
+ *
+ * Rotary embedding (FlashAttention's rule), with cos / sin at [position][t],
+ * t < rotary_dim / 2: x' = x cos - y sin, y' = x sin + y cos over the pairs
+ * (x[2t], x[2t+1]) (rotary_interleaved 1, GPT-J) or (x[t], x[t + rotary_dim/2])
+ * (0, GPT-NeoX); dims past rotary_dim unchanged. New key r of row b sits at
+ * position cache_seqlens[b] + r; query row i at cache_seqlens[b] + i when
+ * attn.causal or a window is set, else every query row at cache_seqlens[b].
+ * Computed in f32 (each product rounded, no fused multiply-add), stored in
+ * attn.dtype (round to nearest even). A position outside the tables is
+ * clamped to their first or last row. q and k_new are never written: the
+ * rotated copies live in the context's scratch.
+ *
+ * Device values are not checked on the host: a new row past the cache's
+ * rows (or on a slot or page outside [0, num_slots) / [0, num_pages)) is
+ * skipped as clattn_kv_append skips it, and a length past attn.kv_len is
+ * clamped by the forward. What the host can see is refused before
+ * anything is enqueued (a refused call writes nothing): everything
+ * clattn_forward and clattn_kv_append refuse, and attn.kv_lens, cu_seqlens_q
+ * or cu_seqlens_k set; cache_seqlens NULL; new_len < 0, or > attn.kv_len
+ * (contiguous), or k_new / v_new absent with new_len > 0 or present with
+ * new_len 0; attn.v_dtype other than the k cache's storage;
+ * cache_batch_idx with attn.block_table, or num_slots < 0, or num_slots
+ * without cache_batch_idx; one rotary table without the other, rotary_dim
+ * odd or outside [2, head_dim], rotary_len < attn.kv_len, rotary_interleaved
+ * other than 0 or 1, rotary_dim or rotary_len set without tables. Aliasing
+ * (the rule above clattn_params): the cache (k, v, k_scale, v_scale) is an
+ * output when new_len > 0, as are out, lse, weights and the diagnostics;
+ * none may share a byte with q, k_new, v_new, cache_seqlens,
+ * cache_batch_idx, cache_leftpad, the rotary tables or any other view of
+ * the call, nor with each other (with new_len 0 the cache is only read). */
+typedef struct {
+  /* The attention after the append: q [B, Hq, q_len, dk], out and every
+   * mask, score and output field as in clattn_forward; k and v the cache:
+   * contiguous [slot, Hkv, attn.kv_len rows, d] (attn.kv_len its capacity)
+   * or paged (attn.block_table, block_table_stride, page_size, num_pages);
+   * kv_dtype, v_dtype (= kv_dtype), k_scale, v_scale its storage;
+   * attn.kv_lens must be NULL (derived); attn.cache_leftpad as in
+   * clattn_params; attn.cu_seqlens_q / cu_seqlens_k NULL. */
+  clattn_params attn;
+  cl_mem cache_seqlens;                 /* int32 [batch]: rows in use before the call (each row's keys end
+                                           there, its leftpad included): required */
+  clattn_tensor k_new, v_new;           /* [B, Hkv, new_len, dk | dv] stored as attn.dtype;
+                                           buf NULL with new_len 0 */
+  int new_len;                          /* rows appended per batch row, at cache_seqlens[b] .. + new_len - 1 */
+  cl_mem cache_batch_idx;               /* int32 [batch]: the slot (k / v dimension 0) batch row b uses;
+                                           contiguous caches only; NULL = b */
+  int num_slots;                        /* slots of a contiguous cache with cache_batch_idx (0 = batch) */
+  clattn_tensor rotary_cos, rotary_sin; /* f32 [rotary_len, rotary_dim / 2]: stride[2] per position,
+                                           stride[3] per column (stride[0], [1] unused);
+                                           buf NULL = no rotary */
+  int rotary_dim;                       /* even, 2 .. head_dim: the leading dims rotated */
+  int rotary_len;                       /* positions the tables hold (>= attn.kv_len) */
+  int rotary_interleaved;               /* 1: pairs (x[2t], x[2t+1]) (GPT-J); 0: (x[t], x[t + rotary_dim/2]) */
+} clattn_kvcache_params;
+
+/* attn = clattn_params_default(), every other view and buffer absent,
+ * every count 0, rotary_interleaved 1. */
+CLATTN_EXPORT clattn_kvcache_params clattn_kvcache_params_default(void);
+/* Enqueues the step after the n_wait events (validated first: a refused
+ * call enqueues nothing and writes nothing); *done, when non-NULL, receives
+ * an event that completes with it. Like clattn_forward otherwise
+ * (attn.algo picks the path; EMPTY_ERROR waits for the device). */
+CLATTN_EXPORT clattn_status clattn_forward_kvcache(clattn_context *ctx, const clattn_kvcache_params *kp, cl_uint n_wait,
+                                                   const cl_event *wait, cl_event *done);
 
 /* Partial attention states of the same query rows, to be combined into one:
  * S states computed elsewhere (over different key ranges, on another device,

@@ -551,6 +551,13 @@ clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_
  * kv_append for the K half, then the V half. */
 clattn_status ca_enqueue_append(clattn_context *ctx, const clattn_append_params *ap, cl_uint n_wait,
                                 const cl_event *wait, cl_event *prev);
+/* Validates a clattn_forward_kvcache call: every check of clattn_forward
+ * on *fp (attn with the derived fields: a block table of cache_batch_idx,
+ * kv_lens standing in as cache_seqlens until the call's lengths replace
+ * it) and, with new_len > 0, of clattn_kv_append on *ap, then the step's
+ * own, and which views share bytes with the cache an output; fills plan. */
+clattn_status ca_validate_kvcache(const clattn_context *ctx, const clattn_kvcache_params *kp, clattn_params *fp,
+                                  clattn_append_params *ap, ca_plan *plan);
 /* Enqueues a validated forward (ca_validate's plan) on its path after the
  * n_wait events: clattn_forward past its checks. */
 clattn_status ca_forward_enqueue(clattn_context *ctx, const clattn_params *p, ca_plan *plan, cl_uint n_wait,

@@ -7,7 +7,7 @@
 #include "embedded_cl.h"
 
 void ca_append_text(clattn_dtype src_dtype, clattn_dtype kv_dtype, ca_program_text *out) {
-  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_append}, .n_sources = 2};
+  *out = (ca_program_text){.sources = {clattn_src_common, clattn_src_append, clattn_src_kvcache}, .n_sources = 3};
   snprintf(out->options, sizeof out->options, "-cl-std=CL1.2 -D CA_DTYPE=%d -D CA_KV_DTYPE=%d", (int)src_dtype,
            (int)(kv_dtype == CLATTN_DTYPE_SAME ? src_dtype : kv_dtype));
 }

@@ -56,7 +56,8 @@ void ca_text_dropout(ca_program_text *text);
 /* The backward text's options for a device with cl_ext_float_atomics: OpenCL
  * C 3.0 and -D BWD_FLOAT_ATOMICS, so the atomics variant's dQ adds are native. */
 void ca_backward_float_atomics(ca_program_text *text);
-/* clattn_kv_append's kernel for one (source storage, cache storage). */
+/* clattn_kv_append's kernel for one (source storage, cache storage), with
+ * clattn_forward_kvcache's (cl/kvcache.cl: its lengths and rotary copies). */
 void ca_append_text(clattn_dtype src_dtype, clattn_dtype kv_dtype, ca_program_text *out);
 
 #endif

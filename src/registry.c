@@ -10,7 +10,8 @@
  *                flash_block's tile (tuned or chosen per head dim) stepped
  *                down until it runs without spilling
  *   backward     cl/backward.cl per (dk, dv, dtype)
- *   kv_append    per (source, cache) storage
+ *   kv_append    per (source, cache) storage, with clattn_forward_kvcache's
+ *                lengths and rotary kernels
  * Lookups after creation hold programs_lock.
  */
 #include <stdio.h>

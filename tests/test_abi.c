@@ -65,6 +65,11 @@ static void public_structs_have_this_versions_layout(void) {
     /* clattn_step (plans, added without changing another struct): kv_len, then three offsets */
     CHECKF(sizeof(clattn_step) == 32 && offsetof(clattn_step, lse_offset) == 24, "clattn_step: %zu bytes",
            sizeof(clattn_step));
+    /* clattn_kvcache_params (clattn_forward_kvcache, added without changing another struct): the
+     * attention's params, then the step's fields, rotary_interleaved last */
+    CHECKF(sizeof(clattn_kvcache_params) == 1088 && offsetof(clattn_kvcache_params, cache_seqlens) == 848 &&
+               offsetof(clattn_kvcache_params, rotary_interleaved) == 1080,
+           "clattn_kvcache_params: %zu bytes", sizeof(clattn_kvcache_params));
     return;
   }
   CHECKF(0, "no layout recorded for ABI %d: add this version's row", CLATTN_ABI_VERSION);

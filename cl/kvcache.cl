@@ -1,0 +1,51 @@
+/*
+ * clattn_forward_kvcache's own kernels, built into the kv_append program
+ * (storage store_t, -D CA_DTYPE: the call's q and new rows), which then
+ * appends and hands over to the forward:
+ *
+ * kvcache_lengths — the forward's per-row key counts and starts:
+ *   lens[b] = seqlens[b] + new_len (in 64 bits, clamped to int), starts[b]
+ *   = leftpad[b] (has_leftpad) or 0. NDRange (batch), any work-group shape.
+ *
+ * kvcache_rotary — a dense rotated copy [B, heads, rows, cols] (store_t,
+ *   from dst_off) of a view of q or of the new keys: row r of batch row b
+ *   sits at position seqlens[b] + (per_row ? r : 0), clamped to the tables'
+ *   rows [0, rot_len); for t < rot_half its pair (x, y) = (x[2t], x[2t+1])
+ *   (interleaved, GPT-J) or (x[t], x[t + rot_half]) (GPT-NeoX) becomes
+ *   (x c - y s, x s + y c) with c, s = cos, sin [position][t], each product
+ *   rounded (FP_CONTRACT OFF: the same bits as the host's f32 arithmetic),
+ *   then stored rounded to nearest even; columns past 2 rot_half are copied.
+ *   NDRange (rows, batch * heads), any work-group shape; one work-item per
+ *   row.
+ */
+
+__kernel void kvcache_lengths(__global const int *seqlens, __global const int *leftpad, int has_leftpad, int new_len,
+                              __global int *lens, __global int *starts) {
+  const int b = get_global_id(0);
+  const long n = (long)seqlens[b] + new_len;
+  lens[b] = (int)clamp(n, (long)INT_MIN, (long)INT_MAX);
+  starts[b] = has_leftpad ? leftpad[b] : 0;
+}
+
+__kernel void kvcache_rotary(__global const store_t *src, ulong src_off, ulong4 src_st, __global store_t *dst,
+                             ulong dst_off, __global const float *cos_t, ulong cos_off, ulong4 cos_st,
+                             __global const float *sin_t, ulong sin_off, ulong4 sin_st, __global const int *seqlens,
+                             int heads, int rows, int cols, int rot_half, int rot_len, int interleaved, int per_row) {
+#pragma OPENCL FP_CONTRACT OFF
+  const int r = get_global_id(0), bh = get_global_id(1);
+  if (r >= rows) return;
+  const int b = bh / heads, h = bh % heads;
+  const long pos = clamp((long)seqlens[b] + (per_row ? r : 0), 0L, (long)rot_len - 1);
+  const ulong in = ca_at(src_off, src_st, b, h, r, 0);
+  const ulong out = dst_off + ((ulong)bh * rows + r) * cols;
+  const ulong cs = cos_off + (ulong)pos * cos_st.s2, sn = sin_off + (ulong)pos * sin_st.s2;
+  for (int t = 0; t < rot_half; t++) {
+    const int ix = interleaved ? 2 * t : t, iy = interleaved ? 2 * t + 1 : t + rot_half;
+    const float x = ca_load(src, in + (ulong)ix * src_st.s3), y = ca_load(src, in + (ulong)iy * src_st.s3);
+    const float c = cos_t[cs + (ulong)t * cos_st.s3], s = sin_t[sn + (ulong)t * sin_st.s3];
+    const float xc = x * c, ys = y * s, xs = x * s, yc = y * c;
+    ca_store(dst, out + ix, xc - ys);
+    ca_store(dst, out + iy, xs + yc);
+  }
+  for (int c = 2 * rot_half; c < cols; c++) ca_store(dst, out + c, ca_load(src, in + (ulong)c * src_st.s3));
+}
