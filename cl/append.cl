@@ -11,6 +11,9 @@
  * past the capacity (contiguous) or past the block table, or on a page
  * outside the pool (paged), is skipped: positions live on the device, so
  * only the kernel sees them.
+ * With lens (clattn_forward_kvcache's K half), work-item (0, b * kv_heads)
+ * also writes batch row b's key count and start for the forward after it
+ * (kvcache_lengths' rule): one launch fewer per step.
  * NDRange: (new_len, batch * kv_heads), any work-group shape; one work-item
  * per row (a Q8_0 row's blocks, or an INT8 row's amax, in one pass).
  */
@@ -39,6 +42,15 @@ static inline void append_store(__global kv_t *p, ulong i, float x) {
 #endif
 }
 
+/* clattn_forward_kvcache's lengths of batch row b: its keys end at
+ * positions[b] + new_len (in 64 bits, clamped to int) and start at
+ * leftpad[b], or 0 without leftpad. */
+static inline void kvcache_row_lengths(int b, __global const int *positions, int new_len,
+                                       __global const int *leftpad, __global int *lens, __global int *starts) {
+  lens[b] = (int)clamp((long)positions[b] + new_len, (long)INT_MIN, (long)INT_MAX);
+  starts[b] = leftpad ? leftpad[b] : 0;
+}
+
 /* ggml's q = roundf(x * id), as an int8. */
 static inline char append_q(float x, float id) { return (char)(int)round(x * id); }
 
@@ -47,10 +59,11 @@ __kernel void kv_append(__global const store_t *src, ulong src_off, ulong4 src_s
                         __global float *scale, ulong sc_off, ulong4 sc_st,
                         __global const int *positions, __global const int *block_table, int bt_stride,
                         int page_size, int num_pages, int paged, int capacity, int kv_heads, int new_len,
-                        int cols) {
+                        int cols, __global const int *leftpad, __global int *lens, __global int *starts) {
   const int r = get_global_id(0), bh = get_global_id(1);
   if (r >= new_len) return;
   const int b = bh / kv_heads, h = bh % kv_heads;
+  if (lens && r == 0 && h == 0) kvcache_row_lengths(b, positions, new_len, leftpad, lens, starts);
   const long pos = (long)positions[b] + r;
   if (!paged && (pos < 0 || pos >= capacity)) return;   /* past the cache: skipped */
   const ca_kv_pos at = ca_kv_locate(b, pos, CA_PAGE_PASS);

@@ -3,9 +3,10 @@
  * (storage store_t, -D CA_DTYPE: the call's q and new rows), which then
  * appends and hands over to the forward:
  *
- * kvcache_lengths — the forward's per-row key counts and starts:
- *   lens[b] = seqlens[b] + new_len (in 64 bits, clamped to int), starts[b]
- *   = leftpad[b] (has_leftpad) or 0. NDRange (batch), any work-group shape.
+ * kvcache_lengths — the forward's per-row key counts and starts
+ *   (append.cl's kvcache_row_lengths: lens[b] = seqlens[b] + new_len,
+ *   starts[b] = leftpad[b] or 0), for a step that appends nothing (kv_append
+ *   writes them otherwise). NDRange (batch), any work-group shape.
  *
  * kvcache_rotary — a dense rotated copy [B, heads, rows, cols] (store_t,
  *   from dst_off) of a view of q or of the new keys: row r of batch row b
@@ -19,12 +20,9 @@
  *   row.
  */
 
-__kernel void kvcache_lengths(__global const int *seqlens, __global const int *leftpad, int has_leftpad, int new_len,
+__kernel void kvcache_lengths(__global const int *seqlens, __global const int *leftpad, int new_len,
                               __global int *lens, __global int *starts) {
-  const int b = get_global_id(0);
-  const long n = (long)seqlens[b] + new_len;
-  lens[b] = (int)clamp(n, (long)INT_MIN, (long)INT_MAX);
-  starts[b] = has_leftpad ? leftpad[b] : 0;
+  kvcache_row_lengths(get_global_id(0), seqlens, new_len, leftpad, lens, starts);
 }
 
 __kernel void kvcache_rotary(__global const store_t *src, ulong src_off, ulong4 src_st, __global store_t *dst,

@@ -18,7 +18,8 @@ clattn_append_params clattn_append_params_default(void) {
 /* One kv_append launch: the K or the V half of the call. */
 static clattn_status enqueue_half(clattn_context *ctx, cl_kernel kernel, const clattn_append_params *ap,
                                   const clattn_tensor *src, const clattn_tensor *dst, const clattn_tensor *scale,
-                                  int cols, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
+                                  int cols, const ca_step_lengths *lengths, cl_uint n_wait, const cl_event *wait,
+                                  cl_event *prev) {
   const int paged = ap->block_table != NULL;
   ca_args a = {kernel, "kv_append", 0, 0, CL_SUCCESS, NULL};
   ca_arg_view(&a, src);
@@ -34,14 +35,17 @@ static clattn_status enqueue_half(clattn_context *ctx, cl_kernel kernel, const c
   ca_arg_int(&a, ap->kv_heads);
   ca_arg_int(&a, ap->new_len);
   ca_arg_int(&a, cols);
+  ca_arg_mem(&a, lengths ? lengths->leftpad : NULL);
+  ca_arg_mem(&a, lengths ? lengths->lens : NULL);
+  ca_arg_mem(&a, lengths ? lengths->starts : NULL);
   clattn_status st = ca_args_done(&a);
   if (st) return st;
   const size_t global[2] = {(size_t)ap->new_len, (size_t)ap->batch * (size_t)ap->kv_heads};
   return ca_enqueue(ctx, kernel, "kv_append", 2, global, NULL, n_wait, wait, prev);
 }
 
-clattn_status ca_enqueue_append(clattn_context *ctx, const clattn_append_params *ap, cl_uint n_wait,
-                                const cl_event *wait, cl_event *prev) {
+clattn_status ca_enqueue_append(clattn_context *ctx, const clattn_append_params *ap, const ca_step_lengths *lengths,
+                                cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   const clattn_dtype kv = ap->kv_dtype == CLATTN_DTYPE_SAME ? ap->src_dtype : ap->kv_dtype;
   cl_program program = NULL;
   cl_kernel kernel = NULL;
@@ -50,8 +54,9 @@ clattn_status ca_enqueue_append(clattn_context *ctx, const clattn_append_params 
       (st = ca_kernel_take(ctx, program, "kv_append", &kernel)))
     return st;
   /* kernel arguments are copied at enqueue, so one kernel serves both halves */
-  if (!(st = enqueue_half(ctx, kernel, ap, &ap->k_new, &ap->k, &ap->k_scale, ap->head_dim, n_wait, wait, prev)))
-    st = enqueue_half(ctx, kernel, ap, &ap->v_new, &ap->v, &ap->v_scale, ap->value_dim, n_wait, wait, prev);
+  if (!(st =
+            enqueue_half(ctx, kernel, ap, &ap->k_new, &ap->k, &ap->k_scale, ap->head_dim, lengths, n_wait, wait, prev)))
+    st = enqueue_half(ctx, kernel, ap, &ap->v_new, &ap->v, &ap->v_scale, ap->value_dim, NULL, n_wait, wait, prev);
   ca_kernel_give(ctx, kernel);
   return st;
 }
@@ -74,7 +79,7 @@ clattn_status clattn_kv_append(clattn_context *ctx, const clattn_append_params *
     return CLATTN_OK;
   }
   cl_event prev = NULL;
-  st = ca_enqueue_append(ctx, ap, n_wait, wait, &prev);
+  st = ca_enqueue_append(ctx, ap, NULL, n_wait, wait, &prev);
   ca_hand_out(st, &prev, done);
   return st;
 }

@@ -547,10 +547,16 @@ clattn_status ca_enqueue_softmax(clattn_context *ctx, cl_kernel softmax, cl_mem 
                                  cl_uint n_wait, const cl_event *wait, cl_event *prev);
 /* Validates an append call (see clattn_kv_append). */
 clattn_status ca_validate_append(const clattn_context *ctx, const clattn_append_params *ap);
+/* clattn_forward_kvcache's per-row lengths (int32 [batch]: positions +
+ * new_len, and leftpad or 0), which its append writes on the way. */
+typedef struct {
+  cl_mem leftpad, lens, starts;
+} ca_step_lengths;
 /* Enqueues a validated append (new_len > 0) after *prev (see ca_enqueue):
- * kv_append for the K half, then the V half. */
-clattn_status ca_enqueue_append(clattn_context *ctx, const clattn_append_params *ap, cl_uint n_wait,
-                                const cl_event *wait, cl_event *prev);
+ * kv_append for the K half, then the V half; with lengths (NULL: none) the
+ * K half writes them too. */
+clattn_status ca_enqueue_append(clattn_context *ctx, const clattn_append_params *ap, const ca_step_lengths *lengths,
+                                cl_uint n_wait, const cl_event *wait, cl_event *prev);
 /* Validates a clattn_forward_kvcache call: every check of clattn_forward
  * on *fp (attn with the derived fields: a block table of cache_batch_idx,
  * kv_lens standing in as cache_seqlens until the call's lengths replace

@@ -2,9 +2,10 @@
  * clattn_forward_kvcache: an engine's decode step in one call, as
  * FlashAttention's flash_attn_with_kvcache. Validated first (the forward's,
  * the append's and the step's own checks), then one chain of commands:
- * kvcache_lengths (the forward's per-row lengths and starts), kvcache_rotary
- * (rotated copies of q and the new keys, with rotary tables), kv_append
- * (src/append.c), then the forward's path on the derived params: the cache
+ * kvcache_rotary (rotated copies of q and the new keys, with rotary tables),
+ * kv_append (src/append.c; its K half also writes the forward's per-row
+ * lengths and starts, which kvcache_lengths writes for a step that appends
+ * nothing), then the forward's path on the derived params: the cache
  * with each row's keys up to cache_seqlens[b] + new_len, aligned on their
  * own count (cache_leftpad, or zeros). A contiguous cache seen through
  * cache_batch_idx is a paged one, one page of kv_len rows per slot.
@@ -31,7 +32,7 @@ static clattn_tensor dense_view(cl_mem buf, size_t offset, int heads, int rows, 
  * dst, rows at their positions (per_row) or all at seqlens[b]. */
 static clattn_status enqueue_rotary(clattn_context *ctx, cl_kernel kernel, const clattn_kvcache_params *kp,
                                     const clattn_tensor *src, const clattn_tensor *dst, int heads, int rows,
-                                    int per_row, cl_event *prev) {
+                                    int per_row, cl_uint n_wait, const cl_event *wait, cl_event *prev) {
   const clattn_params *a = &kp->attn;
   const cl_ulong dst_off = dst->offset;
   ca_args r = {kernel, "kvcache_rotary", 0, 0, CL_SUCCESS, NULL};
@@ -51,7 +52,7 @@ static clattn_status enqueue_rotary(clattn_context *ctx, cl_kernel kernel, const
   clattn_status st = ca_args_done(&r);
   if (st) return st;
   const size_t global[2] = {(size_t)rows, (size_t)a->batch * (size_t)heads};
-  return ca_enqueue(ctx, kernel, "kvcache_rotary", 2, global, NULL, 0, NULL, prev);
+  return ca_enqueue(ctx, kernel, "kvcache_rotary", 2, global, NULL, n_wait, wait, prev);
 }
 
 clattn_status clattn_forward_kvcache(clattn_context *ctx, const clattn_kvcache_params *kp, cl_uint n_wait,
@@ -81,7 +82,7 @@ clattn_status clattn_forward_kvcache(clattn_context *ctx, const clattn_kvcache_p
   ca_deps deps;
   ca_deps_init(&deps, n_wait, wait);
   if ((st = ca_append_program(ctx, a->dtype, plan.k_dtype, &program)) ||
-      (st = ca_kernel_take(ctx, program, "kvcache_lengths", &lengths)) ||
+      (!appends && (st = ca_kernel_take(ctx, program, "kvcache_lengths", &lengths))) ||
       (rotary && (st = ca_kernel_take(ctx, program, "kvcache_rotary", &rotate))) ||
       (st = ca_scratch_take(ctx, int_bytes, "kvcache step lengths", &deps, &lens)) ||
       (st = ca_scratch_take(ctx, int_bytes, "kvcache step starts", &deps, &starts)) ||
@@ -90,30 +91,35 @@ clattn_status clattn_forward_kvcache(clattn_context *ctx, const clattn_kvcache_p
     goto fail;
   ca_note_scratch(ctx, 2 * int_bytes + rot_bytes);
 
-  ca_args l = {lengths, "kvcache_lengths", 0, 0, CL_SUCCESS, NULL};
-  ca_arg_mem(&l, kp->cache_seqlens);
-  ca_arg_mem(&l, a->cache_leftpad);
-  ca_arg_int(&l, a->cache_leftpad != NULL);
-  ca_arg_int(&l, kp->new_len);
-  ca_arg_mem(&l, lens);
-  ca_arg_mem(&l, starts);
-  const size_t batch = (size_t)a->batch;
-  if ((st = ca_args_done(&l)) ||
-      (st = ca_enqueue(ctx, lengths, "kvcache_lengths", 1, &batch, NULL, n_wait, wait, &prev)))
-    goto fail;
   if (rotary) {
     /* queries at their own positions where the mask depends on them (FlashAttention's rule) */
     const int per_row = a->causal || a->window_left >= 0 || a->window_right >= 0;
     const clattn_tensor q_rot = dense_view(rot, 0, a->q_heads, a->q_len, a->head_dim);
-    if ((st = enqueue_rotary(ctx, rotate, kp, &a->q, &q_rot, a->q_heads, a->q_len, per_row, &prev))) goto fail;
+    if ((st = enqueue_rotary(ctx, rotate, kp, &a->q, &q_rot, a->q_heads, a->q_len, per_row, n_wait, wait, &prev)))
+      goto fail;
     fp.q = q_rot;
     if (appends) {
       const clattn_tensor k_rot = dense_view(rot, k_at, a->kv_heads, kp->new_len, a->head_dim);
-      if ((st = enqueue_rotary(ctx, rotate, kp, &kp->k_new, &k_rot, a->kv_heads, kp->new_len, 1, &prev))) goto fail;
+      if ((st = enqueue_rotary(ctx, rotate, kp, &kp->k_new, &k_rot, a->kv_heads, kp->new_len, 1, n_wait, wait, &prev)))
+        goto fail;
       ap.k_new = k_rot;
     }
   }
-  if (appends && (st = ca_enqueue_append(ctx, &ap, 0, NULL, &prev))) goto fail;
+  /* the forward's lengths: written by the append's K half, or on their own */
+  const ca_step_lengths step_lengths = {a->cache_leftpad, lens, starts};
+  if (appends && (st = ca_enqueue_append(ctx, &ap, &step_lengths, n_wait, wait, &prev))) goto fail;
+  if (!appends) {
+    ca_args l = {lengths, "kvcache_lengths", 0, 0, CL_SUCCESS, NULL};
+    ca_arg_mem(&l, kp->cache_seqlens);
+    ca_arg_mem(&l, a->cache_leftpad);
+    ca_arg_int(&l, 0);
+    ca_arg_mem(&l, lens);
+    ca_arg_mem(&l, starts);
+    const size_t batch = (size_t)a->batch;
+    if ((st = ca_args_done(&l)) ||
+        (st = ca_enqueue(ctx, lengths, "kvcache_lengths", 1, &batch, NULL, n_wait, wait, &prev)))
+      goto fail;
+  }
   fp.kv_lens = lens;
   fp.cache_leftpad = starts;
   st = ca_forward_enqueue(ctx, &fp, &plan, 1, &prev, &last);

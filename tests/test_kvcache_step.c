@@ -608,7 +608,7 @@ static void run_and_check(const step_prob *p, clattn_algo algo) {
   CHECK(done != NULL && clWaitForEvents(1, &done) == CL_SUCCESS);
   if (done) clReleaseEvent(done);
   const char *route = clattn_last_route();
-  CHECKF(strstr(route, "kvcache_lengths") && (!c->new_len || strstr(route, "kv_append")) &&
+  CHECKF(strstr(route, c->new_len ? "kv_append" : "kvcache_lengths") &&
              (!c->rotary_dim || strstr(route, "kvcache_rotary")),
          "%s: route \"%s\"", label, route);
   unsigned char *out = read_all(d.m[D_OUT], d.out_bytes), *kdev = read_all(d.m[D_K], p->k0.units * p->k0.unit),
