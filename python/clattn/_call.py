@@ -422,8 +422,12 @@ class Call:
 
     # -- onto the device ---------------------------------------------------------
 
-    def view(self, x, name, axes, views, waits, q8_0=False):
-        return tensor_of(self.ctx, x, name, axes, views, waits, q8_0)[0]
+    def view(self, x, name, axes, views, waits, q8_0=False, inplace=None):
+        """x's view; with inplace (a list) uploaded writable, (x, its view) added."""
+        t, vw = tensor_of(self.ctx, x, name, axes, views, waits, q8_0, writable=inplace is not None)
+        if inplace is not None:
+            inplace.append((x, vw))
+        return t
 
     def scale_axes(self):
         """k_scale / v_scale: k's axes without the last."""
@@ -432,15 +436,17 @@ class Call:
     def small(self, a, name, views, waits):
         return self.ctx._input(a, name, views, waits).buf
 
-    def fill(self, p, views, waits):
-        """Sets every input field of p (not the outputs) over uploaded views."""
+    def fill(self, p, views, waits, inplace=None):
+        """Sets every input field of p (not the outputs) over uploaded views;
+        with inplace (a list) k, v and their scales are written by the call
+        (attention_with_kvcache's cache): uploaded writable and listed."""
         p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len = self.B, self.Hq, self.Hkv, self.M, self.N
         p.head_dim, p.value_dim, p.dtype = self.dk, self.dv, self.dtype
         p.kv_dtype = _ffi.DTYPE_SAME if self.kv_same else self.kv
         q8 = self.kv == _ffi.Q8_0
         p.q = self.view(self.q, "q", self.q_axes, views, waits)
-        p.k = self.view(self.k, "k", self.k_axes, views, waits, q8)
-        p.v = self.view(self.v, "v", self.v_axes, views, waits, q8)
+        p.k = self.view(self.k, "k", self.k_axes, views, waits, q8, inplace)
+        p.v = self.view(self.v, "v", self.v_axes, views, waits, q8, inplace)
         s_shape = (self.B, self.Hq, self.M, self.N)
         for name, x in (("mask", self.mask), ("bias", self.bias)):
             if x is not None:
@@ -470,8 +476,8 @@ class Call:
             p.block_table = self.small(self.table, "block_table", views, waits)
             p.block_table_stride, p.page_size, p.num_pages = self.entries, self.page_size, self.pages
         if self.k_scale is not None:
-            p.k_scale = self.view(self.k_scale, "k_scale", self.scale_axes(), views, waits)
-            p.v_scale = self.view(self.v_scale, "v_scale", self.scale_axes(), views, waits)
+            p.k_scale = self.view(self.k_scale, "k_scale", self.scale_axes(), views, waits, inplace=inplace)
+            p.v_scale = self.view(self.v_scale, "v_scale", self.scale_axes(), views, waits, inplace=inplace)
         p.scale = self.scale
         p.causal = 1 if self.causal else 0
         p.window_left, p.window_right = self.wl, self.wr

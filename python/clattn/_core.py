@@ -1,13 +1,13 @@
 """Context: the device, its buffers and the calls (attention here; the
-backward in _backward.py, the cache append in _append.py; the arguments of
-an attention call in _call.py)."""
+backward in _backward.py, the cache append in _append.py, the decode step
+in _kvcache.py; the arguments of an attention call in _call.py)."""
 import contextlib
 import ctypes
 import threading
 
 import numpy as np
 
-from . import _append, _backward, _ffi
+from . import _append, _backward, _ffi, _kvcache
 from ._call import DEFAULTS, DTYPE_NAMES, Call, as_array, is_cl_array as _is_cl_array, storage_code
 from ._error import Error, cl_error as _cl_error
 
@@ -513,3 +513,4 @@ class Context:
 
     attention_backward = _backward.attention_backward
     kv_append = _append.kv_append
+    attention_with_kvcache = _kvcache.attention_with_kvcache

@@ -103,7 +103,7 @@ class MergeParams(ctypes.Structure):
     ]
 
 
-# ---- the backward, the cache append (ABI 1 and 2 structures) ----
+# ---- the backward, the cache append (ABI 1 and 2 structures), the decode step (ABI 4) ----
 
 Q8_0, INT8, DTYPE_SAME = 3, 4, -1
 
@@ -134,6 +134,20 @@ class AppendParams(ctypes.Structure):
         ("block_table", c_void_p),
         ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
         ("capacity", c_int),
+        ("_reserved", ctypes.c_char * RESERVED),
+    ]
+
+
+class KvcacheParams(ctypes.Structure):  # clattn_forward_kvcache's (a new struct in ABI 4)
+    _fields_ = [
+        ("attn", _ParamsExact),
+        ("cache_seqlens", c_void_p),
+        ("k_new", Tensor), ("v_new", Tensor),
+        ("new_len", c_int),
+        ("cache_batch_idx", c_void_p),
+        ("num_slots", c_int),
+        ("rotary_cos", Tensor), ("rotary_sin", Tensor),
+        ("rotary_dim", c_int), ("rotary_len", c_int), ("rotary_interleaved", c_int),
         ("_reserved", ctypes.c_char * RESERVED),
     ]
 
@@ -172,6 +186,9 @@ class _Lib:
         self.append_params_default = _fn(lib, "clattn_append_params_default", AppendParams)
         self.kv_append = _fn(lib, "clattn_kv_append", c_int, c_void_p, ctypes.POINTER(AppendParams),
                              cl_uint, c_void_p, ctypes.POINTER(c_void_p))
+        self.kvcache_params_default = _fn(lib, "clattn_kvcache_params_default", KvcacheParams)
+        self.forward_kvcache = _fn(lib, "clattn_forward_kvcache", c_int, c_void_p, ctypes.POINTER(KvcacheParams),
+                                   cl_uint, c_void_p, ctypes.POINTER(c_void_p))
         self.peak_scratch_bytes = _fn(lib, "clattn_peak_scratch_bytes", c_size_t, c_void_p, c_int)
         self.dropout_mask = _fn(lib, "clattn_dropout_mask", c_int, ctypes.POINTER(Params), c_int, c_int, c_int, c_int,
                                 c_int, c_int, c_void_p)

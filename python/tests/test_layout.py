@@ -14,7 +14,8 @@ HEADER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."
 
 STRUCTS = {"clattn_params": _ffi.Params, "clattn_options": _ffi.Options,
            "clattn_merge_params": _ffi.MergeParams, "clattn_tensor": _ffi.Tensor,
-           "clattn_backward_params": _ffi.BackwardParams, "clattn_append_params": _ffi.AppendParams}
+           "clattn_backward_params": _ffi.BackwardParams, "clattn_append_params": _ffi.AppendParams,
+           "clattn_kvcache_params": _ffi.KvcacheParams}
 
 
 def test_offsets_match_the_header(tmp_path):
