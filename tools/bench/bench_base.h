@@ -99,6 +99,9 @@ int bb_time(bb_run_fn fn, void *arg, int warmup, int max_reps, double cap_ms, do
 int bb_time_rounds(bb_run_fn fn, void *const *args, int n, int max_reps, double cap_ms, double *median_ms, int *reps,
                    char *err, size_t errlen);
 
+/* The median of x[0 .. n) (n > 0; x is sorted in place). */
+double bb_median(double *x, int n);
+
 double bb_now_ms(void);
 const char *bb_openblas_config(void);
 int bb_openblas_threads(void);

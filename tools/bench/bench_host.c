@@ -76,16 +76,6 @@ static int parse(int argc, char **argv, bench_host_cfg *c) {
   return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *x, int n) {
-  qsort(x, (size_t)n, sizeof *x, cmp_double);
-  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 /* Another build's clattn_forward (--before), embedded in the same objects. */
 typedef struct {
   void *lib;
@@ -335,7 +325,7 @@ int bench_host_run(clattn_context *ctx, const bench_host_cfg *cfg) {
       }
     }
   double med[N_VARIANTS] = {0};
-  for (int k = 0; k < n_var; k++) med[variants[k]] = median(t[variants[k]], c.reps);
+  for (int k = 0; k < n_var; k++) med[variants[k]] = bb_median(t[variants[k]], c.reps);
   printf("  host time per step, median of %d rounds of %d steps behind a user event (kv_len %d and %d in turn):\n",
          c.reps, c.steps, c.kv_len, c.kv_len - 1);
   printf("    %-34s %7.2f us\n", variant_names[V_FLOOR], med[V_FLOOR] * 1e3);
@@ -367,7 +357,7 @@ int bench_host_run(clattn_context *ctx, const bench_host_cfg *cfg) {
   printf("  decode end to end, %d back-to-back steps + clFinish, median of %d rounds in turns:\n", c.calls, ROUNDS);
   for (int k = first; k < 3; k++)
     printf("    %-34s %7.0f calls/s\n", e2e[k] == V_BEFORE ? "clattn_forward, before" : variant_names[e2e[k]],
-           median(rate[e2e[k]], ROUNDS));
+           bb_median(rate[e2e[k]], ROUNDS));
   if (c.before) printf("    (before: %s)\n", c.before);
   rc = 0;
 timed:

@@ -53,16 +53,6 @@ static int parse(int argc, char **argv, kv_cfg *c) {
   return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *x, int n) {
-  qsort(x, (size_t)n, sizeof *x, cmp_double);
-  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 /* n f16 values uniform in [-1, 1] (seeded), as a buffer of ctx. */
 static cl_mem f16_buffer(cl_context cx, size_t n, uint32_t seed, cl_int *err) {
   uint16_t *h = malloc(n * sizeof *h);
@@ -179,7 +169,7 @@ static int run(clattn_context *ctx, const kv_cfg *c) {
         goto done;
       }
     }
-  const double one = median(t, c->reps), two = median(t + c->reps, c->reps);
+  const double one = bb_median(t, c->reps), two = bb_median(t + c->reps, c->reps);
   free(t);
   char dev[256] = "";
   clGetDeviceInfo(clattn_cl_device(ctx), CL_DEVICE_NAME, sizeof dev, dev, NULL);
