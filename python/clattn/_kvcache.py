@@ -76,7 +76,8 @@ def attention_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, *, rotary_
     # the attention over the cache: attention's arguments, cache_seqlens
     # standing in for the lengths the call derives (cache_seqlens + L)
     kw = dict(causal=causal, window=window, scale=scale, softcap=softcap, alibi_slopes=alibi_slopes, algo=algo,
-              layout=layout, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale, kv_lens=seqlens)
+              layout=layout, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale, kv_lens=seqlens,
+              cache_leftpad=cache_leftpad)
     if block_table is not None:
         table = as_array(block_table)
         kw.update(block_table=table, page_size=page_size,
@@ -112,7 +113,6 @@ def attention_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, *, rotary_
     rotary = rotary_cos is not None
     if rotary:
         rotary_cos, rotary_sin, rotary_len, rotary_dim = _rotary_tables(rotary_cos, rotary_sin, c.dk)
-    leftpad = None if cache_leftpad is None else small_array(self, cache_leftpad, "cache_leftpad", (B,), np.int32)
 
     outs, inplace = {}, []
     kp = self._lib.kvcache_params_default()
@@ -123,8 +123,6 @@ def attention_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, *, rotary_
         if cache_batch_idx is not None:
             kp.cache_batch_idx, kp.num_slots = p.block_table, c.pages
             p.block_table, p.block_table_stride, p.page_size, p.num_pages = None, 0, 0, 0
-        if leftpad is not None:
-            p.cache_leftpad = self._input(leftpad, "cache_leftpad", views, waits).buf
         if L:
             kp.new_len = L
             kp.k_new = tensor_of(self, k, "k", axes, views, waits)[0]
