@@ -1006,9 +1006,10 @@ static void refusals_say_why_and_write_nothing(void) {
            watched[i]);
     free(before[i]), free(now);
   }
-  /* and the good params run */
+  /* and the good params run (waited for: nothing of it may still run when the process exits) */
   clattn_kvcache_params kp = good;
   CHECK_STATUS(clattn_forward_kvcache(ctx, &kp, 0, NULL, NULL), CLATTN_OK);
+  CHECK(clFinish(clattn_cl_queue(ctx)) == CL_SUCCESS);
   clReleaseMemObject(small), clReleaseMemObject(other);
   if (ro) clReleaseMemObject(ro);
   sd_free(&d);
