@@ -76,7 +76,9 @@ typedef struct {
  * the caller's own CLBlast calls, then rebuild their programs): left to
  * CLBlast's static destructors, they are released at exit after some OpenCL
  * runtimes (Oclgrind's) have gone, and the process aborts. So destroy every
- * context before exit. */
+ * context before exit. A context with its own queue waits for the work
+ * enqueued on it (clFinish) before releasing anything; an embedded one
+ * leaves the caller's queue as it is. */
 CLATTN_EXPORT clattn_status clattn_create(const clattn_options *opt /* NULL = defaults */, clattn_context **out);
 CLATTN_EXPORT void clattn_destroy(clattn_context *ctx);
 CLATTN_EXPORT cl_context clattn_cl_context(const clattn_context *ctx);

@@ -166,6 +166,11 @@ fail:
 
 void clattn_destroy(clattn_context *ctx) {
   if (!ctx) return;
+  /* Its own queue drains first: a runtime still building or running a
+   * kernel of an enqueued call when the process exits can crash there
+   * (POCL, in LLVM's teardown). An embedded context leaves the caller's
+   * queue to the caller. */
+  if (!ctx->retained_device && ctx->queue) clFinish(ctx->queue);
   ca_kernel_pool_trim(ctx); /* no call is in progress: every pooled object is idle */
   ca_scratch_pool_trim(ctx);
   pthread_mutex_destroy(&ctx->kernels_lock);

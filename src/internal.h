@@ -16,7 +16,7 @@ struct clattn_context {
   cl_device_id device;
   cl_context context;
   cl_command_queue queue;
-  int retained_device;          /* clRetainDevice was called (embedded mode, OpenCL 1.2) */
+  int retained_device;          /* clRetainDevice was called: embedded mode (OpenCL 1.2) */
   tl_device caps;               /* what the device reports */
   tl_tiles tiles;               /* staged path's work-group shapes */
   int flash_block;              /* 0: CLATTN_FLASH_BLOCK=0, flash_tiled for every work-group fused call */
