@@ -18,20 +18,99 @@
  * combines the partials, so the summation order and the result are fixed.
  *
  * -D SOFTMAX_WG: work-items per row, a power of two (default below).
+ * -D SOFTMAX_SG=SOFTMAX_WG (devices with cl_intel_subgroups that let a
+ * kernel require its sub-group size, src/device.c): the group is one
+ * sub-group of that many lanes, and xor-shuffle butterflies replace the
+ * local-memory trees (below), with the same result bit for bit.
  */
 #ifndef SOFTMAX_WG
 #define SOFTMAX_WG 16
 #endif
 
-__kernel __attribute__((reqd_work_group_size(SOFTMAX_WG, 1, 1)))
+#ifdef SOFTMAX_SG
+#if SOFTMAX_SG != SOFTMAX_WG
+#error "SOFTMAX_SG: the work-group is one sub-group, SOFTMAX_SG = SOFTMAX_WG work-items"
+#endif
+#define SOFTMAX_SG_SIZE __attribute__((intel_reqd_sub_group_size(SOFTMAX_SG)))
+/* Butterflies over the lane bits from the highest down: lane l < b takes
+ * lane l + b's value as the tree's part[l] takes part[l + b], so lane 0
+ * combines the partials in the tree's order, and its value (the others'
+ * sums may round otherwise) goes to every lane. */
+static inline float softmax_row_max(float x) {
+  for (uint lane_bit = SOFTMAX_SG / 2; lane_bit > 0; lane_bit /= 2)
+    x = ca_max_nan(x, intel_sub_group_shuffle_xor(x, lane_bit));
+  return intel_sub_group_shuffle(x, 0);
+}
+static inline float softmax_row_sum(float x) {
+  for (uint lane_bit = SOFTMAX_SG / 2; lane_bit > 0; lane_bit /= 2) x += intel_sub_group_shuffle_xor(x, lane_bit);
+  return intel_sub_group_shuffle(x, 0);
+}
+/* t's sum and the lowest key index (min is exact in any order) */
+static inline void softmax_row_sum_first(float *t, int *first) {
+  *t = softmax_row_sum(*t);
+  for (uint lane_bit = SOFTMAX_SG / 2; lane_bit > 0; lane_bit /= 2)
+    *first = min(*first, intel_sub_group_shuffle_xor(*first, lane_bit));
+}
+#define SOFTMAX_LOCALS
+#define SOFTMAX_ROW_MAX(x) softmax_row_max(x)
+#define SOFTMAX_ROW_SUM(x) softmax_row_sum(x)
+#define SOFTMAX_ROW_SUM_FIRST(t, first) softmax_row_sum_first(t, first)
+#else
+#define SOFTMAX_SG_SIZE
+/* The fixed trees: part[l] takes part[l + step] for l < step, step halving;
+ * every work-item reads the root, and a barrier lets part be written again. */
+static inline float softmax_tree_max(__local float *part, int lid, float x) {
+  part[lid] = x;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int step = SOFTMAX_WG / 2; step > 0; step /= 2) {
+    if (lid < step) part[lid] = ca_max_nan(part[lid], part[lid + step]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  x = part[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return x;
+}
+static inline float softmax_tree_sum(__local float *part, int lid, float x) {
+  part[lid] = x;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int step = SOFTMAX_WG / 2; step > 0; step /= 2) {
+    if (lid < step) part[lid] += part[lid + step];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  x = part[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return x;
+}
+static inline void softmax_tree_sum_first(__local float *part, __local int *firsts, int lid, float *t, int *first) {
+  part[lid] = *t;
+  firsts[lid] = *first;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int step = SOFTMAX_WG / 2; step > 0; step /= 2) {
+    if (lid < step) {
+      part[lid] += part[lid + step];
+      firsts[lid] = min(firsts[lid], firsts[lid + step]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  *t = part[0];
+  *first = firsts[0];
+}
+#define SOFTMAX_LOCALS             \
+  __local float part[SOFTMAX_WG]; \
+  __local int firsts[SOFTMAX_WG]
+#define SOFTMAX_ROW_MAX(x) softmax_tree_max(part, lid, x)
+#define SOFTMAX_ROW_SUM(x) softmax_tree_sum(part, lid, x)
+#define SOFTMAX_ROW_SUM_FIRST(t, first) softmax_tree_sum_first(part, firsts, lid, t, first)
+#endif
+
+__kernel __attribute__((reqd_work_group_size(SOFTMAX_WG, 1, 1))) SOFTMAX_SG_SIZE
 void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
                   int q_heads, int q_len, int bh0, int i0, int rows,
                   __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
                   __global float *weights, ulong w_off, ulong4 w_st, int want_weights,
                   __global const float *sinks, long sinks_at, CA_DROP_ARGS,
                   CA_DIAG_ARGS, __global int *empty_flag) {
-  __local float part[SOFTMAX_WG];
-  __local int first[SOFTMAX_WG];
+  SOFTMAX_LOCALS;
   const int lid = get_local_id(0);
   const int row = get_group_id(1); /* g * rows + r */
   const int g = row / rows, r = row % rows;
@@ -43,14 +122,7 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
   /* keys are counted in 64 bits: j + SOFTMAX_WG passes INT_MAX near kv_len = INT_MAX */
   float m = -INFINITY;
   for (long j = lid; j < kv_len; j += SOFTMAX_WG) m = ca_max_nan(m, s[j]);
-  part[lid] = m;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int step = SOFTMAX_WG / 2; step > 0; step /= 2) {
-    if (lid < step) part[lid] = ca_max_nan(part[lid], part[lid + step]);
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const float m_keys = part[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
+  const float m_keys = SOFTMAX_ROW_MAX(m);
 
   /* A sink is one more logit in the denominator, carrying no value. */
   const float sink = ca_sink(sinks, sinks_at, h);
@@ -59,20 +131,13 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
   float l = 0.0f;
   if (!empty)
     for (long j = lid; j < kv_len; j += SOFTMAX_WG) l += exp(s[j] - m);
-  part[lid] = l;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int step = SOFTMAX_WG / 2; step > 0; step /= 2) {
-    if (lid < step) part[lid] += part[lid + step];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const float l_keys = part[0];
+  const float l_keys = SOFTMAX_ROW_SUM(l);
   l = sinks_at >= 0 ? l_keys + exp(sink - m) : l_keys;
 
   /* rows past a packed sequence's length do not exist: nothing is written */
   const bool in_range = i < ca_sequence(b, q_len, kv_len, CA_SEQ_PASS).rows;
   if (diag) {
     /* t = sum_j exp(s_j - m) (s_j - m), and the first key at the keys' maximum. */
-    barrier(CLK_LOCAL_MEM_FENCE);
     float t = 0.0f;
     int best = INT_MAX;
     if (!empty)
@@ -80,18 +145,9 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
         if (s[j] != -INFINITY) t += exp(s[j] - m) * (s[j] - m);
         if (s[j] == m_keys) best = min(best, (int)j);
       }
-    part[lid] = t;
-    first[lid] = best;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int step = SOFTMAX_WG / 2; step > 0; step /= 2) {
-      if (lid < step) {
-        part[lid] += part[lid + step];
-        first[lid] = min(first[lid], first[lid + step]);
-      }
-      barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    SOFTMAX_ROW_SUM_FIRST(&t, &best);
     if (lid == 0 && in_range)
-      ca_store_diag(empty, l_keys, l, part[0], exp(m_keys - m), first[0] == INT_MAX ? -1 : first[0], b, h, i, CA_DIAG_PASS);
+      ca_store_diag(empty, l_keys, l, t, exp(m_keys - m), best == INT_MAX ? -1 : best, b, h, i, CA_DIAG_PASS);
   }
   for (long j = lid; j < kv_len; j += SOFTMAX_WG) {
     /* a disallowed key is 0 even in a NaN row (where -inf - m is NaN);

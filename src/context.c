@@ -57,16 +57,24 @@ static void describe(clattn_context *ctx) {
     snprintf(fused, sizeof fused,
              "flash_rows, %d rows per work-item, %d-wide vectors, %d keys per block; decode reads K/V in place",
              t->flash_bm, t->flash_vw, 2 * t->flash_vw);
+  char softmax[160];
+  if (t->softmax_sg)
+    snprintf(softmax, sizeof softmax, "%d work-items per row, one sub-group: row maxima and sums by shuffles",
+             t->softmax_wg);
+  else
+    snprintf(softmax, sizeof softmax, "%d work-items per row, row maxima and sums by trees in local memory",
+             t->softmax_wg);
   snprintf(ctx->description, sizeof ctx->description,
            "platform: %s\n"
            "device: %s (%s, driver %s)\n"
            "compute units: %u, max work-group: %zu, preferred multiple: %zu, local memory: %llu bytes\n"
-           "fused kernel: %s\n",
+           "fused kernel: %s\n"
+           "softmax kernel (staged and GEMM paths): %s\n",
            platform, device,
            (c->type & CL_DEVICE_TYPE_GPU)   ? "GPU"
            : (c->type & CL_DEVICE_TYPE_CPU) ? "CPU"
                                             : "other",
-           driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem, fused);
+           driver, c->compute_units, c->max_wg, c->pref_multiple, (unsigned long long)c->local_mem, fused, softmax);
   ca_tuning_describe(ctx, ctx->description, sizeof ctx->description);
   size_t at = strlen(ctx->description);
   snprintf(ctx->description + at, sizeof ctx->description - at,

@@ -18,6 +18,10 @@ int tl_block_sg(const tl_device *dev) {
   return 0;
 }
 
+int tl_softmax_sg(const tl_device *dev, int wg) {
+  return (wg == 8 || wg == 16 || wg == 32) && (dev->sg_sizes & (cl_uint)wg) ? wg : 0;
+}
+
 tl_tiles tl_choose(const tl_device *dev) {
   tl_tiles t;
   if (is_cpu(dev)) {
@@ -60,7 +64,11 @@ tl_tiles tl_choose(const tl_device *dev) {
     t.block_sg = tl_block_sg(dev);       /* IGC's own choice for flash_block, 8 lanes, on Intel's GPUs */
     t.block_half_math = dev->fp16;       /* half products where the device has half arithmetic */
   }
+  t.softmax_sg = 0;
   tl_clamp(&t, dev);
+  /* the softmax group as one sub-group where the device offers its size
+   * (Intel's CPU runtime: 16; its GPUs' groups of 256 are wider) */
+  t.softmax_sg = tl_softmax_sg(dev, t.softmax_wg);
   return t;
 }
 
@@ -102,6 +110,7 @@ int tl_clamp(tl_tiles *t, const tl_device *dev) {
     if (t->softmax_wg == 1) break;
     t->softmax_wg /= 2;
   }
+  if (t->softmax_sg && t->softmax_sg != t->softmax_wg) t->softmax_sg = tl_softmax_sg(dev, t->softmax_wg);
   while (tl_score_local_bytes(t) > local && t->score_tk > 1) t->score_tk /= 2;
   while (tl_mix_local_bytes(t) > local && t->mix_tj > 1) t->mix_tj /= 2;
   if ((size_t)t->score_tm * t->score_tn > dev->max_wg || (size_t)t->mix_tm * t->mix_tv > dev->max_wg ||
@@ -216,6 +225,8 @@ void tl_core_options(const tl_tiles *t, char *buf, size_t size) {
   snprintf(buf + len, size > len ? size - len : 0,
            " -D SCORE_TM=%d -D SCORE_TN=%d -D SCORE_TK=%d -D SOFTMAX_WG=%d -D MIX_TM=%d -D MIX_TV=%d -D MIX_TJ=%d",
            t->score_tm, t->score_tn, t->score_tk, t->softmax_wg, t->mix_tm, t->mix_tv, t->mix_tj);
+  len = strlen(buf);
+  if (t->softmax_sg) snprintf(buf + len, size > len ? size - len : 0, " -D SOFTMAX_SG=%d", t->softmax_sg);
 }
 
 void tl_fused_options(const tl_tiles *t, char *buf, size_t size) {

@@ -47,6 +47,9 @@ typedef struct {
                                        reducing a row's maxima and sums by shuffles; 0 = through local memory */
   int block_half_math;              /* flash_block with f16 storage throughout and half tiles: P V
                                        multiplied in half, accumulated in f32 (cl_khr_fp16) */
+  int softmax_sg;                   /* softmax_rows' sub-group variant: its group of softmax_wg work-items
+                                       is one sub-group, its row maxima and sums shuffles; 0 = local
+                                       memory, else softmax_wg (tl_clamp keeps it so) */
 } tl_tiles;
 
 /* Defaults from the device description, clamped to its limits. */
@@ -57,8 +60,15 @@ tl_tiles tl_choose(const tl_device *dev);
  * when it offers none of them. */
 int tl_block_sg(const tl_device *dev);
 
+/* softmax_rows' sub-group size for a group of `wg` work-items: wg when it
+ * is 8, 16 or 32 lanes the device lets a kernel require (the group is then
+ * one sub-group), else 0. */
+int tl_softmax_sg(const tl_device *dev, int wg);
+
 /* Shrinks each value until it fits the device's work-group and local memory
- * limits; returns 0, or -1 when even the smallest tiles do not fit. */
+ * limits (a softmax group shrunk off its sub-group size takes
+ * tl_softmax_sg's answer for the new size); returns 0, or -1 when even the
+ * smallest tiles do not fit. */
 int tl_clamp(tl_tiles *t, const tl_device *dev);
 
 /* Local memory (bytes) each kernel needs with these tiles. */
@@ -120,7 +130,8 @@ size_t tl_decode_local_bytes(int keys, int head_dim, int value_dim);
 /* The -D options that carry the tiles, appended to buf: each program gets
  * only those its kernels read, so retuning one kernel's tile changes one
  * program's options (and cache key) and leaves the others' binaries valid.
- * The core program: qk_score's SCORE_*, softmax_rows' SOFTMAX_WG, mix_values' MIX_*. */
+ * The core program: qk_score's SCORE_*, softmax_rows' SOFTMAX_WG (and
+ * SOFTMAX_SG with the sub-group variant), mix_values' MIX_*. */
 void tl_core_options(const tl_tiles *t, char *buf, size_t size);
 /* The fused program, one device's kernels: flash_rows' FLASH_BM and
  * FLASH_VW without the work-group kernels (FLASH_NO_TILED), flash_tiled's

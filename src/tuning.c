@@ -181,6 +181,24 @@ static void apply_block_environment(clattn_context *ctx) {
   }
 }
 
+/* A sub-group size variable (CLATTN_BLOCK_SG, CLATTN_SOFTMAX_SG): 1 with
+ * *lanes when it is 0, or 8, 16 or 32 lanes the device lets a kernel
+ * require; 0 when unset, or ignored (the note says why). */
+static int env_sub_group(clattn_context *ctx, const char *name, int *lanes) {
+  const char *value = getenv(name);
+  if (!value || !*value) return 0;
+  const int n = atoi(value);
+  if (!strcmp(value, "0") || ((n == 8 || n == 16 || n == 32) && (ctx->caps.sg_sizes & (cl_uint)n))) {
+    *lanes = n;
+    return 1;
+  }
+  char why[320];
+  snprintf(why, sizeof why, "%s = %s: must be 0, or 8, 16 or 32 lanes the device offers (%s)", name, value,
+           ctx->caps.sg_sizes ? "cl_intel_required_subgroup_size" : "this device offers none");
+  env_ignored(ctx, why);
+  return 0;
+}
+
 /* CLATTN_FLASH_WG=n forces the work-group fused kernel (flash_tiled) with
  * n rows per group, CLATTN_FLASH_WG=0 the register-blocked one (flash_rows):
  * how the tests run both on one device. CLATTN_SCRATCH_BYTES sets the
@@ -238,16 +256,18 @@ static void apply_environment(clattn_context *ctx) {
   }
   /* CLATTN_BLOCK_SG=0|8|16|32: flash_block's sub-group variant at that size
    * (one the device lets a kernel require), or 0 for local memory */
-  const char *sg = getenv("CLATTN_BLOCK_SG");
-  if (sg && *sg) {
-    const int lanes = atoi(sg);
-    if (!strcmp(sg, "0") || ((lanes == 8 || lanes == 16 || lanes == 32) && (ctx->caps.sg_sizes & (cl_uint)lanes)))
-      ctx->tiles.block_sg = lanes;
-    else {
-      char why[320];
-      snprintf(why, sizeof why, "CLATTN_BLOCK_SG = %s: must be 0, or 8, 16 or 32 lanes the device offers (%s)", sg,
-               ctx->caps.sg_sizes ? "cl_intel_required_subgroup_size" : "this device offers none");
-      env_ignored(ctx, why);
+  int lanes;
+  if (env_sub_group(ctx, "CLATTN_BLOCK_SG", &lanes)) ctx->tiles.block_sg = lanes;
+  /* softmax_rows' sub-group variant where the device offers the group's
+   * size (a file may have changed softmax_wg since tl_choose);
+   * CLATTN_SOFTMAX_SG=8|16|32 forces it at that size, the group then that
+   * many work-items, and 0 the local-memory trees */
+  ctx->tiles.softmax_sg = tl_softmax_sg(&ctx->caps, ctx->tiles.softmax_wg);
+  if (env_sub_group(ctx, "CLATTN_SOFTMAX_SG", &lanes)) {
+    ctx->tiles.softmax_sg = lanes;
+    if (lanes) {
+      ctx->tiles.softmax_wg = lanes;
+      ctx->origin[CA_T_SOFTMAX_WG] = CA_FROM_ENV;
     }
   }
   /* A GPU's flash_block with more private memory than this spilled

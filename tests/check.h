@@ -99,13 +99,13 @@ static inline void ct_require_platform(clattn_context *ctx) {
   exit(CT_SKIP);
 }
 
-/* Exits 77, saying why, when CLATTN_BLOCK_SG (flash_block's sub-group
- * variant at a size, or 0 for the local-memory one) asks for what this
- * device cannot run or what the run without it already is: sub-groups of N
- * lanes it does not offer (the library would ignore the value), or 0 on a
- * device without sub-groups. */
-static inline void ct_require_sub_groups(clattn_context *ctx) {
-  const char *want = getenv("CLATTN_BLOCK_SG");
+/* Exits 77, saying why, when `var` (a kernel's sub-group variant at a
+ * size, or 0 for its local-memory reductions) asks for what this device
+ * cannot run or what the run without it already is: sub-groups of N lanes
+ * it does not offer (the library would ignore the value), or 0 on a device
+ * without sub-groups. */
+static inline void ct_require_sub_group_size(clattn_context *ctx, const char *var, const char *kernel) {
+  const char *want = getenv(var);
   if (!want || !*want) return;
   const size_t lanes = (size_t)atoi(want);
   size_t sizes[16], bytes = 0;
@@ -119,13 +119,20 @@ static inline void ct_require_sub_groups(clattn_context *ctx) {
   for (size_t i = 0; i < bytes / sizeof sizes[0]; i++) offered |= sizes[i] == lanes;
   if (lanes == 0 ? bytes > 0 : offered) return;
   if (lanes == 0)
-    printf("skipped: CLATTN_BLOCK_SG=0 (flash_block through local memory) is this device's only flash_block: it has "
-           "no sub-groups (cl_intel_required_subgroup_size), so the run without the variable is this one\n");
+    printf("skipped: %s=0 (%s through local memory) is this device's only %s: it has no sub-groups "
+           "(cl_intel_required_subgroup_size), so the run without the variable is this one\n",
+           var, kernel, kernel);
   else
-    printf("skipped: CLATTN_BLOCK_SG=%s: this device offers no sub-groups of %zu lanes a kernel can require "
+    printf("skipped: %s=%s: this device offers no sub-groups of %zu lanes a kernel can require "
            "(cl_intel_subgroups, CL_DEVICE_SUB_GROUP_SIZES_INTEL)\n",
-           want, lanes);
+           var, want, lanes);
   exit(CT_SKIP);
+}
+
+/* flash_block's (CLATTN_BLOCK_SG) and softmax_rows' (CLATTN_SOFTMAX_SG). */
+static inline void ct_require_sub_groups(clattn_context *ctx) {
+  ct_require_sub_group_size(ctx, "CLATTN_BLOCK_SG", "flash_block");
+  ct_require_sub_group_size(ctx, "CLATTN_SOFTMAX_SG", "softmax_rows");
 }
 
 /* Exits 77, saying why, when CLATTN_BLOCK_HALF_MATH=1 (flash_block's half
@@ -142,7 +149,7 @@ static inline void ct_require_half_math(clattn_context *ctx) {
 
 /* The shared clattn context, created with defaults on first use. Exits 77
  * when there is no OpenCL device, when the device is not on
- * CLATTN_TEST_PLATFORM or cannot run CLATTN_BLOCK_SG's or
+ * CLATTN_TEST_PLATFORM or cannot run CLATTN_BLOCK_SG's, CLATTN_SOFTMAX_SG's or
  * CLATTN_BLOCK_HALF_MATH's variant, and 1 when creation fails otherwise. */
 static inline clattn_context *ct_context(void) {
   if (ct_ctx) return ct_ctx;

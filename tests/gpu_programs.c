@@ -115,6 +115,19 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof name, "dropout-backward-%s-d64-64", dtypes[t].name);
     if (write_program(argv[2], name, &text)) return 1;
   }
+  /* softmax_rows' sub-group variant where the profile offers sub-groups
+   * (Intel's): tl_choose's group of 256 is wider than any, so the core
+   * program as CLATTN_SOFTMAX_SG=16 and =32 build it (the group that many
+   * work-items, one sub-group). */
+  for (int lanes = 16; dev.sg_sizes && lanes <= 32; lanes *= 2) {
+    char name[64];
+    dev.head_dim = dev.value_dim = 0;
+    tl_tiles tiles = tl_choose(&dev);
+    tiles.softmax_wg = tiles.softmax_sg = lanes;
+    ca_core_text(&tiles, CLATTN_F32, &text);
+    snprintf(name, sizeof name, "core-f32-softmax-sg%d", lanes);
+    if (write_program(argv[2], name, &text)) return 1;
+  }
   /* Paged/quantised K/V: the fused kernels over every quantised cache
    * storage (and K and V stored apart: Q8_0 keys, Q4_0 values), and
    * clattn_kv_append for every cache storage it writes (the first five). */

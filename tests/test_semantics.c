@@ -5,8 +5,10 @@
  * rows, huge logits, determinism and event ordering. Every run is also
  * checked against the fp64 reference.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "kit_checks.h"
 #include "worked.h"
@@ -983,21 +985,26 @@ extern CL_API_ENTRY cl_int CL_API_CALL clGetKernelSubGroupInfo(cl_kernel, cl_dev
 #define CL_KERNEL_COMPILE_SUB_GROUP_SIZE_INTEL 0x410A
 #endif
 
-/* The sub-group size kernel `name` of the context's fused program at
- * d = 64 was compiled for (0: none required), -1 when it cannot be read. */
-static int compiled_sub_group_size(const char *name) {
-  cl_program program = NULL;
-  if (ca_fused_program(ct_context(), 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0, &program, NULL) !=
-      CLATTN_OK)
-    return -1;
+/* The sub-group size kernel `name` of `program` was compiled for (0:
+ * none required), -1 when it cannot be read. */
+static int compiled_sub_group_size(cl_program program, const char *name) {
+  if (!program) return -1;
   cl_int err;
   cl_kernel kernel = clCreateKernel(program, name, &err);
   if (err != CL_SUCCESS) return -1;
   size_t lanes = 0;
-  err = clGetKernelSubGroupInfo(kernel, clattn_cl_device(ct_context()), CL_KERNEL_COMPILE_SUB_GROUP_SIZE_INTEL, 0,
-                                NULL, sizeof lanes, &lanes, NULL);
+  err = clGetKernelSubGroupInfo(kernel, clattn_cl_device(ct_context()), CL_KERNEL_COMPILE_SUB_GROUP_SIZE_INTEL, 0, NULL,
+                                sizeof lanes, &lanes, NULL);
   clReleaseKernel(kernel);
   return err == CL_SUCCESS ? (int)lanes : -1;
+}
+
+/* The context's fused program at d = 64, NULL when it cannot be built. */
+static cl_program fused_program_d64(void) {
+  cl_program program = NULL;
+  if (ca_fused_program(ct_context(), 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0, &program, NULL))
+    return NULL;
+  return program;
 }
 
 static void fused_kernel_is_the_one_forced(void) {
@@ -1023,12 +1030,134 @@ static void fused_kernel_is_the_one_forced(void) {
     /* flash_block's sub-group variant, forced at a size: compiled for it */
     const char *sg = getenv("CLATTN_BLOCK_SG");
     if (wg && atoi(wg) > 0 && !(block && !strcmp(block, "0")) && sg && *sg) {
-      const int lanes = compiled_sub_group_size("flash_block");
+      const int lanes = compiled_sub_group_size(fused_program_d64(), "flash_block");
       CHECKF(lanes == atoi(sg), "flash_block compiled for sub-groups of %d lanes (-1: unknown), CLATTN_BLOCK_SG=%s",
              lanes, sg);
     }
   }
   cp_free(pb);
+}
+
+/* softmax_rows (the staged and GEMM paths' softmax) is compiled for the
+ * sub-group size CLATTN_SOFTMAX_SG forces (0: none, the local-memory
+ * trees), its group then that many work-items; unforced, for the one the
+ * context chose (where the device has sub-groups to ask about). */
+static void softmax_kernel_is_the_one_forced(void) {
+  clattn_context *ctx = ct_context();
+  const char *sg = getenv("CLATTN_SOFTMAX_SG");
+  if (!ctx->caps.sg_sizes) {
+    CHECKF(ctx->tiles.softmax_sg == 0, "softmax_rows' sub-group variant (%d lanes) on a device without sub-groups",
+           ctx->tiles.softmax_sg);
+    return;
+  }
+  const int lanes = compiled_sub_group_size(ctx->core, "softmax_rows");
+  if (sg && *sg) {
+    CHECKF(lanes == atoi(sg), "softmax_rows compiled for sub-groups of %d lanes (-1: unknown), CLATTN_SOFTMAX_SG=%s",
+           lanes, sg);
+    CHECKF(atoi(sg) == 0 || ctx->tiles.softmax_wg == atoi(sg), "softmax_rows' group of %d, CLATTN_SOFTMAX_SG=%s",
+           ctx->tiles.softmax_wg, sg);
+  } else {
+    CHECKF(lanes == ctx->tiles.softmax_sg, "softmax_rows compiled for sub-groups of %d lanes (-1: unknown), chosen %d",
+           lanes, ctx->tiles.softmax_sg);
+  }
+}
+
+/* softmax_rows' sub-group variant gives what its local-memory trees give,
+ * bit for bit (its butterflies combine lane 0's partials in the trees'
+ * order): every output of the staged and GEMM paths, with lse, weights,
+ * diagnostics (the first argmax among ties), sinks, dropout, empty rows,
+ * rows of fewer keys than lanes, a NaN row and packed sequences, against
+ * a context on the same queue whose softmax_rows has the same group
+ * through local memory (a tuning file with its softmax_wg and
+ * CLATTN_SOFTMAX_SG=0). */
+static void softmax_sub_groups_match_the_trees_bit_for_bit(void) {
+  clattn_context *ctx = ct_context();
+  if (!ctx->tiles.softmax_sg) {
+    printf("  (softmax_rows takes its local-memory trees on this device: no sub-group variant to compare)\n");
+    return;
+  }
+  char path[] = "/tmp/clattn-softmax-trees-XXXXXX", settings[64];
+  const int fd = mkstemp(path);
+  REQUIREF(fd >= 0, "mkstemp: %s", strerror(errno));
+  close(fd);
+  snprintf(settings, sizeof settings, "softmax_wg = %d\n", ctx->tiles.softmax_wg);
+  const clattn_status written = clattn_tuning_write(ctx, settings, path);
+  const char *env = getenv("CLATTN_SOFTMAX_SG");
+  char *forced = env ? strdup(env) : NULL;
+  setenv("CLATTN_SOFTMAX_SG", "0", 1);
+  clattn_options opt;
+  memset(&opt, 0, sizeof opt);
+  opt.context = clattn_cl_context(ctx);
+  opt.device = clattn_cl_device(ctx);
+  opt.queue = clattn_cl_queue(ctx);
+  opt.tuning_file = path;
+  clattn_context *trees = NULL;
+  const clattn_status st = written == CLATTN_OK ? clattn_create(&opt, &trees) : written;
+  if (forced)
+    setenv("CLATTN_SOFTMAX_SG", forced, 1);
+  else
+    unsetenv("CLATTN_SOFTMAX_SG");
+  free(forced);
+  unlink(path);
+  REQUIREF(st == CLATTN_OK, "the context with local-memory trees: %s", clattn_last_error(NULL));
+  CHECKF(trees->tiles.softmax_sg == 0 && trees->tiles.softmax_wg == ctx->tiles.softmax_wg,
+         "the trees' context: softmax_wg %d, softmax_sg %d (want %d, 0)", trees->tiles.softmax_wg,
+         trees->tiles.softmax_sg, ctx->tiles.softmax_wg);
+
+  static const int seq_q[] = {19, 0, 7}, seq_k[] = {300, 4, 0};
+  for (int c = 0; c < 4; c++) {
+    cp_shape s = cp_shape_default();
+    s.batch = 3;
+    s.q_heads = 4;
+    s.kv_heads = 2;
+    s.q_len = 19;
+    s.kv_len = c == 1 ? 5 : 300; /* 5: fewer keys than lanes */
+    s.want_lse = s.want_weights = s.want_diag = 1;
+    s.causal = c == 0;
+    s.kv_lens = c != 3;
+    s.mask = c == 0 ? CP_MASK_RANDOM : CP_MASK_NONE;
+    s.mask_density = 0.4; /* with kv_lens and the causal window: empty rows */
+    s.sinks = c != 1;
+    s.scale = c == 2 ? 0.0f : NAN; /* every key ties: argmax is each row's first */
+    s.dropout_p = c == 1 ? 0.0f : 0.3f;
+    s.dropout_seed = 77;
+    s.varlen = c == 3;
+    s.seq_q = c == 3 ? seq_q : NULL;
+    s.seq_k = c == 3 ? seq_k : NULL;
+    s.seed = 900 + (uint64_t)c;
+    for (int a = 0; a < 2; a++) {
+      const clattn_algo algo = a ? CLATTN_ALGO_GEMM : CLATTN_ALGO_STAGED;
+      if (kc_algo_filtered_out(algo)) continue;
+      cp_problem *pb[2];
+      KC_BUILD(pb[0], &s);
+      KC_BUILD(pb[1], &s);
+      cp_result r[2];
+      for (int k = 0; k < 2; k++) {
+        if (c == 1) /* a NaN query: its row's scores are NaN */
+          for (int d = 0; d < s.head_dim; d++) pb[k]->q[cp_index(&pb[k]->params.q, 1, 2, 3, d)] = NAN;
+        pb[k]->params.algo = algo;
+        if (!CHECKF(cp_run(pb[k], k ? trees : ctx, &r[k]) == 0, "harness: %s", pb[k]->err)) r[k].status = -1;
+      }
+      const int unsupported = r[0].status == CLATTN_ERR_UNSUPPORTED && kc_algo_optional(algo, &pb[0]->params);
+      if (!unsupported && CHECKF(r[0].status == CLATTN_OK && r[1].status == CLATTN_OK, "case %d %s: status %d, %d", c,
+                                 clattn_algo_name(algo), r[0].status, r[1].status)) {
+        char f[512];
+        CHECKF(cp_result_ok(&r[0], 1e-5), "case %d %s: %s", c, clattn_algo_name(algo),
+               cp_result_format(&r[0], f, sizeof f));
+        const cp_problem *x = pb[0], *y = pb[1];
+        CHECKF(raw_equal(x->out_raw, y->out_raw, x->out_elems) && raw_equal(x->lse_raw, y->lse_raw, x->lse_elems) &&
+                   raw_equal(x->weights_raw, y->weights_raw, x->weights_elems) &&
+                   raw_equal(x->entropy_raw, y->entropy_raw, x->diag_elems) &&
+                   raw_equal(x->max_weight_raw, y->max_weight_raw, x->diag_elems) &&
+                   !memcmp(x->argmax_raw, y->argmax_raw, x->diag_elems * sizeof(int32_t)),
+               "case %d %s: sub-groups of %d lanes and the trees differ bitwise", c, clattn_algo_name(algo),
+               ctx->tiles.softmax_sg);
+      }
+      cp_free(pb[0]);
+      cp_free(pb[1]);
+    }
+  }
+  clattn_destroy(trees);
 }
 
 int main(int argc, char **argv) {
@@ -1040,6 +1169,8 @@ int main(int argc, char **argv) {
       CT_TEST(three_key_scalar_read_gives_17_04),
       CT_TEST(two_key_mixture_gives_1_34_1_32),
       CT_TEST(fused_kernel_is_the_one_forced),
+      CT_TEST(softmax_kernel_is_the_one_forced),
+      CT_TEST(softmax_sub_groups_match_the_trees_bit_for_bit),
       CT_TEST(route_diagnostics_of_uniform_rows),
       CT_TEST(route_diagnostics_of_one_hot_tied_and_empty_rows),
       CT_TEST(score_shaping_matches_reference),

@@ -84,7 +84,7 @@ static void small_device_is_clamped_to_its_limits(void) {
 
 static void oversized_tiles_shrink_to_fit(void) {
   tl_device d = amd_like();
-  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096, 0, 0, 0, 0, 0, 0, 0};
+  tl_tiles t = {64, 64, 256, 4096, 64, 64, 256, 64, 4096, 0, 0, 0, 0, 0, 0, 0, 0};
   CHECK(tl_clamp(&t, &d) == 0);
   check_fits(&t, &d, "clamped");
   CHECK(t.flash_bm <= 16 && (size_t)t.flash_wg <= d.max_wg);
@@ -94,6 +94,39 @@ static void device_that_fits_nothing_is_refused(void) {
   tl_device d = {CL_DEVICE_TYPE_GPU, 0, 64, {64, 64, 64}, 32, 4, 64, 64, 0, 0, 0, 0, 1, 1, 0};
   tl_tiles t = tl_choose(&d);
   CHECK(tl_clamp(&t, &d) == -1);
+}
+
+/* softmax_rows' sub-group variant: chosen where the device offers its
+ * group's size (a CPU like Intel's runtime, 16 lanes), not where the group
+ * is wider than any sub-group (Intel's GPUs, 256) or none is offered; the
+ * core program alone carries it, and a clamp that shrinks the group moves
+ * it to the new size or drops it. */
+static void softmax_sub_group_where_the_group_is_one(void) {
+  tl_device cpu = cpu_like();
+  cpu.sg_sizes = 8 | 16 | 32;
+  tl_tiles t = tl_choose(&cpu);
+  CHECKF(t.softmax_wg == 16 && t.softmax_sg == 16, "softmax %d work-items, sub-group %d", t.softmax_wg, t.softmax_sg);
+  ca_program_text core, fused;
+  ca_core_text(&t, CLATTN_F32, &core);
+  ca_fused_text(&t, &cpu, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &fused);
+  CHECKF(strstr(core.options, "-D SOFTMAX_WG=16 ") && strstr(core.options, "-D SOFTMAX_SG=16"), "core options: %s",
+         core.options);
+  CHECKF(!strstr(fused.options, "SOFTMAX_SG"), "fused options: %s", fused.options);
+  const tl_device gpu = intel_like(), none = cpu_like();
+  t = tl_choose(&gpu);
+  CHECKF(t.softmax_wg == 256 && t.softmax_sg == 0, "intel-like: softmax %d, sub-group %d", t.softmax_wg, t.softmax_sg);
+  t = tl_choose(&none);
+  ca_core_text(&t, CLATTN_F32, &core);
+  CHECKF(t.softmax_sg == 0 && !strstr(core.options, "SOFTMAX_SG"), "no sub-groups: %s", core.options);
+  CHECK(tl_softmax_sg(&cpu, 8) == 8 && tl_softmax_sg(&cpu, 64) == 0 && tl_softmax_sg(&none, 16) == 0);
+  /* a kernel that runs 8 work-items at most: 8 lanes where offered, else local memory */
+  t = tl_choose(&cpu);
+  cpu.max_wg = 8;
+  CHECK(tl_clamp(&t, &cpu) == 0 && t.softmax_wg == 8 && t.softmax_sg == 8);
+  t = tl_choose(&cpu);
+  cpu.sg_sizes = 16;
+  t.softmax_sg = t.softmax_wg = 16;
+  CHECK(tl_clamp(&t, &cpu) == 0 && t.softmax_wg == 8 && t.softmax_sg == 0);
 }
 
 /* Each program's options carry the tiles its kernels read and no others;
@@ -365,6 +398,7 @@ int main(int argc, char **argv) {
       CT_TEST(small_device_is_clamped_to_its_limits),
       CT_TEST(oversized_tiles_shrink_to_fit),
       CT_TEST(device_that_fits_nothing_is_refused),
+      CT_TEST(softmax_sub_group_where_the_group_is_one),
       CT_TEST(each_program_gets_only_its_tiles),
       CT_TEST(retuning_one_tile_leaves_other_programs_alone),
       CT_TEST(block_tiles_fit_local_memory_and_registers),

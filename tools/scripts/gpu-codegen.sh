@@ -90,8 +90,10 @@ for t in "${targets[@]}"; do
   mkdir -p "$work/$target"
   "$build/tests/gpu_programs" "$profile" "$work/$target" || exit 1
   # sm_90 and tgllp: the fused programs only (the gate's kernels; the rest
-  # as sm_80, and as dg2: IGC takes a minute and more per backward program)
-  [ "$target" = sm_90 ] || [ "$target" = tgllp ] && find "$work/$target" -type f ! -name 'flash-*' -delete
+  # as sm_80, and as dg2: IGC takes a minute and more per backward program),
+  # and on tgllp the core program with softmax_rows' sub-group variant
+  [ "$target" = sm_90 ] || [ "$target" = tgllp ] &&
+    find "$work/$target" -type f ! -name 'flash-*' ! -name 'core-f32-softmax-sg*' -delete
   echo "$flags" >"$work/$target/flags"
 done
 
