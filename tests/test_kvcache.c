@@ -958,8 +958,9 @@ static int kvprob_build(kvprob *p, const kvcase *c) {
       for (int j = 0; j < N; j++) {
         const size_t at = ((size_t)b * Hq * M + r) * N + j;
         int ok = p->mask ? p->mask[at] : 1;
+        /* a left-padded row's last keys lie past the table: beyond its length, never read */
         const int e = kv_pos(c, b, j) / ps;
-        if (c->paged && e < p->bt_stride) { /* a left-padded row's last keys lie past the table: beyond its length, never read */
+        if (c->paged && e < p->bt_stride) {
           const int32_t page = p->table[(size_t)b * p->bt_stride + e];
           ok = ok && page >= 0 && page < p->num_pages;
         }
