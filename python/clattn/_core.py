@@ -88,6 +88,7 @@ class Context:
         self._pyqueue = queue
         self._cond = threading.Condition()
         self._active = 0
+        self._closing = False
         opt = _ffi.Options()
         if device is not None:
             if not isinstance(device, str):
@@ -121,12 +122,17 @@ class Context:
     # ---- life ---------------------------------------------------------------
 
     def close(self):
-        """Destroys the context (waits for calls in flight in other threads)."""
-        for plan in list(self.__dict__.get("_plans", ())):  # a context's plans go first (clattn._plan)
-            plan.close()
+        """Destroys the context: refuses new calls, waits for the calls in
+        flight in other threads (plan steps included), then releases its
+        plans and itself."""
         with self._cond:
+            self._closing = True
             while self._active:
                 self._cond.wait()
+        # nothing runs now: a plan's step enters the context first
+        for plan in list(self.__dict__.get("_plans", ())):  # a context's plans go before it (clattn._plan)
+            plan.close()
+        with self._cond:
             ptr, self._ptr = self._ptr, None
         if ptr:
             self._lib.destroy(ptr)
@@ -147,7 +153,7 @@ class Context:
 
     def _enter(self):
         with self._cond:
-            if not self._ptr:
+            if not self._ptr or self._closing:
                 raise ValueError("clattn: the context is closed")
             self._active += 1
 

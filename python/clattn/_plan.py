@@ -14,6 +14,7 @@ place each step (asynchronously, with the step's event on them) when q is
 one, else numpy arrays read back for each step.
 """
 import ctypes
+import threading
 import weakref
 
 import numpy as np
@@ -64,12 +65,14 @@ class Plan:
     planned; plan.q_offset and friends give the planned ones). Returns O (or
     (O, lse) with return_lse) as Context.attention does, bitwise its result
     for the same arguments. A step the plan cannot take raises clattn.Error
-    naming the field, and the plan stays usable. close() releases it (a
-    Context closes its plans first)."""
+    naming the field, and the plan stays usable. Steps from several threads
+    run one at a time (each returns its own step's output). close() releases
+    it (a Context closes its plans, after the steps under way)."""
 
     def __init__(self, ctx, q, k, v, *, return_lse=False, **kw):
         self._ptr = None
         self._ctx = ctx
+        self._lock = threading.Lock()  # one step at a time: the outputs are one buffer; close waits for a step
         self._views, self._outs = [], {}
         c = Call(ctx, q, k, v, kw)  # attention's keywords, checked as attention checks them
         self._return_lse = bool(return_lse)
@@ -122,25 +125,30 @@ class Plan:
             if not 0 <= int(value) < PLANNED:
                 raise ValueError("clattn: %s = %d is out of range" % (field, value))
             setattr(s, field, int(value))
-        waits = []
-        for a in self._inputs:  # as Context.attention orders its inputs
-            if a.queue is not None and a.queue.int_ptr != ctx._cl_queue:
-                a.queue.finish()
-            waits += [ev.int_ptr for ev in getattr(a, "events", None) or ()]
-        ctx._enter()
-        done = c_void_p()
-        try:
-            wait_arr = (c_void_p * len(waits))(*waits) if waits else None
-            st = plib.enqueue(self._ptr, ctypes.byref(s), len(waits), wait_arr, ctypes.byref(done))
-            if st != 0:
-                raise Error(_ffi.STATUS_NAMES.get(st, str(st)), ctx._message())
-            if self._out_cl:
-                return self._mark_outputs(done)
-            return self._read_outputs(done)
-        finally:
-            if done.value:
-                cl.release_event(done.value)
-            ctx._leave()
+        # a step's enqueue and the read-back of the plan's one output buffer
+        # are one unit: another thread's step would overwrite it in between
+        with self._lock:
+            if not self._ptr:
+                raise ValueError("clattn: the plan is closed")
+            waits = []
+            for a in self._inputs:  # as Context.attention orders its inputs
+                if a.queue is not None and a.queue.int_ptr != ctx._cl_queue:
+                    a.queue.finish()
+                waits += [ev.int_ptr for ev in getattr(a, "events", None) or ()]
+            ctx._enter()
+            done = c_void_p()
+            try:
+                wait_arr = (c_void_p * len(waits))(*waits) if waits else None
+                st = plib.enqueue(self._ptr, ctypes.byref(s), len(waits), wait_arr, ctypes.byref(done))
+                if st != 0:
+                    raise Error(_ffi.STATUS_NAMES.get(st, str(st)), ctx._message())
+                if self._out_cl:
+                    return self._mark_outputs(done)
+                return self._read_outputs(done)
+            finally:
+                if done.value:
+                    cl.release_event(done.value)
+                ctx._leave()
 
     def _mark_outputs(self, done):
         """The pyopencl outputs, with the step's event on them."""
@@ -191,8 +199,10 @@ class Plan:
         self._views, self._outs = [], {k: (a, None) for k, (a, b) in self._outs.items()}
 
     def close(self):
-        """Releases the plan (steps enqueued still run)."""
-        self._free()
+        """Releases the plan after the step under way in another thread, if
+        any, returns (steps enqueued still run)."""
+        with self._lock:
+            self._free()
         getattr(self._ctx, "_plans", set()).discard(self)
 
     def __del__(self):

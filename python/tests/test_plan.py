@@ -1,5 +1,8 @@
 """clattn.Plan (Context.plan): an attention call made once, run per step;
 each step bitwise the Context.attention of the same arguments."""
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -70,6 +73,77 @@ def test_closing_the_context_closes_its_plans(rng):
     c.close()
     with pytest.raises(ValueError):
         plan()
+
+
+def _slow_steps(monkeypatch, seconds, inside=None):
+    """Wraps the plan library's enqueue: each step sleeps `seconds` after
+    enqueuing, widening the window a descheduled thread would leave between
+    a step's enqueue and its read-back; inside (a list) counts the steps
+    under way."""
+    from clattn import _plan
+    plib = _plan._lib()
+    real = plib.enqueue
+
+    def enqueue(*args):
+        if inside is not None:
+            inside.append(1)
+        try:
+            st = real(*args)
+            time.sleep(seconds)
+            return st
+        finally:
+            if inside is not None:
+                inside.pop()
+    monkeypatch.setattr(plib, "enqueue", enqueue)
+    return plib
+
+
+def test_context_close_waits_for_a_step_in_flight_before_releasing_its_plan(rng, monkeypatch):
+    c = clattn.Context()
+    q, k, v = _decode_problem(rng, N=64)
+    plan = c.plan(q, k, v)
+    want = plan()
+    inside, released_during_step = [], []
+    plib = _slow_steps(monkeypatch, 0.3, inside)
+    real_release = plib.release
+    monkeypatch.setattr(plib, "release", lambda ptr: (released_during_step.append(bool(inside)), real_release(ptr)))
+    res = {}
+
+    def step():
+        try:
+            res["o"] = plan()
+        except BaseException as e:  # noqa: B902 - reported below
+            res["e"] = e
+    th = threading.Thread(target=step)
+    th.start()
+    while not inside and th.is_alive():
+        time.sleep(0.001)
+    c.close()  # a step is under way: close waits for it
+    th.join()
+    assert released_during_step == [False], "the plan was released while a step was under way"
+    np.testing.assert_array_equal(res.get("o"), want)
+    with pytest.raises(ValueError):
+        plan()
+
+
+def test_steps_of_one_plan_from_two_threads_each_get_their_own_output(ctx, rng, monkeypatch):
+    q, k, v = _decode_problem(rng, N=64)
+    plan = ctx.plan(q, k, v)
+    want = {n: plan(kv_len=n) for n in (20, 64)}
+    _slow_steps(monkeypatch, 0.01)
+    wrong = []
+
+    def steps(n):
+        for _ in range(25):
+            if not np.array_equal(plan(kv_len=n), want[n]):
+                wrong.append(n)
+    threads = [threading.Thread(target=steps, args=(n,)) for n in want]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    plan.close()
+    assert not wrong, "%d of 50 steps returned the other thread's output" % len(wrong)
 
 
 cl = pytest.importorskip("pyopencl")
