@@ -64,6 +64,27 @@ def check_int(x, name, lo=None):
     return x
 
 
+def to_float(x, name, why):
+    """float(x): not a number is a TypeError; a Python int too large for any
+    float (float() raises OverflowError) is out of range, ValueError(why)."""
+    try:
+        return float(x)
+    except OverflowError:
+        raise ValueError("clattn: %s %s (got an int of %d digits)" % (name, why, len(str(abs(int(x)))))) from None
+    except (TypeError, ValueError):
+        raise TypeError("clattn: %s must be a number (got %r)" % (name, x)) from None
+
+
+def check_dropout_p(p):
+    """dropout_p as a float in [0, 1): attention's and dropout_mask's rule."""
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise TypeError("clattn: dropout_p must be a number (got %r)" % (p,))
+    f = to_float(p, "dropout_p", "must be in [0, 1)")
+    if not 0.0 <= f < 1.0:
+        raise ValueError("clattn: dropout_p must be in [0, 1) (got %r)" % (p,))
+    return f
+
+
 def broadcast_strides(shape, strides, target, name):
     """Right-aligned numpy broadcasting of (shape, strides) to target; size-1
     dimensions broadcast with stride 0."""
@@ -216,12 +237,7 @@ class Call:
     # -- storage types -----------------------------------------------------------
 
     def _dropout(self, o):
-        p = o["dropout_p"]
-        if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.integer, np.floating)):
-            raise TypeError("clattn: dropout_p must be a number (got %r)" % (p,))
-        p = float(p)
-        if not 0.0 <= p < 1.0:
-            raise ValueError("clattn: dropout_p must be in [0, 1) (got %r)" % (o["dropout_p"],))
+        p = check_dropout_p(o["dropout_p"])
         for name in ("seed", "offset"):  # 64-bit unsigned, as clattn_params' dropout_seed / dropout_offset
             x = o[name]
             if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
@@ -373,16 +389,10 @@ class Call:
         if scale is None:
             self.scale = float("nan")
         else:
-            try:
-                self.scale = float(scale)
-            except (TypeError, ValueError):
-                raise TypeError("clattn: scale must be a number or None") from None
+            self.scale = to_float(scale, "scale", "must be finite in float32")
             if math.isinf(self.scale) or abs(self.scale) > FLT_MAX:
                 raise ValueError("clattn: scale must be finite in float32 (got %r)" % (scale,))
-        try:
-            self.softcap = float(o["softcap"])
-        except (TypeError, ValueError):
-            raise TypeError("clattn: softcap must be a number") from None
+        self.softcap = to_float(o["softcap"], "softcap", "must be 0 (off) or positive and finite")
         if not (0.0 <= self.softcap <= FLT_MAX):
             raise ValueError("clattn: softcap must be 0 (off) or positive and finite (got %r)" % (o["softcap"],))
 

@@ -102,3 +102,15 @@ def test_left_padded_rows_equal_their_keys_alone(ctx, rng):
         np.testing.assert_allclose(o[b:b + 1], want, **TOL)
     with pytest.raises(ValueError):
         ctx.attention(q, k, v, cache_leftpad=pads)  # needs kv_lens
+
+
+@pytest.mark.parametrize("p", [5.0, 1.0, -0.25, float("nan"), float("inf")])
+def test_dropout_mask_refuses_a_probability_outside_0_1(p):
+    with pytest.raises(ValueError, match="dropout_p"):
+        clattn.dropout_mask(1, 1, 4, 4, p)
+
+
+@pytest.mark.parametrize("p", ["0.5", None, True, np.array([0.5])])
+def test_dropout_mask_refuses_a_probability_that_is_no_number(p):
+    with pytest.raises(TypeError, match="dropout_p"):
+        clattn.dropout_mask(1, 1, 4, 4, p)

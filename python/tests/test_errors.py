@@ -141,3 +141,21 @@ def test_inputs_untouched(ctx, rng):
     ctx.attention(q, k, v, causal=True)
     for a, b in zip(before, (q, k, v)):
         assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("name", ["dropout_p", "scale", "softcap"])
+@pytest.mark.parametrize("huge", [10**400, -10**400], ids=["plus", "minus"])
+def test_huge_ints_for_float_keywords_raise_the_documented_errors(ctx, rng, name, huge, no_buffers):
+    """Python ints past any float (float() overflows) are refused as out of
+    range, through every entry point that takes the keyword."""
+    q, k, v = ok(rng)
+    calls = [lambda: ctx.attention(q, k, v, **{name: huge}), lambda: ctx.plan(q, k, v, **{name: huge})]
+    if name == "dropout_p":
+        calls.append(lambda: clattn.dropout_mask(1, 2, 7, 9, huge))
+    else:
+        calls.append(lambda: ctx.attention_with_kvcache(q, k, v, cache_seqlens=np.array([9], np.int32),
+                                                         **{name: huge}))
+    for call in calls:
+        with pytest.raises((TypeError, ValueError, clattn.Error)) as e:
+            call()
+        assert not isinstance(e.value, OverflowError) and name in str(e.value)
