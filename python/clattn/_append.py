@@ -3,7 +3,7 @@ clattn_kv_append (contiguous or paged, any storage, quantised on the way)."""
 import numpy as np
 
 from . import _ffi
-from ._call import (as_array, check_int, head_dim_of, int_table, is_cl_array, kv_storage, scales_of, small_array,
+from ._call import (as_array, check_int, check_written_disjoint, head_dim_of, int_table, is_cl_array, kv_storage, scales_of, small_array,
                     storage_code, tensor_of)
 
 
@@ -67,6 +67,9 @@ def kv_append(self, k_cache, v_cache, k_new, v_new, positions, *, block_table=No
         raise ValueError("clattn: a contiguous cache has the batch's %d rows (got %d)" % (B, slots))
     if L == 0:
         return None  # nothing to write: a valid no-op
+    check_written_disjoint((("k_cache", k_cache), ("v_cache", v_cache), ("k_scale", k_scale), ("v_scale", v_scale)),
+                           (("k_new", k_new), ("v_new", v_new), ("positions", positions),
+                            ("block_table", block_table)))
     scale_axes = axes[:3] + (None,)
 
     inplace = []

@@ -170,6 +170,33 @@ def tensor_of(ctx, x, name, axes, views, waits, q8_0=False, writable=False):
     return t, vw
 
 
+SHARE_WORK = 1 << 16  # np.shares_memory's budget per pair; past it counts as sharing, as clattn's own search
+TOO_HARD = getattr(np, "exceptions", np).TooHardError  # numpy >= 1.25: np.exceptions
+
+
+def check_written_disjoint(written, others):
+    """Refuses (ValueError) a numpy array written in place that shares a byte
+    with another numpy array of the call, written or read: clattn's rule for
+    its views, which it cannot see here (each numpy array is uploaded to its
+    own buffer, and one's copy-back would overwrite the other's elements).
+    written, others: (name, array or None) pairs; device arrays are the
+    library's to check."""
+    arrays = [(n, x, True) for n, x in written] + [(n, x, False) for n, x in others]
+    arrays = [a for a in arrays if isinstance(a[1], np.ndarray) and a[1].size]
+    for i, (n1, a, w1) in enumerate(arrays):
+        for n2, b, w2 in arrays[i + 1:]:
+            if not (w1 or w2):
+                continue
+            try:
+                shared = np.shares_memory(a, b, max_work=SHARE_WORK)
+                why = "share memory"
+            except TOO_HARD:
+                shared, why = True, "may share memory (too costly to tell)"
+            if shared:
+                raise ValueError("clattn: %s and %s %s, and %s is written in place: pass separate arrays"
+                                 % (n1, n2, why, n1 if w1 else n2))
+
+
 def kv_storage(k, v, kv_dtype, names=("k", "v")):
     """The clattn storage of a K/V pair: float (kv_dtype None, or naming k's
     float storage) or quantised ("q8_0", "int8": 1-byte arrays)."""

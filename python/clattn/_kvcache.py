@@ -6,7 +6,7 @@ attention's (_call.Call over the cache); the step's own are checked here."""
 import numpy as np
 
 from . import _ffi
-from ._call import Call, as_array, is_cl_array, small_array, tensor_of
+from ._call import Call, as_array, check_written_disjoint, is_cl_array, small_array, tensor_of
 
 
 def _rotary_tables(cos, sin, head_dim):
@@ -113,6 +113,14 @@ def attention_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, *, rotary_
     rotary = rotary_cos is not None
     if rotary:
         rotary_cos, rotary_sin, rotary_len, rotary_dim = _rotary_tables(rotary_cos, rotary_sin, c.dk)
+
+    if L:  # the caches (and int8 scales) are written
+        check_written_disjoint((("k_cache", k_cache), ("v_cache", v_cache), ("k_scale", c.k_scale),
+                                ("v_scale", c.v_scale)),
+                               (("q", q), ("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                                ("cache_seqlens", cache_seqlens), ("block_table", block_table),
+                                ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                                ("alibi_slopes", alibi_slopes)))
 
     outs, inplace = {}, []
     kp = self._lib.kvcache_params_default()

@@ -171,3 +171,42 @@ def test_pyopencl_caches_in_place():
         got = k_cache.get()
         assert np.array_equal(got[:, :, 3:5], new) and not got[:, :, [0, 1, 2, 5]].any()
         assert np.array_equal(v_cache.get()[:, :, 3:5], new)
+
+
+@pytest.mark.parametrize("entry", ["kv_append", "attention_with_kvcache"])
+@pytest.mark.parametrize("case", ["same_array", "overlapping_views", "same_int8_scales", "new_rows_in_the_cache"])
+def test_caches_sharing_bytes_are_refused_before_anything_runs(ctx, rng, monkeypatch, entry, case):
+    """An array written in place shares no byte with another array of the
+    call (the library's rule for its buffers): numpy arrays are uploaded
+    each on its own, so one's copy-back would overwrite the other's rows."""
+    B, H, cap, d = 1, 2, 8, 32
+    base = rng.standard_normal((B, H, cap + 1, d)).astype(np.float32)
+    k_cache, v_cache = base[:, :, :cap], base[:, :, :cap].copy()
+    k_new = rng.standard_normal((B, H, 1, d)).astype(np.float32)
+    v_new = rng.standard_normal((B, H, 1, d)).astype(np.float32)
+    kw, shared = {}, "k_cache"
+    if case == "same_array":
+        v_cache = k_cache
+    elif case == "overlapping_views":
+        v_cache = base[:, :, 1:]
+    elif case == "same_int8_scales":
+        k_cache, v_cache = (rng.integers(-9, 9, (B, H, cap, d)).astype(np.int8) for _ in range(2))
+        scales = np.ones((B, H, cap), np.float32)
+        kw, shared = dict(kv_dtype="int8", k_scale=scales, v_scale=scales), "k_scale"
+    else:
+        k_new = k_cache[:, :, 2:3]
+    before = [x.copy() for x in (base, k_cache, v_cache)]
+
+    def refuse(*a):
+        raise AssertionError("a buffer was made before the call was refused")
+    monkeypatch.setattr(ctx, "_new_buffer", refuse)
+    seqlens = np.array([3], np.int32)
+    with pytest.raises(ValueError, match=shared) as e:
+        if entry == "kv_append":
+            ctx.kv_append(k_cache, v_cache, k_new, v_new, seqlens, **kw)
+        else:
+            ctx.attention_with_kvcache(np.ones((B, H, 1, d), np.float32), k_cache, v_cache, k_new, v_new,
+                                       cache_seqlens=seqlens, **kw)
+    assert "share" in str(e.value)
+    for got, want in zip((base, k_cache, v_cache), before):
+        assert got.tobytes() == want.tobytes()
