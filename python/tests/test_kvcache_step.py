@@ -242,3 +242,43 @@ def test_pyopencl_caches_in_place():
                                   host_v[b, :, :s + 1], causal=True)
             np.testing.assert_allclose(o.get()[b], ro, rtol=2e-4, atol=2e-5)
         assert got_k.tobytes() == host_k.tobytes() and got_v.tobytes() == host_v.tobytes()
+
+
+def _past_the_table(rng, B=2, H=2, d=32, page=256):
+    """A paged cache of one page per sequence, sequence 1 full: one new row
+    has no page to go to."""
+    k_cache = rng.standard_normal((B, H, page, d)).astype(np.float32)
+    v_cache = rng.standard_normal((B, H, page, d)).astype(np.float32)
+    new = rng.standard_normal((B, H, 1, d)).astype(np.float32)
+    return (np.ones((B, H, 1, d), np.float32), k_cache, v_cache, new, new.copy(),
+            np.array([[1], [0]], np.int32), np.array([3, page], np.int32))
+
+
+def test_new_rows_past_the_block_table_are_refused_naming_them_before_anything_is_written(ctx, rng):
+    q, k_cache, v_cache, k, v, table, seqlens = _past_the_table(rng)
+    before = k_cache.tobytes(), v_cache.tobytes()
+    with pytest.raises((ValueError, clattn.Error)) as e:
+        ctx.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, block_table=table)
+    msg = str(e.value)
+    assert "new_len" in msg and "cache_seqlens" in msg and "256" in msg, msg
+    assert (k_cache.tobytes(), v_cache.tobytes()) == before
+
+
+@pytest.mark.xfail(reason="cache_seqlens on the device: the refusal is clattn_forward_kvcache's own "
+                          "(INVALID_ARGUMENT for a new row past the block table), not there yet", strict=False)
+def test_new_rows_past_the_block_table_are_refused_with_device_lengths():
+    cl = pytest.importorskip("pyopencl")
+    cla = pytest.importorskip("pyopencl.array")
+    try:
+        dev = [d for p in cl.get_platforms() for d in p.get_devices()][0]
+        queue = cl.CommandQueue(cl.Context([dev]))
+    except (IndexError, cl.Error):
+        pytest.skip("pyopencl sees no usable device")
+    q, k_cache, v_cache, k, v, table, seqlens = _past_the_table(np.random.default_rng(6))
+    with clattn.Context(queue=queue) as c:
+        kc, vc = cla.to_device(queue, k_cache), cla.to_device(queue, v_cache)
+        with pytest.raises(clattn.Error) as e:
+            c.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=cla.to_device(queue, seqlens), block_table=table)
+        assert e.value.status == "INVALID_ARGUMENT"
+        assert "new_len" in e.value.message and "cache_seqlens" in e.value.message and "256" in e.value.message
+        assert kc.get().tobytes() == k_cache.tobytes() and vc.get().tobytes() == v_cache.tobytes()
