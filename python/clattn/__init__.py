@@ -7,8 +7,10 @@
 A ctypes binding over clattn's public C API (clattn.h); see docs/python.md.
 """
 from ._core import Context, Error
+from ._device import DeviceArray
 from ._dropout import dropout_mask
+from ._kvcache import KVCache
 from ._plan import Plan
 
-__all__ = ["Context", "Error", "Plan", "dropout_mask"]
+__all__ = ["Context", "DeviceArray", "Error", "KVCache", "Plan", "dropout_mask"]
 __version__ = "0.1.0"

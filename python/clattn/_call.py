@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from . import _ffi
+from ._device import DeviceArray
 
 INT_MAX = 2**31 - 1
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -37,8 +38,9 @@ def is_cl_array(a):
 
 
 def as_array(x):
-    """A numpy or pyopencl array as it is; anything else through np.asarray."""
-    return x if is_cl_array(x) or isinstance(x, np.ndarray) else np.asarray(x)
+    """A numpy, pyopencl or clattn device array as it is; anything else
+    through np.asarray."""
+    return x if is_cl_array(x) or isinstance(x, (np.ndarray, DeviceArray)) else np.asarray(x)
 
 
 def storage_code(dt, name):

@@ -9,6 +9,7 @@ import numpy as np
 
 from . import _append, _backward, _ffi, _kvcache
 from ._call import DEFAULTS, DTYPE_NAMES, Call, as_array, is_cl_array as _is_cl_array, storage_code
+from ._device import DeviceArray
 from ._error import Error, cl_error as _cl_error
 
 __all__ = ["Error", "Context"]
@@ -272,10 +273,14 @@ class Context:
         return _View(buf, 0, a.shape, st, owned=True, keep=(a, span * item))
 
     def _input(self, a, name, views, waits, writable=False):
-        """An array as a view of a cl_mem: a pyopencl array's own buffer, a
-        numpy array's upload (read-write when the call writes it in place)."""
+        """An array as a view of a cl_mem: a pyopencl array's or a
+        DeviceArray's own buffer, a numpy array's upload (read-write when
+        the call writes it in place)."""
         if _is_cl_array(a):
             v = self._cl_array_view(a, name, waits)
+        elif isinstance(a, DeviceArray):  # the binding's own device memory: its buffer as it is
+            v = _View(a.buffer(self, name), 0, a.shape, _elem_strides(a.strides, a.shape, a.dtype.itemsize),
+                      owned=False, keep=a)
         else:
             if writable and not a.flags.writeable:
                 raise ValueError("clattn: %s is written in place but is a read-only array" % name)
@@ -520,3 +525,9 @@ class Context:
     attention_backward = _backward.attention_backward
     kv_append = _append.kv_append
     attention_with_kvcache = _kvcache.attention_with_kvcache
+
+    def kv_cache(self, k, v, *, kv_dtype=None, k_scale=None, v_scale=None, layout="bhsd"):
+        """A K/V cache in device memory (clattn.KVCache) holding copies of
+        numpy k, v (and int8 scales): decode steps append to it and attend
+        over it in place, with no copy of the cache per call."""
+        return _kvcache.KVCache(self, k, v, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale, layout=layout)

@@ -2,11 +2,14 @@
 (FlashAttention's flash_attn_with_kvcache) through clattn_forward_kvcache:
 new keys (rotated) and values appended to the cache in place, then
 attention of q (rotated) over the cache. The attention's arguments are
-attention's (_call.Call over the cache); the step's own are checked here."""
+attention's (_call.Call over the cache); the step's own are checked here.
+KVCache keeps a numpy caller's cache on the device between steps."""
 import numpy as np
 
 from . import _ffi
-from ._call import Call, as_array, check_written_disjoint, is_cl_array, small_array, tensor_of
+from ._call import (Call, as_array, check_written_disjoint, head_dim_of, is_cl_array, kv_storage, scales_of,
+                    small_array, tensor_of)
+from ._device import DeviceArray
 
 
 def _rotary_tables(cos, sin, head_dim):
@@ -163,3 +166,85 @@ def attention_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, *, rotary_
             setattr(p, name, t)
         self._run(self._lib.forward_kvcache, kp, waits, outs, events, inplace)
     return (outs["out"][0], outs["lse"][0]) if return_lse else outs["out"][0]
+
+
+class KVCache:
+    """A K/V cache in a Context's device memory (Context.kv_cache), so that
+    a numpy caller's decode step costs its new rows, not the cache: k, v
+    (and, "int8", k_scale, v_scale) are clattn.DeviceArrays holding copies
+    of the arrays given, contiguous [B,Hkv,capacity,d] or a page pool
+    [num_pages,Hkv,page_size,d] ("bshd": [B,capacity,Hkv,d],
+    [num_pages,page_size,Hkv,d]), stored as the arrays are (float32,
+    float16, bfloat16; kv_dtype "q8_0" or "int8" as in attention).
+
+    attention_with_kvcache(q, k, v, **kw) and kv_append(k_new, v_new,
+    positions, **kw) are the Context's with this cache's arrays, storage
+    and layout; the arrays also go wherever a call takes K/V (attention,
+    plan), read in place. get() reads the cache back to numpy; close()
+    (or a with block's end) frees it."""
+
+    def __init__(self, ctx, k, v, *, kv_dtype=None, k_scale=None, v_scale=None, layout="bhsd"):
+        if layout not in ("bhsd", "bshd"):
+            raise ValueError("clattn: layout must be 'bhsd' or 'bshd' (got %r)" % (layout,))
+        arrays = {"k": k, "v": v, "k_scale": k_scale, "v_scale": v_scale}
+        for name, x in arrays.items():
+            if x is not None and not isinstance(x, np.ndarray):
+                raise TypeError("clattn: kv_cache's %s must be a numpy array (the cache's first contents; "
+                                "pyopencl arrays are on the device already: pass them to the calls)" % name)
+        if k.ndim != 4 or v.ndim != 4:
+            raise ValueError("clattn: k and v must be 4-D (got shapes %s, %s)" % (k.shape, v.shape))
+        kv = kv_storage(k, v, kv_dtype)
+        axes = (0, 1, 2, 3) if layout == "bhsd" else (0, 2, 1, 3)
+        if [k.shape[a] for a in axes[:3]] != [v.shape[a] for a in axes[:3]]:
+            raise ValueError("clattn: k %s and v %s differ in their leading dimensions" % (k.shape, v.shape))
+        for name, x in (("k", k), ("v", v)):
+            head_dim_of(x.shape[-1], kv, name)
+        if (kv == _ffi.INT8) != (k_scale is not None) or (k_scale is None) != (v_scale is None):
+            raise ValueError("clattn: k_scale and v_scale come together, exactly with kv_dtype 'int8'")
+        if kv == _ffi.INT8:
+            scales_of(k_scale, "k_scale", k), scales_of(v_scale, "v_scale", v)
+        self.layout = layout
+        self.kv_dtype = kv_dtype if kv in (_ffi.Q8_0, _ffi.INT8) else None  # float storage: the arrays' dtype
+        self._ctx = ctx
+        self.k = self.v = self.k_scale = self.v_scale = None
+        try:
+            for name, x in arrays.items():
+                if x is not None:
+                    setattr(self, name, DeviceArray(ctx, x))
+        except BaseException:
+            self.close()
+            raise
+
+    def _arrays(self):
+        return [x for x in (self.k, self.v, self.k_scale, self.v_scale) if x is not None]
+
+    def _storage(self, kw):
+        for name in ("kv_dtype", "k_scale", "v_scale", "layout"):
+            if name in kw:
+                raise TypeError("clattn: %s is the cache's own (given to kv_cache)" % name)
+        return dict(kv_dtype=self.kv_dtype, k_scale=self.k_scale, v_scale=self.v_scale, layout=self.layout)
+
+    def attention_with_kvcache(self, q, k=None, v=None, **kw):
+        """Context.attention_with_kvcache over this cache: k, v (the new rows)
+        written into it on the device, then q attends over it; O (and lse)
+        come back as for numpy caches."""
+        return self._ctx.attention_with_kvcache(q, self.k, self.v, k, v, **self._storage(kw), **kw)
+
+    def kv_append(self, k_new, v_new, positions, **kw):
+        """Context.kv_append into this cache on the device."""
+        return self._ctx.kv_append(self.k, self.v, k_new, v_new, positions, **self._storage(kw), **kw)
+
+    def get(self):
+        """numpy copies: (k, v), or (k, v, k_scale, v_scale) for an int8 cache."""
+        return tuple(x.get() for x in self._arrays())
+
+    def close(self):
+        """Frees the device arrays (after the context's calls under way)."""
+        for x in self._arrays():
+            x.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
