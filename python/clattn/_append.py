@@ -3,8 +3,8 @@ clattn_kv_append (contiguous or paged, any storage, quantised on the way)."""
 import numpy as np
 
 from . import _ffi
-from ._call import (as_array, check_int, check_written_disjoint, head_dim_of, int_table, is_cl_array, kv_storage, scales_of, small_array,
-                    storage_code, tensor_of)
+from ._call import (as_array, check_int, check_written_disjoint, head_dim_of, int_table, is_cl_array, kv_storage,
+                    scales_of, small_array, storage_code, tensor_of)
 
 
 def kv_append(self, k_cache, v_cache, k_new, v_new, positions, *, block_table=None, page_size=None,
