@@ -54,12 +54,8 @@ static inline void kvcache_row_lengths(int b, __global const int *positions, int
 /* ggml's q = roundf(x * id), as an int8. */
 static inline char append_q(float x, float id) { return (char)(int)round(x * id); }
 
-__kernel void kv_append(__global const store_t *src, ulong src_off, ulong4 src_st,
-                        __global kv_t *dst, ulong dst_off, ulong4 dst_st,
-                        __global float *scale, ulong sc_off, ulong4 sc_st,
-                        __global const int *positions, __global const int *block_table, int bt_stride,
-                        int page_size, int num_pages, int paged, int capacity, int kv_heads, int new_len,
-                        int cols, __global const int *leftpad, __global int *lens, __global int *starts) {
+__kernel void kv_append(CA_PARAMS(kv_append, args)) {
+  CA_UNPACK(kv_append, args)
   const int r = get_global_id(0), bh = get_global_id(1);
   if (r >= new_len) return;
   const int b = bh / kv_heads, h = bh % kv_heads;
@@ -81,16 +77,16 @@ __kernel void kv_append(__global const store_t *src, ulong src_off, ulong4 src_s
     __global char *qs = (__global char *)(dst + blk + 2);
     for (int c = 0; c < 32; c++) qs[c] = append_q(ca_load(src, in + (ulong)(c0 + c) * src_st.s3), id);
   }
-  (void)scale; (void)sc_off; (void)sc_st;
+  (void)scale; (void)scale_off; (void)scale_st;
 #elif CA_KV_DTYPE == 4
   float amax = 0.0f;
   for (int c = 0; c < cols; c++) amax = fmax(amax, fabs(ca_load(src, in + (ulong)c * src_st.s3)));
   const float d = append_div(amax, 127.0f);
   const float id = d != 0.0f ? append_div(1.0f, d) : 0.0f;
   for (int c = 0; c < cols; c++) dst[out + (ulong)c * dst_st.s3] = append_q(ca_load(src, in + (ulong)c * src_st.s3), id);
-  scale[ca_at(sc_off, sc_st, at.slot, h, at.row, 0)] = d;
+  scale[ca_at(scale_off, scale_st, at.slot, h, at.row, 0)] = d;
 #else
   for (int c = 0; c < cols; c++) append_store(dst, out + (ulong)c * dst_st.s3, ca_load(src, in + (ulong)c * src_st.s3));
-  (void)scale; (void)sc_off; (void)sc_st;
+  (void)scale; (void)scale_off; (void)scale_st;
 #endif
 }

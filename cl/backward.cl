@@ -40,20 +40,10 @@
 #define DV 64
 #endif
 
-/* Arguments every pass takes: the forward's views and score fields, d_out,
- * and the per-row scratch dsum (D_i) and sinkt (a sink's term of d_sinks),
- * both [B * Hq * q_len], indexed by the logical row. */
-#define BWD_ARGS                                                                                      \
-  __global const store_t *q, ulong q_off, ulong4 q_st, __global const store_t *k, ulong k_off,       \
-      ulong4 k_st, __global const store_t *v, ulong v_off, ulong4 v_st, __global const store_t *o,    \
-      ulong o_off, ulong4 o_st, __global const store_t *d_o, ulong do_off, ulong4 do_st,              \
-      __global const float *lse, ulong lse_off, ulong4 lse_st, CA_SCORE_ARGS,                         \
-      __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,                        \
-      CA_BIAS_ARGS, CA_SEQ_ARGS,                                                                      \
-      int q_heads, int kv_heads, int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,        \
-      __global const float *sinks, long sinks_at, int window_left, int window_right,                  \
-      __global float *dsum, __global float *sinkt, CA_DROP_ARGS
-
+/* Every pass takes args.h.cl's bwd arguments: the forward's views and
+ * score fields, d_out, and the per-row scratch dsum (D_i) and sinkt (a
+ * sink's term of d_sinks), both [B * Hq * q_len], indexed by the logical
+ * row; then its own. */
 static inline ulong bwd_row(long b, long h, long i, int q_heads, int q_len) {
   return ((ulong)b * (ulong)q_heads + (ulong)h) * (ulong)q_len + (ulong)i;
 }
@@ -125,7 +115,8 @@ static inline float16 bwd_ds(float16 x, float16 row_lse, float16 dp, float16 d_r
  * term of d_sinks, -exp(sink_h - lse_i) D_i. Rows past a packed sequence's
  * end get 0. NDRange: (q_len, batch * q_heads).
  */
-__kernel void bwd_rowdot(BWD_ARGS) {
+__kernel void bwd_rowdot(CA_PARAMS(bwd_rowdot, args)) {
+  CA_UNPACK(bwd_rowdot, args)
   (void)q; (void)q_off; (void)q_st; (void)k; (void)k_off; (void)k_st; (void)v; (void)v_off; (void)v_st;
   const int i = get_global_id(0), bh = get_global_id(1);
   if (i >= q_len) return;
@@ -135,9 +126,9 @@ __kernel void bwd_rowdot(BWD_ARGS) {
   float d = 0.0f;
   if (i < sq.rows)
     for (int c = 0; c < DV; c++)
-      d = fma(ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)), ca_load(o, ca_at(o_off, o_st, b, h, sq.q0 + i, c)), d);
+      d = fma(ca_load(d_o, ca_at(d_o_off, d_o_st, b, h, sq.q0 + i, c)), ca_load(o, ca_at(o_off, o_st, b, h, sq.q0 + i, c)), d);
   dsum[row] = d;
-  if (sinks_at >= 0) {
+  if (sinks) {
     const float l = lse[ca_at(lse_off, lse_st, b, h, i, 0)];
     /* an empty row has lse = sink and O = 0: its term is 0 */
     sinkt[row] = i < sq.rows && l != -INFINITY ? -exp(sinks[sinks_at + h] - l) * d : 0.0f;
@@ -186,8 +177,8 @@ static inline float bwd_hsum(float16 x) {
  * so the last bits of dQ, depend on scheduling.
  * NDRange: (ceil(kv_len / 16), batch * kv_heads).
  */
-__kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_st, __global store_t *d_v,
-                       ulong dv_off, ulong4 dv_st, __global float *dq_acc, int dq_atomic) {
+__kernel void bwd_dkdv(CA_PARAMS(bwd_dkdv, args)) {
+  CA_UNPACK(bwd_dkdv, args)
   (void)o; (void)o_off; (void)o_st; (void)sinkt;
   const long j0l = (long)get_global_id(0) * BWD_BN;   /* no int overflow near kv_len = 2^31 - 1 */
   if (j0l >= kv_len) return;
@@ -234,7 +225,7 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
         raw[r] = dp[r] = (float16)(0.0f);
         const long i = min(ib + r, i_hi);
         for (int d = 0; d < DK; d++) qv[r][d] = live[r] ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d)) : 0.0f;
-        for (int c = 0; c < DV; c++) dov[r][c] = live[r] ? ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)) : 0.0f;
+        for (int c = 0; c < DV; c++) dov[r][c] = live[r] ? ca_load(d_o, ca_at(d_o_off, d_o_st, b, h, sq.q0 + i, c)) : 0.0f;
       }
       if (additive)
         for (int d = 0; d < DK; d++) {
@@ -312,8 +303,8 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
   const int n_out = min(BWD_BN, (varlen ? sq.keys : kv_len) - j0);
   for (int l = 0; l < n_out; l++) {
     const long kj = sq.k0 + j0 + l;
-    for (int d = 0; d < DK; d++) ca_store(d_k, ca_at(dk_off, dk_st, b, hk, kj, d), gka[d][l]);
-    for (int c = 0; c < DV; c++) ca_store(d_v, ca_at(dv_off, dv_st, b, hk, kj, c), gva[c][l]);
+    for (int d = 0; d < DK; d++) ca_store(d_k, ca_at(d_k_off, d_k_st, b, hk, kj, d), gka[d][l]);
+    for (int c = 0; c < DV; c++) ca_store(d_v, ca_at(d_v_off, d_v_st, b, hk, kj, c), gva[c][l]);
   }
 }
 
@@ -326,8 +317,8 @@ __kernel void bwd_dkdv(BWD_ARGS, __global store_t *d_k, ulong dk_off, ulong4 dk_
  * packed sequence's end are left to bwd_zero.
  * NDRange: (ceil(q_len / 16), batch * q_heads).
  */
-__kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st, __global float *dw_rows,
-                     int want_dw) {
+__kernel void bwd_dq(CA_PARAMS(bwd_dq, args)) {
+  CA_UNPACK(bwd_dq, args)
   (void)o; (void)o_off; (void)o_st; (void)sinkt;
   const long i0l = (long)get_global_id(0) * BWD_BN;
   if (i0l >= q_len) return;
@@ -343,7 +334,7 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
     lse_a[l] = live ? lse[ca_at(lse_off, lse_st, b, h, i, 0)] : -INFINITY;
     d_a[l] = live ? dsum[bwd_row(b, h, i, q_heads, q_len)] : 0.0f;
     for (int d = 0; d < DK; d++) qa[d][l] = live ? ca_load(q, ca_at(q_off, q_st, b, h, sq.q0 + i, d)) : 0.0f;
-    for (int c = 0; c < DV; c++) doa[c][l] = live ? ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)) : 0.0f;
+    for (int c = 0; c < DV; c++) doa[c][l] = live ? ca_load(d_o, ca_at(d_o_off, d_o_st, b, h, sq.q0 + i, c)) : 0.0f;
   }
   for (int d = 0; d < DK; d++) {
     vstore16((float16)(0.0f), 0, gqa[d]);
@@ -439,7 +430,7 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
   for (int l = 0; l < BWD_BN && i0 + l < q_len; l++) {
     const int i = i0 + l;
     if (i < sq.rows)
-      for (int d = 0; d < DK; d++) ca_store(d_q, ca_at(dq_off, dq_st, b, h, sq.q0 + i, d), gqa[d][l]);
+      for (int d = 0; d < DK; d++) ca_store(d_q, ca_at(d_q_off, d_q_st, b, h, sq.q0 + i, d), gqa[d][l]);
     if (want_dw)
       for (int d = 0; d < DK; d++) dw_rows[bwd_row(b, h, i, q_heads, q_len) * DK + d] = gwa[d][l];
   }
@@ -455,7 +446,8 @@ __kernel void bwd_dq(BWD_ARGS, __global store_t *d_q, ulong dq_off, ulong4 dq_st
  * nothing, whatever its key or value holds.
  * NDRange: (kv_len, q_len, batch * q_heads), each 1 where summed.
  */
-__kernel void bwd_dbias(BWD_ARGS, int batch, __global float *d_bias, ulong db_off, ulong4 db_st, int summed) {
+__kernel void bwd_dbias(CA_PARAMS(bwd_dbias, args)) {
+  CA_UNPACK(bwd_dbias, args)
   (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks; (void)sinks_at;
   const int heads_out = summed & 2 ? 1 : q_heads, rows_out = summed & 4 ? 1 : q_len;
   const long j_out = get_global_id(0);
@@ -485,7 +477,7 @@ __kernel void bwd_dbias(BWD_ARGS, int batch, __global float *d_bias, ulong db_of
           const float p = exp(x - row_lse);
           if (p == 0.0f) continue; /* disallowed by its score, or underflowed: no gradient */
           for (int c = 0; c < DV; c++)
-            dp = fma(ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + i, c)),
+            dp = fma(ca_load(d_o, ca_at(d_o_off, d_o_st, b, h, sq.q0 + i, c)),
                      ca_load(v, ca_at(v_off, v_st, b, hk, sq.k0 + j, c)), dp);
 #ifdef CA_DROPOUT
           dp *= ca_dropout(dropout, b, h, i, j);
@@ -496,7 +488,7 @@ __kernel void bwd_dbias(BWD_ARGS, int batch, __global float *d_bias, ulong db_of
       }
     }
   }
-  d_bias[ca_at(db_off, db_st, b_out, h_out, i_out, j_out)] = acc;
+  d_bias[ca_at(d_bias_off, d_bias_st, b_out, h_out, i_out, j_out)] = acc;
 }
 
 /*
@@ -504,8 +496,8 @@ __kernel void bwd_dbias(BWD_ARGS, int batch, __global float *d_bias, ulong db_of
  * in that order: the fixed-order reductions of d_sinks (per head over
  * batch and rows) and d_additive_w (per column over rows). NDRange: (n_cols).
  */
-__kernel void bwd_sum(__global const float *x, int n_cols, ulong n_outer, ulong n_inner, ulong s_outer, ulong s_col,
-                      ulong s_inner, __global float *out) {
+__kernel void bwd_sum(CA_PARAMS(bwd_sum, args)) {
+  CA_UNPACK(bwd_sum, args)
   const int c = get_global_id(0);
   if (c >= n_cols) return;
   float acc = 0.0f;
@@ -519,7 +511,8 @@ __kernel void bwd_sum(__global const float *x, int n_cols, ulong n_outer, ulong 
  * sequences: rows no sequence covers still get a defined 0).
  * NDRange: (rows, heads).
  */
-__kernel void bwd_zero(__global store_t *x, ulong x_off, ulong4 x_st, int rows, int cols) {
+__kernel void bwd_zero(CA_PARAMS(bwd_zero, args)) {
+  CA_UNPACK(bwd_zero, args)
   const int r = get_global_id(0), h = get_global_id(1);
   if (r >= rows) return;
   for (int c = 0; c < cols; c++) ca_store(x, ca_at(x_off, x_st, 0, h, r, c), 0.0f);
@@ -528,7 +521,8 @@ __kernel void bwd_zero(__global store_t *x, ulong x_off, ulong4 x_st, int rows, 
 /*
  * bwd_fill — x[0 .. n) = 0 (f32 accumulators). NDRange: (n).
  */
-__kernel void bwd_fill(__global float *x, ulong n) {
+__kernel void bwd_fill(CA_PARAMS(bwd_fill, args)) {
+  CA_UNPACK(bwd_fill, args)
   const ulong e = get_global_id(0);
   if (e < n) x[e] = 0.0f;
 }
@@ -540,8 +534,8 @@ __kernel void bwd_fill(__global float *x, ulong n) {
  * (key_side 1: every key of a padded batch, whose accumulators are 0 past
  * kv_lens, or a packed sequence's keys). NDRange: (len, batch * heads).
  */
-__kernel void bwd_store(__global const float *acc, int acc_cols, int col0, int cols, int heads, int key_side,
-                        CA_SEQ_ARGS, int q_len, int kv_len, __global store_t *x, ulong x_off, ulong4 x_st) {
+__kernel void bwd_store(CA_PARAMS(bwd_store, args)) {
+  CA_UNPACK(bwd_store, args)
   const int r = get_global_id(0), bh = get_global_id(1);
   const int len = key_side ? kv_len : q_len;
   if (r >= len) return;

@@ -39,7 +39,8 @@ static inline ulong bwds_at(int g, int rows, int r, int kv_len, long j) {
  * to BS_TM, heads); work-group (BS_TN, BS_TM, 1).
  */
 __kernel __attribute__((reqd_work_group_size(BS_TN, BS_TM, 1)))
-void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __global float *gw) {
+void bwds_pairs(CA_PARAMS(bwds_pairs, args)) {
+  CA_UNPACK(bwds_pairs, args)
   (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks_at; (void)sinks;
   __local float a_tile[BS_TM][BS_TK];
   __local float b_tile[BS_TK][BS_TN];
@@ -80,7 +81,7 @@ void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __globa
     for (int t = lid; t < BS_TM * BS_TK; t += BS_TM * BS_TN) {
       const int qi = row0 + t / BS_TK, c = c0 + t % BS_TK;
       a_tile[t / BS_TK][t % BS_TK] =
-          qi < row_end && c < DV ? ca_load(d_o, ca_at(do_off, do_st, b, h, sq.q0 + qi, c)) : 0.0f;
+          qi < row_end && c < DV ? ca_load(d_o, ca_at(d_o_off, d_o_st, b, h, sq.q0 + qi, c)) : 0.0f;
     }
     for (int t = lid; t < BS_TK * BS_TN; t += BS_TM * BS_TN) {
       const long kj = key0 + t % BS_TN;
@@ -132,10 +133,10 @@ void bwds_pairs(BWD_ARGS, int bh0, int i0, int rows, __global float *pw, __globa
  * BS_TM, heads); work-group (BS_TN, BS_TM, 1).
  */
 __kernel __attribute__((reqd_work_group_size(BS_TN, BS_TM, 1)))
-void bwds_dq(BWD_ARGS, int bh0, int i0, int rows, __global const float *gw, __global store_t *d_q, ulong dq_off,
-             ulong4 dq_st, __global float *dw_rows, int want_dw) {
+void bwds_dq(CA_PARAMS(bwds_dq, args)) {
+  CA_UNPACK(bwds_dq, args)
   (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks_at; (void)sinks; (void)v; (void)v_off; (void)v_st;
-  (void)d_o; (void)do_off; (void)do_st; (void)lse; (void)lse_off; (void)lse_st; (void)mask; (void)mask_off;
+  (void)d_o; (void)d_o_off; (void)d_o_st; (void)lse; (void)lse_off; (void)lse_st; (void)mask; (void)mask_off;
   (void)mask_st; (void)has_mask; (void)bias; (void)bias_off; (void)bias_st; (void)has_bias; (void)bias_scale;
   (void)dsum; (void)scale;
   (void)softcap; (void)alibi; (void)has_alibi; (void)alibi_bstride; (void)window_left; (void)window_right;
@@ -182,7 +183,7 @@ void bwds_dq(BWD_ARGS, int bh0, int i0, int rows, __global const float *gw, __gl
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  if (live) ca_store(d_q, ca_at(dq_off, dq_st, b, h, sq.q0 + i, d), acc);
+  if (live) ca_store(d_q, ca_at(d_q_off, d_q_st, b, h, sq.q0 + i, d), acc);
   if (want_dw && r < rows && d < DK) dw_rows[bwd_row(b, h, i, q_heads, q_len) * DK + d] = live ? acc_w : 0.0f;
 }
 
@@ -197,8 +198,8 @@ void bwds_dq(BWD_ARGS, int bh0, int i0, int rows, __global const float *gw, __gl
  * to BS_TM, KV pairs the chunk touches); work-group (BS_TN, BS_TM, 1).
  */
 __kernel __attribute__((reqd_work_group_size(BS_TN, BS_TM, 1)))
-void bwds_dkdv(BWD_ARGS, int bh0, int i0, int rows, int heads, __global const float *pw, __global const float *gw,
-               __global float *acc) {
+void bwds_dkdv(CA_PARAMS(bwds_dkdv, args)) {
+  CA_UNPACK(bwds_dkdv, args)
   (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks_at; (void)sinks; (void)v; (void)v_off; (void)v_st;
   (void)lse; (void)lse_off; (void)lse_st; (void)mask; (void)mask_off; (void)mask_st; (void)has_mask; (void)bias;
   (void)bias_off; (void)bias_st; (void)has_bias; (void)bias_scale; (void)dsum; (void)scale; (void)softcap; (void)alibi; (void)has_alibi;
@@ -240,7 +241,7 @@ void bwds_dkdv(BWD_ARGS, int bh0, int i0, int rows, int heads, __global const fl
         const long qi = sq.q0 + i0 + rr;
         float x = 0.0f;
         if (rr <= r_hi && cc < width)
-          x = is_v ? ca_load(d_o, ca_at(do_off, do_st, b, h, qi, cc)) : ca_load(q, ca_at(q_off, q_st, b, h, qi, cc));
+          x = is_v ? ca_load(d_o, ca_at(d_o_off, d_o_st, b, h, qi, cc)) : ca_load(q, ca_at(q_off, q_st, b, h, qi, cc));
         x_tile[t / BS_TN][t % BS_TN] = x;
       }
       barrier(CLK_LOCAL_MEM_FENCE);

@@ -88,9 +88,9 @@ enum { CA_ST_F32, CA_ST_F16, CA_ST_BF16, CA_ST_Q8_0, CA_ST_INT8, CA_ST_Q4_0, CA_
  * an address inside the views that no output may use. */
 #define CA_KV_ARGS                                                                                  \
   __global const int *block_table, int bt_stride, int page_size, int num_pages,                     \
-      __global const float *k_scale, ulong ks_off, ulong4 ks_st, __global const float *v_scale, ulong vs_off, \
-      ulong4 vs_st
-#define CA_KV_PASS block_table, bt_stride, page_size, num_pages, k_scale, ks_off, ks_st, v_scale, vs_off, vs_st
+      __global const float *k_scale, ulong k_scale_off, ulong4 k_scale_st, __global const float *v_scale, ulong v_scale_off, \
+      ulong4 v_scale_st
+#define CA_KV_PASS block_table, bt_stride, page_size, num_pages, k_scale, k_scale_off, k_scale_st, v_scale, v_scale_off, v_scale_st
 #define CA_PAGE_PASS block_table, bt_stride, page_size, num_pages, paged
 typedef struct {
   long slot, row;
@@ -323,21 +323,23 @@ static inline float ca_shape(float s, float bias_ij, long b, long h, long i, lon
   return has_alibi ? s + ca_alibi(i, j, q_len, kv_len, ca_alibi_slope(alibi, alibi_bstride, b, h)) : s;
 }
 
-/* Head h's sink logit: sinks[sinks_at + h], or -INFINITY (none) when
- * sinks_at is -1 (clattn_params.sinks and its sinks_offset). */
+/* Head h's sink logit: sinks[sinks_at + h], or -INFINITY without sinks
+ * (NULL; clattn_params.sinks and its sinks_offset). */
 static inline float ca_sink(__global const float *sinks, long sinks_at, long h) {
-  return sinks_at >= 0 ? sinks[sinks_at + h] : -INFINITY;
+  return sinks ? sinks[sinks_at + h] : -INFINITY;
 }
 
-/* Dropout (clattn_params.dropout_p): NULL = none, else six words: the
- * Philox key (dropout_seed's low and high 32 bits), dropout_offset (low,
- * high), the threshold floor(p 2^32) and the factor 1 / (1 - p) of a kept
- * weight (f32 bits). Weight (b, h, i, j) (i the row within its sequence, j
- * the key) is kept when lane j % 4 of Philox4x32-10 at counter (offset +
- * i 2^32 + j / 4 as two words, h, b) reaches the threshold. The fused and
- * backward programs apply it where built with -D CA_DROPOUT; other kernels
- * test the pointer. */
-#define CA_DROP_ARGS __global const uint *dropout
+/* Raises the empty-row flag: a row had no allowed key. NULL where the
+ * call never reads it (CLATTN_EMPTY_ZERO). */
+static inline void ca_raise_empty(__global int *empty_flag) {
+  if (empty_flag) atomic_or(empty_flag, 1);
+}
+
+/* Dropout (clattn_params.dropout_p; args.h.cl's ca_drop). Weight (b, h, i,
+ * j) (i the row within its sequence, j the key) is kept when lane j % 4 of
+ * Philox4x32-10 at counter (offset + i 2^32 + j / 4 as two words, h, b)
+ * reaches the threshold. The fused and backward programs apply it where
+ * built with -D CA_DROPOUT; other kernels test d.on. */
 static inline uint4 ca_philox4x32_10(uint4 c, uint2 k) {
   for (int round = 0; round < 10; round++) {
     const uint hi0 = mul_hi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
@@ -348,15 +350,15 @@ static inline uint4 ca_philox4x32_10(uint4 c, uint2 k) {
   return c;
 }
 /* The factors (0 or 1 / (1 - p)) of keys 4 j4 .. 4 j4 + 3 of row (b, h, i). */
-static inline float4 ca_dropout4(__global const uint *dropout, long b, long h, long i, long j4) {
-  const ulong at = ((ulong)dropout[3] << 32 | dropout[2]) + ((ulong)i << 32) + (ulong)j4;
-  const uint4 r = ca_philox4x32_10((uint4)((uint)at, (uint)(at >> 32), (uint)h, (uint)b), (uint2)(dropout[0], dropout[1]));
-  return select((float4)(0.0f), (float4)(as_float(dropout[5])), r >= (uint4)(dropout[4]));
+static inline float4 ca_dropout4(ca_drop d, long b, long h, long i, long j4) {
+  const ulong at = ((ulong)d.offset_hi << 32 | d.offset_lo) + ((ulong)i << 32) + (ulong)j4;
+  const uint4 r = ca_philox4x32_10((uint4)((uint)at, (uint)(at >> 32), (uint)h, (uint)b), (uint2)(d.key_lo, d.key_hi));
+  return select((float4)(0.0f), (float4)(as_float(d.factor)), r >= (uint4)(d.threshold));
 }
-/* Key j's factor; 1 without dropout (dropout NULL). */
-static inline float ca_dropout(__global const uint *dropout, long b, long h, long i, long j) {
-  if (!dropout) return 1.0f;
-  const float4 z = ca_dropout4(dropout, b, h, i, j >> 2);
+/* Key j's factor; 1 without dropout. */
+static inline float ca_dropout(ca_drop d, long b, long h, long i, long j) {
+  if (!d.on) return 1.0f;
+  const float4 z = ca_dropout4(d, b, h, i, j >> 2);
   const int lane = (int)(j & 3);
   return lane == 0 ? z.x : lane == 1 ? z.y : lane == 2 ? z.z : z.w;
 }
@@ -366,10 +368,10 @@ static inline float ca_dropout(__global const uint *dropout, long b, long h, lon
 #define CA_DIAG_MAX_WEIGHT 2
 #define CA_DIAG_ARGMAX 4
 #define CA_DIAG_ARGS                                                                          \
-  __global float *entropy, ulong ent_off, ulong4 ent_st, __global float *max_weight, ulong mw_off, \
-      ulong4 mw_st, __global int *argmax, ulong am_off, ulong4 am_st, int diag
+  __global float *entropy, ulong entropy_off, ulong4 entropy_st, __global float *max_weight, ulong max_weight_off, \
+      ulong4 max_weight_st, __global int *argmax, ulong argmax_off, ulong4 argmax_st, int diag
 
-#define CA_DIAG_PASS entropy, ent_off, ent_st, max_weight, mw_off, mw_st, argmax, am_off, am_st, diag
+#define CA_DIAG_PASS entropy, entropy_off, entropy_st, max_weight, max_weight_off, max_weight_st, argmax, argmax_off, argmax_st, diag
 
 /* Writes row (b, h, i)'s diagnostics from its softmax state, relative to a
  * reference m: l_keys = sum_j e_j and t = sum_j e_j (s_j - m) over the
@@ -381,9 +383,9 @@ static inline float ca_dropout(__global const uint *dropout, long b, long h, lon
 static inline void ca_store_diag(bool empty, float l_keys, float l, float t, float top, int best, long b, long h, long i,
                           CA_DIAG_ARGS) {
   if (diag & CA_DIAG_ENTROPY)
-    entropy[ca_at(ent_off, ent_st, b, h, i, 0)] = empty ? 0.0f : l_keys / l * log(l) - t / l;
-  if (diag & CA_DIAG_MAX_WEIGHT) max_weight[ca_at(mw_off, mw_st, b, h, i, 0)] = empty ? 0.0f : top / l;
-  if (diag & CA_DIAG_ARGMAX) argmax[ca_at(am_off, am_st, b, h, i, 0)] = empty ? -1 : best;
+    entropy[ca_at(entropy_off, entropy_st, b, h, i, 0)] = empty ? 0.0f : l_keys / l * log(l) - t / l;
+  if (diag & CA_DIAG_MAX_WEIGHT) max_weight[ca_at(max_weight_off, max_weight_st, b, h, i, 0)] = empty ? 0.0f : top / l;
+  if (diag & CA_DIAG_ARGMAX) argmax[ca_at(argmax_off, argmax_st, b, h, i, 0)] = empty ? -1 : best;
 }
 
 /* A maximum that keeps NaN, so a NaN score reaches its row's outputs. */

@@ -52,12 +52,12 @@
 #define DEC_VS (4 * DEC_PVC * DEC_CV4)  /* V tile row stride: every work-item's columns, zero past DV */
 #define DEC_KVS (DEC_KS > DEC_VS ? DEC_KS : DEC_VS)
 
-__kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(FLASH_KERNEL_ARGS) {
+__kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(FLASH_PARAMS) {
   __local float q_tile[DEC_ROWS * DK];
   __local float kv_tile[DEC_N * DEC_KVS];
   __local float s_tile[DEC_ROWS * DEC_N]; /* scores, then weights */
   __local float row_m[DEC_ROWS], row_alpha[DEC_ROWS], row_l[DEC_ROWS];
-  (void)kt; (void)vp; (void)n_pad; (void)add_w; (void)additive; (void)split_keys;
+  FLASH_UNPACK
   const int lid = get_local_id(0);
   const int rows = group * q_len; /* <= DEC_ROWS (the host's condition) */
   const int bhk = get_global_id(1);
@@ -104,7 +104,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
       const int jj = e / DK, d = e % DK;
       const long j = j0 + jj;
       kv_tile[jj * DEC_KS + d] =
-          j < n_valid ? ca_k_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS) : 0.0f;
+          j < n_valid ? ca_k_get(k, k_off, k_st, k_scale, k_scale_off, k_scale_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -137,7 +137,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
       const int jj = e / DEC_VS, c = e % DEC_VS;
       const long j = j0 + jj;
       kv_tile[jj * DEC_VS + c] =
-          j < n_valid && c < DV ? ca_v_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
+          j < n_valid && c < DV ? ca_v_get(v, v_off, v_st, v_scale, v_scale_off, v_scale_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
                                 : 0.0f;
     }
     if (lid < rows) {

@@ -68,6 +68,19 @@
  * a multiple of every FLASH_VW). */
 #define DVP (((DV) + 15) / 16 * 16)
 
+/* The fused kernels' arguments (args.h.cl's flash_core and flash_extra);
+ * the *_core entries take flash_core alone, every extra absent, so they
+ * build without the extras' code. FLASH_UNPACK declares every argument,
+ * and the packed copies and partial states in the call's work buffer. */
+#define FLASH_PARAMS CA_PARAMS(flash_core, args), CA_PARAMS(flash_extra, xargs)
+#define FLASH_PASS CA_PASS(flash_core, args), CA_PASS(flash_extra, xargs)
+#define FLASH_CORE_PASS CA_PASS(flash_core, args), CA_ABSENT(flash_extra)
+#define FLASH_UNPACK                                                             \
+  CA_UNPACK(flash_core, args)                                                    \
+  CA_UNPACK(flash_extra, xargs)                                                  \
+  __global const float *kt = work + kt_at, *vp = work + vp_at;                   \
+  __global float *part_o = work + part_o_at, *part_lse = work + part_lse_at;
+
 /*
  * flash_pack — copies K transposed per key block and V row-major into
  * contiguous scratch, with keys past kv_lens[b] (and the padding up to
@@ -76,13 +89,13 @@
  * another (unit stride), and never multiplies a padded NaN.
  *   kt[bh][j / BN][d][j % BN] = k[b, hk, j, d]
  *   vp[bh][j][c] = v[b, hk, j, c] (c < DV, else 0)
- * NDRange: (n_pad, batch * kv_heads); any work-group shape.
+ * NDRange: (n_pad, batch * kv_heads); any work-group shape. Both copies
+ * go to the call's work buffer, at kt_at and vp_at.
  */
 #ifndef FLASH_NO_ROWS
-__kernel void flash_pack(__global const k_t *k, ulong k_off, ulong4 k_st,
-                         __global const v_t *v, ulong v_off, ulong4 v_st,
-                         CA_SEQ_ARGS, CA_KV_ARGS, int q_len, int kv_heads, int kv_len, long n_pad,
-                         __global float *kt, __global float *vp) {
+__kernel void flash_pack(CA_PARAMS(flash_pack, args)) {
+  CA_UNPACK(flash_pack, args)
+  __global float *kt = work + kt_at, *vp = work + vp_at;
   const long j = get_global_id(0);   /* n_pad reaches 2^31 for kv_len near INT_MAX */
   const int bh = get_global_id(1);
   if (j >= n_pad) return;
@@ -96,8 +109,8 @@ __kernel void flash_pack(__global const k_t *k, ulong k_off, ulong4 k_st,
   const ca_kv_pos at = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS);
   const bool use = valid && at.ok;
   const ulong k_row = ca_at(k_off, k_st, at.slot, hk, at.row, 0), v_row = ca_at(v_off, v_st, at.slot, hk, at.row, 0);
-  const float ks = use ? ca_k_scale(k_scale, ks_off, ks_st, at, hk) : 0.0f;
-  const float vs = use ? ca_v_scale(v_scale, vs_off, vs_st, at, hk) : 0.0f;
+  const float ks = use ? ca_k_scale(k_scale, k_scale_off, k_scale_st, at, hk) : 0.0f;
+  const float vs = use ? ca_v_scale(v_scale, v_scale_off, v_scale_st, at, hk) : 0.0f;
   for (int d = 0; d < DK; d++) kt_key[d * FLASH_BN] = use ? ca_k_load(k, k_row, k_st.s3, d, ks) : 0.0f;
   __global float *vp_row = vp + ((ulong)bh * (ulong)n_pad + (ulong)j) * DVP;
   for (int c = 0; c < DVP; c++) vp_row[c] = (use && c < DV) ? ca_v_load(v, v_row, v_st.s3, c, vs) : 0.0f;
@@ -195,7 +208,7 @@ static inline void flash_store_row(const float *acc, float m, float l, float t, 
     if (diag)
       ca_store_diag(f.empty, f.l_keys, f.l_f, f.empty ? 0.0f : f.alpha * (t + l * (m - f.m_f)), f.alpha, best, b, h, i,
                     CA_DIAG_PASS);
-    if (f.empty) atomic_or(empty_flag, 1);
+    if (f.empty) ca_raise_empty(empty_flag);
   }
 }
 
@@ -227,7 +240,7 @@ static inline void flash_store_cols(const float4 *acc, int c0, int n, bool lead,
   if (n_splits > 1) part_lse[part] = f.lse;
   else {
     if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = f.lse;
-    if (f.empty) atomic_or(empty_flag, 1);
+    if (f.empty) ca_raise_empty(empty_flag);
   }
 }
 
@@ -275,19 +288,8 @@ static inline ca_kv_pos flash_key_at(const ca_kv_pos *at_h, bool page_halves, in
  * the copy of the body it then kept for itself failed to unroll those
  * loops, with eleven warnings on stderr at every build.
  */
-static inline __attribute__((always_inline)) void flash_body(__global const store_t *q, ulong q_off, ulong4 q_st,
-                       __global const float *kt, __global const float *vp, long n_pad,
-                       __global const k_t *k, ulong k_off, ulong4 k_st,
-                       __global const v_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS, const int direct,
-                       const int bm,
-                       __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
-                       CA_BIAS_ARGS, CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int kv_heads, int group, int q_len, int kv_len,
-                       float scale, CA_SHAPE_ARGS, __global const float *sinks, long sinks_at,
-                       int window_left, int window_right, int split_keys,
-                       __global store_t *out, ulong out_off, ulong4 out_st,
-                       __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse, CA_DROP_ARGS, CA_DIAG_ARGS,
-                       __global float *part_o, __global float *part_lse,
-                       __global int *empty_flag) {
+static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const int direct, const int bm) {
+  FLASH_UNPACK
   const int rows_per_kv = group * q_len;
   const int t0 = get_global_id(0) * bm;
   const int bhk = get_global_id(1);
@@ -404,7 +406,7 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
         const long j = j0 + jj;
         const ca_kv_pos at = flash_key_at(at_h, page_halves, b, sq.k0 + min(j, (long)n_valid - 1), jj, CA_PAGE_PASS);
         const ulong krow = ca_at(k_off, k_st, at.slot, hk, at.row, 0);
-        const float ks = ca_k_scale(k_scale, ks_off, ks_st, at, hk);
+        const float ks = ca_k_scale(k_scale, k_scale_off, k_scale_st, at, hk);
         /* each 16 columns of the key loaded (and dequantised) once for all
          * the rows; every row's sum keeps its order */
         float16 dot[FLASH_BM_MAX];
@@ -564,7 +566,7 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
         const ca_kv_pos at =
             flash_key_at(at_h, page_halves, b, sq.k0 + min(j0 + jj, (long)n_valid - 1), jj, CA_PAGE_PASS);
         v_base[jj] = ca_at(v_off, v_st, at.slot, hk, at.row, 0);
-        v_sc[jj] = ca_v_scale(v_scale, vs_off, vs_st, at, hk);
+        v_sc[jj] = ca_v_scale(v_scale, v_scale_off, v_scale_st, at, hk);
       }
       for (int c = 0; c < DVP; c += 16) {
         float16 a[FLASH_BM_MAX];
@@ -600,36 +602,21 @@ static inline __attribute__((always_inline)) void flash_body(__global const stor
  * NDRange: (ceil(group * q_len / rows per work-item), batch * kv_heads, n_splits);
  * work-group (1, 1, 1) — each work-item is an independent task.
  */
-#define FLASH_KERNEL_ARGS                                                                          \
-  __global const store_t *q, ulong q_off, ulong4 q_st, __global const float *kt,                  \
-      __global const float *vp, long n_pad, __global const k_t *k, ulong k_off, ulong4 k_st,       \
-      __global const v_t *v, ulong v_off, ulong4 v_st, CA_SCORE_ARGS,                               \
-      __global const uchar *mask, ulong mask_off,                                                    \
-      ulong4 mask_st, int has_mask, CA_BIAS_ARGS, CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int kv_heads, \
-      int group, int q_len, int kv_len, float scale, CA_SHAPE_ARGS, __global const float *sinks,    \
-      long sinks_at, int window_left, int window_right,                                             \
-      int split_keys, __global store_t *out, ulong out_off, ulong4 out_st, __global float *lse,     \
-      ulong lse_off, ulong4 lse_st, int want_lse, CA_DROP_ARGS, CA_DIAG_ARGS, __global float *part_o,             \
-      __global float *part_lse, __global int *empty_flag
-#define FLASH_BODY_ARGS(direct, bm)                                                                   \
-  q, q_off, q_st, kt, vp, n_pad, k, k_off, k_st, v, v_off, v_st, CA_SCORE_PASS, direct, bm, mask,      \
-      mask_off, mask_st,                                                                            \
-      has_mask, CA_BIAS_PASS, CA_SEQ_PASS, CA_KV_PASS, q_heads, kv_heads, group, \
-      q_len, kv_len, scale, CA_SHAPE_PASS, sinks, sinks_at, window_left, window_right, split_keys, \
-      out, out_off, out_st, lse,                                                                    \
-      lse_off, lse_st, want_lse, dropout, CA_DIAG_PASS, part_o, part_lse, empty_flag
-
 #ifndef FLASH_NO_ROWS
-__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows(FLASH_KERNEL_ARGS) {
-  flash_body(FLASH_BODY_ARGS(0, FLASH_BM));
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows(FLASH_PARAMS) {
+  flash_body(FLASH_PASS, 0, FLASH_BM);
 }
 
 /* Only where the host can use them (vector loads of whole rows): building
  * them for other head dims would only cost compile time. */
 #if DK % 16 == 0 && DV % 16 == 0
-#define FLASH_DIRECT_KERNEL(bm)                                                                   \
-  __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows_direct##bm(FLASH_KERNEL_ARGS) { \
-    flash_body(FLASH_BODY_ARGS(1, bm));                                                           \
+#define FLASH_DIRECT_KERNEL(bm)                                                                       \
+  __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows_direct##bm(FLASH_PARAMS) {    \
+    flash_body(FLASH_PASS, 1, bm);                                                                    \
+  }                                                                                                   \
+  __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows_direct##bm##_core(          \
+      CA_PARAMS(flash_core, args)) {                                                                  \
+    flash_body(FLASH_CORE_PASS, 1, bm);                                                               \
   }
 FLASH_DIRECT_KERNEL(1)
 FLASH_DIRECT_KERNEL(2)
@@ -658,11 +645,11 @@ FLASH_DIRECT_KERNEL(8)
 #endif
 
 #ifndef FLASH_NO_TILED
-__kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(FLASH_KERNEL_ARGS) {
+__kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(FLASH_PARAMS) {
   __local float k_tile[FLASH_TILE][DK];
   __local float v_tile[FLASH_TILE][DV];
   __local int range[2];
-  (void)kt; (void)vp; (void)n_pad;
+  FLASH_UNPACK
   const int lid = get_local_id(0);
   const int rows_per_kv = group * q_len;
   const int t = get_global_id(0);
@@ -704,13 +691,13 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     for (int e = lid; e < FLASH_TILE * DK; e += FLASH_WG) {
       const int jj = e / DK, d = e % DK;
       const long j = j0 + jj;
-      k_tile[jj][d] = j < n_valid ? ca_k_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS)
+      k_tile[jj][d] = j < n_valid ? ca_k_get(k, k_off, k_st, k_scale, k_scale_off, k_scale_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS)
                                   : 0.0f;
     }
     for (int e = lid; e < FLASH_TILE * DV; e += FLASH_WG) {
       const int jj = e / DV, c = e % DV;
       const long j = j0 + jj;
-      v_tile[jj][c] = j < n_valid ? ca_v_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
+      v_tile[jj][c] = j < n_valid ? ca_v_get(v, v_off, v_st, v_scale, v_scale_off, v_scale_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
                                   : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);

@@ -100,7 +100,7 @@ static inline float block_row_sum(float x) {
 #define BLOCK_SG_SIZE
 #endif
 
-__kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE void flash_block(FLASH_KERNEL_ARGS) {
+__kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE void flash_block(FLASH_PARAMS) {
   /* Q and the K/V tile in one array: the compiler cannot then prove the Q
    * tile unchanged across key tiles and hoist it into registers (gfx1100
    * spilled a whole Q row at rm = 1). */
@@ -113,7 +113,7 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
   __local int2 row_keys[BLOCK_M];
   __local int range[4];
   __local int v_unsafe;
-  (void)kt; (void)vp; (void)n_pad; (void)add_w; (void)additive;
+  FLASH_UNPACK
   const int lid = get_local_id(0), ty = lid / BLOCK_TX, tx = lid % BLOCK_TX;
   __local float *const q_tile = qkv_tiles;
   __local kv_tile_t *const kv_tile = (__local kv_tile_t *)(qkv_tiles + BLOCK_M * QS);
@@ -196,7 +196,7 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
       const int jj = e / DK4, d = e % DK4;
       const long j = j0 + jj;
       KV_TILE_STORE(
-          j < n_valid && d < DK ? ca_k_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS)
+          j < n_valid && d < DK ? ca_k_get(k, k_off, k_st, k_scale, k_scale_off, k_scale_st, b, hk, sq.k0 + j, d, CA_PAGE_PASS)
                                 : 0.0f,
           kv_tile + jj * KVS + d);
     }
@@ -263,7 +263,7 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
       const int jj = e / DVB, c = e % DVB;
       const long j = j0 + jj;
       const float x =
-          j < n_valid && c < DV ? ca_v_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
+          j < n_valid && c < DV ? ca_v_get(v, v_off, v_st, v_scale, v_scale_off, v_scale_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS)
                                 : 0.0f;
       KV_TILE_STORE(x, kv_tile + jj * KVS + c);
       if (!isfinite(x)) v_unsafe = 1;

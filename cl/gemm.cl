@@ -30,9 +30,8 @@
  *   NDRange: (rows, heads in the chunk); any work-group shape.
  */
 
-__kernel void gemm_dense_copy(__global const store_t *src, ulong src_off, ulong4 src_st,
-                              int heads, int width, int key_side, CA_SEQ_ARGS, int q_len, int kv_len,
-                              __global float *dst) {
+__kernel void gemm_dense_copy(CA_PARAMS(gemm_dense_copy, args)) {
+  CA_UNPACK(gemm_dense_copy, args)
   const int len = key_side ? kv_len : q_len;
   const int c = get_global_id(0), s = get_global_id(1), bh = get_global_id(2);
   if (c >= width || s >= len) return;
@@ -45,23 +44,22 @@ __kernel void gemm_dense_copy(__global const store_t *src, ulong src_off, ulong4
 }
 
 /* gemm_k_gather (keys, CA_K_DTYPE) and gemm_v_gather (values, CA_V_DTYPE) */
-#define GEMM_GATHER(name, src_t, dt)                                                                        \
-  __kernel void name(__global const src_t *src, ulong src_off, ulong4 src_st, __global const float *scale,  \
-                     ulong sc_off, ulong4 sc_st, int heads, int width, CA_SEQ_ARGS,                         \
-                     __global const int *block_table, int bt_stride, int page_size, int num_pages, int q_len, \
-                     int kv_len, __global float *dst) {                                                     \
+#define GEMM_GATHER(name, dt)                                                                               \
+  __kernel void name(CA_PARAMS(gemm_gather, args)) {                                                        \
+    CA_UNPACK(gemm_gather, args)                                                                            \
     const int c = get_global_id(0), s = get_global_id(1), bh = get_global_id(2);                            \
     if (c >= width || s >= kv_len) return;                                                                  \
     const int b = bh / heads, h = bh % heads;                                                               \
     const ca_seq sq = ca_sequence(b, q_len, kv_len, CA_SEQ_PASS);                                           \
     dst[((ulong)bh * (ulong)kv_len + (ulong)s) * (ulong)width + (ulong)c] =                                 \
-        s < sq.keys ? ca_dt_get(dt, src, src_off, src_st, scale, sc_off, sc_st, b, h, sq.k0 + s, c, CA_PAGE_PASS) \
+        s < sq.keys ? ca_dt_get(dt, src, src_off, src_st, scale, scale_off, scale_st, b, h, sq.k0 + s, c, CA_PAGE_PASS) \
                     : 0.0f;                                                                                 \
   }
-GEMM_GATHER(gemm_k_gather, k_t, CA_K_DTYPE)
-GEMM_GATHER(gemm_v_gather, v_t, CA_V_DTYPE)
+GEMM_GATHER(gemm_k_gather, CA_K_DTYPE)
+GEMM_GATHER(gemm_v_gather, CA_V_DTYPE)
 
-__kernel void gemm_finite_values(__global float *v, int width, ulong rows, __global uchar *bad) {
+__kernel void gemm_finite_values(CA_PARAMS(gemm_finite_values, args)) {
+  CA_UNPACK(gemm_finite_values, args)
   const ulong r = get_global_id(0);
   if (r >= rows) return;
   __global float *row = v + r * (ulong)width;
@@ -74,11 +72,8 @@ __kernel void gemm_finite_values(__global float *v, int width, ulong rows, __glo
   bad[r] = any;
 }
 
-__kernel void gemm_mask_scores(__global float *scores,
-                               __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
-                               CA_BIAS_ARGS, CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int q_len, int kv_len, float scale, CA_SHAPE_ARGS,
-                               int window_left, int window_right,
-                               int bh0, int i0, int rows) {
+__kernel void gemm_mask_scores(CA_PARAMS(gemm_mask_scores, args)) {
+  CA_UNPACK(gemm_mask_scores, args)
   const int j = get_global_id(0), r = get_global_id(1), g = get_global_id(2);
   if (j >= kv_len || r >= rows) return;
   const int bh = bh0 + g, b = bh / q_heads, h = bh % q_heads, i = i0 + r;
@@ -94,10 +89,8 @@ __kernel void gemm_mask_scores(__global float *scores,
   scores[at] = s;
 }
 
-__kernel void gemm_store_rows(__global const float *o_rows, __global const float *probs,
-                              __global const v_t *v, ulong v_off, ulong4 v_st, __global const uchar *v_bad,
-                              CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int group, int q_len, int kv_len, int value_dim, int bh0,
-                              int i0, int rows, __global store_t *out, ulong out_off, ulong4 out_st) {
+__kernel void gemm_store_rows(CA_PARAMS(gemm_store_rows, args)) {
+  CA_UNPACK(gemm_store_rows, args)
   const int r = get_global_id(0), g = get_global_id(1);
   if (r >= rows) return;
   const int bh = bh0 + g, b = bh / q_heads, h = bh % q_heads, hk = h / group, i = i0 + r;
@@ -119,7 +112,7 @@ __kernel void gemm_store_rows(__global const float *o_rows, __global const float
     float acc = 0.0f;
     for (int j = 0; j < sq.keys; j++)
       if (a[j] != 0.0f)
-        acc += a[j] * ca_v_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS);
+        acc += a[j] * ca_v_get(v, v_off, v_st, v_scale, v_scale_off, v_scale_st, b, hk, sq.k0 + j, c, CA_PAGE_PASS);
     ca_store(out, ca_at(out_off, out_st, b, h, out_row, c), acc);
   }
 }

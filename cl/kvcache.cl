@@ -9,7 +9,7 @@
  *   writes them otherwise). NDRange (batch), any work-group shape.
  *
  * kvcache_rotary — a dense rotated copy [B, heads, rows, cols] (store_t,
- *   from dst_off) of a view of q or of the new keys: row r of batch row b
+ *   from dst_at) of a view of q or of the new keys: row r of batch row b
  *   sits at position seqlens[b] + (per_row ? r : 0), clamped to the tables'
  *   rows [0, rot_len); for t < rot_half its pair (x, y) = (x[2t], x[2t+1])
  *   (interleaved, GPT-J) or (x[t], x[t + rot_half]) (GPT-NeoX) becomes
@@ -20,27 +20,25 @@
  *   row.
  */
 
-__kernel void kvcache_lengths(__global const int *seqlens, __global const int *leftpad, int new_len,
-                              __global int *lens, __global int *starts) {
+__kernel void kvcache_lengths(CA_PARAMS(kvcache_lengths, args)) {
+  CA_UNPACK(kvcache_lengths, args)
   kvcache_row_lengths(get_global_id(0), seqlens, new_len, leftpad, lens, starts);
 }
 
-__kernel void kvcache_rotary(__global const store_t *src, ulong src_off, ulong4 src_st, __global store_t *dst,
-                             ulong dst_off, __global const float *cos_t, ulong cos_off, ulong4 cos_st,
-                             __global const float *sin_t, ulong sin_off, ulong4 sin_st, __global const int *seqlens,
-                             int heads, int rows, int cols, int rot_half, int rot_len, int interleaved, int per_row) {
+__kernel void kvcache_rotary(CA_PARAMS(kvcache_rotary, args)) {
 #pragma OPENCL FP_CONTRACT OFF
+  CA_UNPACK(kvcache_rotary, args)
   const int r = get_global_id(0), bh = get_global_id(1);
   if (r >= rows) return;
   const int b = bh / heads, h = bh % heads;
   const long pos = clamp((long)seqlens[b] + (per_row ? r : 0), 0L, (long)rot_len - 1);
   const ulong in = ca_at(src_off, src_st, b, h, r, 0);
-  const ulong out = dst_off + ((ulong)bh * rows + r) * cols;
-  const ulong cs = cos_off + (ulong)pos * cos_st.s2, sn = sin_off + (ulong)pos * sin_st.s2;
+  const ulong out = dst_at + ((ulong)bh * rows + r) * cols;
+  const ulong cs = cos_t_off + (ulong)pos * cos_t_st.s2, sn = sin_t_off + (ulong)pos * sin_t_st.s2;
   for (int t = 0; t < rot_half; t++) {
     const int ix = interleaved ? 2 * t : t, iy = interleaved ? 2 * t + 1 : t + rot_half;
     const float x = ca_load(src, in + (ulong)ix * src_st.s3), y = ca_load(src, in + (ulong)iy * src_st.s3);
-    const float c = cos_t[cs + (ulong)t * cos_st.s3], s = sin_t[sn + (ulong)t * sin_st.s3];
+    const float c = cos_t[cs + (ulong)t * cos_t_st.s3], s = sin_t[sn + (ulong)t * sin_t_st.s3];
     const float xc = x * c, ys = y * s, xs = x * s, yc = y * c;
     ca_store(dst, out + ix, xc - ys);
     ca_store(dst, out + iy, xs + yc);

@@ -24,10 +24,8 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(MIX_TV, MIX_TM, 1)))
-void mix_values(__global const float *probs, __global const v_t *v, ulong v_off, ulong4 v_st,
-         CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int group, int q_len, int kv_len, int value_dim,
-         int bh0, int i0, int rows,
-         __global store_t *out, ulong out_off, ulong4 out_st) {
+void mix_values(CA_PARAMS(mix_values, args)) {
+  CA_UNPACK(mix_values, args)
   __local float a_tile[MIX_TM][MIX_TJ];
   __local float v_tile[MIX_TJ][MIX_TV];
 
@@ -57,7 +55,7 @@ void mix_values(__global const float *probs, __global const v_t *v, ulong v_off,
       const int vc = c0 + cc;
       const long j = j0 + jj;
       v_tile[jj][cc] = (vc < value_dim && j < n_keys)
-                           ? ca_v_get(v, v_off, v_st, v_scale, vs_off, vs_st, b, hk, sq.k0 + j, vc, CA_PAGE_PASS)
+                           ? ca_v_get(v, v_off, v_st, v_scale, v_scale_off, v_scale_st, b, hk, sq.k0 + j, vc, CA_PAGE_PASS)
                            : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);

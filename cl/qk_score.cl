@@ -28,14 +28,8 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(SCORE_TN, SCORE_TM, 1)))
-void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
-              __global const k_t *k, ulong k_off, ulong4 k_st, CA_SCORE_ARGS,
-              __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
-              CA_BIAS_ARGS,
-              CA_SEQ_ARGS, CA_KV_ARGS, int q_heads, int group, int q_len, int kv_len, int head_dim,
-              float scale, CA_SHAPE_ARGS, int window_left, int window_right,
-              int bh0, int i0, int rows,
-              __global float *scores) {
+void qk_score(CA_PARAMS(qk_score, args)) {
+  CA_UNPACK(qk_score, args)
   __local float q_tile[SCORE_TM][SCORE_TK];
   __local float k_tile[SCORE_TK][SCORE_TN];
   __local float w_tile[SCORE_TK];
@@ -63,7 +57,7 @@ void qk_score(__global const store_t *q, ulong q_off, ulong4 q_st,
       int jj = t % SCORE_TN, dd = t / SCORE_TN;
       int kj = key0 + jj, d = d0 + dd;
       k_tile[dd][jj] = (kj < sq.keys && d < head_dim)
-                           ? ca_k_get(k, k_off, k_st, k_scale, ks_off, ks_st, b, hk, sq.k0 + kj, d, CA_PAGE_PASS)
+                           ? ca_k_get(k, k_off, k_st, k_scale, k_scale_off, k_scale_st, b, hk, sq.k0 + kj, d, CA_PAGE_PASS)
                            : 0.0f;
     }
     if (additive && lid < SCORE_TK) w_tile[lid] = d0 + lid < head_dim ? add_w[d0 + lid] : 0.0f;

@@ -104,12 +104,8 @@ static inline void softmax_tree_sum_first(__local float *part, __local int *firs
 #endif
 
 __kernel __attribute__((reqd_work_group_size(SOFTMAX_WG, 1, 1))) SOFTMAX_SG_SIZE
-void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
-                  int q_heads, int q_len, int bh0, int i0, int rows,
-                  __global float *lse, ulong lse_off, ulong4 lse_st, int want_lse,
-                  __global float *weights, ulong w_off, ulong4 w_st, int want_weights,
-                  __global const float *sinks, long sinks_at, CA_DROP_ARGS,
-                  CA_DIAG_ARGS, __global int *empty_flag) {
+void softmax_rows(CA_PARAMS(softmax_rows, args)) {
+  CA_UNPACK(softmax_rows, args)
   SOFTMAX_LOCALS;
   const int lid = get_local_id(0);
   const int row = get_group_id(1); /* g * rows + r */
@@ -132,7 +128,7 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
   if (!empty)
     for (long j = lid; j < kv_len; j += SOFTMAX_WG) l += exp(s[j] - m);
   const float l_keys = SOFTMAX_ROW_SUM(l);
-  l = sinks_at >= 0 ? l_keys + exp(sink - m) : l_keys;
+  l = sinks ? l_keys + exp(sink - m) : l_keys;
 
   /* rows past a packed sequence's length do not exist: nothing is written */
   const bool in_range = i < ca_sequence(b, q_len, kv_len, CA_SEQ_PASS).rows;
@@ -154,10 +150,10 @@ void softmax_rows(__global float *scores, int kv_len, CA_SEQ_ARGS,
      * with dropout the weights that mix V (and the weights output) */
     float a = (empty || s[j] == -INFINITY) ? 0.0f : exp(s[j] - m) / l * ca_dropout(dropout, b, h, i, j);
     s[j] = a;
-    if (want_weights && in_range) weights[ca_at(w_off, w_st, b, h, i, j)] = a;
+    if (want_weights && in_range) weights[ca_at(weights_off, weights_st, b, h, i, j)] = a;
   }
   if (lid == 0 && in_range) {
     if (want_lse) lse[ca_at(lse_off, lse_st, b, h, i, 0)] = empty ? sink : m + log(l);  /* sink: -inf without */
-    if (empty) atomic_or(empty_flag, 1);
+    if (empty) ca_raise_empty(empty_flag);
   }
 }

@@ -17,7 +17,7 @@
  * Projections are CLBlast GEMMs on the same queue; nothing but the logits
  * (and, for the check, the cache) comes back to the host. Every attention
  * call is checked against clattn's fp64 reference over the dequantised
- * cache (tests/kit/reference.c), which is what an engine would not do: it is here
+ * cache (tools/reference/reference.c), which is what an engine would not do: it is here
  * so the example is also a test (tests/meson.build runs it).
  *
  * Two sequences share the pool: pages are handed out in a shuffled order,

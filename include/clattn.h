@@ -36,12 +36,16 @@ extern "C" {
 #define CLATTN_VERSION_MINOR  1
 #define CLATTN_VERSION_PATCH  0
 #define CLATTN_VERSION_STRING "0.1.0"
-/* The library's soname (libclattn.so.N): bumped with every change to a public
- * struct's layout or an enum's values, since callers hold these structs by
- * value (docs/DESIGN.md, "ABI"). Initialise structs with the *_default()
- * functions, never field by field from zero: new fields get their absent
- * values there. */
-#define CLATTN_ABI_VERSION 4
+/* The library's soname (libclattn.so.N). Parameter structs grow without
+ * changing it (docs/DESIGN.md, "ABI"): each begins with struct_size, the
+ * size the caller's header gave it, which its *_default() function (inline
+ * below) sets; the library reads no byte past it and takes every field past
+ * it as that field's default. So a program built against an older header
+ * runs against a newer library with the same results. struct_size 0 means
+ * this ABI's first layout (a struct zeroed field by field: clattn_options,
+ * clattn_merge_params). The soname changes only if fields move or an
+ * enum's values change. */
+#define CLATTN_ABI_VERSION 5
 
 typedef enum {
   CLATTN_OK = 0,
@@ -58,6 +62,7 @@ typedef enum {
 typedef struct clattn_context clattn_context;
 
 typedef struct {
+  size_t struct_size; /* sizeof(clattn_options) as the caller's header knew it; 0: this ABI's first */
   cl_context context; /* optional: all three given = embed in the caller's objects */
   cl_device_id device;
   cl_command_queue queue;
@@ -85,6 +90,9 @@ CLATTN_EXPORT cl_context clattn_cl_context(const clattn_context *ctx);
 CLATTN_EXPORT cl_command_queue clattn_cl_queue(const clattn_context *ctx);
 CLATTN_EXPORT cl_device_id clattn_cl_device(const clattn_context *ctx);
 CLATTN_EXPORT const char *clattn_status_string(clattn_status s);
+/* The name of an OpenCL error code ("CL_OUT_OF_RESOURCES"), as clattn's
+ * messages give it; "CL_UNKNOWN_ERROR" for a code it does not know. */
+CLATTN_EXPORT const char *clattn_opencl_error_name(cl_int err);
 /* Detail of the last failure in this thread: what failed, the OpenCL error's
  * name, the head of the build log. ctx may be NULL (e.g. after a failed create). */
 CLATTN_EXPORT const char *clattn_last_error(const clattn_context *ctx);
@@ -106,7 +114,7 @@ CLATTN_EXPORT const char *clattn_last_route(void);
  *     (..., c) lives in block c / 32 at byte 2 + c % 32 of it.
  *   CLATTN_INT8: int8 values, value = scale * q with one f32 scale per
  *     (batch, kv head, key) in k_scale / v_scale.
- *   ABI 3, ggml's other 32-element blocks, laid out and viewed like Q8_0
+ *   ggml's other 32-element blocks, laid out and viewed like Q8_0
  *   (bytes; stride[3] = the block's size), element i of a block taking the
  *   low nibble n of byte i of its nibbles (i < 16) or the high nibble of
  *   byte i - 16, and bit i of its 32 high bits (little endian) as h:
@@ -168,24 +176,116 @@ typedef struct {    /* a strided view of a cl_mem; buf NULL = absent */
  * CL_MEM_OFFSET), buffers created with CL_MEM_USE_HOST_PTR at their host
  * addresses (CL_MEM_HOST_PTR). */
 
+/* One attention call. Initialise it with clattn_params_default(), which
+ * sets struct_size and every field absent (see "Parameter structs" above). */
 typedef struct {
+  size_t struct_size; /* sizeof(clattn_params) as the caller's header knew it */
+
+  /* ---- the problem ---- */
   int batch, q_heads, kv_heads; /* q_heads % kv_heads == 0 (MHA, GQA, MQA) */
   int q_len, kv_len;            /* M queries, N candidates; M != N allowed */
   int head_dim, value_dim;      /* dk for Q,K; dv for V,O; dk != dv allowed */
-  clattn_dtype dtype;
-  clattn_tensor q, k, v, out;    /* [B,Hq,M,dk] [B,Hkv,N,dk] [B,Hkv,N,dv] [B,Hq,M,dv] */
-  float scale;                   /* NAN = 1/sqrt(head_dim); any finite value as given (0 = uniform) */
+  clattn_dtype dtype;           /* storage of q and out (and of k, v unless kv_dtype says) */
+  clattn_algo algo;
+
+  /* ---- the views ---- */
+  clattn_tensor q, k, v, out; /* [B,Hq,M,dk] [B,Hkv,N,dk] [B,Hkv,N,dv] [B,Hq,M,dv] */
+
+  /* ---- which keys each query may see ---- */
   int causal;                    /* bottom-right aligned, see Semantics */
   int window_left, window_right; /* -1 = unbounded */
   cl_mem kv_lens;                /* int32 [B]: valid keys per batch row (padding); NULL = all */
   clattn_tensor mask;            /* uchar, nonzero = allowed, [B,H,M,N] with broadcast strides */
-  clattn_tensor bias;            /* additive score bias, same indexing (f32; bias_dtype, bias_scale) */
-  clattn_empty_rows empty_rows;
-  clattn_tensor lse;     /* optional out, f32 [B,Hq,M]: natural-log sum of exp of scores */
-  clattn_tensor weights; /* optional out, f32 [B,Hq,M,N]: the routing matrix A */
-  clattn_algo algo;
-  /* Route diagnostics, optional outs of one value per query row, indexed like
-   * lse (stride[0..2]); every path computes them without the M x N matrix
+  clattn_empty_rows empty_rows;  /* what a row with no allowed key gives */
+
+  /* ---- score shaping, in this order (docs/semantics.md):
+   *   s = scale * <q_i, k_j>          (or the additive score below)
+   *   s = softcap * tanh(s / softcap)  when softcap > 0
+   *   s += bias_ij - slope * |p_i - j|   (p_i = i + kv_len - q_len; slope =
+   *        alibi_slopes[h], or [b * alibi_batch_stride + h] per batch row)
+   *   disallowed keys removed (mask, window, kv_lens)
+   *   softmax, with sinks[h] joining the denominator as a logit that carries
+   *   no value: lse includes it, a row with no allowed key gets O = 0 and
+   *   lse = sinks[h] (still an empty row for EMPTY_ERROR).
+   * A bias entry of -inf (before its scale) disallows its key, as a zero
+   * mask entry does, on every path: its key and value are never mixed in,
+   * whatever they hold. ---- */
+  float scale;          /* NAN = 1/sqrt(head_dim); any finite value as given (0 = uniform) */
+  float softcap;        /* 0 = off; > 0 and finite */
+  clattn_score score;   /* CLATTN_SCORE_DOT (default) or CLATTN_SCORE_ADDITIVE */
+  cl_mem additive_w;    /* f32 [head_dim]: s = scale * sum_t w_t tanh(q_it + k_jt) */
+  clattn_tensor bias;   /* additive score bias, indexed like mask */
+  clattn_dtype bias_dtype; /* the bias view's elements: CLATTN_F32 or CLATTN_F16 (llama.cpp's f16 masks) */
+  cl_mem bias_scale;    /* f32 [q_heads]: head h's bias entries times bias_scale[h]; NULL = 1 */
+  cl_mem alibi_slopes;  /* f32 [q_heads] (per batch row: alibi_batch_stride); NULL = none */
+  int alibi_batch_stride; /* slope (b, h) is alibi_slopes[b * alibi_batch_stride + h], so the
+                             buffer holds (batch - 1) * stride + q_heads floats; 0 = one slope
+                             per head shared by every batch row */
+  cl_mem sinks;         /* f32 [q_heads]; NULL = none */
+  size_t sinks_offset;  /* floats before sinks[0] in its cl_mem (a tensor inside an engine's buffer) */
+
+  /* ---- the K/V cache as inference engines keep it (docs/DESIGN.md,
+   * "Contract, second wave"). Paged K/V: key j of batch row b is row
+   * j % page_size of page block_table[b * block_table_stride + j / page_size];
+   * k, v (and k_scale, v_scale) then index [page, kv head, row in page,
+   * column], stride[0] stepping one page. kv_lens is required with a block
+   * table and each row is aligned on its own length: p_i = i + kv_lens[b] -
+   * q_len (kv_len is an upper bound of kv_lens). An entry outside
+   * [0, num_pages) is never followed: its keys are disallowed. Packed
+   * queries (cu_seqlens_q) combine with a block table, see below;
+   * cu_seqlens_k with one is INVALID_ARGUMENT. clattn_backward does not
+   * take paged K/V (UNSUPPORTED). ---- */
+  clattn_dtype kv_dtype;          /* storage of k and v; CLATTN_DTYPE_SAME = dtype. q and out stay in dtype */
+  clattn_dtype v_dtype;           /* storage of v when it differs from k's; CLATTN_DTYPE_SAME = kv_dtype */
+  clattn_tensor k_scale, v_scale; /* INT8 k / v: f32 [b, kv head, key] (stride[0..2]); paged: [page, kv head, row] */
+  cl_mem block_table;             /* int32 [batch * block_table_stride]; NULL = contiguous K/V */
+  int block_table_stride;         /* entries per batch row, >= ceil(kv_len / page_size) */
+  int page_size;                  /* keys per page, > 0 with a block table */
+  int num_pages;                  /* pages in the pool, > 0 with a block table: views are checked for this many */
+  /* int32 [batch]: batch row b's keys are rows cache_leftpad[b] ..
+   * kv_lens[b] - 1 of its cache (kv_lens required; the rows before are
+   * padding, never read); key j of the sequence is row cache_leftpad[b] + j,
+   * and each row is aligned on its own length (p_i = i + kv_lens[b] -
+   * cache_leftpad[b] - q_len, as a paged row is): causal, windows, ALiBi,
+   * mask and bias columns count from its first key. Contiguous or paged
+   * K/V; not with cu_seqlens_k. */
+  cl_mem cache_leftpad;
+
+  /* ---- packed variable-length batches: int32 [batch + 1], 0 first,
+   * non-decreasing; sequence b's query rows are cu_seqlens_q[b] ..
+   * cu_seqlens_q[b+1]-1 of the row dimension (stride[2]) of q and out
+   * (likewise k and v with cu_seqlens_k); stride[0] must be 0; q_len and
+   * kv_len are the longest lengths; total_q and total_kv are the last
+   * entries. Over a paged cache (block_table) only the queries are packed:
+   * cu_seqlens_q with total_q, cu_seqlens_k NULL (total_kv not read),
+   * sequence b's keys the kv_lens[b] keys of its block-table row, and its
+   * queries its last positions (FlashAttention's and vLLM's alignment: p_i
+   * = i + kv_lens[b] - its query count). lse and the route diagnostics stay
+   * [B, Hq, q_len], indexed by the row within the sequence. ---- */
+  cl_mem cu_seqlens_q, cu_seqlens_k;
+  int total_q, total_kv;
+
+  /* ---- training's dropout (FlashAttention's dropout_p / seed / offset):
+   * each weight a_ij is kept with probability 1 - dropout_p and scaled by
+   * 1 / (1 - dropout_p), or dropped (0): O_i = sum_j a_ij z_ij v_j. lse,
+   * the route diagnostics and empty rows describe the softmax before
+   * dropout; weights (the routing matrix) is the matrix that mixes V,
+   * dropout applied. z_ij is a pure function of (seed, offset, b, h, i, j),
+   * the same on every path, device and run and in clattn_backward
+   * (clattn_dropout_mask gives it on the host): weight (b, h, i, j) (i the
+   * row within its sequence, j the key) is kept when lane j % 4 of
+   * Philox4x32-10 with key (seed's low, high 32 bits) at counter (low, high
+   * 32 bits of offset + i * 2^32 + j / 4, h, b) is >= the threshold
+   * floor(dropout_p * 2^32). Calls whose offsets differ by at least q_len *
+   * 2^32 draw disjoint counters. ---- */
+  float dropout_p; /* 0 = off; else in (0, 1) */
+  cl_ulong dropout_seed, dropout_offset;
+
+  /* ---- optional outputs (buf NULL = not written) ---- */
+  clattn_tensor lse;     /* f32 [B,Hq,M]: natural-log sum of exp of scores */
+  clattn_tensor weights; /* f32 [B,Hq,M,N]: the routing matrix A (STAGED, GEMM) */
+  /* Route diagnostics, one value per query row, indexed like lse
+   * (stride[0..2]); every path computes them without the M x N matrix
    * where it can (FUSED streams them with the online softmax):
    *   entropy     f32 [B,Hq,M]: -sum_j a_ij log a_ij, in nats (log n for a
    *               uniform row over n keys, 0 for a one-hot row)
@@ -195,108 +295,19 @@ typedef struct {
    * An empty row gives entropy 0, max_weight 0, argmax -1. A row whose
    * scores hold NaN or +inf gives NaN entropy and max_weight, argmax
    * unspecified. */
-  clattn_tensor entropy;
-  clattn_tensor max_weight;
-  clattn_tensor argmax;
-  /* Score shaping, in this order (docs/semantics.md):
-   *   s = scale * <q_i, k_j>          (or the additive score below)
-   *   s = softcap * tanh(s / softcap)  when softcap > 0
-   *   s += bias_ij - slope * |p_i - j|   (p_i = i + kv_len - q_len; slope =
-   *        alibi_slopes[h], or [b * alibi_batch_stride + h] per batch row)
-   *   disallowed keys removed (mask, window, kv_lens)
-   *   softmax, with sinks[h] joining the denominator as a logit that carries
-   *   no value: lse includes it, a row with no allowed key gets O = 0 and
-   *   lse = sinks[h] (still an empty row for EMPTY_ERROR). */
-  float softcap;       /* 0 = off; > 0 and finite */
-  cl_mem alibi_slopes; /* f32 [q_heads] (per batch row too: alibi_batch_stride); NULL = none */
-  cl_mem sinks;        /* f32 [q_heads]; NULL = none */
-  clattn_score score;  /* CLATTN_SCORE_DOT (default) or CLATTN_SCORE_ADDITIVE */
-  cl_mem additive_w;   /* f32 [head_dim]: s = scale * sum_t w_t tanh(q_it + k_jt) */
-  /* Packed variable-length batches: int32 [batch + 1], 0 first, non-decreasing;
-   * sequence b's query rows are cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of the
-   * row dimension (stride[2]) of q and out (likewise k and v with
-   * cu_seqlens_k); stride[0] must be 0; q_len and kv_len are the longest
-   * lengths; total_q and total_kv are the last entries. Over a paged cache
-   * (block_table) only the queries are packed: cu_seqlens_q with total_q,
-   * cu_seqlens_k NULL (total_kv not read), sequence b's keys the kv_lens[b]
-   * keys of its block-table row, and its queries its last positions
-   * (FlashAttention's and vLLM's alignment: p_i = i + kv_lens[b] - its
-   * query count). lse and the route diagnostics stay [B, Hq, q_len],
-   * indexed by the row within the sequence. */
-  cl_mem cu_seqlens_q, cu_seqlens_k;
-  int total_q, total_kv;
-  /* K/V caches as inference engines keep them (ABI 1; docs/DESIGN.md
-   * "Contract, second wave"). Paged K/V: key j of batch row b is row
-   * j % page_size of page block_table[b * block_table_stride + j / page_size];
-   * k, v (and k_scale, v_scale) then index [page, kv head, row in page,
-   * column], stride[0] stepping one page. kv_lens is required with a block
-   * table and each row is aligned on its own length: p_i = i + kv_lens[b] -
-   * q_len (kv_len is an upper bound of kv_lens). An entry outside
-   * [0, num_pages) is never followed: its keys are disallowed. Packed
-   * queries (cu_seqlens_q) combine with a block table, see above;
-   * cu_seqlens_k with one is INVALID_ARGUMENT. clattn_backward does not
-   * take paged K/V (UNSUPPORTED). */
-  clattn_dtype kv_dtype;          /* storage of k and v; CLATTN_DTYPE_SAME = dtype. q and out stay in dtype */
-  clattn_tensor k_scale, v_scale; /* INT8 only: f32 [b, kv head, key] (stride[0..2]); paged: [page, kv head, row] */
-  cl_mem block_table;             /* int32 [batch * block_table_stride]; NULL = contiguous K/V */
-  int block_table_stride;         /* entries per batch row, >= ceil(kv_len / page_size) */
-  int page_size;                  /* keys per page, > 0 with a block table */
-  int num_pages;                  /* pages in the pool, > 0 with a block table: views are checked for this many */
-  /* ABI 2: ALiBi slopes per (batch, head): slope (b, h) is alibi_slopes[b *
-   * alibi_batch_stride + h], so alibi_slopes holds (batch - 1) *
-   * alibi_batch_stride + q_heads floats (q_heads for a dense [batch, q_heads]);
-   * 0 = one slope per head shared by every batch row, f32 [q_heads]. */
-  int alibi_batch_stride;
-  /* ABI 3: what an engine's graph carries as it is (llama.cpp's
-   * FLASH_ATTN_EXT: an f16 mask of additive values, -inf for a key not
-   * allowed, ALiBi as a per-head slope times it; K and V caches of
-   * different types).
-   *   v_dtype: the storage of v when it differs from k's (kv_dtype);
-   *     CLATTN_DTYPE_SAME = kv_dtype. k_scale goes with an INT8 k, v_scale
-   *     with an INT8 v.
-   *   bias_dtype: the bias view's elements, CLATTN_F32 or CLATTN_F16.
-   *   bias_scale: f32 [q_heads]: head h's bias entries are multiplied by
-   *     bias_scale[h] before they are added; NULL = 1.
-   *   sinks_offset: floats before sinks[0] in the sinks cl_mem (a tensor
-   *     inside an engine's buffer).
-   * Every path: a bias entry of -inf (before the scale) disallows its key,
-   * as a zero mask entry does: its key and value are never mixed in,
-   * whatever they hold. */
-  clattn_dtype v_dtype;
-  clattn_dtype bias_dtype;
-  cl_mem bias_scale;
-  size_t sinks_offset;
-  /* ABI 4: training's dropout, and caches with padding before each row's
-   * keys (FlashAttention's dropout_p / seed / offset and cache_leftpad).
-   *   dropout_p: each weight a_ij is kept with probability 1 - dropout_p and
-   *     scaled by 1 / (1 - dropout_p), or dropped (0): O_i = sum_j a_ij z_ij
-   *     v_j. lse, the route diagnostics and empty rows describe the softmax
-   *     before dropout; weights (the routing matrix) is the matrix that
-   *     mixes V, dropout applied. 0 = off; else in (0, 1).
-   *   dropout_seed, dropout_offset: z_ij is a pure function of (seed,
-   *     offset, b, h, i, j), the same on every path, device and run and in
-   *     clattn_backward (clattn_dropout_mask gives it on the host): weight
-   *     (b, h, i, j) (i the row within its sequence, j the key) is kept when
-   *     lane j % 4 of Philox4x32-10 with key (seed's low, high 32 bits) at
-   *     counter (low, high 32 bits of offset + i * 2^32 + j / 4, h, b) is
-   *     >= the threshold floor(dropout_p * 2^32). Calls whose offsets differ
-   *     by at least q_len * 2^32 draw disjoint counters.
-   *   cache_leftpad: int32 [batch]: batch row b's keys are rows
-   *     cache_leftpad[b] .. kv_lens[b] - 1 of its cache (kv_lens required;
-   *     the rows before are padding, never read); key j of the sequence is
-   *     row cache_leftpad[b] + j, and each row is aligned on its own length
-   *     (p_i = i + kv_lens[b] - cache_leftpad[b] - q_len, as a paged row
-   *     is): causal, windows, ALiBi, mask and bias columns count from its
-   *     first key. Contiguous or paged K/V; not with cu_seqlens_k. */
-  float dropout_p;
-  cl_ulong dropout_seed, dropout_offset;
-  cl_mem cache_leftpad;
+  clattn_tensor entropy, max_weight, argmax;
 } clattn_params;
 
-/* Everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO, kv_dtype and
- * v_dtype CLATTN_DTYPE_SAME, bias_dtype CLATTN_F32, no block table, no
- * dropout. */
-CLATTN_EXPORT clattn_params clattn_params_default(void);
+/* Fills the first struct_size bytes of *p (its caller's sizeof) with the
+ * defaults: everything absent/unbounded, scale NAN, AUTO, EMPTY_ZERO,
+ * kv_dtype and v_dtype CLATTN_DTYPE_SAME, bias_dtype CLATTN_F32, no block
+ * table, no dropout; struct_size set. */
+CLATTN_EXPORT void clattn_params_init(clattn_params *p, size_t struct_size);
+static inline clattn_params clattn_params_default(void) {
+  clattn_params p;
+  clattn_params_init(&p, sizeof p);
+  return p;
+}
 
 /* Enqueues one attention call on the context's queue after the n_wait events;
  * *done (when non-NULL) receives an event that completes with it. Every check
@@ -342,6 +353,7 @@ CLATTN_EXPORT clattn_status clattn_dropout_mask(const clattn_params *p, int b, i
  * OK): positions are on the device. new_len > capacity (or > the rows a
  * block-table row addresses) is INVALID_ARGUMENT. new_len 0 is a valid no-op. */
 typedef struct {
+  size_t struct_size; /* sizeof(clattn_append_params) as the caller's header knew it */
   int batch, kv_heads, new_len, head_dim, value_dim;
   clattn_dtype src_dtype;         /* F32, F16 or BF16: k_new / v_new storage */
   clattn_tensor k_new, v_new;     /* [B, Hkv, new_len, dk | dv], element strides */
@@ -355,9 +367,14 @@ typedef struct {
   int capacity; /* contiguous caches: rows per (b, head); positions + new_len must fit */
 } clattn_append_params;
 
-/* Every view and buffer absent, every count 0, src_dtype CLATTN_F32,
- * kv_dtype CLATTN_DTYPE_SAME. */
-CLATTN_EXPORT clattn_append_params clattn_append_params_default(void);
+/* Fills the first struct_size bytes of *ap: every view and buffer absent,
+ * every count 0, src_dtype CLATTN_F32, kv_dtype CLATTN_DTYPE_SAME. */
+CLATTN_EXPORT void clattn_append_params_init(clattn_append_params *ap, size_t struct_size);
+static inline clattn_append_params clattn_append_params_default(void) {
+  clattn_append_params ap;
+  clattn_append_params_init(&ap, sizeof ap);
+  return ap;
+}
 /* Enqueues the append (validated first, like forward: a rejected call
  * enqueues nothing and touches nothing). */
 CLATTN_EXPORT clattn_status clattn_kv_append(clattn_context *ctx, const clattn_append_params *ap, cl_uint n_wait,
@@ -366,7 +383,6 @@ CLATTN_EXPORT clattn_status clattn_kv_append(clattn_context *ctx, const clattn_a
 /* An engine's decode (or chunked-prefill) step in one call, as
  * FlashAttention's flash_attn_with_kvcache: new keys and values appended to
  * the cache (keys rotated), then attention of q (rotated) over the cache.
- * (Added without changing another struct.)
  *
  * Batch row b: new row r of k_new (rotated) and v_new goes to cache
  * position cache_seqlens[b] + r, quantised as clattn_kv_append does (the
@@ -408,6 +424,7 @@ CLATTN_EXPORT clattn_status clattn_kv_append(clattn_context *ctx, const clattn_a
  * cache_batch_idx, cache_leftpad, the rotary tables or any other view of
  * the call, nor with each other (with new_len 0 the cache is only read). */
 typedef struct {
+  size_t struct_size; /* sizeof(clattn_kvcache_params) as the caller's header knew it */
   /* The attention after the append: q [B, Hq, q_len, dk], out and every
    * mask, score and output field as in clattn_forward; k and v the cache:
    * contiguous [slot, Hkv, attn.kv_len rows, d] (attn.kv_len its capacity)
@@ -432,9 +449,15 @@ typedef struct {
   int rotary_interleaved;               /* 1: pairs (x[2t], x[2t+1]) (GPT-J); 0: (x[t], x[t + rotary_dim/2]) */
 } clattn_kvcache_params;
 
-/* attn = clattn_params_default(), every other view and buffer absent,
- * every count 0, rotary_interleaved 1. */
-CLATTN_EXPORT clattn_kvcache_params clattn_kvcache_params_default(void);
+/* Fills the first struct_size bytes of *kp: attn as clattn_params_init
+ * (with its own struct_size), every other view and buffer absent, every
+ * count 0, rotary_interleaved 1. */
+CLATTN_EXPORT void clattn_kvcache_params_init(clattn_kvcache_params *kp, size_t struct_size);
+static inline clattn_kvcache_params clattn_kvcache_params_default(void) {
+  clattn_kvcache_params kp;
+  clattn_kvcache_params_init(&kp, sizeof kp);
+  return kp;
+}
 /* Enqueues the step after the n_wait events (validated first: a refused
  * call enqueues nothing and writes nothing); *done, when non-NULL, receives
  * an event that completes with it. Like clattn_forward otherwise
@@ -455,6 +478,7 @@ CLATTN_EXPORT clattn_status clattn_forward_kvcache(clattn_context *ctx, const cl
  * A state with lse_s = -inf adds nothing (whatever its O holds); a row whose
  * states are all -inf is empty (see clattn_forward's empty-row policy). */
 typedef struct {
+  size_t struct_size; /* sizeof(clattn_merge_params) as the caller's header knew it; 0: this ABI's first */
   int n_states;
   int batch, heads, q_len, value_dim;
   clattn_tensor o;   /* f32 [B,H,M,dv]: state 0 */
@@ -463,9 +487,9 @@ typedef struct {
   clattn_tensor out;     /* [B,H,M,dv], stored as out_dtype */
   clattn_tensor out_lse; /* optional f32 [B,H,M] */
   clattn_empty_rows empty_rows;
-  /* ABI 2: the storage of out, CLATTN_F32 (0: a zeroed struct's value),
-   * CLATTN_F16 or CLATTN_BF16 (rounded to nearest even, as clattn_forward
-   * stores them); the states and out_lse stay f32. */
+  /* the storage of out, CLATTN_F32 (0: a zeroed struct's value), CLATTN_F16
+   * or CLATTN_BF16 (rounded to nearest even, as clattn_forward stores
+   * them); the states and out_lse stay f32 */
   clattn_dtype out_dtype;
 } clattn_merge_params;
 
@@ -478,7 +502,7 @@ CLATTN_EXPORT clattn_status clattn_merge_states(clattn_context *ctx, const clatt
  * destroyed. */
 CLATTN_EXPORT const char *clattn_describe(const clattn_context *ctx);
 
-/* Tuning (docs/tuning.md; functions added in ABI 1, no struct changed).
+/* Tuning (docs/tuning.md).
  * A context's tunable values are its kernels' tile sizes and the staged and
  * GEMM paths' scratch budget, each named as in a tuning file: score_tm,
  * score_tn, score_tk, softmax_wg, mix_tm, mix_tv, mix_tj, flash_bm, flash_wg,
@@ -572,14 +596,21 @@ typedef struct clattn_plan clattn_plan;
 #define CLATTN_STEP_PLANNED ((size_t)-1)
 
 typedef struct {
+  size_t struct_size; /* sizeof(clattn_step) as the caller's header knew it */
   int kv_len;        /* this step's keys, 1 .. the planned kv_len; 0 = as planned */
   size_t q_offset;   /* q's view offset (elements) this step; CLATTN_STEP_PLANNED = as planned */
   size_t out_offset; /* out's view offset; CLATTN_STEP_PLANNED = as planned */
   size_t lse_offset; /* lse's view offset (a plan with an lse view); CLATTN_STEP_PLANNED = as planned */
 } clattn_step;
 
-/* Every field "as planned": kv_len 0, offsets CLATTN_STEP_PLANNED. */
-CLATTN_EXPORT clattn_step clattn_step_default(void);
+/* Fills the first struct_size bytes of *s: every field "as planned",
+ * kv_len 0, offsets CLATTN_STEP_PLANNED. */
+CLATTN_EXPORT void clattn_step_init(clattn_step *s, size_t struct_size);
+static inline clattn_step clattn_step_default(void) {
+  clattn_step s;
+  clattn_step_init(&s, sizeof s);
+  return s;
+}
 /* Makes a plan of *p (checked like clattn_forward: a rejected p makes no
  * plan and *out is NULL). */
 CLATTN_EXPORT clattn_status clattn_plan_create(clattn_context *ctx, const clattn_params *p, clattn_plan **out);
@@ -590,6 +621,27 @@ CLATTN_EXPORT clattn_status clattn_plan_enqueue(clattn_plan *plan, const clattn_
                                                 const cl_event *wait, cl_event *done);
 /* Releases the plan (NULL: nothing); steps already enqueued still run. */
 CLATTN_EXPORT void clattn_plan_release(clattn_plan *plan);
+
+/* A kernel launch of a plan's step, as its kernel object stands (every
+ * argument set): for a caller that times or records the step's kernels
+ * itself. The kernel object is the plan's: valid until the plan is
+ * released or steps again; enqueue it only while no step runs. */
+typedef struct {
+  cl_kernel kernel;
+  const char *name;
+  cl_uint work_dim;
+  size_t global[3];
+  size_t local[3];
+  int local_given; /* 0: the runtime chooses the work-group (local unused) */
+} clattn_launch;
+/* The last step's launches (or, before any step, the planned ones): writes
+ * at most max of them to out and returns how many there are; -1 for a
+ * plan whose steps also run CLBlast (GEMM), or a NULL plan. */
+CLATTN_EXPORT int clattn_plan_launches(clattn_plan *plan, clattn_launch *out, int max);
+/* The plan's launch list in words: each kernel, its grid and work-group,
+ * its arguments (buffers, and the struct of scalars each family takes),
+ * the scratch it holds. Valid until the plan steps again or is released. */
+CLATTN_EXPORT const char *clattn_plan_describe(clattn_plan *plan);
 
 /* Name of an algorithm ("auto", "staged", "fused", "gemm"). */
 CLATTN_EXPORT const char *clattn_algo_name(clattn_algo a);
@@ -603,6 +655,7 @@ CLATTN_EXPORT const char *clattn_algo_name(clattn_algo a);
  * kv_lens, mask, bias, softcap (1 - tanh^2), ALiBi, sinks, additive scoring,
  * GQA/MQA, cu_seqlens, f16/bf16 storage (f32 arithmetic). */
 typedef struct {
+  size_t struct_size;          /* sizeof(clattn_backward_params) as the caller's header knew it */
   clattn_params fwd;           /* the forward call: q, k, v, out (its O), lse (required:
                                   the forward's lse), every mask and score field */
   clattn_tensor d_out;         /* dL/dO, [B, Hq, M, dv], storage fwd.dtype */
@@ -612,8 +665,7 @@ typedef struct {
   cl_mem d_additive_w;         /* optional out, f32 [head_dim], additive scoring */
   int deterministic;           /* default 1: bitwise identical across runs; 0 lets the
                                   FUSED path add dQ atomically in its dK/dV pass */
-  /* ABI 2: optional out, f32, dL/dbias: the gradient of an additive score
-   * bias, dS_ij = p_ij (<dO_i, v_j> - D_i) (D_i = <dO_i, O_i>; 0 for
+  /* optional out, f32, dL/dbias: the gradient of an additive score bias, dS_ij = p_ij (<dO_i, v_j> - D_i) (D_i = <dO_i, O_i>; 0 for
    * disallowed pairs and empty rows), indexed [b, q head, row, key] like
    * fwd.bias. A dimension whose stride is 0 is summed over (a bias
    * broadcast over batch and heads takes its gradient with stride[0] =
@@ -623,8 +675,14 @@ typedef struct {
   clattn_tensor d_bias;
 } clattn_backward_params;
 
-/* fwd = clattn_params_default(), every view and buffer absent, deterministic 1. */
-CLATTN_EXPORT clattn_backward_params clattn_backward_params_default(void);
+/* Fills the first struct_size bytes of *bp: fwd as clattn_params_init (with
+ * its own struct_size), every view and buffer absent, deterministic 1. */
+CLATTN_EXPORT void clattn_backward_params_init(clattn_backward_params *bp, size_t struct_size);
+static inline clattn_backward_params clattn_backward_params_default(void) {
+  clattn_backward_params bp;
+  clattn_backward_params_init(&bp, sizeof bp);
+  return bp;
+}
 
 /* Enqueues the backward of bp->fwd after the n_wait events, like
  * clattn_forward: every check that needs no device work first, so a rejected

@@ -183,6 +183,8 @@ class Checker:
         for name in sorted(names - declared):
             self.fail(where, "%s is not declared in %s" % (name, header))
         header_tokens = " %s " % self.tokens(source)
+        # an inline function's definition declares it too (clattn_params_default)
+        header_tokens += " ".join(m.group(1) + " ; " for m in re.finditer(r"static inline ([^;{}]*?\)) \{", header_tokens))
         for f in functions:
             if " %s " % f not in header_tokens:
                 self.fail(where, "this declaration is not %s's:\n  %s" % (header, f))

@@ -5,7 +5,7 @@
 #define CLATTN_TESTS_KIT_CHECKS_H
 
 #include "check.h"
-#include "internal.h"
+#include "api/api.h"
 #include "problem.h"
 
 /* The algorithms every device test runs. STAGED and AUTO must run, GEMM too

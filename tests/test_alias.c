@@ -7,7 +7,7 @@
  * search's budget, refused as "may share". Each answer checked against
  * marking every byte. */
 #include "check.h"
-#include "internal.h"
+#include "api/api.h"
 
 static const char space_a = 0, space_b = 0; /* two cl_mems' bytes */
 

@@ -1,6 +1,6 @@
 /*
  * clattn_backward on the device against the fp64 reference of the gradients
- * (tests/kit/reference_backward.c, itself checked by finite differences in
+ * (tools/reference/reference_backward.c, itself checked by finite differences in
  * test_reference_backward.c): odd shapes, dk != dv, every forward feature,
  * 16-bit storage, NaN/Inf in disallowed keys and values, empty rows,
  * packed sequences, a NaN key seen by some rows only, bitwise determinism,

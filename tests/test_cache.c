@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "internal.h"
+#include "api/api.h"
 #include "problem.h"
 
 #define TOL       1e-5

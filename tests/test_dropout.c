@@ -9,7 +9,7 @@
  * kept share; seeds and offsets; plans; bitwise repeatability; refusals.
  */
 #include "check.h"
-#include "internal.h"
+#include "api/api.h"
 #include "kit_checks.h"
 
 /* Random123's known answers for Philox4x32-10 (its tests/kat_vectors). */

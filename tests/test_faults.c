@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "cl_shim.h"
-#include "internal.h" /* the context's pools: trimmed, counted */
+#include "api/api.h" /* the context's pools: trimmed, counted */
 #include "kit_checks.h"
 #include "reference_backward.h"
 

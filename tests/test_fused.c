@@ -962,6 +962,14 @@ static void plain_row(const cp_problem *pb, int b, int h, int i, double *o) {
 
 /* Runs a plain square problem with algo without the full reference; checks
  * a few rows in fp64. Returns the peak scratch (0 on failure). */
+/* Whether the last call's kernels hold scratch of their own: packed K/V
+ * (flash_pack) or split states (merge_states); flash_block, flash_tiled
+ * and the direct kernels read in place and may hold none. */
+static int route_holds_scratch(void) {
+  const char *route = clattn_last_route();
+  return strncmp(route, "fused:", 6) != 0 || strstr(route, "flash_pack") || strstr(route, "merge_states");
+}
+
 static size_t square_run(int n, clattn_algo algo, double *ms) {
   clattn_context *ctx = ct_context();
   cp_shape s = cp_shape_default();
@@ -1010,13 +1018,15 @@ static void fused_scratch_is_linear_in_n(void) {
   size_t peak = square_run(4099, CLATTN_ALGO_FUSED, &ms);
   double mn = 4099.0 * 4099.0 * 4.0;
   printf("  fused M=N=4099 d=64: peak scratch %.2f MiB (M*N*4/8 = %.2f MiB), %.0f ms\n", peak / mib, mn / 8 / mib, ms);
-  CHECKF(peak > 0 && (double)peak < mn / 8, "fused M=N=4099: peak scratch %zu bytes", peak);
+  CHECKF((peak > 0 || !route_holds_scratch()) && (double)peak < mn / 8, "fused M=N=4099: peak scratch %zu bytes",
+         peak);
 
   /* M = N = 16384 (a 1 GiB score matrix): fused runs in well under 64 MiB
    * (its time is printed, not checked: speed is the bench's, not a test's) */
   peak = square_run(16384, CLATTN_ALGO_FUSED, &ms);
   printf("  fused M=N=16384 d=64: peak scratch %.2f MiB, %.0f ms\n", peak / mib, ms);
-  CHECKF(peak > 0 && (double)peak < 64 * mib, "fused M=N=16384: peak scratch %zu bytes", peak);
+  CHECKF((peak > 0 || !route_holds_scratch()) && (double)peak < 64 * mib, "fused M=N=16384: peak scratch %zu bytes",
+         peak);
 
   /* a small square where the staged path holds the whole score matrix
    * (under its 64 MiB budget) and fused holds only the packed K and V */
@@ -1026,7 +1036,7 @@ static void fused_scratch_is_linear_in_n(void) {
   printf("  M=N=2048 d=64: staged peak %.2f MiB, fused peak %.2f MiB, scores %.2f MiB\n", peak / mib, fpeak / mib,
          scores / mib);
   CHECKF((double)peak >= scores, "staged M=N=2048: peak %zu below the score matrix", peak);
-  CHECKF(fpeak > 0 && (double)fpeak < scores / 8, "fused M=N=2048: peak %zu", fpeak);
+  CHECKF((fpeak > 0 || !route_holds_scratch()) && (double)fpeak < scores / 8, "fused M=N=2048: peak %zu", fpeak);
   (void)ctx;
 }
 

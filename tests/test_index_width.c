@@ -13,7 +13,7 @@
 #include <limits.h>
 #include <math.h>
 
-#include "internal.h"
+#include "api/api.h"
 #include "kit_checks.h"
 
 #define HIGH ((size_t)1 << 31)

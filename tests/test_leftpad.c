@@ -7,7 +7,7 @@
  * own; starts past the end clamped; the validation rules.
  */
 #include "check.h"
-#include "internal.h"
+#include "api/api.h"
 #include "kit_checks.h"
 
 static cp_shape padded(int batch, int q_len, int kv_len, uint64_t seed) {

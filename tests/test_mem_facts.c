@@ -10,7 +10,7 @@
  *    same handle): a view too big for the small one is BUFFER_TOO_SMALL, a
  *    read-only one refused as an output, every time.
  */
-#include "internal.h" /* ca_mem_facts_cached */
+#include "api/api.h" /* ca_mem_facts_cached */
 #include "kit_checks.h"
 
 static cl_mem make(size_t bytes, cl_mem_flags flags) {

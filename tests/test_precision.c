@@ -245,9 +245,10 @@ static void half_products_are_the_ones_forced(void) {
   }
   const int dims[][2] = {{40, 24}, {64, 64}, {128, 128}};
   for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
-    cl_program program = NULL;
-    REQUIRE(ca_fused_program(ct_context(), dims[d][0], dims[d][1], CLATTN_F16, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0,
-                             &program, NULL) == CLATTN_OK);
+    ca_program built;
+    const ca_program_key key = ca_fused_key(dims[d][0], dims[d][1], CLATTN_F16, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0);
+    REQUIRE(ca_program_get(ct_context(), &key, &built) == CLATTN_OK);
+    const cl_program program = built.program;
     char options[1024] = "";
     REQUIRE(clGetProgramBuildInfo(program, clattn_cl_device(ct_context()), CL_PROGRAM_BUILD_OPTIONS, sizeof options,
                                   options, NULL) == CL_SUCCESS);

@@ -1001,10 +1001,9 @@ static int compiled_sub_group_size(cl_program program, const char *name) {
 
 /* The context's fused program at d = 64, NULL when it cannot be built. */
 static cl_program fused_program_d64(void) {
-  cl_program program = NULL;
-  if (ca_fused_program(ct_context(), 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0, &program, NULL))
-    return NULL;
-  return program;
+  ca_program built;
+  const ca_program_key key = ca_fused_key(64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0);
+  return ca_program_get(ct_context(), &key, &built) == CLATTN_OK ? built.program : NULL;
 }
 
 static void fused_kernel_is_the_one_forced(void) {
@@ -1050,7 +1049,10 @@ static void softmax_kernel_is_the_one_forced(void) {
            ctx->tiles.softmax_sg);
     return;
   }
-  const int lanes = compiled_sub_group_size(ctx->core, "softmax_rows");
+  ca_program core;
+  const ca_program_key key = ca_core_key(CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME);
+  const int lanes =
+      ca_program_get(ctx, &key, &core) == CLATTN_OK ? compiled_sub_group_size(core.program, "softmax_rows") : -1;
   if (sg && *sg) {
     CHECKF(lanes == atoi(sg), "softmax_rows compiled for sub-groups of %d lanes (-1: unknown), CLATTN_SOFTMAX_SG=%s",
            lanes, sg);

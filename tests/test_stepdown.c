@@ -12,9 +12,9 @@
 #include <string.h>
 
 #include "cl_shim.h"
-#include "internal.h"
+#include "api/api.h"
 #include "kit_checks.h"
-#include "program_text.h"
+#include "device/program_text.h"
 
 /* One fused call of a prefill with head dims d on a fresh context (the
  * fused program is built, and the step-down taken, once per context), with
@@ -50,11 +50,9 @@ static void run_faked_d(int d, cl_kernel_work_group_info param, cl_ulong value, 
   CHECKF(KC_RUN_OK(pb, CLATTN_ALGO_FUSED, 2e-5) == 1, "%s: the fused call failed or was wrong", what);
   *queries = shim_kernel_queries();
   shim_fake_kernel_info(NULL, 0, 0, 0);
-  cl_program program = NULL;
-  struct ca_fused_program info;
-  if (CHECK(ca_fused_program(ct_ctx, d, d, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0, &program, &info) ==
-            CLATTN_OK))
-    *built = info.block;
+  ca_program info;
+  const ca_program_key key = ca_fused_key(d, d, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0);
+  if (CHECK(ca_program_get(ct_ctx, &key, &info) == CLATTN_OK)) *built = info.block;
   cp_free(pb);
   clattn_destroy(ct_ctx);
   ct_ctx = NULL;
@@ -132,8 +130,10 @@ static void tuned_tile_that_cannot_run_steps_down(void) {
   CHECKF(built.rm == 1 && built.rn == 4, "built %dx%d", built.rm, built.rn);
 }
 
-/* The fused kernels of program (all but flash_pack) each take CA_FUSED_ARGS
- * arguments; `want` among them. */
+/* The fused kernels of program each take the arguments cl/args.h.cl's
+ * families give the host: flash_pack its own, the *_core entries
+ * flash_core's, the others flash_core's and flash_extra's (each family's
+ * buffers and its struct); `want` among them. */
 static void fused_kernels_take_the_host_count(cl_program program, const char *const *want, int n_want) {
   cl_kernel kernels[16];
   cl_uint n = 0;
@@ -144,8 +144,11 @@ static void fused_kernels_take_the_host_count(cl_program program, const char *co
     cl_uint args = 0;
     CHECK(clGetKernelInfo(kernels[i], CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL) == CL_SUCCESS);
     CHECK(clGetKernelInfo(kernels[i], CL_KERNEL_NUM_ARGS, sizeof args, &args, NULL) == CL_SUCCESS);
-    CHECKF(!strcmp(name, "flash_pack") || args == CA_FUSED_ARGS, "%s takes %u arguments, the host counts %d", name,
-           args, (int)CA_FUSED_ARGS);
+    const size_t len = strlen(name);
+    const int expected = !strcmp(name, "flash_pack")                   ? CA_NBUF(flash_pack) + 1
+                         : len > 5 && !strcmp(name + len - 5, "_core") ? CA_NBUF(flash_core) + 1
+                                                                       : CA_NBUF(flash_core) + CA_NBUF(flash_extra) + 2;
+    CHECKF((int)args == expected, "%s takes %u arguments, the host counts %d", name, args, expected);
     for (int w = 0; w < n_want; w++) found += !strcmp(name, want[w]);
     clReleaseKernel(kernels[i]);
   }
@@ -156,11 +159,12 @@ static void fused_kernels_take_the_host_count(cl_program program, const char *co
  * is the kernels' own: as many arguments as the built kernels take, in the
  * work-group kernels' program (this context's) and in flash_rows' (a CPU's). */
 static void argument_block_is_the_kernels(void) {
-  CHECK(ca_fused_arg_bytes(64) == 992 && ca_fused_arg_bytes(32) < 992);
+  CHECK(ca_fused_arg_bytes(32) < ca_fused_arg_bytes(64));
   clattn_context *ctx = ct_context();
-  cl_program program = NULL;
-  REQUIREF(ca_fused_program(ctx, 64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0, &program, NULL) == CLATTN_OK,
-           "%s", clattn_last_error(ctx));
+  ca_program built;
+  const ca_program_key key = ca_fused_key(64, 64, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, 0);
+  REQUIREF(ca_program_get(ctx, &key, &built) == CLATTN_OK, "%s", clattn_last_error(ctx));
+  cl_program program = built.program;
   const char *work_group[] = {"flash_block", "flash_tiled", "flash_decode"};
   fused_kernels_take_the_host_count(program, work_group, 3);
   tl_tiles rows_tiles = ctx->tiles;
@@ -170,8 +174,8 @@ static void argument_block_is_the_kernels(void) {
   REQUIREF(
       ca_build_program(ctx, "fused (flash_rows)", text.sources, text.n_sources, text.options, &program) == CLATTN_OK,
       "%s", clattn_last_error(ctx));
-  const char *rows[] = {"flash_pack", "flash_rows", "flash_rows_direct8"};
-  fused_kernels_take_the_host_count(program, rows, 3);
+  const char *rows[] = {"flash_pack", "flash_rows", "flash_rows_direct8", "flash_rows_direct8_core"};
+  fused_kernels_take_the_host_count(program, rows, 4);
   clReleaseProgram(program);
 }
 

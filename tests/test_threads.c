@@ -34,7 +34,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "internal.h" /* ca_cache_counts: programs a context has built */
+#include "api/api.h" /* ca_cache_counts: programs a context has built */
 #include "kit_checks.h"
 
 #define TOL            1e-5

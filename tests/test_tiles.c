@@ -3,24 +3,25 @@
 #include <string.h>
 
 #include "check.h"
-#include "internal.h"
-#include "program_text.h"
-#include "tiles.h"
+#include "api/api.h"
+#include "device/program_text.h"
+#include "device/rules.h"
+#include "device/tiles.h"
 
 static tl_device nvidia_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 128, 128, 0x10de, 0, 4352, 64, 1, 1, 0};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 128, 128, 0x10de, 0, 4352, 64, 1, 1, 0, "NVIDIA H100"};
   return d;
 }
 static tl_device amd_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 256, {1024, 1024, 1024}, 64, 96, 64, 64, 0x1002, 1, 1024, 64, 1, 1, 0};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 256, {1024, 1024, 1024}, 64, 96, 64, 64, 0x1002, 1, 1024, 64, 1, 1, 0, "AMD Instinct MI250X"};
   return d;
 }
 static tl_device intel_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 16, 96, 128, 128, 0x8086, 1, 1024, 64, 1, 1, 8 | 16 | 32};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 16, 96, 128, 128, 0x8086, 1, 1024, 64, 1, 1, 8 | 16 | 32, "Intel Arc A770"};
   return d;
 }
 static tl_device cpu_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_CPU, 1024 * 1024, 4096, {4096, 4096, 4096}, 8, 2, 0, 0, 0x8086, 0, 1024, 64, 8, 8, 0};
+  tl_device d = {CL_DEVICE_TYPE_CPU, 1024 * 1024, 4096, {4096, 4096, 4096}, 8, 2, 0, 0, 0x8086, 0, 1024, 64, 8, 8, 0, "a CPU"};
   return d;
 }
 
@@ -76,7 +77,7 @@ static void cpu_tiles_are_wide_and_short(void) {
 }
 
 static void small_device_is_clamped_to_its_limits(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 2048, 64, {64, 8, 1}, 32, 4, 256, 256, 0, 0, 0, 0, 1, 1, 0};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 2048, 64, {64, 8, 1}, 32, 4, 256, 256, 0, 0, 0, 0, 1, 1, 0, ""};
   tl_tiles t = tl_choose(&d);
   check_fits(&t, &d, "small");
   CHECK(tl_clamp(&t, &d) == 0);
@@ -91,7 +92,7 @@ static void oversized_tiles_shrink_to_fit(void) {
 }
 
 static void device_that_fits_nothing_is_refused(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 0, 64, {64, 64, 64}, 32, 4, 64, 64, 0, 0, 0, 0, 1, 1, 0};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 0, 64, {64, 64, 64}, 32, 4, 64, 64, 0, 0, 0, 0, 1, 1, 0, ""};
   tl_tiles t = tl_choose(&d);
   CHECK(tl_clamp(&t, &d) == -1);
 }
@@ -391,8 +392,33 @@ static void flash_vector_width_follows_the_device(void) {
   CHECKF(strstr(fused.options, "-D FLASH_VW=8") != NULL, "fused options: %s", fused.options);
 }
 
+/* Vendor knowledge comes from the rules table, each value saying where in
+ * it it was found: device, architecture, vendor, device type, default. */
+static void device_rules_come_from_the_table(void) {
+  const char *from = "";
+  tl_device rdna = amd_like();
+  rdna.pref_multiple = 32;
+  CHECKF(ca_rule(&rdna, CA_RULE_BLOCK_BUDGET, &from) == 18 && !strcmp(from, "architecture amd-rdna"),
+         "RDNA's budget from %s", from);
+  const tl_device gcn = amd_like(), intel = intel_like(), nvidia = nvidia_like(), cpu = cpu_like();
+  CHECKF(ca_rule(&gcn, CA_RULE_BLOCK_BUDGET, &from) == 48 && !strcmp(from, "default"), "CDNA's budget from %s", from);
+  CHECKF(ca_rule(&intel, CA_RULE_BLOCK_BUDGET, &from) == 20 && !strcmp(from, "vendor intel-gpu"),
+         "Intel's budget from %s", from);
+  CHECK(ca_rule(&intel, CA_RULE_SLOT_UNITS, NULL) == 8 && ca_rule(&nvidia, CA_RULE_SLOT_UNITS, NULL) == 1);
+  /* Intel's CPU runtime is Intel's, but no GPU: the CPU rules */
+  CHECKF(ca_rule(&cpu, CA_RULE_SLOT_UNITS, &from) == 1 && ca_rule(&cpu, CA_RULE_GROUPS_PER_UNIT, &from) == 4 &&
+             !strcmp(from, "device type cpu"),
+         "a CPU's groups per unit from %s", from);
+  CHECK(ca_rule(&nvidia, CA_RULE_GROUPS_PER_UNIT, NULL) == 0 && ca_rule(&nvidia, CA_RULE_COMMAND_BUFFERS, NULL) == 1 &&
+        ca_rule(&cpu, CA_RULE_COMMAND_BUFFERS, NULL) == 0);
+  CHECK(ca_rule(&nvidia, CA_RULE_BLOCK_PRIVATE, NULL) == 64 && ca_rule(&cpu, CA_RULE_BLOCK_PRIVATE, NULL) == -1);
+  CHECK(!strcmp(ca_architecture(&cpu), "cpu-avx2") && !strcmp(ca_architecture(&nvidia), "nvidia") &&
+        !strcmp(ca_architecture(&intel), "intel-xe"));
+}
+
 int main(int argc, char **argv) {
   static const ct_test tests[] = {
+      CT_TEST(device_rules_come_from_the_table),
       CT_TEST(gpu_tiles_fit_and_fill_a_warp),
       CT_TEST(cpu_tiles_are_wide_and_short),
       CT_TEST(small_device_is_clamped_to_its_limits),

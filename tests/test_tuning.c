@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "internal.h"
+#include "api/api.h"
 #include "kit_checks.h"
 
 static char g_dir[] = "/tmp/clattn-tuning-XXXXXX";
@@ -425,9 +425,10 @@ static cp_problem *small_problem(int want_weights) {
 /* What AUTO resolves to for pb in ctx. */
 static clattn_algo auto_choice(clattn_context *ctx, cp_problem *pb) {
   pb->params.algo = CLATTN_ALGO_AUTO;
-  ca_plan plan;
-  if (cp_upload(pb, ct_context()) != 0 || ca_validate(ctx, &pb->params, &plan) != CLATTN_OK) return (clattn_algo)-1;
-  return plan.algo;
+  ca_resolved r;
+  if (cp_upload(pb, ct_context()) != 0 || ca_check_forward(ctx, &pb->params, NULL) != CLATTN_OK) return (clattn_algo)-1;
+  ca_resolve(ctx, &pb->params, &r);
+  return r.algo;
 }
 
 /* Runs pb with every algorithm in ctx against the reference. */

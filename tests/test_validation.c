@@ -8,7 +8,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "internal.h"
+#include "api/api.h"
 #include "kit_checks.h"
 
 #define PATTERN 12345.0f
@@ -279,8 +279,7 @@ static void half_precision_views_are_sized_in_16_bits(void) {
     p.weights.buf = NULL;         /* only what validation reads: views against buffer sizes */
     p.out.offset = pb->out_elems; /* past the 16-bit half of out's f32-sized buffer, inside the buffer */
     p.lse.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
-    ca_plan plan;
-    CHECKF(ca_validate(ct_context(), &p, &plan) == CLATTN_OK, "%s: %s", t ? "bf16" : "f16",
+    CHECKF(ca_check_forward(ct_context(), &p, NULL) == CLATTN_OK, "%s: %s", t ? "bf16" : "f16",
            clattn_last_error(ct_context()));
     p.out.offset = 2 * pb->out_elems;
     REJECT(&p, CLATTN_ERR_BUFFER_TOO_SMALL, "out", "16-bit out view past its buffer");
@@ -331,8 +330,7 @@ static void broadcast_output_view_is_invalid(void) {
   p.out.stride[1] = d;
   p.out.stride[2] = h * d;
   p.out.stride[0] = m * h * d;
-  ca_plan plan;
-  CHECKF(ca_validate(ct_context(), &p, &plan) == CLATTN_OK, "transposed out view: %s", clattn_last_error(ct_context()));
+  CHECKF(ca_check_forward(ct_context(), &p, NULL) == CLATTN_OK, "transposed out view: %s", clattn_last_error(ct_context()));
 }
 
 static cl_mem floats_buffer(size_t n) {
@@ -367,8 +365,7 @@ static void outputs_overlapping_each_other_are_invalid(void) {
   p.max_weight.offset = rows - 1; /* starts on entropy's last element */
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "max_weight", "max_weight on entropy's last element");
   p.max_weight.offset = rows; /* side by side: accepted */
-  ca_plan plan;
-  CHECKF(ca_validate(ct_context(), &p, &plan) == CLATTN_OK, "entropy and max_weight side by side: %s",
+  CHECKF(ca_check_forward(ct_context(), &p, NULL) == CLATTN_OK, "entropy and max_weight side by side: %s",
          clattn_last_error(ct_context()));
   clReleaseMemObject(two);
   p = pb->params;
@@ -724,7 +721,7 @@ static void merge_outputs_sharing_bytes_with_states_are_invalid(void) {
   m.o.buf = m.lse.buf = m.out.buf = more;
   m.out.offset = 3 * mp.o_state_stride;
   m.out_lse.buf = NULL;
-  CHECKF(ca_validate_merge(ct_context(), &m) == CLATTN_OK, "merge out past the last state: %s",
+  CHECKF(ca_check_merge(ct_context(), &m) == CLATTN_OK, "merge out past the last state: %s",
          clattn_last_error(ct_context()));
   clReleaseMemObject(more);
   clReleaseMemObject(states);

@@ -6,7 +6,7 @@
  * inside the views, and the validation rules.
  */
 #include "check.h"
-#include "internal.h"
+#include "api/api.h"
 #include "kit_checks.h"
 
 static cp_shape packed(int batch, int q_len, int kv_len, uint64_t seed) {
@@ -220,30 +220,29 @@ static void validation_rules(void) {
   cp_problem *pb;
   KC_BUILD(pb, &s);
   REQUIRE(cp_upload(pb, ct_context()) == 0);
-  ca_plan plan;
   clattn_params p = pb->params;
-  CHECKF(ca_validate(ct_context(), &p, &plan) == CLATTN_OK, "%s", clattn_last_error(ct_context()));
+  CHECKF(ca_check_forward(ct_context(), &p, NULL) == CLATTN_OK, "%s", clattn_last_error(ct_context()));
   p.cu_seqlens_k = NULL;
-  CHECK(ca_validate(ct_context(), &p, &plan) == CLATTN_ERR_INVALID_ARGUMENT &&
+  CHECK(ca_check_forward(ct_context(), &p, NULL) == CLATTN_ERR_INVALID_ARGUMENT &&
         strstr(clattn_last_error(ct_context()), "cu_seqlens_k"));
   p = pb->params;
   p.kv_lens = p.cu_seqlens_q;
-  CHECK(ca_validate(ct_context(), &p, &plan) == CLATTN_ERR_INVALID_ARGUMENT &&
+  CHECK(ca_check_forward(ct_context(), &p, NULL) == CLATTN_ERR_INVALID_ARGUMENT &&
         strstr(clattn_last_error(ct_context()), "kv_lens"));
   p = pb->params;
   p.k.stride[0] = 1;
-  CHECK(ca_validate(ct_context(), &p, &plan) == CLATTN_ERR_INVALID_ARGUMENT &&
+  CHECK(ca_check_forward(ct_context(), &p, NULL) == CLATTN_ERR_INVALID_ARGUMENT &&
         strstr(clattn_last_error(ct_context()), "k.stride[0]"));
   p = pb->params;
   p.total_q = 0;
-  CHECK(ca_validate(ct_context(), &p, &plan) == CLATTN_ERR_INVALID_ARGUMENT);
+  CHECK(ca_check_forward(ct_context(), &p, NULL) == CLATTN_ERR_INVALID_ARGUMENT);
   p = pb->params;
   p.total_kv += 1000; /* more rows than k holds */
-  CHECK(ca_validate(ct_context(), &p, &plan) == CLATTN_ERR_BUFFER_TOO_SMALL);
+  CHECK(ca_check_forward(ct_context(), &p, NULL) == CLATTN_ERR_BUFFER_TOO_SMALL);
   p = pb->params;
   p.lse.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL; /* only q, k, v, out and the offsets */
   p.batch += 5;                                                       /* cu_seqlens shorter than batch + 1 */
-  CHECK(ca_validate(ct_context(), &p, &plan) == CLATTN_ERR_BUFFER_TOO_SMALL &&
+  CHECK(ca_check_forward(ct_context(), &p, NULL) == CLATTN_ERR_BUFFER_TOO_SMALL &&
         strstr(clattn_last_error(ct_context()), "cu_seqlens"));
   cp_free(pb);
 }

@@ -91,6 +91,7 @@ class Context:
         self._active = 0
         self._closing = False
         opt = _ffi.Options()
+        opt.struct_size = ctypes.sizeof(opt)
         if device is not None:
             if not isinstance(device, str):
                 raise TypeError("clattn: device must be a str or None")
@@ -417,6 +418,7 @@ class Context:
         outs = {}
         with self._device_call(outs) as (views, waits, events):
             mp = _ffi.MergeParams()
+            mp.struct_size = ctypes.sizeof(mp)
             mp.n_states, mp.batch, mp.heads, mp.q_len, mp.value_dim = S, B, H, M, dv
             vo = self._input(o, "o", views, waits)
             vl = self._input(lse, "lse", views, waits)

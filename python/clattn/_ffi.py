@@ -3,9 +3,9 @@ OpenCL calls the numpy path needs, from the ICD loader (libOpenCL.so.1).
 
 Nothing here uses a private header: the structures mirror clattn.h field by
 field (tests/test_layout.py compiles a C program against the header and
-checks every offset). Each structure that clattn fills or reads ends in
-reserved bytes, so a field appended to the header later cannot make the
-library write past a Python-owned buffer; they stay zero (= absent).
+checks every offset). Each begins with struct_size, set to its ctypes size
+by the library's *_init functions: a newer library reads no byte past it
+and takes the fields it does not know as their defaults (clattn.h, "ABI").
 """
 import ctypes
 import ctypes.util
@@ -34,8 +34,6 @@ F32, F16, BF16 = 0, 1, 2
 ALGOS = {"auto": 0, "staged": 1, "fused": 2, "gemm": 3}
 EMPTY_ROWS = {"zero": 0, "error": 1}
 
-RESERVED = 512  # bytes after each structure, see the module docstring
-
 
 class Tensor(ctypes.Structure):
     _fields_ = [("buf", c_void_p), ("offset", c_size_t), ("stride", c_size_t * 4)]
@@ -43,88 +41,86 @@ class Tensor(ctypes.Structure):
 
 class Options(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("context", c_void_p),
         ("device", c_void_p),
         ("queue", c_void_p),
         ("device_match", c_char_p),
         ("cache_dir", c_char_p),
         ("tuning_file", c_char_p),
-        ("_reserved", ctypes.c_char * RESERVED),
     ]
 
 
 class Params(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
+        # the problem
         ("batch", c_int), ("q_heads", c_int), ("kv_heads", c_int),
         ("q_len", c_int), ("kv_len", c_int),
         ("head_dim", c_int), ("value_dim", c_int),
-        ("dtype", c_int),
+        ("dtype", c_int), ("algo", c_int),
+        # the views
         ("q", Tensor), ("k", Tensor), ("v", Tensor), ("out", Tensor),
-        ("scale", c_float),
-        ("causal", c_int),
-        ("window_left", c_int), ("window_right", c_int),
+        # which keys each query may see
+        ("causal", c_int), ("window_left", c_int), ("window_right", c_int),
         ("kv_lens", c_void_p),
         ("mask", Tensor),
-        ("bias", Tensor),
         ("empty_rows", c_int),
-        ("lse", Tensor),
-        ("weights", Tensor),
-        ("algo", c_int),
-        ("entropy", Tensor), ("max_weight", Tensor), ("argmax", Tensor),
-        ("softcap", c_float),
-        ("alibi_slopes", c_void_p),
-        ("sinks", c_void_p),
-        ("score", c_int),
-        ("additive_w", c_void_p),
-        ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
-        ("total_q", c_int), ("total_kv", c_int),
-        ("kv_dtype", c_int),  # ABI 1: K/V caches (clattn_params_default sets them absent)
+        # score shaping
+        ("scale", c_float), ("softcap", c_float),
+        ("score", c_int), ("additive_w", c_void_p),
+        ("bias", Tensor), ("bias_dtype", c_int), ("bias_scale", c_void_p),
+        ("alibi_slopes", c_void_p), ("alibi_batch_stride", c_int),
+        ("sinks", c_void_p), ("sinks_offset", c_size_t),
+        # the K/V cache
+        ("kv_dtype", c_int), ("v_dtype", c_int),
         ("k_scale", Tensor), ("v_scale", Tensor),
         ("block_table", c_void_p),
         ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
-        ("alibi_batch_stride", c_int),  # ABI 2
-        ("v_dtype", c_int), ("bias_dtype", c_int), ("bias_scale", c_void_p), ("sinks_offset", c_size_t),  # ABI 3
-        ("dropout_p", c_float), ("dropout_seed", cl_ulong), ("dropout_offset", cl_ulong),  # ABI 4
         ("cache_leftpad", c_void_p),
-        ("_reserved", ctypes.c_char * RESERVED),
+        # packed variable-length batches
+        ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
+        ("total_q", c_int), ("total_kv", c_int),
+        # dropout
+        ("dropout_p", c_float), ("dropout_seed", cl_ulong), ("dropout_offset", cl_ulong),
+        # optional outputs
+        ("lse", Tensor), ("weights", Tensor),
+        ("entropy", Tensor), ("max_weight", Tensor), ("argmax", Tensor),
     ]
 
 
 class MergeParams(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("n_states", c_int),
         ("batch", c_int), ("heads", c_int), ("q_len", c_int), ("value_dim", c_int),
         ("o", Tensor), ("lse", Tensor),
         ("o_state_stride", c_size_t), ("lse_state_stride", c_size_t),
         ("out", Tensor), ("out_lse", Tensor),
         ("empty_rows", c_int),
-        ("out_dtype", c_int),  # ABI 2
-        ("_reserved", ctypes.c_char * RESERVED),
+        ("out_dtype", c_int),
     ]
 
 
-# ---- the backward, the cache append (ABI 1 and 2 structures), the decode step (ABI 4) ----
+# ---- the backward, the cache append, the decode step ----
 
 Q8_0, INT8, DTYPE_SAME = 3, 4, -1
 
 
-class _ParamsExact(ctypes.Structure):  # a clattn_params held inside another structure: no reserved bytes
-    _fields_ = [f for f in Params._fields_ if f[0] != "_reserved"]
-
-
 class BackwardParams(ctypes.Structure):
     _fields_ = [
-        ("fwd", _ParamsExact),
+        ("struct_size", c_size_t),
+        ("fwd", Params),
         ("d_out", Tensor), ("d_q", Tensor), ("d_k", Tensor), ("d_v", Tensor),
         ("d_sinks", c_void_p), ("d_additive_w", c_void_p),
         ("deterministic", c_int),
-        ("d_bias", Tensor),  # ABI 2
-        ("_reserved", ctypes.c_char * RESERVED),
+        ("d_bias", Tensor),
     ]
 
 
 class AppendParams(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("batch", c_int), ("kv_heads", c_int), ("new_len", c_int), ("head_dim", c_int), ("value_dim", c_int),
         ("src_dtype", c_int),
         ("k_new", Tensor), ("v_new", Tensor),
@@ -134,13 +130,13 @@ class AppendParams(ctypes.Structure):
         ("block_table", c_void_p),
         ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
         ("capacity", c_int),
-        ("_reserved", ctypes.c_char * RESERVED),
     ]
 
 
-class KvcacheParams(ctypes.Structure):  # clattn_forward_kvcache's (a new struct in ABI 4)
+class KvcacheParams(ctypes.Structure):
     _fields_ = [
-        ("attn", _ParamsExact),
+        ("struct_size", c_size_t),
+        ("attn", Params),
         ("cache_seqlens", c_void_p),
         ("k_new", Tensor), ("v_new", Tensor),
         ("new_len", c_int),
@@ -148,7 +144,6 @@ class KvcacheParams(ctypes.Structure):  # clattn_forward_kvcache's (a new struct
         ("num_slots", c_int),
         ("rotary_cos", Tensor), ("rotary_sin", Tensor),
         ("rotary_dim", c_int), ("rotary_len", c_int), ("rotary_interleaved", c_int),
-        ("_reserved", ctypes.c_char * RESERVED),
     ]
 
 
@@ -157,6 +152,18 @@ def _fn(lib, name, restype, *argtypes):
     f.restype = restype
     f.argtypes = list(argtypes)
     return f
+
+
+def _defaults(lib, name, struct):
+    """clattn_*_default() (inline in clattn.h): the exported initialiser with
+    the structure's size."""
+    init = _fn(lib, name, None, ctypes.POINTER(struct), c_size_t)
+
+    def make():
+        s = struct()
+        init(ctypes.byref(s), ctypes.sizeof(s))
+        return s
+    return make
 
 
 class _Lib:
@@ -173,20 +180,20 @@ class _Lib:
         self.status_string = _fn(lib, "clattn_status_string", c_char_p, c_int)
         self.last_error = _fn(lib, "clattn_last_error", c_char_p, c_void_p)
         self.last_route = _fn(lib, "clattn_last_route", c_char_p)
-        self.params_default = _fn(lib, "clattn_params_default", Params)
+        self.params_default = _defaults(lib, "clattn_params_init", Params)
         self.forward = _fn(lib, "clattn_forward", c_int, c_void_p, ctypes.POINTER(Params),
                            cl_uint, c_void_p, ctypes.POINTER(c_void_p))
         self.merge_states = _fn(lib, "clattn_merge_states", c_int, c_void_p, ctypes.POINTER(MergeParams),
                                 cl_uint, c_void_p, ctypes.POINTER(c_void_p))
         self.describe = _fn(lib, "clattn_describe", c_char_p, c_void_p)
         # the backward and the cache append
-        self.backward_params_default = _fn(lib, "clattn_backward_params_default", BackwardParams)
+        self.backward_params_default = _defaults(lib, "clattn_backward_params_init", BackwardParams)
         self.backward = _fn(lib, "clattn_backward", c_int, c_void_p, ctypes.POINTER(BackwardParams),
                             cl_uint, c_void_p, ctypes.POINTER(c_void_p))
-        self.append_params_default = _fn(lib, "clattn_append_params_default", AppendParams)
+        self.append_params_default = _defaults(lib, "clattn_append_params_init", AppendParams)
         self.kv_append = _fn(lib, "clattn_kv_append", c_int, c_void_p, ctypes.POINTER(AppendParams),
                              cl_uint, c_void_p, ctypes.POINTER(c_void_p))
-        self.kvcache_params_default = _fn(lib, "clattn_kvcache_params_default", KvcacheParams)
+        self.kvcache_params_default = _defaults(lib, "clattn_kvcache_params_init", KvcacheParams)
         self.forward_kvcache = _fn(lib, "clattn_forward_kvcache", c_int, c_void_p, ctypes.POINTER(KvcacheParams),
                                    cl_uint, c_void_p, ctypes.POINTER(c_void_p))
         self.peak_scratch_bytes = _fn(lib, "clattn_peak_scratch_bytes", c_size_t, c_void_p, c_int)

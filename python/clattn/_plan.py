@@ -28,8 +28,8 @@ PLANNED = 2**(8 * ctypes.sizeof(c_size_t)) - 1  # CLATTN_STEP_PLANNED
 
 
 class Step(ctypes.Structure):
-    _fields_ = [("kv_len", c_int), ("q_offset", c_size_t), ("out_offset", c_size_t), ("lse_offset", c_size_t),
-                ("_reserved", ctypes.c_char * _ffi.RESERVED)]
+    _fields_ = [("struct_size", c_size_t), ("kv_len", c_int), ("q_offset", c_size_t), ("out_offset", c_size_t),
+                ("lse_offset", c_size_t)]
 
 
 class _PlanLib:
@@ -42,7 +42,7 @@ class _PlanLib:
         self.enqueue = _ffi._fn(lib, "clattn_plan_enqueue", c_int, c_void_p, P(Step), _ffi.cl_uint, c_void_p,
                                 P(c_void_p))
         self.release = _ffi._fn(lib, "clattn_plan_release", None, c_void_p)
-        self.step_default = _ffi._fn(lib, "clattn_step_default", Step)
+        self.step_default = _ffi._defaults(lib, "clattn_step_init", Step)
 
 
 _plan_lib = None

@@ -161,7 +161,8 @@ static clattn_status merge(clattn_mpi *m, const clattn_params *p, const float *s
   const int M = p->q_len, H = p->q_heads, dv = p->value_dim;
   const size_t sink_at = per * (size_t)m->size;
   if (p->sinks && (st = cm_sink_state(m, p->sinks, p->sinks_offset, p->batch, H, M, dv, dev, sink_at, dev, sink_at + o_n))) return st;
-  clattn_merge_params mp = {n_states,
+  clattn_merge_params mp = {sizeof(clattn_merge_params),
+                            n_states,
                             p->batch,
                             H,
                             M,

@@ -158,7 +158,8 @@ static clattn_status merge_chunks(clattn_mpi *m, const ring *g) {
   clattn_status first = CLATTN_OK;
   for (int qa = 0; qa < 2; qa++) { /* both, so EMPTY_ERROR still leaves the EMPTY_ZERO result everywhere */
     const size_t row = qa ? (size_t)g->mine.len[0] : 0;
-    clattn_merge_params mp = {2 * m->size + (p->sinks != NULL),
+    clattn_merge_params mp = {sizeof(clattn_merge_params),
+                              2 * m->size + (p->sinks != NULL),
                               p->batch,
                               p->q_heads,
                               g->mine.len[qa],

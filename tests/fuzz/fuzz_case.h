@@ -10,7 +10,7 @@
  *     *done to NULL and leaves a message in clattn_last_error of its own;
  *   - an accepted call (OK, or EMPTY_ROW under EMPTY_ERROR) writes every
  *     element of every output view, no element outside them (canaries),
- *     and matches the fp64 reference (tests/kit/reference.h) within 1e-4
+ *     and matches the fp64 reference (tools/reference/reference.h) within 1e-4
  *     norm-wise with the NaN / +-inf class of every element exact. The
  *     reference reads the stored values (16-bit widened, Q8_0 / INT8
  *     dequantised in f32 as the kernels do, paged keys gathered through the

@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "api/api.h"
 
 static uint64_t le64(const uint8_t *p) {
   uint64_t v = 0;

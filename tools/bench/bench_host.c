@@ -2,10 +2,14 @@
  * `clattn bench --host`: what one decode step (B 1, H 32, KV 8, M 1, N 512,
  * d 128 unless --shape; f32, AUTO) costs the host, four ways:
  *
- *   floor           the plan's own kernel objects (every argument set)
- *                   enqueued bare, each with an event, chained on the one
- *                   before, the first after the step's wait list: the least
- *                   any library can do for these kernels;
+ *   floor           two one-argument kernels (a trivial kernel of the
+ *                   bench's own) enqueued bare, each with an event, the
+ *                   second chained on the first, the first after the
+ *                   step's wait list: the least a step of two kernels can
+ *                   cost the host;
+ *   plan's kernels  the plan's own kernel objects (clattn_plan_launches:
+ *                   every argument set) enqueued bare the same way: what
+ *                   its kernels' arguments cost the runtime's enqueue;
  *   plan            clattn_plan_enqueue with the step's kv_len, plain
  *                   enqueues (CLATTN_COMMAND_BUFFER=0 for its context);
  *   command buffer  the same through command-buffer replay, where the
@@ -42,7 +46,6 @@
 #include <string.h>
 
 #include "bench_base.h"
-#include "internal.h" /* ca_plan_launches: the floor enqueues the plan's kernels bare */
 #include "problem.h"
 
 const char bench_host_usage[] =
@@ -130,16 +133,17 @@ static clattn_status plan_with(clattn_context *ctx, int cb, const clattn_params 
   return clattn_plan_create(*own, p, plan);
 }
 
-enum { V_FLOOR, V_PLAN, V_CB, V_FORWARD, V_BEFORE, N_VARIANTS };
-static const char *const variant_names[N_VARIANTS] = {"floor (the plan's kernels bare)", "plan", "command buffer",
-                                                      "clattn_forward", "clattn_forward, --before build"};
+enum { V_FLOOR, V_BARE, V_PLAN, V_CB, V_FORWARD, V_BEFORE, N_VARIANTS };
+static const char *const variant_names[N_VARIANTS] = {
+    "floor (two one-argument kernels)", "the plan's kernels bare", "plan", "command buffer", "clattn_forward",
+    "clattn_forward, --before build"};
 
 typedef struct {
   clattn_context *ctx;
   clattn_plan *plan, *cb_plan;
   int cb_mutable;    /* steps through the command buffer change kv_len */
-  ca_launch floor[4];
-  int n_floor;
+  clattn_launch floor[2], bare[4]; /* the one-argument kernels; the plan's */
+  int n_bare;
   clattn_params p;
   other_build *before;
 } host_runs;
@@ -153,13 +157,16 @@ static clattn_status step(host_runs *h, int v, int i, cl_event *wait, cl_event *
   clattn_params p = h->p;
   p.kv_len = kv_len;
   switch (v) {
-    case V_FLOOR: {
+    case V_FLOOR:
+    case V_BARE: {
       cl_event prev = NULL;
-      for (int k = 0; k < h->n_floor; k++) {
-        const ca_launch *l = &h->floor[k];
+      const clattn_launch *launches = v == V_FLOOR ? h->floor : h->bare;
+      for (int k = 0; k < (v == V_FLOOR ? 2 : h->n_bare); k++) {
+        const clattn_launch *l = &launches[k];
         cl_event ev = NULL;
-        cl_int err = clEnqueueNDRangeKernel(clattn_cl_queue(h->ctx), l->kernel, l->dims, NULL, l->global, l->local,
-                                            prev ? 1 : n_wait, prev ? &prev : wait, &ev);
+        cl_int err = clEnqueueNDRangeKernel(clattn_cl_queue(h->ctx), l->kernel, l->work_dim, NULL, l->global,
+                                            l->local_given ? l->local : NULL, prev ? 1 : n_wait, prev ? &prev : wait,
+                                            &ev);
         if (prev) clReleaseEvent(prev);
         if (err != CL_SUCCESS) return CLATTN_ERR_OPENCL;
         prev = ev;
@@ -225,6 +232,33 @@ static int plan_matches(host_runs *h, clattn_plan *plan, cp_problem *pb, const c
   return same ? 0 : -1;
 }
 
+/* Whether the device lists the extension (a whole word). */
+static int has_extension(cl_device_id device, const char *name) {
+  char list[8192] = "";
+  clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, sizeof list, list, NULL);
+  const size_t n = strlen(name);
+  for (const char *at = strstr(list, name); at; at = strstr(at + 1, name))
+    if ((at == list || at[-1] == ' ') && (at[n] == ' ' || at[n] == 0)) return 1;
+  return 0;
+}
+
+/* The floor's two launches: a one-argument kernel of the bench's own,
+ * twice, one work-item each. */
+static int floor_kernels(clattn_context *ctx, cl_program *program, clattn_launch out[2]) {
+  static const char *src = "__kernel void floor_one(int x) { (void)x; }\n";
+  cl_device_id device = clattn_cl_device(ctx);
+  cl_int err = CL_SUCCESS;
+  *program = clCreateProgramWithSource(clattn_cl_context(ctx), 1, &src, NULL, &err);
+  if (err == CL_SUCCESS) err = clBuildProgram(*program, 1, &device, "", NULL, NULL);
+  const int one = 1;
+  for (int k = 0; k < 2 && err == CL_SUCCESS; k++) {
+    out[k] = (clattn_launch){clCreateKernel(*program, "floor_one", &err), "floor_one", 1, {1, 1, 1}, {1, 1, 1}, 1};
+    if (err == CL_SUCCESS) err = clSetKernelArg(out[k].kernel, 0, sizeof one, &one);
+  }
+  if (err != CL_SUCCESS) fprintf(stderr, "clattn bench --host: the floor's kernel: OpenCL error %d\n", (int)err);
+  return err == CL_SUCCESS ? 0 : -1;
+}
+
 int bench_host_main(int argc, char **argv) {
   bench_host_cfg c;
   if (parse(argc, argv, &c) != 0) return 2;
@@ -249,6 +283,7 @@ int bench_host_run(clattn_context *ctx, const bench_host_cfg *cfg) {
   other_build before;
   memset(&before, 0, sizeof before);
   clattn_context *plain_ctx = NULL, *cb_ctx = NULL;
+  cl_program floor_program = NULL;
   char *env = getenv("CLATTN_COMMAND_BUFFER") ? strdup(getenv("CLATTN_COMMAND_BUFFER")) : NULL;
   cp_shape s = cp_shape_default();
   s.q_heads = c.heads;
@@ -282,18 +317,18 @@ int bench_host_run(clattn_context *ctx, const bench_host_cfg *cfg) {
     fprintf(stderr, "clattn bench --host: making the plans: %s\n", clattn_last_error(NULL));
     goto done;
   }
-  h.n_floor = ca_plan_launches(h.plan, h.floor);
-  if (h.n_floor < 1 || plan_matches(&h, h.plan, pb, "plan") != 0 || plan_matches(&h, h.cb_plan, pb, "command buffer's") != 0)
+  h.n_bare = clattn_plan_launches(h.plan, h.bare, 4);
+  if (h.n_bare < 1 || h.n_bare > 4) {
+    fprintf(stderr, "clattn bench --host: the plan's step is not one to four kernels (%d)\n", h.n_bare);
+    goto done;
+  }
+  if (floor_kernels(ctx, &floor_program, h.floor) != 0 || plan_matches(&h, h.plan, pb, "plan") != 0 ||
+      plan_matches(&h, h.cb_plan, pb, "command buffer's") != 0)
     goto done;
   /* command buffers: a step as planned replays wherever they are offered;
    * a changed kv_len replays only with mutable dispatch */
-  const long replays0 = ca_plan_replays(h.cb_plan);
-  const int cb_offered = clattn_plan_enqueue(h.cb_plan, NULL, 0, NULL, NULL) == CLATTN_OK &&
-                         ca_plan_replays(h.cb_plan) > replays0;
-  clattn_step s1 = clattn_step_default();
-  s1.kv_len = h.p.kv_len - 1;
-  h.cb_mutable = cb_offered && clattn_plan_enqueue(h.cb_plan, &s1, 0, NULL, NULL) == CLATTN_OK &&
-                 ca_plan_replays(h.cb_plan) > replays0 + 1;
+  const int cb_offered = has_extension(clattn_cl_device(ctx), "cl_khr_command_buffer");
+  h.cb_mutable = has_extension(clattn_cl_device(ctx), "cl_khr_command_buffer_mutable_dispatch");
   if (c.before && other_open(&before, c.before, ctx) != 0) goto done;
   h.before = &before;
   clFinish(clattn_cl_queue(ctx));
@@ -308,7 +343,8 @@ int bench_host_run(clattn_context *ctx, const bench_host_cfg *cfg) {
   printf("clattn bench --host: decode step B 1, H %d/KV %d, M %d, N %d, d %d, f32, AUTO on %s (%s)\n", c.heads,
          c.kv_heads, c.q_len, c.kv_len, c.dim, platform, device);
   printf("  %s: %d kernel%s per step; plan and command-buffer outputs bitwise clattn_forward's\n",
-         clattn_last_route(), h.n_floor, h.n_floor == 1 ? "" : "s");
+         clattn_last_route(), h.n_bare, h.n_bare == 1 ? "" : "s");
+  printf("%s", clattn_plan_describe(h.plan));
 
   int variants[N_VARIANTS], n_var = 0;
   for (int v = 0; v < N_VARIANTS; v++)
@@ -329,6 +365,7 @@ int bench_host_run(clattn_context *ctx, const bench_host_cfg *cfg) {
   printf("  host time per step, median of %d rounds of %d steps behind a user event (kv_len %d and %d in turn):\n",
          c.reps, c.steps, c.kv_len, c.kv_len - 1);
   printf("    %-34s %7.2f us\n", variant_names[V_FLOOR], med[V_FLOOR] * 1e3);
+  printf("    %-34s %7.2f us  %.2fx the floor\n", variant_names[V_BARE], med[V_BARE] * 1e3, med[V_BARE] / med[V_FLOOR]);
   printf("    %-34s %7.2f us  %.2fx the floor (target <= 1.3x)\n", variant_names[V_PLAN], med[V_PLAN] * 1e3,
          med[V_PLAN] / med[V_FLOOR]);
   if (cb_offered)
@@ -365,6 +402,9 @@ timed:
 done:
   clattn_plan_release(h.plan);
   clattn_plan_release(h.cb_plan);
+  for (int k = 0; k < 2; k++)
+    if (h.floor[k].kernel) clReleaseKernel(h.floor[k].kernel);
+  if (floor_program) clReleaseProgram(floor_program);
   clattn_destroy(plain_ctx);
   clattn_destroy(cb_ctx);
   other_close(&before);

@@ -52,7 +52,7 @@ typedef struct {
 } model;
 
 /* The first step's gradients against fp64: dQ, dK, dV from clattn_backward
- * against tests/kit/reference_backward.c, and the projections' gradients from
+ * against tools/reference/reference_backward.c, and the projections' gradients from
  * CLBlast against Xᵀ times those fp64 gradients (relative Frobenius errors). */
 typedef struct {
   double attention, projection;

@@ -1,0 +1,29 @@
+/*
+ * The api layer: the public functions (clattn.h), each a check, a plan and
+ * a run. What tests ask of a plan beyond the public functions is here.
+ */
+#ifndef CLATTN_API_H
+#define CLATTN_API_H
+
+#include "run/run.h"
+
+enum { CA_PLAN_LAUNCHES_MAX = 16 };
+
+/* A caller's struct read through its struct_size (params.c): the fields
+ * its header knew, every later one its default; INVALID_ARGUMENT for a
+ * size no header gives, UNSUPPORTED for one newer than the library's.
+ * what names it in messages. */
+clattn_status ca_params_in(const clattn_params *in, clattn_params *out, const char *what);
+clattn_status ca_backward_params_in(const clattn_backward_params *in, clattn_backward_params *out);
+clattn_status ca_kvcache_params_in(const clattn_kvcache_params *in, clattn_kvcache_params *out);
+clattn_status ca_append_params_in(const clattn_append_params *in, clattn_append_params *out);
+clattn_status ca_merge_params_in(const clattn_merge_params *in, clattn_merge_params *out);
+clattn_status ca_step_in(const clattn_step *in, clattn_step *out);
+clattn_status ca_options_in(const clattn_options *in, clattn_options *out);
+
+/* Steps of a plan that replayed its command buffer; of those, the steps
+ * that first updated its arguments or grids in place (for tests). */
+long ca_plan_replays(clattn_plan *plan);
+long ca_plan_updates(clattn_plan *plan);
+
+#endif

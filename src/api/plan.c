@@ -1,0 +1,256 @@
+/*
+ * Plans (clattn_plan_*): a forward call checked and planned once, then
+ * enqueued per step with only what the step changes.
+ *
+ * Creation runs clattn_forward's checks and its planner (for a plan's
+ * steps: scratch for any kv_len up to the planned one), binds the list's
+ * resources (run/bound.c: scratch, flag, a kernel object per launch with
+ * every argument set) and keeps what a step's changes are checked against
+ * without OpenCL queries: the sizes of the q, out and lse buffers and every
+ * view's bytes (a step moving q, out or lse is checked against the
+ * aliasing rule again). A step plans the call again with the step's values
+ * (the same planner clattn_forward runs, so the launches and results are
+ * the same) into the plan's list, and the executor sets only the arguments
+ * that differ from what the bound kernels hold, or replays a command
+ * buffer. The caller's buffers are retained while the plan lives.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+
+#define BAD(...) ca_fail(CLATTN_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+
+/* A view a step may move: its buffer's size and the bytes it spans from its
+ * first element. */
+typedef struct {
+  size_t size, span, elem;
+} movable;
+
+enum { PLAN_MEMS = 24 };
+
+struct clattn_plan {
+  clattn_context *ctx;
+  pthread_mutex_t lock; /* one step at a time: the list, the bound resources */
+  clattn_params p;      /* as planned */
+  cl_mem mems[PLAN_MEMS]; /* the caller's, retained */
+  int n_mems;
+  movable q, out, lse;
+  ca_views views; /* every view's bytes, as planned */
+  ca_list list;   /* the last step's launches */
+  ca_bound *bound;
+  char description[1024];
+};
+
+/* ---------- what a step is checked against ---------- */
+
+/* Bytes from a view's first element to the end of its last (checked at
+ * creation: no overflow). */
+static size_t view_span(const clattn_tensor *t, const int *dims, int rank, size_t elem) {
+  size_t last = 0;
+  for (int d = 0; d < rank; d++) last += (size_t)(dims[d] - 1) * t->stride[d];
+  return (last + 1) * elem;
+}
+
+static clattn_status mem_size(cl_mem m, const char *name, size_t *size) {
+  ca_mem_facts f;
+  if (ca_mem_facts_cached(m, &f)) { /* as the check just learnt it */
+    *size = f.size;
+    return CLATTN_OK;
+  }
+  cl_int err = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof *size, size, NULL);
+  if (err == CL_SUCCESS) return CLATTN_OK;
+  char what[64];
+  snprintf(what, sizeof what, "clGetMemObjectInfo(%s.buf, CL_MEM_SIZE)", name);
+  return ca_cl_fail(err, what);
+}
+
+/* Records the movable views' buffer sizes and spans. */
+static clattn_status record_views(clattn_plan *pl) {
+  const clattn_params *p = &pl->p;
+  const int varlen = p->cu_seqlens_q != NULL, qb = varlen ? 1 : p->batch, rows = varlen ? p->total_q : p->q_len;
+  const size_t elem = ca_unit_bytes(p->dtype);
+  const int q_dims[] = {qb, p->q_heads, rows, p->head_dim}, o_dims[] = {qb, p->q_heads, rows, p->value_dim};
+  const int row_dims[] = {p->batch, p->q_heads, p->q_len};
+  clattn_status st;
+  pl->q = (movable){0, view_span(&p->q, q_dims, 4, elem), elem};
+  pl->out = (movable){0, view_span(&p->out, o_dims, 4, elem), elem};
+  if ((st = mem_size(p->q.buf, "q", &pl->q.size)) || (st = mem_size(p->out.buf, "out", &pl->out.size))) return st;
+  if (p->lse.buf) {
+    pl->lse = (movable){0, view_span(&p->lse, row_dims, 3, sizeof(float)), sizeof(float)};
+    if ((st = mem_size(p->lse.buf, "lse", &pl->lse.size))) return st;
+  }
+  return CLATTN_OK;
+}
+
+/* The caller's buffers stay alive with the plan: its kernels hold them. */
+static clattn_status retain_mems(clattn_plan *pl) {
+  const clattn_params *p = &pl->p;
+  const cl_mem all[] = {p->q.buf,        p->k.buf,          p->v.buf,          p->out.buf,        p->mask.buf,
+                        p->bias.buf,     p->lse.buf,        p->weights.buf,    p->entropy.buf,    p->max_weight.buf,
+                        p->argmax.buf,   p->kv_lens,        p->alibi_slopes,   p->sinks,          p->additive_w,
+                        p->cu_seqlens_q, p->cu_seqlens_k,   p->k_scale.buf,    p->v_scale.buf,    p->block_table,
+                        p->bias_scale,   p->cache_leftpad};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    if (!all[i]) continue;
+    cl_int err = clRetainMemObject(all[i]);
+    if (err != CL_SUCCESS) return ca_cl_fail(err, "clRetainMemObject(a view of the plan)");
+    pl->mems[pl->n_mems++] = all[i];
+  }
+  return CLATTN_OK;
+}
+
+/* ---------- a step ---------- */
+
+static clattn_status check_offset(const char *field, const char *view, const movable *m, size_t offset) {
+  if (offset > SIZE_MAX / m->elem || offset * m->elem > SIZE_MAX - m->span)
+    return BAD("step.%s %zu: the %s view's offset overflows the address range", field, offset, view);
+  const size_t need = offset * m->elem + m->span;
+  if (need > m->size)
+    return ca_fail(CLATTN_ERR_BUFFER_TOO_SMALL, "step.%s %zu: the %s view addresses %zu bytes but %s.buf holds %zu",
+                   field, offset, view, need, view, m->size);
+  return CLATTN_OK;
+}
+
+/* The views, with q, out and lse where the step puts them, must still
+ * keep the aliasing rule; the refusal names the step's fields. */
+static clattn_status check_moved_views(const clattn_plan *pl, const clattn_params *p, const char *fields) {
+  ca_views moved = pl->views;
+  ca_views_move(&moved, "q", p->q.offset * pl->q.elem);
+  ca_views_move(&moved, "out", p->out.offset * pl->out.elem);
+  if (p->lse.buf) ca_views_move(&moved, "lse", p->lse.offset * pl->lse.elem);
+  const clattn_status st = ca_views_disjoint(&moved);
+  if (st == CLATTN_OK) return st;
+  char why[512];
+  snprintf(why, sizeof why, "%s", clattn_last_error(pl->ctx));
+  return ca_fail(st, "%s: %s", fields, why);
+}
+
+/* The call as the step changes it, every change checked (no OpenCL query). */
+static clattn_status step_params(const clattn_plan *pl, const clattn_step *s, clattn_params *p) {
+  *p = pl->p;
+  if (!s) return CLATTN_OK;
+  clattn_status st;
+  if (s->kv_len < 0)
+    return BAD("step.kv_len must be positive, or 0 for the planned %d (got %d)", pl->p.kv_len, s->kv_len);
+  if (s->kv_len > pl->p.kv_len)
+    return BAD("step.kv_len %d exceeds the plan's kv_len %d (a plan's kv_len is the most keys a step may use)",
+               s->kv_len, pl->p.kv_len);
+  if (s->kv_len) p->kv_len = s->kv_len;
+  const int q_moved = s->q_offset != CLATTN_STEP_PLANNED, out_moved = s->out_offset != CLATTN_STEP_PLANNED,
+            lse_moved = s->lse_offset != CLATTN_STEP_PLANNED;
+  if (q_moved) {
+    if ((st = check_offset("q_offset", "q", &pl->q, s->q_offset))) return st;
+    p->q.offset = s->q_offset;
+  }
+  if (out_moved) {
+    if ((st = check_offset("out_offset", "out", &pl->out, s->out_offset))) return st;
+    p->out.offset = s->out_offset;
+  }
+  if (lse_moved) {
+    if (!pl->p.lse.buf) return BAD("step.lse_offset is %zu but the plan has no lse view", s->lse_offset);
+    if ((st = check_offset("lse_offset", "lse", &pl->lse, s->lse_offset))) return st;
+    p->lse.offset = s->lse_offset;
+  }
+  if (!q_moved && !out_moved && !lse_moved) return CLATTN_OK;
+  char fields[64];
+  snprintf(fields, sizeof fields, "%s%s%s%s%s", q_moved ? "step.q_offset" : "",
+           q_moved && (out_moved || lse_moved) ? " / " : "", out_moved ? "step.out_offset" : "",
+           out_moved && lse_moved ? " / " : "", lse_moved ? "step.lse_offset" : "");
+  return check_moved_views(pl, p, fields);
+}
+
+/* ---------- the public functions ---------- */
+
+clattn_status clattn_plan_create(clattn_context *ctx, const clattn_params *p, clattn_plan **out) {
+  if (!out) return BAD("clattn_plan_create: out is NULL");
+  *out = NULL;
+  if (!ctx) return BAD("clattn_plan_create: ctx is NULL");
+  if (!p) return BAD("clattn_plan_create: params is NULL");
+  clattn_params own;
+  clattn_status st = ca_params_in(p, &own, "params");
+  if (st != CLATTN_OK) return st;
+  clattn_plan *pl = calloc(1, sizeof *pl);
+  if (!pl) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "clattn_plan_create: out of host memory");
+  pthread_mutex_init(&pl->lock, NULL);
+  pl->ctx = ctx;
+  pl->p = own;
+  ca_list_init(&pl->list, "plan");
+  pl->list.for_steps = 1;
+  st = ca_check_forward(ctx, &pl->p, &pl->views);
+  if (st == CLATTN_OK) st = retain_mems(pl);
+  if (st == CLATTN_OK) st = record_views(pl);
+  if (st == CLATTN_OK) st = ca_plan_forward(ctx, &pl->p, &pl->list);
+  if (st == CLATTN_OK) st = ca_bind(ctx, &pl->list, &pl->bound);
+  if (st != CLATTN_OK) {
+    clattn_plan_release(pl);
+    return st;
+  }
+  *out = pl;
+  return CLATTN_OK;
+}
+
+clattn_status clattn_plan_enqueue(clattn_plan *plan, const clattn_step *step, cl_uint n_wait, const cl_event *wait,
+                                  cl_event *done) {
+  if (done) *done = NULL;
+  if (!plan) return BAD("clattn_plan_enqueue: plan is NULL");
+  if (n_wait > 0 && !wait) return BAD("clattn_plan_enqueue: n_wait is %u but wait is NULL", n_wait);
+  clattn_params p;
+  clattn_step own;
+  clattn_status st = step ? ca_step_in(step, &own) : CLATTN_OK;
+  if (st == CLATTN_OK) st = step_params(plan, step ? &own : NULL, &p);
+  if (st != CLATTN_OK) return st;
+  pthread_mutex_lock(&plan->lock);
+  ca_list_reset(&plan->list, "plan");
+  st = ca_plan_forward(plan->ctx, &p, &plan->list);
+  if (st == CLATTN_OK) st = ca_run_bound(plan->bound, &plan->list, n_wait, wait, done);
+  pthread_mutex_unlock(&plan->lock);
+  return st;
+}
+
+int clattn_plan_launches(clattn_plan *plan, clattn_launch *out, int max) {
+  if (!plan || (max > 0 && !out)) return -1;
+  ca_kernel_launch k[CA_PLAN_LAUNCHES_MAX];
+  pthread_mutex_lock(&plan->lock);
+  const int n = ca_bound_launches(plan->bound, &plan->list, k, CA_PLAN_LAUNCHES_MAX);
+  pthread_mutex_unlock(&plan->lock);
+  for (int i = 0; i < n && i < max && i < CA_PLAN_LAUNCHES_MAX; i++) {
+    out[i] = (clattn_launch){k[i].kernel, k[i].name, k[i].dims, {k[i].global[0], k[i].global[1], k[i].global[2]},
+                             {1, 1, 1}, k[i].local != NULL};
+    for (cl_uint d = 0; k[i].local && d < k[i].dims; d++) out[i].local[d] = k[i].local[d];
+  }
+  return n;
+}
+
+const char *clattn_plan_describe(clattn_plan *plan) {
+  if (!plan) return "";
+  pthread_mutex_lock(&plan->lock);
+  ca_describe_list(&plan->list, plan->description, sizeof plan->description);
+  pthread_mutex_unlock(&plan->lock);
+  return plan->description;
+}
+
+long ca_plan_replays(clattn_plan *plan) {
+  pthread_mutex_lock(&plan->lock);
+  const long n = ca_bound_replays(plan->bound);
+  pthread_mutex_unlock(&plan->lock);
+  return n;
+}
+
+long ca_plan_updates(clattn_plan *plan) {
+  pthread_mutex_lock(&plan->lock);
+  const long n = ca_bound_updates(plan->bound);
+  pthread_mutex_unlock(&plan->lock);
+  return n;
+}
+
+void clattn_plan_release(clattn_plan *plan) {
+  if (!plan) return;
+  ca_bound_release(plan->bound);
+  ca_list_free(&plan->list);
+  for (int i = 0; i < plan->n_mems; i++) clReleaseMemObject(plan->mems[i]);
+  pthread_mutex_destroy(&plan->lock);
+  free(plan);
+}
