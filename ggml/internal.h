@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "clattn.h"
+#include "fa_map.h"
 #include "ggml-backend-impl.h"
 #include "ggml.h"
 
@@ -28,7 +29,7 @@ typedef struct {
 /* ---- FLASH_ATTN_EXT (flash_attn_ext.c) ---- */
 
 /* Whether the node is one clattn computes exactly as ggml's CPU backend
- * defines it (ggml_compute_forward_flash_attn_ext). */
+ * defines it (gc_fa_supported). */
 bool gc_flash_attn_supported(const struct ggml_tensor *op);
 /* Computes the node through clattn_forward over its tensors' host memory
  * (synchronously: its output is in host memory on return). */

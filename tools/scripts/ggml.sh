@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# The ggml lane: clattn inside llama.cpp, checked by llama.cpp's own tests.
+# The ggml lanes: clattn inside llama.cpp, checked by llama.cpp's own tests.
 #
-#   tools/scripts/ggml.sh [--quick]
+#   tools/scripts/ggml.sh [--quick | --build]
 #
 # 1. llama.cpp as PyPI's llama-cpp-python==0.3.36 sdist vendors it (ggml
 #    0.25.3, backend API 2), fetched with `pip download --no-deps
 #    --no-binary :all:` into build-ggml/ (once: nothing of llama.cpp is in
-#    the repository) and built there with cmake (GGML_NATIVE: the CPU
-#    backend for this CPU): test-backend-ops, test-llama-archs, llama-simple
-#    and llama-bench.
-# 2. clattn configured with -Dggml and -Dggml_lib naming that tree and its
-#    libraries into build-ggml/clattn, and the backend built there:
-#    build-ggml/clattn/ggml/libggml-clattn.so (and ggml-bench-fa).
+#    the repository), its OpenCL backend patched (ggml/opencl/ggml-opencl.patch,
+#    applied anew to the sdist's files whenever the patch changes) and built
+#    there with cmake, once for both lanes: GGML_NATIVE (the CPU backend for
+#    this CPU), GGML_OPENCL with GGML_OPENCL_USE_ADRENO_KERNELS=OFF, and
+#    GGML_OPENCL_CLATTN naming ggml/opencl (FLASH_ATTN_EXT through clattn,
+#    libclattn from build-ggml/clattn found by pkg-config): test-backend-ops,
+#    test-llama-archs, llama-simple and llama-bench.
+# 2. clattn's own backend in build-ggml/clattn, configured with -Dggml and
+#    -Dggml_lib naming that tree and its libraries:
+#    build-ggml/clattn/ggml/libggml-clattn.so (and ggml-bench-fa, and
+#    ggml-opencl-fa-check for the ggml-opencl lane).
+#    --build stops here.
 # 3. On the default OpenCL device (CLATTN_DEVICE's match, else the first
 #    GPU, else POCL's CPU device), the backend loaded as ggml loads one:
 #      test-backend-ops test -o FLASH_ATTN_EXT -b CLATTN    every case ggml generates
@@ -28,16 +34,18 @@
 #    (CLATTN_GGML_REPORT); a run in which it computed none fails the lane.
 # 4. Where Intel's OpenCL CPU runtime is installed (build-intel-rt/, by the
 #    test command's second lane), test-backend-ops again on it, over the
-#    --quick cases.
+#    --quick cases; then the ggml-opencl lane there: llama.cpp's OpenCL
+#    backend with clattn (tools/scripts/ggml-opencl.sh, its default slice).
 #
-# Installs cmake and g++ with apt-get when missing (tools/scripts/packages.sh).
+# Installs cmake, g++ and patch with apt-get when missing (tools/scripts/packages.sh).
 # Exit status: 0 when every run passed; 77 (skipped, saying why) when pip
 # cannot fetch the sdist; 1 otherwise.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-quick=0
+quick=0 build_only=0
 [ "${1:-}" = --quick ] && quick=1
+[ "${1:-}" = --build ] && build_only=1
 work=$root/build-ggml
 build_dir=$work/clattn
 sdist=llama-cpp-python==0.3.36
@@ -53,9 +61,9 @@ fail() {
   exit 1
 }
 
-tools/scripts/packages.sh cmake g++ || exit 1
+tools/scripts/packages.sh cmake g++ patch || exit 1
 
-# ---- 1. llama.cpp, fetched and built once ----
+# ---- 1. llama.cpp, fetched once, patched, built ----
 t0=$SECONDS
 if [ ! -f "$tree/CMakeLists.txt" ]; then
   mkdir -p "$work"
@@ -65,22 +73,39 @@ if [ ! -f "$tree/CMakeLists.txt" ]; then
     skip "pip could not download the $sdist sdist (is PyPI within reach?)"
   tar -xzf "$work"/llama_cpp_python-0.3.36.tar.gz -C "$work" || fail "cannot unpack the sdist"
 fi
-if [ ! -x "$bin/test-backend-ops" ] || [ ! -x "$bin/llama-simple" ]; then
-  echo "ggml: building llama.cpp (cmake, $(nproc) jobs)" >&2
-  cmake -S "$tree" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=ON \
-    -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF \
-    >"$work/cmake.log" 2>&1 || fail "cmake could not configure llama.cpp: $work/cmake.log"
-  cmake --build "$work/build" -j "$(nproc)" --target test-backend-ops test-llama-archs llama-simple llama-bench \
-    >"$work/build.log" 2>&1 || fail "llama.cpp did not build: $work/build.log"
+patch_file=$root/ggml/opencl/ggml-opencl.patch
+stamp=$work/ggml-opencl.patched
+want=$(sha256sum "$patch_file" | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  rm -rf "$tree/ggml/src/ggml-opencl"
+  tar -xzf "$work"/llama_cpp_python-0.3.36.tar.gz -C "$work" llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml-opencl ||
+    fail "cannot unpack ggml-opencl from the sdist"
+  patch -p1 -s -d "$tree" <"$patch_file" || fail "ggml/opencl/ggml-opencl.patch does not apply"
+  echo "$want" >"$stamp"
 fi
+# libclattn first: ggml-opencl links it (pkg-config: the build's uninstalled clattn.pc)
+if [ ! -f "$build_dir/build.ninja" ]; then
+  meson setup "$build_dir" -Dwerror=true >/dev/null || fail "meson setup $build_dir"
+fi
+meson compile -C "$build_dir" clattn:shared_library >/dev/null || fail "libclattn did not build in $build_dir"
+glue=$root/ggml/opencl
+if ! grep -qxF "GGML_OPENCL_CLATTN:PATH=$glue" "$work/build/CMakeCache.txt" 2>/dev/null; then
+  PKG_CONFIG_PATH=$build_dir/meson-uninstalled${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH} \
+    cmake -S "$tree" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=ON \
+    -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF \
+    -DGGML_OPENCL=ON -DGGML_OPENCL_USE_ADRENO_KERNELS=OFF -DGGML_OPENCL_CLATTN="$glue" \
+    >"$work/cmake.log" 2>&1 || fail "cmake could not configure llama.cpp: $work/cmake.log"
+fi
+echo "ggml: building llama.cpp (cmake, $(nproc) jobs)" >&2
+cmake --build "$work/build" -j "$(nproc)" --target test-backend-ops test-llama-archs llama-simple llama-bench \
+  >"$work/build.log" 2>&1 || fail "llama.cpp did not build: $work/build.log"
 echo "ggml: llama.cpp ready ($((SECONDS - t0)) s)" >&2
 
 # ---- 2. the backend ----
-if [ ! -f "$build_dir/build.ninja" ]; then
-  meson setup "$build_dir" -Dwerror=true -Dggml="$tree" -Dggml_lib="$bin" >/dev/null || fail "meson setup $build_dir"
-fi
-ninja -C "$build_dir" ggml/libggml-clattn.so ggml/ggml-bench-fa >/dev/null ||
-  { ninja -C "$build_dir" ggml/libggml-clattn.so ggml/ggml-bench-fa; fail "the backend did not build"; }
+meson configure "$build_dir" -Dggml="$tree" -Dggml_lib="$bin" >/dev/null || fail "meson configure $build_dir"
+targets=(ggml/libggml-clattn.so ggml/ggml-bench-fa ggml/ggml-opencl-fa-check)
+ninja -C "$build_dir" "${targets[@]}" >/dev/null || { ninja -C "$build_dir" "${targets[@]}"; fail "the backend did not build"; }
+[ $build_only -eq 1 ] && exit 0
 backend=$build_dir/ggml/libggml-clattn.so
 export CLATTN_GGML_REPORT=1
 preloaded=(env LD_PRELOAD="$backend" CLATTN_GGML_REGISTER=1)
@@ -95,7 +120,7 @@ run() {   # NAME PROGRAM ARGS...
   "$@" >"$work/$name.out" 2>"$work/$name.log"
   local rc=$?
   local nodes
-  nodes=$(grep -o 'ggml-clattn: [0-9]* FLASH_ATTN_EXT nodes' "$work/$name.log" | grep -o '[0-9][0-9]*' | tail -1)
+  nodes=$(grep -o '[0-9]* FLASH_ATTN_EXT nodes computed by clattn_forward' "$work/$name.log" | grep -o '^[0-9]*' | tail -1)
   echo "ggml: $name: exit $rc, ${nodes:-0} nodes through clattn_forward ($((SECONDS - t)) s)"
   if [ $rc -ne 0 ] || [ "${nodes:-0}" -eq 0 ]; then
     tail -40 "$work/$name.out" "$work/$name.log"
@@ -137,7 +162,9 @@ if [ -f "$root/build-intel-rt/lib/libintelocl.so" ]; then
   run test-backend-ops-intel tools/scripts/intel-runtime.sh env GGML_BACKEND_PATH="$backend" "$bin/test-backend-ops" \
     test -o FLASH_ATTN_EXT -b CLATTN -j "$(nproc)" -p 'hsk=(64,hsv=64|576,hsv=512),'
   grep -E 'tests passed|Device description' "$work/test-backend-ops-intel.out"
+  tools/scripts/ggml-opencl.sh || status=1
 else
-  echo "ggml: Intel's OpenCL runtime is not installed (build-intel-rt/): test-backend-ops ran on the default device only"
+  echo "ggml: Intel's OpenCL runtime is not installed (build-intel-rt/): test-backend-ops ran on the default device" \
+    "only, and the ggml-opencl lane did not run"
 fi
 exit $status

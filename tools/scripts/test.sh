@@ -19,8 +19,9 @@
 #     sanitizers        the suite under ASan+UBSan, the threads test under TSan
 #     fuzz              libFuzzer on clattn_forward for 60 s
 #     fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
-#     ggml              llama.cpp's own tests over the ggml backend (tools/scripts/ggml.sh:
-#                       the pinned llama.cpp fetched with pip and built once into build-ggml/)
+#     ggml              llama.cpp's own tests over the ggml backend, and over llama.cpp's
+#                       OpenCL backend with clattn on Intel's CPU runtime (tools/scripts/ggml.sh:
+#                       the pinned llama.cpp fetched with pip, patched and built once into build-ggml/)
 #
 # The first two stages run on the default device (CLATTN_DEVICE's match, else
 # the first GPU, else POCL's CPU device); CLATTN_TEST_LANES chooses the lanes
@@ -35,7 +36,7 @@ cd "$(dirname "$0")/../.."
 mode=${1:-main}
 case "$mode" in
   main|--quick|--deep) ;;
-  -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
   *) echo "usage: tools/scripts/test.sh [--quick | --deep]" >&2; exit 2 ;;
 esac
 
