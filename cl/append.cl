@@ -8,9 +8,10 @@
  *         (round half away from zero, like roundf);
  *   INT8: per row scale = amax / 127 (f32), same rule for q.
  * New row r of batch row b goes to cache position positions[b] + r; a row
- * past the capacity (contiguous) or past the block table, or on a page
- * outside the pool (paged), is skipped: positions live on the device, so
- * only the kernel sees them.
+ * past the capacity (contiguous; a paged step's attn.kv_len, the most keys
+ * a row may have, so no key is stored rotated at a clamped position) or
+ * past the block table, or on a page outside the pool (paged), is skipped:
+ * positions live on the device, so only the kernel sees them.
  * With lens (clattn_forward_kvcache's K half), work-item (0, b * kv_heads)
  * also writes batch row b's key count and start for the forward after it
  * (kvcache_lengths' rule): one launch fewer per step.
@@ -61,7 +62,7 @@ __kernel void kv_append(CA_PARAMS(kv_append, args)) {
   const int b = bh / kv_heads, h = bh % kv_heads;
   if (lens && r == 0 && h == 0) kvcache_row_lengths(b, positions, new_len, leftpad, lens, starts);
   const long pos = (long)positions[b] + r;
-  if (!paged && (pos < 0 || pos >= capacity)) return;   /* past the cache: skipped */
+  if (pos < 0 || (capacity > 0 && pos >= capacity)) return; /* past the cache (or a step's keys): skipped */
   const ca_kv_pos at = ca_kv_locate(b, pos, CA_PAGE_PASS);
   if (!at.ok) return;                                   /* off the table or the pool: skipped */
   const ulong in = ca_at(src_off, src_st, b, h, r, 0);

@@ -81,8 +81,9 @@ bool gc_fa_supported(const struct ggml_tensor *op) {
     if (mask->nb[0] != sizeof(ggml_fp16_t) || !unit_strides(mask, sizeof(ggml_fp16_t))) return false;
   }
   if (sinks && (sinks->type != GGML_TYPE_F32 || sinks->ne[0] < H || !ggml_is_contiguous(sinks))) return false;
-  const float max_bias = op_param(op, 1), softcap = op_param(op, 2);
-  if (!(softcap >= 0.0f) || isinf(softcap) || (max_bias > 0.0f && !mask)) return false;
+  /* a scale past the floats (NaN: clattn's "default", ggml's NaN result) is ggml's alone */
+  const float scale = op_param(op, 0), max_bias = op_param(op, 1), softcap = op_param(op, 2);
+  if (!isfinite(scale) || !(softcap >= 0.0f) || isinf(softcap) || (max_bias > 0.0f && !mask)) return false;
   return true;
 }
 

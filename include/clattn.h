@@ -401,15 +401,22 @@ CLATTN_EXPORT clattn_status clattn_kv_append(clattn_context *ctx, const clattn_a
  * position cache_seqlens[b] + r; query row i at cache_seqlens[b] + i when
  * attn.causal or a window is set, else every query row at cache_seqlens[b].
  * Computed in f32 (each product rounded, no fused multiply-add), stored in
- * attn.dtype (round to nearest even). A position outside the tables is
- * clamped to their first or last row. q and k_new are never written: the
+ * attn.dtype (round to nearest even). q and k_new are never written: the
  * rotated copies live in the context's scratch.
  *
- * Device values are not checked on the host: a new row past the cache's
- * rows (or on a slot or page outside [0, num_slots) / [0, num_pages)) is
- * skipped as clattn_kv_append skips it, and a length past attn.kv_len is
- * clamped by the forward. What the host can see is refused before
- * anything is enqueued (a refused call writes nothing): everything
+ * The lengths are device values, which the call does not wait for. Given
+ * on the host as well (host_seqlens), each row is checked before anything
+ * is enqueued: a negative length; new rows past the cache (a contiguous
+ * slot's attn.kv_len rows, or a paged row's block_table_stride * page_size)
+ * or past attn.kv_len, the most keys a row may have; a rotated position
+ * (a new key's, or a query's) at or past rotary_len: INVALID_ARGUMENT
+ * naming the row, cache_seqlens[b], new_len and the capacity. Without
+ * them, a new row past attn.kv_len or its table (or on a slot or page
+ * outside [0, num_slots) / [0, num_pages)) is skipped as clattn_kv_append
+ * skips it (never stored, so never rotated at a clamped position), a
+ * length past attn.kv_len is clamped by the forward, and a query's
+ * position outside the tables takes their first or last row. What the host can see is
+ * refused before anything is enqueued (a refused call writes nothing): everything
  * clattn_forward and clattn_kv_append refuse, and attn.kv_lens, cu_seqlens_q
  * or cu_seqlens_k set; cache_seqlens NULL; new_len < 0, or > attn.kv_len
  * (contiguous), or k_new / v_new absent with new_len > 0 or present with
@@ -447,6 +454,9 @@ typedef struct {
   int rotary_dim;                       /* even, 2 .. head_dim: the leading dims rotated */
   int rotary_len;                       /* positions the tables hold (>= attn.kv_len) */
   int rotary_interleaved;               /* 1: pairs (x[2t], x[2t+1]) (GPT-J); 0: (x[t], x[t + rotary_dim/2]) */
+  const cl_int *host_seqlens;           /* [batch]: cache_seqlens' values as the host holds them (the same
+                                           values), so the rows are checked before anything is enqueued;
+                                           NULL: the device values alone, unchecked (see above) */
 } clattn_kvcache_params;
 
 /* Fills the first struct_size bytes of *kp: attn as clattn_params_init
@@ -601,6 +611,8 @@ typedef struct {
   size_t q_offset;   /* q's view offset (elements) this step; CLATTN_STEP_PLANNED = as planned */
   size_t out_offset; /* out's view offset; CLATTN_STEP_PLANNED = as planned */
   size_t lse_offset; /* lse's view offset (a plan with an lse view); CLATTN_STEP_PLANNED = as planned */
+  const cl_int *host_seqlens; /* a kvcache plan's step: as clattn_kvcache_params.host_seqlens, this
+                                 step's cache_seqlens on the host; NULL: unchecked */
 } clattn_step;
 
 /* Fills the first struct_size bytes of *s: every field "as planned",
@@ -614,6 +626,16 @@ static inline clattn_step clattn_step_default(void) {
 /* Makes a plan of *p (checked like clattn_forward: a rejected p makes no
  * plan and *out is NULL). */
 CLATTN_EXPORT clattn_status clattn_plan_create(clattn_context *ctx, const clattn_params *p, clattn_plan **out);
+/* Makes a plan of a clattn_forward_kvcache step (checked like it, rows
+ * against kp->host_seqlens when given): an engine's decode loop, each step
+ * appending at the cache's end and attending over it. A step changes the
+ * contents of the buffers alone (cache_seqlens, q, k_new, v_new, the
+ * cache: their values move the step along), and may give its lengths on
+ * the host (step.host_seqlens), checked as clattn_forward_kvcache checks
+ * them; step.kv_len must be 0 and the offsets as planned (else refused,
+ * naming the field). Each step's results are bitwise clattn_forward_kvcache's. */
+CLATTN_EXPORT clattn_status clattn_plan_create_kvcache(clattn_context *ctx, const clattn_kvcache_params *kp,
+                                                       clattn_plan **out);
 /* Enqueues one step (step NULL = as planned) after the n_wait events;
  * *done, when non-NULL, receives an event that completes with it. Like
  * clattn_forward otherwise (EMPTY_ERROR waits for the device). */

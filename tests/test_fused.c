@@ -853,6 +853,49 @@ static void merge_rejects_bad_params(void) {
   states_free(&st);
 }
 
+/* ---------- near the largest float ---------- */
+
+/* Two states of equal lse whose O lies near FLT_MAX merge to that O (each
+ * weight 1/2, normalised before it meets O), not to inf; in every
+ * out_dtype the stored value is the f32 one rounded (f16's inf where the
+ * value is past its range). */
+static void merge_near_the_largest_float_stays_finite(void) {
+  clattn_context *ctx = ct_context();
+  states st;
+  enum { DV = 5 };
+  static const float big[DV] = {3e38f, -3e38f, 3.3e38f, 1.0f, 60000.0f};
+  REQUIRE(states_init(&st, 2, 1, 1, 1, DV));
+  for (int s = 0; s < 2; s++) {
+    st.lse[s] = 0.7f;
+    memcpy(st.o + (size_t)s * st.o_state, big, sizeof big);
+  }
+  REQUIRE(states_upload(&st));
+  cl_mem out16 = make_buf(DV * 2, NULL);
+  if (!CHECK(out16 != NULL)) goto done;
+  const clattn_dtype types[] = {CLATTN_F32, CLATTN_F16, CLATTN_BF16};
+  for (int t = 0; t < 3; t++) {
+    clattn_merge_params mp = states_params(&st);
+    mp.out_dtype = types[t];
+    if (types[t] != CLATTN_F32) mp.out = dense_view(out16, 0, 1, 1, DV);
+    CHECK_STATUS(clattn_merge_states(ctx, &mp, 0, NULL, NULL), CLATTN_OK);
+    float got[DV];
+    uint16_t bits[DV];
+    if (types[t] == CLATTN_F32) {
+      CHECK(read_floats(st.out_buf, got, DV));
+    } else {
+      CHECK(clEnqueueReadBuffer(clattn_cl_queue(ctx), out16, CL_TRUE, 0, sizeof bits, bits, 0, NULL, NULL) ==
+            CL_SUCCESS);
+      for (int c = 0; c < DV; c++) got[c] = types[t] == CLATTN_F16 ? cp_f16_value(bits[c]) : cp_bf16_value(bits[c]);
+    }
+    for (int c = 0; c < DV; c++)
+      CHECKF(got[c] == cp_round_to(types[t], big[c]), "%s: column %d merged to %g, expected %g",
+             ca_dtype_name(types[t]), c, got[c], cp_round_to(types[t], big[c]));
+  }
+done:
+  release(&out16);
+  states_free(&st);
+}
+
 /* ---------- merge into 16-bit outputs ---------- */
 
 /* out_dtype F16 / BF16: each merged element is the f32 merge's rounded to
@@ -1125,6 +1168,7 @@ int main(int argc, char **argv) {
       CT_TEST(merge_uses_natural_log),
       CT_TEST(merge_rejects_bad_params),
       CT_TEST(merge_stores_f16_and_bf16),
+      CT_TEST(merge_near_the_largest_float_stays_finite),
       CT_TEST(fused_scratch_is_linear_in_n),
       CT_TEST(causal_skips_blocks),
       CT_TEST(fused_gqa_rows_share_kv),

@@ -192,9 +192,10 @@ done:
  * split across work-items (no diagnostics) and in one pass (diagnostics),
  * and flash_tiled (a second context with CLATTN_FLASH_WG=64), all at
  * kv_len up to INT_MAX. FUSED's packed kernel needs K^T packed (8 GiB at
- * 2^31 keys) and STAGED and GEMM a score row of 4 kv_len bytes: past this
- * device's largest allocation they must refuse with OUT_OF_MEMORY, else be
- * exact; their window arithmetic near INT_MAX is covered by
+ * 2^31 keys): past this device's largest allocation it must refuse with
+ * OUT_OF_MEMORY, else be exact; STAGED and GEMM hold a score row of 4
+ * kv_len bytes, and past a quarter of that allocation refuse at once,
+ * naming the size. Their window arithmetic near INT_MAX is covered by
  * window_bounds_near_int_max and the host's planning by
  * key_ranges_are_planned_in_64_bits. */
 static void kv_len_near_int_max_broadcast_kv(void) {
@@ -214,21 +215,28 @@ static void kv_len_near_int_max_broadcast_kv(void) {
   for (size_t a = 0; a < 3; a++) {
     snprintf(what, sizeof what, "%s kv_len %d%s", clattn_algo_name(others[a]), INT_MAX,
              others[a] == CLATTN_ALGO_FUSED ? " (packed)" : "");
-    /* A score row that fits one allocation (Intel's runtime allows 11.77
-     * GiB of 23.5 here, POCL 2 GiB) would be computed: minutes over 2^31
-     * keys, and 8 GiB of a shared machine's memory. */
+    /* STAGED and GEMM hold a score row up to a quarter of the largest
+     * allocation: past it they refuse at once, naming the size and FUSED
+     * (a row they would hold is computed: minutes over 2^31 keys). */
     const cl_ulong row_bytes = (cl_ulong)INT_MAX * sizeof(float);
-    if (others[a] != CLATTN_ALGO_FUSED && row_bytes <= max_alloc) {
-      printf("  %s: not run: its %.1f GiB score row fits this device's largest allocation (%.2f GiB), so it would "
-             "be computed, not refused (window_bounds_near_int_max runs the same arithmetic)\n",
+    const int holds_row = others[a] != CLATTN_ALGO_FUSED;
+    if (holds_row && row_bytes <= max_alloc / 4) {
+      printf("  %s: not run: its %.1f GiB score row is within a quarter of this device's largest allocation "
+             "(%.2f GiB), so it would be computed, not refused (window_bounds_near_int_max runs the same "
+             "arithmetic)\n",
              what, row_bytes / 1073741824.0, max_alloc / 1073741824.0);
       continue;
     }
+    const double t0 = cp_now_ms();
     clattn_status st =
         near_int_max_call(ct_context(), INT_MAX, others[a] == CLATTN_ALGO_FUSED ? 8 : 2, others[a], 0, what);
-    CHECKF(st == CLATTN_OK || st == CLATTN_ERR_OUT_OF_MEMORY, "%s: %s: %s", what, clattn_status_string(st),
-           clattn_last_error(ct_context()));
-    if (st != CLATTN_OK) printf("  %s: %s (%s)\n", what, clattn_status_string(st), clattn_last_error(ct_context()));
+    const char *msg = clattn_last_error(ct_context());
+    if (holds_row)
+      CHECKF(st == CLATTN_ERR_OUT_OF_MEMORY && strstr(msg, "kv_len 2147483647") && strstr(msg, "CLATTN_ALGO_FUSED"),
+             "%s: %s: %s (expected OUT_OF_MEMORY naming kv_len and FUSED)", what, clattn_status_string(st), msg);
+    else
+      CHECKF(st == CLATTN_OK || st == CLATTN_ERR_OUT_OF_MEMORY, "%s: %s: %s", what, clattn_status_string(st), msg);
+    if (st != CLATTN_OK) printf("  %s: %s in %.0f ms (%s)\n", what, clattn_status_string(st), cp_now_ms() - t0, msg);
   }
   /* flash_tiled, forced as CLATTN_FLASH_WG does for the -tiled suites */
   const char *saved = getenv("CLATTN_FLASH_WG");
@@ -250,6 +258,32 @@ static void kv_len_near_int_max_broadcast_kv(void) {
       CHECKF(st == CLATTN_OK, "%s: %s: %s", what, clattn_status_string(st), clattn_last_error(tiled));
     }
   clattn_destroy(tiled);
+}
+
+/* GEMM copies a broadcast K and V densely (CLBlast takes int offsets): at
+ * kv_len = max_alloc / 16 keys of 16 floats the copy is four times the
+ * largest allocation while a score row still fits the path. Refused before
+ * anything is enqueued, naming the buffer and the limit. */
+static void gemm_never_copies_past_the_largest_allocation(void) {
+  if (!ca_gemm_available()) {
+    printf("  not run: this build has no CLBlast (no GEMM path)\n");
+    return;
+  }
+  cl_ulong max_alloc = 0;
+  REQUIRE(clGetDeviceInfo(clattn_cl_device(ct_context()), CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc,
+                          NULL) == CL_SUCCESS);
+  if (max_alloc / 16 > INT_MAX) {
+    printf("  not run: max_alloc / 16 keys pass INT_MAX on this device\n");
+    return;
+  }
+  const int kv_len = (int)(max_alloc / 16);
+  char what[96];
+  snprintf(what, sizeof what, "gemm kv_len %d, broadcast K and V", kv_len);
+  const clattn_status st = near_int_max_call(ct_context(), kv_len, 2, CLATTN_ALGO_GEMM, 0, what);
+  const char *msg = clattn_last_error(ct_context());
+  CHECKF(st == CLATTN_ERR_OUT_OF_MEMORY && strstr(msg, "largest allocation") && strstr(msg, "GEMM"),
+         "%s: %s: %s (expected OUT_OF_MEMORY naming the buffer and the limit)", what, clattn_status_string(st), msg);
+  printf("  %s: %s (%s)\n", what, clattn_status_string(st), msg);
 }
 
 /* Window bounds near INT_MAX (window_left and window_right of INT_MAX - 1
@@ -333,6 +367,7 @@ int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(views_at_the_end_of_the_largest_buffers),
       CT_TEST(kv_len_near_int_max_broadcast_kv),
+      CT_TEST(gemm_never_copies_past_the_largest_allocation),
       CT_TEST(window_bounds_near_int_max),
       CT_TEST(key_ranges_are_planned_in_64_bits),
   };

@@ -304,7 +304,6 @@ static int sp_build(step_prob *p, const step_case *c, uint64_t seed) {
     if (p->leftpad) p->leftpad[b] = b == 1 ? p->seqlens[b] : irand(0, p->seqlens[b]); /* row 1: no old key */
     if (c->seqlens) p->seqlens[b] = c->seqlens[b];
   }
-  const int addressed = p->paged ? p->bts * c->page_size : c->cap; /* rows the append may write */
   /* q in [B, M, Hq] rows with a gap (BSHD), k_new dense after an offset, v_new dense */
   const size_t qr = (size_t)dk + 3;
   p->q_view = (clattn_tensor){NULL, 5, {(size_t)M * Hq * qr, qr, (size_t)Hq * qr, 1}};
@@ -368,7 +367,7 @@ static int sp_build(step_prob *p, const step_case *c, uint64_t seed) {
     for (int h = 0; h < Hkv; h++)
       for (int r = 0; r < L; r++) {
         const int pos = p->seqlens[b] + r;
-        if (pos < 0 || pos >= addressed) continue; /* skipped, as kv_append skips it */
+        if (pos < 0 || pos >= c->cap) continue; /* skipped (past attn.kv_len, paged too) */
         int s, row;
         sp_locate(p, b, pos, &s, &row);
         sp_rotate(p, p->k_new + cp_index(&p->kn_view, b, h, r, 0), 1, pos, x);
@@ -737,16 +736,91 @@ static void no_new_rows_attends_over_the_cache(void) {
   run_case(&c, 8);
 }
 
-/* Lengths are device values: a row whose new rows pass the capacity (its
- * queries' positions past the tables, clamped to their last row), and one
- * whose cache_seqlens is negative (the rows before position 0 skipped, its
- * queries at position 0), each against the reference of what was written. */
+/* Lengths are device values, unchecked without host_seqlens: a row whose
+ * new rows pass the capacity (its queries' positions past the tables,
+ * clamped to their last row), and one whose cache_seqlens is negative (the
+ * rows before position 0 skipped, its queries at position 0), each against
+ * the reference of what was written. */
 static void device_lengths_past_the_cache_are_skipped_and_clamped(void) {
   static const int32_t seqlens[3] = {53, -3, 10};
   step_case c = base_case("hostile lengths, f32, GPT-J rotary");
   c.q_len = 5, c.new_len = 7, c.causal = 1, c.rotary_dim = 32, c.interleaved = 1;
   c.seqlens = seqlens;
   run_case(&c, 13);
+  /* a block table reaching past attn.kv_len (19 pages of 16 rows for 300
+   * keys): rows 300..303 have pages but are skipped, never stored rotated
+   * at a clamped position */
+  static const int32_t past_kv_len[3] = {0, 297, 5};
+  c = base_case("paged rows past attn.kv_len, f32, GPT-J rotary");
+  c.q_len = 5, c.new_len = 7, c.cap = 300, c.page_size = 16, c.rotary_dim = 32, c.causal = 1;
+  c.seqlens = past_kv_len;
+  run_case(&c, 15);
+}
+
+/* The lengths given on the host too (host_seqlens): a step whose rows have
+ * no place is refused before anything is enqueued, naming the row, and
+ * writes nothing (neither the cache nor the outputs). */
+static void refused_lengths(const step_case *c, const char *message) {
+  step_prob p;
+  step_dev d;
+  if (!CHECKF(sp_build(&p, c, 14) == 0 && sd_upload(&d, &p) == 0, "%s: setup", c->name)) {
+    sp_free(&p);
+    return;
+  }
+  clattn_context *ctx = ct_context();
+  const int watched[] = {D_K, D_V, D_OUT, D_LSE};
+  unsigned char *before[4];
+  size_t sizes[4];
+  for (int i = 0; i < 4; i++) before[i] = ct_mem_bytes(d.m[watched[i]], &sizes[i]);
+  for (size_t a = 0; a < KC_NALGOS; a++) {
+    if (kc_algo_filtered_out(kc_algos[a])) continue;
+    clattn_kvcache_params kp = sd_params(&d, &p, kc_algos[a]);
+    kp.host_seqlens = p.seqlens;
+    const clattn_status st = clattn_forward_kvcache(ctx, &kp, 0, NULL, NULL);
+    CHECKF(st == CLATTN_ERR_INVALID_ARGUMENT && strstr(clattn_last_error(ctx), message),
+           "%s, %s: %s, \"%s\" (expected a refusal with \"%s\")", c->name, clattn_algo_name(kc_algos[a]),
+           clattn_status_string(st), clattn_last_error(ctx), message);
+  }
+  clFinish(clattn_cl_queue(ctx));
+  for (int i = 0; i < 4; i++) {
+    size_t n = 0;
+    unsigned char *now = ct_mem_bytes(d.m[watched[i]], &n);
+    CHECKF(before[i] && now && n == sizes[i] && memcmp(before[i], now, n) == 0, "%s: buffer %d changed", c->name,
+           watched[i]);
+    free(before[i]), free(now);
+  }
+  sd_free(&d);
+  sp_free(&p);
+}
+
+static void device_lengths_without_a_place_are_refused(void) {
+  step_case c = base_case("new rows past a contiguous cache");
+  c.q_len = 5, c.new_len = 7, c.causal = 1, c.rotary_dim = 32, c.interleaved = 1;
+  static const int32_t past_the_cache[3] = {10, 47, 0};
+  c.seqlens = past_the_cache;
+  refused_lengths(&c, "cache_seqlens[1] = 47 plus new_len = 7 rows ends at row 54, past the cache's capacity of 53");
+  static const int32_t negative[3] = {10, 0, -3};
+  c.name = "a negative length", c.seqlens = negative;
+  refused_lengths(&c, "cache_seqlens[2] = -3");
+  /* one page of 16 rows per sequence, full: the new key has no page */
+  c = base_case("new row past the block table");
+  c.page_size = 16, c.cap = 16;
+  static const int32_t full[3] = {16, 3, 0};
+  c.seqlens = full;
+  refused_lengths(&c, "cache_seqlens[0] = 16 plus new_len = 1 rows ends at row 17, past the block table's capacity of 16");
+  /* a table reaching past attn.kv_len (19 pages of 16 rows for 300 keys):
+   * rows 300..303 have pages but no rotary position and no key index */
+  c = base_case("new rows past attn.kv_len, inside the table");
+  c.q_len = 5, c.new_len = 7, c.cap = 300, c.page_size = 16, c.rotary_dim = 32, c.causal = 1;
+  static const int32_t past_kv_len[3] = {0, 297, 5};
+  c.seqlens = past_kv_len;
+  refused_lengths(&c, "the row's 304 keys pass attn.kv_len = 300");
+  /* nothing appended, the queries rotated past the tables */
+  c = base_case("queries past the rotary tables");
+  c.new_len = 0, c.q_len = 5, c.causal = 1, c.rotary_dim = 32;
+  static const int32_t at_the_end[3] = {0, 50, 53};
+  c.seqlens = at_the_end;
+  refused_lengths(&c, "cache_seqlens[2] = 53 puts a row at position 57, past the rotary tables");
 }
 
 /* The step equals clattn_kv_append then clattn_forward over the lengths
@@ -893,6 +967,103 @@ static void out_of_order_steps_equal_in_order(void) {
   clattn_destroy(ooo);
 }
 
+/* ---------- the plan form ---------- */
+
+/* A decode loop through clattn_plan_create_kvcache: four steps, each
+ * appending one row per sequence at cache_seqlens (moved on between steps,
+ * as an engine does) and attending, bitwise equal to clattn_forward_kvcache
+ * on a second copy of every buffer (out, lse and both caches), paged Q8_0
+ * with rotary and contiguous F16 through cache_batch_idx, every algorithm.
+ * Then what a step may not change is refused, naming the field, and a
+ * step whose host lengths leave no place writes nothing. */
+static void plan_steps_equal_forward_kvcache(void) {
+  static const int32_t start[3] = {0, 5, 17};
+  step_case cases[2];
+  cases[0] = base_case("plan: paged q8_0, GPT-J rotary, causal");
+  cases[0].kv = CLATTN_Q8_0, cases[0].page_size = 16, cases[0].cap = 64, cases[0].rotary_dim = 32;
+  cases[0].causal = 1, cases[0].seqlens = start;
+  cases[1] = base_case("plan: contiguous f16 through cache_batch_idx, leftpad");
+  cases[1].dtype = cases[1].kv = CLATTN_F16, cases[1].slots = 4, cases[1].leftpad = 1, cases[1].seqlens = start;
+  clattn_context *ctx = ct_context();
+  cl_command_queue queue = clattn_cl_queue(ctx);
+  enum { STEPS = 4 };
+  for (int ci = 0; ci < 2; ci++) {
+    const step_case *c = &cases[ci];
+    for (size_t a = 0; a < KC_NALGOS; a++) {
+      if (kc_algo_filtered_out(kc_algos[a])) continue;
+      step_prob p;
+      step_dev planned, called;
+      if (!CHECKF(sp_build(&p, c, 21) == 0 && sd_upload(&planned, &p) == 0 && sd_upload(&called, &p) == 0, "%s: setup",
+                  c->name)) {
+        sp_free(&p);
+        continue;
+      }
+      const char *algo = clattn_algo_name(kc_algos[a]);
+      const clattn_kvcache_params kp_plan = sd_params(&planned, &p, kc_algos[a]),
+                                  kp_call = sd_params(&called, &p, kc_algos[a]);
+      clattn_plan *plan = NULL;
+      if (!CHECKF(clattn_plan_create_kvcache(ctx, &kp_plan, &plan) == CLATTN_OK, "%s, %s: %s", c->name, algo,
+                  clattn_last_error(ctx)))
+        goto next;
+      for (int step = 0; step < STEPS; step++) {
+        int32_t lens[3];
+        for (int b = 0; b < 3; b++) lens[b] = start[b] + step * c->new_len;
+        CHECK(clEnqueueWriteBuffer(queue, planned.m[D_SEQ], CL_TRUE, 0, sizeof lens, lens, 0, NULL, NULL) ==
+                  CL_SUCCESS &&
+              clEnqueueWriteBuffer(queue, called.m[D_SEQ], CL_TRUE, 0, sizeof lens, lens, 0, NULL, NULL) == CL_SUCCESS);
+        clattn_step s = clattn_step_default();
+        s.host_seqlens = lens;
+        CHECKF(clattn_plan_enqueue(plan, &s, 0, NULL, NULL) == CLATTN_OK, "%s, %s, step %d: %s", c->name, algo, step,
+               clattn_last_error(ctx));
+        CHECKF(clattn_forward_kvcache(ctx, &kp_call, 0, NULL, NULL) == CLATTN_OK, "%s, %s, step %d: %s", c->name, algo,
+               step, clattn_last_error(ctx));
+        clFinish(queue);
+        const int bufs[] = {D_OUT, D_LSE, D_K, D_V};
+        for (int i = 0; i < 4; i++) {
+          size_t n1 = 0, n2 = 0;
+          unsigned char *x = ct_mem_bytes(planned.m[bufs[i]], &n1), *y = ct_mem_bytes(called.m[bufs[i]], &n2);
+          CHECKF(x && y && n1 == n2 && memcmp(x, y, n1) == 0, "%s, %s, step %d: buffer %d differs from the call's",
+                 c->name, algo, step, bufs[i]);
+          free(x), free(y);
+        }
+        /* and the step ran: every lse written (the NaN fill gone) */
+        size_t n = 0;
+        float *lse = (float *)(void *)ct_mem_bytes(planned.m[D_LSE], &n);
+        long unwritten = 0;
+        for (size_t i = 0; lse && i < n / sizeof *lse; i++) unwritten += isnan(lse[i]);
+        CHECKF(lse && unwritten == 0, "%s, %s, step %d: %ld lse values unwritten", c->name, algo, step, unwritten);
+        free(lse);
+      }
+      /* what a step cannot change, and lengths with no place */
+      clattn_step s = clattn_step_default();
+      s.kv_len = 5;
+      CHECK_STATUS(clattn_plan_enqueue(plan, &s, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
+      CHECK(strstr(clattn_last_error(ctx), "step.kv_len"));
+      s = clattn_step_default();
+      s.out_offset = 0;
+      CHECK_STATUS(clattn_plan_enqueue(plan, &s, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
+      CHECK(strstr(clattn_last_error(ctx), "step.out_offset"));
+      const int32_t full[3] = {0, c->cap, 1};
+      s = clattn_step_default();
+      s.host_seqlens = full;
+      size_t n_before = 0, n_after = 0;
+      unsigned char *before = ct_mem_bytes(planned.m[D_K], &n_before);
+      CHECK_STATUS(clattn_plan_enqueue(plan, &s, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT);
+      CHECKF(strstr(clattn_last_error(ctx), "cache_seqlens[1]"), "%s", clattn_last_error(ctx));
+      clFinish(queue);
+      unsigned char *after = ct_mem_bytes(planned.m[D_K], &n_after);
+      CHECKF(before && after && n_before == n_after && memcmp(before, after, n_before) == 0,
+             "%s, %s: a refused step wrote the cache", c->name, algo);
+      free(before), free(after);
+      CHECKF(strstr(clattn_plan_describe(plan), "kv_append"), "%s: %s", algo, clattn_plan_describe(plan));
+    next:
+      clattn_plan_release(plan);
+      sd_free(&planned), sd_free(&called);
+      sp_free(&p);
+    }
+  }
+}
+
 /* ---------- refusals ---------- */
 
 static void refusals_say_why_and_write_nothing(void) {
@@ -950,6 +1121,7 @@ static void refusals_say_why_and_write_nothing(void) {
       {"k_scale on a rotary table", CLATTN_ERR_INVALID_ARGUMENT, "rotary_"},
       {"a read-only k cache", CLATTN_ERR_INVALID_ARGUMENT, "CL_MEM_READ_ONLY"},
       {"n_wait without wait", CLATTN_ERR_INVALID_ARGUMENT, "wait is NULL"},
+      {"paged, new_len past the table", CLATTN_ERR_INVALID_ARGUMENT, "new_len 54 exceeds attn.kv_len = 53"},
   };
   const int n_cases = (int)(sizeof cases / sizeof cases[0]);
   for (int i = 0; i < n_cases; i++) {
@@ -992,6 +1164,11 @@ static void refusals_say_why_and_write_nothing(void) {
       case 26: kp.attn.k_scale.buf = kp.rotary_cos.buf = other, kp.attn.k_scale.offset = 0; break;
       case 27: kp.attn.k.buf = ro; break;
       case 28: n_wait = 1; break;
+      case 29:
+        kp.attn.block_table = d.m[D_SEQ], kp.attn.block_table_stride = 1;
+        kp.attn.page_size = c.cap, kp.attn.num_pages = c.batch;
+        kp.new_len = c.cap + 1;
+        break;
     }
     const clattn_status st = clattn_forward_kvcache(ctx, &kp, n_wait, NULL, NULL);
     CHECKF(st == cases[i].want && strstr(clattn_last_error(ctx), cases[i].message),
@@ -1026,8 +1203,10 @@ int main(int argc, char **argv) {
       CT_TEST(bf16_paged_leftpad_without_rotary),
       CT_TEST(no_new_rows_attends_over_the_cache),
       CT_TEST(device_lengths_past_the_cache_are_skipped_and_clamped),
+      CT_TEST(device_lengths_without_a_place_are_refused),
       CT_TEST(step_equals_append_then_forward),
       CT_TEST(out_of_order_steps_equal_in_order),
+      CT_TEST(plan_steps_equal_forward_kvcache),
       CT_TEST(refusals_say_why_and_write_nothing),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);

@@ -508,6 +508,12 @@ static void outputs_sharing_bytes_with_inputs_are_invalid(void) {
     p = rw.p;
     p.out.buf = sub, p.out.offset = 0;
     refuse_sharing(&rw, &p, "out", "q", sub, "out through a sub-buffer of q's");
+    /* the bytes named are the parent's: out's first lies at the sub-buffer's origin */
+    char at[64];
+    snprintf(at, sizeof at, "out: bytes [%zu, ", align);
+    const char *msg = clattn_last_error(ct_context());
+    CHECKF(strstr(msg, at) && strstr(msg, "of the parent buffer"), "out through a sub-buffer: \"%s\" (expected \"%s\")",
+           msg, at);
     clReleaseMemObject(sub);
   }
   /* two cl_mems over one host array */
@@ -713,6 +719,14 @@ static void merge_outputs_sharing_bytes_with_states_are_invalid(void) {
   m = mp;
   m.out_lse.buf = m.out.buf, m.out_lse.offset = m.out.offset + 3;
   merge_reject(pb, &m, "out_lse", "merge out_lse inside out");
+  /* a state stride whose last state lies past the address range (in
+   * elements it fits, in bytes it does not): the stride is named */
+  m = mp;
+  m.o_state_stride = SIZE_MAX / 8;
+  merge_reject(pb, &m, "o_state_stride", "merge o_state_stride past the address range");
+  m = mp;
+  m.lse_state_stride = SIZE_MAX / 8;
+  merge_reject(pb, &m, "lse_state_stride", "merge lse_state_stride past the address range");
   /* past the last state in the same buffer: shares nothing */
   cl_mem more =
       clCreateBuffer(pb->cl_ctx, CL_MEM_READ_WRITE, (3 * (o_elems + rows) + o_elems) * sizeof(float), NULL, &e);
@@ -769,6 +783,10 @@ static void unusable_cl_mem_objects_are_invalid(void) {
   p = pb->params;
   p.q.buf = write_only;
   REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "q", "q created CL_MEM_WRITE_ONLY");
+  /* a handle of another kind where a cl_mem belongs: refused, not dereferenced as a buffer */
+  p = pb->params;
+  p.q.buf = (cl_mem)(void *)clattn_cl_queue(ctx);
+  REJECT(&p, CLATTN_ERR_INVALID_ARGUMENT, "q", "q is a cl_command_queue");
 
   cl_bool images = CL_FALSE;
   clGetDeviceInfo(dev, CL_DEVICE_IMAGE_SUPPORT, sizeof images, &images, NULL);

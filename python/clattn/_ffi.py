@@ -144,6 +144,7 @@ class KvcacheParams(ctypes.Structure):
         ("num_slots", c_int),
         ("rotary_cos", Tensor), ("rotary_sin", Tensor),
         ("rotary_dim", c_int), ("rotary_len", c_int), ("rotary_interleaved", c_int),
+        ("host_seqlens", c_void_p),
     ]
 
 

@@ -88,21 +88,10 @@ def attention_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, *, rotary_
     elif cache_batch_idx is not None:  # as clattn does: a paged cache of one page per slot
         idx = small_array(self, cache_batch_idx, "cache_batch_idx", (B,), np.int32)
         kw.update(block_table=idx.reshape(B, 1), max_seqlen_k=rows)
-    if not is_cl_array(seqlens) and (block_table is not None or cache_batch_idx is not None):
-        # a new row with no page (slot row) to go to would be dropped on the
-        # device: refused here, worded as the library words its refusal
-        # (which is the only one for lengths on the device)
-        reach = kw["max_seqlen_k"] or 0
-        shape = np.shape(k) if k is not None else ()
-        new_len = int(shape[axes[2]]) if len(shape) == 4 else 0
-        ends = seqlens.astype(np.int64) + new_len
-        b = int(np.argmax(ends)) if ends.size else 0
-        if ends.size and ends[b] > reach:
-            where = ("the block table's capacity of %d rows (%d pages of %d rows per sequence)"
-                     % (reach, reach // rows, rows) if block_table is not None
-                     else "the cache's capacity of %d rows per slot" % reach)
-            raise ValueError("clattn: cache_seqlens[%d] = %d plus new_len = %d rows ends at row %d, past %s"
-                             % (b, int(seqlens[b]), new_len, int(ends[b]), where))
+    # the lengths on the host as well, so the library checks every row
+    # before anything is written (a new row with no place, a rotary
+    # position past the tables)
+    host_seqlens = np.ascontiguousarray(seqlens.get() if is_cl_array(seqlens) else seqlens, dtype=np.int32)
     c = Call(self, q, k_cache, v_cache, kw)
 
     if (k is None) != (v is None):
@@ -142,6 +131,7 @@ def attention_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, *, rotary_
         p = kp.attn
         c.fill(p, views, waits, inplace=inplace if L else None)  # the cache is written when rows are appended
         kp.cache_seqlens, p.kv_lens = p.kv_lens, None
+        kp.host_seqlens = host_seqlens.ctypes.data
         if cache_batch_idx is not None:
             kp.cache_batch_idx, kp.num_slots = p.block_table, c.pages
             p.block_table, p.block_table_stride, p.page_size, p.num_pages = None, 0, 0, 0

@@ -29,7 +29,7 @@ PLANNED = 2**(8 * ctypes.sizeof(c_size_t)) - 1  # CLATTN_STEP_PLANNED
 
 class Step(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("kv_len", c_int), ("q_offset", c_size_t), ("out_offset", c_size_t),
-                ("lse_offset", c_size_t)]
+                ("lse_offset", c_size_t), ("host_seqlens", c_void_p)]
 
 
 class _PlanLib:

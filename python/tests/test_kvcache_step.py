@@ -264,8 +264,6 @@ def test_new_rows_past_the_block_table_are_refused_naming_them_before_anything_i
     assert (k_cache.tobytes(), v_cache.tobytes()) == before
 
 
-@pytest.mark.xfail(reason="cache_seqlens on the device: the refusal is clattn_forward_kvcache's own "
-                          "(INVALID_ARGUMENT for a new row past the block table), not there yet", strict=False)
 def test_new_rows_past_the_block_table_are_refused_with_device_lengths():
     cl = pytest.importorskip("pyopencl")
     cla = pytest.importorskip("pyopencl.array")

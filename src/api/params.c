@@ -16,9 +16,9 @@
 #define FIRST_SIZE_OPTIONS sizeof(clattn_options)
 #define FIRST_SIZE_PARAMS sizeof(clattn_params)
 #define FIRST_SIZE_APPEND sizeof(clattn_append_params)
-#define FIRST_SIZE_KVCACHE sizeof(clattn_kvcache_params)
+#define FIRST_SIZE_KVCACHE offsetof(clattn_kvcache_params, host_seqlens)
 #define FIRST_SIZE_MERGE sizeof(clattn_merge_params)
-#define FIRST_SIZE_STEP sizeof(clattn_step)
+#define FIRST_SIZE_STEP offsetof(clattn_step, host_seqlens)
 #define FIRST_SIZE_BACKWARD sizeof(clattn_backward_params)
 
 /* ---- defaults ---- */

@@ -13,6 +13,10 @@
  * the same) into the plan's list, and the executor sets only the arguments
  * that differ from what the bound kernels hold, or replays a command
  * buffer. The caller's buffers are retained while the plan lives.
+ *
+ * A kvcache plan (clattn_plan_create_kvcache) is a clattn_forward_kvcache
+ * step the same way: its steps change buffer contents only (the lengths
+ * are device values), each checked against step.host_seqlens when given.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -29,12 +33,14 @@ typedef struct {
   size_t size, span, elem;
 } movable;
 
-enum { PLAN_MEMS = 24 };
+enum { PLAN_MEMS = 32 };
 
 struct clattn_plan {
   clattn_context *ctx;
   pthread_mutex_t lock; /* one step at a time: the list, the bound resources */
-  clattn_params p;      /* as planned */
+  clattn_params p;      /* as planned (a kvcache plan's: kp.attn) */
+  int kvcache;          /* a clattn_forward_kvcache step, as kp says */
+  clattn_kvcache_params kp;
   cl_mem mems[PLAN_MEMS]; /* the caller's, retained */
   int n_mems;
   movable q, out, lse;
@@ -88,11 +94,14 @@ static clattn_status record_views(clattn_plan *pl) {
 /* The caller's buffers stay alive with the plan: its kernels hold them. */
 static clattn_status retain_mems(clattn_plan *pl) {
   const clattn_params *p = &pl->p;
-  const cl_mem all[] = {p->q.buf,        p->k.buf,          p->v.buf,          p->out.buf,        p->mask.buf,
-                        p->bias.buf,     p->lse.buf,        p->weights.buf,    p->entropy.buf,    p->max_weight.buf,
-                        p->argmax.buf,   p->kv_lens,        p->alibi_slopes,   p->sinks,          p->additive_w,
-                        p->cu_seqlens_q, p->cu_seqlens_k,   p->k_scale.buf,    p->v_scale.buf,    p->block_table,
-                        p->bias_scale,   p->cache_leftpad};
+  const clattn_kvcache_params *kp = &pl->kp; /* all NULL in a forward plan */
+  const cl_mem all[] = {p->q.buf,           p->k.buf,          p->v.buf,          p->out.buf,
+                        p->mask.buf,        p->bias.buf,       p->lse.buf,        p->weights.buf,
+                        p->entropy.buf,     p->max_weight.buf, p->argmax.buf,     p->kv_lens,
+                        p->alibi_slopes,    p->sinks,          p->additive_w,     p->cu_seqlens_q,
+                        p->cu_seqlens_k,    p->k_scale.buf,    p->v_scale.buf,    p->block_table,
+                        p->bias_scale,      p->cache_leftpad,  kp->cache_seqlens, kp->k_new.buf,
+                        kp->v_new.buf,      kp->cache_batch_idx, kp->rotary_cos.buf, kp->rotary_sin.buf};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     if (!all[i]) continue;
     cl_int err = clRetainMemObject(all[i]);
@@ -162,7 +171,48 @@ static clattn_status step_params(const clattn_plan *pl, const clattn_step *s, cl
   return check_moved_views(pl, p, fields);
 }
 
+/* A kvcache plan's step: buffer contents alone change; the lengths the
+ * host gives are checked as clattn_forward_kvcache checks them. */
+static clattn_status check_kvcache_step(const clattn_plan *pl, const clattn_step *s) {
+  if (!s) return CLATTN_OK;
+  if (s->kv_len != 0)
+    return BAD("step.kv_len %d: a kvcache plan's keys are cache_seqlens' (device values); leave it 0", s->kv_len);
+  const struct {
+    const char *field;
+    size_t value;
+  } offsets[] = {{"q_offset", s->q_offset}, {"out_offset", s->out_offset}, {"lse_offset", s->lse_offset}};
+  for (int i = 0; i < 3; i++)
+    if (offsets[i].value != CLATTN_STEP_PLANNED)
+      return BAD("step.%s %zu: a kvcache plan's views stay where planned (CLATTN_STEP_PLANNED)", offsets[i].field,
+                 offsets[i].value);
+  return s->host_seqlens ? ca_check_kvcache_rows(&pl->kp, s->host_seqlens) : CLATTN_OK;
+}
+
 /* ---------- the public functions ---------- */
+
+/* A new plan of ctx, its list made for steps. */
+static clattn_plan *plan_new(clattn_context *ctx) {
+  clattn_plan *pl = calloc(1, sizeof *pl);
+  if (!pl) return NULL;
+  pthread_mutex_init(&pl->lock, NULL);
+  pl->ctx = ctx;
+  ca_list_init(&pl->list, "plan");
+  pl->list.for_steps = 1;
+  return pl;
+}
+
+/* The list planned once, its resources bound: the plan made, or released. */
+static clattn_status plan_finish(clattn_plan *pl, clattn_status st, clattn_plan **out) {
+  if (st == CLATTN_OK) st = pl->kvcache ? ca_plan_kvcache(pl->ctx, &pl->kp, &pl->list)
+                                        : ca_plan_forward(pl->ctx, &pl->p, &pl->list);
+  if (st == CLATTN_OK) st = ca_bind(pl->ctx, &pl->list, &pl->bound);
+  if (st != CLATTN_OK) {
+    clattn_plan_release(pl);
+    return st;
+  }
+  *out = pl;
+  return CLATTN_OK;
+}
 
 clattn_status clattn_plan_create(clattn_context *ctx, const clattn_params *p, clattn_plan **out) {
   if (!out) return BAD("clattn_plan_create: out is NULL");
@@ -172,24 +222,32 @@ clattn_status clattn_plan_create(clattn_context *ctx, const clattn_params *p, cl
   clattn_params own;
   clattn_status st = ca_params_in(p, &own, "params");
   if (st != CLATTN_OK) return st;
-  clattn_plan *pl = calloc(1, sizeof *pl);
+  clattn_plan *pl = plan_new(ctx);
   if (!pl) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "clattn_plan_create: out of host memory");
-  pthread_mutex_init(&pl->lock, NULL);
-  pl->ctx = ctx;
   pl->p = own;
-  ca_list_init(&pl->list, "plan");
-  pl->list.for_steps = 1;
   st = ca_check_forward(ctx, &pl->p, &pl->views);
   if (st == CLATTN_OK) st = retain_mems(pl);
   if (st == CLATTN_OK) st = record_views(pl);
-  if (st == CLATTN_OK) st = ca_plan_forward(ctx, &pl->p, &pl->list);
-  if (st == CLATTN_OK) st = ca_bind(ctx, &pl->list, &pl->bound);
-  if (st != CLATTN_OK) {
-    clattn_plan_release(pl);
-    return st;
-  }
-  *out = pl;
-  return CLATTN_OK;
+  return plan_finish(pl, st, out);
+}
+
+clattn_status clattn_plan_create_kvcache(clattn_context *ctx, const clattn_kvcache_params *kp, clattn_plan **out) {
+  if (!out) return BAD("clattn_plan_create_kvcache: out is NULL");
+  *out = NULL;
+  if (!ctx) return BAD("clattn_plan_create_kvcache: ctx is NULL");
+  if (!kp) return BAD("clattn_plan_create_kvcache: params is NULL");
+  clattn_kvcache_params own;
+  clattn_status st = ca_kvcache_params_in(kp, &own);
+  if (st == CLATTN_OK) st = ca_check_kvcache(ctx, &own);
+  if (st == CLATTN_OK && own.host_seqlens) st = ca_check_kvcache_rows(&own, own.host_seqlens);
+  if (st != CLATTN_OK) return st;
+  clattn_plan *pl = plan_new(ctx);
+  if (!pl) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "clattn_plan_create_kvcache: out of host memory");
+  own.host_seqlens = NULL; /* the caller's, read at creation only: each step gives its own */
+  pl->kvcache = 1;
+  pl->kp = own;
+  pl->p = own.attn;
+  return plan_finish(pl, retain_mems(pl), out);
 }
 
 clattn_status clattn_plan_enqueue(clattn_plan *plan, const clattn_step *step, cl_uint n_wait, const cl_event *wait,
@@ -200,11 +258,12 @@ clattn_status clattn_plan_enqueue(clattn_plan *plan, const clattn_step *step, cl
   clattn_params p;
   clattn_step own;
   clattn_status st = step ? ca_step_in(step, &own) : CLATTN_OK;
-  if (st == CLATTN_OK) st = step_params(plan, step ? &own : NULL, &p);
+  if (st == CLATTN_OK)
+    st = plan->kvcache ? check_kvcache_step(plan, step ? &own : NULL) : step_params(plan, step ? &own : NULL, &p);
   if (st != CLATTN_OK) return st;
   pthread_mutex_lock(&plan->lock);
   ca_list_reset(&plan->list, "plan");
-  st = ca_plan_forward(plan->ctx, &p, &plan->list);
+  st = plan->kvcache ? ca_plan_kvcache(plan->ctx, &plan->kp, &plan->list) : ca_plan_forward(plan->ctx, &p, &plan->list);
   if (st == CLATTN_OK) st = ca_run_bound(plan->bound, &plan->list, n_wait, wait, done);
   pthread_mutex_unlock(&plan->lock);
   return st;

@@ -128,13 +128,18 @@ clattn_status ca_views_disjoint(const ca_views *vs) {
       if (!a->is_output || (b->is_output && j <= i) || a->space != b->space) continue;
       const int r = share(a, b);
       if (!r) continue;
+      /* the bytes where they meet: of their cl_mem, of the parent both
+       * are sub-buffers of, or host addresses */
+      const int one = a->buf == b->buf, host = a->space == &ca_host_memory;
+      const size_t a_at = one ? 0 : a->base, b_at = one ? 0 : b->base;
       return BAD(
-          "%s and %s %s bytes of one buffer%s (%s: bytes [%zu, %zu) of its cl_mem, %s: [%zu, %zu)%s): an output "
-          "may share no byte with another view of the call, input or output",
+          "%s and %s %s bytes of one %s (%s: bytes [%zu, %zu)%s, %s: [%zu, %zu)%s): an output may share no byte "
+          "with another view of the call, input or output",
           a->name, b->name, r > 0 ? "share" : "may share",
-          a->buf == b->buf ? "" : " (through sub-buffers of one buffer, or over the same host memory)", a->name,
-          a->first, a->end, b->name, b->first, b->end,
-          r > 0 ? "" : "; their layouts are too intricate to rule it out quickly");
+          one ? "buffer" : host ? "host memory (buffers over the same host memory)" : "buffer (through sub-buffers)",
+          a->name, a_at + a->first, a_at + a->end,
+          one ? " of its cl_mem" : host ? " of the host's addresses" : " of the parent buffer", b->name,
+          b_at + b->first, b_at + b->end, r > 0 ? "" : "; their layouts are too intricate to rule it out quickly");
     }
   return CLATTN_OK;
 }

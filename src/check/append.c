@@ -43,6 +43,10 @@ clattn_status ca_check_append(const clattn_context *ctx, const clattn_append_par
   ca_views vs;
   ca_views_init(&vs, ctx->context);
   if (paged) {
+    const long long addressed = (long long)ap->block_table_stride * ap->page_size;
+    if (ap->block_table_stride > 0 && ap->page_size > 0 && ap->new_len > addressed)
+      return BAD("new_len %d exceeds the block table's capacity of %lld rows (block_table_stride %d pages of %d)",
+                 ap->new_len, addressed, ap->block_table_stride, ap->page_size);
     if ((st = ca_check_block_table(&vs, ap->block_table, ap->batch, ap->block_table_stride, ap->page_size, ap->num_pages,
                                 ap->new_len)))
       return st;

@@ -47,6 +47,9 @@ typedef struct {
   ca_extent v[CA_MAX_VIEWS];
 } ca_views;
 
+/* The space of buffers over host memory (CL_MEM_USE_HOST_PTR): their
+ * bytes lie among the host's, at their host addresses. */
+extern const char ca_host_memory;
 void ca_views_init(ca_views *vs, cl_context context);
 /* Records view t of dims[0..rank) (checked: it fits its buffer, end bytes
  * from the start) whose cl_mem's bytes lie at base in space. */
@@ -87,6 +90,9 @@ void ca_mem_facts_keep(cl_mem m, const ca_mem_facts *facts);
  * element its own: no broadcast, no overlap), as clattn_backward reads the
  * forward's out and lse. */
 enum { CA_VIEW_IN = 0, CA_VIEW_OUT = 1, CA_VIEW_READ_WHOLE = 2 };
+/* The bytes a view of dims[0..rank) addresses from its buffer's start
+ * (offset + sum (dim-1)*stride + 1 elements): 0 when that overflows. */
+int ca_view_bytes(const clattn_tensor *t, const int *dims, int rank, size_t elem_size, size_t *bytes);
 /* Checks that a view of dims[0..rank) fits its buffer (and, unless an
  * input, neither broadcasts nor overlaps itself): BAD / BUFFER_TOO_SMALL;
  * records it in vs. */
@@ -147,5 +153,10 @@ void ca_kvcache_derive(const clattn_kvcache_params *kp, clattn_params *fp, clatt
  * it means, the step's own, and the aliasing rule with the cache an output
  * when it appends. */
 clattn_status ca_check_kvcache(const clattn_context *ctx, const clattn_kvcache_params *kp);
+/* The step's rows as cache_seqlens (its values on the host: seqlens) place
+ * them: every new row inside its cache (a paged row's table, a slot's or a
+ * contiguous cache's attn.kv_len rows), every row's keys at most
+ * attn.kv_len, every rotated position inside the rotary tables. */
+clattn_status ca_check_kvcache_rows(const clattn_kvcache_params *kp, const cl_int *seqlens);
 
 #endif

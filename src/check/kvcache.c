@@ -48,7 +48,7 @@ void ca_kvcache_derive(const clattn_kvcache_params *kp, clattn_params *fp, clatt
   ap->block_table_stride = fp->block_table_stride;
   ap->page_size = fp->page_size;
   ap->num_pages = fp->num_pages;
-  ap->capacity = fp->block_table ? 0 : a->kv_len;
+  ap->capacity = a->kv_len; /* paged too: the kernel skips a step's rows past it */
 }
 
 clattn_status ca_check_kvcache(const clattn_context *ctx, const clattn_kvcache_params *kp) {
@@ -84,8 +84,13 @@ clattn_status ca_check_kvcache(const clattn_context *ctx, const clattn_kvcache_p
   if (kp->num_slots < 0) return BAD("num_slots must be >= 0 (0: batch; got %d)", kp->num_slots);
   if (kp->num_slots > 0 && !kp->cache_batch_idx)
     return BAD("num_slots is %d but cache_batch_idx is NULL", kp->num_slots);
-  if (!a->block_table && kp->new_len > a->kv_len)
+  if (kp->new_len > a->kv_len && !a->block_table)
     return BAD("new_len %d exceeds the cache's capacity of attn.kv_len = %d rows", kp->new_len, a->kv_len);
+  if (kp->new_len > a->kv_len)
+    return BAD("new_len %d exceeds attn.kv_len = %d, the most keys a row may have (the block table addresses %lld "
+               "rows: block_table_stride %d pages of %d)",
+               kp->new_len, a->kv_len, (long long)a->block_table_stride * a->page_size, a->block_table_stride,
+               a->page_size);
   const int rotary = kp->rotary_cos.buf || kp->rotary_sin.buf;
   if (rotary) {
     if (!kp->rotary_cos.buf || !kp->rotary_sin.buf)
@@ -148,4 +153,36 @@ clattn_status ca_check_kvcache(const clattn_context *ctx, const clattn_kvcache_p
 
   /* The append into the cache: its checks of the cache as an output. */
   return ca_check_append(ctx, &ap);
+}
+
+clattn_status ca_check_kvcache_rows(const clattn_kvcache_params *kp, const cl_int *seqlens) {
+  const clattn_params *a = &kp->attn;
+  const long long capacity =
+      a->block_table ? (long long)a->block_table_stride * a->page_size : (long long)a->kv_len;
+  /* the positions a row rotates: its new keys', and its queries' (one
+   * position, or one per query row under causal or a window) */
+  const int q_span = a->causal || a->window_left >= 0 || a->window_right >= 0 ? a->q_len : 1;
+  const int span = kp->new_len > q_span ? kp->new_len : q_span;
+  for (int b = 0; b < a->batch; b++) {
+    const long long at = seqlens[b], end = at + kp->new_len;
+    if (at < 0) return BAD("cache_seqlens[%d] = %lld: a row's length is never negative", b, at);
+    if (kp->new_len > 0 && end > capacity) {
+      if (a->block_table)
+        return BAD("cache_seqlens[%d] = %lld plus new_len = %d rows ends at row %lld, past the block table's "
+                   "capacity of %lld rows (block_table_stride %d pages of %d rows per sequence)",
+                   b, at, kp->new_len, end, capacity, a->block_table_stride, a->page_size);
+      return BAD("cache_seqlens[%d] = %lld plus new_len = %d rows ends at row %lld, past the cache's capacity of "
+                 "%lld rows (attn.kv_len%s)",
+                 b, at, kp->new_len, end, capacity, kp->cache_batch_idx ? " per slot" : "");
+    }
+    if (end > a->kv_len)
+      return BAD("cache_seqlens[%d] = %lld plus new_len = %d: the row's %lld keys pass attn.kv_len = %d, the most "
+                 "keys a row may have",
+                 b, at, kp->new_len, end, a->kv_len);
+    const long long last = at + span - 1;
+    if (kp->rotary_cos.buf && last >= kp->rotary_len)
+      return BAD("rotary_len %d: cache_seqlens[%d] = %lld puts a row at position %lld, past the rotary tables",
+                 kp->rotary_len, b, at, last);
+  }
+  return CLATTN_OK;
 }

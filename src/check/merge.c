@@ -29,14 +29,25 @@ clattn_status ca_check_merge(const clattn_context *ctx, const clattn_merge_param
   if (!mp->lse.buf) return BAD("lse.buf is NULL");
   if (!mp->out.buf) return BAD("out.buf is NULL");
   const int o_dims[] = {mp->batch, mp->heads, mp->q_len, mp->value_dim};
-  /* The last state's views reach furthest: checking them covers every state. */
-  clattn_tensor o_last = mp->o, lse_last = mp->lse;
-  size_t shift;
-  if (!ca_mul_ok((size_t)(mp->n_states - 1), mp->o_state_stride, &shift) || !ca_add_ok(o_last.offset, shift, &o_last.offset))
-    return BAD("o: o_state_stride overflows the address range");
-  if (!ca_mul_ok((size_t)(mp->n_states - 1), mp->lse_state_stride, &shift) ||
-      !ca_add_ok(lse_last.offset, shift, &lse_last.offset))
-    return BAD("lse: lse_state_stride overflows the address range");
+  /* The last state's views reach furthest: checking them covers every
+   * state (and where only the last overflows, the stride is to blame). */
+  struct {
+    const char *name;
+    const clattn_tensor *first;
+    size_t state_stride;
+    int rank;
+    clattn_tensor last;
+  } states[] = {{"o", &mp->o, mp->o_state_stride, 4, mp->o}, {"lse", &mp->lse, mp->lse_state_stride, 3, mp->lse}};
+  for (int i = 0; i < 2; i++) {
+    size_t shift, bytes;
+    if (!ca_view_bytes(states[i].first, o_dims, states[i].rank, sizeof(float), &bytes)) continue; /* named below */
+    if (!ca_mul_ok((size_t)(mp->n_states - 1), states[i].state_stride, &shift) ||
+        !ca_add_ok(states[i].last.offset, shift, &states[i].last.offset) ||
+        !ca_view_bytes(&states[i].last, o_dims, states[i].rank, sizeof(float), &bytes))
+      return BAD("%s_state_stride %zu: state %d of %s lies past the address range", states[i].name,
+                 states[i].state_stride, mp->n_states - 1, states[i].name);
+  }
+  const clattn_tensor o_last = states[0].last, lse_last = states[1].last;
   ca_views vs;
   ca_views_init(&vs, ctx->context);
   /* each input is recorded as all its states */

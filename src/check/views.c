@@ -53,7 +53,7 @@ static clattn_status mem_info(const char *name, cl_mem buf, cl_mem_info param, c
  * (CL_MEM_USE_HOST_PTR, or a sub-buffer of one) among the host's, from
  * CL_MEM_HOST_PTR (OpenCL leaves two buffers over one host range undefined);
  * any other in its own. */
-static const char host_memory = 0; /* the space of buffers over host memory */
+const char ca_host_memory = 0;
 
 static clattn_status locate(const char *name, cl_mem buf, cl_mem_flags flags, const void **space, size_t *base) {
   cl_mem parent = NULL;
@@ -68,7 +68,7 @@ static clattn_status locate(const char *name, cl_mem buf, cl_mem_flags flags, co
   const cl_mem root = parent ? parent : buf;
   if (flags & CL_MEM_USE_HOST_PTR) {
     if ((st = mem_info(name, root, CL_MEM_HOST_PTR, "CL_MEM_HOST_PTR", sizeof host, &host))) return st;
-    *space = &host_memory;
+    *space = &ca_host_memory;
     *base = (size_t)(uintptr_t)host + origin;
   } else {
     *space = root;
@@ -115,18 +115,22 @@ static clattn_status check_mem(cl_context context, const char *name, cl_mem buf,
  * output view (and a VIEW_READ_WHOLE one) may not broadcast (a zero stride
  * over a dimension longer than one would make several results share an
  * element) nor overlap itself. Records the view in vs, for ca_views_disjoint. */
-clattn_status ca_check_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims, int rank,
-                            size_t elem_size, int role) {
+int ca_view_bytes(const clattn_tensor *t, const int *dims, int rank, size_t elem_size, size_t *bytes) {
   size_t last = t->offset;
   for (int d = 0; d < rank; d++) {
     size_t step;
+    if (!ca_mul_ok((size_t)(dims[d] - 1), t->stride[d], &step) || !ca_add_ok(last, step, &last)) return 0;
+  }
+  return ca_add_ok(last, 1, bytes) && ca_mul_ok(*bytes, elem_size, bytes);
+}
+
+clattn_status ca_check_view(ca_views *vs, const char *name, const clattn_tensor *t, const int *dims, int rank,
+                            size_t elem_size, int role) {
+  for (int d = 0; d < rank; d++)
     if (role != CA_VIEW_IN && dims[d] > 1 && t->stride[d] == 0)
       return BAD("%s.stride[%d] is 0: an output view cannot broadcast", name, d);
-    if (!ca_mul_ok((size_t)(dims[d] - 1), t->stride[d], &step) || !ca_add_ok(last, step, &last))
-      return BAD("%s: offset and strides overflow the address range", name);
-  }
   size_t need;
-  if (!ca_add_ok(last, 1, &need) || !ca_mul_ok(need, elem_size, &need))
+  if (!ca_view_bytes(t, dims, rank, elem_size, &need))
     return BAD("%s: offset and strides overflow the address range", name);
   if (role != CA_VIEW_IN && view_overlaps(t, dims, rank))
     return BAD("%s: the view overlaps itself (strides %zu, %zu, %zu, %zu): two results would share an element", name,

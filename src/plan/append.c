@@ -6,7 +6,8 @@
 
 /* One kv_append launch: the K or the V half of the call. */
 static void half(ca_list *l, cl_program program, const clattn_append_params *ap, const clattn_tensor *src,
-                 const clattn_tensor *dst, const clattn_tensor *scale, int cols, const ca_step_lengths *lengths) {
+                 const clattn_tensor *dst, const clattn_tensor *scale, int cols, int capacity,
+                 const ca_step_lengths *lengths) {
   const int paged = ap->block_table != NULL;
   ca_args_kv_append a;
   ca_bufs_kv_append b;
@@ -21,7 +22,7 @@ static void half(ca_list *l, cl_program program, const clattn_append_params *ap,
   a.page_size = paged ? ap->page_size : 1;
   a.num_pages = paged ? ap->num_pages : 0;
   a.paged = paged;
-  a.capacity = paged ? 0 : ap->capacity;
+  a.capacity = capacity;
   a.kv_heads = ap->kv_heads;
   a.new_len = ap->new_len;
   a.cols = cols;
@@ -42,7 +43,9 @@ clattn_status ca_plan_append(clattn_context *ctx, const clattn_append_params *ap
   const ca_program_key key = ca_append_key(ap->src_dtype, ap->kv_dtype);
   clattn_status st = ca_program_get(ctx, &key, &program);
   if (st != CLATTN_OK) return st;
-  half(l, program.program, ap, &ap->k_new, &ap->k, &ap->k_scale, ap->head_dim, lengths);
-  half(l, program.program, ap, &ap->v_new, &ap->v, &ap->v_scale, ap->value_dim, NULL);
+  /* rows past it skipped: a contiguous cache's, and a step's (attn.kv_len, paged too) */
+  const int capacity = ap->block_table && !lengths ? 0 : ap->capacity;
+  half(l, program.program, ap, &ap->k_new, &ap->k, &ap->k_scale, ap->head_dim, capacity, lengths);
+  half(l, program.program, ap, &ap->v_new, &ap->v, &ap->v_scale, ap->value_dim, capacity, NULL);
   return l->error;
 }

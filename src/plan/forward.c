@@ -25,10 +25,17 @@ void ca_resolve(const clattn_context *ctx, const clattn_params *p, ca_resolved *
 clattn_status ca_plan_forward(clattn_context *ctx, const clattn_params *p, ca_list *l) {
   ca_resolved r;
   ca_resolve(ctx, p, &r);
-  /* the staged and GEMM paths hold rows of scores */
-  if (r.algo != CLATTN_ALGO_FUSED && (cl_ulong)p->kv_len * sizeof(float) > ctx->max_alloc)
-    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "kv_len %d: one row of scores exceeds the device's largest allocation",
-                   p->kv_len);
+  /* The staged and GEMM paths hold rows of scores, one row at a time when
+   * a row passes the scratch budget: a row is held up to a quarter of the
+   * device's largest allocation (past that its grid and its passes over
+   * the keys run for minutes: kv_len 2^31 on POCL; FUSED holds no row). */
+  const cl_ulong row_bytes = (cl_ulong)p->kv_len * sizeof(float);
+  if (r.algo != CLATTN_ALGO_FUSED && row_bytes > ctx->max_alloc / 4)
+    return ca_fail(CLATTN_ERR_OUT_OF_MEMORY,
+                   "kv_len %d: one row of scores (%llu bytes) is more than the %s path holds: a quarter of the "
+                   "device's largest allocation (%llu bytes); use CLATTN_ALGO_FUSED or AUTO",
+                   p->kv_len, (unsigned long long)row_bytes, clattn_algo_name(r.algo),
+                   (unsigned long long)(ctx->max_alloc / 4));
   switch (r.algo) {
     case CLATTN_ALGO_FUSED: return ca_plan_fused(ctx, p, &r, l);
     case CLATTN_ALGO_GEMM: return ca_plan_gemm(ctx, p, &r, l);

@@ -109,10 +109,11 @@ static void cb_note(ca_bound *b, const ca_list *l) {
 clattn_status ca_bind(clattn_context *ctx, const ca_list *l, ca_bound **out) {
   *out = NULL;
   if (l->error) return l->error;
+  clattn_status st = ca_check_scratch(ctx, l);
+  if (st != CLATTN_OK) return st;
   ca_bound *b = calloc(1, sizeof *b);
   if (!b) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "plan: out of host memory");
   b->ctx = ctx;
-  clattn_status st = CLATTN_OK;
   for (int i = 0; i < l->n_scratch && st == CLATTN_OK; i++) {
     st = own_buffer(ctx, l->scratch[i], NULL, l->scratch_what[i], &b->res.scratch[i]);
     b->scratch_bytes[i] = l->scratch[i];
@@ -230,7 +231,8 @@ clattn_status ca_run_bound(ca_bound *b, const ca_list *l, cl_uint n_wait, const 
   if (l->error) return l->error;
   if (l->n_scratch > CA_LIST_SCRATCH || (l->flag && !b->res.flag))
     return ca_fail(CLATTN_ERR_UNSUPPORTED, "plan: a step needs buffers the plan does not hold");
-  clattn_status st = grow(b, l);
+  clattn_status st = ca_check_scratch(ctx, l);
+  if (st == CLATTN_OK) st = grow(b, l);
   if (st != CLATTN_OK) return st;
   cl_event local[8], *list = local, prev = NULL;
   cl_uint n = n_wait;

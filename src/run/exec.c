@@ -63,6 +63,16 @@ clattn_status ca_enqueue_launch(clattn_context *ctx, cl_kernel kernel, const ca_
   return CLATTN_OK;
 }
 
+clattn_status ca_check_scratch(const clattn_context *ctx, const ca_list *l) {
+  for (int i = 0; i < l->n_scratch; i++)
+    if (l->scratch[i] > ctx->max_alloc)
+      return ca_fail(CLATTN_ERR_OUT_OF_MEMORY,
+                     "%s: %s needs %zu bytes, past the device's largest allocation (%llu bytes, "
+                     "CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
+                     l->what, l->scratch_what[i], l->scratch[i], (unsigned long long)ctx->max_alloc);
+  return CLATTN_OK;
+}
+
 clattn_status ca_read_flag(clattn_context *ctx, cl_mem flag, cl_event last, int *raised) {
   cl_int value = 0;
   const cl_int err =
@@ -111,7 +121,8 @@ clattn_status ca_run(clattn_context *ctx, const ca_list *l, cl_uint n_wait, cons
     *done = NULL;
     return ca_cl_fail(err, "clEnqueueMarkerWithWaitList(an empty call)");
   }
-  clattn_status st = CLATTN_OK;
+  clattn_status st = ca_check_scratch(ctx, l);
+  if (st != CLATTN_OK) return st;
   ca_resources res;
   memset(&res, 0, sizeof res);
   run_kernels rk = {0, {NULL}};

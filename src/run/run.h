@@ -68,6 +68,9 @@ clattn_status ca_set_launch_args(cl_kernel kernel, ca_held *held, int mems_held,
  * the wait list when *prev is NULL; *prev becomes its event. */
 clattn_status ca_enqueue_launch(clattn_context *ctx, cl_kernel kernel, const ca_list *l, const ca_launch *x,
                                 const ca_resources *res, cl_uint n_wait, const cl_event *wait, cl_event *prev);
+/* OUT_OF_MEMORY, naming the buffer and the limit, when a scratch slot of l
+ * is larger than the device allocates (nothing is enqueued then). */
+clattn_status ca_check_scratch(const clattn_context *ctx, const ca_list *l);
 /* Reads the empty-row flag after last: CLATTN_ERR_EMPTY_ROW when raised (*raised 1). */
 clattn_status ca_read_flag(clattn_context *ctx, cl_mem flag, cl_event last, int *raised);
 /* Hands a call's last event on: to *done on success when asked for, else released. */

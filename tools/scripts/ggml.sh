@@ -15,8 +15,9 @@
 #    test-llama-archs, llama-simple and llama-bench.
 # 2. clattn's own backend in build-ggml/clattn, configured with -Dggml and
 #    -Dggml_lib naming that tree and its libraries:
-#    build-ggml/clattn/ggml/libggml-clattn.so (and ggml-bench-fa, and
-#    ggml-opencl-fa-check for the ggml-opencl lane).
+#    build-ggml/clattn/ggml/libggml-clattn.so (and ggml-bench-fa,
+#    ggml-fa-supported-check, and ggml-opencl-fa-check for the ggml-opencl
+#    lane).
 #    --build stops here.
 # 3. On the default OpenCL device (CLATTN_DEVICE's match, else the first
 #    GPU, else POCL's CPU device), the backend loaded as ggml loads one:
@@ -30,6 +31,8 @@
 #                                 alone and with CLATTN
 #    (the last two read no GGML_BACKEND_PATH with ggml's CPU backend built in:
 #    the backend is preloaded and registers itself, CLATTN_GGML_REGISTER=1).
+#      ggml-fa-supported-check    the nodes both backends leave to ggml over op
+#                                 parameters test-backend-ops never varies (a NaN scale)
 #    Each run reports how many FLASH_ATTN_EXT nodes clattn_forward computed
 #    (CLATTN_GGML_REPORT); a run in which it computed none fails the lane.
 # 4. Where Intel's OpenCL CPU runtime is installed (build-intel-rt/, by the
@@ -103,7 +106,7 @@ echo "ggml: llama.cpp ready ($((SECONDS - t0)) s)" >&2
 
 # ---- 2. the backend ----
 meson configure "$build_dir" -Dggml="$tree" -Dggml_lib="$bin" >/dev/null || fail "meson configure $build_dir"
-targets=(ggml/libggml-clattn.so ggml/ggml-bench-fa ggml/ggml-opencl-fa-check)
+targets=(ggml/libggml-clattn.so ggml/ggml-bench-fa ggml/ggml-fa-supported-check ggml/ggml-opencl-fa-check)
 ninja -C "$build_dir" "${targets[@]}" >/dev/null || { ninja -C "$build_dir" "${targets[@]}"; fail "the backend did not build"; }
 [ $build_only -eq 1 ] && exit 0
 backend=$build_dir/ggml/libggml-clattn.so
@@ -136,6 +139,13 @@ run test-backend-ops env GGML_BACKEND_PATH="$backend" "$bin/test-backend-ops" te
 grep -E 'tests passed' "$work/test-backend-ops.out"
 echo "ggml: test-backend-ops: $(grep -c 'not supported' "$work/test-backend-ops.out") cases not supported"
 grep 'not supported' "$work/test-backend-ops.out" | grep -o 'type_K=[a-z0-9_]*,type_V=[a-z0-9_]*' | sort | uniq -c
+if "$build_dir/ggml/ggml-fa-supported-check" >"$work/fa-supported.out" 2>&1; then
+  echo "ggml: ggml-fa-supported-check: every node taken or left as expected"
+else
+  cat "$work/fa-supported.out"
+  echo "ggml: ggml-fa-supported-check: FAILED"
+  status=1
+fi
 
 archs=()
 [ $quick -eq 1 ] && archs=(-a '^(llama|qwen2|gemma2)$')
