@@ -65,8 +65,9 @@ for s in "${need[@]}"; do
 done
 
 # ---- build ----
-configure() {   # build_dir, sanitizers
+configure() {   # build_dir, sanitizers[, targets: only those built]
   local dir=$1 san=$2
+  shift 2
   local opts=(-Db_sanitize="$san" -Db_lundef=false --buildtype=debugoptimized
               -Dc_args=-fno-omit-frame-pointer)
   if [ -f "$dir/build.ninja" ]; then
@@ -74,7 +75,7 @@ configure() {   # build_dir, sanitizers
   else
     meson setup "$dir" "${opts[@]}" >/dev/null || return 1
   fi
-  ninja -C "$dir" >/dev/null || { ninja -C "$dir"; return 1; }   # the errors, visible
+  ninja -C "$dir" "$@" >/dev/null || { ninja -C "$dir" "$@"; return 1; }   # the errors, visible
 }
 
 # Counts a sanitizer's reports in a test log.
@@ -157,9 +158,12 @@ run_asan() {
 
 run_tsan() {
   echo "== TSan: build-tsan, the threads and first-use tests ==" >&2
-  configure build-tsan thread || { summary+=("tsan: build FAILED"); status=1; return; }
-  local tests=("$@")
-  [ ${#tests[@]} -gt 0 ] || tests=(threads first-use)
+  local tests=("$@") targets=()
+  # by default only what the two tests run is built (the library and them)
+  [ ${#tests[@]} -gt 0 ] || { tests=(threads first-use); targets=(tests/test_threads tests/test_first_use); }
+  configure build-tsan thread "${targets[@]}" || { summary+=("tsan: build FAILED"); status=1; return; }
+  local rebuild=()
+  [ ${#targets[@]} -eq 0 ] || rebuild=(--no-rebuild)
   # Twice: on the warm program cache, then on an empty one of its own, so
   # six clattn contexts build (and store) their programs from source at
   # once, and the shared context's fused programs are first asked for by
@@ -174,7 +178,7 @@ run_tsan() {
     # are checked too (and were clean); tsan.supp names POCL only.
     env "${cache_env[@]}" \
       TSAN_OPTIONS="suppressions=$root/tests/tsan.supp:report_signal_unsafe=0:halt_on_error=0:exitcode=66:second_deadlock_stack=1" \
-      meson test -C build-tsan --print-errorlogs --num-processes 1 --logbase "tsan-$run" \
+      meson test -C build-tsan "${rebuild[@]}" --print-errorlogs --num-processes 1 --logbase "tsan-$run" \
         --timeout-multiplier "$multiplier" "${tests[@]}" || rc=$?
     local log=build-tsan/meson-logs/tsan-$run.txt
     local races line
