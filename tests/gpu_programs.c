@@ -26,19 +26,19 @@ static int find_profile(const char *name, tl_device *dev) {
   } profiles[] = {
       /* CDNA (MI200/MI300): 64-wide wavefronts, 64 KiB LDS, 1024-item groups */
       {"amd-wave64",
-       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0, 0x1002, 1, 1024, 64, 1, 1, 0, ""}},
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 64, 110, 0, 0, 0x1002, 1, 1024, 64, 1, 1, 0, "", {0}, 0}},
       /* RDNA 3 (gfx1100): 32-wide waves */
       {"amd-wave32",
-       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0, 0x1002, 1, 1024, 64, 1, 1, 0, ""}},
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 48, 0, 0, 0x1002, 1, 1024, 64, 1, 1, 0, "", {0}, 0}},
       /* NVIDIA's OpenCL: 32-wide warps, 48 KiB local memory, no cl_khr_fp16 (the widening path) */
-      {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0, 0x10de, 0, 4352, 64, 1, 1, 0, ""}},
+      {"nvidia", {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 0, 0, 0x10de, 0, 4352, 64, 1, 1, 0, "", {0}, 0}},
       /* Intel Xe-LP (Tiger Lake, tgllp) as its OpenCL driver reports it: 96
        * EUs as compute units, 64 KiB SLM, 512-item groups, cl_khr_fp16 */
       {"intel-xe-lp",
-       {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 32, 96, 0, 0, 0x8086, 1, 2048, 64, 1, 1, 8 | 16 | 32, ""}},
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 32, 96, 0, 0, 0x8086, 1, 2048, 64, 1, 1, 8 | 16 | 32, "", {0}, 0}},
       /* Intel Xe-HPG (Arc A770, dg2 / acm-g10): 512 EUs, 1024-item groups */
       {"intel-xe-hpg",
-       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 512, 0, 0, 0x8086, 1, 2048, 64, 1, 1, 8 | 16 | 32, ""}},
+       {CL_DEVICE_TYPE_GPU, 64 * 1024, 1024, {1024, 1024, 1024}, 32, 512, 0, 0, 0x8086, 1, 2048, 64, 1, 1, 8 | 16 | 32, "", {0}, 0}},
   };
   for (size_t i = 0; i < sizeof profiles / sizeof profiles[0]; i++)
     if (strcmp(name, profiles[i].name) == 0) {

@@ -11,12 +11,12 @@
 enum { MIN_KEYS = 256 }; /* plan.c's MIN_SPLIT_KEYS */
 
 static tl_device gpu(cl_uint cus, size_t max_wg, cl_ulong local, cl_uint vendor) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, local, max_wg, {max_wg, max_wg, 64}, 32, cus, 0, 0, vendor, 0, 1024, 64, 1, 1, 0, ""};
+  tl_device d = {CL_DEVICE_TYPE_GPU, local, max_wg, {max_wg, max_wg, 64}, 32, cus, 0, 0, vendor, 0, 1024, 64, 1, 1, 0, "", {0}, 0};
   return d;
 }
 
 static tl_device cpu(cl_uint cus) {
-  tl_device d = {CL_DEVICE_TYPE_CPU, 1 << 20, 4096, {4096, 4096, 4096}, 8, cus, 0, 0, 0, 0, 1024, 64, 16, 16, 0, ""};
+  tl_device d = {CL_DEVICE_TYPE_CPU, 1 << 20, 4096, {4096, 4096, 4096}, 8, cus, 0, 0, 0, 0, 1024, 64, 16, 16, 0, "", {0}, 0};
   return d;
 }
 

@@ -9,19 +9,19 @@
 #include "device/tiles.h"
 
 static tl_device nvidia_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 128, 128, 0x10de, 0, 4352, 64, 1, 1, 0, "NVIDIA H100"};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 48 * 1024, 1024, {1024, 1024, 64}, 32, 132, 128, 128, 0x10de, 0, 4352, 64, 1, 1, 0, "NVIDIA H100", {0}, 0};
   return d;
 }
 static tl_device amd_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 256, {1024, 1024, 1024}, 64, 96, 64, 64, 0x1002, 1, 1024, 64, 1, 1, 0, "AMD Instinct MI250X"};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 256, {1024, 1024, 1024}, 64, 96, 64, 64, 0x1002, 1, 1024, 64, 1, 1, 0, "AMD Instinct MI250X", {0}, 0};
   return d;
 }
 static tl_device intel_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 16, 96, 128, 128, 0x8086, 1, 1024, 64, 1, 1, 8 | 16 | 32, "Intel Arc A770"};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 64 * 1024, 512, {512, 512, 512}, 16, 96, 128, 128, 0x8086, 1, 1024, 64, 1, 1, 8 | 16 | 32, "Intel Arc A770", {0}, 0};
   return d;
 }
 static tl_device cpu_like(void) {
-  tl_device d = {CL_DEVICE_TYPE_CPU, 1024 * 1024, 4096, {4096, 4096, 4096}, 8, 2, 0, 0, 0x8086, 0, 1024, 64, 8, 8, 0, "a CPU"};
+  tl_device d = {CL_DEVICE_TYPE_CPU, 1024 * 1024, 4096, {4096, 4096, 4096}, 8, 2, 0, 0, 0x8086, 0, 1024, 64, 8, 8, 0, "a CPU", {0}, 0};
   return d;
 }
 
@@ -77,7 +77,7 @@ static void cpu_tiles_are_wide_and_short(void) {
 }
 
 static void small_device_is_clamped_to_its_limits(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 2048, 64, {64, 8, 1}, 32, 4, 256, 256, 0, 0, 0, 0, 1, 1, 0, ""};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 2048, 64, {64, 8, 1}, 32, 4, 256, 256, 0, 0, 0, 0, 1, 1, 0, "", {0}, 0};
   tl_tiles t = tl_choose(&d);
   check_fits(&t, &d, "small");
   CHECK(tl_clamp(&t, &d) == 0);
@@ -92,7 +92,7 @@ static void oversized_tiles_shrink_to_fit(void) {
 }
 
 static void device_that_fits_nothing_is_refused(void) {
-  tl_device d = {CL_DEVICE_TYPE_GPU, 0, 64, {64, 64, 64}, 32, 4, 64, 64, 0, 0, 0, 0, 1, 1, 0, ""};
+  tl_device d = {CL_DEVICE_TYPE_GPU, 0, 64, {64, 64, 64}, 32, 4, 64, 64, 0, 0, 0, 0, 1, 1, 0, "", {0}, 0};
   tl_tiles t = tl_choose(&d);
   CHECK(tl_clamp(&t, &d) == -1);
 }

@@ -167,6 +167,7 @@ clattn_status ca_query_device(cl_device_id device, tl_device *caps, cl_ulong *ma
         if (sizes[i] >= 1 && sizes[i] <= 64 && (sizes[i] & (sizes[i] - 1)) == 0) caps->sg_sizes |= (cl_uint)sizes[i];
   }
   CA_CHECK_CL(st, err, "clGetDeviceInfo(CL_DEVICE_EXTENSIONS)");
+  ca_rules_resolve(caps);
 fail:
   return st;
 }

@@ -64,7 +64,10 @@ static const char *vendor_of(const tl_device *dev) {
   return names[v][(dev->type & CL_DEVICE_TYPE_CPU) != 0];
 }
 
+_Static_assert(CA_RULE_COUNT <= sizeof ((tl_device *)0)->rules / sizeof(long long), "tl_device.rules too small");
+
 long long ca_rule(const tl_device *dev, ca_rule_key key, const char **from) {
+  if (dev->rules_known && !from && key < CA_RULE_COUNT) return dev->rules[key];
   static const char *const levels[] = {"device", "architecture", "vendor", "device type", "default"};
   static _Thread_local char where[96];
   const char *type = (dev->type & CL_DEVICE_TYPE_CPU) ? "cpu" : "gpu";
@@ -85,6 +88,12 @@ long long ca_rule(const tl_device *dev, ca_rule_key key, const char **from) {
   }
   if (from) *from = "none";
   return 0;
+}
+
+void ca_rules_resolve(tl_device *dev) {
+  dev->rules_known = 0;
+  for (int k = 0; k < CA_RULE_COUNT; k++) dev->rules[k] = ca_rule(dev, (ca_rule_key)k, NULL);
+  dev->rules_known = 1;
 }
 
 const char *ca_rule_name(ca_rule_key key) {

@@ -23,6 +23,9 @@ typedef enum {
  * ("architecture amd-rdna", "vendor intel-gpu", "default", ...). */
 long long ca_rule(const tl_device *dev, ca_rule_key key, const char **from);
 const char *ca_rule_name(ca_rule_key key);
+/* Looks every rule up once into dev->rules, which ca_rule then answers
+ * from (a planned step asks some on every call). */
+void ca_rules_resolve(tl_device *dev);
 /* The device's architecture as the rules name it, from its queries:
  * amd-rdna, amd-gcn, intel-xe, nvidia, cpu-avx512, cpu-avx2, cpu, other. */
 const char *ca_architecture(const tl_device *dev);

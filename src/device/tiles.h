@@ -26,6 +26,8 @@ typedef struct {
   cl_uint sg_sizes;         /* sub-group sizes a kernel may require (cl_intel_subgroups with
                                cl_intel_required_subgroup_size): bit k = 2^k lanes; 0 = none */
   char name[128];           /* CL_DEVICE_NAME ("" = not known): the rules' device matches */
+  long long rules[8];       /* the rules' values as looked up once (device/rules.c) */
+  int rules_known;          /* rules[] holds them: 0 for a description not yet resolved */
 } tl_device;
 
 enum { TL_VENDOR_AMD = 0x1002, TL_VENDOR_INTEL = 0x8086 };
