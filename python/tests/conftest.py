@@ -14,6 +14,18 @@ def ctx():
 
 
 @pytest.fixture
+def cl_queue():
+    """A pyopencl queue on the first device pyopencl sees (the test skipped
+    without pyopencl or a device)."""
+    cl = pytest.importorskip("pyopencl")
+    try:
+        dev = [d for p in cl.get_platforms() for d in p.get_devices()][0]
+        return cl.CommandQueue(cl.Context([dev]))
+    except (IndexError, cl.Error):
+        pytest.skip("pyopencl sees no usable device")
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(1234)
 

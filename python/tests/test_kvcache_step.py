@@ -210,14 +210,9 @@ def test_errors_touch_nothing(ctx, rng):
     assert not k_cache.any() and not v_cache.any()
 
 
-def test_pyopencl_caches_in_place():
-    cl = pytest.importorskip("pyopencl")
+def test_pyopencl_caches_in_place(cl_queue):
     cla = pytest.importorskip("pyopencl.array")
-    try:
-        dev = [d for p in cl.get_platforms() for d in p.get_devices()][0]
-        queue = cl.CommandQueue(cl.Context([dev]))
-    except (IndexError, cl.Error):
-        pytest.skip("pyopencl sees no usable device")
+    queue = cl_queue
     rng = np.random.default_rng(5)
     B, H, M, cap, d, rd = 2, 2, 1, 9, 32, 32
     with clattn.Context(queue=queue) as ctx:
@@ -264,14 +259,9 @@ def test_new_rows_past_the_block_table_are_refused_naming_them_before_anything_i
     assert (k_cache.tobytes(), v_cache.tobytes()) == before
 
 
-def test_new_rows_past_the_block_table_are_refused_with_device_lengths():
-    cl = pytest.importorskip("pyopencl")
+def test_new_rows_past_the_block_table_are_refused_with_device_lengths(cl_queue):
     cla = pytest.importorskip("pyopencl.array")
-    try:
-        dev = [d for p in cl.get_platforms() for d in p.get_devices()][0]
-        queue = cl.CommandQueue(cl.Context([dev]))
-    except (IndexError, cl.Error):
-        pytest.skip("pyopencl sees no usable device")
+    queue = cl_queue
     q, k_cache, v_cache, k, v, table, seqlens = _past_the_table(np.random.default_rng(6))
     with clattn.Context(queue=queue) as c:
         kc, vc = cla.to_device(queue, k_cache), cla.to_device(queue, v_cache)

@@ -63,7 +63,6 @@ clattn_status clattn_forward_kvcache(clattn_context *ctx, const clattn_kvcache_p
   clattn_status st = check_wait("clattn_forward_kvcache", n_wait, wait, done);
   if (st == CLATTN_OK && kp && (st = ca_kvcache_params_in(kp, &own)) == CLATTN_OK) kp = &own;
   if (st == CLATTN_OK) st = ca_check_kvcache(ctx, kp);
-  if (st == CLATTN_OK && kp->host_seqlens) st = ca_check_kvcache_rows(kp, kp->host_seqlens);
   if (st != CLATTN_OK) return st;
   ca_list_init(&l, "forward_kvcache");
   return run_list(ctx, &l, ca_plan_kvcache(ctx, kp, &l), n_wait, wait, done);

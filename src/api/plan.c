@@ -239,7 +239,6 @@ clattn_status clattn_plan_create_kvcache(clattn_context *ctx, const clattn_kvcac
   clattn_kvcache_params own;
   clattn_status st = ca_kvcache_params_in(kp, &own);
   if (st == CLATTN_OK) st = ca_check_kvcache(ctx, &own);
-  if (st == CLATTN_OK && own.host_seqlens) st = ca_check_kvcache_rows(&own, own.host_seqlens);
   if (st != CLATTN_OK) return st;
   clattn_plan *pl = plan_new(ctx);
   if (!pl) return ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "clattn_plan_create_kvcache: out of host memory");

@@ -150,10 +150,10 @@ clattn_status ca_check_merge(const clattn_context *ctx, const clattn_merge_param
  * the append (*ap; new_len 0: none). A pure function of kp. */
 void ca_kvcache_derive(const clattn_kvcache_params *kp, clattn_params *fp, clattn_append_params *ap);
 /* clattn_forward_kvcache's: the forward's and the append's checks on what
- * it means, the step's own, and the aliasing rule with the cache an output
- * when it appends. */
+ * it means, the step's own, the aliasing rule with the cache an output
+ * when it appends, and with kp->host_seqlens the rows (below). */
 clattn_status ca_check_kvcache(const clattn_context *ctx, const clattn_kvcache_params *kp);
-/* The step's rows as cache_seqlens (its values on the host: seqlens) place
+/* The step's rows as seqlens (cache_seqlens' values on the host) place
  * them: every new row inside its cache (a paged row's table, a slot's or a
  * contiguous cache's attn.kv_len rows), every row's keys at most
  * attn.kv_len, every rotated position inside the rotary tables. */

@@ -149,10 +149,10 @@ clattn_status ca_check_kvcache(const clattn_context *ctx, const clattn_kvcache_p
     vs.v[vs.n++] = e;
   }
   if ((st = ca_views_disjoint(&vs))) return st;
-  if (kp->new_len == 0) return CLATTN_OK;
-
   /* The append into the cache: its checks of the cache as an output. */
-  return ca_check_append(ctx, &ap);
+  if (kp->new_len > 0 && (st = ca_check_append(ctx, &ap))) return st;
+  /* The rows, where the host knows the lengths. */
+  return kp->host_seqlens ? ca_check_kvcache_rows(kp, kp->host_seqlens) : CLATTN_OK;
 }
 
 clattn_status ca_check_kvcache_rows(const clattn_kvcache_params *kp, const cl_int *seqlens) {
