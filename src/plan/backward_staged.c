@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "plan/backward.h"
+#include "plan/backward_pass.h"
 
 enum { BS_TM = 8, BS_TN = 16 }; /* cl/backward_staged.cl's work-group tiles */
 

@@ -1,11 +1,11 @@
 /*
  * What the backward's two plans share (backward.c, backward_staged.c): the
  * program, the resolved forward call and the per-row scratch (D_i, sinks'
- * terms, d_additive_w's row terms), and cl/args.h.cl's bwd group, which
- * every pass of both takes first.
+ * terms, d_additive_w's row terms), cl/args.h.cl's bwd group, which every
+ * pass of both takes first, and bwd_store (backward_pass.c).
  */
-#ifndef CLATTN_PLAN_BACKWARD_H
-#define CLATTN_PLAN_BACKWARD_H
+#ifndef CLATTN_PLAN_BACKWARD_PASS_H
+#define CLATTN_PLAN_BACKWARD_PASS_H
 
 #include "plan/fill.h"
 
