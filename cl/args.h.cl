@@ -24,7 +24,13 @@
 #ifndef CA_ARGS_H
 #define CA_ARGS_H
 
-#ifdef __OPENCL_VERSION__
+/* OpenCL C: a runtime's compiler defines __OPENCL_VERSION__, an offline
+ * one (clang for amdgcn and nvptx) only __OPENCL_C_VERSION__ */
+#if defined(__OPENCL_VERSION__) || defined(__OPENCL_C_VERSION__)
+#define CA_DEVICE_CODE 1
+#endif
+
+#ifdef CA_DEVICE_CODE
 typedef struct {
   ulong off, st[4];
 } ca_view;
@@ -196,7 +202,7 @@ typedef ca_drop ca_field_ca_drop;
 #define CA_STRUCT_X(S, T, n) CA_FIELD_T(T) n;
 #define CA_STRUCT(F) typedef struct { CA_ARGS_##F(CA_NONE, CA_STRUCT_V, CA_STRUCT_X, _) } ca_args_##F;
 
-#ifdef __OPENCL_VERSION__
+#ifdef CA_DEVICE_CODE
 #define CA_PARAM_B(S, T, n) __global T *n,
 #define CA_PASS_B(S, T, n) n,
 #define CA_NULL_B(S, T, n) (__global T *)0,
@@ -229,7 +235,7 @@ enum { CA_BUF_MEM = 0, CA_BUF_FLAG = 1, CA_BUF_SCRATCH = 2 };
 #endif
 
 #define CA_FAMILY(F) CA_STRUCT(F)
-#ifndef __OPENCL_VERSION__
+#ifndef CA_DEVICE_CODE
 #undef CA_FAMILY
 #define CA_FAMILY(F) CA_STRUCT(F) CA_BUFS(F)
 #endif
