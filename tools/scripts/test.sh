@@ -6,15 +6,19 @@
 #     suite (loopvec)   meson test, whole suite, POCL_WORK_GROUP_METHOD=loopvec
 #                       (GPU code generation and the 'mpi' suite included)
 #     python            the Python binding's pytest suite (tools/scripts/python.sh)
-#     suite (intel)     the opencl suite (every path, every forced kernel) on
-#                       Intel's OpenCL CPU runtime, installed by
-#                       tools/scripts/intel-runtime.sh into build-intel-rt/
+#     suite (intel)     on Intel's OpenCL CPU runtime (installed by
+#                       tools/scripts/intel-runtime.sh into build-intel-rt/):
+#                       suites 'quick' (each path's defaults) and 'intel' (what
+#                       POCL cannot run: sub-groups, half arithmetic, mutable
+#                       command buffers; flash_block; the plans), or the whole
+#                       opencl suite with CLATTN_TEST_INTEL=all
 #     python (intel)    the Python tests on it
 #   tools/scripts/test.sh --quick   meson suites 'unit' and 'quick' (each path's
 #                       defaults), then python (the default device only)
 #   tools/scripts/test.sh --deep    the deep checks, which .ci/run adds:
-#     suite (cbs)       the opencl suite again with POCL_WORK_GROUP_METHOD=cbs, but for
-#                       suite 'loopvec-only' (runs the method cannot change: tests/meson.build)
+#     suite (cbs)       suites 'quick' and 'gpu-kernels' again with
+#                       POCL_WORK_GROUP_METHOD=cbs: each path's defaults and the
+#                       kernels with barriers and local memory (flash_block, flash_tiled)
 #     oclgrind          every kernel path at small shapes under Oclgrind
 #     sanitizers        the suite under ASan+UBSan, the threads test under TSan
 #     fuzz              libFuzzer on clattn_forward for 60 s
@@ -36,7 +40,7 @@ cd "$(dirname "$0")/../.."
 mode=${1:-main}
 case "$mode" in
   main|--quick|--deep) ;;
-  -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
   *) echo "usage: tools/scripts/test.sh [--quick | --deep]" >&2; exit 2 ;;
 esac
 
@@ -100,7 +104,9 @@ intel() {
   env -u POCL_WORK_GROUP_METHOD tools/scripts/intel-runtime.sh "$@"
 }
 intel_suite() {
-  intel meson test -C build-test --print-errorlogs --num-processes 2 --logbase intel --suite opencl
+  local which=(--suite quick --suite intel)
+  [ "${CLATTN_TEST_INTEL:-}" = all ] && which=(--suite opencl)
+  intel meson test -C build-test --print-errorlogs --num-processes 2 --logbase intel "${which[@]}"
   local rc=$?
   [ $rc -eq 77 ] || count intel
   return $rc
@@ -122,7 +128,7 @@ case "$mode" in
     stage "suite (quick)" suite loopvec --suite unit --suite quick
     stage "python" tools/scripts/python.sh build-test ;;
   --deep)
-    stage "suite (cbs)" suite cbs --suite opencl --no-suite loopvec-only
+    stage "suite (cbs)" suite cbs --suite quick --suite gpu-kernels
     stage "oclgrind" tools/scripts/oclgrind.sh build-test
     stage "sanitizers" tools/scripts/sanitize.sh all
     stage "fuzz" tools/scripts/fuzz.sh 60
