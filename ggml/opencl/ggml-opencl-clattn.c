@@ -102,7 +102,7 @@ struct ggml_opencl_clattn *ggml_opencl_clattn_init(cl_context context, cl_device
     free(g);
     return NULL;
   }
-  clattn_options opt = {context, device, queue, NULL, NULL, NULL};
+  clattn_options opt = {.struct_size = sizeof opt, .context = context, .device = device, .queue = queue};
   clattn_status st = clattn_create(&opt, &g->ctx);
   if (st != CLATTN_OK) {
     fprintf(stderr, "ggml-opencl: clattn_create: %s (%s)\n", clattn_status_string(st), clattn_last_error(NULL));
