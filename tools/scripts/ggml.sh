@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The ggml lanes: clattn inside llama.cpp, checked by llama.cpp's own tests.
 #
-#   tools/scripts/ggml.sh [--quick | --build]
+#   tools/scripts/ggml.sh [--quick | --full | --build]
 #
 # 1. llama.cpp as PyPI's llama-cpp-python==0.3.36 sdist vendors it (ggml
 #    0.25.3, backend API 2), fetched with `pip download --no-deps
@@ -21,9 +21,12 @@
 #    --build stops here.
 # 3. On the default OpenCL device (CLATTN_DEVICE's match, else the first
 #    GPU, else POCL's CPU device), the backend loaded as ggml loads one:
-#      test-backend-ops test -o FLASH_ATTN_EXT -b CLATTN    every case ggml generates
-#                                 (--quick: those with head sizes 64/64 and 576/512),
-#                                 GGML_BACKEND_PATH naming the backend
+#      test-backend-ops test -o FLASH_ATTN_EXT -b CLATTN    the cases ggml generates at
+#                                 batch sizes 1 and 75 (every head size, K/V type, mask and
+#                                 feature; half of the 5,308 cases, cold kernel builds are
+#                                 most of the time); --full: every case; --quick: those
+#                                 with head sizes 64/64 and 576/512. GGML_BACKEND_PATH
+#                                 names the backend
 #      test-llama-archs -b CLATTN  every architecture against the CPU backend
 #                                 (--quick: llama, qwen2, gemma2)
 #      llama-simple               a random-weights llama model that test-llama-archs
@@ -48,8 +51,9 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-quick=0 build_only=0
+quick=0 full=0 build_only=0
 [ "${1:-}" = --quick ] && quick=1
+[ "${1:-}" = --full ] && full=1
 [ "${1:-}" = --build ] && build_only=1
 work=$root/build-ggml
 build_dir=$work/clattn
@@ -108,7 +112,8 @@ echo "ggml: llama.cpp ready ($((SECONDS - t0)) s)" >&2
 
 # ---- 2. the backend ----
 meson configure "$build_dir" -Dggml="$tree" -Dggml_lib="$bin" >/dev/null || fail "meson configure $build_dir"
-targets=(ggml/libggml-clattn.so ggml/ggml-bench-fa ggml/ggml-fa-supported-check ggml/ggml-opencl-fa-check)
+targets=(ggml/libggml-clattn.so ggml/ggml-bench-fa ggml/ggml-fa-supported-check ggml/ggml-opencl-fa-check
+         ggml/libggml-opencl-glue.a)
 ninja -C "$build_dir" "${targets[@]}" >/dev/null || { ninja -C "$build_dir" "${targets[@]}"; fail "the backend did not build"; }
 [ $build_only -eq 1 ] && exit 0
 backend=$build_dir/ggml/libggml-clattn.so
@@ -134,7 +139,8 @@ run() {   # NAME PROGRAM ARGS...
 }
 
 # ---- 3. llama.cpp's tests ----
-cases=()
+cases=(-p 'nb=(1|75),')
+[ $full -eq 1 ] && cases=()
 [ $quick -eq 1 ] && cases=(-p 'hsk=(64,hsv=64|576,hsv=512),')
 run test-backend-ops env GGML_BACKEND_PATH="$backend" "$bin/test-backend-ops" test -o FLASH_ATTN_EXT -b CLATTN \
   -j "$(nproc)" "${cases[@]}"

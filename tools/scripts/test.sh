@@ -21,8 +21,8 @@
 #                       kernels with barriers and local memory (flash_block, flash_tiled)
 #     oclgrind          every kernel path at small shapes under Oclgrind
 #     sanitizers        the suite under ASan+UBSan, the threads test under TSan
-#     fuzz              libFuzzer on clattn_forward for 60 s
-#     fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 30 s
+#     fuzz              libFuzzer on clattn_forward for 30 s
+#     fuzz (npy)        libFuzzer on `clattn run`'s .npy reader for 15 s
 #     ggml              llama.cpp's own tests over the ggml backend, and over llama.cpp's
 #                       OpenCL backend with clattn on Intel's CPU runtime (tools/scripts/ggml.sh:
 #                       the pinned llama.cpp fetched with pip, patched and built once into build-ggml/)
@@ -131,8 +131,8 @@ case "$mode" in
     stage "suite (cbs)" suite cbs --suite quick --suite gpu-kernels
     stage "oclgrind" tools/scripts/oclgrind.sh build-test
     stage "sanitizers" tools/scripts/sanitize.sh all
-    stage "fuzz" tools/scripts/fuzz.sh 60
-    stage "fuzz (npy)" tools/scripts/fuzz.sh npy 30
+    stage "fuzz" tools/scripts/fuzz.sh 30
+    stage "fuzz (npy)" tools/scripts/fuzz.sh npy 15
     stage "ggml" tools/scripts/ggml.sh ;;
 esac
 
