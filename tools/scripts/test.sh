@@ -51,6 +51,13 @@ if [ "$mode" = main ]; then
 fi
 tools/scripts/setup.sh build-test -Dwerror=true || exit 1
 
+# POCL keys its kernel cache by the work-group method as well (a run with
+# the method unset builds every kernel anew over a cache that loopvec
+# filled): every stage on POCL names loopvec, as the suite does, but for
+# the cbs stage (a cache of its own) and Intel's lane (no POCL), so the
+# Python, sanitizer, fuzzing and ggml stages reuse the suite's kernels.
+export POCL_WORK_GROUP_METHOD=${POCL_WORK_GROUP_METHOD:-loopvec}
+
 results=()
 status=0
 stage() {   # stage NAME COMMAND...: runs it, records the result
