@@ -28,7 +28,7 @@
  */
 #include <stdint.h>
 
-#include "api/api.h" /* ca_plan_replays, ca_plan_updates */
+#include "api/api.h" /* ca_plan_*, ca_last_call_*: what a step or call ran */
 #include "kit_checks.h"
 
 enum { SLOTS = 6 }; /* q, out and lse slots a step moves between */
@@ -326,6 +326,7 @@ static void steps_match_forward(fixture *f, clattn_plan *plan, const char *queue
     CHECKF(strcmp(route, clattn_last_route()) == 0, "%s, %s: route \"%s\", clattn_forward's \"%s\"", c->name, what,
            route, clattn_last_route());
     CHECKF(got != CLATTN_OK || done != NULL, "%s, %s: no done event", c->name, what);
+    if (got == CLATTN_OK) CHECKF(ca_plan_list_is_planners(plan), "%s, %s: the step's list is not the planner's", c->name, what);
     const step_at now = at_of(f, &st);
     if (in_place && !strncmp(route, "fused:", 6) && (got == CLATTN_OK || got == CLATTN_ERR_EMPTY_ROW))
       check_in_place(f, what, n0, l0, n1, l1, &prev, &now, replays, updates);
@@ -382,6 +383,7 @@ static clattn_context *ooo_context(void) {
 }
 
 static long g_replays;
+static long g_patches; /* steps that took the last step's list without planning */
 
 static void run_case(const plan_case *c, clattn_context *ctx, const char *queue) {
   if (c->algo == CLATTN_ALGO_GEMM && (!ca_gemm_available() || kc_algo_filtered_out(c->algo))) return;
@@ -396,13 +398,14 @@ static void run_case(const plan_case *c, clattn_context *ctx, const char *queue)
     steps_match_forward(&f, plan, queue);
     if (c->empty_rows != CLATTN_EMPTY_ERROR && c->kv_lens == 0) queued_steps_match_forward(&f, plan, queue);
     g_replays += ca_plan_replays(plan);
+    g_patches += ca_plan_patches(plan);
     clattn_plan_release(plan);
   }
   fixture_free(&f);
 }
 
 static void plan_steps_equal_forward_bitwise(void) {
-  g_replays = g_in_place_kv = 0;
+  g_replays = g_in_place_kv = g_patches = 0;
   for (size_t i = 0; i < N_CASES; i++) run_case(&g_cases[i], ct_context(), "in-order");
   clattn_context *ooo = ooo_context();
   for (size_t i = 0; ooo && i < N_CASES; i++) run_case(&g_cases[i], ooo, "out-of-order");
@@ -410,8 +413,9 @@ static void plan_steps_equal_forward_bitwise(void) {
   const int forced = env && strcmp(env, "1") == 0, off = env && strcmp(env, "0") == 0;
   printf(
       "  %zu plans per queue, 16 + %d steps each: bitwise clattn_forward's; %ld command-buffer replays, %ld steps "
-      "changing kv_len in place\n",
-      N_CASES, SLOTS, g_replays, g_in_place_kv);
+      "changing kv_len in place, %ld steps on the last step's list (each the planner's)\n",
+      N_CASES, SLOTS, g_replays, g_in_place_kv, g_patches);
+  CHECKF(g_patches > 0, "no step took the last step's list without planning");
   if (expect_in_place(ct_context()))
     CHECKF(g_in_place_kv > 0, "the device has mutable dispatch, yet no step changed kv_len by an in-place update");
   if (off) CHECKF(g_replays == 0, "CLATTN_COMMAND_BUFFER=0, yet %ld steps replayed a command buffer", g_replays);
@@ -421,6 +425,57 @@ static void plan_steps_equal_forward_bitwise(void) {
     if (strstr(ext, "cl_khr_command_buffer"))
       CHECKF(g_replays > 0, "CLATTN_COMMAND_BUFFER=1 on a device with cl_khr_command_buffer, yet no step replayed one");
   }
+}
+
+/* A decode loop's steps: kv_len one more each step, views as planned
+ * (across 511 -> 512 where the case reaches it, where splitting may
+ * start). A step whose kv_len the list holds takes it with kv_len written
+ * in, without planning: each step's list must be the planner's, and its
+ * output clattn_forward's. */
+static void decode_steps_take_the_list_without_planning(void) {
+  long patches = 0, steps = 0;
+  const long forward_patches = ca_last_call_patches(ct_context());
+  for (size_t i = 0; i < N_CASES; i++) {
+    const plan_case *c = &g_cases[i];
+    if (c->algo == CLATTN_ALGO_GEMM || c->empty_rows == CLATTN_EMPTY_ERROR) continue;
+    fixture f;
+    clattn_plan *plan = NULL;
+    if (!CHECKF(fixture_init(&f, c, ct_context()) == 0, "%s: buffers", c->name) ||
+        !CHECKF(clattn_plan_create(ct_context(), &f.p, &plan) == CLATTN_OK, "%s: %s", c->name,
+                clattn_last_error(ct_context()))) {
+      fixture_free(&f);
+      continue;
+    }
+    int first = 512 - 8;
+    if (first > c->kv_len - 15) first = c->kv_len - 15;
+    if (first < c->min_len) first = c->min_len;
+    for (int kv = first; kv < first + 16 && kv <= c->kv_len; kv++, steps++) {
+      clattn_step st = clattn_step_default();
+      st.kv_len = kv;
+      REQUIRE(poison(&f) == 0);
+      char what[96];
+      snprintf(what, sizeof what, "decode step, kv_len %d", kv);
+      const clattn_params p = forward_of(&f, &st);
+      if (!CHECKF(clattn_plan_enqueue(plan, &st, 0, NULL, NULL) == CLATTN_OK, "%s, %s: %s", c->name, what,
+                  clattn_last_error(ct_context())) ||
+          !CHECKF(clattn_forward(ct_context(), &p, 0, NULL, NULL) == CLATTN_OK, "%s, %s: clattn_forward: %s", c->name,
+                  what, clattn_last_error(ct_context())))
+        break;
+      CHECKF(ca_plan_list_is_planners(plan), "%s, %s: the step's list is not the planner's", c->name, what);
+      CHECKF(ca_last_call_is_planners(ct_context()), "%s, %s: clattn_forward's list is not the planner's", c->name,
+             what);
+      outputs_equal(&f, what);
+    }
+    patches += ca_plan_patches(plan);
+    clattn_plan_release(plan);
+    fixture_free(&f);
+  }
+  const long calls = ca_last_call_patches(ct_context()) - forward_patches;
+  printf("  %ld decode steps, %ld on the last step's list with kv_len written in; clattn_forward: %ld on the last "
+         "call's\n",
+         steps, patches, calls);
+  CHECKF(patches > 0, "no decode step took the last step's list");
+  CHECKF(calls > 0, "no clattn_forward call took the last call's list");
 }
 
 /* ---------- refusals ---------- */
@@ -600,6 +655,7 @@ static void plan_retains_the_views_until_released(void) {
 int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(plan_steps_equal_forward_bitwise),
+      CT_TEST(decode_steps_take_the_list_without_planning),
       CT_TEST(refused_steps_leave_the_plan_usable),
       CT_TEST(steps_moving_views_onto_each_other_are_refused),
       CT_TEST(creation_refuses_what_forward_refuses),

@@ -124,6 +124,36 @@ static void the_rule_holds_over_a_grid(void) {
 
 /* flash_decode's tile: 32 keys where Q, K/V and score tiles fit 48 KiB, 16
  * for head dim 256, none for 512 or a device without 64-item groups. */
+/* The kv_len range an answer states holds it: every kv_len in the range
+ * gets the same number of splits, unsplit with split_keys = kv_len (a
+ * plan's step patches kv_len into a list planned for another). */
+static void answers_hold_over_their_range(void) {
+  const tl_device devs[] = {gpu(132, 1024, 48 * 1024, NVIDIA), gpu(8, 256, 64 * 1024, AMD), cpu(2), cpu(16)};
+  const size_t items[] = {0, 1, 3, 8, 40, 2000};
+  const int lens[] = {1, 300, 511, 512, 700, 1023, 4096, 70000};
+  long ranges = 0;
+  for (size_t d = 0; d < sizeof devs / sizeof devs[0]; d++)
+    for (size_t i = 0; i < sizeof items / sizeof items[0]; i++)
+      for (size_t n = 0; n < sizeof lens / sizeof lens[0]; n++) {
+        const ca_splits sp = ca_plan_splits(&devs[d], 64, items[i], lens[n], 16);
+        CHECKF(sp.same_lo <= lens[n] && lens[n] <= sp.same_hi, "kv_len %d outside its range [%d, %d]", lens[n],
+               sp.same_lo, sp.same_hi);
+        CHECKF(sp.n_splits == 1 || sp.same_lo == sp.same_hi, "%zu splits of kv_len %d hold over [%d, %d]",
+               sp.n_splits, lens[n], sp.same_lo, sp.same_hi);
+        const int lo = sp.same_lo > lens[n] - 600 ? sp.same_lo : lens[n] - 600;
+        const int hi = sp.same_hi < lens[n] + 600 ? sp.same_hi : lens[n] + 600;
+        for (int kv = lo; kv <= hi; kv++) {
+          const ca_splits at = ca_plan_splits(&devs[d], 64, items[i], kv, 16);
+          if (!CHECKF(at.n_splits == sp.n_splits && (sp.n_splits > 1 || at.split_keys == kv),
+                      "device %zu, %zu items: kv_len %d in [%d, %d] (from %d) gives %zu splits of %d keys", d,
+                      items[i], kv, sp.same_lo, sp.same_hi, lens[n], at.n_splits, at.split_keys))
+            return;
+        }
+        ranges++;
+      }
+  printf("  %ld answers, each the same over its kv_len range\n", ranges);
+}
+
 static void decode_tile_fits_local_memory(void) {
   const tl_device nv = gpu(132, 1024, 48 * 1024, NVIDIA);
   CHECK(tl_decode_keys(&nv, 128, 128) == 32);
@@ -145,6 +175,7 @@ int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(worked_examples),
       CT_TEST(the_rule_holds_over_a_grid),
+      CT_TEST(answers_hold_over_their_range),
       CT_TEST(decode_tile_fits_local_memory),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);

@@ -166,6 +166,7 @@ clattn_status clattn_create(const clattn_options *opt, clattn_context **out) {
   st = ca_build_core(ctx);
   if (st != CLATTN_OK) goto fail;
   ctx->build_ms = now_ms() - t0;
+  ctx->last_call = ca_last_call_new(); /* NULL without host memory: every call plans */
   describe(ctx);
   *out = ctx;
   return CLATTN_OK;
@@ -182,6 +183,7 @@ void clattn_destroy(clattn_context *ctx) {
    * queue to the caller. */
   if (!ctx->retained_device && ctx->queue) clFinish(ctx->queue);
   ca_kernel_pool_trim(ctx); /* no call is in progress: every pooled object is idle */
+  ca_last_call_free(ctx->last_call);
   ca_scratch_pool_trim(ctx);
   pthread_mutex_destroy(&ctx->kernels_lock);
   pthread_mutex_destroy(&ctx->scratch_lock);

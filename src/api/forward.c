@@ -26,6 +26,9 @@ clattn_status clattn_forward(clattn_context *ctx, const clattn_params *p, cl_uin
   if (st == CLATTN_OK && p && (st = ca_params_in(p, &own, "params")) == CLATTN_OK) p = &own;
   if (st == CLATTN_OK) st = ca_check_forward(ctx, p, NULL);
   if (st != CLATTN_OK) return st;
+  int ran;
+  st = ca_last_call_run(ctx, ctx->last_call, p, n_wait, wait, done, &ran);
+  if (ran) return st;
   ca_list_init(&l, "forward");
   return run_list(ctx, &l, ca_plan_forward(ctx, p, &l), n_wait, wait, done);
 }

@@ -137,7 +137,7 @@ clattn_status ca_params_in(const clattn_params *in, clattn_params *out, const ch
   size_t n;
   const clattn_status st = caller_size(in->struct_size, FIRST_SIZE_PARAMS, sizeof *out, what, &n);
   if (st != CLATTN_OK) return st;
-  *out = params_defaults();
+  if (n < sizeof *out) *out = params_defaults(); /* the fields the caller's header did not have */
   memcpy(out, in, n);
   out->struct_size = sizeof *out;
   return CLATTN_OK;

@@ -8,11 +8,14 @@
  * every argument set) and keeps what a step's changes are checked against
  * without OpenCL queries: the sizes of the q, out and lse buffers and every
  * view's bytes (a step moving q, out or lse is checked against the
- * aliasing rule again). A step plans the call again with the step's values
- * (the same planner clattn_forward runs, so the launches and results are
- * the same) into the plan's list, and the executor sets only the arguments
- * that differ from what the bound kernels hold, or replays a command
- * buffer. The caller's buffers are retained while the plan lives.
+ * aliasing rule again). A step takes the planner's list for its values (the
+ * planner clattn_forward runs, so the launches and results are the same):
+ * the last step's list as it is when nothing moved, with the new kv_len
+ * written at the list's step sites when the planner said the list holds
+ * for it, else planned again. The executor sets only the arguments that
+ * differ from what the bound kernels hold (after a patch: the sites'), or
+ * replays a command buffer. The caller's buffers are retained while the
+ * plan lives.
  *
  * A kvcache plan (clattn_plan_create_kvcache) is a clattn_forward_kvcache
  * step the same way: its steps change buffer contents only (the lengths
@@ -46,6 +49,12 @@ struct clattn_plan {
   movable q, out, lse;
   ca_views views; /* every view's bytes, as planned */
   ca_list list;   /* the last step's launches */
+  int listed;     /* list is the planner's for `at` */
+  long patches;   /* steps that took the list without planning */
+  struct {
+    int kv_len;
+    size_t q, out, lse;
+  } at; /* the step values list was planned for (a kvcache plan: fixed) */
   ca_bound *bound;
   char description[1024];
 };
@@ -188,6 +197,43 @@ static clattn_status check_kvcache_step(const clattn_plan *pl, const clattn_step
   return s->host_seqlens ? ca_check_kvcache_rows(&pl->kp, s->host_seqlens) : CLATTN_OK;
 }
 
+/* ---------- the step's list ---------- */
+
+/* The planner's list for step values p, noted as the list's. */
+static clattn_status plan_list(clattn_plan *pl, const clattn_params *p) {
+  ca_list_reset(&pl->list, "plan");
+  const clattn_status st =
+      pl->kvcache ? ca_plan_kvcache(pl->ctx, &pl->kp, &pl->list) : ca_plan_forward(pl->ctx, p, &pl->list);
+  pl->listed = st == CLATTN_OK;
+  pl->at.kv_len = p->kv_len;
+  pl->at.q = p->q.offset;
+  pl->at.out = p->out.offset;
+  pl->at.lse = p->lse.offset;
+  return st;
+}
+
+/* Whether the list is the planner's for step s as it stands (a kvcache
+ * plan's always is), or once s's kv_len is written at its step sites: the
+ * views where the list has them (checked when it was planned) and a kv_len
+ * the plan takes. */
+static int list_holds(clattn_plan *pl, const clattn_step *s) {
+  if (!pl->listed) return 0;
+  if (pl->kvcache) return 1;
+  const clattn_params *p = &pl->p;
+  if (!s) return pl->at.kv_len == p->kv_len && pl->at.q == p->q.offset && pl->at.out == p->out.offset &&
+                 pl->at.lse == p->lse.offset;
+  const int kv_len = s->kv_len ? s->kv_len : p->kv_len;
+  if (kv_len < 0 || kv_len > p->kv_len || (s->lse_offset != CLATTN_STEP_PLANNED && !p->lse.buf)) return 0;
+  if ((s->q_offset == CLATTN_STEP_PLANNED ? p->q.offset : s->q_offset) != pl->at.q ||
+      (s->out_offset == CLATTN_STEP_PLANNED ? p->out.offset : s->out_offset) != pl->at.out ||
+      (s->lse_offset == CLATTN_STEP_PLANNED ? p->lse.offset : s->lse_offset) != pl->at.lse)
+    return 0;
+  if (kv_len == pl->at.kv_len) return 1;
+  if (!ca_list_step_patch(&pl->list, kv_len)) return 0;
+  pl->at.kv_len = kv_len;
+  return 1;
+}
+
 /* ---------- the public functions ---------- */
 
 /* A new plan of ctx, its list made for steps. */
@@ -197,14 +243,13 @@ static clattn_plan *plan_new(clattn_context *ctx) {
   pthread_mutex_init(&pl->lock, NULL);
   pl->ctx = ctx;
   ca_list_init(&pl->list, "plan");
-  pl->list.for_steps = 1;
   return pl;
 }
 
 /* The list planned once, its resources bound: the plan made, or released. */
 static clattn_status plan_finish(clattn_plan *pl, clattn_status st, clattn_plan **out) {
-  if (st == CLATTN_OK) st = pl->kvcache ? ca_plan_kvcache(pl->ctx, &pl->kp, &pl->list)
-                                        : ca_plan_forward(pl->ctx, &pl->p, &pl->list);
+  pl->list.steps_kv_len = pl->p.kv_len > 0 ? pl->p.kv_len : 1;
+  if (st == CLATTN_OK) st = plan_list(pl, &pl->p);
   if (st == CLATTN_OK) st = ca_bind(pl->ctx, &pl->list, &pl->bound);
   if (st != CLATTN_OK) {
     clattn_plan_release(pl);
@@ -254,16 +299,20 @@ clattn_status clattn_plan_enqueue(clattn_plan *plan, const clattn_step *step, cl
   if (done) *done = NULL;
   if (!plan) return BAD("clattn_plan_enqueue: plan is NULL");
   if (n_wait > 0 && !wait) return BAD("clattn_plan_enqueue: n_wait is %u but wait is NULL", n_wait);
-  clattn_params p;
   clattn_step own;
   clattn_status st = step ? ca_step_in(step, &own) : CLATTN_OK;
-  if (st == CLATTN_OK)
-    st = plan->kvcache ? check_kvcache_step(plan, step ? &own : NULL) : step_params(plan, step ? &own : NULL, &p);
+  const clattn_step *s = step ? &own : NULL;
+  if (st == CLATTN_OK && plan->kvcache) st = check_kvcache_step(plan, s);
   if (st != CLATTN_OK) return st;
   pthread_mutex_lock(&plan->lock);
-  ca_list_reset(&plan->list, "plan");
-  st = plan->kvcache ? ca_plan_kvcache(plan->ctx, &plan->kp, &plan->list) : ca_plan_forward(plan->ctx, &p, &plan->list);
-  if (st == CLATTN_OK) st = ca_run_bound(plan->bound, &plan->list, n_wait, wait, done);
+  const int planned = !list_holds(plan, s);
+  plan->patches += !planned;
+  if (planned) { /* the step checked and planned */
+    clattn_params p;
+    st = plan->kvcache ? CLATTN_OK : step_params(plan, s, &p);
+    if (st == CLATTN_OK) st = plan_list(plan, plan->kvcache ? &plan->p : &p);
+  }
+  if (st == CLATTN_OK) st = ca_run_bound(plan->bound, &plan->list, planned, n_wait, wait, done);
   pthread_mutex_unlock(&plan->lock);
   return st;
 }
@@ -302,6 +351,31 @@ long ca_plan_updates(clattn_plan *plan) {
   const long n = ca_bound_updates(plan->bound);
   pthread_mutex_unlock(&plan->lock);
   return n;
+}
+
+long ca_plan_patches(clattn_plan *plan) {
+  pthread_mutex_lock(&plan->lock);
+  const long n = plan->patches;
+  pthread_mutex_unlock(&plan->lock);
+  return n;
+}
+
+int ca_plan_list_is_planners(clattn_plan *plan) {
+  pthread_mutex_lock(&plan->lock);
+  clattn_params p = plan->p;
+  p.kv_len = plan->at.kv_len;
+  p.q.offset = plan->at.q;
+  p.out.offset = plan->at.out;
+  p.lse.offset = plan->at.lse;
+  ca_list fresh;
+  ca_list_init(&fresh, "plan");
+  fresh.steps_kv_len = plan->list.steps_kv_len;
+  const clattn_status st =
+      plan->kvcache ? ca_plan_kvcache(plan->ctx, &plan->kp, &fresh) : ca_plan_forward(plan->ctx, &p, &fresh);
+  const int same = plan->listed && st == CLATTN_OK && ca_list_same(&fresh, &plan->list);
+  ca_list_free(&fresh);
+  pthread_mutex_unlock(&plan->lock);
+  return same;
 }
 
 void clattn_plan_release(clattn_plan *plan) {

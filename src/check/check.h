@@ -83,6 +83,11 @@ int ca_mem_facts_cached(cl_mem m, ca_mem_facts *out);
 /* Keeps m's facts until the runtime deletes m (a destructor callback); not
  * kept when the callback cannot be registered. */
 void ca_mem_facts_keep(cl_mem m, const ca_mem_facts *facts);
+/* Whether m's facts are kept: m cannot be deleted, and its handle name
+ * another cl_mem, without ca_mem_facts_forgets() counting it. */
+int ca_mem_facts_tracked(cl_mem m);
+/* How many kept facts were forgotten so far (cl_mems deleted). */
+unsigned long ca_mem_facts_forgets(void);
 
 /* ---- views (views.c) ---- */
 

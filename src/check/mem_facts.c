@@ -11,8 +11,10 @@
  * callback cannot be registered is asked about every time. The table is
  * process-wide, not per context, so a callback never outlives it.
  */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check/check.h"
 
@@ -26,10 +28,32 @@ typedef struct fact {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static fact *table[BUCKETS];
+static atomic_ulong forgets;
 
 static fact **bucket(cl_mem m) { return &table[((uintptr_t)m >> 4) % BUCKETS]; }
 
+/* Each thread's last facts found, valid while no fact has been forgotten
+ * since (a call checks the same few cl_mems again and again: no lock). */
+enum { RECENT = 8 };
+static _Thread_local struct {
+  unsigned long forgets;
+  int next;
+  cl_mem mem[RECENT];
+  ca_mem_facts facts[RECENT];
+} recent;
+
 int ca_mem_facts_cached(cl_mem m, ca_mem_facts *out) {
+  __typeof__(recent) *r = &recent; /* one thread-local lookup */
+  const unsigned long now = ca_mem_facts_forgets();
+  if (r->forgets != now) {
+    memset(r, 0, sizeof *r);
+    r->forgets = now;
+  }
+  for (int i = 0; m && i < RECENT; i++)
+    if (r->mem[i] == m) {
+      *out = r->facts[i];
+      return 1;
+    }
   int found = 0;
   pthread_mutex_lock(&lock);
   for (fact *f = *bucket(m); f; f = f->next)
@@ -39,8 +63,23 @@ int ca_mem_facts_cached(cl_mem m, ca_mem_facts *out) {
       break;
     }
   pthread_mutex_unlock(&lock);
+  if (found) {
+    r->mem[r->next] = m;
+    r->facts[r->next] = *out;
+    r->next = (r->next + 1) % RECENT;
+  }
   return found;
 }
+
+int ca_mem_facts_tracked(cl_mem m) {
+  int found = 0;
+  pthread_mutex_lock(&lock);
+  for (fact *f = *bucket(m); f && !found; f = f->next) found = f->mem == m;
+  pthread_mutex_unlock(&lock);
+  return found;
+}
+
+unsigned long ca_mem_facts_forgets(void) { return atomic_load_explicit(&forgets, memory_order_acquire); }
 
 /* Unlinks m's fact; returns it (to free) or NULL. */
 static fact *unlink_fact(cl_mem m) {
@@ -57,6 +96,7 @@ static void CL_CALLBACK forget(cl_mem m, void *user) {
   (void)user;
   pthread_mutex_lock(&lock);
   fact *f = unlink_fact(m);
+  atomic_fetch_add_explicit(&forgets, 1, memory_order_release);
   pthread_mutex_unlock(&lock);
   free(f);
 }

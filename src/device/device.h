@@ -83,6 +83,7 @@ struct clattn_context {
   struct ca_pooled_buffer *scratch, *flags; /* device scratch and EMPTY_ERROR flags, reused (run/scratch_pool.c) */
   size_t scratch_bytes;                     /* bytes the scratch pool holds */
   size_t peak_scratch;                      /* largest scratch of one call */
+  struct ca_last_call *last_call;           /* the last clattn_forward's list (api/last_call.c); NULL: none kept */
   char description[6144];
 };
 

@@ -47,7 +47,14 @@ static void fill(ca_list *l, const ca_bwd *w, ca_buf x, cl_ulong n) {
 /* bwd_sum: out[c] = sum over a < n_outer, r < n_inner of x[a so + c sc + r si]. */
 static void sum(ca_list *l, const ca_bwd *w, ca_buf x, int n_cols, cl_ulong n_outer, cl_ulong n_inner,
                 cl_ulong s_outer, cl_ulong s_col, cl_ulong s_inner, cl_mem out) {
-  const ca_args_bwd_sum a = {n_cols, n_outer, n_inner, s_outer, s_col, s_inner};
+  ca_args_bwd_sum a;
+  memset(&a, 0, sizeof a); /* the padding too */
+  a.n_cols = n_cols;
+  a.n_outer = n_outer;
+  a.n_inner = n_inner;
+  a.s_outer = s_outer;
+  a.s_col = s_col;
+  a.s_inner = s_inner;
   const ca_bufs_bwd_sum b = {x, ca_mem(out)};
   const size_t global[1] = {(size_t)n_cols};
   ca_list_kernel(l, w->program, "bwd_sum", 1, global, NULL);

@@ -6,6 +6,8 @@
  * nothing proportional to M x N is ever allocated. The packed copies and
  * the split's partial states share one work buffer.
  */
+#include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -88,13 +90,14 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
   /* The diagnostics are not merged across splits, nor are packed
    * sequences' rows mapped by the merge: with either, one pass. */
   const int unsplit = r->diag || p->cu_seqlens_q;
-  const ca_splits splits = unsplit ? (ca_splits){p->kv_len, 1}
+  const ca_splits splits = unsplit ? (ca_splits){p->kv_len, 1, 1, INT_MAX}
                                    : ca_plan_splits(&ctx->caps, group_items, row_blocks * kv_pairs, p->kv_len,
                                                     key_multiple);
-  /* partial states for this split, or (a plan's) the most any kv_len up to this one takes */
-  const size_t room = unsplit ? 1
-                      : l->for_steps ? ca_plan_splits_bound(&ctx->caps, group_items, p->kv_len)
-                                     : splits.n_splits;
+  /* partial states for this split, or (a plan's) the most any of its steps takes */
+  const int most_keys = l->steps_kv_len > p->kv_len ? l->steps_kv_len : p->kv_len;
+  const size_t room = unsplit          ? 1
+                      : l->steps_kv_len ? ca_plan_splits_bound(&ctx->caps, group_items, most_keys)
+                                        : splits.n_splits;
   const cl_ulong part_o_floats = room > 1 ? (cl_ulong)room * rows_total * (cl_ulong)p->value_dim : 0;
   if (part_o_floats * sizeof(float) > ctx->max_alloc)
     return ca_fail(CLATTN_ERR_OUT_OF_MEMORY,
@@ -157,6 +160,9 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
     const size_t global[2] = {(size_t)n_pad, kv_pairs};
     ca_list_kernel(l, prog.program, "flash_pack", 2, global, NULL);
     CA_LIST_ARGS(l, flash_pack, pb, pa);
+    /* another kv_len: the packed copies' layout holds while n_pad does */
+    ca_list_step_site(l, offsetof(ca_args_flash_pack, kv_len));
+    ca_list_step_range(l, (int)(n_pad - key_block + 1), n_pad < INT_MAX ? (int)n_pad : INT_MAX);
   }
 
   const int core_only = direct && !has_extras(p, r);
@@ -172,6 +178,10 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
   const size_t local[3] = {wg ? group_items : 1, 1, 1};
   ca_list_kernel(l, prog.program, kernel, 3, global, local);
   CA_LIST_ARGS(l, flash_core, b, a);
+  /* another kv_len within the splits' range changes kv_len and the one split's keys alone */
+  ca_list_step_site(l, offsetof(ca_args_flash_core, kv_len));
+  if (splits.n_splits == 1) ca_list_step_site(l, offsetof(ca_args_flash_core, split_keys));
+  ca_list_step_range(l, splits.same_lo, splits.same_hi);
   if (!core_only) {
     ca_args_flash_extra x;
     ca_bufs_flash_extra xb;

@@ -187,7 +187,10 @@ clattn_status ca_plan_gemm(clattn_context *ctx, const clattn_params *p, const ca
   else
     dense_copy(l, core.program, p, &p->v, 1, p->kv_heads, p->value_dim, v_copy);
   { /* non-finite values zeroed, their rows flagged */
-    const ca_args_gemm_finite_values a = {p->value_dim, (cl_ulong)v_rows};
+    ca_args_gemm_finite_values a;
+    memset(&a, 0, sizeof a); /* the padding too: lists compare, and kernels keep, arguments by their bytes */
+    a.width = p->value_dim;
+    a.rows = (cl_ulong)v_rows;
     const ca_bufs_gemm_finite_values b = {v_copy, v_bad};
     const size_t global[1] = {v_rows};
     ca_list_kernel(l, core.program, "gemm_finite_values", 1, global, NULL);

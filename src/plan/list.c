@@ -1,4 +1,6 @@
 /* Launch lists: the planner's output, the executor's input (plan.h). */
+#include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,9 +8,16 @@
 #include "plan/plan.h"
 
 void ca_list_init(ca_list *l, const char *what) {
-  memset(l, 0, sizeof *l);
+  memset(l, 0, offsetof(ca_list, own_launch)); /* the own storage is written before it is read */
   l->what = what;
   l->empty_rows = CLATTN_EMPTY_ZERO;
+  l->step_hi = INT_MAX;
+  l->launch = l->own_launch;
+  l->cap_launch = CA_LIST_OWN_LAUNCHES;
+  l->arg = l->own_arg;
+  l->cap_arg = CA_LIST_OWN_ARGS;
+  l->arena = l->own_arena;
+  l->cap_arena = CA_LIST_OWN_ARENA;
 }
 
 void ca_list_reset(ca_list *l, const char *what) {
@@ -18,45 +27,48 @@ void ca_list_reset(ca_list *l, const char *what) {
   l->flag = 0;
   l->empty_rows = CLATTN_EMPTY_ZERO;
   l->error = CLATTN_OK;
+  l->n_step_sites = l->step_lo = 0;
+  l->step_hi = INT_MAX;
 }
 
 void ca_list_free(ca_list *l) {
-  free(l->launch);
-  free(l->arg);
-  free(l->arena);
+  if (l->launch != l->own_launch) free(l->launch);
+  if (l->arg != l->own_arg) free(l->arg);
+  if (l->arena != l->own_arena) free(l->arena);
   ca_list_init(l, NULL);
 }
 
-/* Room for `more` items of `size` bytes in *items (n used of *cap); 0 when
- * the host has no memory (l->error then says so). */
-static int room(ca_list *l, void **items, int n, int *cap, int more, size_t size) {
-  if (n + more <= *cap) return 1;
-  int grown = *cap ? 2 * *cap : 8;
-  while (grown < n + more) grown *= 2;
-  void *p = realloc(*items, (size_t)grown * size);
+/* *items (n of `size` bytes used of *cap, in `own` storage or the heap's)
+ * grown to `want` or more: 0 when the host has no memory (l->error then
+ * says so). */
+static int grow(ca_list *l, void **items, const void *own, size_t n, size_t *cap, size_t want, size_t size) {
+  size_t grown = 2 * *cap;
+  while (grown < want) grown *= 2;
+  void *p = *items == own ? malloc(grown * size) : realloc(*items, grown * size);
   if (!p) {
     if (!l->error) l->error = ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "%s: a launch list: out of host memory", l->what);
     return 0;
   }
+  if (*items == own) memcpy(p, own, n * size);
   *items = p;
   *cap = grown;
+  return 1;
+}
+
+/* Room for `more` items of `size` bytes in *items (n used of *cap). */
+static int room(ca_list *l, void **items, const void *own, int n, int *cap, int more, size_t size) {
+  if (n + more <= *cap) return 1;
+  size_t c = (size_t)*cap;
+  if (!grow(l, items, own, (size_t)n, &c, (size_t)(n + more), size)) return 0;
+  *cap = (int)c;
   return 1;
 }
 
 /* `size` bytes of the arena, 8-aligned; its offset, or (size_t)-1. */
 static size_t arena_put(ca_list *l, const void *bytes, size_t size) {
   const size_t at = ca_round_up(l->n_arena, 8);
-  if (at + size > l->cap_arena) {
-    size_t grown = l->cap_arena ? 2 * l->cap_arena : 4096;
-    while (grown < at + size) grown *= 2;
-    unsigned char *p = realloc(l->arena, grown);
-    if (!p) {
-      if (!l->error) l->error = ca_fail(CLATTN_ERR_OUT_OF_MEMORY, "%s: a launch list: out of host memory", l->what);
-      return (size_t)-1;
-    }
-    l->arena = p;
-    l->cap_arena = grown;
-  }
+  if (at + size > l->cap_arena && !grow(l, (void **)&l->arena, l->own_arena, l->n_arena, &l->cap_arena, at + size, 1))
+    return (size_t)-1;
   memcpy(l->arena + at, bytes, size);
   l->n_arena = at + size;
   return at;
@@ -73,7 +85,7 @@ int ca_list_scratch(ca_list *l, size_t bytes, const char *what) {
 }
 
 static ca_launch *add_launch(ca_list *l, ca_launch_kind kind) {
-  if (!room(l, (void **)&l->launch, l->n_launch, &l->cap_launch, 1, sizeof *l->launch)) return NULL;
+  if (!room(l, (void **)&l->launch, l->own_launch, l->n_launch, &l->cap_launch, 1, sizeof *l->launch)) return NULL;
   ca_launch *x = &l->launch[l->n_launch++];
   memset(x, 0, sizeof *x);
   x->kind = kind;
@@ -96,7 +108,7 @@ void ca_list_kernel(ca_list *l, cl_program program, const char *kernel, cl_uint 
 }
 
 void ca_list_args(ca_list *l, int n_bufs, const ca_buf *bufs, size_t size, const void *value) {
-  if (!l->n_launch || !room(l, (void **)&l->arg, l->n_arg, &l->cap_arg, n_bufs + 1, sizeof *l->arg)) return;
+  if (!l->n_launch || !room(l, (void **)&l->arg, l->own_arg, l->n_arg, &l->cap_arg, n_bufs + 1, sizeof *l->arg)) return;
   ca_launch *x = &l->launch[l->n_launch - 1];
   for (int i = 0; i < n_bufs; i++) l->arg[l->n_arg++] = (ca_arg){1, bufs[i], 0, 0};
   x->n_args += n_bufs;
@@ -105,6 +117,27 @@ void ca_list_args(ca_list *l, int n_bufs, const ca_buf *bufs, size_t size, const
   if (at == (size_t)-1) return;
   l->arg[l->n_arg++] = (ca_arg){0, {NULL, CA_BUF_MEM}, at, size};
   x->n_args++;
+}
+
+void ca_list_step_site(ca_list *l, size_t offset) {
+  const ca_launch *x = l->n_launch ? &l->launch[l->n_launch - 1] : NULL;
+  const ca_arg *a = x && x->n_args ? &l->arg[x->first_arg + x->n_args - 1] : NULL;
+  if (!a || a->is_buf || offset + sizeof(int) > a->size || l->n_step_sites == CA_STEP_SITES) {
+    ca_list_step_range(l, 1, 0); /* a site this list cannot hold: plan every step */
+    return;
+  }
+  l->step_site[l->n_step_sites++] = (ca_step_site){l->n_launch - 1, x->n_args - 1, a->at + offset};
+}
+
+void ca_list_step_range(ca_list *l, int lo, int hi) {
+  if (lo > l->step_lo) l->step_lo = lo;
+  if (hi < l->step_hi) l->step_hi = hi;
+}
+
+int ca_list_step_patch(ca_list *l, int kv_len) {
+  if (l->error || !l->n_step_sites || kv_len < l->step_lo || kv_len > l->step_hi) return 0;
+  for (int i = 0; i < l->n_step_sites; i++) memcpy(l->arena + l->step_site[i].at, &kv_len, sizeof kv_len);
+  return 1;
 }
 
 void ca_list_gemm(ca_list *l, const ca_gemm *g, const size_t *offsets) {
@@ -135,6 +168,36 @@ void ca_list_rebind(ca_list *l, int from, cl_mem tag, ca_buf to) {
     for (int k = 0; x->kind == CA_LAUNCH_GEMM && k < 3; k++)
       if (ops[k]->role == CA_BUF_MEM && ops[k]->mem == tag) *ops[k] = to;
   }
+}
+
+static int same_buf(ca_buf a, ca_buf b) { return a.role == b.role && a.mem == b.mem; }
+
+int ca_list_same(const ca_list *a, const ca_list *b) {
+  if (a->n_launch != b->n_launch || a->n_scratch != b->n_scratch || a->flag != b->flag ||
+      a->empty_rows != b->empty_rows || memcmp(a->scratch, b->scratch, (size_t)a->n_scratch * sizeof *a->scratch) != 0)
+    return 0;
+  for (int i = 0; i < a->n_launch; i++) {
+    const ca_launch *x = &a->launch[i], *y = &b->launch[i];
+    if (x->kind != y->kind || x->program != y->program || strcmp(x->kernel, y->kernel) != 0 || x->dims != y->dims ||
+        memcmp(x->global, y->global, sizeof x->global) != 0 || x->local_given != y->local_given ||
+        memcmp(x->local, y->local, sizeof x->local) != 0 || x->n_args != y->n_args)
+      return 0;
+    if (x->kind == CA_LAUNCH_GEMM) {
+      const ca_gemm *g = &x->gemm, *h = &y->gemm;
+      if (g->b_transposed != h->b_transposed || g->m != h->m || g->n != h->n || g->k != h->k || g->heads != h->heads ||
+          !same_buf(g->a, h->a) || !same_buf(g->b, h->b) || !same_buf(g->c, h->c) || g->a_ld != h->a_ld ||
+          g->b_ld != h->b_ld || g->c_ld != h->c_ld ||
+          memcmp(ca_list_gemm_offsets(a, x), ca_list_gemm_offsets(b, y), 3 * (size_t)g->heads * sizeof(size_t)) != 0)
+        return 0;
+    }
+    for (int j = 0; j < x->n_args; j++) {
+      const ca_arg *u = &a->arg[x->first_arg + j], *v = &b->arg[y->first_arg + j];
+      if (u->is_buf != v->is_buf || (u->is_buf && !same_buf(u->buf, v->buf)) ||
+          (!u->is_buf && (u->size != v->size || memcmp(a->arena + u->at, b->arena + v->at, u->size) != 0)))
+        return 0;
+    }
+  }
+  return 1;
 }
 
 void ca_describe_list(const ca_list *l, char *buf, size_t size) {

@@ -48,7 +48,17 @@ typedef struct {
   ca_gemm gemm;              /* CA_LAUNCH_GEMM */
 } ca_launch;
 
-enum { CA_LIST_SCRATCH = 12 };
+enum { CA_LIST_SCRATCH = 12, CA_STEP_SITES = 4 };
+/* What a list holds without the heap (most calls' lists: a decode call
+ * allocates nothing); a list is never copied, its storage may be its own. */
+enum { CA_LIST_OWN_LAUNCHES = 4, CA_LIST_OWN_ARGS = 40, CA_LIST_OWN_ARENA = 2048 };
+
+/* An int of a launch's argument struct that holds kv_len: argument `arg`
+ * of launch `launch`, at byte `at` of the list's arena. */
+typedef struct {
+  int launch, arg;
+  size_t at;
+} ca_step_site;
 
 typedef struct {
   const char *what; /* what the call is, the trace's head: "fused", "staged", "kv_append", ... */
@@ -63,13 +73,21 @@ typedef struct {
   int n_scratch;
   int flag;                     /* a launch raises the empty-row flag (CA_BUF_FLAG) */
   clattn_empty_rows empty_rows; /* CLATTN_EMPTY_ERROR: the flag is read after the last launch */
-  int for_steps;                /* sized for a plan's steps: scratch for any kv_len up to the planned one */
+  int steps_kv_len;             /* a plan's list (0: a call's): scratch for any kv_len up to this one */
+  /* A call like this one but for a kv_len within [step_lo, step_hi] takes
+   * this list with kv_len written at its sites: the planner's list for
+   * that kv_len (no sites: another kv_len is planned anew) */
+  ca_step_site step_site[CA_STEP_SITES];
+  int n_step_sites, step_lo, step_hi;
   clattn_status error;          /* the first failure while building (host memory), reported once built */
+  ca_launch own_launch[CA_LIST_OWN_LAUNCHES];
+  ca_arg own_arg[CA_LIST_OWN_ARGS];
+  _Alignas(8) unsigned char own_arena[CA_LIST_OWN_ARENA];
 } ca_list;
 
 void ca_list_init(ca_list *l, const char *what);
 void ca_list_free(ca_list *l);
-/* Empties l for another plan, keeping its storage (and for_steps). */
+/* Empties l for another plan, keeping its storage (and steps_kv_len). */
 void ca_list_reset(ca_list *l, const char *what);
 /* A scratch buffer of `bytes` for the list (what: in messages); its slot. */
 int ca_list_scratch(ca_list *l, size_t bytes, const char *what);
@@ -85,6 +103,14 @@ void ca_list_args(ca_list *l, int n_bufs, const ca_buf *bufs, size_t size, const
     _Static_assert(sizeof(bufs) == CA_NBUF(F) * sizeof(ca_buf), "ca_bufs_" #F " holds ca_bufs only"); \
     ca_list_args((l), CA_NBUF(F), (const ca_buf *)&(bufs), sizeof(args), &(args));                  \
   } while (0)
+/* Another kv_len (a plan's step, a decode call like the last): the int at
+ * byte `offset` of the last launch's last argument (its struct) holds
+ * kv_len; the list is the planner's for any kv_len in [lo, hi] (ranges
+ * narrow each other) with only the sites changed. */
+void ca_list_step_site(ca_list *l, size_t offset);
+void ca_list_step_range(ca_list *l, int lo, int hi);
+/* Writes kv_len at l's sites when l holds for it: 1, else 0 (plan anew). */
+int ca_list_step_patch(ca_list *l, int kv_len);
 /* Appends a CLBlast product with its 3 x g->heads offsets. */
 void ca_list_gemm(ca_list *l, const ca_gemm *g, const size_t *offsets);
 /* A GEMM launch's offsets. */
@@ -92,6 +118,8 @@ const size_t *ca_list_gemm_offsets(const ca_list *l, const ca_launch *x);
 /* Puts `to` where launches from index `from` on take the cl_mem `tag` (a
  * stand-in the planner gave a params struct for a buffer of the list's own). */
 void ca_list_rebind(ca_list *l, int from, cl_mem tag, ca_buf to);
+/* Whether two lists make the same launches with the same arguments and scratch. */
+int ca_list_same(const ca_list *a, const ca_list *b);
 /* The list in words: each launch, its grid and arguments. */
 void ca_describe_list(const ca_list *l, char *buf, size_t size);
 /* Bytes of scratch the list takes (for clattn_peak_scratch_bytes). */
@@ -153,6 +181,7 @@ ca_chunk ca_plan_chunks(const clattn_params *p, size_t budget);
 typedef struct {
   int split_keys;
   size_t n_splits;
+  int same_lo, same_hi; /* the kv_len range with this answer (unsplit: split_keys = kv_len) */
 } ca_splits;
 /* A pure function of the device (compute units, type, vendor, max_wg), the
  * kernel's work-items per group, the number of work-groups per split

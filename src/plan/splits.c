@@ -3,6 +3,7 @@
  *   ca_plan_chunks   the staged and GEMM paths' chunks of query rows
  *   ca_plan_splits   split-KV: how many key ranges, FlashAttention-2's rule
  */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,10 +63,14 @@ size_t ca_plan_splits_bound(const tl_device *dev, size_t group_items, int kv_len
 }
 
 ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items, int kv_len, size_t multiple) {
-  ca_splits sp = {kv_len, 1};
+  ca_splits sp = {kv_len, 1, 1, INT_MAX}; /* unsplit whatever the keys */
   const size_t slots = split_slots(dev, group_items);
   const size_t blocks = (size_t)kv_len / MIN_SPLIT_KEYS;
-  if (items == 0 || (double)items >= 0.8 * (double)slots || blocks < 2) return sp;
+  if (items == 0 || (double)items >= 0.8 * (double)slots) return sp;
+  if (blocks < 2) {
+    sp.same_hi = 2 * MIN_SPLIT_KEYS - 1;
+    return sp;
+  }
   size_t max_splits = 128;
   if (max_splits > slots) max_splits = slots;
   if (max_splits > blocks) max_splits = blocks;
@@ -79,10 +84,15 @@ ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items,
   }
   size_t splits = 1;
   while (splits < max_splits && eff[splits] < 0.85 * best) splits++;
-  if (splits == 1) return sp;
+  if (splits == 1) { /* a function of the blocks: the same for their every kv_len */
+    sp.same_lo = (int)(blocks * MIN_SPLIT_KEYS);
+    sp.same_hi = blocks * MIN_SPLIT_KEYS + MIN_SPLIT_KEYS - 1 < (size_t)INT_MAX ? (int)(blocks * MIN_SPLIT_KEYS) + MIN_SPLIT_KEYS - 1 : INT_MAX;
+    return sp;
+  }
   /* at most kv_len / 2 rounded up to a key block (kv_len >= 512, blocks of
    * at most 32 keys): fits an int, and leaves at least two ranges */
   sp.split_keys = (int)ca_round_up(((size_t)kv_len + splits - 1) / splits, multiple);
   sp.n_splits = ((size_t)kv_len + (size_t)sp.split_keys - 1) / (size_t)sp.split_keys;
+  sp.same_lo = sp.same_hi = kv_len; /* split_keys follows kv_len */
   return sp;
 }

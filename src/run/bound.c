@@ -32,6 +32,7 @@ struct ca_bound {
   int n_slots;
   ca_command_buffer *cb; /* recorded at bind time, where the device offers one; NULL: plain enqueues */
   cl_event last;
+  int synced; /* the kernel objects hold every argument of the last run's list */
   long replays, updates;
 };
 
@@ -95,6 +96,24 @@ static clattn_status set_all(ca_bound *b, const ca_list *l) {
   return st;
 }
 
+/* The arguments a step's kv_len was written into (the list's step sites):
+ * all that differs from the last run's list. */
+static clattn_status set_sites(ca_bound *b, const ca_list *l) {
+  for (int i = 0; i < l->n_step_sites; i++) {
+    const ca_step_site *site = &l->step_site[i];
+    if (i && site->launch == site[-1].launch && site->arg == site[-1].arg) continue; /* set with the one before */
+    const ca_arg *a = &l->arg[l->launch[site->launch].first_arg + site->arg];
+    slot *s = &b->slots[site->launch];
+    const cl_int err = ca_held_set(s->kernel, &s->held, (cl_uint)site->arg, a->size, l->arena + a->at, 1);
+    if (err != CL_SUCCESS) {
+      char what[96];
+      snprintf(what, sizeof what, "clSetKernelArg(%s, argument %d)", s->name, site->arg);
+      return ca_cl_fail(err, what);
+    }
+  }
+  return CLATTN_OK;
+}
+
 /* Whether the command buffer's command of slot s holds (size, value) as argument j. */
 static int cb_holds(const slot *s, cl_uint j, size_t size, const void *value) {
   const ca_held *h = &s->cb_held;
@@ -122,6 +141,7 @@ clattn_status ca_bind(clattn_context *ctx, const ca_list *l, ca_bound **out) {
   static const cl_int zero = 0;
   if (st == CLATTN_OK && l->flag) st = own_buffer(ctx, sizeof zero, &zero, "empty-row flag", &b->res.flag);
   if (st == CLATTN_OK) st = set_all(b, l);
+  b->synced = st == CLATTN_OK;
   /* recorded now, where the device offers command buffers: the first step
    * then replays it, as planned or updated in place */
   ca_kernel_launch now[CA_CB_LAUNCHES];
@@ -225,14 +245,16 @@ static clattn_status check_flag(ca_bound *b, cl_event *last) {
   return st;
 }
 
-clattn_status ca_run_bound(ca_bound *b, const ca_list *l, cl_uint n_wait, const cl_event *wait, cl_event *done) {
+clattn_status ca_run_bound(ca_bound *b, const ca_list *l, int planned, cl_uint n_wait, const cl_event *wait,
+                           cl_event *done) {
   clattn_context *ctx = b->ctx;
   if (done) *done = NULL;
   if (l->error) return l->error;
   if (l->n_scratch > CA_LIST_SCRATCH || (l->flag && !b->res.flag))
     return ca_fail(CLATTN_ERR_UNSUPPORTED, "plan: a step needs buffers the plan does not hold");
-  clattn_status st = ca_check_scratch(ctx, l);
-  if (st == CLATTN_OK) st = grow(b, l);
+  const int patched = !planned && b->synced; /* the last run's list at its step sites */
+  clattn_status st = patched ? CLATTN_OK : ca_check_scratch(ctx, l);
+  if (st == CLATTN_OK && !patched) st = grow(b, l);
   if (st != CLATTN_OK) return st;
   cl_event local[8], *list = local, prev = NULL;
   cl_uint n = n_wait;
@@ -244,9 +266,10 @@ clattn_status ca_run_bound(ca_bound *b, const ca_list *l, cl_uint n_wait, const 
     wait = list;
   }
   ca_trace_begin(l->what);
-  st = set_all(b, l);
+  st = patched ? set_sites(b, l) : set_all(b, l);
+  b->synced = st == CLATTN_OK;
   ca_kernel_launch now[CA_CB_LAUNCHES];
-  const int n_now = st == CLATTN_OK ? ca_bound_launches(b, l, now, CA_CB_LAUNCHES) : -1;
+  const int n_now = st == CLATTN_OK && b->cb ? ca_bound_launches(b, l, now, CA_CB_LAUNCHES) : -1;
   int replayed = 0;
   if (n_now > 0 && n_now <= CA_CB_LAUNCHES) st = replay(b, l, now, n_now, n, n ? wait : NULL, &prev, &replayed);
   if (replayed)

@@ -17,14 +17,21 @@ cl_mem ca_resolve_buf(const ca_resources *res, ca_buf b) {
 
 clattn_status ca_set_launch_args(cl_kernel kernel, ca_held *held, int mems_held, const ca_list *l,
                                  const ca_launch *x, const ca_resources *res) {
+  /* A cl_mem is taken as held where its handle cannot name another buffer
+   * by now: a plan retains its own; validation tracks the caller's until
+   * they are deleted, and a deletion since they were taken forgets them. */
+  const unsigned long forgets = mems_held ? 0 : ca_mem_facts_forgets();
+  if (!mems_held && held->forgets != forgets) {
+    ca_held_forget(held);
+    held->forgets = forgets;
+  }
   for (int i = 0; i < x->n_args; i++) {
     const ca_arg *a = &l->arg[x->first_arg + i];
     cl_int err;
     if (a->is_buf) {
       const cl_mem m = ca_resolve_buf(res, a->buf);
-      /* a cl_mem may be taken as held where its handle cannot name another
-       * buffer by now (a plan retains its own); NULL always */
-      err = ca_held_set(kernel, held, (cl_uint)i, sizeof m, &m, mems_held || m == NULL);
+      if (ca_held_has(held, (cl_uint)i, sizeof m, &m)) continue;
+      err = ca_held_set(kernel, held, (cl_uint)i, sizeof m, &m, mems_held || m == NULL || ca_mem_facts_tracked(m));
     } else {
       err = ca_held_set(kernel, held, (cl_uint)i, a->size, l->arena + a->at, 1);
     }

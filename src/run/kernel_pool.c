@@ -16,19 +16,21 @@
 
 #include "run/run.h"
 
-cl_int ca_held_set(cl_kernel kernel, ca_held *held, cl_uint i, size_t size, const void *value, int holdable) {
-  int room = held && i < CA_HELD_ARGS;
-  if (room && holdable && held->known[i] && held->size[i] == size) {
-    const unsigned char *have = held->bytes + held->at[i];
-    if (size == sizeof(void *)) { /* a buffer, compared inline: most of a launch's arguments */
-      void *a, *b;
-      memcpy(&a, have, sizeof a);
-      memcpy(&b, value, sizeof b);
-      if (a == b) return CL_SUCCESS;
-    } else if (memcmp(have, value, size) == 0) {
-      return CL_SUCCESS;
-    }
+int ca_held_has(const ca_held *held, cl_uint i, size_t size, const void *value) {
+  if (!held || i >= CA_HELD_ARGS || !held->known[i] || held->size[i] != size) return 0;
+  const unsigned char *have = held->bytes + held->at[i];
+  if (size == sizeof(void *)) { /* a buffer, compared inline: most of a launch's arguments */
+    void *a, *b;
+    memcpy(&a, have, sizeof a);
+    memcpy(&b, value, sizeof b);
+    return a == b;
   }
+  return memcmp(have, value, size) == 0;
+}
+
+cl_int ca_held_set(cl_kernel kernel, ca_held *held, cl_uint i, size_t size, const void *value, int holdable) {
+  const int room = held && i < CA_HELD_ARGS;
+  if (holdable && ca_held_has(held, i, size, value)) return CL_SUCCESS;
   const cl_int err = clSetKernelArg(kernel, i, size, value);
   if (!room) return err;
   /* argument i keeps its place in bytes once it has one of its size */

@@ -19,7 +19,10 @@ typedef struct {
   int known[CA_HELD_ARGS]; /* 0: not known */
   size_t at[CA_HELD_ARGS], size[CA_HELD_ARGS];
   unsigned char bytes[CA_HELD_BYTES];
+  unsigned long forgets; /* ca_mem_facts_forgets() when the caller's cl_mems were taken as held */
 } ca_held;
+/* Whether held holds (size, value) as argument i. */
+int ca_held_has(const ca_held *held, cl_uint i, size_t size, const void *value);
 /* Sets argument i of kernel to (size, value) unless held says it holds
  * that; holdable 0: never taken as held (a cl_mem the runtime may reuse). */
 cl_int ca_held_set(cl_kernel kernel, ca_held *held, cl_uint i, size_t size, const void *value, int holdable);
@@ -86,10 +89,13 @@ clattn_status ca_bind(clattn_context *ctx, const ca_list *l, ca_bound **out);
 /* Enqueues l (a list like the bound one: its scratch no larger) on b's
  * resources after the n_wait events and, on an out-of-order queue, after
  * b's previous run; only the arguments that differ from what b's kernels
- * hold are set. A list of kernels alone may replay from a command buffer
- * (recorded on first use where the device offers one, updated in place
- * with mutable dispatch). One run at a time: the caller serialises. */
-clattn_status ca_run_bound(ca_bound *b, const ca_list *l, cl_uint n_wait, const cl_event *wait, cl_event *done);
+ * hold are set: with planned 0, l is the last run's list changed at most
+ * at its step sites, and only those are looked at. A list of kernels alone
+ * may replay from a command buffer (recorded on first use where the device
+ * offers one, updated in place with mutable dispatch). One run at a time:
+ * the caller serialises. */
+clattn_status ca_run_bound(ca_bound *b, const ca_list *l, int planned, cl_uint n_wait, const cl_event *wait,
+                           cl_event *done);
 void ca_bound_release(ca_bound *b);
 /* Runs that replayed the command buffer; of those, runs that first updated
  * its arguments or grids in place (for tests and the bench). */
