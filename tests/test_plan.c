@@ -326,7 +326,8 @@ static void steps_match_forward(fixture *f, clattn_plan *plan, const char *queue
     CHECKF(strcmp(route, clattn_last_route()) == 0, "%s, %s: route \"%s\", clattn_forward's \"%s\"", c->name, what,
            route, clattn_last_route());
     CHECKF(got != CLATTN_OK || done != NULL, "%s, %s: no done event", c->name, what);
-    if (got == CLATTN_OK) CHECKF(ca_plan_list_is_planners(plan), "%s, %s: the step's list is not the planner's", c->name, what);
+    if (got == CLATTN_OK)
+      CHECKF(ca_plan_list_is_planners(plan), "%s, %s: the step's list is not the planner's", c->name, what);
     const step_at now = at_of(f, &st);
     if (in_place && !strncmp(route, "fused:", 6) && (got == CLATTN_OK || got == CLATTN_ERR_EMPTY_ROW))
       check_in_place(f, what, n0, l0, n1, l1, &prev, &now, replays, updates);
@@ -471,9 +472,10 @@ static void decode_steps_take_the_list_without_planning(void) {
     fixture_free(&f);
   }
   const long calls = ca_last_call_patches(ct_context()) - forward_patches;
-  printf("  %ld decode steps, %ld on the last step's list with kv_len written in; clattn_forward: %ld on the last "
-         "call's\n",
-         steps, patches, calls);
+  printf(
+      "  %ld decode steps, %ld on the last step's list with kv_len written in; clattn_forward: %ld on the last "
+      "call's\n",
+      steps, patches, calls);
   CHECKF(patches > 0, "no decode step took the last step's list");
   CHECKF(calls > 0, "no clattn_forward call took the last call's list");
 }

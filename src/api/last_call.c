@@ -15,7 +15,7 @@
 
 struct ca_last_call {
   pthread_mutex_t lock;
-  int listed; /* list is the planner's for p */
+  int listed;   /* list is the planner's for p */
   long patches; /* calls that took the list without planning */
   clattn_params p;
   ca_list list;
@@ -49,8 +49,8 @@ clattn_status ca_last_call_run(clattn_context *ctx, ca_last_call *m, const clatt
   if (!m || pthread_mutex_trylock(&m->lock) != 0) return CLATTN_OK;
   *ran = 1;
   clattn_status st = CLATTN_OK;
-  const int holds = m->listed && same_but_kv_len(&m->p, p) &&
-                    (m->p.kv_len == p->kv_len || ca_list_step_patch(&m->list, p->kv_len));
+  const int holds =
+      m->listed && same_but_kv_len(&m->p, p) && (m->p.kv_len == p->kv_len || ca_list_step_patch(&m->list, p->kv_len));
   if (holds) {
     m->p.kv_len = p->kv_len;
     m->patches++;

@@ -220,8 +220,9 @@ static int list_holds(clattn_plan *pl, const clattn_step *s) {
   if (!pl->listed) return 0;
   if (pl->kvcache) return 1;
   const clattn_params *p = &pl->p;
-  if (!s) return pl->at.kv_len == p->kv_len && pl->at.q == p->q.offset && pl->at.out == p->out.offset &&
-                 pl->at.lse == p->lse.offset;
+  if (!s)
+    return pl->at.kv_len == p->kv_len && pl->at.q == p->q.offset && pl->at.out == p->out.offset &&
+           pl->at.lse == p->lse.offset;
   const int kv_len = s->kv_len ? s->kv_len : p->kv_len;
   if (kv_len < 0 || kv_len > p->kv_len || (s->lse_offset != CLATTN_STEP_PLANNED && !p->lse.buf)) return 0;
   if ((s->q_offset == CLATTN_STEP_PLANNED ? p->q.offset : s->q_offset) != pl->at.q ||

@@ -72,11 +72,8 @@ int ca_mem_facts_cached(cl_mem m, ca_mem_facts *out) {
 }
 
 int ca_mem_facts_tracked(cl_mem m) {
-  int found = 0;
-  pthread_mutex_lock(&lock);
-  for (fact *f = *bucket(m); f && !found; f = f->next) found = f->mem == m;
-  pthread_mutex_unlock(&lock);
-  return found;
+  ca_mem_facts unused;
+  return ca_mem_facts_cached(m, &unused);
 }
 
 unsigned long ca_mem_facts_forgets(void) { return atomic_load_explicit(&forgets, memory_order_acquire); }

@@ -85,8 +85,9 @@ ca_splits ca_plan_splits(const tl_device *dev, size_t group_items, size_t items,
   size_t splits = 1;
   while (splits < max_splits && eff[splits] < 0.85 * best) splits++;
   if (splits == 1) { /* a function of the blocks: the same for their every kv_len */
-    sp.same_lo = (int)(blocks * MIN_SPLIT_KEYS);
-    sp.same_hi = blocks * MIN_SPLIT_KEYS + MIN_SPLIT_KEYS - 1 < (size_t)INT_MAX ? (int)(blocks * MIN_SPLIT_KEYS) + MIN_SPLIT_KEYS - 1 : INT_MAX;
+    const size_t last = (blocks + 1) * MIN_SPLIT_KEYS - 1;
+    sp.same_lo = (int)(blocks * MIN_SPLIT_KEYS); /* at most kv_len */
+    sp.same_hi = last < (size_t)INT_MAX ? (int)last : INT_MAX;
     return sp;
   }
   /* at most kv_len / 2 rounded up to a key block (kv_len >= 512, blocks of
