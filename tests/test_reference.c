@@ -152,6 +152,25 @@ static void empty_rows_give_zero_and_minus_inf(void) {
   CHECK(o.empty_rows == 0);
 }
 
+/* A +inf score makes the row NaN (its weights are NaN) even where dropout
+ * drops every key: the row's softmax, not the dropped sum, decides. */
+static void inf_score_row_is_nan_under_dropout(void) {
+  const float q[] = {-INFINITY}, k[] = {-INFINITY}, v[] = {2};
+  clattn_params p = dense_params(1, 1, 1, 1, 1, 1);
+  double out[1], lse[1];
+  REQUIRE(run1(&p, q, k, v, NULL, out, NULL, lse, NULL) == 0);
+  CHECK(isnan(out[0]) && isnan(lse[0]));
+  p.dropout_p = 0.999f; /* some seed drops the one key */
+  int dropped = 0;
+  for (p.dropout_seed = 0; p.dropout_seed < 64 && !dropped; p.dropout_seed++) {
+    if (ref_dropout_kept(&p, 0, 0, 0, 0)) continue;
+    dropped = 1;
+    REQUIRE(run1(&p, q, k, v, NULL, out, NULL, lse, NULL) == 0);
+    CHECK(isnan(out[0]) && isnan(lse[0]));
+  }
+  CHECK(dropped);
+}
+
 /* The window/causal allowed set, against the formula written out. */
 static void window_and_causal_allowed_sets_are_bottom_right(void) {
   const int shapes[][2] = {{5, 9}, {9, 5}, {1, 7}, {6, 6}};
@@ -341,7 +360,7 @@ int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(worked_examples_give_the_seeds_numbers),     CT_TEST(positive_read_matches_worked_example),
       CT_TEST(exact_splits_means_and_masked_zero),         CT_TEST(lse_is_log_sum_exp_of_scores),
-      CT_TEST(empty_rows_give_zero_and_minus_inf),         CT_TEST(window_and_causal_allowed_sets_are_bottom_right),
+      CT_TEST(empty_rows_give_zero_and_minus_inf),         CT_TEST(inf_score_row_is_nan_under_dropout),         CT_TEST(window_and_causal_allowed_sets_are_bottom_right),
       CT_TEST(gqa_head_reads_kv_head_h_over_group),        CT_TEST(disallowed_nan_never_reaches_reference_output),
       CT_TEST(nan_in_allowed_score_poisons_only_its_row),  CT_TEST(strided_views_and_broadcast_mask_index_correctly),
       CT_TEST(paired_permutation_leaves_reference_output), CT_TEST(unusable_params_are_rejected),

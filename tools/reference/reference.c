@@ -228,6 +228,8 @@ int ref_forward(const clattn_params *p, const ref_inputs *in, ref_outputs *o) {
             continue;
           for (int c = 0; c < dv; c++) orow[c] += w * (double)in->v[view_index(&p->v, b, g, (int)(sq.k0 + j), c)];
         }
+        if (isnan(sum)) /* a +inf score: the softmax is NaN, and so is the row, whatever dropout keeps */
+          for (int c = 0; c < dv; c++) orow[c] = NAN;
         if (o->lse) o->lse[row] = mx + log(sum);
         diagnose(o, row, s, use, N, best);
       }
