@@ -89,14 +89,20 @@ typedef ca_drop ca_field_ca_drop;
  * sinks, additive score, packed sequences, diagnostics or dropout) runs the
  * decode kernels' core-only entries, which build with every extra absent.
  * work holds flash_pack's K^T and V copies and the split-KV partial states,
- * at the *_at offsets (floats). */
-#define CA_ARGS_flash_core(B, V, X, S)                                                               \
-  V(S, const store_t, q) V(S, const k_t, k) V(S, const v_t, v) V(S, store_t, out) V(S, float, lse) \
-  B(S, float, work) B(S, int, empty_flag) CA_ARGS_ROWS(B, V, X, S) CA_ARGS_KV(B, V, X, S)          \
-  X(S, long, n_pad) X(S, long, kt_at) X(S, long, vp_at) X(S, long, part_o_at) X(S, long, part_lse_at) \
-  X(S, int, q_heads) X(S, int, kv_heads) X(S, int, group) X(S, int, q_len) X(S, int, kv_len)        \
-  X(S, float, scale) X(S, float, softcap) X(S, int, window_left) X(S, int, window_right)            \
+ * at the *_at offsets (floats).
+ * flash_step is flash_core's leading part: the arguments of a decode step
+ * over dense K/V that wants no lse, packing or split (its *_step entries
+ * take those alone: POCL copies every argument at each enqueue). Its
+ * struct is the start of flash_core's, field for field. */
+#define CA_ARGS_flash_step(B, V, X, S)                                                                \
+  V(S, const store_t, q) V(S, const k_t, k) V(S, const v_t, v) V(S, store_t, out) B(S, int, empty_flag) \
+  X(S, long, n_pad) X(S, long, kt_at) X(S, long, vp_at) X(S, long, part_o_at) X(S, long, part_lse_at)   \
+  X(S, int, q_heads) X(S, int, kv_heads) X(S, int, group) X(S, int, q_len) X(S, int, kv_len)           \
+  X(S, float, scale) X(S, float, softcap) X(S, int, window_left) X(S, int, window_right)               \
   X(S, int, split_keys) X(S, int, want_lse)
+#define CA_ARGS_flash_rest(B, V, X, S) \
+  V(S, float, lse) B(S, float, work) CA_ARGS_ROWS(B, V, X, S) CA_ARGS_KV(B, V, X, S)
+#define CA_ARGS_flash_core(B, V, X, S) CA_ARGS_flash_step(B, V, X, S) CA_ARGS_flash_rest(B, V, X, S)
 #define CA_ARGS_flash_extra(B, V, X, S)                                                                    \
   CA_ARGS_MASK(B, V, X, S) CA_ARGS_BIAS(B, V, X, S) CA_ARGS_SCORE(B, V, X, S) CA_ARGS_ALIBI(B, V, X, S) \
   CA_ARGS_SINKS(B, V, X, S) CA_ARGS_PACKED(B, V, X, S) CA_ARGS_DIAG(B, V, X, S) X(S, ca_drop, dropout)
@@ -216,6 +222,15 @@ typedef ca_drop ca_field_ca_drop;
 #define CA_PASS(F, S) CA_ARGS_##F(CA_PASS_B, CA_PASS_B, CA_NONE, S) S
 /* Every argument absent: NULL buffers and a zeroed struct. */
 #define CA_ABSENT(F) CA_ARGS_##F(CA_NULL_B, CA_NULL_B, CA_NONE, _)(ca_args_##F) { 0 }
+/* For an entry that takes only family F's leading part L (F's list is L's,
+ * then R's): CA_WIDEN declares S##_wide, a ca_args_F with L's fields from
+ * S and R's zero; CA_PASS_WIDE hands on L's buffers, NULL for R's, and it. */
+#define CA_WIDEN_FIELD(S, T, n) S##_wide.n = S.n;
+#define CA_WIDEN(F, L, S) \
+  ca_args_##F S##_wide = {0}; \
+  CA_ARGS_##L(CA_NONE, CA_WIDEN_FIELD, CA_WIDEN_FIELD, S)
+#define CA_PASS_WIDE(L, R, S) \
+  CA_ARGS_##L(CA_PASS_B, CA_PASS_B, CA_NONE, S) CA_ARGS_##R(CA_NULL_B, CA_NULL_B, CA_NONE, _) S##_wide
 /* Each field (and each view's n_off, n_st) as a local of its own name. */
 #define CA_UNPACK(F, S) CA_ARGS_##F(CA_NONE, CA_UNPACK_V, CA_UNPACK_X, S)
 #else
@@ -239,6 +254,7 @@ enum { CA_BUF_MEM = 0, CA_BUF_FLAG = 1, CA_BUF_SCRATCH = 2 };
 #undef CA_FAMILY
 #define CA_FAMILY(F) CA_STRUCT(F) CA_BUFS(F)
 #endif
+CA_FAMILY(flash_step)
 CA_FAMILY(flash_core)
 CA_FAMILY(flash_extra)
 CA_FAMILY(flash_pack)

@@ -70,8 +70,9 @@
 
 /* The fused kernels' arguments (args.h.cl's flash_core and flash_extra);
  * the *_core entries take flash_core alone, every extra absent, so they
- * build without the extras' code. FLASH_UNPACK declares every argument,
- * and the packed copies and partial states in the call's work buffer. */
+ * build without the extras' code; the *_step entries take flash_step
+ * alone, the rest of flash_core absent too. FLASH_UNPACK declares every
+ * argument, and the packed copies and partial states in the work buffer. */
 #define FLASH_PARAMS CA_PARAMS(flash_core, args), CA_PARAMS(flash_extra, xargs)
 #define FLASH_PASS CA_PASS(flash_core, args), CA_PASS(flash_extra, xargs)
 #define FLASH_CORE_PASS CA_PASS(flash_core, args), CA_ABSENT(flash_extra)
@@ -617,6 +618,11 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows(FLASH_PA
   __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows_direct##bm##_core(          \
       CA_PARAMS(flash_core, args)) {                                                                  \
     flash_body(FLASH_CORE_PASS, 1, bm);                                                               \
+  }                                                                                                   \
+  __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_rows_direct##bm##_step(          \
+      CA_PARAMS(flash_step, args)) {                                                                  \
+    CA_WIDEN(flash_core, flash_step, args)                                                            \
+    flash_body(CA_PASS_WIDE(flash_step, flash_rest, args), CA_ABSENT(flash_extra), 1, bm);            \
   }
 FLASH_DIRECT_KERNEL(1)
 FLASH_DIRECT_KERNEL(2)

@@ -133,11 +133,11 @@ static void tuned_tile_that_cannot_run_steps_down(void) {
 /* The fused kernels of program each take the arguments cl/args.h.cl's
  * families give the host: flash_pack its own, the *_core entries
  * flash_core's, the others flash_core's and flash_extra's (each family's
- * buffers and its struct); `want` among them. */
+ * buffers and its struct), the *_step entries flash_step's; `want` among them. */
 static void fused_kernels_take_the_host_count(cl_program program, const char *const *want, int n_want) {
-  cl_kernel kernels[16];
+  cl_kernel kernels[32];
   cl_uint n = 0;
-  REQUIRE(clCreateKernelsInProgram(program, 16, kernels, &n) == CL_SUCCESS);
+  REQUIRE(clCreateKernelsInProgram(program, 32, kernels, &n) == CL_SUCCESS);
   int found = 0;
   for (cl_uint i = 0; i < n; i++) {
     char name[64] = "";
@@ -147,6 +147,7 @@ static void fused_kernels_take_the_host_count(cl_program program, const char *co
     const size_t len = strlen(name);
     const int expected = !strcmp(name, "flash_pack")                   ? CA_NBUF(flash_pack) + 1
                          : len > 5 && !strcmp(name + len - 5, "_core") ? CA_NBUF(flash_core) + 1
+                         : len > 5 && !strcmp(name + len - 5, "_step") ? CA_NBUF(flash_step) + 1
                                                                        : CA_NBUF(flash_core) + CA_NBUF(flash_extra) + 2;
     CHECKF((int)args == expected, "%s takes %u arguments, the host counts %d", name, args, expected);
     for (int w = 0; w < n_want; w++) found += !strcmp(name, want[w]);
@@ -174,8 +175,9 @@ static void argument_block_is_the_kernels(void) {
   REQUIREF(
       ca_build_program(ctx, "fused (flash_rows)", text.sources, text.n_sources, text.options, &program) == CLATTN_OK,
       "%s", clattn_last_error(ctx));
-  const char *rows[] = {"flash_pack", "flash_rows", "flash_rows_direct8", "flash_rows_direct8_core"};
-  fused_kernels_take_the_host_count(program, rows, 4);
+  const char *rows[] = {"flash_pack", "flash_rows", "flash_rows_direct8", "flash_rows_direct8_core",
+                        "flash_rows_direct8_step"};
+  fused_kernels_take_the_host_count(program, rows, 5);
   clReleaseProgram(program);
 }
 

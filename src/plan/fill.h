@@ -22,11 +22,11 @@
    (a).varlen = (p)->cu_seqlens_q != NULL, (a).total_q = (p)->cu_seqlens_q ? (p)->total_q : 0,     \
    (a).total_kv = (p)->cu_seqlens_q && (p)->cu_seqlens_k ? (p)->total_kv : 0)
 #define CA_FILL_SEQ(b, a, p) (CA_FILL_ROWS(b, a, p), CA_FILL_PACKED(b, a, p))
-/* K/V storage: the block table (page_size 1 without: common.h.cl divides
- * by it), INT8 scales. */
+/* K/V storage: the block table (every field 0 without: common.h.cl reads
+ * them only when paged), INT8 scales. */
 #define CA_FILL_KV(b, a, p)                                                                              \
   ((b).block_table = ca_mem((p)->block_table), (a).bt_stride = (p)->block_table ? (p)->block_table_stride : 0, \
-   (a).page_size = (p)->block_table ? (p)->page_size : 1, (a).num_pages = (p)->block_table ? (p)->num_pages : 0, \
+   (a).page_size = (p)->block_table ? (p)->page_size : 0, (a).num_pages = (p)->block_table ? (p)->num_pages : 0, \
    CA_FILL_VIEW(b, a, k_scale, &(p)->k_scale), CA_FILL_VIEW(b, a, v_scale, &(p)->v_scale))
 #define CA_FILL_MASK(b, a, p) (CA_FILL_VIEW(b, a, mask, &(p)->mask), (a).has_mask = (p)->mask.buf != NULL)
 /* has_bias: 1 present, | common.h.cl's CA_BIAS_F16, | CA_BIAS_SCALED */

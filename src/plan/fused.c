@@ -28,6 +28,26 @@ static int has_extras(const clattn_params *p, const ca_resolved *r) {
          p->cu_seqlens_q || r->diag || r->dropout.on;
 }
 
+/* flash_step is the leading part of flash_core, buffers and struct alike. */
+_Static_assert(offsetof(ca_args_flash_step, want_lse) == offsetof(ca_args_flash_core, want_lse) &&
+                   offsetof(ca_args_flash_step, kv_len) == offsetof(ca_args_flash_core, kv_len) &&
+                   offsetof(ca_args_flash_step, split_keys) == offsetof(ca_args_flash_core, split_keys) &&
+                   offsetof(ca_bufs_flash_step, empty_flag) == offsetof(ca_bufs_flash_core, empty_flag) &&
+                   sizeof(ca_args_flash_step) == offsetof(ca_args_flash_core, lse),
+               "flash_step leads flash_core");
+
+/* Whether flash_core's arguments past flash_step's are all absent (no
+ * buffer, every field zero), so a *_step entry sees the same call. */
+static int rest_absent(const ca_bufs_flash_core *b, const ca_args_flash_core *a) {
+  const ca_buf *buf = (const ca_buf *)b;
+  for (int i = CA_NBUF(flash_step); i < CA_NBUF(flash_core); i++)
+    if (buf[i].mem || buf[i].role != CA_BUF_MEM) return 0;
+  const unsigned char *rest = (const unsigned char *)a + sizeof(ca_args_flash_step);
+  for (size_t i = 0; i < sizeof *a - sizeof(ca_args_flash_step); i++)
+    if (rest[i]) return 0;
+  return 1;
+}
+
 /* The fused call's kernel, in order of preference:
  *   flash_decode       GPUs, at most CA_DECODE_KERNEL_ROWS rows per KV head
  *                      (decode): one group of 64 work-items per (batch, KV
@@ -39,7 +59,9 @@ static int has_extras(const clattn_params *p, const ca_resolved *r) {
  *   flash_rows_directN CPUs, at most 8 rows per KV head: K and V read in
  *                      place (a pack would triple a bandwidth-bound call's
  *                      traffic), whole 16-column slices with unit strides;
- *                      the _core entry where the call has no extras
+ *                      the _core entry where the call has no extras,
+ *                      the _step entry where it has none of flash_core's
+ *                      rest either (lse, work, lengths, paging, scales)
  *   flash_rows         CPUs: flash_pack first (K transposed, V packed) */
 clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const ca_resolved *r, ca_list *l) {
   l->what = "fused";
@@ -166,18 +188,23 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
   }
 
   const int core_only = direct && !has_extras(p, r);
-  static const char *const direct_names[2][4] = {
+  const int step_only = core_only && rest_absent(&b, &a);
+  static const char *const direct_names[3][4] = {
       {"flash_rows_direct1", "flash_rows_direct2", "flash_rows_direct4", "flash_rows_direct8"},
-      {"flash_rows_direct1_core", "flash_rows_direct2_core", "flash_rows_direct4_core", "flash_rows_direct8_core"}};
+      {"flash_rows_direct1_core", "flash_rows_direct2_core", "flash_rows_direct4_core", "flash_rows_direct8_core"},
+      {"flash_rows_direct1_step", "flash_rows_direct2_step", "flash_rows_direct4_step", "flash_rows_direct8_step"}};
   const char *kernel = decode   ? "flash_decode"
                        : block  ? "flash_block"
                        : wg     ? "flash_tiled"
-                       : direct ? direct_names[core_only][bm == 1 ? 0 : bm == 2 ? 1 : bm == 4 ? 2 : 3]
+                       : direct ? direct_names[core_only + step_only][bm == 1 ? 0 : bm == 2 ? 1 : bm == 4 ? 2 : 3]
                                 : "flash_rows";
   const size_t global[3] = {wg ? row_blocks * group_items : row_blocks, kv_pairs, splits.n_splits};
   const size_t local[3] = {wg ? group_items : 1, 1, 1};
   ca_list_kernel(l, prog.program, kernel, 3, global, local);
-  CA_LIST_ARGS(l, flash_core, b, a);
+  if (step_only) /* flash_core's leading buffers and the leading part of its struct */
+    ca_list_args(l, CA_NBUF(flash_step), (const ca_buf *)&b, sizeof(ca_args_flash_step), &a);
+  else
+    CA_LIST_ARGS(l, flash_core, b, a);
   /* another kv_len within the splits' range changes kv_len and the one split's keys alone */
   ca_list_step_site(l, offsetof(ca_args_flash_core, kv_len));
   if (splits.n_splits == 1) ca_list_step_site(l, offsetof(ca_args_flash_core, split_keys));
