@@ -66,6 +66,9 @@ for c in "${cases[@]}"; do
   # shellcheck disable=SC2086
   under_oclgrind "$name" "$name" "$env" "$build/tools/clattn" run ${args} "${common[@]}"
 done
+# The decode kernels' _step entries run where a call wants no lse.
+under_oclgrind "fused-decode-step" "fused-decode-step" "" "$build/tools/clattn" run --algo fused --heads 8 --kv-heads 2 \
+  --q-len 1 --kv-len 37 --head-dim 32 --value-dim 16 --reps 0 --poison
 # The backward pass: the tests of tests/test_backward.c small enough for the
 # simulator (Oclgrind reports a GPU, so this is the GPU-style launch).
 backward_tests=(packed_sequences causal_window_kv_lens_mask_bias_poisoned empty_rows_give_zero
