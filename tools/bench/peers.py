@@ -162,6 +162,11 @@ def run_clattn(clattn, runtime, shapes, cap):
     missing = [shape_label(s) for s in shapes if shape_text(s) not in rows]
     if missing:  # bench.c's labels or columns changed: say so rather than print a table of gaps
         raise RuntimeError("clattn bench printed no row for %s" % ", ".join(missing))
+    # "ceilings: device CLBlast SGEMM ..., host OpenBLAS SGEMM 2048^3 X GFLOP/s, device copy ...": the host's
+    # matrix-product rate, the ceiling every contender's two products per key block share
+    sgemm = re.search(r"host OpenBLAS SGEMM \S+ ([0-9.]+) GFLOP/s", out.stdout)
+    if sgemm:
+        rows["sgemm"] = (float(sgemm.group(1)), None)
     # "opencl: PLATFORM (VERSION); device NAME (...), driver D" -> "PLATFORM VERSION, driver D"
     line = next((l for l in out.stdout.splitlines() if l.startswith("opencl:")), "")
     m = re.match(r"opencl: (.*?) \((OpenCL [^)]*?)\).*driver (\S+)", line)
@@ -240,6 +245,9 @@ def compare(args):
     ]
     for c in contenders:
         lines.append("- %s: %s" % (c, notes.get(c, "")))
+    sgemm = [rows["sgemm"][0] for c in contenders if c.startswith("clattn ") for rows in results[c] if "sgemm" in rows]
+    if sgemm:
+        lines.append("- the host's OpenBLAS SGEMM (2048³, measured by each `clattn bench` run): %s GFLOP/s" % spread(sgemm))
     lines.append("")
     head = ["shape"] + ["%s GFLOP/s" % c for c in contenders]
     head += ["clattn %s ÷ %s" % (rt, p) for rt in args.runtime for p in (args.peer or list(PEERS))]
