@@ -59,8 +59,7 @@ enum ggml_status gc_flash_attn_compute(gc_backend *be, struct ggml_tensor *node)
   const struct ggml_tensor *tensors[GC_FA_TENSORS] = {q, k, v, mask, sinks, node};
   cl_mem mem[GC_FA_TENSORS] = {NULL};
   cl_int err = CL_SUCCESS;
-  for (int i = 0; i < GC_FA_TENSORS && err == CL_SUCCESS; i++)
-    mem[i] = wrap(ctx, tensors[i], &err);
+  for (int i = 0; i < GC_FA_TENSORS && err == CL_SUCCESS; i++) mem[i] = wrap(ctx, tensors[i], &err);
 
   gc_fa_mem at[GC_FA_TENSORS];
   for (int i = 0; i < GC_FA_TENSORS; i++) at[i] = (gc_fa_mem){mem[i], 0, false};

@@ -360,7 +360,8 @@ int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(worked_examples_give_the_seeds_numbers),     CT_TEST(positive_read_matches_worked_example),
       CT_TEST(exact_splits_means_and_masked_zero),         CT_TEST(lse_is_log_sum_exp_of_scores),
-      CT_TEST(empty_rows_give_zero_and_minus_inf),         CT_TEST(inf_score_row_is_nan_under_dropout),         CT_TEST(window_and_causal_allowed_sets_are_bottom_right),
+      CT_TEST(empty_rows_give_zero_and_minus_inf),         CT_TEST(inf_score_row_is_nan_under_dropout),
+      CT_TEST(window_and_causal_allowed_sets_are_bottom_right),
       CT_TEST(gqa_head_reads_kv_head_h_over_group),        CT_TEST(disallowed_nan_never_reaches_reference_output),
       CT_TEST(nan_in_allowed_score_poisons_only_its_row),  CT_TEST(strided_views_and_broadcast_mask_index_correctly),
       CT_TEST(paired_permutation_leaves_reference_output), CT_TEST(unusable_params_are_rejected),

@@ -193,10 +193,11 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
       {"flash_rows_direct1", "flash_rows_direct2", "flash_rows_direct4", "flash_rows_direct8"},
       {"flash_rows_direct1_core", "flash_rows_direct2_core", "flash_rows_direct4_core", "flash_rows_direct8_core"},
       {"flash_rows_direct1_step", "flash_rows_direct2_step", "flash_rows_direct4_step", "flash_rows_direct8_step"}};
+  const int bm_at = bm == 1 ? 0 : bm == 2 ? 1 : bm == 4 ? 2 : 3;
   const char *kernel = decode   ? "flash_decode"
                        : block  ? "flash_block"
                        : wg     ? "flash_tiled"
-                       : direct ? direct_names[core_only + step_only][bm == 1 ? 0 : bm == 2 ? 1 : bm == 4 ? 2 : 3]
+                       : direct ? direct_names[core_only + step_only][bm_at]
                                 : "flash_rows";
   const size_t global[3] = {wg ? row_blocks * group_items : row_blocks, kv_pairs, splits.n_splits};
   const size_t local[3] = {wg ? group_items : 1, 1, 1};
