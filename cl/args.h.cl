@@ -41,6 +41,21 @@ typedef struct {
 typedef struct {
   uint key_lo, key_hi, offset_lo, offset_hi, threshold, factor, on, pad;
 } ca_drop;
+/* The caller's modifiers' scalars (clattn_params.capture_f, capture_i)
+ * and the block mask's geometry (common.h.cl's ca_bm_class); bm_on 0 = no
+ * block mask. */
+typedef struct {
+  float f[4];
+  int i[4];
+  int bm_on, bm_q, bm_k, bm_q_len, bm_kv_len, bm_kb;
+  ulong bm_bs, bm_hs;
+} ca_mod;
+/* What a modifier sees (clattn.h's contract): cap->buf[n], f[n], i[n]. */
+typedef struct {
+  __global const void *buf[4];
+  float f[4];
+  int i[4];
+} clattn_captures;
 #define CA_FIELD_T(T) T
 #else
 #include <CL/cl.h>
@@ -56,6 +71,13 @@ typedef cl_long ca_field_long;
 typedef cl_ulong ca_field_ulong;
 typedef cl_float ca_field_float;
 typedef ca_drop ca_field_ca_drop;
+typedef struct {
+  cl_float f[4];
+  cl_int i[4];
+  cl_int bm_on, bm_q, bm_k, bm_q_len, bm_kv_len, bm_kb;
+  cl_ulong bm_bs, bm_hs;
+} ca_mod;
+typedef ca_mod ca_field_ca_mod;
 #define CA_FIELD_T(T) ca_field_##T
 #endif
 
@@ -79,6 +101,11 @@ typedef ca_drop ca_field_ca_drop;
 #define CA_ARGS_ALIBI(B, V, X, S) B(S, const float, alibi) X(S, int, has_alibi) X(S, int, alibi_bstride)
 #define CA_ARGS_SINKS(B, V, X, S) B(S, const float, sinks) X(S, long, sinks_at)
 #define CA_ARGS_DIAG(B, V, X, S) V(S, float, entropy) V(S, float, max_weight) V(S, int, argmax) X(S, int, diag)
+/* the caller's modifiers: the four captured buffers, the block mask's
+ * classes, the scalars (common.h.cl's CA_MOD_CAPTURES) */
+#define CA_ARGS_MOD(B, V, X, S)                                                                      \
+  B(S, const uchar, cap0) B(S, const uchar, cap1) B(S, const uchar, cap2) B(S, const uchar, cap3)   \
+  B(S, const uchar, bm_class) X(S, ca_mod, mod)
 /* a chunk of query rows: its first (batch, head) pair, first row, rows */
 #define CA_ARGS_CHUNK(B, V, X, S) X(S, int, bh0) X(S, int, i0) X(S, int, rows)
 
@@ -105,7 +132,8 @@ typedef ca_drop ca_field_ca_drop;
 #define CA_ARGS_flash_core(B, V, X, S) CA_ARGS_flash_step(B, V, X, S) CA_ARGS_flash_rest(B, V, X, S)
 #define CA_ARGS_flash_extra(B, V, X, S)                                                                    \
   CA_ARGS_MASK(B, V, X, S) CA_ARGS_BIAS(B, V, X, S) CA_ARGS_SCORE(B, V, X, S) CA_ARGS_ALIBI(B, V, X, S) \
-  CA_ARGS_SINKS(B, V, X, S) CA_ARGS_PACKED(B, V, X, S) CA_ARGS_DIAG(B, V, X, S) X(S, ca_drop, dropout)
+  CA_ARGS_SINKS(B, V, X, S) CA_ARGS_PACKED(B, V, X, S) CA_ARGS_DIAG(B, V, X, S) X(S, ca_drop, dropout) \
+  CA_ARGS_MOD(B, V, X, S)
 /* flash_pack: K transposed and V padded into work */
 #define CA_ARGS_flash_pack(B, V, X, S)                                                                  \
   V(S, const k_t, k) V(S, const v_t, v) CA_ARGS_SEQ(B, V, X, S) CA_ARGS_KV(B, V, X, S) X(S, int, q_len) \
@@ -117,7 +145,7 @@ typedef ca_drop ca_field_ca_drop;
   CA_ARGS_BIAS(B, V, X, S) CA_ARGS_SEQ(B, V, X, S) CA_ARGS_KV(B, V, X, S) X(S, int, q_heads)           \
   X(S, int, group) X(S, int, q_len) X(S, int, kv_len) X(S, int, head_dim) X(S, float, scale)          \
   X(S, float, softcap) CA_ARGS_ALIBI(B, V, X, S) X(S, int, window_left) X(S, int, window_right)       \
-  CA_ARGS_CHUNK(B, V, X, S) B(S, float, scores)
+  CA_ARGS_CHUNK(B, V, X, S) B(S, float, scores) CA_ARGS_MOD(B, V, X, S)
 #define CA_ARGS_softmax_rows(B, V, X, S)                                                                 \
   B(S, float, scores) X(S, int, kv_len) CA_ARGS_SEQ(B, V, X, S) X(S, int, q_heads) X(S, int, q_len)    \
   CA_ARGS_CHUNK(B, V, X, S) V(S, float, lse) X(S, int, want_lse) V(S, float, weights)                  \
@@ -148,7 +176,7 @@ typedef ca_drop ca_field_ca_drop;
   B(S, float, scores) CA_ARGS_MASK(B, V, X, S) CA_ARGS_BIAS(B, V, X, S) CA_ARGS_SEQ(B, V, X, S)        \
   CA_ARGS_KV(B, V, X, S) X(S, int, q_heads) X(S, int, q_len) X(S, int, kv_len) X(S, float, scale)     \
   X(S, float, softcap) CA_ARGS_ALIBI(B, V, X, S) X(S, int, window_left) X(S, int, window_right)       \
-  CA_ARGS_CHUNK(B, V, X, S)
+  CA_ARGS_CHUNK(B, V, X, S) CA_ARGS_MOD(B, V, X, S)
 #define CA_ARGS_gemm_store_rows(B, V, X, S)                                                              \
   B(S, const float, o_rows) B(S, const float, probs) V(S, const v_t, v) B(S, const uchar, v_bad)       \
   CA_ARGS_SEQ(B, V, X, S) CA_ARGS_KV(B, V, X, S) X(S, int, q_heads) X(S, int, group) X(S, int, q_len) \
@@ -162,7 +190,7 @@ typedef ca_drop ca_field_ca_drop;
   CA_ARGS_BIAS(B, V, X, S) CA_ARGS_SEQ(B, V, X, S) X(S, int, q_heads) X(S, int, kv_heads)             \
   X(S, int, group) X(S, int, q_len) X(S, int, kv_len) X(S, float, scale) X(S, float, softcap)         \
   CA_ARGS_ALIBI(B, V, X, S) CA_ARGS_SINKS(B, V, X, S) X(S, int, window_left) X(S, int, window_right)  \
-  B(S, float, dsum) B(S, float, sinkt) X(S, ca_drop, dropout)
+  B(S, float, dsum) B(S, float, sinkt) X(S, ca_drop, dropout) CA_ARGS_MOD(B, V, X, S)
 #define CA_ARGS_bwd_rowdot(B, V, X, S) CA_ARGS_bwd(B, V, X, S)
 #define CA_ARGS_bwd_dkdv(B, V, X, S) \
   CA_ARGS_bwd(B, V, X, S) V(S, store_t, d_k) V(S, store_t, d_v) B(S, float, dq_acc) X(S, int, dq_atomic)
@@ -200,6 +228,16 @@ typedef ca_drop ca_field_ca_drop;
   V(S, const store_t, src) B(S, store_t, dst) X(S, ulong, dst_at) V(S, const float, cos_t)                 \
   V(S, const float, sin_t) B(S, const int, seqlens) X(S, int, heads) X(S, int, rows) X(S, int, cols)      \
   X(S, int, rot_half) X(S, int, rot_len) X(S, int, interleaved) X(S, int, per_row)
+
+/* The caller's modifiers alone (modifier.cl): a block mask's classes of
+ * [batch][heads][q_blocks][kv_blocks] blocks, and the modifiers evaluated
+ * at n given (b, h, q_idx, kv_idx), four ints each in `at`. */
+#define CA_ARGS_mod_blocks(B, V, X, S)                                                              \
+  B(S, uchar, classes) X(S, int, heads) X(S, int, q_len) X(S, int, kv_len) X(S, int, block_q)     \
+  X(S, int, block_k) X(S, int, q_blocks) X(S, int, kv_blocks) CA_ARGS_MOD(B, V, X, S)
+#define CA_ARGS_mod_eval(B, V, X, S) \
+  B(S, const int, at) B(S, float, scores) B(S, uchar, allowed) B(S, float, grads) X(S, int, n) \
+  CA_ARGS_MOD(B, V, X, S)
 
 /* ---- what the lists give ---- */
 
@@ -281,6 +319,8 @@ CA_FAMILY(bwd_store)
 CA_FAMILY(kv_append)
 CA_FAMILY(kvcache_lengths)
 CA_FAMILY(kvcache_rotary)
+CA_FAMILY(mod_blocks)
+CA_FAMILY(mod_eval)
 #undef CA_FAMILY
 
 #endif

@@ -67,14 +67,17 @@ static inline float16 bwd_shape(float16 raw, float scale, float softcap, float16
   return x;
 }
 
-/* The per-pair part of 16 pairs (i0 + l di, j0 + l dj): the mask clears
- * lanes of *ok, bias and ALiBi add to the allowed lanes' scores. */
-static inline float16 bwd_pairs(float16 x, int16 *ok, long b, long h, long i0, int di, long j0, int dj, ca_seq sq,
+/* The per-pair part of 16 pairs (i0 + l di, j0 + l dj): the mask and the
+ * mask modifier clear lanes of *ok; the score modifier shapes the allowed
+ * lanes' scores (its derivative, clattn_score_mod_grad, multiplies their
+ * *dshape), then bias and ALiBi add to them. */
+static inline float16 bwd_pairs(float16 x, float16 *dshape, int16 *ok, long b, long h, long i0, int di, long j0, int dj, ca_seq sq,
                                 __global const uchar *mask, ulong mask_off, ulong4 mask_st, int has_mask,
                                 CA_BIAS_ARGS, CA_SHAPE_ARGS) {
-  float e[BWD_BN];
+  float e[BWD_BN], g[BWD_BN];
   int a[BWD_BN];
   vstore16(x, 0, e);
+  vstore16(*dshape, 0, g);
   vstore16(*ok, 0, a);
   for (int l = 0; l < BWD_BN; l++) {
     if (!a[l]) continue;
@@ -83,6 +86,14 @@ static inline float16 bwd_pairs(float16 x, int16 *ok, long b, long h, long i0, i
       a[l] = 0;
       continue;
     }
+    if (!CA_MOD_ALLOWS(b, h, i, j, sq)) {
+      a[l] = 0;
+      continue;
+    }
+#ifdef CA_MOD_SCORE
+    g[l] *= clattn_score_mod_grad(e[l], (int)b, (int)h, CA_Q_IDX(i, sq), (int)j, ca_cap);
+    e[l] = clattn_score_mod(e[l], (int)b, (int)h, CA_Q_IDX(i, sq), (int)j, ca_cap);
+#endif
     if (has_bias) {
       const float bias_ij = ca_bias(CA_BIAS_PASS, b, h, i, j);
       if (bias_ij == -INFINITY) { /* disallowed, like a zero mask entry */
@@ -94,6 +105,7 @@ static inline float16 bwd_pairs(float16 x, int16 *ok, long b, long h, long i0, i
     if (has_alibi) e[l] += ca_alibi(i, j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, h));
   }
   *ok = vload16(0, a);
+  *dshape = vload16(0, g);
   return vload16(0, e);
 }
 
@@ -179,6 +191,7 @@ static inline float bwd_hsum(float16 x) {
  */
 __kernel void bwd_dkdv(CA_PARAMS(bwd_dkdv, args)) {
   CA_UNPACK(bwd_dkdv, args)
+  CA_MOD_CAPTURES
   (void)o; (void)o_off; (void)o_st; (void)sinkt;
   const long j0l = (long)get_global_id(0) * BWD_BN;   /* no int overflow near kv_len = 2^31 - 1 */
   if (j0l >= kv_len) return;
@@ -203,7 +216,7 @@ __kernel void bwd_dkdv(CA_PARAMS(bwd_dkdv, args)) {
   long i_hi = window_left >= 0 ? (long)j0 + BWD_BN - 1 + window_left - shift : (long)sq.rows - 1;
   i_lo = max(i_lo, 0L);
   i_hi = min(i_hi, (long)sq.rows - 1);
-  const bool per_pair = has_mask || has_bias || has_alibi;
+  const bool per_pair = has_mask || has_bias || has_alibi || CA_MOD_ANY;
   for (int h = hk * group; h < (hk + 1) * group; h++)
     for (long ib = i_lo; ib <= i_hi; ib += BWD_R) {
       int16 ok[BWD_R];
@@ -249,7 +262,7 @@ __kernel void bwd_dkdv(CA_PARAMS(bwd_dkdv, args)) {
         float16 dshape;
         float16 x = bwd_shape(raw[r], scale, softcap, &dshape);
         if (per_pair && live[r])
-          x = bwd_pairs(x, &ok[r], b, h, ib + r, 0, j0, 1, sq, mask, mask_off, mask_st, has_mask, CA_BIAS_PASS,
+          x = bwd_pairs(x, &dshape, &ok[r], b, h, ib + r, 0, j0, 1, sq, mask, mask_off, mask_st, has_mask, CA_BIAS_PASS,
                         CA_SHAPE_PASS);
         const float d_row = live[r] ? dsum[bwd_row(b, h, ib + r, q_heads, q_len)] : 0.0f;
 #ifdef CA_DROPOUT /* the weights that mixed V: the block's 16 keys of row ib + r */
@@ -319,6 +332,7 @@ __kernel void bwd_dkdv(CA_PARAMS(bwd_dkdv, args)) {
  */
 __kernel void bwd_dq(CA_PARAMS(bwd_dq, args)) {
   CA_UNPACK(bwd_dq, args)
+  CA_MOD_CAPTURES
   (void)o; (void)o_off; (void)o_st; (void)sinkt;
   const long i0l = (long)get_global_id(0) * BWD_BN;
   if (i0l >= q_len) return;
@@ -353,7 +367,7 @@ __kernel void bwd_dq(CA_PARAMS(bwd_dq, args)) {
 #endif
   j_hi = min(j_hi, (long)sq.keys - 1);
   if (!any(row_ok)) j_hi = -1;
-  const bool per_pair = has_mask || has_bias || has_alibi;
+  const bool per_pair = has_mask || has_bias || has_alibi || CA_MOD_ANY;
   for (long jb = j_lo; jb <= j_hi; jb += BWD_R) {
     int16 ok[BWD_R];
     bool live[BWD_R], any_live = false;
@@ -400,7 +414,7 @@ __kernel void bwd_dq(CA_PARAMS(bwd_dq, args)) {
       float16 dshape;
       float16 x = bwd_shape(raw[r], scale, softcap, &dshape);
       if (per_pair && live[r])
-        x = bwd_pairs(x, &ok[r], b, h, i0, 1, jb + r, 0, sq, mask, mask_off, mask_st, has_mask, CA_BIAS_PASS,
+        x = bwd_pairs(x, &dshape, &ok[r], b, h, i0, 1, jb + r, 0, sq, mask, mask_off, mask_st, has_mask, CA_BIAS_PASS,
                       CA_SHAPE_PASS);
 #ifdef CA_DROPOUT /* key jb + r's factors for the block's 16 rows */
       float zl[BWD_BN];
@@ -448,6 +462,7 @@ __kernel void bwd_dq(CA_PARAMS(bwd_dq, args)) {
  */
 __kernel void bwd_dbias(CA_PARAMS(bwd_dbias, args)) {
   CA_UNPACK(bwd_dbias, args)
+  CA_MOD_CAPTURES
   (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks; (void)sinks_at;
   const int heads_out = summed & 2 ? 1 : q_heads, rows_out = summed & 4 ? 1 : q_len;
   const long j_out = get_global_id(0);
@@ -465,6 +480,7 @@ __kernel void bwd_dbias(CA_PARAMS(bwd_dbias, args)) {
         for (long j = summed & 8 ? 0 : j_out; j < min(summed & 8 ? (long)kv_len : j_out + 1, (long)sq.keys); j++) {
           if (!ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right)) continue;
           if (has_mask && mask[ca_at(mask_off, mask_st, b, h, i, j)] == 0) continue;
+          if (!CA_MOD_ALLOWS(b, h, i, j, sq)) continue;
           const float bias_ij = has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
           if (bias_ij == -INFINITY) continue; /* disallowed */
           float raw = 0.0f, dp = 0.0f;

@@ -41,6 +41,7 @@ static inline ulong bwds_at(int g, int rows, int r, int kv_len, long j) {
 __kernel __attribute__((reqd_work_group_size(BS_TN, BS_TM, 1)))
 void bwds_pairs(CA_PARAMS(bwds_pairs, args)) {
   CA_UNPACK(bwds_pairs, args)
+  CA_MOD_CAPTURES
   (void)o; (void)o_off; (void)o_st; (void)sinkt; (void)sinks_at; (void)sinks;
   __local float a_tile[BS_TM][BS_TK];
   __local float b_tile[BS_TK][BS_TN];
@@ -96,6 +97,7 @@ void bwds_pairs(CA_PARAMS(bwds_pairs, args)) {
   float pv = 0.0f, gv = 0.0f;
   bool allowed = i < sq.rows && j < sq.keys && ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right);
   if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+  if (allowed) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
   const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
   allowed = allowed && bias_ij != -INFINITY;
   const float row_lse = allowed ? lse[ca_at(lse_off, lse_st, b, h, i, 0)] : -INFINITY;
@@ -106,6 +108,10 @@ void bwds_pairs(CA_PARAMS(bwds_pairs, args)) {
       dshape = scale * (1.0f - t * t);
       x = softcap * t;
     }
+#ifdef CA_MOD_SCORE
+    dshape *= clattn_score_mod_grad(x, b, h, CA_Q_IDX(i, sq), j, ca_cap);
+    x = clattn_score_mod(x, b, h, CA_Q_IDX(i, sq), j, ca_cap);
+#endif
     x += bias_ij;
     if (has_alibi) x += ca_alibi(i, j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, h));
     const float p = exp(x - row_lse);

@@ -304,12 +304,77 @@ static inline float ca_bias(CA_BIAS_ARGS, long b, long h, long i, long j) {
   return ca_bias_scaled(ca_bias_raw(CA_BIAS_PASS, ca_at(bias_off, bias_st, b, h, i, j)), has_bias, bias_scale, h);
 }
 
-/* Score shaping after scale * <q, k> (clattn.h's order): softcap, then the
- * bias and ALiBi's -slope |p_i - j| with p_i the bottom-right aligned
- * position and slope alibi[b * alibi_bstride + h] (alibi_bstride 0: one
- * slope per head). softcap 0 = off; alibi NULL when has_alibi is 0. */
-#define CA_SHAPE_ARGS float softcap, __global const float *alibi, int has_alibi, int alibi_bstride
-#define CA_SHAPE_PASS softcap, alibi, has_alibi, alibi_bstride
+/* ---- The caller's modifiers (clattn_params.score_mod / mask_mod,
+ * docs/modifiers.md): OpenCL C the host places after this file, defining
+ * clattn_score_mod (built with -D CA_MOD_SCORE), clattn_mask_mod
+ * (CA_MOD_MASK) and clattn_score_mod_grad (CA_MOD_GRAD). They see the
+ * call's captures, and (q_idx, kv_idx) = (i + n - m, j): row i of m over
+ * n keys at its bottom-right aligned position, key j from its sequence's
+ * first key. clattn_captures is args.h.cl's (the modifiers come before
+ * this file). ---- */
+/* The captures of a kernel whose family holds args.h.cl's CA_ARGS_MOD, as
+ * the pointer ca_cap the hooks below (and CA_SHAPE_PASS) read. */
+#define CA_MOD_CAPTURES                                                                              \
+  const clattn_captures ca_cap_v = {{cap0, cap1, cap2, cap3},                                        \
+                                    {mod.f[0], mod.f[1], mod.f[2], mod.f[3]},                        \
+                                    {mod.i[0], mod.i[1], mod.i[2], mod.i[3]}};                       \
+  const clattn_captures *ca_cap = &ca_cap_v;
+/* No captures: a kernel without modifier arguments. */
+#define CA_MOD_NONE const clattn_captures *ca_cap = 0;
+#define CA_Q_IDX(i, sq) (int)((long)(i) + (long)(sq).align_n - (long)(sq).align_m)
+#if defined(CA_MOD_SCORE) || defined(CA_MOD_MASK)
+#define CA_MOD_ANY 1
+#else
+#define CA_MOD_ANY 0
+#endif
+/* Whether the mask modifier allows (i, j) of (b, h) in sequence sq (no modifier: true). */
+#ifdef CA_MOD_MASK
+#define CA_MOD_ALLOWS(b, h, i, j, sq) (clattn_mask_mod((int)(b), (int)(h), CA_Q_IDX(i, sq), (int)(j), ca_cap) != 0)
+#else
+#define CA_MOD_ALLOWS(b, h, i, j, sq) true
+#endif
+
+/* The block mask's class of rows i_lo .. i_hi by keys j_lo .. j_hi of
+ * (b, h): CA_BM_EMPTY when every block they touch is empty (the mask
+ * modifier allows none of its pairs), CA_BM_FULL when every one is full
+ * (it allows all), else CA_BM_PARTIAL. PARTIAL without a block mask, or for
+ * a sequence whose lengths are not those it was made for (its q_idx would
+ * differ). Blocks of bm_q x bm_k, classes uchar [b * bm_bs + h * bm_hs +
+ * qb * bm_kb + kb] (strides 0 broadcast). */
+enum { CA_BM_EMPTY = 0, CA_BM_PARTIAL = 1, CA_BM_FULL = 2 };
+static inline int ca_bm_class(__global const uchar *bm_class, ca_mod mod, long b, long h, long i_lo, long i_hi,
+                              long j_lo, long j_hi, ca_seq sq) {
+  if (!mod.bm_on || sq.align_m != mod.bm_q_len || sq.align_n != mod.bm_kv_len) return CA_BM_PARTIAL;
+  i_hi = min(i_hi, (long)mod.bm_q_len - 1);
+  j_hi = min(j_hi, (long)mod.bm_kv_len - 1);
+  if (i_lo > i_hi || j_lo > j_hi) return CA_BM_EMPTY;
+  bool all_empty = true, all_full = true;
+  __global const uchar *at = bm_class + (ulong)b * (ulong)mod.bm_bs + (ulong)h * (ulong)mod.bm_hs;
+  for (long qb = i_lo / mod.bm_q; qb <= i_hi / mod.bm_q; qb++)
+    for (long kb = j_lo / mod.bm_k; kb <= j_hi / mod.bm_k; kb++) {
+      const uchar c = at[(ulong)qb * (ulong)mod.bm_kb + (ulong)kb];
+      all_empty = all_empty && c == CA_BM_EMPTY;
+      all_full = all_full && c == CA_BM_FULL;
+    }
+  return all_empty ? CA_BM_EMPTY : all_full ? CA_BM_FULL : CA_BM_PARTIAL;
+}
+
+/* Score shaping after scale * <q, k> (clattn.h's order): softcap, the
+ * score modifier, then the bias and ALiBi's -slope |p_i - j| with p_i the
+ * bottom-right aligned position and slope alibi[b * alibi_bstride + h]
+ * (alibi_bstride 0: one slope per head). softcap 0 = off; alibi NULL when
+ * has_alibi is 0; ca_cap the modifier's captures. */
+#define CA_SHAPE_ARGS \
+  float softcap, __global const float *alibi, int has_alibi, int alibi_bstride, const clattn_captures *ca_cap
+#define CA_SHAPE_PASS softcap, alibi, has_alibi, alibi_bstride, ca_cap
+/* The score modifier at (i, j) of (b, h), i's position counted on kv_len
+ * keys over q_len rows (no modifier: s). */
+#ifdef CA_MOD_SCORE
+#define CA_MOD_SCORE_AT(s, b, h, i, j, q_len, kv_len) \
+  clattn_score_mod((s), (int)(b), (int)(h), (int)((long)(i) + (long)(kv_len) - (long)(q_len)), (int)(j), ca_cap)
+#else
+#define CA_MOD_SCORE_AT(s, b, h, i, j, q_len, kv_len) (s)
+#endif
 static inline float ca_softcap(float s, float softcap) { return softcap > 0.0f ? softcap * tanh(s / softcap) : s; }
 static inline float ca_alibi_slope(__global const float *alibi, int alibi_bstride, long b, long h) {
   return alibi[b * (long)alibi_bstride + h];
@@ -319,7 +384,7 @@ static inline float ca_alibi(long i, long j, int q_len, int kv_len, float slope)
 }
 static inline float ca_shape(float s, float bias_ij, long b, long h, long i, long j, int q_len, int kv_len,
                              CA_SHAPE_ARGS) {
-  s = ca_softcap(s, softcap) + bias_ij;
+  s = CA_MOD_SCORE_AT(ca_softcap(s, softcap), b, h, i, j, q_len, kv_len) + bias_ij;
   return has_alibi ? s + ca_alibi(i, j, q_len, kv_len, ca_alibi_slope(alibi, alibi_bstride, b, h)) : s;
 }
 

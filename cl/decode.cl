@@ -125,6 +125,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
         const int2 keys = flash_row_keys(i, sq.align_m, sq.align_n, n_valid, window_left, window_right);
         bool allowed = key_ok && i < sq.rows && j >= keys.x && j <= keys.y;
         if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+        if (allowed) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
         const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
         allowed = allowed && bias_ij != -INFINITY;
         s_tile[t * DEC_N + kk] =

@@ -80,7 +80,8 @@
   CA_UNPACK(flash_core, args)                                                    \
   CA_UNPACK(flash_extra, xargs)                                                  \
   __global const float *kt = work + kt_at, *vp = work + vp_at;                   \
-  __global float *part_o = work + part_o_at, *part_lse = work + part_lse_at;
+  __global float *part_o = work + part_o_at, *part_lse = work + part_lse_at;      \
+  CA_MOD_CAPTURES
 
 /*
  * flash_pack — copies K transposed per key block and V row-major into
@@ -338,6 +339,16 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
    * each key (a division each). */
   const bool page_halves = direct && paged && page_size % FLASH_VW == 0 && sq.k0 % FLASH_VW == 0;
   for (long j0 = j_begin; j0 < j_end; j0 += FLASH_BN) {
+    /* The block mask: a block the mask modifier allows no pair of is
+     * skipped, one it allows every pair of skips evaluating it. */
+#ifdef CA_MOD_MASK
+    int bm_cls = ca_bm_class(bm_class, mod, b, hs[0], is[0], is[0], j0, j0 + FLASH_BN - 1, sq);
+    for (int r = 1; r < bm; r++) /* EMPTY or FULL only where every row's is */
+      if (ca_bm_class(bm_class, mod, b, hs[r], is[r], is[r], j0, j0 + FLASH_BN - 1, sq) != bm_cls) bm_cls = CA_BM_PARTIAL;
+    if (bm_cls == CA_BM_EMPTY) continue;
+#else
+    const int bm_cls = CA_BM_FULL;
+#endif
     /* The block's bias, as stored (each row scales its own), read before
      * its scores: a block that every row's bias disallows (an engine's
      * causal mask above the diagonal, its padding) is skipped like a block
@@ -436,8 +447,17 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
     /* Every key of the block allowed for every row, inside this split? */
     const bool full = !has_mask && j0 >= lo_max && j0 + FLASH_BN - 1 <= hi_min &&
                       j0 >= split_begin && j0 + FLASH_BN <= split_end &&
+#ifdef CA_MOD_MASK
+                      bm_cls == CA_BM_FULL &&
+#endif
                       (page_halves ? at_h[0].ok && at_h[1].ok : ca_kv_rows_ok(b, sq.k0 + j0, FLASH_BN, CA_PAGE_PASS));
-    const bool per_key = !full || has_bias || has_alibi;   /* an element-wise pass is needed */
+    /* an element-wise pass is needed (a score modifier applies per key);
+     * else the bias may add in whole vectors */
+#ifdef CA_MOD_SCORE
+    const bool per_key = true, bias_vectors = false;
+#else
+    const bool per_key = !full || has_bias || has_alibi, bias_vectors = full && has_bias && !has_alibi;
+#endif
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
     flash_ivec zero_lanes = (flash_ivec)(0);   /* lanes where some row's weight is exactly 0 */
     for (int r = 0; r < bm; r++) {
@@ -446,7 +466,7 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
         x0 = softcap * tanh(x0 / softcap);
         x1 = softcap * tanh(x1 / softcap);
       }
-      if (full && has_bias && !has_alibi) {
+      if (bias_vectors) {
         /* every key allowed but for the bias: it adds in whole vectors, a
          * -inf entry disallowing its key whatever the score (a NaN key's) */
         const flash_vec b0 = flash_vload(0, bias_raw[r]), b1 = flash_vload(0, bias_raw[r] + FLASH_VW);
@@ -465,6 +485,8 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
           if (allowed && paged) /* page in the pool */
             allowed = page_halves ? at_h[jj / FLASH_VW].ok : ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
+          if (allowed && bm_cls != CA_BM_FULL) allowed = CA_MOD_ALLOWS(b, hs[r], is[r], j, sq);
+          if (allowed) e[jj] = CA_MOD_SCORE_AT(e[jj], b, hs[r], is[r], j, sq.align_m, sq.align_n);
           if (allowed && has_bias) {
             allowed = bias_raw[r][jj] != -INFINITY;
             e[jj] += ca_bias_scaled(bias_raw[r][jj], has_bias, bias_scale, hs[r]);
@@ -715,6 +737,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
       bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
       if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
       if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+      if (allowed) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
       const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
       allowed = allowed && bias_ij != -INFINITY;
       float x = -INFINITY;

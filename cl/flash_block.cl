@@ -224,7 +224,12 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
     const long all_lo = max((long)range[2], split_begin), all_hi = min((long)range[3], split_end - 1);
     const bool fast = !has_mask && j0 >= all_lo && j0 + BLOCK_N - 1 <= all_hi &&
                       ca_kv_rows_ok(b, sq.k0 + j0, BLOCK_N, CA_PAGE_PASS); /* every key's page in the pool */
-    if (fast && !has_bias && !has_alibi && !(softcap > 0.0f)) { /* unshaped */
+#if CA_MOD_ANY
+    const bool unshaped = false;
+#else
+    const bool unshaped = fast && !has_bias && !has_alibi && !(softcap > 0.0f);
+#endif
+    if (unshaped) {
       for (int r = 0; r < BLOCK_RM; r++)
         for (int c = 0; c < BLOCK_RN; c++) s[r][c] *= scale;
     } else {
@@ -238,6 +243,7 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
         bool allowed = fast || (j >= keys.x && j <= keys.y && j >= split_begin && j < split_end);
         if (!fast && allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
         if (!fast && allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+        if (allowed) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
         const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
         allowed = allowed && bias_ij != -INFINITY;
         __local float *cell = p_tile + row * PS + tx * BLOCK_RN + e % BLOCK_RN;

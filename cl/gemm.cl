@@ -74,6 +74,7 @@ __kernel void gemm_finite_values(CA_PARAMS(gemm_finite_values, args)) {
 
 __kernel void gemm_mask_scores(CA_PARAMS(gemm_mask_scores, args)) {
   CA_UNPACK(gemm_mask_scores, args)
+  CA_MOD_CAPTURES
   const int j = get_global_id(0), r = get_global_id(1), g = get_global_id(2);
   if (j >= kv_len || r >= rows) return;
   const int bh = bh0 + g, b = bh / q_heads, h = bh % q_heads, i = i0 + r;
@@ -81,6 +82,7 @@ __kernel void gemm_mask_scores(CA_PARAMS(gemm_mask_scores, args)) {
   bool allowed = i < sq.rows && j < sq.keys && ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right);
   if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
   if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+  if (allowed) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
   const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
   allowed = allowed && bias_ij != -INFINITY;
   const ulong at = ((ulong)g * (ulong)rows + (ulong)r) * (ulong)kv_len + (ulong)j;

@@ -30,6 +30,7 @@
 __kernel __attribute__((reqd_work_group_size(SCORE_TN, SCORE_TM, 1)))
 void qk_score(CA_PARAMS(qk_score, args)) {
   CA_UNPACK(qk_score, args)
+  CA_MOD_CAPTURES
   __local float q_tile[SCORE_TM][SCORE_TK];
   __local float k_tile[SCORE_TK][SCORE_TN];
   __local float w_tile[SCORE_TK];
@@ -74,6 +75,7 @@ void qk_score(CA_PARAMS(qk_score, args)) {
     bool allowed = i < sq.rows && j < sq.keys && ca_in_window(i, j, sq.align_m, sq.align_n, window_left, window_right);
     if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
     if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+    if (allowed) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
     const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
     allowed = allowed && bias_ij != -INFINITY;
     float s = -INFINITY;

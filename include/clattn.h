@@ -296,6 +296,35 @@ typedef struct {
    * scores hold NaN or +inf gives NaN entropy and max_weight, argmax
    * unspecified. */
   clattn_tensor entropy, max_weight, argmax;
+
+  /* ---- modifiers: attention the caller programs (docs/modifiers.md) ----
+   * OpenCL C source text compiled into this call's kernels, on every path
+   * (FlexAttention's score_mod and mask_mod):
+   *   score_mod defines float clattn_score_mod(float score, int b, int h,
+   *             int q_idx, int kv_idx, const clattn_captures *cap), and for
+   *             clattn_backward float clattn_score_mod_grad(...) with the
+   *             same parameters: its derivative in score;
+   *   mask_mod  defines int clattn_mask_mod(int b, int h, int q_idx,
+   *             int kv_idx, const clattn_captures *cap), nonzero = allowed.
+   * b is the batch row, h the query head, kv_idx the key's index from its
+   * sequence's first key, q_idx the query's position among those keys as
+   * causal counts it (row i of m queries over n keys: n - m + i, per
+   * sequence), so kv_idx <= q_idx is causal. The mask modifier is ANDed
+   * with every other mask (a key it disallows never reaches an output);
+   * the score modifier applies to scale * <q, k> (after softcap), before
+   * bias and ALiBi. cap->buf[n] is captures[n] (a buffer of this context,
+   * read only), cap->f[n] capture_f[n], cap->i[n] capture_i[n]. Programs
+   * are cached under a hash of the text; text that does not compile is
+   * CLATTN_ERR_INVALID_ARGUMENT with the compiler's log. A modifier is
+   * code the caller trusts, as a kernel it would build itself. NULL: none. */
+  const char *score_mod, *mask_mod;
+  cl_mem captures[4];
+  float capture_f[4];
+  int capture_i[4];
+  /* Optional: clattn_block_mask_create's classes of this call's mask_mod
+   * (same text and captures): blocks it allows no pair of are skipped, and
+   * blocks it allows every pair of skip evaluating it. */
+  const struct clattn_block_mask *block_mask;
 } clattn_params;
 
 /* Fills the first struct_size bytes of *p (its caller's sizeof) with the
@@ -720,6 +749,36 @@ static inline clattn_backward_params clattn_backward_params_default(void) {
  * d_additive_w wanted, and on the staged path, it changes nothing. */
 CLATTN_EXPORT clattn_status clattn_backward(clattn_context *ctx, const clattn_backward_params *bp, cl_uint n_wait,
                                             const cl_event *wait, cl_event *done);
+
+/* ---- block masks (FlexAttention's create_block_mask) ----
+ * The mask modifier p->mask_mod (with p's captures) evaluated on the device
+ * over every (batch row, query head, block of block_q rows, block of
+ * block_k keys) of p's batch, q_heads, q_len and kv_len (batch or q_heads
+ * 1: one for all), each block classed empty (the modifier allows none of
+ * its pairs), full (all) or partial. q_idx is kv_len - q_len + i. Calls
+ * of the same mask_mod and captures take it as clattn_params.block_mask
+ * (forward, backward, plans); a call whose sequence lengths differ from
+ * q_len and kv_len (kv_lens, packed, paged) evaluates the modifier per
+ * pair for those sequences. block_q, block_k 0: 128 (multiples of every
+ * kernel's key tile). Blocks until the classes are computed. */
+typedef struct clattn_block_mask clattn_block_mask;
+CLATTN_EXPORT clattn_status clattn_block_mask_create(clattn_context *ctx, const clattn_params *p, int block_q,
+                                                     int block_k, clattn_block_mask **out);
+/* How many blocks are empty, partial and full (any may be NULL). */
+CLATTN_EXPORT void clattn_block_mask_counts(const clattn_block_mask *bm, size_t *empty, size_t *partial,
+                                            size_t *full);
+CLATTN_EXPORT void clattn_block_mask_release(clattn_block_mask *bm);
+
+/* The modifiers of p (score_mod, mask_mod with p's captures) evaluated on
+ * the device at n points, points[4 e .. 4 e + 3] = (b, h, q_idx, kv_idx):
+ * allowed[e] = the mask modifier's verdict (1 without one); grads[e] (when
+ * not NULL, and score_mod defines it) = clattn_score_mod_grad(scores[e],
+ * ...), 1 without; then scores[e] replaced by clattn_score_mod(scores[e],
+ * ...) (kept without one). Host arrays; blocks until done. What an fp64
+ * reference runs them with. */
+CLATTN_EXPORT clattn_status clattn_modifier_eval(clattn_context *ctx, const clattn_params *p, size_t n,
+                                                 const cl_int *points, float *scores, unsigned char *allowed,
+                                                 float *grads);
 
 #ifdef __cplusplus
 }

@@ -46,7 +46,8 @@ static int same_but_kv_len(const clattn_params *a, const clattn_params *b) {
 clattn_status ca_last_call_run(clattn_context *ctx, ca_last_call *m, const clattn_params *p, cl_uint n_wait,
                                const cl_event *wait, cl_event *done, int *ran) {
   *ran = 0;
-  if (!m || pthread_mutex_trylock(&m->lock) != 0) return CLATTN_OK;
+  /* a modifier's text may change behind the same pointer: such calls plan anew */
+  if (!m || p->score_mod || p->mask_mod || pthread_mutex_trylock(&m->lock) != 0) return CLATTN_OK;
   *ran = 1;
   clattn_status st = CLATTN_OK;
   const int holds =

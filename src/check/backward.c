@@ -76,6 +76,8 @@ clattn_status ca_check_backward(const clattn_context *ctx, const clattn_backward
   p.weights.buf = p.entropy.buf = p.max_weight.buf = p.argmax.buf = NULL;
   p.algo = CLATTN_ALGO_FUSED; /* moot here */
   ca_views views;
-  if ((st = ca_check_forward_read(ctx, &p, &views)) || (st = check_gradients(&views, bp))) return st;
+  if ((st = ca_check_forward_read(ctx, &p, &views)) || (st = check_gradients(&views, bp)) ||
+      (st = ca_check_score_mod_grad(&p)))
+    return st;
   return ca_views_disjoint(&views);
 }

@@ -145,6 +145,24 @@ clattn_status ca_check_forward(const clattn_context *ctx, const clattn_params *p
 clattn_status ca_check_forward_read(const clattn_context *ctx, const clattn_params *p, ca_views *views);
 /* clattn_backward's (backward.c): the forward's call, and the gradients'. */
 clattn_status ca_check_backward(const clattn_context *ctx, const clattn_backward_params *bp);
+
+/* A block mask (clattn.h's clattn_block_mask_create): its classes (device
+ * uchar [batch][heads][q_blocks][kv_blocks], common.h.cl's CA_BM_*), the
+ * geometry it was made for, and the mask modifier and captures it holds
+ * for (a call must give the same). */
+struct clattn_block_mask {
+  cl_mem classes;
+  int batch, heads, q_len, kv_len, block_q, block_k, q_blocks, kv_blocks;
+  unsigned char mask_hash[16];
+  cl_mem captures[4];
+  float capture_f[4];
+  int capture_i[4];
+  size_t counts[3]; /* empty, partial, full */
+};
+/* A call's modifiers, captures and block mask (modifier.c). */
+clattn_status ca_check_modifiers(ca_views *vs, const clattn_params *p);
+/* The backward's: a score modifier has its derivative (UNSUPPORTED). */
+clattn_status ca_check_score_mod_grad(const clattn_params *p);
 /* clattn_kv_append's (append.c). */
 clattn_status ca_check_append(const clattn_context *ctx, const clattn_append_params *ap);
 /* clattn_merge_states' (merge.c). */

@@ -199,7 +199,9 @@ static clattn_status check(const clattn_context *ctx, const clattn_params *p, in
   if (p->cache_leftpad && p->cu_seqlens_k)
     return BAD("cache_leftpad with cu_seqlens_k: packed keys start where cu_seqlens_k says");
   ca_views_init(vs, ctx->context);
-  if ((st = check_views(vs, p, out_role)) || (check_sharing && (st = ca_views_disjoint(vs)))) return st;
+  if ((st = check_views(vs, p, out_role)) || (st = ca_check_modifiers(vs, p)) ||
+      (check_sharing && (st = ca_views_disjoint(vs))))
+    return st;
   if (p->algo == CLATTN_ALGO_FUSED && p->weights.buf)
     return ca_fail(CLATTN_ERR_UNSUPPORTED,
                    "weights: the fused kernel never forms the routing matrix; use CLATTN_ALGO_STAGED or AUTO");

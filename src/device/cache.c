@@ -170,6 +170,13 @@ void ca_cache_key_of(const clattn_context *ctx, const char *const *sources, cl_u
   hash_final(&h, key);
 }
 
+void ca_text_key_of(const char *const *texts, unsigned n, ca_cache_key *key) {
+  hash128 h;
+  hash_init(&h);
+  for (unsigned i = 0; i < n; i++) hash_field(&h, texts[i], strlen(texts[i]));
+  hash_final(&h, key);
+}
+
 /* ---- files ---- */
 
 /* "<dir>/<32 hex digits>.bin" into a fresh string, or NULL. */

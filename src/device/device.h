@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 
 #include "base/base.h"
+#include "device/program_text.h"
 #include "device/tiles.h"
 #include "device/tuning.h"
 
@@ -24,13 +25,25 @@ typedef enum {
   CA_PROGRAM_CORE,     /* qk_score, softmax_rows, mix_values, merge_states, gemm_*: per (dtype, k, v storage) */
   CA_PROGRAM_FUSED,    /* flash_*, flash_decode: per head dims, storages, dropout */
   CA_PROGRAM_BACKWARD, /* backward.cl, backward_staged.cl: per head dims, dtype, dropout */
-  CA_PROGRAM_APPEND    /* kv_append, kvcache_*: per (new rows' storage = dtype, cache storage = k_dtype) */
+  CA_PROGRAM_APPEND,   /* kv_append, kvcache_*: per (new rows' storage = dtype, cache storage = k_dtype) */
+  CA_PROGRAM_MODIFIER  /* modifier.cl: block masks, pointwise evaluation; per modifier */
 } ca_program_kind;
+
+/* A program's modifiers (clattn_params.score_mod, mask_mod): which
+ * functions it is built to call and a hash of their text; the text itself
+ * is read only while the program is built (NULL in the table). flags
+ * (program_text.h's CA_MODF_*) 0: none. */
+typedef struct {
+  int flags;
+  unsigned char hash[16];
+  const char *score_text, *mask_text;
+} ca_mod_key;
 
 typedef struct {
   ca_program_kind kind;
   clattn_dtype dtype, k_dtype, v_dtype; /* CLATTN_DTYPE_SAME resolved */
   int head_dim, value_dim, dropout;
+  ca_mod_key mod;
 } ca_program_key;
 
 /* A built program and what was learnt of it once, when it was built. */
@@ -39,6 +52,7 @@ typedef struct {
   cl_program program;
   tl_block block;  /* fused: flash_block's tile, built and able to run its work-group; rm 0 = none */
   int decode_runs; /* fused: flash_decode built and able to run its CA_DECODE_WG work-items */
+  unsigned long last_use; /* programs with modifiers: the table's clock at their last lookup */
 } ca_program;
 
 struct clattn_context {
@@ -67,6 +81,7 @@ struct clattn_context {
   pthread_mutex_t programs_lock;
   ca_program *programs;
   int n_programs, cap_programs;
+  unsigned long program_clock; /* lookups of programs with modifiers (their last_use) */
   double build_ms;        /* time to build the programs at creation */
   char *cache_dir;        /* the program cache's directory; NULL = no disk cache */
   int cache_binaries;     /* program binaries kept in cache_dir (ca_cache_keeps_binaries) */
@@ -130,6 +145,19 @@ ca_program_key ca_fused_key(int head_dim, int value_dim, clattn_dtype dtype, cla
                             clattn_dtype v_dtype, int dropout);
 ca_program_key ca_backward_key(int head_dim, int value_dim, clattn_dtype dtype, int dropout);
 ca_program_key ca_append_key(clattn_dtype src, clattn_dtype kv);
+/* The modifiers of p (none: flags 0) and key k with them. */
+ca_mod_key ca_mod_key_of(const clattn_params *p);
+ca_program_key ca_key_with_mod(ca_program_key k, const clattn_params *p);
+/* The modifier program of p's modifiers (block masks, pointwise evaluation). */
+ca_program_key ca_modifier_key(const clattn_params *p);
+/* Programs with modifiers the table keeps at most (the least recently used
+ * is released past it: a process trying many modifiers stays bounded). A
+ * program with modifiers comes from ca_program_get retained: its caller
+ * releases it (a launch list holds it: plan.h's ca_list_hold). */
+enum { CA_MOD_PROGRAMS_MAX = 16 };
+/* Whether program is in the table (the kernel pool drops kernels of
+ * programs released from it). */
+int ca_program_live(clattn_context *ctx, cl_program program);
 /* Releases every program the context holds (clattn_destroy). */
 void ca_release_programs(clattn_context *ctx);
 
@@ -141,6 +169,8 @@ typedef struct {
 } ca_cache_key;
 void ca_cache_key_of(const clattn_context *ctx, const char *const *sources, cl_uint n_sources, const char *options,
                      ca_cache_key *key);
+/* 128 bits over n texts (each as a field: its length, then its bytes). */
+void ca_text_key_of(const char *const *texts, unsigned n, ca_cache_key *key);
 /* 128 bits over platform, device and driver only: what a tuning file is for
  * (a library upgrade keeps it; the program cache's key changes). */
 void ca_device_key_of(const clattn_context *ctx, ca_cache_key *key);

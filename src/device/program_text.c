@@ -15,6 +15,24 @@ void ca_append_text(clattn_dtype src_dtype, clattn_dtype kv_dtype, ca_program_te
            (int)(kv_dtype == CLATTN_DTYPE_SAME ? src_dtype : kv_dtype));
 }
 
+void ca_text_modifier(ca_program_text *text, int flags, const char *score_text, const char *mask_text) {
+  const char *add[2];
+  unsigned n_add = 0;
+  if (score_text) add[n_add++] = score_text;
+  if (mask_text && !(score_text && strcmp(score_text, mask_text) == 0)) add[n_add++] = mask_text;
+  for (unsigned i = text->n_sources; i-- > 1;) text->sources[i + n_add] = text->sources[i];
+  for (unsigned i = 0; i < n_add; i++) text->sources[1 + i] = add[i];
+  text->n_sources += n_add;
+  const size_t at = strlen(text->options);
+  snprintf(text->options + at, sizeof text->options - at, "%s%s%s", flags & CA_MODF_SCORE ? " -D CA_MOD_SCORE" : "",
+           flags & CA_MODF_MASK ? " -D CA_MOD_MASK" : "", flags & CA_MODF_GRAD ? " -D CA_MOD_GRAD" : "");
+}
+
+void ca_modifier_text(ca_program_text *out) {
+  *out = (ca_program_text){.sources = {clattn_src_args, clattn_src_common, clattn_src_modifier}, .n_sources = 3};
+  snprintf(out->options, sizeof out->options, "-cl-std=CL1.2");
+}
+
 void ca_probe_text(ca_program_text *out) {
   static const char probe[] = "__kernel void ca_probe(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n";
   *out = (ca_program_text){.sources = {probe}, .n_sources = 1};

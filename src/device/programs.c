@@ -21,33 +21,71 @@ static clattn_dtype resolve(clattn_dtype t, clattn_dtype same) { return t == CLA
 
 ca_program_key ca_core_key(clattn_dtype dtype, clattn_dtype k_dtype, clattn_dtype v_dtype) {
   k_dtype = resolve(k_dtype, dtype);
-  return (ca_program_key){CA_PROGRAM_CORE, dtype, k_dtype, resolve(v_dtype, k_dtype), 0, 0, 0};
+  return (ca_program_key){CA_PROGRAM_CORE, dtype, k_dtype, resolve(v_dtype, k_dtype), 0, 0, 0, {0}};
 }
 
 ca_program_key ca_fused_key(int head_dim, int value_dim, clattn_dtype dtype, clattn_dtype k_dtype,
                             clattn_dtype v_dtype, int dropout) {
   k_dtype = resolve(k_dtype, dtype);
-  return (ca_program_key){CA_PROGRAM_FUSED, dtype, k_dtype, resolve(v_dtype, k_dtype), head_dim, value_dim, dropout != 0};
+  return (ca_program_key){CA_PROGRAM_FUSED, dtype, k_dtype, resolve(v_dtype, k_dtype), head_dim, value_dim, dropout != 0, {0}};
 }
 
 ca_program_key ca_backward_key(int head_dim, int value_dim, clattn_dtype dtype, int dropout) {
-  return (ca_program_key){CA_PROGRAM_BACKWARD, dtype, dtype, dtype, head_dim, value_dim, dropout != 0};
+  return (ca_program_key){CA_PROGRAM_BACKWARD, dtype, dtype, dtype, head_dim, value_dim, dropout != 0, {0}};
 }
 
 ca_program_key ca_append_key(clattn_dtype src, clattn_dtype kv) {
-  return (ca_program_key){CA_PROGRAM_APPEND, src, resolve(kv, src), resolve(kv, src), 0, 0, 0};
+  return (ca_program_key){CA_PROGRAM_APPEND, src, resolve(kv, src), resolve(kv, src), 0, 0, 0, {0}};
+}
+
+/* Whether text defines (or names) `name` as an identifier: the flag that
+ * builds the kernels to call it (a text that only names it fails to build,
+ * with the compiler's log). */
+static int names(const char *text, const char *name) {
+  const size_t n = strlen(name);
+  for (const char *at = text; (at = strstr(at, name)) != NULL; at += n) {
+    const char before = at == text ? ' ' : at[-1], after = at[n];
+    const int ident_before = before == '_' || (before >= '0' && before <= '9') || ((before | 32) >= 'a' && (before | 32) <= 'z');
+    const int ident_after = after == '_' || (after >= '0' && after <= '9') || ((after | 32) >= 'a' && (after | 32) <= 'z');
+    if (!ident_before && !ident_after) return 1;
+  }
+  return 0;
+}
+
+ca_mod_key ca_mod_key_of(const clattn_params *p) {
+  ca_mod_key m = {0, {0}, p->score_mod, p->mask_mod};
+  if (p->score_mod) m.flags |= CA_MODF_SCORE | (names(p->score_mod, "clattn_score_mod_grad") ? CA_MODF_GRAD : 0);
+  if (p->mask_mod) m.flags |= CA_MODF_MASK;
+  if (m.flags) {
+    const char *texts[2] = {p->score_mod ? p->score_mod : "", p->mask_mod ? p->mask_mod : ""};
+    ca_cache_key h;
+    ca_text_key_of(texts, 2, &h);
+    memcpy(m.hash, h.bytes, sizeof m.hash);
+  }
+  return m;
+}
+
+ca_program_key ca_key_with_mod(ca_program_key k, const clattn_params *p) {
+  k.mod = ca_mod_key_of(p);
+  return k;
+}
+
+ca_program_key ca_modifier_key(const clattn_params *p) {
+  return ca_key_with_mod((ca_program_key){CA_PROGRAM_MODIFIER, CLATTN_F32, CLATTN_F32, CLATTN_F32, 0, 0, 0, {0}}, p);
 }
 
 static int same_key(const ca_program_key *a, const ca_program_key *b) {
   return a->kind == b->kind && a->dtype == b->dtype && a->k_dtype == b->k_dtype && a->v_dtype == b->v_dtype &&
-         a->head_dim == b->head_dim && a->value_dim == b->value_dim && a->dropout == b->dropout;
+         a->head_dim == b->head_dim && a->value_dim == b->value_dim && a->dropout == b->dropout &&
+         a->mod.flags == b->mod.flags && memcmp(a->mod.hash, b->mod.hash, sizeof a->mod.hash) == 0;
 }
 
 /* A readable name for messages and the build log. */
 static void key_name(const ca_program_key *k, char *buf, size_t n) {
-  static const char *const kinds[] = {"core", "flash", "backward", "kv_append"};
-  snprintf(buf, n, "%s dtype=%d k_dtype=%d v_dtype=%d dk=%d dv=%d%s", kinds[k->kind], (int)k->dtype, (int)k->k_dtype,
-           (int)k->v_dtype, k->head_dim, k->value_dim, k->dropout ? " dropout" : "");
+  static const char *const kinds[] = {"core", "flash", "backward", "kv_append", "modifier"};
+  snprintf(buf, n, "%s dtype=%d k_dtype=%d v_dtype=%d dk=%d dv=%d%s%s%s", kinds[k->kind], (int)k->dtype,
+           (int)k->k_dtype, (int)k->v_dtype, k->head_dim, k->value_dim, k->dropout ? " dropout" : "",
+           k->mod.flags & CA_MODF_SCORE ? " score_mod" : "", k->mod.flags & CA_MODF_MASK ? " mask_mod" : "");
 }
 
 /* Whether kernel `name` of a built program can run as built: `items`
@@ -78,7 +116,13 @@ static clattn_status build_text(clattn_context *ctx, const ca_program_key *key, 
                                 cl_program *out) {
   char name[160];
   key_name(key, name, sizeof name);
-  return ca_build_program(ctx, name, text->sources, text->n_sources, text->options, out);
+  ca_program_text with = *text;
+  if (key->mod.flags) ca_text_modifier(&with, key->mod.flags, key->mod.score_text, key->mod.mask_text);
+  const clattn_status st = ca_build_program(ctx, name, with.sources, with.n_sources, with.options, out);
+  /* the caller's text did not compile: its argument is at fault */
+  if (st == CLATTN_ERR_BUILD && key->mod.flags)
+    return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "the modifier does not compile: %s", clattn_last_error(ctx));
+  return st;
 }
 
 /* A fused program: flash_block where the work-group kernels are used (GPUs,
@@ -133,6 +177,7 @@ static clattn_status build(clattn_context *ctx, ca_program *e) {
       if (k->dropout) ca_text_dropout(&text);
       break;
     case CA_PROGRAM_APPEND: ca_append_text(k->dtype, k->k_dtype, &text); break;
+    case CA_PROGRAM_MODIFIER: ca_modifier_text(&text); break;
   }
   return build_text(ctx, k, &text, &e->program);
 }
@@ -150,18 +195,54 @@ static clattn_status add(clattn_context *ctx, const ca_program *e) {
   return CLATTN_OK;
 }
 
+/* Past CA_MOD_PROGRAMS_MAX programs with modifiers, the least recently
+ * used is released (programs_lock held); lists and pooled kernels that
+ * still use it hold their own references. */
+static void evict_modifiers(clattn_context *ctx) {
+  int n = 0, oldest = -1;
+  for (int i = 0; i < ctx->n_programs; i++)
+    if (ctx->programs[i].key.mod.flags) {
+      n++;
+      if (oldest < 0 || ctx->programs[i].last_use < ctx->programs[oldest].last_use) oldest = i;
+    }
+  if (n <= CA_MOD_PROGRAMS_MAX) return;
+  clReleaseProgram(ctx->programs[oldest].program);
+  ctx->programs[oldest] = ctx->programs[--ctx->n_programs];
+}
+
+int ca_program_live(clattn_context *ctx, cl_program program) {
+  int live = 0;
+  pthread_mutex_lock(&ctx->programs_lock);
+  for (int i = 0; i < ctx->n_programs && !live; i++) live = ctx->programs[i].program == program;
+  pthread_mutex_unlock(&ctx->programs_lock);
+  return live;
+}
+
 clattn_status ca_program_get(clattn_context *ctx, const ca_program_key *key, ca_program *out) {
   clattn_status st = CLATTN_OK;
+  const int modded = key->mod.flags != 0;
   pthread_mutex_lock(&ctx->programs_lock);
   for (int i = 0; i < ctx->n_programs; i++)
     if (same_key(&ctx->programs[i].key, key)) {
+      if (modded) {
+        ctx->programs[i].last_use = ++ctx->program_clock;
+        clRetainProgram(ctx->programs[i].program); /* the caller's reference */
+      }
       *out = ctx->programs[i];
       pthread_mutex_unlock(&ctx->programs_lock);
       return CLATTN_OK;
     }
-  ca_program e = {*key, NULL, {0, 0}, 0};
-  if ((st = build(ctx, &e)) == CLATTN_OK && (st = add(ctx, &e)) != CLATTN_OK) clReleaseProgram(e.program);
-  if (st == CLATTN_OK) *out = e;
+  ca_program e = {*key, NULL, {0, 0}, 0, modded ? ++ctx->program_clock : 0};
+  st = build(ctx, &e);
+  e.key.mod.score_text = e.key.mod.mask_text = NULL; /* the caller's, read while building */
+  if (st == CLATTN_OK && (st = add(ctx, &e)) != CLATTN_OK) clReleaseProgram(e.program);
+  if (st == CLATTN_OK) {
+    *out = e;
+    if (modded) {
+      clRetainProgram(e.program);
+      evict_modifiers(ctx);
+    }
+  }
   pthread_mutex_unlock(&ctx->programs_lock);
   return st;
 }
@@ -187,7 +268,7 @@ static clattn_status core_kernel_limit(clattn_context *ctx, cl_program core, siz
 }
 
 clattn_status ca_build_core(clattn_context *ctx) {
-  ca_program e = {ca_core_key(CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME), NULL, {0, 0}, 0};
+  ca_program e = {ca_core_key(CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME), NULL, {0, 0}, 0, 0};
   for (int attempt = 0; attempt < 4; attempt++) {
     size_t limit = 0;
     clattn_status st = build(ctx, &e);

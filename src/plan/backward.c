@@ -107,8 +107,9 @@ clattn_status ca_plan_backward(clattn_context *ctx, const clattn_backward_params
                    "backward: the atomic dQ's f32 rows (%llu bytes) exceed the device's largest allocation",
                    (unsigned long long)dq_bytes);
   ca_program program;
-  const ca_program_key key = ca_backward_key(p->head_dim, p->value_dim, p->dtype, p->dropout_p > 0.0f);
-  clattn_status st = ca_program_get(ctx, &key, &program);
+  const ca_program_key key =
+      ca_key_with_mod(ca_backward_key(p->head_dim, p->value_dim, p->dtype, p->dropout_p > 0.0f), p);
+  clattn_status st = ca_plan_program(ctx, &key, l, &program);
   if (st != CLATTN_OK) return st;
   w.program = program.program;
   w.dsum = ca_scratch(ca_list_scratch(l, rows_total * sizeof(float), "backward row sums D"));

@@ -37,6 +37,7 @@ typedef struct {
     CA_FILL_SINKS(b, a, fp_);                                                                           \
     (a).window_left = (w)->r.window_left, (a).window_right = (w)->r.window_right;                       \
     (b).dsum = (w)->dsum, (b).sinkt = (w)->sinkt, (a).dropout = (w)->r.dropout;                          \
+    CA_FILL_MOD(b, a, fp_);                                                                             \
   } while (0)
 
 /* bwd_store: f32 accumulators acc [batch * heads][len][acc_cols] (columns

@@ -42,12 +42,19 @@
 #define CA_FILL_DIAG(b, a, p, d)                                                                 \
   (CA_FILL_VIEW(b, a, entropy, &(p)->entropy), CA_FILL_VIEW(b, a, max_weight, &(p)->max_weight), \
    CA_FILL_VIEW(b, a, argmax, &(p)->argmax), (a).diag = (d))
+/* The caller's modifiers: captured buffers, the block mask's classes, the
+ * scalars (plan.h's ca_mod_of). */
+#define CA_FILL_MOD(b, a, p)                                                                           \
+  ((b).cap0 = ca_mem((p)->captures[0]), (b).cap1 = ca_mem((p)->captures[1]),                          \
+   (b).cap2 = ca_mem((p)->captures[2]), (b).cap3 = ca_mem((p)->captures[3]),                          \
+   (b).bm_class = ca_mem((p)->block_mask ? (p)->block_mask->classes : NULL), (a).mod = ca_mod_of(p))
 /* What a score kernel needs to say which keys a row sees and how its
  * score is shaped (qk_score, gemm_mask_scores); r: the call's ca_resolved. */
 #define CA_FILL_SCORING(b, a, p, r)                                                                             \
   (CA_FILL_MASK(b, a, p), CA_FILL_BIAS(b, a, p), CA_FILL_SEQ(b, a, p), CA_FILL_KV(b, a, p), CA_FILL_ALIBI(b, a, p), \
    (a).q_heads = (p)->q_heads, (a).q_len = (p)->q_len, (a).kv_len = (p)->kv_len, (a).scale = (r)->scale,       \
-   (a).softcap = (p)->softcap, (a).window_left = (r)->window_left, (a).window_right = (r)->window_right)
+   (a).softcap = (p)->softcap, (a).window_left = (r)->window_left, (a).window_right = (r)->window_right,     \
+   CA_FILL_MOD(b, a, p))
 /* A chunk of query rows. */
 #define CA_FILL_CHUNK(a, bh0_, i0_, rows_) ((a).bh0 = (bh0_), (a).i0 = (i0_), (a).rows = (rows_))
 

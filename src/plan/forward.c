@@ -47,11 +47,14 @@ clattn_status ca_plan_programs(clattn_context *ctx, const clattn_params *p) {
   ca_program program;
   /* STAGED and GEMM read K/V through the core program of (dtype, k and v
    * storage); the split-KV merge writes out through dtype's; FUSED has its own. */
-  ca_program_key keys[3] = {ca_core_key(p->dtype, p->kv_dtype, p->v_dtype),
+  ca_program_key keys[3] = {ca_key_with_mod(ca_core_key(p->dtype, p->kv_dtype, p->v_dtype), p),
                             ca_core_key(p->dtype, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME),
-                            ca_fused_key(p->head_dim, p->value_dim, p->dtype, p->kv_dtype, p->v_dtype,
-                                         p->dropout_p > 0.0f)};
+                            ca_key_with_mod(ca_fused_key(p->head_dim, p->value_dim, p->dtype, p->kv_dtype,
+                                                         p->v_dtype, p->dropout_p > 0.0f),
+                                            p)};
   clattn_status st = CLATTN_OK;
-  for (int i = 0; i < 3 && st == CLATTN_OK; i++) st = ca_program_get(ctx, &keys[i], &program);
+  for (int i = 0; i < 3 && st == CLATTN_OK; i++)
+    if ((st = ca_program_get(ctx, &keys[i], &program)) == CLATTN_OK && keys[i].mod.flags)
+      clReleaseProgram(program.program); /* built: the table holds it */
   return st;
 }

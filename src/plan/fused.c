@@ -25,7 +25,7 @@ static cl_long take(cl_ulong *end, cl_ulong floats) {
 /* Whether any of the fused kernels' extras is in the call (flash_extra). */
 static int has_extras(const clattn_params *p, const ca_resolved *r) {
   return p->mask.buf || p->bias.buf || p->score == CLATTN_SCORE_ADDITIVE || p->alibi_slopes || p->sinks ||
-         p->cu_seqlens_q || r->diag || r->dropout.on;
+         p->cu_seqlens_q || r->diag || r->dropout.on || p->score_mod || p->mask_mod;
 }
 
 /* flash_step is the leading part of flash_core, buffers and struct alike. */
@@ -91,8 +91,8 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
   /* After the size check: a call that cannot run builds nothing */
   ca_program prog;
   const ca_program_key key =
-      ca_fused_key(p->head_dim, p->value_dim, p->dtype, r->k_dtype, r->v_dtype, p->dropout_p > 0.0f);
-  clattn_status st = ca_program_get(ctx, &key, &prog);
+      ca_key_with_mod(ca_fused_key(p->head_dim, p->value_dim, p->dtype, r->k_dtype, r->v_dtype, p->dropout_p > 0.0f), p);
+  clattn_status st = ca_plan_program(ctx, &key, l, &prog);
   if (st != CLATTN_OK) return st;
   const int decode = wg && ctx->flash_block && prog.decode_runs && plain && rows_per_kv <= CA_DECODE_KERNEL_ROWS;
   const int block = !decode && wg && ctx->flash_block && plain && prog.block.rm > 0;
@@ -223,6 +223,7 @@ clattn_status ca_plan_fused(clattn_context *ctx, const clattn_params *p, const c
     CA_FILL_PACKED(xb, x, p);
     CA_FILL_DIAG(xb, x, p, r->diag);
     x.dropout = r->dropout;
+    CA_FILL_MOD(xb, x, p);
     CA_LIST_ARGS(l, flash_extra, xb, x);
   }
 

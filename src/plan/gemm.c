@@ -146,8 +146,8 @@ clattn_status ca_plan_gemm(clattn_context *ctx, const clattn_params *p, const ca
   const ca_chunk chunk = ca_plan_chunks(p, ctx->scratch_budget);
   operand q = view_operand(&p->q), k = view_operand(&p->k), v;
   ca_program core;
-  const ca_program_key key = ca_core_key(p->dtype, r->k_dtype, r->v_dtype);
-  clattn_status st = ca_program_get(ctx, &key, &core);
+  const ca_program_key key = ca_key_with_mod(ca_core_key(p->dtype, r->k_dtype, r->v_dtype), p);
+  clattn_status st = ca_plan_program(ctx, &key, l, &core);
   if (st != CLATTN_OK) return st;
   const int additive = p->score == CLATTN_SCORE_ADDITIVE;
   /* K or V paged or stored otherwise than q: gathered and dequantised into scratch */

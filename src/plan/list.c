@@ -20,7 +20,23 @@ void ca_list_init(ca_list *l, const char *what) {
   l->cap_arena = CA_LIST_OWN_ARENA;
 }
 
+static void release_held(ca_list *l) {
+  for (int i = 0; i < l->n_held; i++) clReleaseProgram(l->held[i]);
+  l->n_held = 0;
+}
+
+void ca_list_hold(ca_list *l, cl_program program) {
+  if (l->n_held == CA_LIST_HELD) { /* never: no list runs more programs with modifiers */
+    clReleaseProgram(program);
+    l->error = ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "a launch list holds at most %d programs with modifiers",
+                       CA_LIST_HELD);
+    return;
+  }
+  l->held[l->n_held++] = program;
+}
+
 void ca_list_reset(ca_list *l, const char *what) {
+  release_held(l);
   l->what = what;
   l->n_launch = l->n_arg = l->n_scratch = 0;
   l->n_arena = 0;
@@ -32,6 +48,7 @@ void ca_list_reset(ca_list *l, const char *what) {
 }
 
 void ca_list_free(ca_list *l) {
+  release_held(l);
   if (l->launch != l->own_launch) free(l->launch);
   if (l->arg != l->own_arg) free(l->arg);
   if (l->arena != l->own_arena) free(l->arena);

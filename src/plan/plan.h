@@ -48,7 +48,7 @@ typedef struct {
   ca_gemm gemm;              /* CA_LAUNCH_GEMM */
 } ca_launch;
 
-enum { CA_LIST_SCRATCH = 12, CA_STEP_SITES = 4 };
+enum { CA_LIST_SCRATCH = 12, CA_STEP_SITES = 4, CA_LIST_HELD = 4 };
 /* What a list holds without the heap (most calls' lists: a decode call
  * allocates nothing); a list is never copied, its storage may be its own. */
 enum { CA_LIST_OWN_LAUNCHES = 4, CA_LIST_OWN_ARGS = 40, CA_LIST_OWN_ARENA = 2048 };
@@ -80,6 +80,8 @@ typedef struct {
   ca_step_site step_site[CA_STEP_SITES];
   int n_step_sites, step_lo, step_hi;
   clattn_status error;          /* the first failure while building (host memory), reported once built */
+  cl_program held[CA_LIST_HELD]; /* programs with modifiers the list's launches use: its references */
+  int n_held;
   ca_launch own_launch[CA_LIST_OWN_LAUNCHES];
   ca_arg own_arg[CA_LIST_OWN_ARGS];
   _Alignas(8) unsigned char own_arena[CA_LIST_OWN_ARENA];
@@ -91,6 +93,9 @@ void ca_list_free(ca_list *l);
 void ca_list_reset(ca_list *l, const char *what);
 /* A scratch buffer of `bytes` for the list (what: in messages); its slot. */
 int ca_list_scratch(ca_list *l, size_t bytes, const char *what);
+/* Takes over a reference to program (ca_program_get's of a program with
+ * modifiers, which the table may release while the list lives). */
+void ca_list_hold(ca_list *l, cl_program program);
 /* Appends a kernel launch (local NULL: the runtime's work-group); its
  * arguments follow with ca_list_args. */
 void ca_list_kernel(ca_list *l, cl_program program, const char *kernel, cl_uint dims, const size_t *global,
@@ -218,6 +223,15 @@ clattn_status ca_plan_append(clattn_context *ctx, const clattn_append_params *ap
                              ca_list *l);
 /* A checked clattn_forward_kvcache call's list. */
 clattn_status ca_plan_kvcache(clattn_context *ctx, const clattn_kvcache_params *kp, ca_list *l);
+
+/* ---- modifiers (modifier.c) ---- */
+
+/* The kernels' modifier words of p: its captured scalars and its block
+ * mask's geometry (bm_on 0 without one). */
+ca_mod ca_mod_of(const clattn_params *p);
+/* The program of key (p's modifiers in it) for the list: a program with
+ * modifiers is held by l. */
+clattn_status ca_plan_program(clattn_context *ctx, const ca_program_key *key, ca_list *l, ca_program *out);
 
 /* ---- dropout (dropout.c) ---- */
 

@@ -62,8 +62,8 @@ clattn_status ca_plan_staged(clattn_context *ctx, const clattn_params *p, const 
   const int pairs = p->batch * p->q_heads;
   const ca_chunk chunk = ca_plan_chunks(p, ctx->scratch_budget);
   ca_program core;
-  const ca_program_key key = ca_core_key(p->dtype, r->k_dtype, r->v_dtype);
-  clattn_status st = ca_program_get(ctx, &key, &core);
+  const ca_program_key key = ca_key_with_mod(ca_core_key(p->dtype, r->k_dtype, r->v_dtype), p);
+  clattn_status st = ca_plan_program(ctx, &key, l, &core);
   if (st != CLATTN_OK) return st;
   const ca_buf scores = ca_scratch(ca_list_scratch(
       l, (size_t)chunk.heads * (size_t)chunk.rows * (size_t)p->kv_len * sizeof(float), "staged score scratch"));

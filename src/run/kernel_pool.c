@@ -56,6 +56,24 @@ cl_int ca_held_set(cl_kernel kernel, ca_held *held, cl_uint i, size_t size, cons
 
 void ca_held_forget(ca_held *held) { memset(held, 0, sizeof *held); }
 
+/* Releases the idle kernels of programs the table has released (programs
+ * with modifiers past its bound): checked when a kernel is created, so
+ * the pool stays as bounded as the table. */
+static void prune(clattn_context *ctx) {
+  pthread_mutex_lock(&ctx->kernels_lock);
+  for (ca_pooled_kernel **at = &ctx->kernels; *at;) {
+    ca_pooled_kernel *k = *at;
+    if (k->busy || ca_program_live(ctx, k->program)) {
+      at = &k->next;
+      continue;
+    }
+    *at = k->next;
+    clReleaseKernel(k->kernel);
+    free(k);
+  }
+  pthread_mutex_unlock(&ctx->kernels_lock);
+}
+
 clattn_status ca_kernel_take(clattn_context *ctx, cl_program program, const char *name, ca_pooled_kernel **out) {
   *out = NULL;
   pthread_mutex_lock(&ctx->kernels_lock);
@@ -68,6 +86,7 @@ clattn_status ca_kernel_take(clattn_context *ctx, cl_program program, const char
   pthread_mutex_unlock(&ctx->kernels_lock);
   if (*out) return CLATTN_OK;
 
+  prune(ctx);
   if (strlen(name) >= sizeof((ca_pooled_kernel *)0)->name)
     return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "kernel pool: kernel name %s is too long", name);
   ca_pooled_kernel *k = calloc(1, sizeof *k);

@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 #include "problem.h"
+#include "reference_modifier.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -375,6 +376,13 @@ cp_problem *cp_build(const cp_shape *s, char *err, size_t errlen) {
   p->dropout_p = s->dropout_p;
   p->dropout_seed = s->dropout_seed;
   p->dropout_offset = s->dropout_offset;
+  p->score_mod = s->score_mod;
+  p->mask_mod = s->mask_mod;
+  for (int n = 0; n < 4; n++) {
+    p->captures[n] = s->captures[n];
+    p->capture_f[n] = s->capture_f[n];
+    p->capture_i[n] = s->capture_i[n];
+  }
 
   /* packed sequences: q, k, v and out are one batch of total rows */
   if (s->varlen && !make_sequences(pb, B, M, N)) {
@@ -531,6 +539,9 @@ static void release_buffers(cp_problem *pb) {
 
 void cp_free(cp_problem *pb) {
   if (!pb) return;
+  free(pb->mod_allowed);
+  free(pb->mod_score);
+  free(pb->mod_grad);
   release_buffers(pb);
   free(pb->entropy_raw);
   free(pb->max_weight_raw);
@@ -579,6 +590,9 @@ ref_inputs cp_ref_inputs(const cp_problem *pb) {
   in.cu_seqlens_q = pb->cu_q;
   in.cu_seqlens_k = pb->cu_k;
   in.cache_leftpad = pb->leftpad;
+  in.mod_allowed = pb->mod_allowed;
+  in.mod_score = pb->mod_score;
+  in.mod_grad = pb->mod_grad;
   return in;
 }
 
@@ -734,6 +748,7 @@ int cp_upload(cp_problem *pb, clattn_context *ctx) {
     return -1;
   }
   if (pb->q_buf) return cp_write_inputs(pb);
+  pb->ctx = ctx;
   pb->cl_ctx = clattn_cl_context(ctx);
   pb->queue = clattn_cl_queue(ctx);
   pb->ref_valid = 0;
@@ -899,6 +914,15 @@ int cp_read_outputs(cp_problem *pb) {
 
 int cp_reference(cp_problem *pb) {
   if (pb->ref_valid) return 0;
+  const clattn_params *p = &pb->params;
+  if ((p->score_mod || p->mask_mod) && !pb->mod_allowed && !pb->mod_score) {
+    ref_inputs plain = cp_ref_inputs(pb);
+    if (!pb->ctx) {
+      PB_ERR(pb, "cp_reference: modifiers are evaluated on the device: cp_upload first");
+      return -1;
+    }
+    if (ref_modifier_tables(pb->ctx, p, &plain, &pb->mod_allowed, &pb->mod_score, &pb->mod_grad, pb->err, sizeof pb->err)) return -1;
+  }
   ref_inputs in = cp_ref_inputs(pb);
   ref_outputs o;
   o.out = pb->ref_out;

@@ -97,6 +97,12 @@ typedef struct {
   clattn_algo algo;
   int poison_gaps;       /* NaN in every input element no view reads */
   int poison_disallowed; /* NaN/Inf wherever nothing allowed reads (cp_poison_disallowed) */
+  /* Modifiers (clattn_params.score_mod, mask_mod) and their captures: the
+   * reference evaluates them on the device (reference_modifier.h) */
+  const char *score_mod, *mask_mod;
+  cl_mem captures[4];
+  float capture_f[4];
+  int capture_i[4];
   uint64_t seed;
 } cp_shape;
 
@@ -133,7 +139,11 @@ typedef struct {
   long ref_empty_rows;
   int ref_valid;
 
+  /* The modifiers' tables (reference.h's ref_inputs), made by cp_reference. */
+  unsigned char *mod_allowed;
+  float *mod_score, *mod_grad;
   /* Device objects (cp_upload); the queue and context belong to the clattn context. */
+  clattn_context *ctx;
   cl_context cl_ctx;
   cl_command_queue queue;
   cl_mem q_buf, k_buf, v_buf, out_buf, mask_buf, bias_buf, lse_buf, weights_buf, kv_lens_buf;

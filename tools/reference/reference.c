@@ -84,6 +84,7 @@ int ref_allowed(const clattn_params *p, const ref_inputs *in, int b, int h, int 
   const ref_seq sq = ref_sequence(p, in, b);
   if (j < 0 || j >= sq.keys || i < 0 || i >= sq.rows) return 0;
   if (in->mask && in->mask[view_index(&p->mask, b, h, i, j)] == 0) return 0;
+  if (in->mod_allowed && !in->mod_allowed[ref_pair_index(p, b, h, i, j)]) return 0;
   long pos = (long)i + ((long)sq.align_n - (long)sq.align_m);
   if (p->window_left >= 0 && (long)j < pos - p->window_left) return 0;
   int right = effective_right(p);
@@ -95,7 +96,11 @@ int ref_bias_disallows(const clattn_params *p, const ref_inputs *in, int b, int 
   return in->bias && in->bias[view_index(&p->bias, b, h, i, j)] == -INFINITY;
 }
 
-double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j) {
+size_t ref_pair_index(const clattn_params *p, int b, int h, int i, int j) {
+  return (((size_t)b * (size_t)p->q_heads + (size_t)h) * (size_t)p->q_len + (size_t)i) * (size_t)p->kv_len + (size_t)j;
+}
+
+double ref_shaped_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j) {
   const int g = h / (p->q_heads / p->kv_heads);
   const ref_seq sq = ref_sequence(p, in, b);
   double dot = 0.0;
@@ -106,6 +111,12 @@ double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int
   }
   double sc = ref_scale(p) * dot;
   if (p->softcap > 0.0f) sc = (double)p->softcap * tanh(sc / (double)p->softcap);
+  return sc;
+}
+
+double ref_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j) {
+  const ref_seq sq = ref_sequence(p, in, b);
+  double sc = in->mod_score ? (double)in->mod_score[ref_pair_index(p, b, h, i, j)] : ref_shaped_score(p, in, b, h, i, j);
   if (in->bias) sc += (double)in->bias[view_index(&p->bias, b, h, i, j)];
   if (in->alibi_slopes) {
     const long pos = (long)i + ((long)sq.align_n - (long)sq.align_m);

@@ -24,6 +24,12 @@ typedef struct {
   const float *additive_w;                    /* set exactly when p->score is CLATTN_SCORE_ADDITIVE: [head_dim] */
   const int32_t *cu_seqlens_q, *cu_seqlens_k; /* set exactly when p->cu_seqlens_q is: [B + 1] each */
   const int32_t *cache_leftpad;               /* NULL unless p->cache_leftpad is set: [B] */
+  /* The modifiers (p->mask_mod, p->score_mod) evaluated at every pair:
+   * dense [B, Hq, M, N] by row i within its sequence and key j
+   * (reference_modifier.h makes them); NULL without. */
+  const unsigned char *mod_allowed; /* the mask modifier's verdicts */
+  const float *mod_score;           /* the score modifier of ref_shaped_score, rounded to f32 */
+  const float *mod_grad;            /* its derivative there (clattn_score_mod_grad), for ref_backward */
 } ref_inputs;
 
 typedef struct {
@@ -54,6 +60,12 @@ ref_seq ref_sequence(const clattn_params *p, const ref_inputs *in, int b);
 
 /* The effective scale: p->scale, or 1/sqrt(head_dim) when it is NaN. */
 double ref_scale(const clattn_params *p);
+
+/* scale * <q_i, k_j> (or the additive score), then softcap: the score a
+ * score modifier takes. */
+double ref_shaped_score(const clattn_params *p, const ref_inputs *in, int b, int h, int i, int j);
+/* The dense index of pair (b, h, i, j) in ref_inputs' modifier tables. */
+size_t ref_pair_index(const clattn_params *p, int b, int h, int i, int j);
 
 /* Whether key j is allowed for query row i of batch b, head h (kv_lens,
  * mask, window/causal); the bias is not consulted (ref_forward and

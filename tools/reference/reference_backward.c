@@ -89,6 +89,7 @@ int ref_backward(const clattn_params *p, const ref_inputs *in, const double *d_o
             const double qd = in->q[at(&p->q, b, h, sq.q0 + i, d)], kd = in->k[at(&p->k, b, hk, sq.k0 + j, d)];
             dot += in->additive_w ? (double)in->additive_w[d] * tanh(qd + kd) : qd * kd;
           }
+          if (in->mod_grad) ds *= (double)in->mod_grad[ref_pair_index(p, b, h, i, j)]; /* the score modifier's */
           if (p->softcap > 0.0f) {
             const double t = tanh(scale * dot / (double)p->softcap);
             ds *= 1.0 - t * t;
