@@ -503,6 +503,51 @@ static void softcap_alibi_sinks(void) {
   check_shape(s, NULL, 1e-4, "alibi per (batch, head) causal+softcap+sinks+bias+kv_lens");
 }
 
+/* ---------- modifiers ---------- */
+
+/* Through the modifiers: the reference runs them (clattn_modifier_eval)
+ * and chains the score modifier's own derivative. */
+static void modifiers(void) {
+  static const char prefix_lm[] =
+      "int clattn_mask_mod(int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
+      "  return kv_idx < cap->i[0] || kv_idx <= q_idx;\n}\n";
+  static const char scaled_tanh[] = /* a score modifier with a derivative that is not 1 */
+      "float clattn_score_mod(float s, int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
+      "  return cap->f[0] * tanh(s / cap->f[0]) - 0.01f * (float)(h + 1) * (float)abs(q_idx - kv_idx);\n}\n"
+      "float clattn_score_mod_grad(float s, int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
+      "  const float t = tanh(s / cap->f[0]);\n  return 1.0f - t * t;\n}\n";
+  cp_shape s = base_shape(37, 53);
+  s.mask_mod = prefix_lm;
+  s.capture_i[0] = 9;
+  s.poison_disallowed = 1;
+  check_shape(s, NULL, 1e-4, "prefix-LM mask modifier");
+  s.score_mod = scaled_tanh;
+  s.capture_f[0] = 3.0f;
+  s.qk_amp = 2.0;
+  s.softcap = 6.0f; /* the modifier follows the built-in softcap */
+  s.alibi = 1;
+  s.kv_lens = 1;
+  check_shape(s, NULL, 1e-4, "score and mask modifiers, softcap, ALiBi, kv_lens");
+  s.mask_mod = NULL;
+  s.capture_i[0] = 0;
+  s.varlen = 1;
+  s.kv_lens = 0;
+  check_shape(s, NULL, 1e-4, "score modifier, packed sequences");
+}
+
+/* A score modifier without its derivative: refused, naming what is missing. */
+static void score_modifier_without_derivative_is_unsupported(void) {
+  cp_shape s = base_shape(7, 9);
+  s.score_mod = "float clattn_score_mod(float s, int b, int h, int q, int k, const clattn_captures *c) { return 2 * s; }";
+  bwd w;
+  if (bwd_setup(&w, s, NULL) == 0) {
+    CHECK(clattn_backward(ct_context(), &w.bp, 0, NULL, NULL) == CLATTN_ERR_UNSUPPORTED);
+    CHECKF(strstr(clattn_last_error(ct_context()), "clattn_score_mod_grad") != NULL, "message: %s",
+           clattn_last_error(ct_context()));
+  }
+  bwd_free(&w);
+}
+
 /* ---------- storage ---------- */
 
 static void f16_and_bf16_storage(void) {
@@ -1203,6 +1248,8 @@ int main(int argc, char **argv) {
       CT_TEST(bitwise_deterministic_20_runs),
       CT_TEST(staged_agrees_with_fused),
       CT_TEST(atomic_dq_within_tolerance),
+      CT_TEST(modifiers),
+      CT_TEST(score_modifier_without_derivative_is_unsupported),
       CT_TEST(concurrent_first_builds),
       CT_TEST(validation_rejects_before_enqueue),
       CT_TEST(outputs_sharing_bytes_are_refused),

@@ -300,6 +300,43 @@ static void on_device_paged_quantised_runs_verified(void) {
   CHECKF(rc == 1 && strstr(output, "multiples of 32"), "q8_0 at d=40: exit %d:\n%s", rc, output);
 }
 
+/* Modifiers from files: the example modifiers verified against the fp64
+ * reference (which runs them as well), with captures and a block mask. */
+static void on_device_modifiers_from_files_verified(void) {
+  ct_context();
+  FILE *f = fopen(in_dir("docs.bin"), "wb");
+  REQUIRE(f != NULL);
+  for (int32_t i = 0; i < 300; i++) {
+    const int32_t doc = i / 50 + (i % 7 == 0); /* documents of 43 to 50 positions */
+    fwrite(&doc, sizeof doc, 1, f);
+  }
+  fclose(f);
+  char runs[3][1024];
+  snprintf(runs[0], sizeof runs[0], "run --q-len 300 --kv-len 300 --heads 2 --kv-heads 1 --mask-mod %s/document.cl "
+           "--capture %s --block-mask --poison --reps 0", MODIFIERS_DIR, in_dir("docs.bin"));
+  snprintf(runs[1], sizeof runs[1], "run --q-len 1 --kv-len 999 --heads 8 --kv-heads 2 --score-mod %s/alibi.cl "
+           "--ints 8 --paged 16 --kv-dtype q8_0 --reps 0", MODIFIERS_DIR);
+  snprintf(runs[2], sizeof runs[2], "run --q-len 37 --kv-len 53 --head-dim 48 --value-dim 48 --mask-mod %s/prefix_lm.cl "
+           "--ints 9 --score-mod %s/tanh_softcap.cl --floats 4.5 --algo staged --reps 0", MODIFIERS_DIR, MODIFIERS_DIR);
+  for (int i = 0; i < 3; i++) {
+    const int rc = tool("%s", runs[i]);
+    CHECKF(rc == 0 && strstr(output, "(the default for f32 storage): yes"), "clattn %s: exit %d:\n%s", runs[i], rc,
+           output);
+  }
+  CHECKF(strstr(output, "kernels qk_score") != NULL, "the staged run's route:\n%s", output);
+  int rc = tool("run --ints 3 --reps 0");
+  CHECKF(rc == 2 && strstr(output, "need --score-mod or --mask-mod"), "captures alone: exit %d:\n%s", rc, output);
+  rc = tool("run --mask-mod %s --reps 0", in_dir("no-such.cl"));
+  CHECKF(rc == 2 && strstr(output, "no-such.cl"), "a missing file: exit %d:\n%s", rc, output);
+  f = fopen(in_dir("broken.cl"), "w");
+  REQUIRE(f != NULL);
+  fputs("int clattn_mask_mod(int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) { return q_idx < ; }\n", f);
+  fclose(f);
+  rc = tool("run --mask-mod %s --reps 0", in_dir("broken.cl"));
+  CHECKF(rc == 1 && strstr(output, "does not compile") && strstr(output, "mask_mod:1"), "a modifier that does not "
+         "compile: exit %d:\n%s", rc, output);
+}
+
 static void on_device_heatmap_failures_give_the_reason(void) {
   ct_context();
   int rc = tool("run --q-len 8 --kv-len 8 --reps 0 --causal --heatmap %s", in_dir("none/x.png"));
@@ -467,6 +504,7 @@ int main(int argc, char **argv) {
       CT_TEST(on_device_heatmap_failures_give_the_reason),
       CT_TEST(on_device_npy_round_trip),
       CT_TEST(on_device_paged_quantised_runs_verified),
+      CT_TEST(on_device_modifiers_from_files_verified),
       CT_TEST(on_device_tune_only_flash_block_tiny),
   };
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);

@@ -12,14 +12,19 @@
 
 /* The sizes of this ABI's first layouts: what struct_size 0 means, and the
  * least a caller's header gives. A field added later leaves these as they
- * are (offsetof that field, where it is the first added). */
+ * are (offsetof that field, where it is the first added). A struct holding
+ * a clattn_params grew by what clattn_params grew (its own fields follow
+ * the params). */
 #define FIRST_SIZE_OPTIONS sizeof(clattn_options)
-#define FIRST_SIZE_PARAMS sizeof(clattn_params)
+#define FIRST_SIZE_PARAMS offsetof(clattn_params, score_mod)
+#define PARAMS_GROWN (sizeof(clattn_params) - FIRST_SIZE_PARAMS)
 #define FIRST_SIZE_APPEND sizeof(clattn_append_params)
-#define FIRST_SIZE_KVCACHE offsetof(clattn_kvcache_params, host_seqlens)
+#define FIRST_SIZE_KVCACHE (offsetof(clattn_kvcache_params, host_seqlens) - PARAMS_GROWN)
 #define FIRST_SIZE_MERGE sizeof(clattn_merge_params)
 #define FIRST_SIZE_STEP offsetof(clattn_step, host_seqlens)
-#define FIRST_SIZE_BACKWARD sizeof(clattn_backward_params)
+#define FIRST_SIZE_BACKWARD (sizeof(clattn_backward_params) - PARAMS_GROWN)
+/* Every size of clattn_params a header of this ABI gave, oldest first. */
+static const size_t params_sizes[] = {FIRST_SIZE_PARAMS, sizeof(clattn_params)};
 
 /* ---- defaults ---- */
 
@@ -95,16 +100,43 @@ void clattn_append_params_init(clattn_append_params *ap, size_t struct_size) {
   INIT_INTO(ap, d, struct_size);
 }
 
+/* The clattn_params size of the header that gave a struct holding one (at
+ * inner_at) `size` bytes: the largest whose layout fits, its own fields
+ * after the params as they first were (first_tail bytes). */
+static size_t inner_size_of(size_t size, size_t inner_at, size_t first_tail) {
+  size_t inner = params_sizes[0];
+  for (size_t g = 1; g < sizeof params_sizes / sizeof params_sizes[0]; g++)
+    if (inner_at + params_sizes[g] + first_tail <= size) inner = params_sizes[g];
+  return inner;
+}
+
+/* The defaults of a struct holding a clattn_params, written through both
+ * sizes of the caller's header: its fields before the params, the params
+ * at their size, its fields after them where that header put them. */
+static void nested_init(void *out, size_t size, const void *full, size_t full_size, size_t inner_at,
+                        size_t first_tail) {
+  const size_t inner = inner_size_of(size, inner_at, first_tail);
+  const size_t tail_at = inner_at + sizeof(clattn_params), tail = full_size - tail_at;
+  const size_t tail_n = size > inner_at + inner ? size - inner_at - inner : 0;
+  memcpy(out, full, inner_at < size ? inner_at : size);
+  if (size > inner_at)
+    clattn_params_init((clattn_params *)((char *)out + inner_at), size - inner_at < inner ? size - inner_at : inner);
+  memcpy((char *)out + inner_at + inner, (const char *)full + tail_at, tail_n < tail ? tail_n : tail);
+  if (size >= sizeof(size_t)) *(size_t *)out = size;
+}
+
 void clattn_kvcache_params_init(clattn_kvcache_params *kp, size_t struct_size) {
   if (!kp) return;
   const clattn_kvcache_params d = kvcache_defaults();
-  INIT_INTO(kp, d, struct_size);
+  const size_t at = offsetof(clattn_kvcache_params, attn);
+  nested_init(kp, struct_size, &d, sizeof d, at, FIRST_SIZE_KVCACHE - at - FIRST_SIZE_PARAMS);
 }
 
 void clattn_backward_params_init(clattn_backward_params *bp, size_t struct_size) {
   if (!bp) return;
   const clattn_backward_params d = backward_defaults();
-  INIT_INTO(bp, d, struct_size);
+  const size_t at = offsetof(clattn_backward_params, fwd);
+  nested_init(bp, struct_size, &d, sizeof d, at, FIRST_SIZE_BACKWARD - at - FIRST_SIZE_PARAMS);
 }
 
 void clattn_step_init(clattn_step *s, size_t struct_size) {

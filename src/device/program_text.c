@@ -16,10 +16,19 @@ void ca_append_text(clattn_dtype src_dtype, clattn_dtype kv_dtype, ca_program_te
 }
 
 void ca_text_modifier(ca_program_text *text, int flags, const char *score_text, const char *mask_text) {
-  const char *add[2];
+  static const char score_line[] = "\n#line 1 \"score_mod\"\n", mask_line[] = "\n#line 1 \"mask_mod\"\n";
+  const char *add[6];
   unsigned n_add = 0;
-  if (score_text) add[n_add++] = score_text;
-  if (mask_text && !(score_text && strcmp(score_text, mask_text) == 0)) add[n_add++] = mask_text;
+  if (score_text) {
+    add[n_add++] = score_line;
+    add[n_add++] = score_text;
+    add[n_add++] = "\n"; /* a text without a last newline ends before the next file's #line */
+  }
+  if (mask_text && !(score_text && strcmp(score_text, mask_text) == 0)) {
+    add[n_add++] = mask_line;
+    add[n_add++] = mask_text;
+    add[n_add++] = "\n";
+  }
   for (unsigned i = text->n_sources; i-- > 1;) text->sources[i + n_add] = text->sources[i];
   for (unsigned i = 0; i < n_add; i++) text->sources[1 + i] = add[i];
   text->n_sources += n_add;

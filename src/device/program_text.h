@@ -13,7 +13,7 @@
 #include "clattn.h"
 #include "tiles.h"
 
-enum { CA_MAX_SOURCES = 10, CA_OPTIONS_SIZE = 512 };
+enum { CA_MAX_SOURCES = 16, CA_OPTIONS_SIZE = 512 };
 /* merge_states' output columns per work-item (cl/merge.cl's MERGE_COLS):
  * given to the core program, and the enqueue's NDRange follows it. */
 enum { CA_MERGE_COLS = 4 };
@@ -58,7 +58,8 @@ void ca_backward_float_atomics(ca_program_text *text);
 /* A program's text made to call the caller's modifiers (clattn_params'
  * score_mod, mask_mod; the CA_MODF_* flags): their text right after
  * cl/args.h.cl (which defines clattn_captures), once when both are the
- * same text, and -D CA_MOD_SCORE / CA_MOD_MASK / CA_MOD_GRAD. */
+ * same text, each on lines of its own that compiler messages name
+ * "score_mod" or "mask_mod"; and -D CA_MOD_SCORE / CA_MOD_MASK / CA_MOD_GRAD. */
 enum { CA_MODF_SCORE = 1, CA_MODF_MASK = 2, CA_MODF_GRAD = 4 };
 void ca_text_modifier(ca_program_text *text, int flags, const char *score_text, const char *mask_text);
 /* cl/modifier.cl's kernels (block masks, pointwise evaluation), made to

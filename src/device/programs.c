@@ -120,8 +120,12 @@ static clattn_status build_text(clattn_context *ctx, const ca_program_key *key, 
   if (key->mod.flags) ca_text_modifier(&with, key->mod.flags, key->mod.score_text, key->mod.mask_text);
   const clattn_status st = ca_build_program(ctx, name, with.sources, with.n_sources, with.options, out);
   /* the caller's text did not compile: its argument is at fault */
-  if (st == CLATTN_ERR_BUILD && key->mod.flags)
-    return ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "the modifier does not compile: %s", clattn_last_error(ctx));
+  if (st == CLATTN_ERR_BUILD && key->mod.flags) {
+    char *log = strdup(clattn_last_error(ctx)); /* ca_fail writes where it lies */
+    ca_fail(CLATTN_ERR_INVALID_ARGUMENT, "the modifier does not compile: %s", log ? log : "(no memory for the log)");
+    free(log);
+    return CLATTN_ERR_INVALID_ARGUMENT;
+  }
   return st;
 }
 

@@ -21,6 +21,7 @@
 #include "npy.h"
 #include "reference.h"
 #include "run_cache.h"
+#include "run_modifier.h"
 
 const char run_usage[] =
     "       clattn run [--q-len M] [--kv-len N] [--heads H] ... | [--q Q.npy --k K.npy --v V.npy --out O.npy]\n";
@@ -88,6 +89,17 @@ static const char run_help[] =
     "  --v FILE.npy         values, the same dtype, shape [B, HKV, N, DV]\n"
     "  --out FILE.npy       writes the output, '<f4' [B, H, M, DV]\n"
     "\n"
+    "modifiers (attention you program: OpenCL C compiled into the kernels; the\n"
+    "reference runs them too; examples/modifiers/ has examples):\n"
+    "  --score-mod FILE.cl  defines float clattn_score_mod(float score, int b, int h,\n"
+    "                       int q_idx, int kv_idx, const clattn_captures *cap)\n"
+    "  --mask-mod FILE.cl   defines int clattn_mask_mod(int b, int h, int q_idx,\n"
+    "                       int kv_idx, const clattn_captures *cap), nonzero = allowed\n"
+    "  --capture FILE       FILE's bytes as a buffer, cap->buf[n] in order (at most 4)\n"
+    "  --ints N[,N...]      cap->i[0..3]      --floats X[,X...]  cap->f[0..3]\n"
+    "  --block-mask         class the mask modifier's 128 x 128 blocks first and skip\n"
+    "                       the empty ones\n"
+    "\n"
     "checking and timing:\n"
     "  --tol T              largest norm-wise relative error accepted, a number > 0\n"
     "                       (default 1e-5 for f32, 1e-3 for f16, 8e-3 for bf16 storage)\n"
@@ -138,7 +150,13 @@ enum {
   O_REPS,
   O_POISON,
   O_PAGED,
-  O_KV_DTYPE
+  O_KV_DTYPE,
+  O_SCORE_MOD,
+  O_MASK_MOD,
+  O_CAPTURE,
+  O_INTS,
+  O_FLOATS,
+  O_BLOCK_MASK
 };
 
 static const struct option RUN_OPTS[] = {
@@ -178,6 +196,12 @@ static const struct option RUN_OPTS[] = {
     {"tol", required_argument, NULL, O_TOL},
     {"reps", required_argument, NULL, O_REPS},
     {"poison", no_argument, NULL, O_POISON},
+    {"score-mod", required_argument, NULL, O_SCORE_MOD},
+    {"mask-mod", required_argument, NULL, O_MASK_MOD},
+    {"capture", required_argument, NULL, O_CAPTURE},
+    {"ints", required_argument, NULL, O_INTS},
+    {"floats", required_argument, NULL, O_FLOATS},
+    {"block-mask", no_argument, NULL, O_BLOCK_MASK},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -197,6 +221,7 @@ typedef struct {
   const char *shape_opt; /* a shape option given (refused with --q), without "--" */
   int page_size;         /* --paged: keys per page; 0 = contiguous K/V */
   clattn_dtype kv_dtype; /* --kv-dtype; CLATTN_DTYPE_SAME = like q */
+  rm_cfg mods;           /* --score-mod, --mask-mod and their captures */
 } run_cfg;
 
 static const char *opt_name(int code) {
@@ -322,6 +347,12 @@ static int on_run_option(int code, const char *arg, void *ctxp) {
     case O_OUT: c->f.out = arg; return 0;
     case O_TOL: return cli_double("run", name, arg, 0, 0, &c->tol);
     case O_POISON: s->poison_disallowed = 1, s->poison_gaps = 1; return 0;
+    case O_SCORE_MOD: return rm_read_text(name, arg, &c->mods.score_mod);
+    case O_MASK_MOD: return rm_read_text(name, arg, &c->mods.mask_mod);
+    case O_CAPTURE: return rm_add_capture(&c->mods, arg);
+    case O_INTS: return rm_parse_ints(&c->mods, arg);
+    case O_FLOATS: return rm_parse_floats(&c->mods, arg);
+    case O_BLOCK_MASK: c->mods.block_mask = 1; return 0;
   }
   return -1;
 }
@@ -649,16 +680,16 @@ int run_main(int argc, char **argv) {
   c.s.q_heads = c.s.kv_heads = 4;
   c.reps = 3;
   const int parsed = cli_parse("run", argc, argv, RUN_OPTS, run_help, on_run_option, &c);
-  if (parsed != 0) return parsed > 0 ? 0 : 2;
+  if (parsed != 0) return rm_free(&c.mods), parsed > 0 ? 0 : 2;
 
   run_arrays a;
   memset(&a, 0, sizeof a);
   const run_files *f = &c.f;
   const int from_files = f->q || f->k || f->v || f->out || f->bias || f->lse;
-  if (from_files && load_inputs(&c, &a) != 0) return arrays_free(&a), 2;
+  if (from_files && load_inputs(&c, &a) != 0) return arrays_free(&a), rm_free(&c.mods), 2;
   if (f->mask && !from_files) { /* a mask file over random inputs of the options' shape */
     const size_t full[4] = {(size_t)c.s.batch, (size_t)c.s.q_heads, (size_t)c.s.q_len, (size_t)c.s.kv_len};
-    if (load("mask", f->mask, &a.mask) || load_mask(&c, &a, full) != 0) return arrays_free(&a), 2;
+    if (load("mask", f->mask, &a.mask) || load_mask(&c, &a, full) != 0) return arrays_free(&a), rm_free(&c.mods), 2;
   }
 
   char note[64] = "";
@@ -668,7 +699,7 @@ int run_main(int argc, char **argv) {
   }
   char err[512];
   cp_problem *pb = cp_build(&c.s, err, sizeof err);
-  if (!pb) return arrays_free(&a), fprintf(stderr, "clattn run: %s\n", err), 2;
+  if (!pb) return arrays_free(&a), rm_free(&c.mods), fprintf(stderr, "clattn run: %s\n", err), 2;
   fill_inputs(pb, &a);
   arrays_free(&a);
 
@@ -677,10 +708,13 @@ int run_main(int argc, char **argv) {
   int rc = 1;
   if (st != CLATTN_OK)
     fprintf(stderr, "clattn run: cannot create a context: %s: %s\n", clattn_status_string(st), clattn_last_error(NULL));
+  else if (rm_apply(&c.mods, ctx, pb) != 0)
+    rc = 2;
   else
     rc =
         run_problem(ctx, pb, c.reps, c.tol, note, c.heatmap, from_files || f->mask ? f : NULL, c.page_size, c.kv_dtype);
   cp_free(pb);
+  rm_free(&c.mods);
   clattn_destroy(ctx);
   return rc;
 }

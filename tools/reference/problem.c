@@ -912,17 +912,21 @@ int cp_read_outputs(cp_problem *pb) {
 
 /* ---------- reference and comparison ---------- */
 
+int cp_modifier_tables(cp_problem *pb) {
+  const clattn_params *p = &pb->params;
+  if ((!p->score_mod && !p->mask_mod) || pb->mod_allowed || pb->mod_score) return 0;
+  if (!pb->ctx) {
+    PB_ERR(pb, "cp_modifier_tables: modifiers are evaluated on the device: cp_upload first");
+    return -1;
+  }
+  const ref_inputs plain = cp_ref_inputs(pb);
+  return ref_modifier_tables(pb->ctx, p, &plain, &pb->mod_allowed, &pb->mod_score, &pb->mod_grad, pb->err,
+                             sizeof pb->err);
+}
+
 int cp_reference(cp_problem *pb) {
   if (pb->ref_valid) return 0;
-  const clattn_params *p = &pb->params;
-  if ((p->score_mod || p->mask_mod) && !pb->mod_allowed && !pb->mod_score) {
-    ref_inputs plain = cp_ref_inputs(pb);
-    if (!pb->ctx) {
-      PB_ERR(pb, "cp_reference: modifiers are evaluated on the device: cp_upload first");
-      return -1;
-    }
-    if (ref_modifier_tables(pb->ctx, p, &plain, &pb->mod_allowed, &pb->mod_score, &pb->mod_grad, pb->err, sizeof pb->err)) return -1;
-  }
+  if (cp_modifier_tables(pb) != 0) return -1;
   ref_inputs in = cp_ref_inputs(pb);
   ref_outputs o;
   o.out = pb->ref_out;
@@ -1013,6 +1017,7 @@ int cp_run(cp_problem *pb, clattn_context *ctx, cp_result *r) {
   r->status = CLATTN_ERR_OPENCL;
   if (!pb->q_buf && cp_upload(pb, ctx) != 0) return -1;
   if (cp_fill_outputs(pb, NAN) != 0) return -1;
+  if (cp_modifier_tables(pb) != 0) return -1; /* before the call: its route is the call's */
   double t0 = cp_now_ms();
   r->status = clattn_forward(ctx, &pb->params, 0, NULL, NULL);
   cl_int e = clFinish(pb->queue);

@@ -210,6 +210,10 @@ int cp_fill_outputs(cp_problem *pb, float value);
 /* Reads the whole output buffers into the raw arrays and gathers the dense ones. */
 int cp_read_outputs(cp_problem *pb);
 
+/* The modifiers' tables of the reference (reference_modifier.h), once:
+ * evaluated on the device of the context cp_upload was given. */
+int cp_modifier_tables(cp_problem *pb);
+
 /* Computes the fp64 reference of the host inputs (cached until inputs change). */
 int cp_reference(cp_problem *pb);
 
