@@ -12,6 +12,7 @@
  *   test_cli on_device     the rest (suite opencl)
  */
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -314,8 +315,15 @@ static void on_device_modifiers_from_files_verified(void) {
   char runs[3][1024];
   snprintf(runs[0], sizeof runs[0], "run --q-len 300 --kv-len 300 --heads 2 --kv-heads 1 --mask-mod %s/document.cl "
            "--capture %s --block-mask --poison --reps 0", MODIFIERS_DIR, in_dir("docs.bin"));
+  f = fopen(in_dir("slopes.bin"), "wb");
+  REQUIRE(f != NULL);
+  for (int h = 0; h < 8; h++) {
+    const float slope = exp2f(-(float)(h + 1));
+    fwrite(&slope, sizeof slope, 1, f);
+  }
+  fclose(f);
   snprintf(runs[1], sizeof runs[1], "run --q-len 1 --kv-len 999 --heads 8 --kv-heads 2 --score-mod %s/alibi.cl "
-           "--ints 8 --paged 16 --kv-dtype q8_0 --reps 0", MODIFIERS_DIR);
+           "--capture %s --paged 16 --kv-dtype q8_0 --reps 0", MODIFIERS_DIR, in_dir("slopes.bin"));
   snprintf(runs[2], sizeof runs[2], "run --q-len 37 --kv-len 53 --head-dim 48 --value-dim 48 --mask-mod %s/prefix_lm.cl "
            "--ints 9 --score-mod %s/tanh_softcap.cl --floats 4.5 --algo staged --reps 0", MODIFIERS_DIR, MODIFIERS_DIR);
   for (int i = 0; i < 3; i++) {

@@ -99,7 +99,11 @@ static void run_example(const char *name, cp_shape s) {
   if (strcmp(name, "document") == 0) held = s.captures[0] = documents(positions, 9, s.seed);
   if (strcmp(name, "sliding_window") == 0) s.capture_i[0] = 5;
   if (strcmp(name, "prefix_lm") == 0) s.capture_i[0] = 11;
-  if (strcmp(name, "alibi") == 0) s.capture_i[0] = s.q_heads;
+  if (strcmp(name, "alibi") == 0) { /* the standard slopes, 2^(-8 (h + 1) / H) */
+    float slopes[64];
+    for (int h = 0; h < s.q_heads && h < 64; h++) slopes[h] = exp2f(-8.0f * (float)(h + 1) / (float)s.q_heads);
+    held = s.captures[0] = device_copy(slopes, sizeof slopes);
+  }
   if (strcmp(name, "tanh_softcap") == 0) s.capture_f[0] = 5.0f;
   if (strcmp(name, "relative_bias") == 0) {
     float table[15];
@@ -179,12 +183,13 @@ static void modifiers_equal_the_builtins(void) {
     /* the same call by modifiers: causal, then ALiBi, then softcap */
     clattn_params *p = &pb->params;
     const cl_mem slopes = p->alibi_slopes;
+    float *host_slopes = pb->alibi_slopes;
     p->causal = 0;
     p->mask_mod = causal;
     p->alibi_slopes = NULL;
     pb->alibi_slopes = NULL; /* the reference's */
     p->score_mod = alibi;
-    p->capture_i[0] = p->q_heads;
+    p->captures[0] = slopes; /* the same slopes, captured */
     forget_reference(pb);
     float *modded = builtin && causal && alibi ? output_of(pb, kc_algos[a]) : NULL;
     if (modded)
@@ -209,7 +214,8 @@ static void modifiers_equal_the_builtins(void) {
     free(capped);
     free(capped_mod);
     cp_free(pb2);
-    p->alibi_slopes = slopes; /* cp_free releases it */
+    p->alibi_slopes = slopes; /* cp_free releases them */
+    pb->alibi_slopes = host_slopes;
     free(builtin);
     free(causal);
     free(alibi);

@@ -42,6 +42,7 @@
 #include "bench_backward.h"
 #include "bench_host.h"
 #include "bench_kvcache.h"
+#include "bench_modifiers.h"
 #include "bench_base.h"
 #include "clattn.h"
 #include "problem.h"
@@ -55,7 +56,8 @@ const char bench_usage[] =
     "       clattn bench --backward [--quick] [--shape H,HKV,M,N,D[,causal]]... [--reps R] [--cap SECONDS]\n"
     "                    [--no-host]\n"
     "       clattn bench --host [--shape H,HKV,M,N,D] [--reps R] [--steps S] [--calls C] [--before LIBCLATTN.so]\n"
-    "       clattn bench --kvcache [--shape H,HKV,N,D] [--reps R] [--steps S]\n";
+    "       clattn bench --kvcache [--shape H,HKV,N,D] [--reps R] [--steps S]\n"
+    "       clattn bench --modifiers [--shape H,HKV,N,D] [--reps R] [--cap SECONDS]\n";
 
 #define BEGIN_MARK "<!-- bench:begin -->"
 #define END_MARK   "<!-- bench:end -->"
@@ -1229,6 +1231,8 @@ int bench_main(int argc, char **argv) {
     if (!strcmp(argv[i], "--host")) return bench_host_main(argc, argv);
   for (int i = 2; i < argc; i++)
     if (!strcmp(argv[i], "--kvcache")) return bench_kvcache_main(argc, argv);
+  for (int i = 2; i < argc; i++)
+    if (!strcmp(argv[i], "--modifiers")) return bench_modifiers_main(argc, argv);
   bench_cfg c;
   int pa = parse_args(argc, argv, &c);
   if (pa != 0) return pa < 0 ? 2 : 0;
