@@ -359,6 +359,25 @@ static inline int ca_bm_class(__global const uchar *bm_class, ca_mod mod, long b
   return all_empty ? CA_BM_EMPTY : all_full ? CA_BM_FULL : CA_BM_PARTIAL;
 }
 
+/* The same for a work-group's rows over keys j_lo .. j_hi, the same answer
+ * in every work-item: each passes its row (h, i), or live false for none
+ * (a group with no live row gets CA_BM_EMPTY). flags: a __local int.
+ * Barriers inside: every work-item calls it. */
+static inline int ca_bm_group_class(__local int *flags, bool live, __global const uchar *bm_class, ca_mod mod, long b,
+                                    long h, long i, long j_lo, long j_hi, ca_seq sq) {
+  if (get_local_id(0) == 0) *flags = 0;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (live) {
+    const int c = ca_bm_class(bm_class, mod, b, h, i, i, j_lo, j_hi, sq);
+    if (c != CA_BM_EMPTY) atomic_or(flags, 1);
+    if (c != CA_BM_FULL) atomic_or(flags, 2);
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const int f = *flags;
+  barrier(CLK_LOCAL_MEM_FENCE); /* read by all before the next call resets it */
+  return !(f & 1) ? CA_BM_EMPTY : !(f & 2) ? CA_BM_FULL : CA_BM_PARTIAL;
+}
+
 /* Score shaping after scale * <q, k> (clattn.h's order): softcap, the
  * score modifier, then the bias and ALiBi's -slope |p_i - j| with p_i the
  * bottom-right aligned position and slope alibi[b * alibi_bstride + h]

@@ -57,6 +57,9 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
   __local float kv_tile[DEC_N * DEC_KVS];
   __local float s_tile[DEC_ROWS * DEC_N]; /* scores, then weights */
   __local float row_m[DEC_ROWS], row_alpha[DEC_ROWS], row_l[DEC_ROWS];
+#ifdef CA_MOD_MASK
+  __local int bm_flags;
+#endif
   FLASH_UNPACK
   const int lid = get_local_id(0);
   const int rows = group * q_len; /* <= DEC_ROWS (the host's condition) */
@@ -99,6 +102,14 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
   float m = -INFINITY, l = 0.0f; /* row lid's, for lid < rows */
 
   for (long j0 = j_begin; j0 < j_end; j0 += DEC_N) {
+#ifdef CA_MOD_MASK /* the block mask: a tile no row may see is skipped */
+    const int tile_cls = ca_bm_group_class(&bm_flags, lid < rows && lid % q_len < sq.rows, bm_class, mod, b,
+                                           hk * group + min(lid, rows - 1) / q_len, min(lid, rows - 1) % q_len, j0,
+                                           j0 + DEC_N - 1, sq);
+    if (tile_cls == CA_BM_EMPTY) continue;
+#else
+    const int tile_cls = CA_BM_FULL;
+#endif
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile's V and weights are consumed */
     for (int e = lid; e < DEC_N * DK; e += DEC_WG) {
       const int jj = e / DK, d = e % DK;
@@ -125,7 +136,7 @@ __kernel __attribute__((reqd_work_group_size(DEC_WG, 1, 1))) void flash_decode(F
         const int2 keys = flash_row_keys(i, sq.align_m, sq.align_n, n_valid, window_left, window_right);
         bool allowed = key_ok && i < sq.rows && j >= keys.x && j <= keys.y;
         if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
-        if (allowed) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
+        if (allowed && tile_cls != CA_BM_FULL) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
         const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
         allowed = allowed && bias_ij != -INFINITY;
         s_tile[t * DEC_N + kk] =

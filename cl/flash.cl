@@ -677,6 +677,9 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
   __local float k_tile[FLASH_TILE][DK];
   __local float v_tile[FLASH_TILE][DV];
   __local int range[2];
+#ifdef CA_MOD_MASK
+  __local int bm_flags;
+#endif
   FLASH_UNPACK
   const int lid = get_local_id(0);
   const int rows_per_kv = group * q_len;
@@ -715,6 +718,12 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
   const long j_end = min(split_end, (long)range[1] + 1);
 
   for (long j0 = j_begin; j0 < j_end; j0 += FLASH_TILE) {
+#ifdef CA_MOD_MASK /* the block mask: a tile no row may see is skipped */
+    const int tile_cls = ca_bm_group_class(&bm_flags, live, bm_class, mod, b, h, i, j0, j0 + FLASH_TILE - 1, sq);
+    if (tile_cls == CA_BM_EMPTY) continue;
+#else
+    const int tile_cls = CA_BM_FULL;
+#endif
     barrier(CLK_LOCAL_MEM_FENCE); /* the previous tile is consumed */
     for (int e = lid; e < FLASH_TILE * DK; e += FLASH_WG) {
       const int jj = e / DK, d = e % DK;
@@ -737,7 +746,7 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
       bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
       if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
       if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
-      if (allowed) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
+      if (allowed && tile_cls != CA_BM_FULL) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
       const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
       allowed = allowed && bias_ij != -INFINITY;
       float x = -INFINITY;

@@ -113,6 +113,9 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
   __local int2 row_keys[BLOCK_M];
   __local int range[4];
   __local int v_unsafe;
+#ifdef CA_MOD_MASK
+  __local int bm_flags;
+#endif
   FLASH_UNPACK
   const int lid = get_local_id(0), ty = lid / BLOCK_TX, tx = lid % BLOCK_TX;
   __local float *const q_tile = qkv_tiles;
@@ -192,6 +195,14 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
   /* The block's range is read from local memory per tile, not kept in
    * registers across the loop (64-bit values: gfx1100 spilled them). */
   for (long j0 = j_begin; j0 < min(split_end, (long)range[1] + 1); j0 += BLOCK_N) {
+#ifdef CA_MOD_MASK /* the block mask: a tile no row may see is skipped */
+    const int tile_cls = ca_bm_group_class(&bm_flags, lid < BLOCK_M && row_live[lid], bm_class, mod, b,
+                                           row_h[min(lid, BLOCK_M - 1)], row_i[min(lid, BLOCK_M - 1)], j0,
+                                           j0 + BLOCK_N - 1, sq);
+    if (tile_cls == CA_BM_EMPTY) continue;
+#else
+    const int tile_cls = CA_BM_FULL;
+#endif
     for (int e = lid; e < BLOCK_N * DK4; e += BLOCK_WG) {
       const int jj = e / DK4, d = e % DK4;
       const long j = j0 + jj;
@@ -243,7 +254,7 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
         bool allowed = fast || (j >= keys.x && j <= keys.y && j >= split_begin && j < split_end);
         if (!fast && allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
         if (!fast && allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
-        if (allowed) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
+        if (allowed && tile_cls != CA_BM_FULL) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
         const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
         allowed = allowed && bias_ij != -INFINITY;
         __local float *cell = p_tile + row * PS + tx * BLOCK_RN + e % BLOCK_RN;

@@ -1,6 +1,8 @@
 """Builds libclattn with meson from the source tree this folder sits in
 (python/.. : the clattn checkout) and puts the shared library inside the
-package, so `pip install ./python` gives a self-contained module.
+package, with the example modifiers (examples/modifiers/*.cl, which
+clattn.modifiers reads), so `pip install ./python` gives a self-contained
+module.
 
 Environment:
   CLATTN_MESON_BUILD_DIR  an existing meson build directory of this tree to
@@ -65,9 +67,20 @@ def build_library():
     return libs[-1]
 
 
+def copy_modifiers(build_lib):
+    """The example modifiers (examples/modifiers/*.cl) into the package, as
+    clattn.modifiers reads them: the files stay their one source."""
+    files = sorted(glob.glob(os.path.join(ROOT, "examples", "modifiers", "*.cl")))
+    dest = os.path.join(build_lib, "clattn", "modifiers")
+    os.makedirs(dest, exist_ok=True)
+    for f in files:
+        shutil.copyfile(f, os.path.join(dest, os.path.basename(f)))
+
+
 class BuildPyWithLibrary(build_py):
     def run(self):
         super().run()
+        copy_modifiers(self.build_lib)
         lib = build_library()
         if lib:
             name = "libclattn.dylib" if lib.endswith(".dylib") else "libclattn.so"

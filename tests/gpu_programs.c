@@ -152,6 +152,41 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof name, "flash-f16-kv%s-d128-128", kv[c].name);
     if (write_program(argv[2], name, &text)) return 1;
   }
+  /* The example modifiers (examples/modifiers/) in the fused programs at
+   * d=64 and d=128 (gated: the names start with flash-), the backward and
+   * the core program. */
+  static const char *const mods[] = {"causal", "sliding_window", "prefix_lm", "document",
+                                     "alibi",  "tanh_softcap",   "relative_bias"};
+  for (size_t m = 0; m < sizeof mods / sizeof mods[0]; m++) {
+    char path[4096], name[96];
+    static char textbuf[1 << 14];
+    snprintf(path, sizeof path, "%s/%s.cl", MODIFIERS_DIR, mods[m]);
+    FILE *f = fopen(path, "r");
+    const size_t n = f ? fread(textbuf, 1, sizeof textbuf - 1, f) : 0;
+    if (!f || ferror(f)) return fprintf(stderr, "gpu_programs: cannot read %s\n", path), 1;
+    fclose(f);
+    textbuf[n] = '\0';
+    const int score = strstr(textbuf, "clattn_score_mod") != NULL;
+    const int flags = score ? CA_MODF_SCORE | CA_MODF_GRAD : CA_MODF_MASK;
+    const char *score_text = score ? textbuf : NULL, *mask_text = score ? NULL : textbuf;
+    dev.head_dim = dev.value_dim = 0;
+    tl_tiles tiles = tl_choose(&dev);
+    tiles.flash_vw = ca_flash_vw(&dev);
+    for (int d = 64; d <= 128; d *= 2) {
+      ca_fused_text(&tiles, &dev, d, d, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &text);
+      ca_text_modifier(&text, flags, score_text, mask_text);
+      snprintf(name, sizeof name, "flash-f32-mod%s-d%d-%d", mods[m], d, d);
+      if (write_program(argv[2], name, &text)) return 1;
+    }
+    ca_backward_text(64, 64, CLATTN_F32, &text);
+    ca_text_modifier(&text, flags, score_text, mask_text);
+    snprintf(name, sizeof name, "backward-f32-mod%s-d64-64", mods[m]);
+    if (write_program(argv[2], name, &text)) return 1;
+    ca_core_text(&tiles, CLATTN_F32, &text);
+    ca_text_modifier(&text, flags, score_text, mask_text);
+    snprintf(name, sizeof name, "core-f32-mod%s", mods[m]);
+    if (write_program(argv[2], name, &text)) return 1;
+  }
   for (size_t c = 0; c < 5; c++) {
     char name[64];
     ca_append_text(CLATTN_F16, kv[c].dtype, &text);

@@ -6,11 +6,13 @@
 
 A ctypes binding over clattn's public C API (clattn.h); see docs/python.md.
 """
+from . import modifiers
 from ._core import Context, Error
 from ._device import DeviceArray
 from ._dropout import dropout_mask
+from ._flex import BlockMask
 from ._kvcache import KVCache
 from ._plan import Plan
 
-__all__ = ["Context", "DeviceArray", "Error", "KVCache", "Plan", "dropout_mask"]
+__all__ = ["BlockMask", "Context", "DeviceArray", "Error", "KVCache", "Plan", "dropout_mask", "modifiers"]
 __version__ = "0.1.0"

@@ -26,8 +26,11 @@ def attention_backward(self, q, k, v, o, lse, d_out, *, deterministic=True, **kw
     bfloat16 storage with f32 arithmetic). deterministic=True: bitwise
     repeatable; False lets the fused path add dQ atomically. Dropout
     (dropout_p, seed, offset as in the forward) drops the same weights.
-    Paged, quantised or left-padded K/V raise clattn.Error "UNSUPPORTED"
-    (the backward does not take them)."""
+    Modifiers (score_mod, mask_mod, block_mask, captures, floats, ints) as
+    the forward's: the gradient flows through score_mod by its
+    clattn_score_mod_grad, and a score_mod without one raises clattn.Error
+    "UNSUPPORTED". Paged, quantised or left-padded K/V raise clattn.Error
+    "UNSUPPORTED" (the backward does not take them)."""
     for name in _RETURNS:
         kw.pop(name, None)
     c = Call(self, q, k, v, kw)

@@ -24,7 +24,8 @@ DEFAULTS = dict(causal=False, window=(-1, -1), mask=None, bias=None, kv_lens=Non
                 alibi_slopes=None, sinks=None, empty_rows="zero", algo="auto", layout="bhsd",
                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                 block_table=None, page_size=None, kv_dtype=None, k_scale=None, v_scale=None,
-                dropout_p=0.0, seed=0, offset=0, cache_leftpad=None)
+                dropout_p=0.0, seed=0, offset=0, cache_leftpad=None,
+                score_mod=None, mask_mod=None, block_mask=None, captures=(), floats=(), ints=())
 UINT64_MAX = 2**64 - 1
 
 
@@ -238,6 +239,140 @@ def scales_of(x, name, ref):
     return x
 
 
+# ---- modifiers (score_mod, mask_mod, their captures, a block mask) ----
+
+MAX_CAPTURES = 4  # clattn_params' captures[4], capture_f[4], capture_i[4]
+
+
+def modifier_text(x, name):
+    """A modifier's OpenCL C source as the bytes clattn_params points at
+    (None: none)."""
+    if x is None:
+        return None
+    if isinstance(x, str):
+        x = x.encode("utf-8")
+    elif isinstance(x, (bytes, bytearray)):
+        x = bytes(x)
+    else:
+        raise TypeError("clattn: %s must be OpenCL C source text (a str) or None (got %s)" % (name, type(x).__name__))
+    if b"\0" in x:
+        raise ValueError("clattn: %s holds a NUL character" % name)
+    return x
+
+
+def up_to_four(x, name):
+    """captures / floats / ints as a tuple of at most four (a lone item is one)."""
+    if x is None:
+        return ()
+    t = tuple(x) if isinstance(x, (list, tuple)) else (x,)
+    if len(t) > MAX_CAPTURES:
+        raise ValueError("clattn: %s holds at most %d items (got %d)" % (name, MAX_CAPTURES, len(t)))
+    return t
+
+
+def capture_floats(x):
+    out = []
+    for n, f in enumerate(up_to_four(x, "floats")):
+        if isinstance(f, (bool, np.bool_)):
+            raise TypeError("clattn: floats[%d] must be a number (got %r)" % (n, f))
+        f = to_float(f, "floats[%d]" % n, "must fit float32")
+        if math.isfinite(f) and abs(f) > FLT_MAX:
+            raise ValueError("clattn: floats[%d] = %r does not fit float32" % (n, f))
+        out.append(float(np.float32(f)))
+    return tuple(out)
+
+
+def capture_arrays(ctx, x):
+    """captures as the call uploads them: None (an empty slot), a numpy
+    array (C order, uploaded read-only as it lies: the modifier reads its
+    bytes), a pyopencl array of ctx's context (dense at offset 0: its own
+    buffer; else copied) or a clattn.DeviceArray (its buffer)."""
+    out = []
+    for n, a in enumerate(up_to_four(x, "captures")):
+        name = "captures[%d]" % n
+        if a is None or isinstance(a, DeviceArray):
+            out.append(a)
+            continue
+        if is_cl_array(a):
+            if a.context.int_ptr != ctx._cl_context:
+                raise ValueError("clattn: %s is a pyopencl array from another OpenCL context than this "
+                                 "clattn.Context's" % name)
+            if a.offset == 0 and a.flags.c_contiguous and a.size:
+                out.append(a)
+                continue
+            a = a.get()
+        if not isinstance(a, np.ndarray):
+            raise TypeError("clattn: %s must be a numpy array, a pyopencl array, a clattn.DeviceArray or None "
+                            "(got %s: give an array of the dtype the modifier reads, e.g. int32)"
+                            % (name, type(a).__name__))
+        if a.size == 0:
+            raise ValueError("clattn: %s is empty (shape %s)" % (name, a.shape))
+        out.append(np.ascontiguousarray(a))
+    return tuple(out)
+
+
+def same_capture(a, b):
+    """Whether two captures hold the same bytes for the modifier: the same
+    device buffer, or numpy arrays equal in dtype, shape and contents."""
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    return a is b
+
+
+class Modifiers:
+    """A call's modifiers: score_mod and mask_mod (OpenCL C text, kept alive
+    as bytes for the call), up to four captured arrays, floats and ints,
+    and a clattn.BlockMask. With a block mask, mask_mod None takes the
+    block mask's, and no captures, floats or ints at all take its
+    captures; a numpy capture equal to the block mask's own is passed as
+    the block mask's buffer (clattn compares buffers)."""
+
+    def __init__(self, ctx, score_mod, mask_mod, block_mask, captures, floats, ints):
+        self.ctx = ctx
+        self.score_mod = modifier_text(score_mod, "score_mod")
+        self.mask_mod = modifier_text(mask_mod, "mask_mod")
+        self.captures = capture_arrays(ctx, captures)
+        self.floats = capture_floats(floats)
+        self.ints = tuple(check_int(x, "ints[%d]" % n) for n, x in enumerate(up_to_four(ints, "ints")))
+        self.block_mask = block_mask
+        if block_mask is not None:
+            from ._flex import BlockMask
+            if not isinstance(block_mask, BlockMask):
+                raise TypeError("clattn: block_mask must be a clattn.BlockMask (Context.create_block_mask) or None "
+                                "(got %s)" % type(block_mask).__name__)
+            block_mask._usable_by(ctx)
+            if self.mask_mod is None:
+                self.mask_mod = block_mask._mask_mod
+            if not (self.captures or self.floats or self.ints):
+                self.captures, self.floats, self.ints = block_mask._captures, block_mask._floats, block_mask._ints
+        self.on = self.score_mod is not None or self.mask_mod is not None
+        if not self.on and (any(c is not None for c in self.captures) or any(self.floats) or any(self.ints)):
+            raise ValueError("clattn: captures, floats or ints given without score_mod or mask_mod to read them")
+
+    def fill(self, p, views, waits):
+        """Sets p's modifier fields, uploading the numpy captures into views."""
+        if not self.on:
+            return
+        p.score_mod, p.mask_mod = self.score_mod, self.mask_mod
+        bm = self.block_mask
+        for n, a in enumerate(self.captures):
+            if a is None:
+                continue
+            if bm is not None and n < len(bm._captures) and isinstance(a, np.ndarray) and \
+                    same_capture(a, bm._captures[n]):
+                p.captures[n] = bm._buffers[n]
+            else:
+                p.captures[n] = self.ctx._input(a, "captures[%d]" % n, views, waits).buf
+        for n, f in enumerate(self.floats):
+            p.capture_f[n] = f
+        for n, i in enumerate(self.ints):
+            p.capture_i[n] = i
+        if bm is not None:
+            p.block_mask = bm._handle()
+
+
 class Call:
     """The parsed call. Shapes in clattn's terms: batch B, heads Hq / Hkv,
     q_len M and kv_len N (the longest, with packed sequences or a paged
@@ -262,6 +397,8 @@ class Call:
         self._shapes(o)
         self._scalars(o)
         self._extras(o)
+        self.mods = Modifiers(ctx, o["score_mod"], o["mask_mod"], o["block_mask"], o["captures"], o["floats"],
+                              o["ints"])
 
     # -- storage types -----------------------------------------------------------
 
@@ -523,6 +660,7 @@ class Call:
         p.softcap = self.softcap
         p.empty_rows = _ffi.EMPTY_ROWS[self.empty_rows]
         p.algo = _ffi.ALGOS[self.algo]
+        self.mods.fill(p, views, waits)
 
     def like(self, axes, dims):
         """A dense output's shape and its element strides over logical [b, h,

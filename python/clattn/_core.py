@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from . import _append, _backward, _ffi, _kvcache
+from . import _append, _backward, _ffi, _flex, _kvcache
 from ._call import DEFAULTS, DTYPE_NAMES, Call, as_array, is_cl_array as _is_cl_array, storage_code
 from ._device import DeviceArray
 from ._error import Error, cl_error as _cl_error
@@ -441,7 +441,8 @@ class Context:
                   return_weights=False, return_diagnostics=False,
                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                   block_table=None, page_size=None, kv_dtype=None, k_scale=None, v_scale=None,
-                  dropout_p=0.0, seed=0, offset=0, cache_leftpad=None):
+                  dropout_p=0.0, seed=0, offset=0, cache_leftpad=None,
+                  score_mod=None, mask_mod=None, block_mask=None, captures=(), floats=(), ints=()):
         """O = softmax(scale·QKᵀ + bias, restricted to the allowed keys) V.
 
         q [B,Hq,M,dk], k [B,Hkv,N,dk], v [B,Hkv,N,dv] (layout "bshd": [B,S,H,D]),
@@ -489,7 +490,13 @@ class Context:
         row, key): clattn.dropout_mask gives it; lse describes the softmax
         before dropout, weights the dropped matrix. cache_leftpad int32 [B]
         (with kv_lens): row b's keys are cache rows cache_leftpad[b] ..
-        kv_lens[b] - 1, each row aligned on its own key count."""
+        kv_lens[b] - 1, each row aligned on its own key count.
+
+        Modifiers (FlexAttention's, in OpenCL C; see flex_attention):
+        score_mod rewrites each score scale·<q, k> (after softcap, before
+        bias and ALiBi), mask_mod removes keys (ANDed with every other mask);
+        captures (up to 4 arrays), floats and ints are what they read;
+        block_mask a clattn.BlockMask of the same mask_mod and captures."""
         loc = locals()
         c = Call(self, q, k, v, {n: loc[n] for n in DEFAULTS})
         outs = {}
@@ -525,6 +532,8 @@ class Context:
         return tuple(res)
 
     attention_backward = _backward.attention_backward
+    flex_attention = _flex.flex_attention
+    create_block_mask = _flex.create_block_mask
     kv_append = _append.kv_append
     attention_with_kvcache = _kvcache.attention_with_kvcache
 

@@ -86,6 +86,10 @@ class Params(ctypes.Structure):
         # optional outputs
         ("lse", Tensor), ("weights", Tensor),
         ("entropy", Tensor), ("max_weight", Tensor), ("argmax", Tensor),
+        # modifiers: OpenCL C text, their captures, a block mask (clattn_block_mask *)
+        ("score_mod", c_char_p), ("mask_mod", c_char_p),
+        ("captures", c_void_p * 4), ("capture_f", c_float * 4), ("capture_i", c_int * 4),
+        ("block_mask", c_void_p),
     ]
 
 
@@ -200,6 +204,15 @@ class _Lib:
         self.peak_scratch_bytes = _fn(lib, "clattn_peak_scratch_bytes", c_size_t, c_void_p, c_int)
         self.dropout_mask = _fn(lib, "clattn_dropout_mask", c_int, ctypes.POINTER(Params), c_int, c_int, c_int, c_int,
                                 c_int, c_int, c_void_p)
+        # modifiers: block masks, and the modifiers evaluated at given points
+        P = ctypes.POINTER
+        self.block_mask_create = _fn(lib, "clattn_block_mask_create", c_int, c_void_p, P(Params), c_int, c_int,
+                                     P(c_void_p))
+        self.block_mask_counts = _fn(lib, "clattn_block_mask_counts", None, c_void_p, P(c_size_t), P(c_size_t),
+                                     P(c_size_t))
+        self.block_mask_release = _fn(lib, "clattn_block_mask_release", None, c_void_p)
+        self.modifier_eval = _fn(lib, "clattn_modifier_eval", c_int, c_void_p, P(Params), c_size_t, c_void_p,
+                                 c_void_p, c_void_p, c_void_p)
 
 
 class _OpenCL:
@@ -255,13 +268,13 @@ def _library_candidates():
     cands = [os.path.join(here, n) for n in ("libclattn.so", "libclattn.dylib", "clattn.dll")]
     cands = [c for c in cands if os.path.exists(c)]
     found = ctypes.util.find_library("clattn")
-    cands += [c for c in (found, "libclattn.so.4", "libclattn.so") if c]  # the soname: ABI 4
+    cands += [c for c in (found, "libclattn.so.5", "libclattn.so") if c]  # the soname: ABI 5
     return cands, False
 
 
 def lib():
     """Loads libclattn once: $CLATTN_LIBRARY, else the copy installed inside
-    the package, else the system loader (an installed libclattn.so.4)."""
+    the package, else the system loader (an installed libclattn.so.5)."""
     global _lib
     if _lib is None:
         with _lock:

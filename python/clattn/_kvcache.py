@@ -36,7 +36,8 @@ def attention_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, *, rotary_
                            cache_seqlens, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                            page_size=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
                            scale=None, rotary_interleaved=True, kv_dtype=None, k_scale=None, v_scale=None,
-                           return_lse=False, algo="auto", layout="bhsd"):
+                           return_lse=False, algo="auto", layout="bhsd", score_mod=None, mask_mod=None,
+                           block_mask=None, captures=(), floats=(), ints=()):
     """A decode (or chunked-prefill) step in one call, as FlashAttention's
     flash_attn_with_kvcache: k, v [B,Hkv,L,d] ("bshd": [B,L,Hkv,d]; q's
     dtype), keys rotated, are written into the caches at rows
@@ -62,7 +63,9 @@ def attention_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, *, rotary_
     cache_seqlens[b] + i when causal or a window is set, else every query
     at cache_seqlens[b]. k=None, v=None appends nothing.
 
-    causal, window, softcap, alibi_slopes, scale, algo, layout: attention's.
+    causal, window, softcap, alibi_slopes, scale, algo, layout, and the
+    modifiers (score_mod, mask_mod, block_mask, captures, floats, ints):
+    attention's (q_idx counts each row's keys after the append).
     Returns O in q's dtype and layout, or (O, lse) with return_lse (lse
     float32 [B,Hq,M])."""
     if layout not in ("bhsd", "bshd"):
@@ -80,7 +83,8 @@ def attention_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, *, rotary_
     # standing in for the lengths the call derives (cache_seqlens + L)
     kw = dict(causal=causal, window=window, scale=scale, softcap=softcap, alibi_slopes=alibi_slopes, algo=algo,
               layout=layout, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale, kv_lens=seqlens,
-              cache_leftpad=cache_leftpad)
+              cache_leftpad=cache_leftpad, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
+              captures=captures, floats=floats, ints=ints)
     if block_table is not None:
         table = as_array(block_table)
         kw.update(block_table=table, page_size=page_size,

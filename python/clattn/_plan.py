@@ -96,7 +96,8 @@ class Plan:
             if st != 0:
                 raise Error(_ffi.STATUS_NAMES.get(st, str(st)), ctx._message())
             self._ptr = ptr.value
-            self._inputs = [a for a in (c.q, c.k, c.v) if is_cl_array(a)]
+            self._inputs = [a for a in (c.q, c.k, c.v) + c.mods.captures if is_cl_array(a)]
+            self._mods = c.mods  # the modifiers' text, captures and block mask, which the plan reads
             ctx.__dict__.setdefault("_plans", weakref.WeakSet()).add(self)  # closed before the context
         except BaseException:
             self._free()
