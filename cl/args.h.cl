@@ -42,7 +42,7 @@ typedef struct {
   uint key_lo, key_hi, offset_lo, offset_hi, threshold, factor, on, pad;
 } ca_drop;
 /* The caller's modifiers' scalars (clattn_params.capture_f, capture_i)
- * and the block mask's geometry (common.h.cl's ca_bm_class); bm_on 0 = no
+ * and the block mask's geometry (common.h.cl's ca_bm_row); bm_on 0 = no
  * block mask. */
 typedef struct {
   float f[4];

@@ -232,6 +232,11 @@ __kernel void bwd_dkdv(CA_PARAMS(bwd_dkdv, args)) {
         any_live |= live[r];
       }
       if (!any_live) continue;
+#ifdef CA_MOD_MASK /* the block mask: rows whose blocks over these keys are empty add nothing */
+      long bm_rows[BWD_R];
+      for (int r = 0; r < BWD_R; r++) bm_rows[r] = ca_bm_row(mod, b, h, min(ib + r, i_hi), sq);
+      if (ca_bm_rows_class(bm_class, mod, bm_rows, BWD_R, j0, j0 + BWD_BN - 1) == CA_BM_EMPTY) continue;
+#endif
       float qv[BWD_R][DK], dov[BWD_R][DV];
       float16 raw[BWD_R], dp[BWD_R], ds[BWD_R], p[BWD_R];
       for (int r = 0; r < BWD_R; r++) {
@@ -368,7 +373,14 @@ __kernel void bwd_dq(CA_PARAMS(bwd_dq, args)) {
   j_hi = min(j_hi, (long)sq.keys - 1);
   if (!any(row_ok)) j_hi = -1;
   const bool per_pair = has_mask || has_bias || has_alibi || CA_MOD_ANY;
+#ifdef CA_MOD_MASK
+  long bm_rows[BWD_BN]; /* where the block's rows' block-mask classes begin */
+  for (int l = 0; l < BWD_BN; l++) bm_rows[l] = ca_bm_row(mod, b, h, min(i0 + l, max(sq.rows - 1, 0)), sq);
+#endif
   for (long jb = j_lo; jb <= j_hi; jb += BWD_R) {
+#ifdef CA_MOD_MASK /* keys whose blocks are empty for every row add nothing */
+    if (ca_bm_rows_class(bm_class, mod, bm_rows, BWD_BN, jb, jb + BWD_R - 1) == CA_BM_EMPTY) continue;
+#endif
     int16 ok[BWD_R];
     bool live[BWD_R], any_live = false;
     for (int r = 0; r < BWD_R; r++) {

@@ -327,35 +327,48 @@ static inline float ca_bias(CA_BIAS_ARGS, long b, long h, long i, long j) {
 #else
 #define CA_MOD_ANY 0
 #endif
-/* Whether the mask modifier allows (i, j) of (b, h) in sequence sq (no modifier: true). */
+/* Whether the mask modifier allows (i, j) of (b, h) in sequence sq (no
+ * modifier: true). It is asked only of pairs of the sequence (a padding
+ * row's or key's indices could reach past what its captures hold). */
 #ifdef CA_MOD_MASK
-#define CA_MOD_ALLOWS(b, h, i, j, sq) (clattn_mask_mod((int)(b), (int)(h), CA_Q_IDX(i, sq), (int)(j), ca_cap) != 0)
+#define CA_MOD_ALLOWS(b, h, i, j, sq)                                   \
+  ((long)(i) < (long)(sq).rows && (long)(j) < (long)(sq).keys &&       \
+   clattn_mask_mod((int)(b), (int)(h), CA_Q_IDX(i, sq), (int)(j), ca_cap) != 0)
 #else
 #define CA_MOD_ALLOWS(b, h, i, j, sq) true
 #endif
 
-/* The block mask's class of rows i_lo .. i_hi by keys j_lo .. j_hi of
- * (b, h): CA_BM_EMPTY when every block they touch is empty (the mask
- * modifier allows none of its pairs), CA_BM_FULL when every one is full
- * (it allows all), else CA_BM_PARTIAL. PARTIAL without a block mask, or for
- * a sequence whose lengths are not those it was made for (its q_idx would
- * differ). Blocks of bm_q x bm_k, classes uchar [b * bm_bs + h * bm_hs +
- * qb * bm_kb + kb] (strides 0 broadcast). */
+/* The block mask (clattn_block_mask_create): blocks of bm_q rows by bm_k
+ * keys, each CA_BM_EMPTY (the mask modifier allows none of its pairs),
+ * CA_BM_FULL (all) or CA_BM_PARTIAL, classes uchar [b * bm_bs + h * bm_hs
+ * + qb * bm_kb + kb] (strides 0 broadcast). */
 enum { CA_BM_EMPTY = 0, CA_BM_PARTIAL = 1, CA_BM_FULL = 2 };
-static inline int ca_bm_class(__global const uchar *bm_class, ca_mod mod, long b, long h, long i_lo, long i_hi,
-                              long j_lo, long j_hi, ca_seq sq) {
-  if (!mod.bm_on || sq.align_m != mod.bm_q_len || sq.align_n != mod.bm_kv_len) return CA_BM_PARTIAL;
-  i_hi = min(i_hi, (long)mod.bm_q_len - 1);
+/* Where row i of (b, h)'s classes begin, or -1 where the block mask does
+ * not serve the row: none, or a sequence whose lengths are not those it
+ * was made for (its q_idx would differ). */
+static inline long ca_bm_row(ca_mod mod, long b, long h, long i, ca_seq sq) {
+  if (!mod.bm_on || sq.align_m != mod.bm_q_len || sq.align_n != mod.bm_kv_len || i >= mod.bm_q_len) return -1;
+  return (long)((ulong)b * mod.bm_bs + (ulong)h * mod.bm_hs + (ulong)(i / mod.bm_q) * (ulong)mod.bm_kb);
+}
+/* The class of keys j_lo .. j_hi in n rows whose classes begin at
+ * row_at[0 .. n) (ca_bm_row): EMPTY or FULL where every row's is, PARTIAL
+ * where any row is not served. */
+static inline int ca_bm_rows_class(__global const uchar *bm_class, ca_mod mod, const long *row_at, int n, long j_lo,
+                                   long j_hi) {
+  for (int r = 0; r < n; r++)
+    if (row_at[r] < 0) return CA_BM_PARTIAL;
   j_hi = min(j_hi, (long)mod.bm_kv_len - 1);
-  if (i_lo > i_hi || j_lo > j_hi) return CA_BM_EMPTY;
+  if (j_lo > j_hi) return CA_BM_EMPTY; /* keys past the sequence */
+  const long kb_lo = j_lo / mod.bm_k, kb_hi = j_hi / mod.bm_k;
   bool all_empty = true, all_full = true;
-  __global const uchar *at = bm_class + (ulong)b * (ulong)mod.bm_bs + (ulong)h * (ulong)mod.bm_hs;
-  for (long qb = i_lo / mod.bm_q; qb <= i_hi / mod.bm_q; qb++)
-    for (long kb = j_lo / mod.bm_k; kb <= j_hi / mod.bm_k; kb++) {
-      const uchar c = at[(ulong)qb * (ulong)mod.bm_kb + (ulong)kb];
+  for (int r = 0; r < n; r++) {
+    if (r > 0 && row_at[r] == row_at[r - 1]) continue; /* rows of one block row */
+    for (long kb = kb_lo; kb <= kb_hi; kb++) {
+      const uchar c = bm_class[row_at[r] + kb];
       all_empty = all_empty && c == CA_BM_EMPTY;
       all_full = all_full && c == CA_BM_FULL;
     }
+  }
   return all_empty ? CA_BM_EMPTY : all_full ? CA_BM_FULL : CA_BM_PARTIAL;
 }
 
@@ -368,7 +381,8 @@ static inline int ca_bm_group_class(__local int *flags, bool live, __global cons
   if (get_local_id(0) == 0) *flags = 0;
   barrier(CLK_LOCAL_MEM_FENCE);
   if (live) {
-    const int c = ca_bm_class(bm_class, mod, b, h, i, i, j_lo, j_hi, sq);
+    const long row = ca_bm_row(mod, b, h, i, sq);
+    const int c = ca_bm_rows_class(bm_class, mod, &row, 1, j_lo, j_hi);
     if (c != CA_BM_EMPTY) atomic_or(flags, 1);
     if (c != CA_BM_FULL) atomic_or(flags, 2);
   }

@@ -324,6 +324,10 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
     hi_max = max(hi_max, keys.y);
   }
 
+#ifdef CA_MOD_MASK
+  long bm_rows[FLASH_BM_MAX]; /* where each row's block-mask classes begin */
+  for (int r = 0; r < bm; r++) bm_rows[r] = ca_bm_row(mod, b, hs[r], is[r], sq);
+#endif
   /* Key positions in 64 bits: near kv_len = INT_MAX a split's end and the
    * next block's start pass 2^31 - 1. */
   const long split_begin = (long)split * split_keys;
@@ -342,10 +346,26 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
     /* The block mask: a block the mask modifier allows no pair of is
      * skipped, one it allows every pair of skips evaluating it. */
 #ifdef CA_MOD_MASK
-    int bm_cls = ca_bm_class(bm_class, mod, b, hs[0], is[0], is[0], j0, j0 + FLASH_BN - 1, sq);
-    for (int r = 1; r < bm; r++) /* EMPTY or FULL only where every row's is */
-      if (ca_bm_class(bm_class, mod, b, hs[r], is[r], is[r], j0, j0 + FLASH_BN - 1, sq) != bm_cls) bm_cls = CA_BM_PARTIAL;
+    const int bm_cls = ca_bm_rows_class(bm_class, mod, bm_rows, bm, j0, j0 + FLASH_BN - 1);
     if (bm_cls == CA_BM_EMPTY) continue;
+    /* In a partial block, the modifier's verdicts first, once per pair: a
+     * tile it allows none of is skipped as well (the rows of a causal
+     * mask's diagonal blocks past their own position). */
+    uchar mod_ok[FLASH_BM_MAX][FLASH_BN];
+    if (bm_cls == CA_BM_PARTIAL) {
+      bool any = false;
+      for (int r = 0; r < bm; r++) {
+        const int2 keys = flash_row_keys(is[r], sq.align_m, sq.align_n, n_valid, window_left, window_right);
+        for (int jj = 0; jj < FLASH_BN; jj++) {
+          const long j = j0 + jj;
+          const bool ok = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end &&
+                          CA_MOD_ALLOWS(b, hs[r], is[r], j, sq);
+          mod_ok[r][jj] = ok;
+          any = any || ok;
+        }
+      }
+      if (!any) continue;
+    }
 #else
     const int bm_cls = CA_BM_FULL;
 #endif
@@ -485,8 +505,10 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
           if (allowed && paged) /* page in the pool */
             allowed = page_halves ? at_h[jj / FLASH_VW].ok : ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok;
           if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
-          if (allowed && bm_cls != CA_BM_FULL) allowed = CA_MOD_ALLOWS(b, hs[r], is[r], j, sq);
-          if (allowed) e[jj] = CA_MOD_SCORE_AT(e[jj], b, hs[r], is[r], j, sq.align_m, sq.align_n);
+#ifdef CA_MOD_MASK
+          if (allowed && bm_cls != CA_BM_FULL) allowed = mod_ok[r][jj];
+#endif
+          if (allowed && is[r] < sq.rows) e[jj] = CA_MOD_SCORE_AT(e[jj], b, hs[r], is[r], j, sq.align_m, sq.align_n);
           if (allowed && has_bias) {
             allowed = bias_raw[r][jj] != -INFINITY;
             e[jj] += ca_bias_scaled(bias_raw[r][jj], has_bias, bias_scale, hs[r]);
@@ -744,6 +766,9 @@ __kernel __attribute__((reqd_work_group_size(FLASH_WG, 1, 1))) void flash_tiled(
     for (int jj = 0; jj < FLASH_TILE; jj++) {
       const long j = j0 + jj;
       bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
+#if CA_MOD_ANY
+      allowed = allowed && live; /* the modifiers see the sequence's pairs only */
+#endif
       if (allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
       if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
       if (allowed && tile_cls != CA_BM_FULL) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);

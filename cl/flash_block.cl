@@ -254,6 +254,9 @@ __kernel __attribute__((reqd_work_group_size(BLOCK_WG, 1, 1))) BLOCK_SG_SIZE voi
         bool allowed = fast || (j >= keys.x && j <= keys.y && j >= split_begin && j < split_end);
         if (!fast && allowed && paged) allowed = ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok; /* page in the pool */
         if (!fast && allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, h, i, j)] != 0;
+#if CA_MOD_ANY
+        allowed = allowed && row_live[row]; /* the modifiers see the sequence's pairs only */
+#endif
         if (allowed && tile_cls != CA_BM_FULL) allowed = CA_MOD_ALLOWS(b, h, i, j, sq);
         const float bias_ij = allowed && has_bias ? ca_bias(CA_BIAS_PASS, b, h, i, j) : 0.0f;
         allowed = allowed && bias_ij != -INFINITY;

@@ -44,13 +44,15 @@ __kernel void mod_eval(CA_PARAMS(mod_eval, args)) {
   const int e = get_global_id(0);
   if (e >= n) return;
   const int b = at[4 * e], h = at[4 * e + 1], q_idx = at[4 * e + 2], kv_idx = at[4 * e + 3];
-  const ca_seq sq = {0, 0, 0, 0, 0, 0}; /* q_idx given: i = q_idx */
-  allowed[e] = CA_MOD_ALLOWS(b, h, q_idx, kv_idx, sq);
+#ifdef CA_MOD_MASK
+  allowed[e] = clattn_mask_mod(b, h, q_idx, kv_idx, ca_cap) != 0;
+#else
+  allowed[e] = 1;
+#endif
 #ifdef CA_MOD_GRAD
   if (grads) grads[e] = clattn_score_mod_grad(scores[e], b, h, q_idx, kv_idx, ca_cap);
 #else
   if (grads) grads[e] = 1.0f;
 #endif
   scores[e] = CA_MOD_SCORE_AT(scores[e], b, h, q_idx, kv_idx, 0, 0);
-  (void)sq;
 }

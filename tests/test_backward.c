@@ -503,51 +503,6 @@ static void softcap_alibi_sinks(void) {
   check_shape(s, NULL, 1e-4, "alibi per (batch, head) causal+softcap+sinks+bias+kv_lens");
 }
 
-/* ---------- modifiers ---------- */
-
-/* Through the modifiers: the reference runs them (clattn_modifier_eval)
- * and chains the score modifier's own derivative. */
-static void modifiers(void) {
-  static const char prefix_lm[] =
-      "int clattn_mask_mod(int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
-      "  return kv_idx < cap->i[0] || kv_idx <= q_idx;\n}\n";
-  static const char scaled_tanh[] = /* a score modifier with a derivative that is not 1 */
-      "float clattn_score_mod(float s, int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
-      "  return cap->f[0] * tanh(s / cap->f[0]) - 0.01f * (float)(h + 1) * (float)abs(q_idx - kv_idx);\n}\n"
-      "float clattn_score_mod_grad(float s, int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
-      "  const float t = tanh(s / cap->f[0]);\n  return 1.0f - t * t;\n}\n";
-  cp_shape s = base_shape(37, 53);
-  s.mask_mod = prefix_lm;
-  s.capture_i[0] = 9;
-  s.poison_disallowed = 1;
-  check_shape(s, NULL, 1e-4, "prefix-LM mask modifier");
-  s.score_mod = scaled_tanh;
-  s.capture_f[0] = 3.0f;
-  s.qk_amp = 2.0;
-  s.softcap = 6.0f; /* the modifier follows the built-in softcap */
-  s.alibi = 1;
-  s.kv_lens = 1;
-  check_shape(s, NULL, 1e-4, "score and mask modifiers, softcap, ALiBi, kv_lens");
-  s.mask_mod = NULL;
-  s.capture_i[0] = 0;
-  s.varlen = 1;
-  s.kv_lens = 0;
-  check_shape(s, NULL, 1e-4, "score modifier, packed sequences");
-}
-
-/* A score modifier without its derivative: refused, naming what is missing. */
-static void score_modifier_without_derivative_is_unsupported(void) {
-  cp_shape s = base_shape(7, 9);
-  s.score_mod = "float clattn_score_mod(float s, int b, int h, int q, int k, const clattn_captures *c) { return 2 * s; }";
-  bwd w;
-  if (bwd_setup(&w, s, NULL) == 0) {
-    CHECK(clattn_backward(ct_context(), &w.bp, 0, NULL, NULL) == CLATTN_ERR_UNSUPPORTED);
-    CHECKF(strstr(clattn_last_error(ct_context()), "clattn_score_mod_grad") != NULL, "message: %s",
-           clattn_last_error(ct_context()));
-  }
-  bwd_free(&w);
-}
-
 /* ---------- storage ---------- */
 
 static void f16_and_bf16_storage(void) {
@@ -1231,6 +1186,92 @@ static void defaults(void) {
   CHECK(isnan(bp.fwd.scale) && bp.fwd.window_left == -1 && bp.fwd.window_right == -1 && bp.fwd.lse.buf == NULL);
 }
 
+/* ---------- modifiers ---------- */
+
+/* Through the modifiers: the reference runs them (clattn_modifier_eval)
+ * and chains the score modifier's own derivative. */
+static void modifiers(void) {
+  static const char prefix_lm[] =
+      "int clattn_mask_mod(int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
+      "  return kv_idx < cap->i[0] || kv_idx <= q_idx;\n}\n";
+  static const char scaled_tanh[] = /* a score modifier with a derivative that is not 1 */
+      "float clattn_score_mod(float s, int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
+      "  return cap->f[0] * tanh(s / cap->f[0]) - 0.01f * (float)(h + 1) * (float)abs(q_idx - kv_idx);\n}\n"
+      "float clattn_score_mod_grad(float s, int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
+      "  const float t = tanh(s / cap->f[0]);\n  return 1.0f - t * t;\n}\n";
+  cp_shape s = base_shape(37, 53);
+  s.mask_mod = prefix_lm;
+  s.capture_i[0] = 9;
+  s.poison_disallowed = 1;
+  check_shape(s, NULL, 1e-4, "prefix-LM mask modifier");
+  s.score_mod = scaled_tanh;
+  s.capture_f[0] = 3.0f;
+  s.qk_amp = 2.0;
+  s.softcap = 6.0f; /* the modifier follows the built-in softcap */
+  s.alibi = 1;
+  s.kv_lens = 1;
+  check_shape(s, NULL, 1e-4, "score and mask modifiers, softcap, ALiBi, kv_lens");
+  s.mask_mod = NULL;
+  s.capture_i[0] = 0;
+  s.varlen = 1;
+  s.kv_lens = 0;
+  check_shape(s, NULL, 1e-4, "score modifier, packed sequences");
+}
+
+/* A block mask of the mask modifier: the same gradients, bit for bit
+ * (the kernels skip blocks that add nothing). */
+static void modifier_block_mask_keeps_every_bit(void) {
+  static const char documents[] = /* documents of 8 positions, causal within each */
+      "int clattn_mask_mod(int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
+      "  return q_idx / 8 == kv_idx / 8 && kv_idx <= q_idx;\n}\n";
+  cp_shape s = base_shape(64, 64);
+  s.mask_mod = documents;
+  s.poison_disallowed = 1;
+  bwd w;
+  if (bwd_setup(&w, s, NULL) == 0) {
+    bwd_check(&w, 1e-4, "documents");
+    double *plain = dense_grads(&w);
+    clattn_block_mask *bm = NULL;
+    clattn_params shape = w.bp.fwd;
+    shape.batch = 1;
+    CHECK(clattn_block_mask_create(ct_context(), &shape, 16, 16, &bm) == CLATTN_OK);
+    size_t empty = 0;
+    clattn_block_mask_counts(bm, &empty, NULL, NULL);
+    CHECKF(empty == (size_t)shape.q_heads * (16 - 4), "empty blocks %zu", empty); /* 4 x 4 blocks of 16 */
+    w.bp.fwd.block_mask = bm;
+    if (CHECK(plain && grad_reset(w.pb, &w.d_q) == 0 && grad_reset(w.pb, &w.d_k) == 0 &&
+              grad_reset(w.pb, &w.d_v) == 0)) {
+      bwd_check(&w, 1e-4, "documents, block mask");
+      double *skipped = dense_grads(&w);
+      const size_t n = w.nq + w.nk + w.nv;
+      double worst = 0.0; /* atomic dQ (deterministic 0) may differ in its last bits from run to run */
+      for (size_t e = 0; skipped && e < n; e++) worst = fmax(worst, fabs(plain[e] - skipped[e]));
+      if (w.bp.deterministic)
+        CHECKF(skipped && memcmp(plain, skipped, n * sizeof *plain) == 0, "the block mask changed the gradients");
+      else
+        CHECKF(skipped && worst <= 1e-6, "the block mask changed the gradients by %g", worst);
+      free(skipped);
+    }
+    w.bp.fwd.block_mask = NULL;
+    clattn_block_mask_release(bm);
+    free(plain);
+  }
+  bwd_free(&w);
+}
+
+/* A score modifier without its derivative: refused, naming what is missing. */
+static void score_modifier_without_derivative_is_unsupported(void) {
+  cp_shape s = base_shape(7, 9);
+  s.score_mod = "float clattn_score_mod(float s, int b, int h, int q, int k, const clattn_captures *c) { return 2 * s; }";
+  bwd w;
+  if (bwd_setup(&w, s, NULL) == 0) {
+    CHECK(clattn_backward(ct_context(), &w.bp, 0, NULL, NULL) == CLATTN_ERR_UNSUPPORTED);
+    CHECKF(strstr(clattn_last_error(ct_context()), "clattn_score_mod_grad") != NULL, "message: %s",
+           clattn_last_error(ct_context()));
+  }
+  bwd_free(&w);
+}
+
 int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(defaults),
@@ -1249,6 +1290,7 @@ int main(int argc, char **argv) {
       CT_TEST(staged_agrees_with_fused),
       CT_TEST(atomic_dq_within_tolerance),
       CT_TEST(modifiers),
+      CT_TEST(modifier_block_mask_keeps_every_bit),
       CT_TEST(score_modifier_without_derivative_is_unsupported),
       CT_TEST(concurrent_first_builds),
       CT_TEST(validation_rejects_before_enqueue),

@@ -29,7 +29,7 @@
 #include "problem.h"
 
 const char bench_modifiers_usage[] =
-    "       clattn bench --modifiers [--shape H,HKV,N,D] [--reps R] [--cap SECONDS]\n";
+    "       clattn bench --modifiers [--shape H,HKV,N,D] [--block BQ,BK] [--reps R] [--cap SECONDS]\n";
 
 enum { DOCS = 8, MAX_VARIANTS = 3 };
 
@@ -105,7 +105,7 @@ static cl_mem host_buffer(clattn_context *ctx, const void *host, size_t bytes) {
 }
 
 int bench_modifiers_main(int argc, char **argv) {
-  int heads = 8, kv_heads = 8, n = 4096, dim = 64, reps = 5;
+  int heads = 8, kv_heads = 8, n = 4096, dim = 64, reps = 5, block_q = 0, block_k = 0; /* 0: the default */
   double cap_s = 20.0;
   for (int i = 2; i < argc; i++) {
     const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -114,6 +114,9 @@ int bench_modifiers_main(int argc, char **argv) {
       reps = atoi(val), i++;
     else if (!strcmp(o, "--cap") && val && strtod(val, NULL) > 0)
       cap_s = strtod(val, NULL), i++;
+    else if (!strcmp(o, "--block") && val && sscanf(val, "%d,%d", &block_q, &block_k) == 2 && block_q > 0 &&
+             block_k > 0)
+      i++;
     else if (!strcmp(o, "--shape") && val && sscanf(val, "%d,%d,%d,%d", &heads, &kv_heads, &n, &dim) == 4 &&
              heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && n >= DOCS && n % DOCS == 0 && dim > 0)
       i++;
@@ -164,7 +167,7 @@ int bench_modifiers_main(int argc, char **argv) {
                      {ctx, queue, base, "document mask modifier + block mask"}};
   docs[0].p.mask = (clattn_tensor){mask_buf, 0, {0, 0, (size_t)n, 1}};
   for (int i = 1; i < 3; i++) docs[i].p.mask_mod = DOCUMENT, docs[i].p.captures[0] = doc_buf;
-  if ((st = clattn_block_mask_create(ctx, &docs[2].p, 0, 0, &doc_bm)) != CLATTN_OK) {
+  if ((st = clattn_block_mask_create(ctx, &docs[2].p, block_q, block_k, &doc_bm)) != CLATTN_OK) {
     fprintf(stderr, "clattn bench --modifiers: block mask: %s\n", clattn_last_error(ctx));
     goto done;
   }
@@ -178,7 +181,7 @@ int bench_modifiers_main(int argc, char **argv) {
                        {ctx, queue, base, "causal mask modifier"}};
   causal[0].p.causal = 1;
   causal[1].p.mask_mod = causal[2].p.mask_mod = CAUSAL;
-  if ((st = clattn_block_mask_create(ctx, &causal[1].p, 0, 0, &causal_bm)) != CLATTN_OK) {
+  if ((st = clattn_block_mask_create(ctx, &causal[1].p, block_q, block_k, &causal_bm)) != CLATTN_OK) {
     fprintf(stderr, "clattn bench --modifiers: block mask: %s\n", clattn_last_error(ctx));
     goto done;
   }
