@@ -8,6 +8,11 @@
 #
 #   tools/scripts/peers.sh [--rounds R] [--write] [--runtime pocl|intel]...
 #                          [--shape H,HKV,M,N,D[,causal]]... [--cap SECONDS]
+#   tools/scripts/peers.sh --flex [--rounds R] [--write]
+#
+# --flex compares clattn's modifiers (`clattn bench --modifiers`, POCL) with
+# PyTorch's compiled flex_attention instead (tools/bench/peers_flex.py: the
+# table between docs/performance.md's flex:begin and flex:end markers).
 #
 # Defaults: 3 rounds, both runtimes, the shapes PyTorch is compared on
 # (prefill H8 N1024 d64, causal H8 N2048 d64, GQA H16/4 N1024 d128, d256,
@@ -22,12 +27,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-rounds=3 write=() runtimes=() rest=()
+rounds=3 write=() runtimes=() rest=() flex=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     --rounds) rounds=$2; shift 2 ;;
     --write) write=(--write docs/performance.md); shift ;;
+    --flex) flex=1; shift ;;
     --runtime) runtimes+=(--runtime "$2"); shift 2 ;;
     --shape|--cap) rest+=("$1" "$2"); shift 2 ;;
     *) echo "peers: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -46,5 +52,8 @@ fi
 [ -x build/tools/clattn ] || tools/scripts/setup.sh build >/dev/null
 ninja -C build tools/clattn >/dev/null
 
+if [ $flex = 1 ]; then
+  exec "$venv/bin/python" tools/bench/peers_flex.py --rounds "$rounds" --clattn build/tools/clattn "${write[@]}"
+fi
 exec "$venv/bin/python" tools/bench/peers.py --rounds "$rounds" --clattn build/tools/clattn "${runtimes[@]}" \
   "${write[@]}" "${rest[@]}"
