@@ -327,6 +327,16 @@ static void on_device_modifiers_from_files_verified(void) {
   snprintf(runs[2], sizeof runs[2], "run --q-len 37 --kv-len 53 --head-dim 48 --value-dim 48 --mask-mod %s/prefix_lm.cl "
            "--ints 9 --score-mod %s/tanh_softcap.cl --floats 4.5 --algo staged --reps 0", MODIFIERS_DIR, MODIFIERS_DIR);
   for (int i = 0; i < 3; i++) {
+    if (i == 1) { /* the same sliding window over paged and quantised caches, prefill and decode */
+      static const char *const cache[] = {"--q-len 37 --kv-len 300 --paged 7 --kv-dtype int8 --algo fused",
+                                          "--q-len 1 --kv-len 300 --paged 7 --kv-dtype f16",
+                                          "--q-len 37 --kv-len 300 --paged 7 --kv-dtype f16 --algo staged"};
+      for (int c = 0; c < 3; c++) {
+        const int rc = tool("run %s --mask-mod %s/sliding_window.cl --ints 40 --reps 0", cache[c], MODIFIERS_DIR);
+        CHECKF(rc == 0 && strstr(output, "K/V cache: ") && strstr(output, "(the default for f32 storage): yes"),
+               "clattn run %s --mask-mod sliding_window.cl: exit %d:\n%s", cache[c], rc, output);
+      }
+    }
     const int rc = tool("%s", runs[i]);
     CHECKF(rc == 0 && strstr(output, "(the default for f32 storage): yes"), "clattn %s: exit %d:\n%s", runs[i], rc,
            output);

@@ -364,6 +364,48 @@ static void program_table_stays_bounded(void) {
   cp_free(pb);
 }
 
+/* A plan outlives its program's place in the table: after more modifiers
+ * than the table keeps, its steps still run its own, and match the
+ * reference. */
+static void plan_keeps_its_evicted_program(void) {
+  static const char window[] =
+      "int clattn_mask_mod(int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
+      "  return q_idx - kv_idx <= cap->i[0] && kv_idx <= q_idx;\n}\n";
+  cp_shape s = base(1, 777, 32); /* decode */
+  s.mask_mod = window;
+  s.capture_i[0] = 100;
+  cp_problem *pb;
+  KC_BUILD(pb, &s);
+  clattn_context *ctx = ct_context();
+  REQUIRE(cp_upload(pb, ctx) == 0);
+  clattn_plan *plan = NULL;
+  pb->params.algo = CLATTN_ALGO_FUSED;
+  REQUIRE(clattn_plan_create(ctx, &pb->params, &plan) == CLATTN_OK);
+  char text[256];
+  clattn_params other = pb->params;
+  for (int n = 0; n < CA_MOD_PROGRAMS_MAX + 2; n++) { /* other modifiers push the plan's program out */
+    snprintf(text, sizeof text,
+             "int clattn_mask_mod(int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) {\n"
+             "  return kv_idx != %d;\n}\n",
+             n);
+    other.mask_mod = text;
+    CHECK(clattn_forward(ctx, &other, 0, NULL, NULL) == CLATTN_OK);
+  }
+  CHECK(clFinish(pb->queue) == CL_SUCCESS);
+  for (int step = 0; step < 2; step++) {
+    REQUIRE(cp_fill_outputs(pb, NAN) == 0);
+    CHECK(clattn_plan_enqueue(plan, NULL, 0, NULL, NULL) == CLATTN_OK);
+    CHECK(clFinish(pb->queue) == CL_SUCCESS);
+    cp_result r;
+    memset(&r, 0, sizeof r);
+    REQUIRE(cp_read_outputs(pb) == 0 && cp_compare(pb, &r) == 0);
+    char f[512];
+    CHECKF(cp_result_ok(&r, TOL), "plan step %d: %s", step, cp_result_format(&r, f, sizeof f));
+  }
+  clattn_plan_release(plan);
+  cp_free(pb);
+}
+
 int main(int argc, char **argv) {
   static const ct_test tests[] = {
       CT_TEST(examples_match_reference_on_every_path),
@@ -373,6 +415,7 @@ int main(int argc, char **argv) {
       CT_TEST(block_mask_skips_without_changing_a_bit),
       CT_TEST(bad_modifiers_are_refused),
       CT_TEST(program_table_stays_bounded),
+      CT_TEST(plan_keeps_its_evicted_program),
   };
   ct_context();
   return ct_main(argc, argv, tests, sizeof tests / sizeof tests[0]);
