@@ -265,16 +265,20 @@ def compare(args):
         lines.append("| " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
     print(table)
-    if args.write:
-        with open(args.write) as f:
-            text = f.read()
-        begin, end = "<!-- peers:begin -->\n", "<!-- peers:end -->"
-        if begin not in text or end not in text:
-            print("peers: %s has no %s / %s markers" % (args.write, begin.strip(), end), file=sys.stderr)
-            return 1
-        a, b = text.index(begin) + len(begin), text.index(end)
-        with open(args.write, "w") as f:
-            f.write(text[:a] + table + text[b:])
+    return write_between(args.write, "peers", table) if args.write else 0
+
+
+def write_between(path, name, table):
+    """Puts table between the NAME:begin and NAME:end markers of the page at path."""
+    with open(path) as f:
+        text = f.read()
+    begin, end = "<!-- %s:begin -->\n" % name, "<!-- %s:end -->" % name
+    if begin not in text or end not in text:
+        print("%s: %s has no %s / %s markers" % (name, path, begin.strip(), end), file=sys.stderr)
+        return 1
+    a, b = text.index(begin) + len(begin), text.index(end)
+    with open(path, "w") as f:
+        f.write(text[:a] + table + text[b:])
     return 0
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import machine, timed  # noqa: E402
+from peers import machine, timed, write_between  # noqa: E402
 
 H, D, DOCS = 8, 64, 8
 CASES = ("documents", "causal", "alibi")
@@ -140,17 +140,7 @@ def compare(args):
             median_text(ratio, "%.2f×") if ratio else "–", median_text(gf["builtin"])))
     table = "\n".join(lines) + "\n"
     print(table)
-    if args.write:
-        with open(args.write) as fh:
-            text = fh.read()
-        begin, end = "<!-- flex:begin -->\n", "<!-- flex:end -->"
-        if begin not in text or end not in text:
-            print("peers_flex: %s has no %s / %s markers" % (args.write, begin.strip(), end), file=sys.stderr)
-            return 1
-        a, b = text.index(begin) + len(begin), text.index(end)
-        with open(args.write, "w") as fh:
-            fh.write(text[:a] + table + text[b:])
-    return 0
+    return write_between(args.write, "flex", table) if args.write else 0
 
 
 def main():
