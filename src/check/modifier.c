@@ -13,7 +13,7 @@ static int any_capture(const clattn_params *p) {
 
 /* Whether the block mask holds for p: made with the same mask modifier
  * and captures, for p's lengths, its batch and heads p's or 1. */
-static clattn_status check_block_mask(const clattn_params *p) {
+static clattn_status check_block_mask(ca_views *vs, const clattn_params *p) {
   const clattn_block_mask *bm = p->block_mask;
   if (!p->mask_mod) return BAD("block_mask is set but mask_mod is NULL: a block mask classes a mask modifier's blocks");
   const ca_mod_key mk = ca_mod_key_of(&(clattn_params){.mask_mod = p->mask_mod});
@@ -28,7 +28,11 @@ static clattn_status check_block_mask(const clattn_params *p) {
   if ((bm->batch != 1 && bm->batch != p->batch) || (bm->heads != 1 && bm->heads != p->q_heads))
     return BAD("block_mask is for batch %d, heads %d; the call has batch %d, q_heads %d (1 stands for all)", bm->batch,
                bm->heads, p->batch, p->q_heads);
-  return CLATTN_OK;
+  /* its classes: a buffer of this call's context (one made by another context's clattn_block_mask_create is not) */
+  const int blocks[] = {bm->batch, bm->heads, bm->q_blocks, bm->kv_blocks};
+  const size_t row = (size_t)bm->kv_blocks, head = row * (size_t)bm->q_blocks;
+  const clattn_tensor classes = {bm->classes, 0, {head * (size_t)bm->heads, head, row, 1}};
+  return ca_check_view(vs, "block_mask (its classes)", &classes, blocks, 4, 1, CA_VIEW_IN);
 }
 
 clattn_status ca_check_modifiers(ca_views *vs, const clattn_params *p) {
@@ -44,7 +48,7 @@ clattn_status ca_check_modifiers(ca_views *vs, const clattn_params *p) {
     const clattn_tensor t = {p->captures[n], 0, {1, 0, 0, 0}};
     if (p->captures[n] && (st = ca_check_view(vs, names[n], &t, one, 1, 1, CA_VIEW_IN))) return st;
   }
-  if (p->block_mask && (st = check_block_mask(p))) return st;
+  if (p->block_mask && (st = check_block_mask(vs, p))) return st;
   return CLATTN_OK;
 }
 
