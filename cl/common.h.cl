@@ -305,13 +305,12 @@ static inline float ca_bias(CA_BIAS_ARGS, long b, long h, long i, long j) {
 }
 
 /* ---- The caller's modifiers (clattn_params.score_mod / mask_mod,
- * docs/modifiers.md): OpenCL C the host places after this file, defining
- * clattn_score_mod (built with -D CA_MOD_SCORE), clattn_mask_mod
- * (CA_MOD_MASK) and clattn_score_mod_grad (CA_MOD_GRAD). They see the
- * call's captures, and (q_idx, kv_idx) = (i + n - m, j): row i of m over
- * n keys at its bottom-right aligned position, key j from its sequence's
- * first key. clattn_captures is args.h.cl's (the modifiers come before
- * this file). ---- */
+ * docs/modifiers.md): OpenCL C the host places between args.h.cl (which
+ * defines clattn_captures) and this file, defining clattn_score_mod (built
+ * with -D CA_MOD_SCORE), clattn_mask_mod (CA_MOD_MASK) and
+ * clattn_score_mod_grad (CA_MOD_GRAD). They see the call's captures, and
+ * (q_idx, kv_idx) = (i + n - m, j): row i of m over n keys at its
+ * bottom-right aligned position, key j from its sequence's first key. ---- */
 /* The captures of a kernel whose family holds args.h.cl's CA_ARGS_MOD, as
  * the pointer ca_cap the hooks below (and CA_SHAPE_PASS) read. */
 #define CA_MOD_CAPTURES                                                                              \
@@ -319,8 +318,6 @@ static inline float ca_bias(CA_BIAS_ARGS, long b, long h, long i, long j) {
                                     {mod.f[0], mod.f[1], mod.f[2], mod.f[3]},                        \
                                     {mod.i[0], mod.i[1], mod.i[2], mod.i[3]}};                       \
   const clattn_captures *ca_cap = &ca_cap_v;
-/* No captures: a kernel without modifier arguments. */
-#define CA_MOD_NONE const clattn_captures *ca_cap = 0;
 #define CA_Q_IDX(i, sq) (int)((long)(i) + (long)(sq).align_n - (long)(sq).align_m)
 #if defined(CA_MOD_SCORE) || defined(CA_MOD_MASK)
 #define CA_MOD_ANY 1
