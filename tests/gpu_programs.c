@@ -152,40 +152,47 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof name, "flash-f16-kv%s-d128-128", kv[c].name);
     if (write_program(argv[2], name, &text)) return 1;
   }
-  /* The example modifiers (examples/modifiers/) in the fused programs at
-   * d=64 and d=128 (gated: the names start with flash-), the backward and
-   * the core program. */
-  static const char *const mods[] = {"causal", "sliding_window", "prefix_lm", "document",
-                                     "alibi",  "tanh_softcap",   "relative_bias"};
+  /* The example modifiers (examples/modifiers/), a mask modifier and a
+   * score modifier to a program (the seven in four), in the fused programs
+   * at d=64 and d=128 (gated: the names start with flash-) and the
+   * backward; the core program with the first pair. */
+  static const char *const mods[][2] = {
+      {"causal", "alibi"}, {"sliding_window", "tanh_softcap"}, {"prefix_lm", "relative_bias"}, {"document", NULL}};
+  static char texts[2][1 << 14];
   for (size_t m = 0; m < sizeof mods / sizeof mods[0]; m++) {
-    char path[4096], name[96];
-    static char textbuf[1 << 14];
-    snprintf(path, sizeof path, "%s/%s.cl", MODIFIERS_DIR, mods[m]);
-    FILE *f = fopen(path, "r");
-    const size_t n = f ? fread(textbuf, 1, sizeof textbuf - 1, f) : 0;
-    if (!f || ferror(f)) return fprintf(stderr, "gpu_programs: cannot read %s\n", path), 1;
-    fclose(f);
-    textbuf[n] = '\0';
-    const int score = strstr(textbuf, "clattn_score_mod") != NULL;
-    const int flags = score ? CA_MODF_SCORE | CA_MODF_GRAD : CA_MODF_MASK;
-    const char *score_text = score ? textbuf : NULL, *mask_text = score ? NULL : textbuf;
+    for (int side = 0; side < 2; side++) {
+      texts[side][0] = '\0';
+      if (!mods[m][side]) continue;
+      char path[4096];
+      snprintf(path, sizeof path, "%s/%s.cl", MODIFIERS_DIR, mods[m][side]);
+      FILE *f = fopen(path, "r");
+      const size_t n = f ? fread(texts[side], 1, sizeof texts[side] - 1, f) : 0;
+      if (!f || ferror(f)) return fprintf(stderr, "gpu_programs: cannot read %s\n", path), 1;
+      fclose(f);
+      texts[side][n] = '\0';
+    }
+    const char *mask_text = texts[0], *score_text = mods[m][1] ? texts[1] : NULL;
+    const int flags = CA_MODF_MASK | (score_text ? CA_MODF_SCORE | CA_MODF_GRAD : 0);
+    char name[96];
     dev.head_dim = dev.value_dim = 0;
     tl_tiles tiles = tl_choose(&dev);
     tiles.flash_vw = ca_flash_vw(&dev);
     for (int d = 64; d <= 128; d *= 2) {
       ca_fused_text(&tiles, &dev, d, d, CLATTN_F32, CLATTN_DTYPE_SAME, CLATTN_DTYPE_SAME, &text);
       ca_text_modifier(&text, flags, score_text, mask_text);
-      snprintf(name, sizeof name, "flash-f32-mod%s-d%d-%d", mods[m], d, d);
+      snprintf(name, sizeof name, "flash-f32-mod%s-d%d-%d", mods[m][0], d, d);
       if (write_program(argv[2], name, &text)) return 1;
     }
     ca_backward_text(64, 64, CLATTN_F32, &text);
     ca_text_modifier(&text, flags, score_text, mask_text);
-    snprintf(name, sizeof name, "backward-f32-mod%s-d64-64", mods[m]);
+    snprintf(name, sizeof name, "backward-f32-mod%s-d64-64", mods[m][0]);
     if (write_program(argv[2], name, &text)) return 1;
-    ca_core_text(&tiles, CLATTN_F32, &text);
-    ca_text_modifier(&text, flags, score_text, mask_text);
-    snprintf(name, sizeof name, "core-f32-mod%s", mods[m]);
-    if (write_program(argv[2], name, &text)) return 1;
+    if (m == 0) {
+      ca_core_text(&tiles, CLATTN_F32, &text);
+      ca_text_modifier(&text, flags, score_text, mask_text);
+      snprintf(name, sizeof name, "core-f32-mod%s", mods[m][0]);
+      if (write_program(argv[2], name, &text)) return 1;
+    }
   }
   for (size_t c = 0; c < 5; c++) {
     char name[64];
