@@ -42,6 +42,7 @@ cases=(
   "bf16-staged|--algo staged --dtype bf16 --heads 2 --kv-heads 1 --q-len 7 --kv-len 37 --head-dim 24 --value-dim 20 --tol 1e-2"
   "shaping|--heads 2 --kv-heads 1 --q-len 7 --kv-len 37 --head-dim 16 --value-dim 16 --softcap 4 --alibi --sinks --additive --algo fused"
   "auto|--heads 2 --kv-heads 1 --q-len 7 --kv-len 37 --head-dim 24 --value-dim 20 --mask block --empty zero"
+  "modifiers-block|--algo fused --heads 2 --kv-heads 1 --q-len 37 --kv-len 53 --head-dim 16 --value-dim 16 --mask-mod examples/modifiers/prefix_lm.cl --ints 9 --score-mod examples/modifiers/tanh_softcap.cl --floats 4 --block-mask|CLATTN_FLASH_WG=64"
 )
 ran=0 failed=0
 # under_oclgrind LABEL FILE ENV COMMAND...: runs COMMAND under Oclgrind with
