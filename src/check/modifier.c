@@ -15,7 +15,6 @@ static int any_capture(const clattn_params *p) {
  * and captures, for p's lengths, its batch and heads p's or 1. */
 static clattn_status check_block_mask(ca_views *vs, const clattn_params *p) {
   const clattn_block_mask *bm = p->block_mask;
-  if (!p->mask_mod) return BAD("block_mask is set but mask_mod is NULL: a block mask classes a mask modifier's blocks");
   const ca_mod_key mk = ca_mod_key_of(&(clattn_params){.mask_mod = p->mask_mod});
   if (memcmp(mk.hash, bm->mask_hash, sizeof mk.hash) != 0)
     return BAD("block_mask was made with another mask_mod than this call's");
@@ -37,11 +36,11 @@ static clattn_status check_block_mask(ca_views *vs, const clattn_params *p) {
 
 clattn_status ca_check_modifiers(ca_views *vs, const clattn_params *p) {
   clattn_status st;
-  if (!p->score_mod && !p->mask_mod) {
-    if (p->block_mask) return BAD("block_mask is set but mask_mod is NULL: a block mask classes a mask modifier's blocks");
-    if (any_capture(p)) return BAD("captures, capture_f or capture_i are set but there is no modifier to read them");
-    return CLATTN_OK;
-  }
+  if (p->block_mask && !p->mask_mod)
+    return BAD("block_mask is set but mask_mod is NULL: a block mask classes a mask modifier's blocks");
+  if (!p->score_mod && !p->mask_mod)
+    return any_capture(p) ? BAD("captures, capture_f or capture_i are set but there is no modifier to read them")
+                          : CLATTN_OK;
   static const char *const names[4] = {"captures[0]", "captures[1]", "captures[2]", "captures[3]"};
   const int one[] = {1};
   for (int n = 0; n < 4; n++) {
@@ -53,7 +52,7 @@ clattn_status ca_check_modifiers(ca_views *vs, const clattn_params *p) {
 }
 
 clattn_status ca_check_score_mod_grad(const clattn_params *p) {
-  if (p->score_mod && !(ca_mod_key_of(p).flags & CA_MODF_GRAD))
+  if (p->score_mod && !(ca_mod_flags_of(p) & CA_MODF_GRAD))
     return ca_fail(CLATTN_ERR_UNSUPPORTED,
                    "backward through score_mod needs its derivative: define float clattn_score_mod_grad(float score, "
                    "int b, int h, int q_idx, int kv_idx, const clattn_captures *cap) in score_mod's text");

@@ -81,7 +81,8 @@ struct clattn_context {
   pthread_mutex_t programs_lock;
   ca_program *programs;
   int n_programs, cap_programs;
-  unsigned long program_clock; /* lookups of programs with modifiers (their last_use) */
+  unsigned long program_clock;     /* lookups of programs with modifiers (their last_use) */
+  unsigned long programs_released; /* programs with modifiers the table released past its bound */
   double build_ms;        /* time to build the programs at creation */
   char *cache_dir;        /* the program cache's directory; NULL = no disk cache */
   int cache_binaries;     /* program binaries kept in cache_dir (ca_cache_keeps_binaries) */
@@ -94,6 +95,7 @@ struct clattn_context {
   struct ca_cb_api *cb_api;       /* command buffers: what the device offers, probed on first use; programs_lock */
   pthread_mutex_t kernels_lock;   /* guards kernels */
   struct ca_pooled_kernel *kernels;         /* kernel objects, reused across calls (run/kernel_pool.c) */
+  unsigned long kernels_pruned;             /* programs_released when the pool last dropped their kernels */
   pthread_mutex_t scratch_lock;             /* guards scratch, flags, scratch_bytes, peak_scratch */
   struct ca_pooled_buffer *scratch, *flags; /* device scratch and EMPTY_ERROR flags, reused (run/scratch_pool.c) */
   size_t scratch_bytes;                     /* bytes the scratch pool holds */
@@ -147,6 +149,8 @@ ca_program_key ca_backward_key(int head_dim, int value_dim, clattn_dtype dtype, 
 ca_program_key ca_append_key(clattn_dtype src, clattn_dtype kv);
 /* The modifiers of p (none: flags 0) and key k with them. */
 ca_mod_key ca_mod_key_of(const clattn_params *p);
+/* Its flags alone (program_text.h's CA_MODF_*), without hashing the text. */
+int ca_mod_flags_of(const clattn_params *p);
 ca_program_key ca_key_with_mod(ca_program_key k, const clattn_params *p);
 /* The modifier program of p's modifiers (block masks, pointwise evaluation). */
 ca_program_key ca_modifier_key(const clattn_params *p);
@@ -158,6 +162,8 @@ enum { CA_MOD_PROGRAMS_MAX = 16 };
 /* Whether program is in the table (the kernel pool drops kernels of
  * programs released from it). */
 int ca_program_live(clattn_context *ctx, cl_program program);
+/* How many programs with modifiers the table has released so far. */
+unsigned long ca_programs_released(clattn_context *ctx);
 /* Releases every program the context holds (clattn_destroy). */
 void ca_release_programs(clattn_context *ctx);
 

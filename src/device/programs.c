@@ -41,21 +41,22 @@ ca_program_key ca_append_key(clattn_dtype src, clattn_dtype kv) {
 /* Whether text defines (or names) `name` as an identifier: the flag that
  * builds the kernels to call it (a text that only names it fails to build,
  * with the compiler's log). */
+static int ident_char(char c) { return c == '_' || (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z'); }
+
 static int names(const char *text, const char *name) {
   const size_t n = strlen(name);
-  for (const char *at = text; (at = strstr(at, name)) != NULL; at += n) {
-    const char before = at == text ? ' ' : at[-1], after = at[n];
-    const int ident_before = before == '_' || (before >= '0' && before <= '9') || ((before | 32) >= 'a' && (before | 32) <= 'z');
-    const int ident_after = after == '_' || (after >= '0' && after <= '9') || ((after | 32) >= 'a' && (after | 32) <= 'z');
-    if (!ident_before && !ident_after) return 1;
-  }
+  for (const char *at = text; (at = strstr(at, name)) != NULL; at += n)
+    if (!(at > text && ident_char(at[-1])) && !ident_char(at[n])) return 1;
   return 0;
 }
 
+int ca_mod_flags_of(const clattn_params *p) {
+  return (p->score_mod ? CA_MODF_SCORE | (names(p->score_mod, "clattn_score_mod_grad") ? CA_MODF_GRAD : 0) : 0) |
+         (p->mask_mod ? CA_MODF_MASK : 0);
+}
+
 ca_mod_key ca_mod_key_of(const clattn_params *p) {
-  ca_mod_key m = {0, {0}, p->score_mod, p->mask_mod};
-  if (p->score_mod) m.flags |= CA_MODF_SCORE | (names(p->score_mod, "clattn_score_mod_grad") ? CA_MODF_GRAD : 0);
-  if (p->mask_mod) m.flags |= CA_MODF_MASK;
+  ca_mod_key m = {ca_mod_flags_of(p), {0}, p->score_mod, p->mask_mod};
   if (m.flags) {
     const char *texts[2] = {p->score_mod ? p->score_mod : "", p->mask_mod ? p->mask_mod : ""};
     ca_cache_key h;
@@ -212,6 +213,14 @@ static void evict_modifiers(clattn_context *ctx) {
   if (n <= CA_MOD_PROGRAMS_MAX) return;
   clReleaseProgram(ctx->programs[oldest].program);
   ctx->programs[oldest] = ctx->programs[--ctx->n_programs];
+  ctx->programs_released++;
+}
+
+unsigned long ca_programs_released(clattn_context *ctx) {
+  pthread_mutex_lock(&ctx->programs_lock);
+  const unsigned long n = ctx->programs_released;
+  pthread_mutex_unlock(&ctx->programs_lock);
+  return n;
 }
 
 int ca_program_live(clattn_context *ctx, cl_program program) {

@@ -57,10 +57,17 @@ cl_int ca_held_set(cl_kernel kernel, ca_held *held, cl_uint i, size_t size, cons
 void ca_held_forget(ca_held *held) { memset(held, 0, sizeof *held); }
 
 /* Releases the idle kernels of programs the table has released (programs
- * with modifiers past its bound): checked when a kernel is created, so
- * the pool stays as bounded as the table. */
+ * with modifiers past its bound): checked when a kernel is created, and
+ * only after the table released one, so the pool stays as bounded as the
+ * table and a context without modifiers never walks it. */
 static void prune(clattn_context *ctx) {
+  const unsigned long released = ca_programs_released(ctx);
   pthread_mutex_lock(&ctx->kernels_lock);
+  if (ctx->kernels_pruned == released) {
+    pthread_mutex_unlock(&ctx->kernels_lock);
+    return;
+  }
+  ctx->kernels_pruned = released;
   for (ca_pooled_kernel **at = &ctx->kernels; *at;) {
     ca_pooled_kernel *k = *at;
     if (k->busy || ca_program_live(ctx, k->program)) {
