@@ -128,7 +128,14 @@ static inline float ca_dt_scale(const int dt, __global const float *scale, ulong
   return dt == CA_ST_INT8 ? scale[ca_at(s_off, s_st, at.slot, h, at.row, 0)] : 1.0f;
 }
 
-static inline float ca_f16_at(__global const uchar *p) { return vload_half(0, (__global const half *)p); }
+/* A block's f16 field, converted as the first of a private vector of four
+ * halves: POCL converts a scalar vload_half in software (about 15
+ * instructions), a vector one with the CPU's conversion instruction. */
+static inline float ca_f16_at(__global const uchar *p) {
+  const ushort4 bits = (ushort4)(*(__global const ushort *)p, 0, 0, 0);
+  return vload_half4(0, (const half *)&bits).s0;
+}
+
 /* IQ4_NL's sixteen levels (ggml's kvalues_iq4nl) */
 __constant float ca_iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
@@ -216,6 +223,33 @@ static inline float ca_dt_get(const int dt, __global const void *p, ulong off, u
 #define ca_v_load16(p, base, s3, c, scale) ca_dt_load16(CA_V_DTYPE, p, base, s3, c, scale)
 #define ca_k_get(...) ca_dt_get(CA_K_DTYPE, __VA_ARGS__)
 #define ca_v_get(...) ca_dt_get(CA_V_DTYPE, __VA_ARGS__)
+
+/* Bytes of a row's first n columns, unit column stride (the block types:
+ * n / 32 blocks of s3 bytes). */
+static inline ulong ca_dt_row_bytes(const int dt, int n, ulong s3) {
+  switch (dt) {
+    case CA_ST_F32: return 4 * (ulong)n;
+    case CA_ST_F16:
+    case CA_ST_BF16: return 2 * (ulong)n;
+    case CA_ST_INT8: return (ulong)n;
+    default: return (ulong)(n / 32) * s3;
+  }
+}
+
+/* ca_prefetch(p, n): asks for the cache lines of bytes [p, p + n) ahead of
+ * their use. A kernel streaming K and V in place waits on each row
+ * otherwise: the hardware's prefetchers stop at every 4 KiB page. OpenCL's
+ * prefetch() is a no-op in POCL, so on x86-64 CPUs it is the instruction
+ * itself (CA_PREFETCH defined); elsewhere (GPUs, other runtimes), or with
+ * -D CA_NO_PREFETCH, there is none. */
+#if defined(__x86_64__) && !defined(CA_NO_PREFETCH)
+#define CA_PREFETCH 1
+static inline void ca_prefetch(__global const uchar *p, ulong n) {
+  const ulong last = ((ulong)p + n - 1) & ~(ulong)63;
+  for (ulong at = (ulong)p & ~(ulong)63; at <= last; at += 64)
+    __asm__ volatile("prefetcht0 %0" ::"m"(*(__global const uchar *)at));
+}
+#endif
 
 /* Whether key j lies inside query i's window (bottom-right aligned: query i
  * sits at key position i + kv_len - q_len); a bound of -1 is unbounded. */

@@ -64,6 +64,11 @@
 /* Row-block capacity of the private arrays: the packed kernel's FLASH_BM
  * and the direct kernels' 1, 2, 4, 8 (the host clamps FLASH_BM to 16). */
 #define FLASH_BM_MAX 16
+/* The direct kernels' 16-column slices of the values per pass: as many
+ * as keep bm rows' accumulators in registers (32 vector registers). */
+#ifndef FLASH_PV_SLICES
+#define FLASH_PV_SLICES(bm) ((bm) <= 4 ? 4 : 2)
+#endif
 /* Value rows are packed to a multiple of 16 (the direct kernels' slices;
  * a multiple of every FLASH_VW). */
 #define DVP (((DV) + 15) / 16 * 16)
@@ -162,6 +167,30 @@ static inline float flash_hsum16(float16 x) {
   const float4 b = a.lo + a.hi;
   const float2 c = b.lo + b.hi;
   return c.x + c.y;
+}
+
+/* The sums of 16 keys' float16 dot products at once, in key order, each
+ * added in flash_hsum16's order (so bitwise its sums) with a fifth of its
+ * shuffles: l1[i] holds keys 2i and 2i + 1's first halving (lanes 0-7 and
+ * 8-15); each further level halves two vectors' groups into one. */
+static inline float16 flash_hsum16_keys(const float16 *l1) {
+  float16 l2[4], l3[2];
+  for (int i = 0; i < 4; i++) { /* lanes: keys 4i, 4i + 2, 4i + 1, 4i + 3, four each */
+    const float16 a = l1[2 * i], b = l1[2 * i + 1];
+    l2[i] = (float16)(a.s0123, b.s0123, a.s89ab, b.s89ab) + (float16)(a.s4567, b.s4567, a.scdef, b.scdef);
+  }
+  for (int i = 0; i < 2; i++) { /* keys 8i + 0, 4, 2, 6, 1, 5, 3, 7, two lanes each */
+    const float16 a = l2[2 * i], b = l2[2 * i + 1];
+    l3[i] = (float16)(a.s01, b.s01, a.s45, b.s45, a.s89, b.s89, a.scd, b.scd) +
+            (float16)(a.s23, b.s23, a.s67, b.s67, a.sab, b.sab, a.sef, b.sef);
+  }
+  const float16 a = l3[0], b = l3[1];
+  const float16 l4 = (float16)(a.s0, b.s0, a.s2, b.s2, a.s4, b.s4, a.s6, b.s6, a.s8, b.s8, a.sa, b.sa, a.sc, b.sc,
+                               a.se, b.se) +
+                     (float16)(a.s1, b.s1, a.s3, b.s3, a.s5, b.s5, a.s7, b.s7, a.s9, b.s9, a.sb, b.sb, a.sd, b.sd,
+                               a.sf, b.sf);
+  /* key k sits in lane bit-reverse(k) */
+  return shuffle(l4, (uint16)(0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15));
 }
 
 /* A row's end state from its running (m, l): O = acc * inv and lse. The
@@ -275,6 +304,49 @@ static inline ca_kv_pos flash_key_at(const ca_kv_pos *at_h, bool page_halves, in
     return (ca_kv_pos){h.slot, h.row + jj % FLASH_VW, h.ok};
   }
   return ca_kv_locate(b, key, CA_PAGE_PASS);
+}
+
+/* The direct kernels' values: acc = alpha acc + p V over the block's
+ * first n keys, V's rows read in place (v_base, with their scales).
+ * FLASH_PV_SLICES(bm) 16-column slices per pass over the rows (64 f16
+ * values, a cache line, read whole; the accumulators in registers), then
+ * one slice per pass for the rest. `guarded` (a zero weight in the
+ * block): a zero weight mixes nothing in, even a NaN or Inf value. */
+static inline __attribute__((always_inline)) void flash_mix_direct(float (*acc)[DVP], float (*p)[FLASH_BN],
+                                                                   const float *alpha, __global const v_t *v,
+                                                                   const ulong *v_base, ulong v_s3,
+                                                                   const float *v_sc, int n, const bool guarded,
+                                                                   const int bm) {
+  const int slices = FLASH_PV_SLICES(bm);
+  for (int c = 0; c < DVP;) {
+    const int w = c + 16 * slices <= DVP ? slices : 1;
+    float16 a[4][FLASH_BM_MAX];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int r = 0; r < bm; r++)
+        if (u < w) a[u][r] = vload16(0, acc[r] + c + 16 * u) * alpha[r];
+    for (int jj = 0; jj < n; jj++) {
+      float16 vv[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+        if (u < w) vv[u] = ca_v_load16(v, v_base[jj], v_s3, c + 16 * u, v_sc[jj]);
+#pragma unroll
+      for (int r = 0; r < bm; r++) {
+        const float16 pw = (float16)(p[r][jj]);
+        const bool use = !guarded || p[r][jj] != 0.0f;
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+          if (u < w) a[u][r] = use ? fma(pw, vv[u], a[u][r]) : a[u][r];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int r = 0; r < bm; r++)
+        if (u < w) vstore16(a[u][r], 0, acc[r] + c + 16 * u);
+    c += 16 * w;
+  }
 }
 
 /*
@@ -400,6 +472,16 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
       at_h[0] = ca_kv_locate(b, sq.k0 + j0, CA_PAGE_PASS);
       at_h[1] = ca_kv_locate(b, sq.k0 + j0 + FLASH_VW, CA_PAGE_PASS);
     }
+#ifdef CA_PREFETCH
+    /* Where the next block's half blocks lie: their key and value rows are
+     * asked for key by key while this block's are used. */
+    ca_kv_pos ahead[2] = {{0, 0, false}, {0, 0, false}};
+    if (direct && (page_halves || !paged))
+      for (int h = 0; h < 2; h++) {
+        const long key = j0 + FLASH_BN + h * FLASH_VW;
+        if (key < j_end) ahead[h] = ca_kv_locate(b, sq.k0 + key, CA_PAGE_PASS);
+      }
+#endif
     if (!direct) {
       /* Scores: bm x FLASH_BN outer products over the head dimension, the
        * 2 bm accumulators held in registers (the loops over r unroll); the
@@ -434,17 +516,31 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
       /* Scores as dot products with each key row read in place (DK % 16 == 0,
        * unit column stride); keys past kv_len are not read. */
       float e[FLASH_BM_MAX][FLASH_BN];
+#if FLASH_BN % 16 == 0
+      float16 half_sums[FLASH_BM_MAX][8], even_dot[FLASH_BM_MAX];
+#endif
       for (int jj = 0; jj < FLASH_BN; jj++) {
         const long j = j0 + jj;
         const ca_kv_pos at = flash_key_at(at_h, page_halves, b, sq.k0 + min(j, (long)n_valid - 1), jj, CA_PAGE_PASS);
         const ulong krow = ca_at(k_off, k_st, at.slot, hk, at.row, 0);
         const float ks = ca_k_scale(k_scale, k_scale_off, k_scale_st, at, hk);
+#ifdef CA_PREFETCH
+        if (ahead[jj / FLASH_VW].ok && j + FLASH_BN < j_end) {
+          const ca_kv_pos a = ahead[jj / FLASH_VW];
+          const long row = a.row + jj % FLASH_VW;
+          ca_prefetch((__global const uchar *)(k + ca_at(k_off, k_st, a.slot, hk, row, 0)),
+                      ca_dt_row_bytes(CA_K_DTYPE, DK, k_st.s3));
+          ca_prefetch((__global const uchar *)(v + ca_at(v_off, v_st, a.slot, hk, row, 0)),
+                      ca_dt_row_bytes(CA_V_DTYPE, DV, v_st.s3));
+        }
+#endif
         /* each 16 columns of the key loaded (and dequantised) once for all
          * the rows; every row's sum keeps its order */
         float16 dot[FLASH_BM_MAX];
 #pragma unroll
         for (int r = 0; r < bm; r++) dot[r] = (float16)(0.0f);
-        for (int d = 0; d < DK; d += 16) {
+#pragma unroll
+        for (int d = 0; d < DK; d += 16) { /* unrolled: a block type's two halves share its scale */
           const float16 kd = ca_k_load16(k, krow, k_st.s3, d, ks);
           if (additive) {
             const float16 wd = vload16(0, add_w + d);
@@ -455,8 +551,25 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
             for (int r = 0; r < bm; r++) dot[r] = fma(vload16(0, qr[r] + d), kd, dot[r]);
           }
         }
+#if FLASH_BN % 16 == 0
+        /* the dots of 16 keys summed together: first halvings by pairs */
+        if (jj % 2 == 0) {
+#pragma unroll
+          for (int r = 0; r < bm; r++) even_dot[r] = dot[r];
+        } else {
+#pragma unroll
+          for (int r = 0; r < bm; r++)
+            half_sums[r][jj % 16 / 2] =
+                (float16)(even_dot[r].lo, dot[r].lo) + (float16)(even_dot[r].hi, dot[r].hi);
+        }
+        if (jj % 16 == 15) {
+#pragma unroll
+          for (int r = 0; r < bm; r++) vstore16(flash_hsum16_keys(half_sums[r]), 0, e[r] + jj - 15);
+        }
+#else
 #pragma unroll
         for (int r = 0; r < bm; r++) e[r][jj] = flash_hsum16(dot[r]);
+#endif
       }
 #pragma unroll
       for (int r = 0; r < bm; r++) {
@@ -613,19 +726,10 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
         v_base[jj] = ca_at(v_off, v_st, at.slot, hk, at.row, 0);
         v_sc[jj] = ca_v_scale(v_scale, v_scale_off, v_scale_st, at, hk);
       }
-      for (int c = 0; c < DVP; c += 16) {
-        float16 a[FLASH_BM_MAX];
-#pragma unroll
-        for (int r = 0; r < bm; r++) a[r] = vload16(0, acc[r] + c) * alpha[r];
-        for (int jj = 0; jj < n_block; jj++) {
-          const float16 vv = ca_v_load16(v, v_base[jj], v_st.s3, c, v_sc[jj]);
-#pragma unroll
-          for (int r = 0; r < bm; r++)
-            a[r] = !guard || p[r][jj] != 0.0f ? fma((float16)(p[r][jj]), vv, a[r]) : a[r];
-        }
-#pragma unroll
-        for (int r = 0; r < bm; r++) vstore16(a[r], 0, acc[r] + c);
-      }
+      if (guard)
+        flash_mix_direct(acc, p, alpha, v, v_base, v_st.s3, v_sc, n_block, true, bm);
+      else
+        flash_mix_direct(acc, p, alpha, v, v_base, v_st.s3, v_sc, FLASH_BN, false, bm);
     }
   }
 
