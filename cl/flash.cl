@@ -64,11 +64,6 @@
 /* Row-block capacity of the private arrays: the packed kernel's FLASH_BM
  * and the direct kernels' 1, 2, 4, 8 (the host clamps FLASH_BM to 16). */
 #define FLASH_BM_MAX 16
-/* The direct kernels' 16-column slices of the values per pass: as many
- * as keep bm rows' accumulators in registers (32 vector registers). */
-#ifndef FLASH_PV_SLICES
-#define FLASH_PV_SLICES(bm) ((bm) <= 4 ? 4 : 2)
-#endif
 /* Value rows are packed to a multiple of 16 (the direct kernels' slices;
  * a multiple of every FLASH_VW). */
 #define DVP (((DV) + 15) / 16 * 16)
@@ -307,41 +302,40 @@ static inline ca_kv_pos flash_key_at(const ca_kv_pos *at_h, bool page_halves, in
 }
 
 /* The direct kernels' values: acc = alpha acc + p V over the block's
- * first n keys, V's rows read in place (v_base, with their scales).
- * FLASH_PV_SLICES(bm) 16-column slices per pass over the rows (64 f16
- * values, a cache line, read whole; the accumulators in registers), then
- * one slice per pass for the rest. `guarded` (a zero weight in the
- * block): a zero weight mixes nothing in, even a NaN or Inf value. */
+ * first n keys, V's rows read in place (v_base, with their scales): two
+ * 16-column slices per pass over the rows, their 2 bm accumulators in
+ * registers (four slices spilled Q8_0's), then one slice for the rest.
+ * `guarded` (the block has a zero weight): a zero weight mixes nothing
+ * in, even a NaN or Inf value. */
 static inline __attribute__((always_inline)) void flash_mix_direct(float (*acc)[DVP], float (*p)[FLASH_BN],
                                                                    const float *alpha, __global const v_t *v,
                                                                    const ulong *v_base, ulong v_s3,
                                                                    const float *v_sc, int n, const bool guarded,
                                                                    const int bm) {
-  const int slices = FLASH_PV_SLICES(bm);
   for (int c = 0; c < DVP;) {
-    const int w = c + 16 * slices <= DVP ? slices : 1;
-    float16 a[4][FLASH_BM_MAX];
+    const int w = c + 32 <= DVP ? 2 : 1;
+    float16 a[2][FLASH_BM_MAX];
 #pragma unroll
-    for (int u = 0; u < 4; u++)
+    for (int u = 0; u < 2; u++)
 #pragma unroll
       for (int r = 0; r < bm; r++)
         if (u < w) a[u][r] = vload16(0, acc[r] + c + 16 * u) * alpha[r];
     for (int jj = 0; jj < n; jj++) {
-      float16 vv[4];
+      float16 vv[2];
 #pragma unroll
-      for (int u = 0; u < 4; u++)
+      for (int u = 0; u < 2; u++)
         if (u < w) vv[u] = ca_v_load16(v, v_base[jj], v_s3, c + 16 * u, v_sc[jj]);
 #pragma unroll
       for (int r = 0; r < bm; r++) {
         const float16 pw = (float16)(p[r][jj]);
         const bool use = !guarded || p[r][jj] != 0.0f;
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < 2; u++)
           if (u < w) a[u][r] = use ? fma(pw, vv[u], a[u][r]) : a[u][r];
       }
     }
 #pragma unroll
-    for (int u = 0; u < 4; u++)
+    for (int u = 0; u < 2; u++)
 #pragma unroll
       for (int r = 0; r < bm; r++)
         if (u < w) vstore16(a[u][r], 0, acc[r] + c + 16 * u);
