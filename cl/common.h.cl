@@ -128,12 +128,17 @@ static inline float ca_dt_scale(const int dt, __global const float *scale, ulong
   return dt == CA_ST_INT8 ? scale[ca_at(s_off, s_st, at.slot, h, at.row, 0)] : 1.0f;
 }
 
-/* A block's f16 field, converted as the first of a private vector of four
- * halves: POCL converts a scalar vload_half in software (about 15
- * instructions), a vector one with the CPU's conversion instruction. */
+/* A block's f16 field. POCL converts a scalar vload_half in software
+ * (about 15 instructions) and a vector one with the CPU's conversion
+ * instruction, so on x86-64 it is converted as the first of a private
+ * vector of four halves. */
 static inline float ca_f16_at(__global const uchar *p) {
+#if defined(__x86_64__)
   const ushort4 bits = (ushort4)(*(__global const ushort *)p, 0, 0, 0);
   return vload_half4(0, (const half *)&bits).s0;
+#else
+  return vload_half(0, (__global const half *)p);
+#endif
 }
 
 /* IQ4_NL's sixteen levels (ggml's kvalues_iq4nl) */
@@ -237,13 +242,14 @@ static inline ulong ca_dt_row_bytes(const int dt, int n, ulong s3) {
 }
 
 /* ca_prefetch(p, n): asks for the cache lines of bytes [p, p + n) ahead of
- * their use. A kernel streaming K and V in place waits on each row
+ * their use (ca_prefetch_line(p): p's line). A kernel streaming K and V in place waits on each row
  * otherwise: the hardware's prefetchers stop at every 4 KiB page. OpenCL's
  * prefetch() is a no-op in POCL, so on x86-64 CPUs it is the instruction
  * itself (CA_PREFETCH defined); elsewhere (GPUs, other runtimes), or with
  * -D CA_NO_PREFETCH, there is none. */
 #if defined(__x86_64__) && !defined(CA_NO_PREFETCH)
 #define CA_PREFETCH 1
+static inline void ca_prefetch_line(__global const uchar *p) { __asm__ volatile("prefetcht0 %0" ::"m"(*p)); }
 static inline void ca_prefetch(__global const uchar *p, ulong n) {
   const ulong last = ((ulong)p + n - 1) & ~(ulong)63;
   for (ulong at = (ulong)p & ~(ulong)63; at <= last; at += 64)

@@ -64,6 +64,14 @@
 /* Row-block capacity of the private arrays: the packed kernel's FLASH_BM
  * and the direct kernels' 1, 2, 4, 8 (the host clamps FLASH_BM to 16). */
 #define FLASH_BM_MAX 16
+/* flash_rows' prefetches (CA_PREFETCH): the cache lines of a block's
+ * packed values asked for per step of its scores' loop over DK, and of
+ * the next block's packed keys per step of the values' loop (its
+ * DVP / (2 FLASH_VW) passes over FLASH_BN keys; none where DVP is one
+ * vector): spread so, the next operands arrive while the arithmetic runs. */
+#define FLASH_V_LINES_PER_D ((FLASH_BN * DVP * 4 / 64 + DK - 1) / DK)
+#define FLASH_K_STEPS (DVP >= 2 * FLASH_VW ? DVP / (2 * FLASH_VW) * FLASH_BN : 1)
+#define FLASH_K_LINES_PER_KEY ((FLASH_BN * DK * 4 / 64 + FLASH_K_STEPS - 1) / FLASH_K_STEPS)
 /* Value rows are packed to a multiple of 16 (the direct kernels' slices;
  * a multiple of every FLASH_VW). */
 #define DVP (((DV) + 15) / 16 * 16)
@@ -499,6 +507,14 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
         for (int d = 0; d < DK; d++) {
           const flash_vec k0 = flash_vload(0, kt_block + d * FLASH_BN);
           const flash_vec k1 = flash_vload(0, kt_block + d * FLASH_BN + FLASH_VW);
+#ifdef CA_PREFETCH
+          /* the block's packed values, a share per step */
+#pragma unroll
+          for (int u = 0; u < FLASH_V_LINES_PER_D; u++)
+            if ((d * FLASH_V_LINES_PER_D + u) * 64 < FLASH_BN * DVP * 4)
+              ca_prefetch_line((__global const uchar *)(vp + vp_head + (ulong)j0 * DVP) +
+                               (d * FLASH_V_LINES_PER_D + u) * 64);
+#endif
 #pragma unroll
           for (int r = 0; r < bm; r++) {
             const flash_vec qd = (flash_vec)(qr[r][d]);
@@ -668,6 +684,17 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
           for (int jj = 0; jj < FLASH_BN; jj++) {
             const flash_vec v0 = flash_vload(0, v_block + jj * DVP + c);
             const flash_vec v1 = flash_vload(0, v_block + jj * DVP + c + FLASH_VW);
+#ifdef CA_PREFETCH
+            /* the next block's packed keys, a share per step */
+            if (j0 + FLASH_BN < j_end) {
+              const int line = (c / (2 * FLASH_VW) * FLASH_BN + jj) * FLASH_K_LINES_PER_KEY;
+#pragma unroll
+              for (int u = 0; u < FLASH_K_LINES_PER_KEY; u++)
+                if ((line + u) * 64 < FLASH_BN * DK * 4)
+                  ca_prefetch_line((__global const uchar *)(kt + kt_head + (ulong)(j0 + FLASH_BN) * DK) +
+                                   (line + u) * 64);
+            }
+#endif
 #pragma unroll
             for (int r = 0; r < bm; r++) {
               const flash_vec w = (flash_vec)(p[r][jj]);
