@@ -242,18 +242,19 @@ static inline ulong ca_dt_row_bytes(const int dt, int n, ulong s3) {
 }
 
 /* ca_prefetch(p, n): asks for the cache lines of bytes [p, p + n) ahead of
- * their use (ca_prefetch_line(p): p's line). A kernel streaming K and V in place waits on each row
- * otherwise: the hardware's prefetchers stop at every 4 KiB page. OpenCL's
- * prefetch() is a no-op in POCL, so on x86-64 CPUs it is the instruction
- * itself (CA_PREFETCH defined); elsewhere (GPUs, other runtimes), or with
- * -D CA_NO_PREFETCH, there is none. */
-#if defined(__x86_64__) && !defined(CA_NO_PREFETCH)
+ * their use (ca_prefetch_line(p): p's line). A kernel streaming K and V
+ * in place waits on each row otherwise: the hardware's prefetchers stop
+ * at every 4 KiB page. OpenCL's prefetch() compiles to nothing in POCL and
+ * slowed Intel's CPU runtime down, so the hint is x86's instruction, where
+ * the kernel compiler says it targets x86-64 (POCL) or the host does
+ * (-D CA_X86_ASM: device/rules.c); elsewhere (GPUs, other runtimes), or
+ * with -D CA_NO_PREFETCH, there is none. Used by the CPU kernels only. */
+#if (defined(__x86_64__) || defined(CA_X86_ASM)) && !defined(CA_NO_PREFETCH)
 #define CA_PREFETCH 1
 static inline void ca_prefetch_line(__global const uchar *p) { __asm__ volatile("prefetcht0 %0" ::"m"(*p)); }
 static inline void ca_prefetch(__global const uchar *p, ulong n) {
   const ulong last = ((ulong)p + n - 1) & ~(ulong)63;
-  for (ulong at = (ulong)p & ~(ulong)63; at <= last; at += 64)
-    __asm__ volatile("prefetcht0 %0" ::"m"(*(__global const uchar *)at));
+  for (ulong at = (ulong)p & ~(ulong)63; at <= last; at += 64) ca_prefetch_line((__global const uchar *)at);
 }
 #endif
 

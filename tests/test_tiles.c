@@ -412,6 +412,12 @@ static void device_rules_come_from_the_table(void) {
   CHECK(ca_rule(&nvidia, CA_RULE_GROUPS_PER_UNIT, NULL) == 0 && ca_rule(&nvidia, CA_RULE_COMMAND_BUFFERS, NULL) == 1 &&
         ca_rule(&cpu, CA_RULE_COMMAND_BUFFERS, NULL) == 0);
   CHECK(ca_rule(&nvidia, CA_RULE_BLOCK_PRIVATE, NULL) == 64 && ca_rule(&cpu, CA_RULE_BLOCK_PRIVATE, NULL) == -1);
+  /* x86's prefetch instruction for an Intel CPU (the runtime's kernels do not say x86-64), not for others */
+  tl_device amd_cpu = cpu_like();
+  amd_cpu.vendor_id = TL_VENDOR_AMD;
+  CHECKF(ca_rule(&cpu, CA_RULE_X86_PREFETCH, &from) == 1 && !strcmp(from, "vendor intel-cpu"),
+         "an Intel CPU's prefetches from %s", from);
+  CHECK(ca_rule(&amd_cpu, CA_RULE_X86_PREFETCH, NULL) == 0 && ca_rule(&intel, CA_RULE_X86_PREFETCH, NULL) == 0);
   CHECK(!strcmp(ca_architecture(&cpu), "cpu-avx2") && !strcmp(ca_architecture(&nvidia), "nvidia") &&
         !strcmp(ca_architecture(&intel), "intel-xe"));
 }

@@ -1,5 +1,6 @@
 /* Program sources and build options (see program_text.h). */
 #include "device/program_text.h"
+#include "device/rules.h"
 
 #include "args.h.cl"
 
@@ -123,6 +124,10 @@ void ca_fused_text_tile(const tl_tiles *tiles, const tl_device *dev, int head_di
   else
     snprintf(out->options + at, sizeof out->options - (size_t)at, " -D FLASH_NO_DECODE");
   tl_fused_options(tiles, out->options, sizeof out->options);
+  if (ca_rule(dev, CA_RULE_X86_PREFETCH, NULL)) { /* the CPU kernels' prefetch hints as x86 instructions */
+    const size_t len = strlen(out->options);
+    snprintf(out->options + len, sizeof out->options - len, " -D CA_X86_ASM");
+  }
 }
 
 void ca_backward_text(int head_dim, int value_dim, clattn_dtype dtype, ca_program_text *out) {

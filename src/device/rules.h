@@ -16,6 +16,7 @@ typedef enum {
   CA_RULE_FLASH_BM_WIDE,   /* flash_rows' rows per work-item with 16-wide vectors (narrower: 4) */
   CA_RULE_COMMAND_BUFFERS, /* plans replay command buffers by default (where offered) */
   CA_RULE_BLOCK_PRIVATE,   /* private bytes per work-item past which a built flash_block steps down; -1 = none */
+  CA_RULE_X86_PREFETCH,    /* the CPU kernels' prefetches as x86 instructions where __x86_64__ does not say so */
   CA_RULE_COUNT
 } ca_rule_key;
 
