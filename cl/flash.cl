@@ -173,9 +173,9 @@ static inline float flash_hsum16(float16 x) {
 }
 
 /* The sums of 16 keys' float16 dot products at once, in key order, each
- * added in flash_hsum16's order (so bitwise its sums) with a fifth of its
- * shuffles: l1[i] holds keys 2i and 2i + 1's first halving (lanes 0-7 and
- * 8-15); each further level halves two vectors' groups into one. */
+ * added in flash_hsum16's order (so bitwise its sums) in about a third of
+ * its operations: l1[i] holds keys 2i and 2i + 1's first halving (lanes
+ * 0-7 and 8-15); each further level halves two vectors' groups into one. */
 static inline float16 flash_hsum16_keys(const float16 *l1) {
   float16 l2[4], l3[2];
   for (int i = 0; i < 4; i++) { /* lanes: keys 4i, 4i + 2, 4i + 1, 4i + 3, four each */
