@@ -549,8 +549,7 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
         float16 dot[FLASH_BM_MAX];
 #pragma unroll
         for (int r = 0; r < bm; r++) dot[r] = (float16)(0.0f);
-#pragma unroll
-        for (int d = 0; d < DK; d += 16) { /* unrolled: a block type's two halves share its scale */
+        for (int d = 0; d < DK; d += 16) {
           const float16 kd = ca_k_load16(k, krow, k_st.s3, d, ks);
           if (additive) {
             const float16 wd = vload16(0, add_w + d);
