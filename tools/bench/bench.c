@@ -141,7 +141,7 @@ typedef struct {
 } row;
 
 typedef struct {
-  double dev_gemm, host_gemm, copy_gbps;
+  double dev_gemm, host_gemm, copy_gbps, dev_fma;
   int gemm_n;
   size_t copy_bytes;
 } ceilings;
@@ -921,7 +921,7 @@ static void run_memory(clattn_context *ctx, const bench_cfg *c, row *r, int *fai
 
 /* ---- the table ---- */
 
-#define NCOLS 15
+#define NCOLS 16
 
 static const char *col_md[NCOLS] = {"shape",
                                     "AUTO GFLOP/s",
@@ -937,11 +937,13 @@ static const char *col_md[NCOLS] = {"shape",
                                     "FUSED % of host SGEMM",
                                     "FUSED GB/s",
                                     "% of copy BW",
+                                    "FUSED % of device FMA peak",
                                     "max abs diff vs staged / host"};
 static const char *col_txt[NCOLS] = {"shape",  "auto",    "fused", "fused ms", "f16",
                                      "bf16",   "staged",  "f/stg", "host",     "f/host",
-                                     "%devmm", "%hostmm", "GB/s",  "%copy",    "maxdiff stg/host"};
-static const int col_w[NCOLS] = {-40, 7, 7, 9, 7, 7, 7, 6, 7, 6, 7, 7, 6, 6, 17};
+                                     "%devmm", "%hostmm", "GB/s",  "%copy",    "%peak",
+                                     "maxdiff stg/host"};
+static const int col_w[NCOLS] = {-40, 7, 7, 9, 7, 7, 7, 6, 7, 6, 7, 7, 6, 6, 6, 17};
 
 static void cell_gflops(const cell *c, double flops, char *buf, size_t n) {
   if (c->state == CELL_OK)
@@ -996,13 +998,17 @@ static void row_cells(const row *r, const ceilings *cl, char cells[NCOLS][64]) {
     snprintf(cells[12], 64, "-");
     snprintf(cells[13], 64, "-");
   }
+  if (f_ok && cl->dev_fma > 0)
+    snprintf(cells[14], 64, "%.0f%%", 100.0 * f_rate / cl->dev_fma);
+  else
+    snprintf(cells[14], 64, "-");
   char a[24] = "-", b[24] = "-";
   if (!isnan(r->diff_st)) snprintf(a, sizeof a, "%.1e", r->diff_st);
   if (!isnan(r->diff_h)) snprintf(b, sizeof b, "%.1e", r->diff_h);
   if (isnan(r->diff_st) && isnan(r->diff_h))
-    snprintf(cells[14], 64, "-");
+    snprintf(cells[15], 64, "-");
   else
-    snprintf(cells[14], 64, "%s / %s", a, b);
+    snprintf(cells[15], 64, "%s / %s", a, b);
 }
 
 static void print_header(void) {
@@ -1169,6 +1175,11 @@ static void readme_block(sbuf *b, int argc, char **argv, const machine *mc, cons
     sb_add(b, "%.1f GFLOP/s", cl->host_gemm);
   else
     sb_add(b, "not measured");
+  sb_add(b, "; FMA peak on the device ");
+  if (cl->dev_fma > 0)
+    sb_add(b, "%.1f GFLOP/s", cl->dev_fma);
+  else
+    sb_add(b, "not measured");
   sb_add(b, "; device copy (clEnqueueCopyBuffer, %.0f MiB, read + write) ", cl->copy_bytes / MIB);
   if (cl->copy_gbps > 0)
     sb_add(b, "%.1f GB/s", cl->copy_gbps);
@@ -1196,7 +1207,9 @@ static void readme_block(sbuf *b, int argc, char **argv, const machine *mc, cons
          "its query heads stacked), a one-work-group-per-row softmax kernel in between, scores in one "
          "buffer of up to 512 MiB. Host: the same with cblas_sgemm and a C softmax (expf) split across "
          "openblas_get_num_threads() threads. Decode GB/s count K and V read once plus Q and O (a K/V cache smaller "
-         "than the CPU's last-level cache can beat the copy bandwidth). The "
+         "than the CPU's last-level cache can beat the copy bandwidth). "
+         "The FMA peak: independent float multiply-add chains in the device's native vector width, "
+         "the most arithmetic its units do (attention's exponentials and maxima come on top). The "
          "last column is the largest absolute difference between clattn FUSED's output and each baseline's.\n",
          c->max_reps, c->cap_ms / 1e3);
   if (kv_caches(c)) {
@@ -1273,6 +1286,10 @@ int bench_main(int argc, char **argv) {
     fprintf(stderr, "clattn bench: host SGEMM ceiling: %s\n", err);
     failures++;
   }
+  if (dev_ok && bb_device_fma_rate(&dev, 5, c.cap_ms, &cl.dev_fma) != 0) {
+    fprintf(stderr, "clattn bench: device FMA peak: %s\n", dev.err);
+    failures++;
+  }
   if (dev_ok &&
       bb_device_copy_rate(&dev, (size_t)(c.quick ? 64 : 256) << 20, 5, c.cap_ms, &cl.copy_gbps, &cl.copy_bytes) != 0) {
     fprintf(stderr, "clattn bench: device copy bandwidth: %s\n", dev.err);
@@ -1281,8 +1298,8 @@ int bench_main(int argc, char **argv) {
   if (c.verbose) fprintf(stderr, "  ceilings measured in %.1f s\n", (bb_now_ms() - t_start) / 1e3);
   printf(
       "ceilings: device CLBlast SGEMM %d^3 %.1f GFLOP/s, host OpenBLAS SGEMM %d^3 %.1f GFLOP/s, "
-      "device copy %.0f MiB %.1f GB/s\n\n",
-      cl.gemm_n, cl.dev_gemm, cl.gemm_n, cl.host_gemm, cl.copy_bytes / MIB, cl.copy_gbps);
+      "device copy %.0f MiB %.1f GB/s, device FMA peak %.1f GFLOP/s\n\n",
+      cl.gemm_n, cl.dev_gemm, cl.gemm_n, cl.host_gemm, cl.copy_bytes / MIB, cl.copy_gbps, cl.dev_fma);
 
   static row rows[MAX_ROWS + 1];
   bench_shape shapes[MAX_ROWS];

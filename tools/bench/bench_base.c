@@ -561,6 +561,130 @@ done:
   return rc;
 }
 
+/* The arithmetic ceiling: FMA_CHAINS independent multiply-add chains of
+ * the device's native float vectors per work-item, enough to cover an
+ * FMA's latency on every pipe (a CPU core runs one work-item at a time, a
+ * GPU many). The chains converge to 1, never to a denormal, and their
+ * sum is written, so no compiler drops them. */
+#define FMA_CHAINS 8
+static const char fma_src[] =
+    "#if VW == 1\n"
+    "typedef float vec;\n"
+    "#else\n"
+    "#define VEC_(n) float##n\n"
+    "#define VEC(n) VEC_(n)\n"
+    "#define VSTORE_(n) vstore##n\n"
+    "#define VSTORE(n) VSTORE_(n)\n"
+    "typedef VEC(VW) vec;\n"
+    "#endif\n"
+    "__kernel void bench_fma(__global float *out, const int iters, const float m, const float c) {\n"
+    "  vec a[CHAINS];\n"
+    "  for (int k = 0; k < CHAINS; k++) a[k] = (vec)(get_global_id(0) * 1e-9f + k * 1e-3f);\n"
+    "  for (int i = 0; i < iters; i++)\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < CHAINS; k++) a[k] = fma(a[k], (vec)(m), (vec)(c));\n"
+    "  vec s = a[0];\n"
+    "  for (int k = 1; k < CHAINS; k++) s += a[k];\n"
+    "#if VW == 1\n"
+    "  const float t = s;\n"
+    "#else\n"
+    "  float lanes[VW], t = 0.0f;\n"
+    "  VSTORE(VW)(s, 0, lanes);\n"
+    "  for (int k = 0; k < VW; k++) t += lanes[k];\n"
+    "#endif\n"
+    "  out[get_global_id(0)] = t;\n"
+    "}\n";
+
+typedef struct {
+  bb_device *b;
+  cl_kernel k;
+  size_t global, local; /* local 0: the runtime's choice */
+} fma_arg;
+
+static int fma_once(void *arg, char *err, size_t errlen) {
+  fma_arg *f = arg;
+  cl_int e = clEnqueueNDRangeKernel(f->b->queue, f->k, 1, NULL, &f->global, f->local ? &f->local : NULL, 0, NULL,
+                                    NULL);
+  if (e == CL_SUCCESS) e = clFinish(f->b->queue);
+  if (e != CL_SUCCESS) {
+    fmt(err, errlen, "bench_fma: %s (%d)", cp_cl_error_name(e), e);
+    return -1;
+  }
+  return 0;
+}
+
+int bb_device_fma_rate(bb_device *b, int max_reps, double cap_ms, double *gflops) {
+  *gflops = NAN;
+  cl_uint vw = 1, units = 1;
+  cl_device_type type = 0;
+  cl_int e = clGetDeviceInfo(b->device, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT, sizeof vw, &vw, NULL);
+  if (e == CL_SUCCESS) e = clGetDeviceInfo(b->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units, &units, NULL);
+  if (e == CL_SUCCESS) e = clGetDeviceInfo(b->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+  if (e != CL_SUCCESS) {
+    fmt(b->err, sizeof b->err, "clGetDeviceInfo: %s (%d)", cp_cl_error_name(e), e);
+    return -1;
+  }
+  if (vw != 1 && vw != 2 && vw != 4 && vw != 8 && vw != 16) vw = 1;
+  /* CPUs: work-groups of one work-item, a few per core; GPUs: enough
+   * work-groups of the runtime's size to fill every unit many times */
+  const int cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
+  fma_arg f = {b, NULL, (size_t)units * (cpu ? 8 : 8192), cpu ? 1 : 0};
+  cl_program prog = NULL;
+  cl_mem out = NULL;
+  int rc = -1;
+  const char *src = fma_src;
+  prog = clCreateProgramWithSource(b->context, 1, &src, NULL, &e);
+  if (e != CL_SUCCESS) {
+    fmt(b->err, sizeof b->err, "clCreateProgramWithSource: %s (%d)", cp_cl_error_name(e), e);
+    goto done;
+  }
+  char opts[64];
+  snprintf(opts, sizeof opts, "-DVW=%u -DCHAINS=%d", vw, FMA_CHAINS);
+  e = clBuildProgram(prog, 1, &b->device, opts, NULL, NULL);
+  if (e != CL_SUCCESS) {
+    fmt(b->err, sizeof b->err, "bench_fma build: %s (%d)", cp_cl_error_name(e), e);
+    goto done;
+  }
+  f.k = clCreateKernel(prog, "bench_fma", &e);
+  if (e != CL_SUCCESS) {
+    fmt(b->err, sizeof b->err, "clCreateKernel(bench_fma): %s (%d)", cp_cl_error_name(e), e);
+    goto done;
+  }
+  out = make_buf(b, f.global * sizeof(float), "fma out");
+  if (!out) goto done;
+  const float m = 0.999f, c = 0.001f;
+  /* a short run sets the iterations for about 50 ms; the best of max_reps
+   * runs is the peak (a shared machine's other work only slows a run down) */
+  cl_int iters = 1 << 10;
+  double best_ms = 0.0;
+  for (int run = 0; run <= max_reps; run++) {
+    e = clSetKernelArg(f.k, 0, sizeof out, &out);
+    if (e == CL_SUCCESS) e = clSetKernelArg(f.k, 1, sizeof iters, &iters);
+    if (e == CL_SUCCESS) e = clSetKernelArg(f.k, 2, sizeof m, &m);
+    if (e == CL_SUCCESS) e = clSetKernelArg(f.k, 3, sizeof c, &c);
+    if (e != CL_SUCCESS) {
+      fmt(b->err, sizeof b->err, "clSetKernelArg(bench_fma): %s (%d)", cp_cl_error_name(e), e);
+      goto done;
+    }
+    double ms;
+    int reps;
+    if (bb_time(fma_once, &f, run == 0 || run == 1, 1, cap_ms, &ms, &reps, b->err, sizeof b->err) != 0) goto done;
+    if (run == 0) {
+      const double want = (double)iters * 50.0 / (ms > 1e-3 ? ms : 1e-3);
+      iters = (cl_int)(want < 1 ? 1 : want > (1 << 30) ? (1 << 30) : want);
+      continue;
+    }
+    if (run == 1 || ms < best_ms) best_ms = ms;
+  }
+  *gflops = 2.0 * (double)f.global * iters * FMA_CHAINS * vw / (best_ms * 1e6);
+  rc = 0;
+done:
+  if (out) clReleaseMemObject(out);
+  if (f.k) clReleaseKernel(f.k);
+  if (prog) clReleaseProgram(prog);
+  return rc;
+}
+
 typedef struct {
   bb_device *b;
   cl_mem src, dst;

@@ -2,7 +2,7 @@
  * The baselines of `clattn bench`: staged attention through CLBlast on the
  * device (QKᵀ by strided-batched SGEMM, a small softmax kernel of our own,
  * A·V by strided-batched SGEMM), the same on the host through OpenBLAS, and
- * the ceilings (SGEMM rates, the device's copy bandwidth).
+ * the ceilings (SGEMM rates, the device's FMA peak and copy bandwidth).
  *
  * Layout: dense row-major [B,H,S,D] for Q, K, V and O; dk = dv = d; the
  * scale is 1/sqrt(d); causal is bottom-right aligned (query i sees keys
@@ -78,6 +78,9 @@ void bb_host_release(bb_host *h);
 int bb_device_sgemm_rate(bb_device *b, int n, int max_reps, double cap_ms, double *gflops);
 /* Median GFLOP/s of an n x n x n cblas_sgemm on the host. */
 int bb_host_sgemm_rate(int n, int max_reps, double cap_ms, double *gflops, char *err, size_t errlen);
+/* GFLOP/s of independent float multiply-add chains in the device's native
+ * vector width, the best of max_reps runs: its arithmetic peak. */
+int bb_device_fma_rate(bb_device *b, int max_reps, double cap_ms, double *gflops);
 /* Median GB/s (bytes read + written) of clEnqueueCopyBuffer over bytes. */
 int bb_device_copy_rate(bb_device *b, size_t bytes, int max_reps, double cap_ms, double *gbps, size_t *used_bytes);
 

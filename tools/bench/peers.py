@@ -167,6 +167,10 @@ def run_clattn(clattn, runtime, shapes, cap):
     sgemm = re.search(r"host OpenBLAS SGEMM \S+ ([0-9.]+) GFLOP/s", out.stdout)
     if sgemm:
         rows["sgemm"] = (float(sgemm.group(1)), None)
+    # "..., device FMA peak X GFLOP/s": the CPU's arithmetic ceiling, the same for every contender
+    fma = re.search(r"device FMA peak ([0-9.]+) GFLOP/s", out.stdout)
+    if fma:
+        rows["fma"] = (float(fma.group(1)), None)
     # "opencl: PLATFORM (VERSION); device NAME (...), driver D" -> "PLATFORM VERSION, driver D"
     line = next((l for l in out.stdout.splitlines() if l.startswith("opencl:")), "")
     m = re.match(r"opencl: (.*?) \((OpenCL [^)]*?)\).*driver (\S+)", line)
@@ -214,6 +218,12 @@ def spread(values):
     return "%.1f" % med if v[0] == v[-1] else "%.1f (%.1f–%.1f)" % (med, v[0], v[-1])
 
 
+def percent(values, peak):
+    """The median of values as a share of peak."""
+    v = [x for x in values if x is not None]
+    return "%.0f %%" % (100.0 * statistics.median(v) / peak) if v else "–"
+
+
 def ratios(a, b):
     """Per-round ratios a/b (the rounds pair up: each ran every contender once)."""
     r = [x / y for x, y in zip(a, b) if x and y]
@@ -248,8 +258,14 @@ def compare(args):
     sgemm = [rows["sgemm"][0] for c in contenders if c.startswith("clattn ") for rows in results[c] if "sgemm" in rows]
     if sgemm:
         lines.append("- the host's OpenBLAS SGEMM (2048³, measured by each `clattn bench` run): %s GFLOP/s" % spread(sgemm))
+    fma = [rows["fma"][0] for c in contenders if c.startswith("clattn ") for rows in results[c] if "fma" in rows]
+    peak = statistics.median(fma) if fma else None
+    if fma:
+        lines.append("- the CPU's FMA peak (float multiply-add chains in OpenCL, measured by each `clattn bench` run): "
+                     "%s GFLOP/s; the %% of FMA peak columns take its median" % spread(fma))
     lines.append("")
     head = ["shape"] + ["%s GFLOP/s" % c for c in contenders]
+    head += ["%s %% of FMA peak" % c for c in contenders] if peak else []
     head += ["clattn %s ÷ %s" % (rt, p) for rt in args.runtime for p in (args.peer or list(PEERS))]
     head += ["clattn %s %% of copy BW" % rt for rt in args.runtime]
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -258,6 +274,8 @@ def compare(args):
         per = {c: [rows.get(key, (None, None)) for rows in results[c]] for c in contenders}
         cells = [shape_label(s)]
         cells += [spread([g for g, _ in per[c]]) for c in contenders]
+        if peak:
+            cells += [percent([g for g, _ in per[c]], peak) for c in contenders]
         for rt in args.runtime:
             for p in (args.peer or list(PEERS)):
                 cells.append(ratios([g for g, _ in per["clattn " + rt]], [g for g, _ in per[p]]))
