@@ -179,8 +179,10 @@ static cp_shape small_shape(void) {
   cp_shape s = cp_shape_default();
   s.q_len = 19;
   s.kv_len = 37;
-  s.head_dim = 16; /* a small fused program: cold builds are the cost here */
-  s.value_dim = 16;
+  /* a small fused program: cold builds are the cost here, and a head dim
+   * no multiple of 16 leaves the decode kernels (a dozen entries) out */
+  s.head_dim = 8;
+  s.value_dim = 8;
   s.causal = 1;
   s.seed = 7;
   return s;
