@@ -89,11 +89,20 @@ for t in "${targets[@]}"; do
   read -r target profile flags <<<"$t"
   mkdir -p "$work/$target"
   "$build/tests/gpu_programs" "$profile" "$work/$target" || exit 1
-  # sm_90 and tgllp: the fused programs only (the gate's kernels; the rest
-  # as sm_80, and as dg2: IGC takes a minute and more per backward program),
-  # and on tgllp the core program with softmax_rows' sub-group variant
-  [ "$target" = sm_90 ] || [ "$target" = tgllp ] &&
-    find "$work/$target" -type f ! -name 'flash-*' ! -name 'core-f32-softmax-sg*' -delete
+  # sm_90, gfx1100 and tgllp: the fused programs only (the gate's kernels;
+  # the rest as sm_80, gfx90a and dg2), and on tgllp the core program with
+  # softmax_rows' sub-group variant. dg2: the backward programs at d=64 in
+  # each storage, at d=256 and at 40/24, with one modifier and dropout in
+  # f32 (IGC takes half a minute and more per backward program; gfx90a and
+  # sm_80 compile every one).
+  case "$target" in
+    sm_90 | gfx1100 | tgllp)
+      find "$work/$target" -type f ! -name 'flash-*' ! -name 'core-f32-softmax-sg*' -delete ;;
+    dg2)
+      find "$work/$target" -type f -name '*backward-*' ! -name 'backward-*-d64-64.*' ! -name 'backward-f32-d256-256.*' \
+        ! -name 'backward-f32-d40-24.*' ! -name 'dropout-backward-f32-*' -delete
+      find "$work/$target" -type f -name 'backward-f32-mod*' ! -name 'backward-f32-modcausal-*' -delete ;;
+  esac
   echo "$flags" >"$work/$target/flags"
 done
 
