@@ -175,33 +175,41 @@ static const char softmax_src[] =
     "  for (int j = lid; j < n; j += WG) x[j] = j < lim ? x[j] * inv : 0.0f;\n"
     "}\n";
 
-static int build_softmax(bb_device *b, size_t wg) {
+/* Builds src with opts on the device into *prog and creates its kernel
+ * `name` in *k (the caller releases both, also on failure). -1 with
+ * b->err, the build log included, on failure. */
+static int build_kernel(bb_device *b, const char *src, const char *opts, const char *name, cl_program *prog,
+                        cl_kernel *k) {
   cl_int e;
+  *prog = clCreateProgramWithSource(b->context, 1, &src, NULL, &e);
+  if (e != CL_SUCCESS) {
+    fmt(b->err, sizeof b->err, "clCreateProgramWithSource(%s): %s (%d)", name, cp_cl_error_name(e), e);
+    return -1;
+  }
+  e = clBuildProgram(*prog, 1, &b->device, opts, NULL, NULL);
+  if (e != CL_SUCCESS) {
+    char log[300] = "";
+    clGetProgramBuildInfo(*prog, b->device, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
+    log[sizeof log - 1] = 0;
+    fmt(b->err, sizeof b->err, "%s build: %s (%d): %s", name, cp_cl_error_name(e), e, log);
+    return -1;
+  }
+  *k = clCreateKernel(*prog, name, &e);
+  if (e != CL_SUCCESS) {
+    fmt(b->err, sizeof b->err, "clCreateKernel(%s): %s (%d)", name, cp_cl_error_name(e), e);
+    return -1;
+  }
+  return 0;
+}
+
+static int build_softmax(bb_device *b, size_t wg) {
   if (b->softmax) clReleaseKernel(b->softmax);
   if (b->program) clReleaseProgram(b->program);
   b->softmax = NULL;
   b->program = NULL;
-  const char *src = softmax_src;
-  b->program = clCreateProgramWithSource(b->context, 1, &src, NULL, &e);
-  if (e != CL_SUCCESS) {
-    fmt(b->err, sizeof b->err, "clCreateProgramWithSource: %s (%d)", cp_cl_error_name(e), e);
-    return -1;
-  }
   char opts[64];
   snprintf(opts, sizeof opts, "-DWG=%zu", wg);
-  e = clBuildProgram(b->program, 1, &b->device, opts, NULL, NULL);
-  if (e != CL_SUCCESS) {
-    char log[300] = "";
-    clGetProgramBuildInfo(b->program, b->device, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
-    log[sizeof log - 1] = 0;
-    fmt(b->err, sizeof b->err, "softmax build: %s (%d): %s", cp_cl_error_name(e), e, log);
-    return -1;
-  }
-  b->softmax = clCreateKernel(b->program, "bench_softmax", &e);
-  if (e != CL_SUCCESS) {
-    fmt(b->err, sizeof b->err, "clCreateKernel(bench_softmax): %s (%d)", cp_cl_error_name(e), e);
-    return -1;
-  }
+  if (build_kernel(b, softmax_src, opts, "bench_softmax", &b->program, &b->softmax) != 0) return -1;
   b->wg = wg;
   return 0;
 }
@@ -632,40 +640,23 @@ int bb_device_fma_rate(bb_device *b, int max_reps, double cap_ms, double *gflops
   cl_program prog = NULL;
   cl_mem out = NULL;
   int rc = -1;
-  const char *src = fma_src;
-  prog = clCreateProgramWithSource(b->context, 1, &src, NULL, &e);
-  if (e != CL_SUCCESS) {
-    fmt(b->err, sizeof b->err, "clCreateProgramWithSource: %s (%d)", cp_cl_error_name(e), e);
-    goto done;
-  }
   char opts[64];
   snprintf(opts, sizeof opts, "-DVW=%u -DCHAINS=%d", vw, FMA_CHAINS);
-  e = clBuildProgram(prog, 1, &b->device, opts, NULL, NULL);
-  if (e != CL_SUCCESS) {
-    fmt(b->err, sizeof b->err, "bench_fma build: %s (%d)", cp_cl_error_name(e), e);
-    goto done;
-  }
-  f.k = clCreateKernel(prog, "bench_fma", &e);
-  if (e != CL_SUCCESS) {
-    fmt(b->err, sizeof b->err, "clCreateKernel(bench_fma): %s (%d)", cp_cl_error_name(e), e);
-    goto done;
-  }
+  if (build_kernel(b, fma_src, opts, "bench_fma", &prog, &f.k) != 0) goto done;
   out = make_buf(b, f.global * sizeof(float), "fma out");
   if (!out) goto done;
   const float m = 0.999f, c = 0.001f;
+  e = clSetKernelArg(f.k, 0, sizeof out, &out);
+  if (e == CL_SUCCESS) e = clSetKernelArg(f.k, 2, sizeof m, &m);
+  if (e == CL_SUCCESS) e = clSetKernelArg(f.k, 3, sizeof c, &c);
   /* a short run sets the iterations for about 50 ms; the best of max_reps
    * runs is the peak (a shared machine's other work only slows a run down) */
   cl_int iters = 1 << 10;
   double best_ms = 0.0;
   for (int run = 0; run <= max_reps; run++) {
-    e = clSetKernelArg(f.k, 0, sizeof out, &out);
-    if (e == CL_SUCCESS) e = clSetKernelArg(f.k, 1, sizeof iters, &iters);
-    if (e == CL_SUCCESS) e = clSetKernelArg(f.k, 2, sizeof m, &m);
-    if (e == CL_SUCCESS) e = clSetKernelArg(f.k, 3, sizeof c, &c);
-    if (e != CL_SUCCESS) {
-      fmt(b->err, sizeof b->err, "clSetKernelArg(bench_fma): %s (%d)", cp_cl_error_name(e), e);
-      goto done;
-    }
+    if (e == CL_SUCCESS && run <= 1) /* the first guess, then the calibrated count */
+      e = clSetKernelArg(f.k, 1, sizeof iters, &iters);
+    if (e != CL_SUCCESS) break;
     double ms;
     int reps;
     if (bb_time(fma_once, &f, run == 0 || run == 1, 1, cap_ms, &ms, &reps, b->err, sizeof b->err) != 0) goto done;
@@ -675,6 +666,10 @@ int bb_device_fma_rate(bb_device *b, int max_reps, double cap_ms, double *gflops
       continue;
     }
     if (run == 1 || ms < best_ms) best_ms = ms;
+  }
+  if (e != CL_SUCCESS) {
+    fmt(b->err, sizeof b->err, "clSetKernelArg(bench_fma): %s (%d)", cp_cl_error_name(e), e);
+    goto done;
   }
   *gflops = 2.0 * (double)f.global * iters * FMA_CHAINS * vw / (best_ms * 1e6);
   rc = 0;
