@@ -924,20 +924,16 @@ int fz_known_good(char *why, size_t n) {
   return FZ_PASS;
 }
 
-/* CLATTN_FUZZ_WARM_PART=i/n: this process builds only every n-th of the
- * warm-up's programs from the i-th (tools/scripts/fuzz.sh runs n such
- * processes side by side to fill the kernel caches before the timed run). */
-static int warm_part_skips(int program) {
-  const char *e = getenv("CLATTN_FUZZ_WARM_PART");
-  int part = 0, parts = 1;
-  if (!e || sscanf(e, "%d/%d", &part, &parts) != 2 || parts < 1) return 0;
-  return program % parts != part;
-}
-
 int fz_warm_up(char *why, size_t n) {
   clattn_context *ctx = fz_context(why, n, NULL);
   if (!ctx || fz_known_good(why, n) != FZ_PASS) return FZ_FAIL;
-  int program = 0;
+  /* CLATTN_FUZZ_WARM_PART=i/n: this process builds only every n-th of the
+   * programs below from the i-th (tools/scripts/fuzz.sh runs n such
+   * processes side by side to fill the kernel caches before the timed run) */
+  const char *part_env = getenv("CLATTN_FUZZ_WARM_PART");
+  int part = 0, parts = 1;
+  if (!part_env || sscanf(part_env, "%d/%d", &part, &parts) != 2 || parts < 1) part = 0, parts = 1;
+  int program = 0; /* counts the programs below, this process's and the others' */
   /* each twice: without and with dropout (the fused programs that drop
    * weights are programs of their own) */
   for (int a = 0; a < FZ_NDIMS; a++)
@@ -945,7 +941,7 @@ int fz_warm_up(char *why, size_t n) {
       for (int algo = 0; algo < 8; algo++) {
         if (algo % 4 != CLATTN_ALGO_FUSED && (a || b))
           continue; /* the staged and GEMM programs do not depend on the dims */
-        if (warm_part_skips(program++)) continue;
+        if (program++ % parts != part) continue;
         cp_shape s = cp_shape_default();
         s.q_len = 3;
         s.kv_len = 5;
@@ -974,7 +970,7 @@ int fz_warm_up(char *why, size_t n) {
     for (int kv = 1; kv <= 5; kv++)
       for (int algo = 1; algo <= 3; algo++)
         for (int drop = 0; drop < 2; drop++) {
-          if (warm_part_skips(program++)) continue;
+          if (program++ % parts != part) continue;
           uint8_t in[FZ_MAGIC_LEN + FZ_EXT + FZ_HEADER] = {0};
           memcpy(in, FZ_MAGIC, FZ_MAGIC_LEN);
           in[FZ_MAGIC_LEN + 0] = (uint8_t)dtype;
