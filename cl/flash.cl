@@ -72,6 +72,16 @@
 #define FLASH_V_LINES_PER_D ((FLASH_BN * DVP * 4 / 64 + DK - 1) / DK)
 #define FLASH_K_STEPS (DVP >= 2 * FLASH_VW ? DVP / (2 * FLASH_VW) * FLASH_BN : 1)
 #define FLASH_K_LINES_PER_KEY ((FLASH_BN * DK * 4 / 64 + FLASH_K_STEPS - 1) / FLASH_K_STEPS)
+/* Where a block's packed keys and values pass 16 KB together (d = 128 and
+ * up with 16-wide vectors), they and the rows' queries and accumulators
+ * overflow a 32-48 KB L1 data cache, and lines asked for a whole block
+ * ahead are gone before their use: the hints then run FLASH_BN steps
+ * ahead of the loop that reads them (the scores' loop over the block's
+ * keys, then the first pass's value rows; each pass over the values, the
+ * next pass's, then the next block's first keys). On the 2-core Xeon
+ * (docs/performance.md) that made d = 256 1.10x and d = 128 1.03x as fast,
+ * and d = 64 0.98x, hence the threshold. */
+#define FLASH_PREFETCH_ROLLING (FLASH_BN * (DK + DVP) * 4 > 16384)
 /* Value rows are packed to a multiple of 16 (the direct kernels' slices;
  * a multiple of every FLASH_VW). */
 #define DVP (((DV) + 15) / 16 * 16)
@@ -90,6 +100,15 @@
   __global const float *kt = work + kt_at, *vp = work + vp_at;                   \
   __global float *part_o = work + part_o_at, *part_lse = work + part_lse_at;      \
   CA_MOD_CAPTURES
+
+#ifdef CA_PREFETCH
+/* the cache lines of one step of flash_rows' loops over a packed block:
+ * two vectors from p (64-byte aligned: a step of K^T, a pass's value row) */
+static inline void flash_prefetch_step(__global const float *p) {
+#pragma unroll
+  for (int u = 0; u < (2 * FLASH_VW * 4 + 63) / 64; u++) ca_prefetch_line((__global const uchar *)p + 64 * u);
+}
+#endif
 
 /*
  * flash_pack — copies K transposed per key block and V row-major into
@@ -136,6 +155,34 @@ static inline int2 flash_row_keys(long i, int q_len, int kv_len, int n_valid, in
   hi = min(hi, (long)n_valid - 1);
   return (int2)((int)min(lo, (long)INT_MAX), (int)max(hi, -1L));
 }
+
+/* exp(x) for the softmax's x = s - max <= 0 (or -inf): Cody-Waite's
+ * reduction to r in [-ln2/2, ln2/2], Cephes' degree-5 polynomial, and 2^n
+ * built in the exponent bits: about 17 operations where the library's exp
+ * takes 25-30 (its range checks cover what the softmax never passes), within
+ * 1.24 ulp of exp over [-87.3, 0] (float32 model of these steps, numpy).
+ * Below -87.34 (exp past the normal floats) and at -inf it is exactly 0;
+ * NaN stays NaN. */
+#define FLASH_EXP_LE0(T, IT)                                                                  \
+  static inline T __attribute__((overloadable)) flash_exp_le0(const T x) {                    \
+    const T magic = (T)(12582912.0f); /* 1.5 2^23: x log2(e) rounds into its low bits */       \
+    const T t = fma(x, (T)(1.44269504f), magic), n = t - magic;                               \
+    T r = fma(n, (T)(-0.693359375f), x);                                                      \
+    r = fma(n, (T)(2.12194440e-4f), r);                                                       \
+    T p = fma((T)(1.9875691500e-4f), r, (T)(1.3981999507e-3f));                               \
+    p = fma(p, r, (T)(8.3334519073e-3f));                                                     \
+    p = fma(p, r, (T)(4.1665795894e-2f));                                                     \
+    p = fma(p, r, (T)(1.6666665459e-1f));                                                     \
+    p = fma(p, r, (T)(5.0000001201e-1f));                                                     \
+    p = fma(p, r * r, r + 1.0f);                                                              \
+    const T two_n = FLASH_CAT(as_, T)((FLASH_CAT(as_, IT)(t) - (FLASH_CAT(as_, IT)(magic) - 127)) << 23); \
+    return select(p * two_n, (T)(0.0f), x < -87.3365f);                                       \
+  }
+FLASH_EXP_LE0(float, int)
+FLASH_EXP_LE0(flash_vec, flash_ivec)
+#if FLASH_VW != 16
+FLASH_EXP_LE0(float16, int16)
+#endif
 
 /* Horizontal max and sum of a flash_vec (fmax: NaN lanes are passed over),
  * and the sum of a float16 (the direct kernels' dot products). */
@@ -508,12 +555,17 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
           const flash_vec k0 = flash_vload(0, kt_block + d * FLASH_BN);
           const flash_vec k1 = flash_vload(0, kt_block + d * FLASH_BN + FLASH_VW);
 #ifdef CA_PREFETCH
-          /* the block's packed values, a share per step */
+          if (FLASH_PREFETCH_ROLLING) {
+            if (d + FLASH_BN < DK) flash_prefetch_step(kt_block + (d + FLASH_BN) * FLASH_BN);
+            else flash_prefetch_step(vp + vp_head + ((ulong)j0 + d + FLASH_BN - DK) * DVP);
+          } else {
+            /* the block's packed values, a share per step */
 #pragma unroll
-          for (int u = 0; u < FLASH_V_LINES_PER_D; u++)
-            if ((d * FLASH_V_LINES_PER_D + u) * 64 < FLASH_BN * DVP * 4)
-              ca_prefetch_line((__global const uchar *)(vp + vp_head + (ulong)j0 * DVP) +
-                               (d * FLASH_V_LINES_PER_D + u) * 64);
+            for (int u = 0; u < FLASH_V_LINES_PER_D; u++)
+              if ((d * FLASH_V_LINES_PER_D + u) * 64 < FLASH_BN * DVP * 4)
+                ca_prefetch_line((__global const uchar *)(vp + vp_head + (ulong)j0 * DVP) +
+                                 (d * FLASH_V_LINES_PER_D + u) * 64);
+          }
 #endif
 #pragma unroll
           for (int r = 0; r < bm; r++) {
@@ -601,6 +653,8 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
     const bool per_key = !full || has_bias || has_alibi, bias_vectors = full && has_bias && !has_alibi;
 #endif
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
+    /* each row's maximum before the block, the one subtracted, its weights' sum */
+    float m_old[FLASH_BM_MAX] = {0}, m_sub[FLASH_BM_MAX] = {0}, row_sum[FLASH_BM_MAX];
     flash_ivec zero_lanes = (flash_ivec)(0);   /* lanes where some row's weight is exactly 0 */
     for (int r = 0; r < bm; r++) {
       flash_vec x0 = s0[r] * scale, x1 = s1[r] * scale;
@@ -644,16 +698,21 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
       }
       const float m_new = fmax(m[r], flash_hmax(fmax(x0, x1)));
       const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
-      const flash_vec pr0 = exp(x0 - m_safe), pr1 = exp(x1 - m_safe);
-      /* an unchanged finite maximum rescales by exp(0) = 1: no call */
-      alpha[r] = m_new == m[r] && isfinite(m_new) ? 1.0f : exp(m[r] - m_safe);
-      if (diag) flash_diag_block(x0, x1, pr0, pr1, m[r], l[r], alpha[r], m_safe, j0, &tsum[r], &best[r]);
-      l[r] = l[r] * alpha[r] + flash_hsum(pr0 + pr1);
+      const flash_vec pr0 = flash_exp_le0(x0 - m_safe), pr1 = flash_exp_le0(x1 - m_safe);
+      m_old[r] = m[r];
+      m_sub[r] = m_safe;
+      if (diag) flash_diag_block(x0, x1, pr0, pr1, m[r], l[r], flash_exp_le0(m[r] - m_safe), m_safe, j0, &tsum[r], &best[r]);
+      row_sum[r] = flash_hsum(pr0 + pr1);
       m[r] = m_new;
       zero_lanes |= isequal(pr0, (flash_vec)(0.0f)) | isequal(pr1, (flash_vec)(0.0f));
       flash_vstore(pr0, 0, p[r]);
       flash_vstore(pr1, 0, p[r] + FLASH_VW);
     }
+    /* every row's rescaling by one vector exponential: exp(0) is exactly 1
+     * (an unchanged maximum), exp(-inf) 0 (a row's first allowed keys) */
+    vstore16(flash_exp_le0(vload16(0, m_old) - vload16(0, m_sub)), 0, alpha);
+#pragma unroll
+    for (int r = 0; r < bm; r++) l[r] = l[r] * alpha[r] + row_sum[r];
 #ifdef CA_DROPOUT
     /* dropout: the weights that mix V lose their dropped keys (l above
      * summed every weight) */
@@ -684,8 +743,11 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
             const flash_vec v0 = flash_vload(0, v_block + jj * DVP + c);
             const flash_vec v1 = flash_vload(0, v_block + jj * DVP + c + FLASH_VW);
 #ifdef CA_PREFETCH
-            /* the next block's packed keys, a share per step */
-            if (j0 + FLASH_BN < j_end) {
+            if (FLASH_PREFETCH_ROLLING) {
+              if (c + 2 * FLASH_VW < DVP) flash_prefetch_step(v_block + jj * DVP + c + 2 * FLASH_VW);
+              else if (j0 + FLASH_BN < j_end) flash_prefetch_step(kt + kt_head + (ulong)(j0 + FLASH_BN) * DK + jj * FLASH_BN);
+            } else if (j0 + FLASH_BN < j_end) {
+              /* the next block's packed keys, a share per step */
               const int line = (c / (2 * FLASH_VW) * FLASH_BN + jj) * FLASH_K_LINES_PER_KEY;
 #pragma unroll
               for (int u = 0; u < FLASH_K_LINES_PER_KEY; u++)
