@@ -424,7 +424,8 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
 
   float qr[FLASH_BM_MAX][DK];  /* direct mode needs DK % 16 == 0 */
   float acc[FLASH_BM_MAX][DVP];
-  float m[FLASH_BM_MAX], l[FLASH_BM_MAX], tsum[FLASH_BM_MAX];
+  float m[FLASH_BM_MAX], tsum[FLASH_BM_MAX];
+  flash_vec l_lanes[FLASH_BM_MAX]; /* each row's running l lane by lane, summed across at its end */
   int hs[FLASH_BM_MAX], is[FLASH_BM_MAX], best[FLASH_BM_MAX];
   int lo_min = INT_MAX, lo_max = 0, hi_min = INT_MAX, hi_max = -1;
   for (int r = 0; r < bm; r++) {
@@ -435,7 +436,7 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
       qr[r][d] = is[r] < sq.rows ? ca_load(q, ca_at(q_off, q_st, b, hs[r], sq.q0 + is[r], d)) : 0.0f;
     for (int c = 0; c < DVP; c++) acc[r][c] = 0.0f;
     m[r] = -INFINITY;
-    l[r] = 0.0f;
+    l_lanes[r] = (flash_vec)(0.0f);
     tsum[r] = 0.0f;
     best[r] = -1;
     int2 keys = flash_row_keys(is[r], sq.align_m, sq.align_n, n_valid, window_left, window_right);
@@ -653,8 +654,10 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
     const bool per_key = !full || has_bias || has_alibi, bias_vectors = full && has_bias && !has_alibi;
 #endif
     float p[FLASH_BM_MAX][FLASH_BN], alpha[FLASH_BM_MAX];
-    /* each row's maximum before the block, the one subtracted, its weights' sum */
-    float m_old[FLASH_BM_MAX] = {0}, m_sub[FLASH_BM_MAX] = {0}, row_sum[FLASH_BM_MAX];
+    /* each row's maximum before the block, the one subtracted, its weights'
+     * sums (in lanes: no sum across a vector per block) */
+    float m_old[FLASH_BM_MAX] = {0}, m_sub[FLASH_BM_MAX] = {0};
+    flash_vec p_sum[FLASH_BM_MAX];
     flash_ivec zero_lanes = (flash_ivec)(0);   /* lanes where some row's weight is exactly 0 */
     for (int r = 0; r < bm; r++) {
       flash_vec x0 = s0[r] * scale, x1 = s1[r] * scale;
@@ -701,8 +704,10 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
       const flash_vec pr0 = flash_exp_le0(x0 - m_safe), pr1 = flash_exp_le0(x1 - m_safe);
       m_old[r] = m[r];
       m_sub[r] = m_safe;
-      if (diag) flash_diag_block(x0, x1, pr0, pr1, m[r], l[r], flash_exp_le0(m[r] - m_safe), m_safe, j0, &tsum[r], &best[r]);
-      row_sum[r] = flash_hsum(pr0 + pr1);
+      if (diag)
+        flash_diag_block(x0, x1, pr0, pr1, m[r], flash_hsum(l_lanes[r]), flash_exp_le0(m[r] - m_safe), m_safe, j0,
+                         &tsum[r], &best[r]);
+      p_sum[r] = pr0 + pr1;
       m[r] = m_new;
       zero_lanes |= isequal(pr0, (flash_vec)(0.0f)) | isequal(pr1, (flash_vec)(0.0f));
       flash_vstore(pr0, 0, p[r]);
@@ -712,7 +717,7 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
      * (an unchanged maximum), exp(-inf) 0 (a row's first allowed keys) */
     vstore16(flash_exp_le0(vload16(0, m_old) - vload16(0, m_sub)), 0, alpha);
 #pragma unroll
-    for (int r = 0; r < bm; r++) l[r] = l[r] * alpha[r] + row_sum[r];
+    for (int r = 0; r < bm; r++) l_lanes[r] = fma((flash_vec)(alpha[r]), l_lanes[r], p_sum[r]);
 #ifdef CA_DROPOUT
     /* dropout: the weights that mix V lose their dropped keys (l above
      * summed every weight) */
@@ -817,10 +822,10 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
 
   for (int r = 0; r < bm && t0 + r < rows_per_kv; r++)
     if (is[r] < sq.rows)
-      flash_store_row(acc[r], m[r], l[r], tsum[r], best[r], ca_sink(sinks, sinks_at, hs[r]), b, hs[r], is[r],
-                    sq.q0 + is[r], q_heads, kv_heads, q_len, split, n_splits,
-                    out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
-                    empty_flag);
+      flash_store_row(acc[r], m[r], flash_hsum(l_lanes[r]), tsum[r], best[r], ca_sink(sinks, sinks_at, hs[r]), b,
+                      hs[r], is[r], sq.q0 + is[r], q_heads, kv_heads, q_len, split, n_splits,
+                      out, out_off, out_st, lse, lse_off, lse_st, want_lse, CA_DIAG_PASS, part_o, part_lse,
+                      empty_flag);
 }
 
 /*
