@@ -398,6 +398,25 @@ static inline __attribute__((always_inline)) void flash_mix_direct(float (*acc)[
   }
 }
 
+/* One row's weights over a block from its scaled scores x0, x1 (a
+ * disallowed key's -inf): its running maximum *m moves to m_new and the
+ * weights exp(x - m_new) go to p_row, their sums in lanes to *p_sum; the
+ * old maximum and the one subtracted stay for the rows' rescaling. */
+static inline __attribute__((always_inline)) void flash_row_weights(const flash_vec x0, const flash_vec x1, float *m,
+                                                                    float *m_old, float *m_sub, flash_vec *p_sum,
+                                                                    float *p_row, flash_ivec *zero_lanes) {
+  const float m_new = fmax(*m, flash_hmax(fmax(x0, x1)));
+  const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
+  const flash_vec pr0 = flash_exp_le0(x0 - m_safe), pr1 = flash_exp_le0(x1 - m_safe);
+  *m_old = *m;
+  *m_sub = m_safe;
+  *m = m_new;
+  *p_sum = pr0 + pr1;
+  *zero_lanes |= isequal(pr0, (flash_vec)(0.0f)) | isequal(pr1, (flash_vec)(0.0f));
+  flash_vstore(pr0, 0, p_row);
+  flash_vstore(pr1, 0, p_row + FLASH_VW);
+}
+
 /*
  * The fused kernel's body, shared by flash_rows (packed K^T / V) and
  * flash_rows_direct* (K and V read in place). Each work-item keeps bm
@@ -659,59 +678,61 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
     float m_old[FLASH_BM_MAX] = {0}, m_sub[FLASH_BM_MAX] = {0};
     flash_vec p_sum[FLASH_BM_MAX];
     flash_ivec zero_lanes = (flash_ivec)(0);   /* lanes where some row's weight is exactly 0 */
-    for (int r = 0; r < bm; r++) {
-      flash_vec x0 = s0[r] * scale, x1 = s1[r] * scale;
-      if (softcap > 0.0f) {
-        x0 = softcap * tanh(x0 / softcap);
-        x1 = softcap * tanh(x1 / softcap);
-      }
-      if (bias_vectors) {
-        /* every key allowed but for the bias: it adds in whole vectors, a
-         * -inf entry disallowing its key whatever the score (a NaN key's) */
-        const flash_vec b0 = flash_vload(0, bias_raw[r]), b1 = flash_vload(0, bias_raw[r] + FLASH_VW);
-        const float bs = (has_bias & CA_BIAS_SCALED) ? bias_scale[hs[r]] : 1.0f;
-        const flash_vec none = (flash_vec)(-INFINITY);
-        x0 = select(x0 + b0 * bs, none, isequal(b0, none));
-        x1 = select(x1 + b1 * bs, none, isequal(b1, none));
-      } else if (per_key) {
-        float e[FLASH_BN];
-        flash_vstore(x0, 0, e);
-        flash_vstore(x1, 0, e + FLASH_VW);
-        const int2 keys = flash_row_keys(is[r], sq.align_m, sq.align_n, n_valid, window_left, window_right);
-        for (int jj = 0; jj < FLASH_BN; jj++) {
-          const long j = j0 + jj;
-          bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
-          if (allowed && paged) /* page in the pool */
-            allowed = page_halves ? at_h[jj / FLASH_VW].ok : ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok;
-          if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
-#ifdef CA_MOD_MASK
-          if (allowed && bm_cls != CA_BM_FULL) allowed = mod_ok[r][jj];
-#endif
-          if (allowed && is[r] < sq.rows) e[jj] = CA_MOD_SCORE_AT(e[jj], b, hs[r], is[r], j, sq.align_m, sq.align_n);
-          if (allowed && has_bias) {
-            allowed = bias_raw[r][jj] != -INFINITY;
-            e[jj] += ca_bias_scaled(bias_raw[r][jj], has_bias, bias_scale, hs[r]);
-          }
-          if (allowed && has_alibi)
-            e[jj] += ca_alibi(is[r], j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, hs[r]));
-          e[jj] = allowed ? e[jj] : -INFINITY;
+    if (!per_key && !bias_vectors && !(softcap > 0.0f) && !diag) {
+      /* the scores as they are: the rows' loop unrolled, so that their
+       * chains (maximum, then exponentials) interleave (1.03-1.04x as fast
+       * on the 2-core Xeon; the whole loop unrolled built 1.3x as slowly) */
+#pragma unroll
+      for (int r = 0; r < bm; r++)
+        flash_row_weights(s0[r] * scale, s1[r] * scale, &m[r], &m_old[r], &m_sub[r], &p_sum[r], p[r], &zero_lanes);
+    } else {
+      for (int r = 0; r < bm; r++) {
+        flash_vec x0 = s0[r] * scale, x1 = s1[r] * scale;
+        if (softcap > 0.0f) {
+          x0 = softcap * tanh(x0 / softcap);
+          x1 = softcap * tanh(x1 / softcap);
         }
-        x0 = flash_vload(0, e);
-        x1 = flash_vload(0, e + FLASH_VW);
+        if (bias_vectors) {
+          /* every key allowed but for the bias: it adds in whole vectors, a
+           * -inf entry disallowing its key whatever the score (a NaN key's) */
+          const flash_vec b0 = flash_vload(0, bias_raw[r]), b1 = flash_vload(0, bias_raw[r] + FLASH_VW);
+          const float bs = (has_bias & CA_BIAS_SCALED) ? bias_scale[hs[r]] : 1.0f;
+          const flash_vec none = (flash_vec)(-INFINITY);
+          x0 = select(x0 + b0 * bs, none, isequal(b0, none));
+          x1 = select(x1 + b1 * bs, none, isequal(b1, none));
+        } else if (per_key) {
+          float e[FLASH_BN];
+          flash_vstore(x0, 0, e);
+          flash_vstore(x1, 0, e + FLASH_VW);
+          const int2 keys = flash_row_keys(is[r], sq.align_m, sq.align_n, n_valid, window_left, window_right);
+          for (int jj = 0; jj < FLASH_BN; jj++) {
+            const long j = j0 + jj;
+            bool allowed = j >= keys.x && j <= keys.y && j >= split_begin && j < split_end;
+            if (allowed && paged) /* page in the pool */
+              allowed = page_halves ? at_h[jj / FLASH_VW].ok : ca_kv_locate(b, sq.k0 + j, CA_PAGE_PASS).ok;
+            if (allowed && has_mask) allowed = mask[ca_at(mask_off, mask_st, b, hs[r], is[r], j)] != 0;
+#ifdef CA_MOD_MASK
+            if (allowed && bm_cls != CA_BM_FULL) allowed = mod_ok[r][jj];
+#endif
+            if (allowed && is[r] < sq.rows)
+              e[jj] = CA_MOD_SCORE_AT(e[jj], b, hs[r], is[r], j, sq.align_m, sq.align_n);
+            if (allowed && has_bias) {
+              allowed = bias_raw[r][jj] != -INFINITY;
+              e[jj] += ca_bias_scaled(bias_raw[r][jj], has_bias, bias_scale, hs[r]);
+            }
+            if (allowed && has_alibi)
+              e[jj] += ca_alibi(is[r], j, sq.align_m, sq.align_n, ca_alibi_slope(alibi, alibi_bstride, b, hs[r]));
+            e[jj] = allowed ? e[jj] : -INFINITY;
+          }
+          x0 = flash_vload(0, e);
+          x1 = flash_vload(0, e + FLASH_VW);
+        }
+        flash_row_weights(x0, x1, &m[r], &m_old[r], &m_sub[r], &p_sum[r], p[r], &zero_lanes);
+        if (diag)
+          flash_diag_block(x0, x1, flash_vload(0, p[r]), flash_vload(0, p[r] + FLASH_VW), m_old[r],
+                           flash_hsum(l_lanes[r]), flash_exp_le0(m_old[r] - m_sub[r]), m_sub[r], j0, &tsum[r],
+                           &best[r]);
       }
-      const float m_new = fmax(m[r], flash_hmax(fmax(x0, x1)));
-      const float m_safe = m_new == -INFINITY ? 0.0f : m_new; /* no -inf - -inf */
-      const flash_vec pr0 = flash_exp_le0(x0 - m_safe), pr1 = flash_exp_le0(x1 - m_safe);
-      m_old[r] = m[r];
-      m_sub[r] = m_safe;
-      if (diag)
-        flash_diag_block(x0, x1, pr0, pr1, m[r], flash_hsum(l_lanes[r]), flash_exp_le0(m[r] - m_safe), m_safe, j0,
-                         &tsum[r], &best[r]);
-      p_sum[r] = pr0 + pr1;
-      m[r] = m_new;
-      zero_lanes |= isequal(pr0, (flash_vec)(0.0f)) | isequal(pr1, (flash_vec)(0.0f));
-      flash_vstore(pr0, 0, p[r]);
-      flash_vstore(pr1, 0, p[r] + FLASH_VW);
     }
     /* every row's rescaling by one vector exponential: exp(0) is exactly 1
      * (an unchanged maximum), exp(-inf) 0 (a row's first allowed keys) */
