@@ -163,20 +163,21 @@ static inline int2 flash_row_keys(long i, int q_len, int kv_len, int n_valid, in
  * 1.24 ulp of exp over [-87.3, 0] (float32 model of these steps, numpy).
  * Below -87.34 (exp past the normal floats) and at -inf it is exactly 0;
  * NaN stays NaN. */
-#define FLASH_EXP_LE0(T, IT)                                                                  \
-  static inline T __attribute__((overloadable)) flash_exp_le0(const T x) {                    \
-    const T magic = (T)(12582912.0f); /* 1.5 2^23: x log2(e) rounds into its low bits */       \
-    const T t = fma(x, (T)(1.44269504f), magic), n = t - magic;                               \
-    T r = fma(n, (T)(-0.693359375f), x);                                                      \
-    r = fma(n, (T)(2.12194440e-4f), r);                                                       \
-    T p = fma((T)(1.9875691500e-4f), r, (T)(1.3981999507e-3f));                               \
-    p = fma(p, r, (T)(8.3334519073e-3f));                                                     \
-    p = fma(p, r, (T)(4.1665795894e-2f));                                                     \
-    p = fma(p, r, (T)(1.6666665459e-1f));                                                     \
-    p = fma(p, r, (T)(5.0000001201e-1f));                                                     \
-    p = fma(p, r * r, r + 1.0f);                                                              \
-    const T two_n = FLASH_CAT(as_, T)((FLASH_CAT(as_, IT)(t) - (FLASH_CAT(as_, IT)(magic) - 127)) << 23); \
-    return select(p * two_n, (T)(0.0f), x < -87.3365f);                                       \
+#define FLASH_EXP_LE0(T, IT)                                                                       \
+  static inline T __attribute__((overloadable)) flash_exp_le0(const T x) {                         \
+    const T magic = (T)(12582912.0f); /* 1.5 2^23: x log2(e) rounds into its low bits */           \
+    const T t = fma(x, (T)(1.44269504f), magic), n = t - magic;                                    \
+    T r = fma(n, (T)(-0.693359375f), x);                                                           \
+    r = fma(n, (T)(2.12194440e-4f), r);                                                            \
+    T p = fma((T)(1.9875691500e-4f), r, (T)(1.3981999507e-3f));                                    \
+    p = fma(p, r, (T)(8.3334519073e-3f));                                                          \
+    p = fma(p, r, (T)(4.1665795894e-2f));                                                          \
+    p = fma(p, r, (T)(1.6666665459e-1f));                                                          \
+    p = fma(p, r, (T)(5.0000001201e-1f));                                                          \
+    p = fma(p, r * r, r + 1.0f);                                                                   \
+    const IT n_biased = FLASH_CAT(as_, IT)(t) - (FLASH_CAT(as_, IT)(magic) - 127);                 \
+    const T two_n = FLASH_CAT(as_, T)(n_biased << 23);                                             \
+    return select(p * two_n, (T)(0.0f), x < -87.3365f);                                            \
   }
 FLASH_EXP_LE0(float, int)
 FLASH_EXP_LE0(flash_vec, flash_ivec)
@@ -771,7 +772,8 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
 #ifdef CA_PREFETCH
             if (FLASH_PREFETCH_ROLLING) {
               if (c + 2 * FLASH_VW < DVP) flash_prefetch_step(v_block + jj * DVP + c + 2 * FLASH_VW);
-              else if (j0 + FLASH_BN < j_end) flash_prefetch_step(kt + kt_head + (ulong)(j0 + FLASH_BN) * DK + jj * FLASH_BN);
+              else if (j0 + FLASH_BN < j_end)
+                flash_prefetch_step(kt + kt_head + (ulong)(j0 + FLASH_BN) * DK + jj * FLASH_BN);
             } else if (j0 + FLASH_BN < j_end) {
               /* the next block's packed keys, a share per step */
               const int line = (c / (2 * FLASH_VW) * FLASH_BN + jj) * FLASH_K_LINES_PER_KEY;
