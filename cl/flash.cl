@@ -679,10 +679,14 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
     float m_old[FLASH_BM_MAX] = {0}, m_sub[FLASH_BM_MAX] = {0};
     flash_vec p_sum[FLASH_BM_MAX];
     flash_ivec zero_lanes = (flash_ivec)(0);   /* lanes where some row's weight is exactly 0 */
-    if (!per_key && !bias_vectors && !(softcap > 0.0f) && !diag) {
-      /* the scores as they are: the rows' loop unrolled, so that their
-       * chains (maximum, then exponentials) interleave (1.03-1.10x as fast
-       * on the 2-core Xeon; the whole loop unrolled built 1.3x as slowly) */
+    if (!direct && !per_key && !bias_vectors && !(softcap > 0.0f) && !diag) {
+      /* the scores as they are (prefill, packed keys): the rows' loop
+       * unrolled, so that their chains (maximum, then exponentials)
+       * interleave (1.03-1.10x as fast on the 2-core Xeon; the whole loop
+       * unrolled built 1.3x as slowly). Not in the direct kernels: decode
+       * gained nothing measurable, and each of their twelve entries built
+       * the unrolled copy too (cold builds of a prefill and a decode
+       * program 1.05x as long). */
 #pragma unroll
       for (int r = 0; r < bm; r++)
         flash_row_weights(s0[r] * scale, s1[r] * scale, &m[r], &m_old[r], &m_sub[r], &p_sum[r], p[r], &zero_lanes);
