@@ -76,10 +76,10 @@ backward_tests=(packed_sequences causal_window_kv_lens_mask_bias_poisoned empty_
                 nan_in_allowed_key_stays_in_its_rows softcap_alibi_sinks f16_and_bf16_storage additive_scores
                 validation_rejects_before_enqueue)
 # Each on the FA2 path, the staged one and with atomic dQ. The staged one's
-# scratch holds 19 rows of 53 keys, so a head's 37 rows take two chunks
-# (19 + 18, neither a multiple of its 8-row tiles). At 4096 bytes (five
-# chunks of 9 rows, each padded to 16) its eight tests took 487 s of the
-# stage's 10 minutes; at 8192, 272 s.
+# weights get half the scratch, 19 rows of 53 keys, so most tests' 37 rows
+# per head take two chunks (19 + 18, neither a multiple of its 8-row
+# tiles). At 4096 bytes (five chunks of 9 rows, each padded to 16) its
+# eight tests took 487 s of the stage's 10 minutes; at 8192, 272 s.
 backward_paths=("" "CLATTN_TEST_BACKWARD=staged CLATTN_SCRATCH_BYTES=8192" "CLATTN_TEST_BACKWARD=atomics")
 for path in "${backward_paths[@]}"; do
   for t in "${backward_tests[@]}"; do
