@@ -7,14 +7,13 @@
 # it changes).
 #
 #   tools/scripts/ggml-opencl.sh            the default run (CI's):
+#     ggml-opencl-fa-check what the cases below leave out: K/V views starting inside a
+#                          cache, mask rows with no allowed key (ggml/opencl/fa_check.c)
 #     test-backend-ops test -o FLASH_ATTN_EXT -b GPUOpenCL   with clattn, a slice of
 #                          every K/V type, mask, sinks, ALiBi, views and permutes (head
 #                          size 64, 4 heads, 512 keys) and the mixed-type and uneven head
 #                          size cases: 0 failures, none "not supported" of the K/V
-#                          types clattn stores
-#     test-llama-archs -b GPUOpenCL -a llama      flash attention through clattn
-#     ggml-opencl-fa-check what those cases leave out: K/V views starting inside a
-#                          cache, mask rows with no allowed key (ggml/opencl/fa_check.c)
+#                          types clattn stores (two processes, half the K/V types each)
 #     test-llama-archs -b GPUOpenCL -a llama      flash attention through clattn
 #     llama-simple         a random-weights llama (test-llama-archs -o): the same
 #                          greedy text with GPUOpenCL as on the CPU backend alone
@@ -104,8 +103,22 @@ case "$mode" in
   default)
     out=$work/opencl
     mkdir -p "$out"
-    fa=(-o FLASH_ATTN_EXT -b GPUOpenCL -p 'hsk=64,hsv=64,nh=4,nr23=\[1,1\],kv=512,|nr23=\[1,1\],kv=(96|128|256),nb=2,')
-    check fa-clattn "$bin/test-backend-ops" test "${fa[@]}"
+    # fa-check first: its run compiles the backend's own programs into the
+    # kernel cache, which the two processes of the slice then share.
+    check fa-check "$root/build-ggml/clattn/ggml/ggml-opencl-fa-check"
+    cat "$out/fa-check.out"
+    # The slice in two processes, half the K/V types each: a process builds
+    # clattn's kernels one at a time (cold, most of its time), so two build
+    # side by side; their outputs are then read as one.
+    slice='(hsk=64,hsv=64,nh=4,nr23=\[1,1\],kv=512,|nr23=\[1,1\],kv=(96|128|256),nb=2,)'
+    half='type_K=(f32|f16|bf16|q8_0|q4_0|q1_0|q2_0),'
+    fa=("$bin/test-backend-ops" test -o FLASH_ATTN_EXT -b GPUOpenCL -p)
+    (check fa-clattn-1 "${fa[@]}" "^(?=.*$slice)(?=.*$half)"; exit $status) &
+    first=$!
+    (check fa-clattn-2 "${fa[@]}" "^(?=.*$slice)(?!.*$half)"; exit $status) &
+    wait $! || status=1
+    wait $first || status=1
+    cat "$out"/fa-clattn-[12].out >"$out/fa-clattn.out"
     echo "ggml-opencl: FLASH_ATTN_EXT with clattn: $(counts fa-clattn)"
     # a case both of whose K/V types clattn stores is its (the others: q1_0, q2_0)
     left=$(grep 'not supported' "$out/fa-clattn.out" | grep -E "type_K=($kv_types),type_V=($kv_types)," || true)
@@ -114,9 +127,6 @@ case "$mode" in
       echo "$left" | head -5
       status=1
     fi
-    check fa-check "$root/build-ggml/clattn/ggml/ggml-opencl-fa-check"
-    cat "$out/fa-check.out"
-
     check archs "$bin/test-llama-archs" -b GPUOpenCL -s 1 -a '^llama$'
     grep -E 'Summary' "$out/archs.out" "$out/archs.log"
 

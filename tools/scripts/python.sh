@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The Python binding's stage: a virtual environment in BUILD_DIR/python-venv
 # (it sees the system's site-packages, so an installed torch or pyopencl is
-# used) with numpy and pytest from PyPI, pyopencl and ml_dtypes when PyPI has
-# wheels for this Python (optional: their tests skip without them), the
-# package installed from python/ with libclattn built in BUILD_DIR, then
-# pytest python/tests.
+# used) with numpy, pytest and pytest-xdist from PyPI, pyopencl and ml_dtypes
+# when PyPI has wheels for this Python (optional: their tests skip without
+# them), the package installed from python/ with libclattn built in
+# BUILD_DIR, then pytest python/tests, one process per core (at most four):
+# cold kernel builds are most of its time, and a runtime builds one program
+# at a time per process.
 #
 #   tools/scripts/python.sh [BUILD_DIR]        default: build-test (tools/scripts/setup.sh's)
 #
@@ -34,7 +36,8 @@ if [ ! -x "$venv/bin/pip" ]; then
   fi
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
-"${pip[@]}" install numpy pytest || { echo "python: cannot install numpy and pytest with pip" >&2; exit 1; }
+"${pip[@]}" install numpy pytest pytest-xdist ||
+  { echo "python: cannot install numpy, pytest and pytest-xdist with pip" >&2; exit 1; }
 if ! "$venv/bin/python" -c "import pyopencl" 2>/dev/null; then
   "${pip[@]}" install --only-binary :all: pyopencl 2>/dev/null ||
     echo "python: no pyopencl wheel for this Python: the pyopencl tests will be skipped"
@@ -48,7 +51,9 @@ CLATTN_MESON_BUILD_DIR=$build_dir "${pip[@]}" install --force-reinstall --no-dep
 
 # From the repository root the installed package is the one imported
 # (python/clattn, without its library, is not on sys.path).
-"$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
+workers=$(nproc 2>/dev/null || echo 1)
+[ "$workers" -gt 4 ] && workers=4
+"$venv/bin/python" -m pytest -q -p no:cacheprovider -n "$workers" python/tests
 rc=$?
 [ $rc -eq 5 ] && echo "python: pytest collected no tests" >&2
 [ $rc -eq 0 ] || exit 1
