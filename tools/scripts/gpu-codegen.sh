@@ -89,19 +89,19 @@ for t in "${targets[@]}"; do
   read -r target profile flags <<<"$t"
   mkdir -p "$work/$target"
   "$build/tests/gpu_programs" "$profile" "$work/$target" || exit 1
-  # sm_90, gfx1100 and tgllp: the fused programs only (the gate's kernels;
-  # the rest as sm_80, gfx90a and dg2), and on tgllp the core program with
-  # softmax_rows' sub-group variant. dg2: the backward programs at d=64 in
-  # each storage, at d=256 and at 40/24, with one modifier and dropout in
-  # f32 (IGC takes half a minute and more per backward program; gfx90a and
-  # sm_80 compile every one).
+  # sm_90, gfx1100 and tgllp: the fused programs at d=64 and d=128 only
+  # (the gate's; the rest as sm_80, gfx90a and dg2), and on tgllp the core
+  # program with softmax_rows' sub-group variant. dg2: the backward programs
+  # at d=64 in f32, bf16 and with one modifier, and at d=256 (IGC takes 20
+  # to 30 s per backward program; gfx90a and sm_80 compile every one, and
+  # dg2 the f16 and dropout forward programs).
   case "$target" in
     sm_90 | gfx1100 | tgllp)
-      find "$work/$target" -type f ! -name 'flash-*' ! -name 'core-f32-softmax-sg*' -delete ;;
+      find "$work/$target" -type f ! -name 'flash-*-d64-64.*' ! -name 'flash-*-d128-128.*' \
+        ! -name 'core-f32-softmax-sg*' -delete ;;
     dg2)
-      find "$work/$target" -type f -name '*backward-*' ! -name 'backward-*-d64-64.*' ! -name 'backward-f32-d256-256.*' \
-        ! -name 'backward-f32-d40-24.*' ! -name 'dropout-backward-f32-*' -delete
-      find "$work/$target" -type f -name 'backward-f32-mod*' ! -name 'backward-f32-modcausal-*' -delete ;;
+      find "$work/$target" -type f -name '*backward-*' ! -name 'backward-f32-d64-64.*' ! -name 'backward-bf16-d64-64.*' \
+        ! -name 'backward-f32-modcausal-d64-64.*' ! -name 'backward-f32-d256-256.*' -delete ;;
   esac
   echo "$flags" >"$work/$target/flags"
 done
