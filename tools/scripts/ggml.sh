@@ -152,7 +152,7 @@ cases='nb=(1|75),'
 # Two processes, each the cases of half the head sizes: a process builds
 # its kernels one at a time (cold, most of its time), so two build side by
 # side; their outputs are then read as one.
-half='hsk=(64|192|320|512|65),'
+half='hsk=(64|320|512|65),'
 run_only test-backend-ops-1 env GGML_BACKEND_PATH="$backend" "$bin/test-backend-ops" test -o FLASH_ATTN_EXT \
   -b CLATTN -p "^(?=.*$cases)(?=.*$half)" &
 run_only test-backend-ops-2 env GGML_BACKEND_PATH="$backend" "$bin/test-backend-ops" test -o FLASH_ATTN_EXT \
