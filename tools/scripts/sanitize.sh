@@ -9,10 +9,9 @@
 #         sub-group width forced, the same host code as their default runs,
 #         half the suite's time on POCL) and the GPU code generation (suite
 #         codegen: clang, not clattn, at work) and the program cache's
-#         test (suite loopvec-only: its cold builds and child processes
-#         under ASan's allocator take five minutes, and LeakSanitizer's
-#         tracer crashes at its children's exit; the cache's entry parser
-#         is fuzzed under ASan and its corpus replayed here, fuzz-parsers);
+#         test (suite loopvec-only: LeakSanitizer's tracer crashes at its
+#         children's exit; the cache's entry parser is fuzzed under ASan
+#         and its corpus replayed here, fuzz-parsers);
 #         the random sweep takes its first 40 cases (SWEEP_CASES; its fixed
 #         cases cover each feature).
 #   tsan  build-tsan: ThreadSanitizer; runs the threads test (eight host
