@@ -149,9 +149,10 @@ report() {   # NAME: says how run_only's run went
 cases='nb=(1|75),'
 [ $full -eq 1 ] && cases=''
 [ $quick -eq 1 ] && cases='hsk=(64,hsv=64|576,hsv=512),'
-# Two processes, each the cases of half the head sizes: a process builds
-# its kernels one at a time (cold, most of its time), so two build side by
-# side; their outputs are then read as one.
+# Two processes, the head sizes split so that each takes about as long
+# (head size 64 holds most cases): a process builds its kernels one at a
+# time (cold, most of its time), so two build side by side; their outputs
+# are then read as one.
 half='hsk=(64|320|512|65),'
 run_only test-backend-ops-1 env GGML_BACKEND_PATH="$backend" "$bin/test-backend-ops" test -o FLASH_ATTN_EXT \
   -b CLATTN -p "^(?=.*$cases)(?=.*$half)" &

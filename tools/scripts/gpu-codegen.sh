@@ -94,7 +94,7 @@ for t in "${targets[@]}"; do
   # program with softmax_rows' sub-group variant. dg2: the backward programs
   # at d=64 in f32, bf16 and with one modifier, and at d=256 (IGC takes 20
   # to 30 s per backward program; gfx90a and sm_80 compile every one, and
-  # dg2 the f16 and dropout forward programs).
+  # IGC still meets f16 storage and dropout in dg2's forward programs).
   case "$target" in
     sm_90 | gfx1100 | tgllp)
       find "$work/$target" -type f ! -name 'flash-*-d64-64.*' ! -name 'flash-*-d128-128.*' \
