@@ -706,7 +706,8 @@ static void default_dir_leaves_binaries_to_pocl(void) {
     int status = -1;
     const int waited = pid > 0 && waitpid(pid, &status, 0) == pid;
     CHECKF(waited && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-           "the test with POCL_KERNEL_CACHE=0 failed (above): wait status %d", status);
+           "the test with POCL_KERNEL_CACHE=0 failed (above): %s %d", !waited ? "no wait status" :
+           WIFEXITED(status) ? "exit status" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
   }
 }
 
@@ -919,7 +920,8 @@ static void concurrent_processes_fill_cache(void) {
     pids[started++] = pid;
   }
   close(go[0]);
-  /* Every child starts its cold builds at once. */
+  /* Every child starts at once: each misses our cache, builds (POCL's
+   * cache of this run makes that quick) and stores the same entries. */
   for (int i = 0; i < started; i++) CHECK(write(go[1], "g", 1) == 1);
   close(go[1]);
   for (int i = 0; i < started; i++) {
