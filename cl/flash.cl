@@ -357,13 +357,13 @@ static inline ca_kv_pos flash_key_at(const ca_kv_pos *at_h, bool page_halves, in
   return ca_kv_locate(b, key, CA_PAGE_PASS);
 }
 
-/* The direct kernels' values: acc = alpha acc + p V over the block's
- * first n keys, V's rows read in place (v_base, with their scales), in
- * columns c .. c + 16 w - 1: w = 2 16-column slices per pass over the rows,
- * their 2 bm accumulators in registers (four slices spilled Q8_0's), w = 1
- * for the last 16 columns. w is a constant at each call, so a block type's
- * two slices share one scale's load. `guarded` (the block has a zero
- * weight): a zero weight mixes nothing in, even a NaN or Inf value. */
+/* The direct kernels' values in columns c .. c + 16 w - 1: acc = alpha acc
+ * + p V over the block's first n keys, V's rows read in place (v_base,
+ * with their scales), w 16-column slices (1 or 2, a constant at each call)
+ * per pass over the rows, their w bm accumulators in registers (four
+ * slices spilled Q8_0's); a block type's two slices share one scale's load.
+ * `guarded` (the block has a zero weight): a zero weight mixes nothing in,
+ * even a NaN or Inf value. */
 static inline __attribute__((always_inline)) void flash_mix_slices(float (*acc)[DVP], float (*p)[FLASH_BN],
                                                                    const float *alpha, __global const v_t *v,
                                                                    const ulong *v_base, ulong v_s3,
@@ -392,6 +392,7 @@ static inline __attribute__((always_inline)) void flash_mix_slices(float (*acc)[
     for (int r = 0; r < bm; r++) vstore16(a[u][r], 0, acc[r] + c + 16 * u);
 }
 
+/* All DVP columns: two slices a pass, one for a last 16. */
 static inline __attribute__((always_inline)) void flash_mix_direct(float (*acc)[DVP], float (*p)[FLASH_BN],
                                                                    const float *alpha, __global const v_t *v,
                                                                    const ulong *v_base, ulong v_s3,
@@ -627,7 +628,7 @@ static inline __attribute__((always_inline)) void flash_body(FLASH_PARAMS, const
 #pragma unroll
         for (int r = 0; r < bm; r++) dot[r] = (float16)(0.0f);
         /* two slices a step: a block type's 32 columns share one scale,
-         * loaded and converted once (Q8_0's time 0.89x, f32's 0.96x) */
+         * loaded and converted once (Q8_0's decode 0.89x the time) */
 #pragma unroll 2
         for (int d = 0; d < DK; d += 16) {
           const float16 kd = ca_k_load16(k, krow, k_st.s3, d, ks);
